@@ -1,0 +1,425 @@
+package mcf
+
+// The network simplex below is a port of LEMON 1.3.1's NetworkSimplex
+// (lemon/network_simplex.h, Copyright (C) 2003-2013 Egervary Jeno
+// Kombinatorikus Optimalizalasi Kutatocsoport (EGRES), distributed under the
+// Boost Software License 1.0), specialised to the implicit complete bipartite
+// graph of a balanced transportation problem:
+//
+//   - nodes are the sources 0..n-1, the sinks n..n+m-1 and an artificial
+//     root n+m; the real arc a = i*m+j goes from source i to sink n+j and is
+//     uncapacitated, so no arc is ever at an upper bound and an arc's state
+//     is implied by its reduced cost (tree arcs have reduced cost 0);
+//   - the spanning tree is stored as in LEMON (parent, pred, predDir,
+//     thread, revThread, succNum, lastSucc), plus the flow of each node's
+//     pred arc, so all workspace is O(n+m) and no per-arc array exists;
+//   - the leaving arc is chosen by Cunningham's strongly feasible tree rule,
+//     which prevents cycling under the heavy degeneracy of transportation
+//     problems;
+//   - entering arcs are priced by block search over the cost matrix in
+//     row-major order, one row segment at a time, without divisions.
+
+const (
+	dirUp   = 1  // pred arc goes from the node to its parent
+	dirDown = -1 // pred arc goes from the parent to the node
+)
+
+// simplex is the workspace of one solve. Node arrays have length n+m+1.
+type simplex struct {
+	n, m, nm int
+	root     int32
+	cost     []int64 // the problem's cost matrix, not copied
+	art      int64   // cost of artificial root arcs into sinks
+
+	parent    []int32
+	thread    []int32
+	revThread []int32
+	succNum   []int32
+	lastSucc  []int32
+	predDir   []int8
+	pred      []int   // arc of the tree edge to the parent; >= nm for artificial arcs
+	flow      []int64 // flow on pred[u]
+	pi        []int64 // potentials: reduced cost of a = cost[a] + pi[i] - pi[n+j]
+	dirty     []int32
+	colMin    []int32 // scratch: per sink, the source of its cheapest arc
+	out       []int   // scratch: arcs of the solution
+
+	blockSize int
+	nextI     int // block search position (row)
+	nextJ     int // block search position (column)
+
+	// pivot state
+	inArc          int
+	inSrc, inTgt   int32
+	join           int32
+	uIn, vIn, uOut int32
+	delta          int64
+	pivots         int
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// solve runs the network simplex on a validated, non-empty problem.
+func (ns *simplex) solve(p *Transport, maxCost int64) {
+	n, m := p.Sources, p.Sinks
+	ns.n, ns.m, ns.nm = n, m, n*m
+	ns.cost = p.Cost
+	N := n + m + 1
+	ns.parent = grow(ns.parent, N)
+	ns.thread = grow(ns.thread, N)
+	ns.revThread = grow(ns.revThread, N)
+	ns.succNum = grow(ns.succNum, N)
+	ns.lastSucc = grow(ns.lastSucc, N)
+	ns.predDir = grow(ns.predDir, N)
+	ns.pred = grow(ns.pred, N)
+	ns.flow = grow(ns.flow, N)
+	ns.pi = grow(ns.pi, N)
+	ns.dirty = ns.dirty[:0]
+	ns.pivots = 0
+	// Any tree path has fewer than N real arcs, each cheaper than
+	// maxCost+1, so a sink fed by the root is always costlier than any real
+	// route; N < 2^28 and maxCost < 2^32 keep every potential below 2^61.
+	ns.art = (maxCost + 1) * int64(N)
+
+	root := int32(n + m)
+	ns.root = root
+	ns.parent[root] = -1
+	ns.pred[root] = -1
+	ns.thread[root] = 0
+	ns.revThread[0] = root
+	ns.succNum[root] = int32(N)
+	ns.lastSucc[root] = root - 1
+	ns.pi[root] = 0
+	ns.flow[root] = 0
+	for u := 0; u < n+m; u++ {
+		ns.parent[u] = root
+		ns.pred[u] = ns.nm + u
+		ns.thread[u] = int32(u + 1)
+		ns.revThread[u+1] = int32(u)
+		ns.succNum[u] = 1
+		ns.lastSucc[u] = int32(u)
+		if u < n || p.Demand[u-n] == 0 {
+			ns.predDir[u] = dirUp
+			ns.pi[u] = 0
+			if u < n {
+				ns.flow[u] = p.Supply[u]
+			} else {
+				ns.flow[u] = 0
+			}
+		} else {
+			ns.predDir[u] = dirDown
+			ns.pi[u] = ns.art
+			ns.flow[u] = p.Demand[u-n]
+		}
+	}
+
+	ns.initialPivots(p)
+
+	bs := 10
+	for bs*bs < ns.nm {
+		bs++
+	}
+	if bs*bs > ns.nm && bs > 10 {
+		bs--
+	}
+	ns.blockSize = bs
+	ns.nextI, ns.nextJ = 0, 0
+	for ns.findEntering() {
+		ns.pivot()
+	}
+}
+
+// initialPivots pivots in, for each sink with positive demand, its cheapest
+// incoming arc (LEMON's heuristic for balanced problems).
+func (ns *simplex) initialPivots(p *Transport) {
+	n, m := ns.n, ns.m
+	ns.colMin = grow(ns.colMin, m)
+	best := ns.colMin
+	for j := range best {
+		best[j] = 0
+	}
+	for i := 1; i < n; i++ {
+		row := ns.cost[i*m : i*m+m]
+		for j, c := range row {
+			if c < ns.cost[int(best[j])*m+j] {
+				best[j] = int32(i)
+			}
+		}
+	}
+	for j := 0; j < m; j++ {
+		if p.Demand[j] == 0 {
+			continue
+		}
+		i := int(best[j])
+		a := i*m + j
+		if ns.cost[a]+ns.pi[i]-ns.pi[n+j] >= 0 {
+			continue
+		}
+		ns.inArc, ns.inSrc, ns.inTgt = a, int32(i), int32(n+j)
+		ns.pivot()
+	}
+}
+
+// findEntering selects the entering arc by block search: it scans blocks of
+// blockSize arcs from the last position, wrapping around, and takes the arc
+// of most negative reduced cost in the first block that has one.
+func (ns *simplex) findEntering() bool {
+	n, m := ns.n, ns.m
+	cost := ns.cost
+	piSrc := ns.pi[:n]
+	piSnk := ns.pi[n : n+m]
+	i, j := ns.nextI, ns.nextJ
+	var min int64
+	bi, bj := -1, -1
+	cnt := ns.blockSize
+	remaining := ns.nm
+	for remaining > 0 {
+		end := m
+		if end-j > cnt {
+			end = j + cnt
+		}
+		if end-j > remaining {
+			end = j + remaining
+		}
+		row := cost[i*m+j : i*m+end]
+		pj := piSnk[j:end]
+		pj = pj[:len(row)]
+		pii := piSrc[i]
+		for k, c := range row {
+			if rc := c + pii - pj[k]; rc < min {
+				min = rc
+				bi, bj = i, j+k
+			}
+		}
+		l := end - j
+		cnt -= l
+		remaining -= l
+		j = end
+		if j == m {
+			j = 0
+			i++
+			if i == n {
+				i = 0
+			}
+		}
+		if cnt == 0 {
+			if min < 0 {
+				break
+			}
+			cnt = ns.blockSize
+		}
+	}
+	if min >= 0 {
+		return false
+	}
+	ns.nextI, ns.nextJ = i, j
+	ns.inArc = bi*m + bj
+	ns.inSrc, ns.inTgt = int32(bi), int32(n+bj)
+	return true
+}
+
+// pivot brings ns.inArc into the tree.
+func (ns *simplex) pivot() {
+	ns.pivots++
+	ns.findJoinNode()
+	ns.findLeavingArc()
+	ns.changeFlow()
+	ns.updateTreeStructure()
+	ns.updatePotential()
+}
+
+func (ns *simplex) findJoinNode() {
+	u, v := ns.inSrc, ns.inTgt
+	for u != v {
+		if ns.succNum[u] < ns.succNum[v] {
+			u = ns.parent[u]
+		} else {
+			v = ns.parent[v]
+		}
+	}
+	ns.join = u
+}
+
+// findLeavingArc applies the strongly feasible tree rule: the entering arc
+// is at its lower bound, so flow goes first -> second; the blocking arc is
+// the last one met when walking the cycle from the join node in its
+// direction.
+func (ns *simplex) findLeavingArc() {
+	first, second := ns.inSrc, ns.inTgt
+	const inf = int64(1<<63 - 1)
+	delta := inf
+	result := 0
+	join := ns.join
+	for u := first; u != join; u = ns.parent[u] {
+		if ns.predDir[u] == dirUp {
+			if d := ns.flow[u]; d < delta {
+				delta = d
+				ns.uOut = u
+				result = 1
+			}
+		}
+	}
+	for u := second; u != join; u = ns.parent[u] {
+		if ns.predDir[u] == dirDown {
+			if d := ns.flow[u]; d <= delta {
+				delta = d
+				ns.uOut = u
+				result = 2
+			}
+		}
+	}
+	if result == 1 {
+		ns.uIn, ns.vIn = first, second
+	} else {
+		ns.uIn, ns.vIn = second, first
+	}
+	ns.delta = delta
+}
+
+func (ns *simplex) changeFlow() {
+	val := ns.delta
+	if val > 0 {
+		join := ns.join
+		for u := ns.inSrc; u != join; u = ns.parent[u] {
+			ns.flow[u] -= int64(ns.predDir[u]) * val
+		}
+		for u := ns.inTgt; u != join; u = ns.parent[u] {
+			ns.flow[u] += int64(ns.predDir[u]) * val
+		}
+	}
+}
+
+func (ns *simplex) updateTreeStructure() {
+	uIn, vIn, uOut := ns.uIn, ns.vIn, ns.uOut
+	parent, thread, revThread := ns.parent, ns.thread, ns.revThread
+	succNum, lastSucc := ns.succNum, ns.lastSucc
+	oldRevThread := revThread[uOut]
+	oldSuccNum := succNum[uOut]
+	oldLastSucc := lastSucc[uOut]
+	vOut := parent[uOut]
+	var inDir int8 = dirDown
+	if uIn == ns.inSrc {
+		inDir = dirUp
+	}
+
+	if uIn == uOut {
+		parent[uIn] = vIn
+		ns.pred[uIn] = ns.inArc
+		ns.predDir[uIn] = inDir
+		ns.flow[uIn] = ns.delta
+		if thread[vIn] != uOut {
+			after := thread[oldLastSucc]
+			thread[oldRevThread] = after
+			revThread[after] = oldRevThread
+			after = thread[vIn]
+			thread[vIn] = uOut
+			revThread[uOut] = vIn
+			thread[oldLastSucc] = after
+			revThread[after] = oldLastSucc
+		}
+	} else {
+		var threadContinue int32
+		if oldRevThread == vIn {
+			threadContinue = thread[oldLastSucc]
+		} else {
+			threadContinue = thread[vIn]
+		}
+		stem := uIn
+		parStem := vIn
+		last := lastSucc[uIn]
+		after := thread[last]
+		thread[vIn] = uIn
+		dirty := append(ns.dirty[:0], vIn)
+		for stem != uOut {
+			nextStem := parent[stem]
+			thread[last] = nextStem
+			dirty = append(dirty, last)
+			before := revThread[stem]
+			thread[before] = after
+			revThread[after] = before
+			parent[stem] = parStem
+			parStem = stem
+			stem = nextStem
+			if lastSucc[stem] == lastSucc[parStem] {
+				last = revThread[parStem]
+			} else {
+				last = lastSucc[stem]
+			}
+			after = thread[last]
+		}
+		parent[uOut] = parStem
+		thread[last] = threadContinue
+		revThread[threadContinue] = last
+		lastSucc[uOut] = last
+		if oldRevThread != vIn {
+			thread[oldRevThread] = after
+			revThread[after] = oldRevThread
+		}
+		for _, u := range dirty {
+			revThread[thread[u]] = u
+		}
+		ns.dirty = dirty
+
+		var tmpSc int32
+		tmpLs := lastSucc[uOut]
+		for u, p := uOut, parent[uOut]; u != uIn; u, p = p, parent[p] {
+			ns.pred[u] = ns.pred[p]
+			ns.predDir[u] = -ns.predDir[p]
+			ns.flow[u] = ns.flow[p]
+			tmpSc += succNum[u] - succNum[p]
+			succNum[u] = tmpSc
+			lastSucc[p] = tmpLs
+		}
+		ns.pred[uIn] = ns.inArc
+		ns.predDir[uIn] = inDir
+		ns.flow[uIn] = ns.delta
+		succNum[uIn] = oldSuccNum
+	}
+
+	join := ns.join
+	upLimitOut := int32(-1)
+	if lastSucc[join] == vIn {
+		upLimitOut = join
+	}
+	lastSuccOut := lastSucc[uOut]
+	for u := vIn; u != -1 && lastSucc[u] == vIn; u = parent[u] {
+		lastSucc[u] = lastSuccOut
+	}
+	if join != oldRevThread && vIn != oldRevThread {
+		for u := vOut; u != upLimitOut && lastSucc[u] == oldLastSucc; u = parent[u] {
+			lastSucc[u] = oldRevThread
+		}
+	} else if lastSuccOut != oldLastSucc {
+		for u := vOut; u != upLimitOut && lastSucc[u] == oldLastSucc; u = parent[u] {
+			lastSucc[u] = lastSuccOut
+		}
+	}
+	for u := vIn; u != join; u = parent[u] {
+		succNum[u] += oldSuccNum
+	}
+	for u := vOut; u != join; u = parent[u] {
+		succNum[u] -= oldSuccNum
+	}
+}
+
+func (ns *simplex) updatePotential() {
+	uIn := ns.uIn
+	sigma := ns.pi[ns.vIn] - ns.pi[uIn] - int64(ns.predDir[uIn])*ns.cost[ns.inArc]
+	end := ns.thread[ns.lastSucc[uIn]]
+	for u := uIn; u != end; u = ns.thread[u] {
+		ns.pi[u] += sigma
+	}
+}
+
+// arcFlow returns the flow of tree arc a = (i, j).
+func (ns *simplex) arcFlow(a, i, j int) int64 {
+	if ns.pred[i] == a {
+		return ns.flow[i]
+	}
+	return ns.flow[ns.n+j]
+}
