@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+	"gopkg.in/yaml.v3"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// topologyFlags are the flags of every command that reads a topology file.
+type topologyFlags struct {
+	file           string
+	defaultLatency float64
+}
+
+func (f *topologyFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVarP(&f.file, "filename", "f", "", "topology file (YAML or JSON); - reads standard input")
+	cmd.Flags().Float64Var(&f.defaultLatency, "default-latency", -1, "latency in ms for node pairs the file does not give (default: a missing pair is an error)")
+	_ = cmd.MarkFlagRequired("filename")
+}
+
+func (f *topologyFlags) options(cmd *cobra.Command) optimizer.Options {
+	var opts optimizer.Options
+	if cmd.Flags().Changed("default-latency") {
+		d := f.defaultLatency
+		opts.DefaultLatencyMS = &d
+	}
+	return opts
+}
+
+// load reads and validates the topology file.
+func (f *topologyFlags) load(cmd *cobra.Command, opts optimizer.Options) (*optimizer.Topology, *optimizer.Model, error) {
+	t, err := readTopology(f.file, cmd.InOrStdin())
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := optimizer.Compile(t, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, m, nil
+}
+
+func readTopology(path string, stdin io.Reader) (*optimizer.Topology, error) {
+	if path == "-" {
+		return optimizer.ParseTopology(stdin, "<stdin>")
+	}
+	file, err := os.Open(path)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("reading topology: %w", err)}
+	}
+	defer file.Close()
+	return optimizer.ParseTopology(file, path)
+}
+
+// writeStructured renders v as JSON or YAML into w. It renders into memory first, so a failure
+// leaves nothing half-written.
+func writeStructured(w io.Writer, format string, v any) error {
+	var buf bytes.Buffer
+	switch format {
+	case "json":
+		enc := json.NewEncoder(&buf)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(v); err != nil {
+			return err
+		}
+	case "yaml":
+		enc := yaml.NewEncoder(&buf)
+		enc.SetIndent(2)
+		if err := enc.Encode(v); err != nil {
+			return err
+		}
+		if err := enc.Close(); err != nil {
+			return err
+		}
+	default:
+		return badInput("unknown output format %q", format)
+	}
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+func checkOutput(format string, allowed ...string) error {
+	for _, a := range allowed {
+		if format == a {
+			return nil
+		}
+	}
+	return badInput("unknown output format %q (want one of %v)", format, allowed)
+}

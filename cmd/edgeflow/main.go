@@ -1,0 +1,81 @@
+// Command edgeflow computes latency-aware traffic weights and replica placements for
+// multi-replica microservices and streams the weights to sidecars over xDS.
+//
+//	edgeflow plan  -f topology.yaml [--policy lata] [-o table|json|yaml]
+//	edgeflow place -f topology.yaml [--policy larp] [-o table|json|yaml|topology]
+//	edgeflow serve -f topology.yaml --xds-address HOST:PORT
+//	edgeflow demo
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// Exit codes: 0 success, 1 runtime failure, 2 bad input (invalid topology, flags or usage).
+const (
+	exitFailure  = 1
+	exitBadInput = 2
+)
+
+// usageError marks an error as the user's input being wrong (exit 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func badInput(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "edgeflow",
+		Short:         "Latency-aware traffic allocation and replica placement for edge clusters",
+		Long:          "edgeflow computes, for every caller pod, how much traffic to send to every callee pod from measured\nnode-to-node latency under a load-balance constraint (LATA), places replicas so the cheap paths\nexist (LARP), and streams the weights to sidecars and proxyless gRPC clients over xDS.",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	for _, add := range subcommands {
+		root.AddCommand(add())
+	}
+	return root
+}
+
+// subcommands are registered by the files that define them.
+var subcommands []func() *cobra.Command
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	root := newRootCommand()
+	root.SetArgs(args)
+	err := root.Execute()
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(os.Stderr, "error:", err)
+	var ue usageError
+	if errors.As(err, &ue) || errors.Is(err, optimizer.ErrInvalidTopology) || isCobraUsage(err) {
+		return exitBadInput
+	}
+	return exitFailure
+}
+
+// isCobraUsage recognises cobra's own usage errors, which it does not type.
+func isCobraUsage(err error) bool {
+	msg := err.Error()
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "accepts ", "requires at least", "required flag"} {
+		if strings.HasPrefix(msg, p) || strings.Contains(msg, "required flag(s)") {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+func init() { subcommands = append(subcommands, newPlanCommand) }
+
+func newPlanCommand() *cobra.Command {
+	var (
+		tf     topologyFlags
+		policy string
+		output string
+	)
+	cmd := &cobra.Command{
+		Use:   "plan -f FILE [--policy P] [-o table|json|yaml]",
+		Short: "Compute the traffic allocation of a topology file",
+		Long: "plan reads a topology (nodes, latencies, services with placed pods, calls, ingress) and prints,\n" +
+			"for every call edge and caller pod, the fraction of its requests to send to each callee pod.\n" +
+			"The table shows the total cost (Σ rps × latency) beside what round-robin would cost.",
+		Example: "  edgeflow plan -f examples/bookinfo.yaml\n  edgeflow plan -f examples/dag.yaml --policy opttraffic -o json",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := optimizer.ParsePolicy(policy)
+			if err != nil {
+				return usageError{err}
+			}
+			if err := checkOutput(output, "table", "json", "yaml"); err != nil {
+				return err
+			}
+			_, m, err := tf.load(cmd, tf.options(cmd))
+			if err != nil {
+				return err
+			}
+			alloc, err := optimizer.Plan(m, p)
+			if err != nil {
+				return err
+			}
+			if output != "table" {
+				return writeStructured(cmd.OutOrStdout(), output, alloc)
+			}
+			rr, err := optimizer.Plan(m, optimizer.RoundRobin)
+			if err != nil {
+				return err
+			}
+			return writePlanTable(cmd.OutOrStdout(), alloc, rr)
+		},
+	}
+	tf.register(cmd)
+	cmd.Flags().StringVar(&policy, "policy", string(optimizer.LATA), "allocation policy: round-robin, localization, opttraffic, lata")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json, yaml")
+	return cmd
+}
+
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return badInput("%s takes no arguments, got %q", cmd.CommandPath(), args)
+	}
+	return nil
+}
+
+// writePlanTable prints the routes of every call edge and the cost beside round-robin's.
+func writePlanTable(w io.Writer, alloc, rr *optimizer.Allocation) error {
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CALL\tCALLER\tCALLEE\tFRACTION\tRPS\tLATENCY(ms)")
+	for _, c := range alloc.Calls {
+		call := c.From + " → " + c.To
+		prev := ""
+		for _, r := range c.Routes {
+			caller := r.Caller
+			if caller == prev {
+				caller = ""
+			}
+			prev = r.Caller
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.2f\t%.2f\n", call, caller, r.Callee, r.Fraction, r.RPS, r.LatencyMS)
+			call = ""
+		}
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintf(tw, "CALL\tCOST(%s)\tCOST(round-robin)\tCHANGE\t\t\n", alloc.Policy)
+	for i, c := range alloc.Calls {
+		fmt.Fprintf(tw, "%s → %s\t%.1f\t%.1f\t%s\t\t\n", c.From, c.To, c.Cost, rr.Calls[i].Cost, change(c.Cost, rr.Calls[i].Cost))
+	}
+	fmt.Fprintf(tw, "total\t%.1f\t%.1f\t%s\t\t\n", alloc.Cost, rr.Cost, change(alloc.Cost, rr.Cost))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(&buf, "\ncost = Σ rps × latency over all routes, in ms·req/s\n")
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+func change(v, base float64) string {
+	if base == 0 {
+		if v == 0 {
+			return "0.0%"
+		}
+		return "n/a"
+	}
+	return fmt.Sprintf("%+.1f%%", 100*(v-base)/base)
+}

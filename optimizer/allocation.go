@@ -1,0 +1,115 @@
+package optimizer
+
+import (
+	"fmt"
+	"sort"
+)
+
+// Policy names a traffic-allocation policy.
+type Policy string
+
+// The allocation policies of DESIGN.md.
+const (
+	// RoundRobin is the Kubernetes default: f_pq ∝ w_q, ignoring latency.
+	RoundRobin Policy = "round-robin"
+	// Localization sends everything to the caller's lowest-latency callee pods, ties split by
+	// weight, with no load constraint.
+	Localization Policy = "localization"
+	// OptTraffic sends to same-node callee pods first, up to their balanced share, and spreads
+	// the remainder over the other pods in proportion to their remaining share.
+	OptTraffic Policy = "opttraffic"
+	// LATA is the min-cost allocation under the load-balance constraint.
+	LATA Policy = "lata"
+)
+
+// Policies lists the allocation policies in the order reports show them.
+func Policies() []Policy { return []Policy{RoundRobin, Localization, OptTraffic, LATA} }
+
+// ParsePolicy returns the named allocation policy.
+func ParsePolicy(s string) (Policy, error) {
+	for _, p := range Policies() {
+		if string(p) == s {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("optimizer: unknown policy %q (want one of round-robin, localization, opttraffic, lata)", s)
+}
+
+// Allocation is the result of a policy: for every call edge, what fraction of each caller pod's
+// requests goes to each callee pod.
+type Allocation struct {
+	Policy Policy `json:"policy" yaml:"policy"`
+	// Cost is Σ rps × latency over all routes, in ms·req/s.
+	Cost  float64          `json:"cost" yaml:"cost"`
+	Calls []CallAllocation `json:"calls" yaml:"calls"`
+}
+
+// CallAllocation is the allocation of one call edge. Routes are ordered by caller pod, then
+// callee pod, in the topology's order; routes with zero flow are omitted, so every caller has at
+// least one route and its fractions sum to 1.
+type CallAllocation struct {
+	From   string  `json:"from" yaml:"from"`
+	To     string  `json:"to" yaml:"to"`
+	Cost   float64 `json:"cost" yaml:"cost"`
+	Routes []Route `json:"routes" yaml:"routes"`
+}
+
+// Route is the share of one caller pod's requests sent to one callee pod.
+type Route struct {
+	Caller    string  `json:"caller" yaml:"caller"`
+	Callee    string  `json:"callee" yaml:"callee"`
+	Fraction  float64 `json:"fraction" yaml:"fraction"`
+	RPS       float64 `json:"rps" yaml:"rps"`
+	LatencyMS float64 `json:"latency_ms" yaml:"latency_ms"`
+}
+
+// Call returns the allocation of the edge from → to, or nil.
+func (a *Allocation) Call(from, to string) *CallAllocation {
+	for i := range a.Calls {
+		if a.Calls[i].From == from && a.Calls[i].To == to {
+			return &a.Calls[i]
+		}
+	}
+	return nil
+}
+
+// Fractions returns, per caller pod, its fraction to each callee pod.
+func (c *CallAllocation) Fractions() map[string]map[string]float64 {
+	out := map[string]map[string]float64{}
+	for _, r := range c.Routes {
+		if out[r.Caller] == nil {
+			out[r.Caller] = map[string]float64{}
+		}
+		out[r.Caller][r.Callee] += r.Fraction
+	}
+	return out
+}
+
+// split is one caller's share to one callee pod (by index in the callee service).
+type split struct {
+	callee   int
+	fraction float64
+}
+
+// buildCall turns per-caller splits into a CallAllocation with rps and cost.
+func buildCall(m *Model, e CallEdge, splits [][]split) CallAllocation {
+	a, b := &m.Services[e.From], &m.Services[e.To]
+	ca := CallAllocation{From: a.Name, To: b.Name}
+	wa := a.TotalWeight()
+	for p, row := range splits {
+		caller := a.Pods[p]
+		supply := a.Load * e.Rate * caller.Weight / wa
+		sort.Slice(row, func(i, j int) bool { return row[i].callee < row[j].callee })
+		for _, s := range row {
+			if !(s.fraction > 0) {
+				continue
+			}
+			callee := b.Pods[s.callee]
+			lat := m.Latency.At(caller.Node, callee.Node)
+			r := Route{Caller: caller.Name, Callee: callee.Name, Fraction: s.fraction, RPS: s.fraction * supply, LatencyMS: lat}
+			ca.Cost += r.RPS * lat
+			ca.Routes = append(ca.Routes, r)
+		}
+	}
+	return ca
+}

@@ -1,0 +1,409 @@
+package optimizer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+)
+
+// Options says how a Topology is read.
+type Options struct {
+	// DefaultLatencyMS, when set, is the latency of a node pair that has no entry in either
+	// direction. When nil, a missing pair is an error.
+	DefaultLatencyMS *float64
+	// Unplaced accepts pods without a node and services given only by Replicas (for placement).
+	// When false every pod must name its node (plan, serve).
+	Unplaced bool
+}
+
+// LatencyMatrix is a dense node-to-node latency matrix in milliseconds, indexed by node index.
+type LatencyMatrix struct {
+	n  int
+	ms []float64
+}
+
+// NewLatencyMatrix returns an n×n matrix of zeros.
+func NewLatencyMatrix(n int) LatencyMatrix { return LatencyMatrix{n: n, ms: make([]float64, n*n)} }
+
+// At returns the latency from node u to node v in milliseconds.
+func (m LatencyMatrix) At(u, v int) float64 { return m.ms[u*m.n+v] }
+
+// Set sets the latency from node u to node v.
+func (m LatencyMatrix) Set(u, v int, ms float64) { m.ms[u*m.n+v] = ms }
+
+// Len returns the number of nodes.
+func (m LatencyMatrix) Len() int { return m.n }
+
+// PodRef is a pod as the optimizer sees it: its node index and capacity weight.
+type PodRef struct {
+	Name   string
+	Node   int // index into Model.Nodes; -1 when unplaced
+	Weight float64
+}
+
+// ServiceModel is a validated service: its pods, in file order, and its load.
+type ServiceModel struct {
+	Name  string
+	Pods  []PodRef
+	Load  float64 // Λ, requests/s into the service (ingress plus calls)
+	CPU   int64
+	Mem   int64
+	Count int // replicas to place (len(Pods) when placed)
+}
+
+// TotalWeight is Σ w_p over the service's pods.
+func (s *ServiceModel) TotalWeight() float64 {
+	var w float64
+	for _, p := range s.Pods {
+		w += p.Weight
+	}
+	return w
+}
+
+// CallEdge is a validated call edge between service indices.
+type CallEdge struct {
+	From, To int
+	Rate     float64
+}
+
+// Model is a validated, indexed Topology: what the policies compute on. It is immutable and
+// safe for concurrent readers.
+type Model struct {
+	Topology *Topology
+	Nodes    []Node
+	Latency  LatencyMatrix
+	Services []ServiceModel
+	Calls    []CallEdge
+	Order    []int // services in topological order of the call graph
+
+	nodeIndex    map[string]int
+	serviceIndex map[string]int
+}
+
+// NodeIndex returns the index of the named node.
+func (m *Model) NodeIndex(name string) (int, bool) { i, ok := m.nodeIndex[name]; return i, ok }
+
+// ServiceIndex returns the index of the named service.
+func (m *Model) ServiceIndex(name string) (int, bool) { i, ok := m.serviceIndex[name]; return i, ok }
+
+// maxProblems bounds how many validation problems one error lists.
+const maxProblems = 20
+
+type problems struct{ errs []error }
+
+func (p *problems) add(format string, args ...any) {
+	p.errs = append(p.errs, invalidf(format, args...))
+}
+
+func (p *problems) err() error {
+	if len(p.errs) == 0 {
+		return nil
+	}
+	if len(p.errs) > maxProblems {
+		n := len(p.errs) - maxProblems
+		p.errs = append(p.errs[:maxProblems], fmt.Errorf("… and %d more problems", n))
+	}
+	return errors.Join(p.errs...)
+}
+
+func badNumber(v float64) string {
+	switch {
+	case math.IsNaN(v):
+		return "NaN"
+	case math.IsInf(v, 0):
+		return "infinite"
+	case v < 0:
+		return "negative"
+	}
+	return ""
+}
+
+// Compile validates t and indexes it. Every problem found is reported (up to a bound), each
+// wrapping ErrInvalidTopology and naming the offending item.
+func Compile(t *Topology, opts Options) (*Model, error) {
+	var bad problems
+	m := &Model{
+		Topology:     t,
+		Nodes:        t.Nodes,
+		nodeIndex:    make(map[string]int, len(t.Nodes)),
+		serviceIndex: make(map[string]int, len(t.Services)),
+	}
+	if len(t.Nodes) == 0 {
+		bad.add("no nodes")
+	}
+	for i, n := range t.Nodes {
+		switch {
+		case n.Name == "":
+			bad.add("nodes[%d]: empty name", i)
+		case m.hasNode(n.Name):
+			bad.add("node %q: duplicate name", n.Name)
+		default:
+			m.nodeIndex[n.Name] = i
+		}
+		if n.CPU < 0 || n.Memory < 0 {
+			bad.add("node %q: negative cpu or memory", n.Name)
+		}
+	}
+	m.Latency = compileLatency(t, m.nodeIndex, opts, &bad)
+
+	podNames := map[string]string{} // pod → service
+	for i, s := range t.Services {
+		if s.Name == "" {
+			bad.add("services[%d]: empty name", i)
+		} else if _, dup := m.serviceIndex[s.Name]; dup {
+			bad.add("service %q: duplicate name", s.Name)
+		} else {
+			m.serviceIndex[s.Name] = i
+		}
+		m.Services = append(m.Services, compileService(s, m.nodeIndex, podNames, opts, &bad))
+	}
+	if len(t.Services) == 0 {
+		bad.add("no services")
+	}
+
+	calls := map[[2]int]bool{}
+	for i, c := range t.Calls {
+		from, okF := m.serviceIndex[c.From]
+		to, okT := m.serviceIndex[c.To]
+		if !okF {
+			bad.add("calls[%d] %s → %s: unknown service %q", i, c.From, c.To, c.From)
+		}
+		if !okT {
+			bad.add("calls[%d] %s → %s: unknown service %q", i, c.From, c.To, c.To)
+		}
+		r := c.CallRate()
+		if why := badNumber(r); why != "" {
+			bad.add("call %s → %s: rate is %s (%v)", c.From, c.To, why, r)
+		}
+		if !okF || !okT {
+			continue
+		}
+		if calls[[2]int{from, to}] {
+			bad.add("call %s → %s: duplicate call edge", c.From, c.To)
+			continue
+		}
+		calls[[2]int{from, to}] = true
+		m.Calls = append(m.Calls, CallEdge{From: from, To: to, Rate: r})
+	}
+
+	ingress := make([]float64, len(t.Services))
+	for i, in := range t.Ingress {
+		s, ok := m.serviceIndex[in.Service]
+		if !ok {
+			bad.add("ingress[%d]: unknown service %q", i, in.Service)
+			continue
+		}
+		if why := badNumber(in.RPS); why != "" {
+			bad.add("ingress to %q: rps is %s (%v)", in.Service, why, in.RPS)
+			continue
+		}
+		ingress[s] += in.RPS
+	}
+	if err := bad.err(); err != nil {
+		return nil, err
+	}
+
+	order, cycle := topoOrder(len(m.Services), m.Calls)
+	if cycle != nil {
+		names := make([]string, len(cycle))
+		for i, s := range cycle {
+			names[i] = m.Services[s].Name
+		}
+		return nil, invalidf("calls form a cycle: %s", strings.Join(names, " → "))
+	}
+	m.Order = order
+	for _, s := range order {
+		m.Services[s].Load += ingress[s]
+		for _, c := range m.Calls {
+			if c.From == s {
+				m.Services[c.To].Load += m.Services[s].Load * c.Rate
+			}
+		}
+	}
+	for i := range m.Services {
+		if l := m.Services[i].Load; math.IsInf(l, 0) || math.IsNaN(l) {
+			return nil, invalidf("service %q: load overflows (%v rps)", m.Services[i].Name, l)
+		}
+	}
+	return m, nil
+}
+
+func (m *Model) hasNode(name string) bool { _, ok := m.nodeIndex[name]; return ok }
+
+func compileLatency(t *Topology, nodes map[string]int, opts Options, bad *problems) LatencyMatrix {
+	n := len(t.Nodes)
+	lm := NewLatencyMatrix(n)
+	given := make([]bool, n*n)
+	for i, l := range t.Latency {
+		u, okU := nodes[l.From]
+		v, okV := nodes[l.To]
+		if !okU {
+			bad.add("latency[%d] %s → %s: unknown node %q", i, l.From, l.To, l.From)
+		}
+		if !okV {
+			bad.add("latency[%d] %s → %s: unknown node %q", i, l.From, l.To, l.To)
+		}
+		if why := badNumber(l.MS); why != "" {
+			bad.add("latency %s → %s: ms is %s (%v)", l.From, l.To, why, l.MS)
+			continue
+		}
+		if l.MS > MaxLatencyMS {
+			bad.add("latency %s → %s: %v ms exceeds the maximum %v ms", l.From, l.To, l.MS, MaxLatencyMS)
+			continue
+		}
+		if !okU || !okV {
+			continue
+		}
+		if given[u*n+v] {
+			bad.add("latency %s → %s: duplicate entry", l.From, l.To)
+			continue
+		}
+		given[u*n+v] = true
+		lm.Set(u, v, l.MS)
+	}
+	if opts.DefaultLatencyMS != nil {
+		if d := *opts.DefaultLatencyMS; badNumber(d) != "" || d > MaxLatencyMS {
+			bad.add("default latency %v ms: must be a finite number in [0, %v]", d, MaxLatencyMS)
+		}
+	}
+	var missing []string
+	for u := 0; u < n; u++ {
+		for v := 0; v < n; v++ {
+			switch {
+			case given[u*n+v]:
+			case given[v*n+u]:
+				lm.Set(u, v, lm.At(v, u))
+			case u == v:
+			case opts.DefaultLatencyMS != nil:
+				lm.Set(u, v, *opts.DefaultLatencyMS)
+			case u < v:
+				missing = append(missing, t.Nodes[u].Name+" ↔ "+t.Nodes[v].Name)
+			}
+		}
+	}
+	if len(missing) > 0 {
+		more := ""
+		if len(missing) > 5 {
+			more = fmt.Sprintf(" and %d more pairs", len(missing)-5)
+			missing = missing[:5]
+		}
+		bad.add("latency: no entry for %s%s (give one, or a default latency)", strings.Join(missing, ", "), more)
+	}
+	return lm
+}
+
+func compileService(s Service, nodes map[string]int, podNames map[string]string, opts Options, bad *problems) ServiceModel {
+	sm := ServiceModel{Name: s.Name, CPU: s.CPU, Mem: s.Memory, Count: s.ReplicaCount()}
+	if s.CPU < 0 || s.Memory < 0 {
+		bad.add("service %q: negative cpu or memory request", s.Name)
+	}
+	if s.Replicas < 0 {
+		bad.add("service %q: negative replicas %d", s.Name, s.Replicas)
+	}
+	pods := s.Pods
+	if opts.Unplaced && len(pods) == 0 {
+		for i := 0; i < s.Replicas; i++ {
+			pods = append(pods, Pod{Name: fmt.Sprintf("%s-%d", s.Name, i)})
+		}
+	}
+	if opts.Unplaced && s.Replicas > 0 && len(s.Pods) > 0 && len(s.Pods) != s.Replicas {
+		bad.add("service %q: %d pods listed but replicas is %d", s.Name, len(s.Pods), s.Replicas)
+	}
+	for i, p := range pods {
+		ref := PodRef{Name: p.Name, Node: -1, Weight: p.CapacityWeight()}
+		if p.Name == "" {
+			bad.add("service %q: pods[%d]: empty name", s.Name, i)
+		} else if other, dup := podNames[p.Name]; dup {
+			bad.add("pod %q: duplicate name (in services %q and %q)", p.Name, other, s.Name)
+		} else {
+			podNames[p.Name] = s.Name
+		}
+		switch {
+		case p.Node == "" && !opts.Unplaced:
+			bad.add("pod %q (service %q): no node", p.Name, s.Name)
+		case p.Node != "":
+			if u, ok := nodes[p.Node]; ok {
+				ref.Node = u
+			} else {
+				bad.add("pod %q (service %q): unknown node %q", p.Name, s.Name, p.Node)
+			}
+		}
+		if why := badNumber(ref.Weight); why != "" {
+			bad.add("pod %q (service %q): weight is %s (%v)", p.Name, s.Name, why, ref.Weight)
+			ref.Weight = 0
+		}
+		sm.Pods = append(sm.Pods, ref)
+	}
+	if !(sm.TotalWeight() > 0) {
+		if len(pods) == 0 {
+			bad.add("service %q: no pods (total weight is zero)", s.Name)
+		} else {
+			bad.add("service %q: total pod weight is zero", s.Name)
+		}
+	} else if math.IsInf(sm.TotalWeight(), 0) {
+		bad.add("service %q: total pod weight overflows", s.Name)
+	}
+	return sm
+}
+
+// topoOrder returns the services in a deterministic topological order (Kahn's algorithm,
+// lowest index first), or, if the call graph has a cycle, one cycle (first service repeated
+// at the end).
+func topoOrder(n int, calls []CallEdge) (order, cycle []int) {
+	indeg := make([]int, n)
+	out := make([][]int, n)
+	for _, c := range calls {
+		indeg[c.To]++
+		out[c.From] = append(out[c.From], c.To)
+	}
+	ready := []int{}
+	for s := 0; s < n; s++ {
+		if indeg[s] == 0 {
+			ready = append(ready, s)
+		}
+	}
+	for len(ready) > 0 {
+		sort.Ints(ready)
+		s := ready[0]
+		ready = ready[1:]
+		order = append(order, s)
+		for _, t := range out[s] {
+			if indeg[t]--; indeg[t] == 0 {
+				ready = append(ready, t)
+			}
+		}
+	}
+	if len(order) == n {
+		return order, nil
+	}
+	// Every remaining service has a remaining predecessor: walk backwards until a repeat.
+	in := make([][]int, n)
+	for _, c := range calls {
+		if indeg[c.From] > 0 && indeg[c.To] > 0 {
+			in[c.To] = append(in[c.To], c.From)
+		}
+	}
+	start := -1
+	for s := 0; s < n; s++ {
+		if indeg[s] > 0 {
+			start = s
+			break
+		}
+	}
+	seen := map[int]int{}
+	var path []int
+	for s := start; ; s = in[s][0] {
+		if at, ok := seen[s]; ok {
+			cyc := append([]int(nil), path[at:]...)
+			// path runs against the call direction; reverse it so it reads caller → callee.
+			for i, j := 0, len(cyc)-1; i < j; i, j = i+1, j-1 {
+				cyc[i], cyc[j] = cyc[j], cyc[i]
+			}
+			return nil, append(cyc, cyc[0])
+		}
+		seen[s] = len(path)
+		path = append(path, s)
+	}
+}

@@ -1,0 +1,135 @@
+// Package optimizer computes edgeflow's traffic allocations (LATA and its baselines) and replica
+// placements (LARP) from a plain Topology. It is pure: it imports no Kubernetes, gRPC or
+// Prometheus package, so a topology file, a test or the cluster watcher can all feed it.
+package optimizer
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrInvalidTopology is wrapped by every validation error; the message names the offending item.
+var ErrInvalidTopology = errors.New("optimizer: invalid topology")
+
+// MaxLatencyMS bounds a latency value (1,000 s). Larger values are rejected: they are certainly
+// unit mistakes, and the bound keeps the solver's integer arithmetic far from overflow.
+const MaxLatencyMS = 1e6
+
+// Topology is the input of every policy: nodes, the latency between them, services with their
+// pods, the call graph and the ingress rates. It is the offline contract of DESIGN.md ("The
+// offline contract") and the snapshot the cluster watcher produces. A Topology is treated as
+// immutable once handed to the optimizer or the xDS server.
+type Topology struct {
+	Nodes    []Node    `json:"nodes" yaml:"nodes"`
+	Latency  []Latency `json:"latency,omitempty" yaml:"latency,omitempty"`
+	Services []Service `json:"services" yaml:"services"`
+	Calls    []Call    `json:"calls,omitempty" yaml:"calls,omitempty"`
+	Ingress  []Ingress `json:"ingress,omitempty" yaml:"ingress,omitempty"`
+}
+
+// Node is a machine that runs pods. CPU is in millicores and Memory in MiB (allocatable); both
+// matter only to placement.
+type Node struct {
+	Name   string `json:"name" yaml:"name"`
+	CPU    int64  `json:"cpu,omitempty" yaml:"cpu,omitempty"`
+	Memory int64  `json:"memory,omitempty" yaml:"memory,omitempty"`
+}
+
+// Latency is a measured latency in milliseconds from one node to another. One direction given
+// means both; a node's latency to itself is 0 unless given.
+type Latency struct {
+	From string  `json:"from" yaml:"from"`
+	To   string  `json:"to" yaml:"to"`
+	MS   float64 `json:"ms" yaml:"ms"`
+}
+
+// Service is a set of interchangeable pods. CPU (millicores) and Memory (MiB) are per-pod
+// requests. Pods are the placed pods (plan, serve); Replicas is the pod count to place (place);
+// when Replicas is 0 it is len(Pods).
+type Service struct {
+	Name     string `json:"name" yaml:"name"`
+	CPU      int64  `json:"cpu,omitempty" yaml:"cpu,omitempty"`
+	Memory   int64  `json:"memory,omitempty" yaml:"memory,omitempty"`
+	Pods     []Pod  `json:"pods,omitempty" yaml:"pods,omitempty"`
+	Replicas int    `json:"replicas,omitempty" yaml:"replicas,omitempty"`
+}
+
+// Pod is one replica of a service. Weight is its relative capacity (nil means 1). Address is
+// the HOST:PORT endpoint the xDS server advertises for it (optional offline).
+type Pod struct {
+	Name    string   `json:"name" yaml:"name"`
+	Node    string   `json:"node,omitempty" yaml:"node,omitempty"`
+	Weight  *float64 `json:"weight,omitempty" yaml:"weight,omitempty"`
+	Address string   `json:"address,omitempty" yaml:"address,omitempty"`
+}
+
+// Call is a call edge: each request to From makes Rate requests to To (nil means 1).
+type Call struct {
+	From string   `json:"from" yaml:"from"`
+	To   string   `json:"to" yaml:"to"`
+	Rate *float64 `json:"rate,omitempty" yaml:"rate,omitempty"`
+}
+
+// Ingress is the external request rate into a service, in requests per second.
+type Ingress struct {
+	Service string  `json:"service" yaml:"service"`
+	RPS     float64 `json:"rps" yaml:"rps"`
+}
+
+// CapacityWeight returns the pod's capacity weight (1 when unset).
+func (p Pod) CapacityWeight() float64 {
+	if p.Weight == nil {
+		return 1
+	}
+	return *p.Weight
+}
+
+// CallRate returns the call's rate (1 when unset).
+func (c Call) CallRate() float64 {
+	if c.Rate == nil {
+		return 1
+	}
+	return *c.Rate
+}
+
+// ReplicaCount is the number of pods placement must place for the service.
+func (s Service) ReplicaCount() int {
+	if s.Replicas > 0 {
+		return s.Replicas
+	}
+	return len(s.Pods)
+}
+
+// Clone returns a deep copy, so a caller can derive a new topology without touching one that
+// is already shared.
+func (t *Topology) Clone() *Topology {
+	c := &Topology{
+		Nodes:    append([]Node(nil), t.Nodes...),
+		Latency:  append([]Latency(nil), t.Latency...),
+		Services: make([]Service, len(t.Services)),
+		Calls:    make([]Call, len(t.Calls)),
+		Ingress:  append([]Ingress(nil), t.Ingress...),
+	}
+	for i, s := range t.Services {
+		s.Pods = append([]Pod(nil), s.Pods...)
+		for j := range s.Pods {
+			if w := s.Pods[j].Weight; w != nil {
+				v := *w
+				s.Pods[j].Weight = &v
+			}
+		}
+		c.Services[i] = s
+	}
+	for i, e := range t.Calls {
+		if e.Rate != nil {
+			v := *e.Rate
+			e.Rate = &v
+		}
+		c.Calls[i] = e
+	}
+	return c
+}
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidTopology}, args...)...)
+}
