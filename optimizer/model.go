@@ -401,6 +401,14 @@ func topoOrder(n int, calls []CallEdge) (order, cycle []int) {
 			for i, j := 0, len(cyc)-1; i < j; i, j = i+1, j-1 {
 				cyc[i], cyc[j] = cyc[j], cyc[i]
 			}
+			// Start at the lowest index, so the message is the same however it was found.
+			low := 0
+			for i := range cyc {
+				if cyc[i] < cyc[low] {
+					low = i
+				}
+			}
+			cyc = append(cyc[low:], cyc[:low]...)
 			return nil, append(cyc, cyc[0])
 		}
 		seen[s] = len(path)

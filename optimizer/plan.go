@@ -208,6 +208,11 @@ func optTraffic(callers, callees []PodRef) [][]split {
 				row = append(row, split{callee: i, fraction: f})
 			}
 		}
+		if len(row) == 0 {
+			// Only a weightless caller on a node without callee pods, when every share is
+			// already filled, gets here: it sends nothing, so the default spread is harmless.
+			row = roundRobin(callers[:1], callees)[0]
+		}
 		out[p] = row
 	}
 	return out
