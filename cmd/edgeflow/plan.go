@@ -84,12 +84,16 @@ func writePlanTable(w io.Writer, alloc, rr *optimizer.Allocation) error {
 			call = ""
 		}
 	}
-	fmt.Fprintln(tw)
-	fmt.Fprintf(tw, "CALL\tCOST(%s)\tCOST(round-robin)\tCHANGE\t\t\n", alloc.Policy)
-	for i, c := range alloc.Calls {
-		fmt.Fprintf(tw, "%s → %s\t%.1f\t%.1f\t%s\t\t\n", c.From, c.To, c.Cost, rr.Calls[i].Cost, change(c.Cost, rr.Calls[i].Cost))
+	if err := tw.Flush(); err != nil {
+		return err
 	}
-	fmt.Fprintf(tw, "total\t%.1f\t%.1f\t%s\t\t\n", alloc.Cost, rr.Cost, change(alloc.Cost, rr.Cost))
+	buf.WriteString("\n")
+	tw = tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "CALL\tCOST(%s)\tCOST(round-robin)\tCHANGE\n", alloc.Policy)
+	for i, c := range alloc.Calls {
+		fmt.Fprintf(tw, "%s → %s\t%.1f\t%.1f\t%s\n", c.From, c.To, c.Cost, rr.Calls[i].Cost, change(c.Cost, rr.Calls[i].Cost))
+	}
+	fmt.Fprintf(tw, "total\t%.1f\t%.1f\t%s\n", alloc.Cost, rr.Cost, change(alloc.Cost, rr.Cost))
 	if err := tw.Flush(); err != nil {
 		return err
 	}

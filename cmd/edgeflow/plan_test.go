@@ -1,0 +1,145 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+func TestPlanGolden(t *testing.T) {
+	for _, example := range []string{"bookinfo", "dag"} {
+		file := filepath.Join("..", "..", "examples", example+".yaml")
+		for _, p := range optimizer.Policies() {
+			t.Run(example+"/"+string(p), func(t *testing.T) {
+				code, out, errOut := runCLI(t, "", "plan", "-f", file, "--policy", string(p), "-o", "json")
+				if code != 0 {
+					t.Fatalf("exit %d: %s", code, errOut)
+				}
+				golden(t, fmt.Sprintf("plan/%s.%s.json", example, p), out)
+			})
+		}
+		t.Run(example+"/table", func(t *testing.T) {
+			code, out, errOut := runCLI(t, "", "plan", "-f", file)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			golden(t, "plan/"+example+".lata.txt", out)
+		})
+	}
+}
+
+func TestPlanJSONContract(t *testing.T) {
+	code, out, errOut := runCLI(t, "", "plan", "-f", "../../examples/bookinfo.yaml", "-o", "json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var got struct {
+		Policy string  `json:"policy"`
+		Cost   float64 `json:"cost"`
+		Calls  []struct {
+			From, To string
+			Routes   []struct {
+				Caller, Callee string
+				Fraction, RPS  float64
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("output is not the contract's JSON: %v\n%s", err, out)
+	}
+	if got.Policy != "lata" || got.Cost <= 0 || len(got.Calls) != 3 {
+		t.Fatalf("policy %q cost %v calls %d; want lata, a positive cost, 3 call edges", got.Policy, got.Cost, len(got.Calls))
+	}
+	for _, c := range got.Calls {
+		sums := map[string]float64{}
+		for _, r := range c.Routes {
+			sums[r.Caller] += r.Fraction
+		}
+		for caller, s := range sums {
+			if s < 1-1e-9 || s > 1+1e-9 {
+				t.Errorf("%s→%s: caller %s fractions sum to %v", c.From, c.To, caller, s)
+			}
+		}
+	}
+}
+
+func TestPlanReadsStdinAndYAML(t *testing.T) {
+	src, err := os.ReadFile("../../examples/dag.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runCLI(t, string(src), "plan", "-f", "-", "-o", "yaml", "--policy", "round-robin")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.HasPrefix(out, "policy: round-robin\n") {
+		t.Errorf("yaml output starts %q", out[:min(len(out), 40)])
+	}
+}
+
+func TestPlanBadInput(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	missingPair := write("missing.yaml", `
+nodes: [{name: n1}, {name: n2}]
+services: [{name: a, pods: [{name: a-0, node: n1}]}, {name: b, pods: [{name: b-0, node: n2}]}]
+calls: [{from: a, to: b}]
+`)
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"cycle", []string{"plan", "-f", write("cycle.yaml", `
+nodes: [{name: n1}]
+services: [{name: a, pods: [{name: a-0, node: n1}]}, {name: b, pods: [{name: b-0, node: n1}]}]
+calls: [{from: a, to: b}, {from: b, to: a}]
+`)}, "calls form a cycle: a → b → a"},
+		{"unknown node", []string{"plan", "-f", write("node.yaml", `
+nodes: [{name: n1}]
+services: [{name: a, pods: [{name: a-0, node: edge-x}]}]
+`)}, `unknown node "edge-x"`},
+		{"NaN latency", []string{"plan", "-f", write("nan.yaml", `
+nodes: [{name: n1}, {name: n2}]
+latency: [{from: n1, to: n2, ms: .nan}]
+services: [{name: a, pods: [{name: a-0, node: n1}]}]
+`)}, "ms is NaN"},
+		{"missing latency pair", []string{"plan", "-f", missingPair}, "no entry for n1 ↔ n2"},
+		{"syntax", []string{"plan", "-f", write("syntax.yaml", "nodes: [")}, "syntax.yaml"},
+		{"no such file", []string{"plan", "-f", filepath.Join(dir, "absent.yaml")}, "absent.yaml"},
+		{"unknown policy", []string{"plan", "-f", missingPair, "--policy", "fastest"}, `unknown policy "fastest"`},
+		{"unknown output", []string{"plan", "-f", missingPair, "--default-latency", "3", "-o", "xml"}, `unknown output format "xml"`},
+		{"missing -f", []string{"plan"}, `required flag(s) "filename"`},
+		{"extra argument", []string{"plan", "-f", missingPair, "oops"}, "takes no arguments"},
+		{"unknown command", []string{"plon"}, "unknown command"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, out, errOut := runCLI(t, "", c.args...)
+			if code != 2 {
+				t.Errorf("exit code %d, want 2", code)
+			}
+			if out != "" {
+				t.Errorf("stdout must be empty on bad input, got %q", out)
+			}
+			if !strings.Contains(errOut, c.want) {
+				t.Errorf("stderr %q does not name %q", errOut, c.want)
+			}
+		})
+	}
+	// The same file is fine once a default latency is given.
+	if code, _, errOut := runCLI(t, "", "plan", "-f", missingPair, "--default-latency", "7"); code != 0 {
+		t.Errorf("with --default-latency: exit %d: %s", code, errOut)
+	}
+}
