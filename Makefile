@@ -1,0 +1,54 @@
+# edgeflow — the front door. CI (.ci/run) calls `make test`, exactly as a person does.
+
+GO          ?= go
+CACHE       ?= $(HOME)/.cache/edgeflow
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK := $(CACHE)/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+FUZZTIME    ?= 20s
+
+.PHONY: all build demo test lint unit fuzz bench bench-solver clean
+
+all: build
+
+## build: the edgeflow binary in bin/
+build:
+	$(GO) build -o bin/edgeflow ./cmd/edgeflow
+
+## demo: the main job on the embedded default (Bookinfo on 4 emulated nodes, every policy)
+demo:
+	$(GO) run ./cmd/edgeflow demo
+
+## test: formatting, vet, staticcheck, then every test with the race detector
+test: lint unit
+
+unit:
+	$(GO) test -race -count=1 ./...
+
+lint: $(STATICCHECK)
+	@fmt=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$fmt" ]; then echo "gofmt would change:"; echo "$$fmt"; exit 1; fi
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
+
+$(STATICCHECK):
+	GOBIN=$(dir $(STATICCHECK)) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+## fuzz: a short run of every fuzzer (FUZZTIME each)
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+## bench: every benchmark, 5 runs each (compare runs with benchstat)
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./...
+
+## bench-solver: edgeflow's network simplex against LEMON's, side by side on the same instances
+bench-solver:
+	@command -v g++ >/dev/null && [ -f /usr/include/lemon/network_simplex.h ] || \
+	  (apt-get update && apt-get install -y --no-install-recommends liblemon-dev g++)
+	$(GO) run ./optimizer/mcf/internal/benchsolver
+
+clean:
+	rm -rf bin
