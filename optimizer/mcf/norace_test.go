@@ -1,0 +1,5 @@
+//go:build !race
+
+package mcf
+
+const raceEnabled = false
