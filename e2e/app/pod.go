@@ -1,0 +1,277 @@
+// Package app is the simulated microservice pod of edgeflow's testbeds. A Pod is a gRPC server
+// whose work is simulated service time — a fixed number of workers, each request holding one
+// for a drawn service time while sleeping, not spinning — so queueing and overload behave as on
+// real pods without burning the machine's CPU. After its own work a pod calls its downstream
+// services through gRPC client connections (in the testbeds: grpc-go xDS channels that carry the
+// pod's own xDS identity), and it counts which caller pod sent each request, so a test can compare
+// the traffic split it observed with the one it planned.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// The pods' gRPC API: one unary method taking google.protobuf.Empty and answering the serving
+// pod's name as a google.protobuf.StringValue. Built from well-known types, so it needs no
+// generated code.
+const (
+	ServiceName = "edgeflow.e2e.Pod"
+	// MethodCall is the full method name clients invoke.
+	MethodCall = "/" + ServiceName + "/Call"
+)
+
+// Request metadata a calling pod attaches, so the callee can inject the network delay between
+// the two pods' nodes and count the route. Requests without them (the load generator) come from
+// outside the cluster: no delay, counted under caller "".
+const (
+	MetadataCallerPod  = "x-edgeflow-caller-pod"
+	MetadataCallerNode = "x-edgeflow-caller-node"
+)
+
+// Downstream is a service a pod calls for every request it serves.
+type Downstream struct {
+	// Service is the callee service's name (for error messages).
+	Service string
+	// Rate is the number of calls per request served; a fractional part is the probability of
+	// one more call (rate 1.5: one call, and a second one half of the time).
+	Rate float64
+	// Conn carries the calls, e.g. a grpc-go channel to xds:///SERVICE. The pod does not own it.
+	Conn grpc.ClientConnInterface
+}
+
+// Config describes a pod.
+type Config struct {
+	// Name is the pod's name; it is sent to callees as MetadataCallerPod.
+	Name string
+	// Node is the pod's (emulated) node; it is sent to callees as MetadataCallerNode.
+	Node string
+	// Workers is the number of requests the pod works on at once (≥ 1). Further requests wait in
+	// FIFO order. A worker is held for the service time only, not while the pod waits for its
+	// downstream calls (as in an asynchronous server): the pod's capacity is Workers / mean
+	// service time, whatever the latency downstream.
+	Workers int
+	// ServiceTime draws each request's service time; nil means zero.
+	ServiceTime ServiceTime
+	// Delay, if set, returns the network delay to inject on a request from a pod on callerNode
+	// ("" for requests from outside). The pod sleeps it on arrival, before queueing for a worker.
+	// Nil injects nothing (a real network provides the delay).
+	Delay func(callerNode string) time.Duration
+	// Downstream are called in order, sequentially, after the pod's own work (as Bookinfo's
+	// productpage calls details, then reviews).
+	Downstream []Downstream
+}
+
+// Pod is a simulated microservice pod. Its methods are safe for concurrent use.
+type Pod struct {
+	cfg     Config
+	workers chan struct{} // a token per busy worker; blocked senders queue FIFO
+
+	mu       sync.Mutex
+	received map[string]uint64 // by caller pod
+
+	served  atomic.Uint64
+	failed  atomic.Uint64
+	waiting atomic.Int64
+}
+
+// NewPod validates cfg and returns the pod. It starts nothing: register it on a gRPC server
+// (Register) or serve it on a listener (Serve).
+func NewPod(cfg Config) (*Pod, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("app: pod without a name")
+	}
+	if cfg.Workers < 1 {
+		return nil, fmt.Errorf("app: pod %s: workers must be ≥ 1, got %d", cfg.Name, cfg.Workers)
+	}
+	for _, d := range cfg.Downstream {
+		if d.Conn == nil {
+			return nil, fmt.Errorf("app: pod %s: downstream %s has no connection", cfg.Name, d.Service)
+		}
+		if !(d.Rate >= 0) || math.IsInf(d.Rate, 0) {
+			return nil, fmt.Errorf("app: pod %s: downstream %s: bad rate %v", cfg.Name, d.Service, d.Rate)
+		}
+	}
+	return &Pod{cfg: cfg, workers: make(chan struct{}, cfg.Workers), received: map[string]uint64{}}, nil
+}
+
+// Name returns the pod's name.
+func (p *Pod) Name() string { return p.cfg.Name }
+
+// Register registers the pod's service on s.
+func (p *Pod) Register(s grpc.ServiceRegistrar) {
+	s.RegisterService(&serviceDesc, p)
+}
+
+// Serve serves the pod on lis until ctx is done, then stops the server (cancelling requests in
+// flight) and returns nil. It closes lis. Other errors come from grpc.Server.Serve.
+func (p *Pod) Serve(ctx context.Context, lis net.Listener) error {
+	s := grpc.NewServer()
+	p.Register(s)
+	stopped := make(chan struct{})
+	go func() { // owned by Serve: ends when ctx is done or Serve returns
+		select {
+		case <-ctx.Done():
+			s.Stop()
+		case <-stopped:
+		}
+	}()
+	err := s.Serve(lis)
+	close(stopped)
+	s.Stop()
+	if ctx.Err() != nil || errors.Is(err, grpc.ErrServerStopped) {
+		return nil
+	}
+	return err
+}
+
+// Stats is a snapshot of a pod's counters.
+type Stats struct {
+	// Received counts requests by the caller pod that sent them ("" = from outside the cluster),
+	// counted on arrival.
+	Received map[string]uint64
+	// Served counts requests answered successfully; Failed those answered with an error
+	// (cancelled, timed out, or a downstream call failed).
+	Served, Failed uint64
+	// Waiting is the number of requests queued for a worker now.
+	Waiting int64
+}
+
+// Stats returns a snapshot of the pod's counters.
+func (p *Pod) Stats() Stats {
+	p.mu.Lock()
+	rcv := make(map[string]uint64, len(p.received))
+	for k, v := range p.received {
+		rcv[k] = v
+	}
+	p.mu.Unlock()
+	return Stats{Received: rcv, Served: p.served.Load(), Failed: p.failed.Load(), Waiting: p.waiting.Load()}
+}
+
+// handle serves one request: inject the network delay, queue for a worker, hold it for the
+// service time, then make the downstream calls.
+func (p *Pod) handle(ctx context.Context) (*wrapperspb.StringValue, error) {
+	callerPod, callerNode := callerOf(ctx)
+	p.mu.Lock()
+	p.received[callerPod]++
+	p.mu.Unlock()
+
+	if err := p.work(ctx, callerNode); err != nil {
+		p.failed.Add(1)
+		return nil, err
+	}
+	for _, d := range p.cfg.Downstream {
+		for range calls(d.Rate) {
+			if _, err := Call(ctx, d.Conn, p.cfg.Name, p.cfg.Node); err != nil {
+				p.failed.Add(1)
+				st := status.Convert(err)
+				return nil, status.Errorf(st.Code(), "%s → %s: %s", p.cfg.Name, d.Service, st.Message())
+			}
+		}
+	}
+	p.served.Add(1)
+	return wrapperspb.String(p.cfg.Name), nil
+}
+
+func (p *Pod) work(ctx context.Context, callerNode string) error {
+	if p.cfg.Delay != nil {
+		if err := sleep(ctx, p.cfg.Delay(callerNode)); err != nil {
+			return err
+		}
+	}
+	p.waiting.Add(1)
+	select {
+	case p.workers <- struct{}{}:
+		p.waiting.Add(-1)
+	case <-ctx.Done():
+		p.waiting.Add(-1)
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	defer func() { <-p.workers }()
+	if p.cfg.ServiceTime != nil {
+		return sleep(ctx, p.cfg.ServiceTime.Draw())
+	}
+	return nil
+}
+
+// calls turns a call rate into a number of calls: the integer part, plus one with probability
+// equal to the fractional part.
+func calls(rate float64) int {
+	n := math.Floor(rate)
+	if f := rate - n; f > 0 && rand.Float64() < f {
+		n++
+	}
+	return int(n)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+func callerOf(ctx context.Context) (pod, node string) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get(MetadataCallerPod); len(v) > 0 {
+		pod = v[0]
+	}
+	if v := md.Get(MetadataCallerNode); len(v) > 0 {
+		node = v[0]
+	}
+	return pod, node
+}
+
+// Call invokes MethodCall on conn as pod fromPod on node fromNode (both may be empty for a
+// caller outside the cluster) and returns the name of the pod that served it.
+func Call(ctx context.Context, conn grpc.ClientConnInterface, fromPod, fromNode string, opts ...grpc.CallOption) (string, error) {
+	if fromPod != "" || fromNode != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, MetadataCallerPod, fromPod, MetadataCallerNode, fromNode)
+	}
+	var out wrapperspb.StringValue
+	if err := conn.Invoke(ctx, MethodCall, &emptypb.Empty{}, &out, opts...); err != nil {
+		return "", err
+	}
+	return out.GetValue(), nil
+}
+
+var serviceDesc = grpc.ServiceDesc{
+	ServiceName: ServiceName,
+	HandlerType: (*any)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Call",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+			in := new(emptypb.Empty)
+			if err := dec(in); err != nil {
+				return nil, err
+			}
+			p := srv.(*Pod)
+			if interceptor == nil {
+				return p.handle(ctx)
+			}
+			info := &grpc.UnaryServerInfo{Server: srv, FullMethod: MethodCall}
+			return interceptor(ctx, in, info, func(ctx context.Context, _ any) (any, error) { return p.handle(ctx) })
+		},
+	}},
+	Metadata: "edgeflow/e2e/app/pod.go",
+}

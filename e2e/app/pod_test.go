@@ -1,0 +1,248 @@
+package app
+
+import (
+	"context"
+	"math"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// serve runs pod on a loopback port until the test ends and returns a channel to it.
+func serve(t *testing.T, pod *Pod) *grpc.ClientConn {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- pod.Serve(ctx, lis) }()
+	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return conn
+}
+
+func newPod(t *testing.T, cfg Config) *Pod {
+	t.Helper()
+	p, err := NewPod(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// eventually polls cond until it holds or 10 s have passed.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// gate is a ServiceTime whose Draw blocks until released, counting the draws in progress: a
+// request is in Draw exactly while it holds a worker.
+type gate struct {
+	release chan struct{}
+	busy    atomic.Int64
+}
+
+func (g *gate) Draw() time.Duration {
+	g.busy.Add(1)
+	defer g.busy.Add(-1)
+	<-g.release
+	return 0
+}
+
+func TestPodWorkersBoundConcurrency(t *testing.T) {
+	g := &gate{release: make(chan struct{})}
+	pod := newPod(t, Config{Name: "p-0", Workers: 2, ServiceTime: g})
+	conn := serve(t, pod)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 5)
+	for range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := Call(context.Background(), conn, "", ""); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	eventually(t, "2 requests at work and 3 queued", func() bool {
+		return g.busy.Load() == 2 && pod.Stats().Waiting == 3
+	})
+	close(g.release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if st := pod.Stats(); st.Served != 5 || st.Failed != 0 || st.Waiting != 0 || st.Received[""] != 5 {
+		t.Errorf("stats %+v, want 5 received from outside and served", st)
+	}
+}
+
+func TestPodCallsDownstreamAsItself(t *testing.T) {
+	var mu sync.Mutex
+	delays := map[string]int{}
+	leaf := newPod(t, Config{Name: "leaf-0", Node: "n2", Workers: 1, Delay: func(from string) time.Duration {
+		mu.Lock()
+		delays[from]++
+		mu.Unlock()
+		return time.Millisecond
+	}})
+	leafConn := serve(t, leaf)
+	front := newPod(t, Config{Name: "front-0", Node: "n1", Workers: 1, ServiceTime: Fixed(time.Millisecond),
+		Downstream: []Downstream{{Service: "leaf", Rate: 2, Conn: leafConn}}})
+	frontConn := serve(t, front)
+
+	for range 3 {
+		got, err := Call(context.Background(), frontConn, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != "front-0" {
+			t.Errorf("served by %q, want front-0", got)
+		}
+	}
+	if got := front.Stats().Received; len(got) != 1 || got[""] != 3 {
+		t.Errorf("front received %v, want 3 from outside", got)
+	}
+	if got := leaf.Stats().Received; len(got) != 1 || got["front-0"] != 6 {
+		t.Errorf("leaf received %v, want 6 (rate 2) from front-0", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(delays) != 1 || delays["n1"] != 6 {
+		t.Errorf("leaf injected delays for callers on %v, want 6 for node n1", delays)
+	}
+}
+
+func TestPodInjectsDelayBeforeQueueing(t *testing.T) {
+	const delay = 30 * time.Millisecond
+	pod := newPod(t, Config{Name: "p-0", Workers: 1, Delay: func(string) time.Duration { return delay }})
+	conn := serve(t, pod)
+	if _, err := Call(context.Background(), conn, "", ""); err != nil { // connect
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := Call(context.Background(), conn, "x-0", "n9"); err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Since(start); got < delay {
+		t.Errorf("call took %v, want ≥ the injected %v", got, delay)
+	}
+}
+
+// failingConn answers every call with an error, as an overloaded callee would.
+type failingConn struct{ grpc.ClientConnInterface }
+
+func (failingConn) Invoke(context.Context, string, any, any, ...grpc.CallOption) error {
+	return status.Error(codes.ResourceExhausted, "queue full")
+}
+
+func TestPodPropagatesDownstreamErrors(t *testing.T) {
+	pod := newPod(t, Config{Name: "front-0", Workers: 1, Downstream: []Downstream{{Service: "leaf", Rate: 1, Conn: failingConn{}}}})
+	conn := serve(t, pod)
+	_, err := Call(context.Background(), conn, "", "")
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "front-0 → leaf: queue full") {
+		t.Errorf("err = %v, want ResourceExhausted naming the route", err)
+	}
+	if st := pod.Stats(); st.Failed != 1 || st.Served != 0 {
+		t.Errorf("stats %+v, want 1 failed", st)
+	}
+}
+
+func TestPodCancelledWhileQueued(t *testing.T) {
+	g := &gate{release: make(chan struct{})}
+	defer close(g.release)
+	pod := newPod(t, Config{Name: "p-0", Workers: 1, ServiceTime: g})
+	conn := serve(t, pod)
+	go Call(context.Background(), conn, "", "") //nolint:errcheck // holds the only worker until the test ends
+	eventually(t, "the worker busy", func() bool { return g.busy.Load() == 1 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := Call(ctx, conn, "", "")
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("err = %v, want DeadlineExceeded", err)
+	}
+	eventually(t, "the queued request to leave the queue", func() bool { return pod.Stats().Waiting == 0 })
+}
+
+func TestServeStopsOnCancel(t *testing.T) {
+	pod := newPod(t, Config{Name: "p-0", Workers: 1})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- pod.Serve(ctx, lis) }()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve = %v, want nil after cancel", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after cancel")
+	}
+	if _, err := net.Dial("tcp", lis.Addr().String()); err == nil {
+		t.Error("listener still open after Serve returned")
+	}
+}
+
+func TestCallsPerRequest(t *testing.T) {
+	for _, rate := range []float64{0, 1, 2, 0.25, 1.5} {
+		const n = 100_000
+		total := 0
+		for range n {
+			k := calls(rate)
+			if k < int(math.Floor(rate)) || k > int(math.Ceil(rate)) {
+				t.Fatalf("calls(%v) = %d", rate, k)
+			}
+			total += k
+		}
+		if got := float64(total) / n; math.Abs(got-rate) > 0.01 {
+			t.Errorf("rate %v: %.4f calls per request on average", rate, got)
+		}
+	}
+}
+
+func TestNewPodValidates(t *testing.T) {
+	for _, cfg := range []Config{
+		{Workers: 1},
+		{Name: "p", Workers: 0},
+		{Name: "p", Workers: 1, Downstream: []Downstream{{Service: "s", Rate: 1}}},
+		{Name: "p", Workers: 1, Downstream: []Downstream{{Service: "s", Rate: math.NaN(), Conn: failingConn{}}}},
+		{Name: "p", Workers: 1, Downstream: []Downstream{{Service: "s", Rate: -1, Conn: failingConn{}}}},
+	} {
+		if _, err := NewPod(cfg); err == nil {
+			t.Errorf("NewPod(%+v): want an error", cfg)
+		}
+	}
+}

@@ -1,0 +1,224 @@
+// Package loadgen is an open-loop, constant-rate load generator in the manner of wrk2. Request i
+// is due at start + i/rate whether or not earlier requests have finished, and its latency is
+// measured from that intended send time, not from when it was actually sent, so a server that
+// stalls cannot hide the stall by slowing the generator down (no coordinated omission).
+// Latencies are kept as exact samples; percentiles are nearest-rank over the sorted samples.
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Request sends request number seq and returns when its response (or error) is in. It is called
+// concurrently from many goroutines. ctx carries the per-request timeout.
+type Request func(ctx context.Context, seq int) error
+
+// Config describes one run.
+type Config struct {
+	// Rate is the constant request rate, per second (> 0).
+	Rate float64
+	// Warmup is sent at the same rate before the measured period and not recorded.
+	Warmup time.Duration
+	// Duration is the measured period (> 0): requests due in [Warmup, Warmup+Duration) are
+	// recorded.
+	Duration time.Duration
+	// Timeout bounds each request; a request that times out counts as an error. 0 means none.
+	Timeout time.Duration
+}
+
+// Schedule is the constant-rate send schedule: request i is due at offset At(i) from the start.
+type Schedule struct {
+	// Rate is in requests per second.
+	Rate float64
+}
+
+// At returns the intended send offset of request i: i/Rate seconds, exactly (no drift
+// accumulates however many requests are sent).
+func (s Schedule) At(i int) time.Duration {
+	return time.Duration(math.Round(float64(i) * float64(time.Second) / s.Rate))
+}
+
+// Count returns the number of requests due in [0, d): ⌈d·Rate⌉ (up to rounding of At).
+func (s Schedule) Count(d time.Duration) int {
+	n := int(math.Ceil(d.Seconds() * s.Rate))
+	for n > 0 && s.At(n-1) >= d {
+		n--
+	}
+	for s.At(n) < d {
+		n++
+	}
+	return n
+}
+
+// Result is the outcome of the measured period of a run.
+type Result struct {
+	// Sent is the number of requests due in the measured period; OK + Errors == Sent.
+	Sent, OK, Errors int
+	// ErrorKinds counts errors by message (the first 10 distinct ones; the rest under "other").
+	ErrorKinds map[string]int
+	// Latency holds the successful requests' latencies, from intended send time to response.
+	Latency Samples
+	// Elapsed runs from the intended send time of the first measured request until the last
+	// measured request finished.
+	Elapsed time.Duration
+	// MaxSendLag is the largest delay between a request's intended and actual send time — how
+	// far the generator itself fell behind (it does not change the measured latencies).
+	MaxSendLag time.Duration
+}
+
+// Achieved returns the rate of successful responses over Elapsed, per second.
+func (r *Result) Achieved() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.OK) / r.Elapsed.Seconds()
+}
+
+// Run sends requests at cfg.Rate for cfg.Warmup+cfg.Duration and returns the measured period's
+// result once every request has finished. Each request runs in its own goroutine, owned by Run,
+// under a context derived from ctx. If ctx is done early, Run stops sending, waits for the
+// requests in flight (which see the cancellation) and returns ctx's error with no result.
+func Run(ctx context.Context, cfg Config, do Request) (*Result, error) {
+	if !(cfg.Rate > 0) || math.IsInf(cfg.Rate, 0) {
+		return nil, fmt.Errorf("loadgen: rate must be positive, got %v", cfg.Rate)
+	}
+	if cfg.Duration <= 0 || cfg.Warmup < 0 || cfg.Timeout < 0 {
+		return nil, fmt.Errorf("loadgen: bad durations (warmup %v, duration %v, timeout %v)", cfg.Warmup, cfg.Duration, cfg.Timeout)
+	}
+	sched := Schedule{Rate: cfg.Rate}
+	first := sched.Count(cfg.Warmup)
+	end := sched.Count(cfg.Warmup + cfg.Duration)
+
+	rec := &recorder{lat: make([]time.Duration, 0, end-first), kinds: map[string]int{}}
+	var wg sync.WaitGroup
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	start := time.Now()
+	var maxLag time.Duration
+	for i := 0; i < end; i++ {
+		due := start.Add(sched.At(i))
+		if wait := time.Until(due); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if i >= first {
+			maxLag = max(maxLag, time.Since(due))
+		}
+		wg.Add(1)
+		go func(i int, due time.Time) {
+			defer wg.Done()
+			rctx, cancel := ctx, context.CancelFunc(func() {})
+			if cfg.Timeout > 0 {
+				rctx, cancel = context.WithDeadline(ctx, due.Add(cfg.Timeout))
+			}
+			err := do(rctx, i)
+			done := time.Now()
+			cancel()
+			if i >= first {
+				rec.add(done.Sub(due), done, err)
+			}
+		}(i, due)
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	res := rec.result()
+	res.Sent = end - first
+	res.MaxSendLag = maxLag
+	if res.Sent > 0 {
+		res.Elapsed = rec.last.Sub(start.Add(sched.At(first)))
+	}
+	return res, nil
+}
+
+type recorder struct {
+	mu    sync.Mutex
+	lat   []time.Duration
+	errs  int
+	kinds map[string]int
+	last  time.Time
+}
+
+func (r *recorder) add(lat time.Duration, done time.Time, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if done.After(r.last) {
+		r.last = done
+	}
+	if err == nil {
+		r.lat = append(r.lat, lat)
+		return
+	}
+	r.errs++
+	msg := err.Error()
+	if errors.Is(err, context.DeadlineExceeded) {
+		msg = "timeout"
+	}
+	if _, ok := r.kinds[msg]; !ok && len(r.kinds) >= 10 {
+		msg = "other"
+	}
+	r.kinds[msg]++
+}
+
+func (r *recorder) result() *Result {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return &Result{OK: len(r.lat), Errors: r.errs, ErrorKinds: r.kinds, Latency: NewSamples(r.lat)}
+}
+
+// Samples are latencies sorted in increasing order.
+type Samples []time.Duration
+
+// NewSamples sorts a copy of d.
+func NewSamples(d []time.Duration) Samples {
+	s := append(Samples(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s
+}
+
+// Quantile returns the nearest-rank q-quantile (0 < q ≤ 1): the smallest sample such that at
+// least a fraction q of the samples are ≤ it; q ≤ 0 gives the minimum. It returns 0 when there
+// are no samples. Exact, no interpolation; O(1).
+func (s Samples) Quantile(q float64) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	// The epsilon keeps q·n that should be an integer (0.07·100) from rounding up past it.
+	rank := int(math.Ceil(q*float64(len(s)) - 1e-9))
+	rank = min(max(rank, 1), len(s))
+	return s[rank-1]
+}
+
+// Mean returns the arithmetic mean, or 0 without samples.
+func (s Samples) Mean() time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, d := range s {
+		sum += float64(d)
+	}
+	return time.Duration(sum / float64(len(s)))
+}
+
+// Max returns the largest sample, or 0.
+func (s Samples) Max() time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)-1]
+}

@@ -1,0 +1,341 @@
+// Package loopback runs a topology's pods in one process on 127.0.0.1, as a small stand-in for
+// the network-namespace testbed: every pod is an app.Pod on its own port; a caller pod reaches
+// its callees through grpc-go xDS channels (target xds:///SERVICE) carrying its own xDS identity
+// (node id = pod name), against the management server the caller names; and the latency between
+// the emulated nodes is injected by the callee, which sleeps the round-trip time between the
+// caller's node and its own (sent in request metadata) before it queues for a worker.
+package loopback
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	xdsclient "google.golang.org/grpc/xds" // registers the xDS resolver and balancers
+
+	"github.com/edgeflow/edgeflow/e2e/app"
+	"github.com/edgeflow/edgeflow/e2e/loadgen"
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// Config describes the emulated cluster.
+type Config struct {
+	// Topology gives the nodes, the latency between them, the services with their placed pods
+	// and the call graph. It is not modified.
+	Topology *optimizer.Topology
+	// Options are used to compile Topology (e.g. a default latency for missing node pairs).
+	Options optimizer.Options
+	// Workers is every pod's number of workers (≥ 1).
+	Workers int
+	// ServiceTime is every pod's mean service time, exponentially distributed.
+	ServiceTime time.Duration
+	// LatencyScale multiplies every latency of Topology (scenario B of EXPERIMENT.md is 2);
+	// 0 means 1.
+	LatencyScale float64
+	// Seed seeds the pods' service-time generators (each pod derives its own stream).
+	Seed uint64
+	// XDSServer is the management server's HOST:PORT the pods' xDS clients connect to.
+	XDSServer string
+}
+
+// Cluster is a running emulated cluster. Its methods are safe for concurrent use.
+type Cluster struct {
+	topo    *optimizer.Topology // with pod addresses
+	podSvc  map[string]string   // pod → service
+	pods    []*app.Pod
+	conns   []*grpc.ClientConn // xDS channels of caller pods and direct ingress channels
+	ingress []ingressTarget
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	errMu  sync.Mutex
+	err    error
+
+	wrrMu sync.Mutex
+}
+
+type ingressTarget struct {
+	conn    *grpc.ClientConn
+	weight  float64 // requests per second planned into this pod
+	current float64 // smooth weighted round-robin state
+}
+
+// Start binds a port on 127.0.0.1 for every pod of cfg.Topology, creates the caller pods' xDS
+// channels (they connect lazily) and serves every pod. The pods serve until Close, which the
+// caller must call, also when the run fails; after an error Start has stopped everything itself.
+func Start(cfg Config) (*Cluster, error) {
+	if cfg.Topology == nil {
+		return nil, errors.New("loopback: no topology")
+	}
+	if cfg.Workers < 1 {
+		return nil, fmt.Errorf("loopback: workers must be ≥ 1, got %d", cfg.Workers)
+	}
+	if cfg.ServiceTime < 0 {
+		return nil, fmt.Errorf("loopback: negative service time %v", cfg.ServiceTime)
+	}
+	scale := cfg.LatencyScale
+	if scale == 0 {
+		scale = 1
+	}
+	if !(scale > 0) {
+		return nil, fmt.Errorf("loopback: latency scale must be positive, got %v", cfg.LatencyScale)
+	}
+	if cfg.XDSServer == "" {
+		return nil, errors.New("loopback: no xDS server address")
+	}
+	m, err := optimizer.Compile(cfg.Topology, cfg.Options)
+	if err != nil {
+		return nil, err
+	}
+	topo := cfg.Topology.Clone()
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Cluster{topo: topo, podSvc: map[string]string{}, cancel: cancel}
+	ok := false
+	defer func() {
+		if !ok {
+			c.Close()
+		}
+	}()
+
+	// Bind first: the addresses are part of the topology the xDS server publishes.
+	listeners := map[string]net.Listener{}
+	for si := range topo.Services {
+		for pi := range topo.Services[si].Pods {
+			p := &topo.Services[si].Pods[pi]
+			if p.Node == "" {
+				return nil, fmt.Errorf("loopback: pod %s is not placed on a node", p.Name)
+			}
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				for _, l := range listeners {
+					l.Close()
+				}
+				return nil, fmt.Errorf("loopback: pod %s: %w", p.Name, err)
+			}
+			listeners[p.Name] = lis
+			p.Address = lis.Addr().String()
+			c.podSvc[p.Name] = topo.Services[si].Name
+		}
+	}
+
+	for si, s := range topo.Services {
+		sm := &m.Services[si]
+		for pi, p := range s.Pods {
+			podNode := sm.Pods[pi].Node
+			var downstream []app.Downstream
+			var builder resolver.Builder
+			for _, e := range m.Calls {
+				if e.From != si {
+					continue
+				}
+				if builder == nil {
+					if builder, err = xdsResolver(cfg.XDSServer, p.Name, p.Node); err != nil {
+						closeAll(listeners)
+						return nil, err
+					}
+				}
+				callee := m.Services[e.To].Name
+				conn, err := grpc.NewClient("xds:///"+callee,
+					grpc.WithResolvers(builder),
+					grpc.WithTransportCredentials(insecure.NewCredentials()))
+				if err != nil {
+					closeAll(listeners)
+					return nil, fmt.Errorf("loopback: pod %s: channel to %s: %w", p.Name, callee, err)
+				}
+				c.conns = append(c.conns, conn)
+				downstream = append(downstream, app.Downstream{Service: callee, Rate: e.Rate, Conn: conn})
+			}
+			pod, err := app.NewPod(app.Config{
+				Name:        p.Name,
+				Node:        p.Node,
+				Workers:     cfg.Workers,
+				ServiceTime: app.NewExponential(cfg.ServiceTime, cfg.Seed^hash(p.Name)),
+				Delay:       rttFrom(m, podNode, scale),
+				Downstream:  downstream,
+			})
+			if err != nil {
+				closeAll(listeners)
+				return nil, fmt.Errorf("loopback: %w", err)
+			}
+			c.pods = append(c.pods, pod)
+		}
+	}
+
+	for _, in := range topo.Ingress {
+		si, _ := m.ServiceIndex(in.Service)
+		sm := &m.Services[si]
+		total := sm.TotalWeight()
+		for pi, p := range topo.Services[si].Pods {
+			conn, err := grpc.NewClient("passthrough:///"+p.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				closeAll(listeners)
+				return nil, fmt.Errorf("loopback: ingress to %s: %w", p.Name, err)
+			}
+			c.conns = append(c.conns, conn)
+			share := 1 / float64(len(sm.Pods))
+			if total > 0 {
+				share = sm.Pods[pi].Weight / total
+			}
+			c.ingress = append(c.ingress, ingressTarget{conn: conn, weight: in.RPS * share})
+		}
+	}
+
+	for _, pod := range c.pods {
+		lis := listeners[pod.Name()]
+		c.wg.Add(1)
+		go func() { // owned by the Cluster; ends at Close
+			defer c.wg.Done()
+			if err := pod.Serve(ctx, lis); err != nil {
+				c.fail(fmt.Errorf("loopback: pod %s: %w", pod.Name(), err))
+			}
+		}()
+	}
+	ok = true
+	return c, nil
+}
+
+func closeAll(ls map[string]net.Listener) {
+	for _, l := range ls {
+		l.Close()
+	}
+}
+
+// xdsResolver returns an xds:/// resolver whose xDS client identifies as node id pod: each
+// channel built with it has its own xDS client, so one process holds many identities.
+func xdsResolver(server, pod, node string) (resolver.Builder, error) {
+	bootstrap, err := json.Marshal(map[string]any{
+		"xds_servers": []any{map[string]any{
+			"server_uri":      server,
+			"channel_creds":   []any{map[string]any{"type": "insecure"}},
+			"server_features": []string{"xds_v3"},
+		}},
+		"node": map[string]any{
+			"id":       pod,
+			"cluster":  "edgeflow-loopback",
+			"locality": map[string]any{"zone": node},
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	b, err := xdsclient.NewXDSResolverWithConfigForTesting(bootstrap)
+	if err != nil {
+		return nil, fmt.Errorf("loopback: pod %s: xDS bootstrap: %w", pod, err)
+	}
+	return b, nil
+}
+
+// rttFrom returns the delay a pod on node `to` injects for requests from a pod on another node:
+// the round-trip time between the nodes, scaled. Requests from outside (no node) get none.
+func rttFrom(m *optimizer.Model, to int, scale float64) func(string) time.Duration {
+	return func(from string) time.Duration {
+		if from == "" {
+			return 0
+		}
+		u, ok := m.NodeIndex(from)
+		if !ok {
+			return 0
+		}
+		return time.Duration(m.Latency.At(u, to) * scale * float64(time.Millisecond))
+	}
+}
+
+func hash(s string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(s))
+	return h.Sum64()
+}
+
+func (c *Cluster) fail(err error) {
+	c.errMu.Lock()
+	defer c.errMu.Unlock()
+	if c.err == nil {
+		c.err = err
+	}
+}
+
+// Err returns the first error a pod's server failed with, or nil.
+func (c *Cluster) Err() error {
+	c.errMu.Lock()
+	defer c.errMu.Unlock()
+	return c.err
+}
+
+// Topology returns the cluster's topology: the configured one with every pod's Address set to
+// where it serves. The caller must not modify it.
+func (c *Cluster) Topology() *optimizer.Topology { return c.topo }
+
+// Close stops every pod and closes every channel the cluster created, and waits for the pods'
+// servers to return. It is idempotent; it returns the first error a pod's server failed with.
+func (c *Cluster) Close() error {
+	c.cancel()
+	c.wg.Wait()
+	for _, conn := range c.conns {
+		conn.Close()
+	}
+	c.conns = nil
+	return c.Err()
+}
+
+// Ingress returns a loadgen.Request that sends each request to a pod of an ingress service,
+// directly (as an ingress gateway would), spread over the pods in proportion to the topology's
+// ingress rates and the pods' capacity weights by smooth weighted round-robin, so every pod
+// receives the share the allocation policies assume.
+func (c *Cluster) Ingress() (loadgen.Request, error) {
+	if len(c.ingress) == 0 {
+		return nil, errors.New("loopback: the topology has no ingress")
+	}
+	return func(ctx context.Context, _ int) error {
+		_, err := app.Call(ctx, c.nextIngress(), "", "")
+		return err
+	}, nil
+}
+
+// nextIngress is nginx's smooth weighted round-robin: deterministic, and every prefix of the
+// sequence is within one request of the weights.
+func (c *Cluster) nextIngress() *grpc.ClientConn {
+	c.wrrMu.Lock()
+	defer c.wrrMu.Unlock()
+	var total float64
+	best := -1
+	for i := range c.ingress {
+		t := &c.ingress[i]
+		t.current += t.weight
+		total += t.weight
+		if best < 0 || t.current > c.ingress[best].current {
+			best = i
+		}
+	}
+	c.ingress[best].current -= total
+	return c.ingress[best].conn
+}
+
+// Received is, per callee pod, the number of requests received from each caller pod ("" for
+// requests from outside the cluster).
+type Received map[string]map[string]uint64
+
+// Received returns a snapshot of every pod's arrival counters.
+func (c *Cluster) Received() Received {
+	out := Received{}
+	for _, p := range c.pods {
+		out[p.Name()] = p.Stats().Received
+	}
+	return out
+}
+
+// Stats returns a snapshot of every pod's counters, by pod name.
+func (c *Cluster) Stats() map[string]app.Stats {
+	out := map[string]app.Stats{}
+	for _, p := range c.pods {
+		out[p.Name()] = p.Stats()
+	}
+	return out
+}
