@@ -106,8 +106,10 @@ func checkNoNegativeCycle(t testing.TB, p *Transport, flows []Flow) {
 // equal the maintained ones, that every real arc has reduced cost >= 0
 // (complementary slackness: tree arcs have 0), that the thread visits every
 // node once with consistent subtree sizes, that every node's pred arc
-// really joins it to its parent, that flows are conserved and that no
-// artificial arc carries flow.
+// really joins it to its parent, that flows are conserved, that no
+// artificial arc carries flow, and that the tree is strongly feasible
+// (every arc pointing away from the root carries positive flow, the
+// invariant of Cunningham's anti-cycling rule).
 func checkTree(t testing.TB, s *Solver, p *Transport) {
 	t.Helper()
 	ns := &s.ns
@@ -210,6 +212,9 @@ func checkTree(t testing.TB, s *Solver, p *Transport) {
 		f := ns.flow[v]
 		if f < 0 {
 			t.Fatalf("node %d: negative flow %d on pred arc", v, f)
+		}
+		if ns.predDir[v] == dirDown && f == 0 {
+			t.Fatalf("node %d: zero flow on a downward tree arc: tree not strongly feasible", v)
 		}
 		if ns.pred[v] >= ns.nm && f != 0 {
 			t.Fatalf("node %d: artificial arc carries %d", v, f)
