@@ -1,0 +1,271 @@
+package optimizer
+
+import "sort"
+
+// localSearch improves the placement by moving a pod to another node or swapping two pods of
+// different services, within the constraints, until no such step lowers the cost (or
+// larpMaxPasses passes). Each step is scored exactly, by re-solving only the node-level
+// transports of the call edges that touch the services it moves.
+//
+// A pass visits the services in order and, for each node holding pods of the service, one pod
+// per distinct weight (pods of equal weight on one node are interchangeable). Its targets are
+// the larpCandidates nodes with the lowest proxy cost (see rankNodes) that are below the
+// service's spread cap. A move is tried where the pod fits; where it does not (cpu or memory),
+// swaps with each distinct pod on the target. The best improving step of the (service, node)
+// is applied. Deterministic: no randomness, no map iteration.
+func (st *placeState) localSearch() {
+	pp := st.pp
+	n := pp.n
+	proxy := make([]float64, n)
+	ranked := make([]int, n)
+	var cands, reps, partners []int
+	for pass := 0; pass < larpMaxPasses; pass++ {
+		tol := 1e-9 * max(1, st.cost())
+		improved := false
+		for s := range pp.svcs {
+			if len(pp.svcs[s].edges) == 0 {
+				continue // its placement does not change the cost
+			}
+			st.rankNodes(s, proxy, ranked)
+			for _, u := range append([]int(nil), st.occ[s]...) {
+				if st.count[s*n+u] == 0 {
+					continue
+				}
+				reps = st.representatives(s, u, reps[:0])
+				cands = st.candidates(s, u, ranked, cands[:0])
+				bestDelta, bestP, bestQ, bestV := -tol, -1, -1, -1
+				for _, p := range reps {
+					for _, v := range cands {
+						if st.fitsResources(s, v) {
+							if d := st.tryMove(p, v); d < bestDelta {
+								bestDelta, bestP, bestQ, bestV = d, p, -1, v
+							}
+							continue
+						}
+						partners = st.swapPartners(p, v, partners[:0])
+						for _, q := range partners {
+							if d := st.trySwap(p, q); d < bestDelta {
+								bestDelta, bestP, bestQ, bestV = d, p, q, v
+							}
+						}
+					}
+				}
+				if bestP < 0 {
+					continue
+				}
+				if bestQ < 0 {
+					st.remove(bestP)
+					st.add(bestP, bestV)
+					st.resolve(pp.svcs[pp.pods[bestP].svc].edges)
+				} else {
+					st.swap(bestP, bestQ)
+					st.resolve(pp.svcs[pp.pods[bestP].svc].edges)
+					st.resolve(pp.svcs[pp.pods[bestQ].svc].edges)
+				}
+				improved = true
+			}
+		}
+		if !improved {
+			return
+		}
+	}
+}
+
+// rankNodes orders all nodes by a proxy of the cost of one pod of s there: what the pod's
+// traffic would cost if it were spread over its neighbour services' pods in proportion to
+// their weight (the round-robin cost). The proxy depends only on the neighbours' placement.
+func (st *placeState) rankNodes(s int, proxy []float64, ranked []int) {
+	pp := st.pp
+	n := pp.n
+	for v := range proxy {
+		proxy[v] = 0
+		ranked[v] = v
+	}
+	lat := pp.m.Latency
+	for _, e := range pp.svcs[s].edges {
+		pe := &pp.edges[e]
+		other := pe.to
+		if other == s {
+			other = pe.from
+		}
+		scale := pp.m.Services[pe.from].Load * pp.m.Calls[e].Rate / float64(max(1, pp.svcs[other].total))
+		for _, w := range st.occ[other] {
+			mass := float64(st.mass[other*n+w]) * scale
+			if mass == 0 {
+				continue
+			}
+			for v := 0; v < n; v++ {
+				if pe.from == s {
+					proxy[v] += mass * lat.At(v, w)
+				} else {
+					proxy[v] += mass * lat.At(w, v)
+				}
+			}
+		}
+	}
+	sort.SliceStable(ranked, func(a, b int) bool { return proxy[ranked[a]] < proxy[ranked[b]] })
+}
+
+// representatives returns one pod of s on u per distinct weight.
+func (st *placeState) representatives(s, u int, dst []int) []int {
+	for _, p := range st.podsOn[u] {
+		if st.pp.pods[p].svc != s || st.hasWeight(dst, st.pp.pods[p].w) {
+			continue
+		}
+		dst = append(dst, p)
+	}
+	return dst
+}
+
+func (st *placeState) hasWeight(pods []int, w int64) bool {
+	for _, p := range pods {
+		if st.pp.pods[p].w == w {
+			return true
+		}
+	}
+	return false
+}
+
+// candidates returns the first larpCandidates nodes of ranked, other than u, where s is below
+// its spread cap.
+func (st *placeState) candidates(s, u int, ranked, dst []int) []int {
+	n := st.pp.n
+	limit := int32(st.pp.svcs[s].cap)
+	for _, v := range ranked {
+		if len(dst) == larpCandidates {
+			break
+		}
+		if v != u && st.count[s*n+v] < limit {
+			dst = append(dst, v)
+		}
+	}
+	return dst
+}
+
+// fitsResources says whether one more pod of s fits node v's free cpu and memory.
+func (st *placeState) fitsResources(s, v int) bool {
+	ps := &st.pp.svcs[s]
+	return ps.cpu <= st.freeCPU[v] && ps.mem <= st.freeMem[v]
+}
+
+// swapPartners returns the pods on v, one per distinct (service, weight), that pod p may swap
+// with: of another service, below that service's spread cap on p's node, and with both nodes
+// within cpu and memory after the swap.
+func (st *placeState) swapPartners(p, v int, dst []int) []int {
+	pp := st.pp
+	n := pp.n
+	s, u := pp.pods[p].svc, st.node[p]
+	ps := &pp.svcs[s]
+	first := len(dst)
+	for _, q := range st.podsOn[v] {
+		t := pp.pods[q].svc
+		if t == s || int(st.count[t*n+u]) >= pp.svcs[t].cap {
+			continue
+		}
+		pt := &pp.svcs[t]
+		if !swapFits(st.freeCPU[v], pt.cpu, ps.cpu) || !swapFits(st.freeMem[v], pt.mem, ps.mem) ||
+			!swapFits(st.freeCPU[u], ps.cpu, pt.cpu) || !swapFits(st.freeMem[u], ps.mem, pt.mem) {
+			continue
+		}
+		dup := false
+		for _, r := range dst[first:] {
+			if pp.pods[r].svc == t && pp.pods[r].w == pp.pods[q].w {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			dst = append(dst, q)
+		}
+	}
+	return dst
+}
+
+// swapFits says whether a node with free capacity free fits in after releasing out and taking in.
+func swapFits(free, out, in int64) bool {
+	return free == unlimited || in-out <= free
+}
+
+// incident returns the cost, in ms·req/s, of the given edges as currently cached.
+func (st *placeState) incident(edges []int) float64 {
+	var c float64
+	for _, e := range edges {
+		c += st.pp.edges[e].factor * float64(st.edgeCost[e])
+	}
+	return c
+}
+
+// solved returns the cost, in ms·req/s, of the given edges under the current placement, without
+// caching it.
+func (st *placeState) solved(edges []int) float64 {
+	var c float64
+	for _, e := range edges {
+		c += st.pp.edges[e].factor * float64(st.solveEdge(e))
+	}
+	return c
+}
+
+// resolve recomputes and caches the cost of the given edges.
+func (st *placeState) resolve(edges []int) {
+	for _, e := range edges {
+		st.edgeCost[e] = st.solveEdge(e)
+	}
+}
+
+// tryMove returns the change in cost if pod p moved to v (which has room), leaving the state as
+// it was.
+func (st *placeState) tryMove(p, v int) float64 {
+	edges := st.pp.svcs[st.pp.pods[p].svc].edges
+	u := st.node[p]
+	old := st.incident(edges)
+	st.remove(p)
+	st.add(p, v)
+	d := st.solved(edges) - old
+	st.remove(p)
+	st.add(p, u)
+	return d
+}
+
+// trySwap returns the change in cost if pods p and q exchanged nodes, leaving the state as it
+// was.
+func (st *placeState) trySwap(p, q int) float64 {
+	pp := st.pp
+	s, t := pp.pods[p].svc, pp.pods[q].svc
+	es, et := pp.svcs[s].edges, pp.svcs[t].edges
+	old := st.incident(es) + st.incidentExcept(et, s)
+	st.swap(p, q)
+	d := st.solved(es) + st.solvedExcept(et, s) - old
+	st.swap(p, q)
+	return d
+}
+
+// incidentExcept is incident over the edges that do not touch service s.
+func (st *placeState) incidentExcept(edges []int, s int) float64 {
+	var c float64
+	for _, e := range edges {
+		if pe := &st.pp.edges[e]; pe.from != s && pe.to != s {
+			c += pe.factor * float64(st.edgeCost[e])
+		}
+	}
+	return c
+}
+
+// solvedExcept is solved over the edges that do not touch service s.
+func (st *placeState) solvedExcept(edges []int, s int) float64 {
+	var c float64
+	for _, e := range edges {
+		if pe := &st.pp.edges[e]; pe.from != s && pe.to != s {
+			c += pe.factor * float64(st.solveEdge(e))
+		}
+	}
+	return c
+}
+
+// swap exchanges the nodes of pods p and q (the caller has checked the constraints).
+func (st *placeState) swap(p, q int) {
+	u, v := st.node[p], st.node[q]
+	st.remove(p)
+	st.remove(q)
+	st.add(p, v)
+	st.add(q, u)
+}

@@ -1,0 +1,458 @@
+package optimizer
+
+import (
+	"fmt"
+	"math"
+)
+
+// PlacementPolicy names a replica-placement policy.
+type PlacementPolicy string
+
+// The placement policies of DESIGN.md ("LARP, exactly").
+const (
+	// LARP is edgeflow's placement (the shipped default): the paper's greedy from every start
+	// node and the Kubernetes spread, each improved by local search (pod moves and swaps) scored
+	// by the exact LATA cost of the placement.
+	LARP PlacementPolicy = "larp"
+	// LARPGreedy is the paper's greedy as DESIGN.md states it: pods dealt round-robin into
+	// round(mean replicas) groups, largest group first on the node with the most free capacity,
+	// every later group on the free node closest to the nodes already chosen.
+	LARPGreedy PlacementPolicy = "larp-greedy"
+	// K8sSpread is what the default scheduler does: each service's replicas spread over the
+	// nodes, the least-allocated node first. It is the baseline.
+	K8sSpread PlacementPolicy = "k8s-spread"
+)
+
+// PlacementPolicies lists the placement policies in the order reports show them.
+func PlacementPolicies() []PlacementPolicy { return []PlacementPolicy{K8sSpread, LARPGreedy, LARP} }
+
+// ParsePlacementPolicy returns the named placement policy.
+func ParsePlacementPolicy(s string) (PlacementPolicy, error) {
+	for _, p := range PlacementPolicies() {
+		if string(p) == s {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("optimizer: unknown placement policy %q (want one of larp, larp-greedy, k8s-spread)", s)
+}
+
+// ErrInfeasible is wrapped by the error of a placement that cannot satisfy the constraints (node
+// cpu, node memory, the spread cap). It wraps ErrInvalidTopology in turn, so errors.Is matches
+// both: an infeasible topology is bad input. The message names the service that cannot fit and
+// the constraint that stops it.
+var ErrInfeasible = fmt.Errorf("%w: infeasible", ErrInvalidTopology)
+
+func infeasiblef(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInfeasible}, args...)...)
+}
+
+// Placement is the result of a placement policy: the node of every pod, and the LATA cost of
+// the topology with the pods so placed.
+type Placement struct {
+	Policy PlacementPolicy `json:"policy" yaml:"policy"`
+	// Placement maps each pod name to its node name.
+	Placement map[string]string `json:"placement" yaml:"placement"`
+	// Cost is the optimal LATA cost under this placement (what Plan(…, LATA) reports for the
+	// placed topology): Σ rps × latency over all routes, in ms·req/s.
+	Cost float64 `json:"cost" yaml:"cost"`
+}
+
+// Place computes the placement of every pod of m under policy p. m is normally compiled with
+// Options{Unplaced: true}; every pod is placed afresh, whatever node the topology names for it.
+//
+// Constraints, exactly: on every node the pods' cpu and memory requests sum to at most its
+// allocatable (a node whose cpu or memory is 0, i.e. not given, is not limited in it), and no
+// node holds more than ceil(replicas/|nodes|) pods of one service. If no placement satisfies
+// them, the error wraps ErrInfeasible (and so ErrInvalidTopology) and names the service that
+// cannot fit and why. Should the constructive step of a policy fail where a placement exists,
+// the pods are packed by an exhaustive search instead (bounded; see Place's errors).
+//
+// The objective is the LATA cost of the placement under the optimal allocation. Place is
+// deterministic: the same model gives the same placement for any GOMAXPROCS. It is safe for
+// concurrent use (m is only read).
+func Place(m *Model, p PlacementPolicy) (*Placement, error) {
+	if _, err := ParsePlacementPolicy(string(p)); err != nil {
+		return nil, err
+	}
+	prob, err := newPlaceProblem(m)
+	if err != nil {
+		return nil, err
+	}
+	var nodes []int
+	switch p {
+	case K8sSpread:
+		nodes, err = prob.k8sSpreadOrPack()
+	case LARPGreedy:
+		nodes, err = prob.greedyOrPack(prob.mostFreeNode())
+	case LARP:
+		nodes, err = prob.larp()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return prob.placement(p, nodes)
+}
+
+// Apply returns a copy of t with the pods placed: every service lists its pods (generated from
+// Replicas as Compile names them, svc-0 … svc-(n-1), when the file gives none) with their nodes,
+// and Replicas is dropped, so the result is a valid input of plan. Pods the placement does not
+// name keep the node t gives them. t is not modified.
+func (p *Placement) Apply(t *Topology) *Topology {
+	c := t.Clone()
+	for i := range c.Services {
+		s := &c.Services[i]
+		if len(s.Pods) == 0 {
+			for k := 0; k < s.Replicas; k++ {
+				s.Pods = append(s.Pods, Pod{Name: fmt.Sprintf("%s-%d", s.Name, k)})
+			}
+		}
+		for k := range s.Pods {
+			if node, ok := p.Placement[s.Pods[k].Name]; ok {
+				s.Pods[k].Node = node
+			}
+		}
+		s.Replicas = 0
+	}
+	return c
+}
+
+// placement builds the result from per-pod node indices, costing it with Plan (LATA), so the
+// cost is exactly what `edgeflow plan` reports for the placed topology.
+func (pp *placeProblem) placement(policy PlacementPolicy, nodes []int) (*Placement, error) {
+	m := pp.m
+	placed := *m
+	placed.Services = make([]ServiceModel, len(m.Services))
+	out := &Placement{Policy: policy, Placement: make(map[string]string, len(pp.pods))}
+	for s, sm := range m.Services {
+		sm.Pods = append([]PodRef(nil), sm.Pods...)
+		for k := range sm.Pods {
+			u := nodes[pp.svcs[s].first+k]
+			sm.Pods[k].Node = u
+			out.Placement[sm.Pods[k].Name] = m.Nodes[u].Name
+		}
+		placed.Services[s] = sm
+	}
+	alloc, err := Plan(&placed, LATA)
+	if err != nil {
+		return nil, err
+	}
+	out.Cost = alloc.Cost
+	return out, nil
+}
+
+// maxServiceUnits bounds the integer weight total of one service in the node-level transport,
+// so that a caller's total times a callee's total stays within mcf.MaxTotal (2^30).
+const maxServiceUnits = 1 << 15
+
+// placeProblem is the immutable, indexed placement problem shared by every search of one Place
+// call. Pods are numbered globally, service by service, in the model's order.
+type placeProblem struct {
+	m     *Model
+	n     int       // nodes
+	lq    []int64   // latency quantised to CostQuantumMS, n*n row-major (from, to)
+	lsym  []float64 // L(u,v)+L(v,u), n*n: the greedy's distance
+	cpu   []int64   // allocatable cpu per node; unlimited when not given
+	mem   []int64
+	svcs  []placeService
+	edges []placeEdge
+	pods  []placePod
+}
+
+type placeService struct {
+	cpu, mem     int64
+	cap          int   // spread cap: ceil(replicas/|nodes|)
+	first, count int   // the service's pods are pods[first : first+count]
+	total        int64 // Σ integer weights of its pods (≤ maxServiceUnits)
+	edges        []int // incident call edges, ascending
+}
+
+type placeEdge struct {
+	from, to int
+	// factor turns the edge's integer transport cost into ms·req/s: Λ_from·rate·CostQuantumMS
+	// / (total_from · total_to).
+	factor float64
+}
+
+type placePod struct {
+	svc int
+	w   int64 // integer capacity weight
+}
+
+const unlimited = math.MaxInt64
+
+func newPlaceProblem(m *Model) (*placeProblem, error) {
+	n := len(m.Nodes)
+	pp := &placeProblem{m: m, n: n, lq: make([]int64, n*n), lsym: make([]float64, n*n),
+		cpu: make([]int64, n), mem: make([]int64, n)}
+	for u := 0; u < n; u++ {
+		for v := 0; v < n; v++ {
+			pp.lq[u*n+v] = int64(math.Round(m.Latency.At(u, v) / CostQuantumMS))
+			pp.lsym[u*n+v] = m.Latency.At(u, v) + m.Latency.At(v, u)
+		}
+		pp.cpu[u], pp.mem[u] = m.Nodes[u].CPU, m.Nodes[u].Memory
+		if pp.cpu[u] == 0 {
+			pp.cpu[u] = unlimited
+		}
+		if pp.mem[u] == 0 {
+			pp.mem[u] = unlimited
+		}
+	}
+	for s, sm := range m.Services {
+		count := len(sm.Pods)
+		ps := placeService{cpu: sm.CPU, mem: sm.Mem, cap: (count + n - 1) / n, first: len(pp.pods), count: count}
+		w := make([]float64, count)
+		for k, p := range sm.Pods {
+			w[k] = p.Weight
+		}
+		iw, total := serviceUnits(w)
+		ps.total = total
+		for _, x := range iw {
+			pp.pods = append(pp.pods, placePod{svc: s, w: x})
+		}
+		pp.svcs = append(pp.svcs, ps)
+	}
+	for e, c := range m.Calls {
+		a, b := &pp.svcs[c.From], &pp.svcs[c.To]
+		pe := placeEdge{from: c.From, to: c.To}
+		if a.total > 0 && b.total > 0 {
+			pe.factor = m.Services[c.From].Load * c.Rate * CostQuantumMS / (float64(a.total) * float64(b.total))
+		}
+		pp.edges = append(pp.edges, pe)
+		a.edges = append(a.edges, e)
+		b.edges = append(b.edges, e)
+	}
+	if err := pp.checkAlone(); err != nil {
+		return nil, err
+	}
+	return pp, nil
+}
+
+// serviceUnits turns a service's pod weights into integers with a total of at most
+// maxServiceUnits: exactly when they are integers after scaling by a power of ten (default
+// weight 1), else by largest remainder (a relative error of at most 2^-15 per pod, which only
+// steers the search; the reported cost is computed by Plan).
+func serviceUnits(w []float64) ([]int64, int64) {
+	for scale := 1.0; scale <= 1e4; scale *= 10 {
+		if iw, total, ok := integral(w, scale); ok && total > 0 && total <= maxServiceUnits {
+			return iw, total
+		}
+	}
+	iw := LargestRemainder(w, maxServiceUnits)
+	var total int64
+	for _, x := range iw {
+		total += x
+	}
+	return iw, total
+}
+
+// fits says how many pods of service s fit in free cpu c and memory r (capped at limit).
+func (pp *placeProblem) fits(s int, c, r int64, limit int) int {
+	ps := &pp.svcs[s]
+	k := int64(limit)
+	if ps.cpu > 0 && c != unlimited {
+		k = min(k, c/ps.cpu)
+	}
+	if ps.mem > 0 && r != unlimited {
+		k = min(k, r/ps.mem)
+	}
+	return int(k)
+}
+
+// mostFreeNode is the node with the most allocatable capacity, cpu and memory each relative to
+// the largest node's (an unlimited resource counts as the largest); ties go to the lower index.
+// It is where the paper's greedy puts its first group.
+func (pp *placeProblem) mostFreeNode() int {
+	maxC, maxM := int64(0), int64(0)
+	for u := 0; u < pp.n; u++ {
+		if pp.cpu[u] != unlimited {
+			maxC = max(maxC, pp.cpu[u])
+		}
+		if pp.mem[u] != unlimited {
+			maxM = max(maxM, pp.mem[u])
+		}
+	}
+	best, bestScore := 0, math.Inf(-1)
+	for u := 0; u < pp.n; u++ {
+		score := relative(pp.cpu[u], maxC) + relative(pp.mem[u], maxM)
+		if score > bestScore {
+			best, bestScore = u, score
+		}
+	}
+	return best
+}
+
+func relative(v, of int64) float64 {
+	if v == unlimited || of == 0 {
+		return 1
+	}
+	return float64(v) / float64(of)
+}
+
+// placeState is one candidate placement with the bookkeeping the searches need: per-(service,
+// node) pod counts and weight, free capacity, and the integer transport cost of every edge.
+// It is owned by one goroutine.
+type placeState struct {
+	pp       *placeProblem
+	node     []int   // per pod; -1 while unplaced
+	count    []int32 // [s*n+u] pods of s on u
+	mass     []int64 // [s*n+u] Σ integer weight of s's pods on u
+	occ      [][]int // per service, the nodes holding its pods, ascending
+	freeCPU  []int64
+	freeMem  []int64
+	podsOn   [][]int // per node, its pods
+	edgeCost []int64 // per edge, the node-level transport cost in integer units
+	eval     transportEval
+}
+
+func (pp *placeProblem) newState() *placeState {
+	n := pp.n
+	st := &placeState{
+		pp:       pp,
+		node:     make([]int, len(pp.pods)),
+		count:    make([]int32, len(pp.svcs)*n),
+		mass:     make([]int64, len(pp.svcs)*n),
+		occ:      make([][]int, len(pp.svcs)),
+		freeCPU:  append([]int64(nil), pp.cpu...),
+		freeMem:  append([]int64(nil), pp.mem...),
+		podsOn:   make([][]int, n),
+		edgeCost: make([]int64, len(pp.edges)),
+		eval:     newTransportEval(),
+	}
+	for i := range st.node {
+		st.node[i] = -1
+	}
+	return st
+}
+
+// canHost says whether pod i may be added to node v (resources and spread cap).
+func (st *placeState) canHost(i, v int) bool {
+	s := st.pp.pods[i].svc
+	ps := &st.pp.svcs[s]
+	return int(st.count[s*st.pp.n+v]) < ps.cap && ps.cpu <= st.freeCPU[v] && ps.mem <= st.freeMem[v]
+}
+
+// add puts the unplaced pod i on node v; the caller has checked canHost. Edge costs are not
+// updated (see refresh).
+func (st *placeState) add(i, v int) {
+	s, n := st.pp.pods[i].svc, st.pp.n
+	ps := &st.pp.svcs[s]
+	st.node[i] = v
+	k := s*n + v
+	if st.count[k] == 0 {
+		st.occ[s] = insertSorted(st.occ[s], v)
+	}
+	st.count[k]++
+	st.mass[k] += st.pp.pods[i].w
+	if st.freeCPU[v] != unlimited {
+		st.freeCPU[v] -= ps.cpu
+	}
+	if st.freeMem[v] != unlimited {
+		st.freeMem[v] -= ps.mem
+	}
+	st.podsOn[v] = append(st.podsOn[v], i)
+}
+
+// remove takes pod i off its node.
+func (st *placeState) remove(i int) {
+	s, n, v := st.pp.pods[i].svc, st.pp.n, st.node[i]
+	ps := &st.pp.svcs[s]
+	k := s*n + v
+	st.count[k]--
+	st.mass[k] -= st.pp.pods[i].w
+	if st.count[k] == 0 {
+		st.occ[s] = removeSorted(st.occ[s], v)
+	}
+	if st.freeCPU[v] != unlimited {
+		st.freeCPU[v] += ps.cpu
+	}
+	if st.freeMem[v] != unlimited {
+		st.freeMem[v] += ps.mem
+	}
+	on := st.podsOn[v]
+	for j, p := range on {
+		if p == i {
+			copy(on[j:], on[j+1:])
+			st.podsOn[v] = on[:len(on)-1]
+			break
+		}
+	}
+	st.node[i] = -1
+}
+
+func insertSorted(s []int, v int) []int {
+	j := len(s)
+	for j > 0 && s[j-1] > v {
+		j--
+	}
+	s = append(s, 0)
+	copy(s[j+1:], s[j:])
+	s[j] = v
+	return s
+}
+
+func removeSorted(s []int, v int) []int {
+	for j, x := range s {
+		if x == v {
+			return append(s[:j], s[j+1:]...)
+		}
+	}
+	return s
+}
+
+// load places every pod as nodes says (a complete placement) into an empty state and costs it.
+func (st *placeState) load(nodes []int) {
+	for i, v := range nodes {
+		st.add(i, v)
+	}
+	st.refresh()
+}
+
+// refresh recomputes every edge's cost.
+func (st *placeState) refresh() {
+	for e := range st.pp.edges {
+		st.edgeCost[e] = st.solveEdge(e)
+	}
+}
+
+// cost is the placement's LATA cost in ms·req/s, summed in edge order.
+func (st *placeState) cost() float64 {
+	var c float64
+	for e, pe := range st.pp.edges {
+		c += pe.factor * float64(st.edgeCost[e])
+	}
+	return c
+}
+
+// solveEdge returns the optimal cost, in integer units, of edge e's node-level transportation
+// problem under the current placement: supply at node u = (weight of caller pods on u) × total
+// callee weight, demand at v = (weight of callee pods on v) × total caller weight, unit cost
+// L(u,v) in CostQuantumMS. LATA's cost depends on pods only through their nodes, so this is
+// the edge's optimal LATA cost whatever the pod counts; it has at most |nodes|² arcs.
+func (st *placeState) solveEdge(e int) int64 {
+	pe := &st.pp.edges[e]
+	if pe.factor == 0 {
+		return 0
+	}
+	n := st.pp.n
+	a, b := pe.from, pe.to
+	ta, tb := st.pp.svcs[a].total, st.pp.svcs[b].total
+	ev := &st.eval
+	ev.src, ev.supply = ev.src[:0], ev.supply[:0]
+	for _, u := range st.occ[a] {
+		if w := st.mass[a*n+u]; w > 0 {
+			ev.src = append(ev.src, u)
+			ev.supply = append(ev.supply, w*tb)
+		}
+	}
+	ev.dst, ev.demand = ev.dst[:0], ev.demand[:0]
+	for _, v := range st.occ[b] {
+		if w := st.mass[b*n+v]; w > 0 {
+			ev.dst = append(ev.dst, v)
+			ev.demand = append(ev.demand, w*ta)
+		}
+	}
+	return ev.solve(st.pp.lq, n)
+}
+
+// snapshot returns the per-pod nodes.
+func (st *placeState) snapshot() []int { return append([]int(nil), st.node...) }

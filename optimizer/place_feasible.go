@@ -1,0 +1,205 @@
+package optimizer
+
+import "sort"
+
+// packBudget bounds the exhaustive packing search (search steps). It is far more than the
+// small instances need to be decided exactly; a large instance that the constructive policies
+// cannot pack and this search cannot either within the budget is reported as infeasible,
+// saying that the search gave up.
+const packBudget = 2_000_000
+
+// checkAlone reports a service that cannot be placed even on empty nodes: more replicas than
+// the nodes' cpu, memory or the spread cap leave room for.
+func (pp *placeProblem) checkAlone() error {
+	for s := range pp.svcs {
+		if err := pp.diagnose(s, pp.cpu, pp.mem, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// diagnose explains why service s cannot place all its pods into the free capacity given, or
+// returns nil if, taken alone, it can. others says the capacity is what other services left.
+func (pp *placeProblem) diagnose(s int, freeCPU, freeMem []int64, others bool) error {
+	ps := &pp.svcs[s]
+	name := pp.m.Services[s].Name
+	need := ps.count
+	var byCPU, byMem, bySpread int
+	for u := 0; u < pp.n; u++ {
+		byCPU += min(need, pp.fitsOne(ps.cpu, freeCPU[u], need))
+		byMem += min(need, pp.fitsOne(ps.mem, freeMem[u], need))
+		bySpread += min(ps.cap, pp.fitsOne(ps.cpu, freeCPU[u], ps.cap), pp.fitsOne(ps.mem, freeMem[u], ps.cap))
+		byCPU, byMem, bySpread = min(byCPU, need), min(byMem, need), min(bySpread, need)
+	}
+	left := ""
+	if others {
+		left = " left by the other services"
+	}
+	switch {
+	case byCPU < need:
+		return infeasiblef("service %q: cpu: %d replicas of %dm each, but the nodes' cpu%s fits only %d", name, need, ps.cpu, left, byCPU)
+	case byMem < need:
+		return infeasiblef("service %q: memory: %d replicas of %d MiB each, but the nodes' memory%s fits only %d", name, need, ps.mem, left, byMem)
+	case bySpread < need:
+		return infeasiblef("service %q: spread: %d replicas, at most %d per node (ceil(%d/%d nodes)), but the nodes with cpu and memory%s for one fit only %d",
+			name, need, ps.cap, need, pp.n, left, bySpread)
+	}
+	return nil
+}
+
+// fitsOne is how many requests of size req fit in free (at most limit; unlimited if req is 0
+// or the node is not limited).
+func (pp *placeProblem) fitsOne(req, free int64, limit int) int {
+	if req == 0 || free == unlimited {
+		return limit
+	}
+	return int(min(int64(limit), free/req))
+}
+
+// pack finds some placement satisfying the constraints, ignoring latency, by depth-first search
+// over pod counts per (service, node): services hardest first, nodes with most room first,
+// largest counts first. It is exhaustive (so exact about feasibility) unless it runs out of
+// packBudget steps. On failure the error names the service at which the deepest attempt failed.
+func (pp *placeProblem) pack() ([]int, error) {
+	order := make([]int, len(pp.svcs))
+	for s := range order {
+		order[s] = s
+	}
+	totC, totM := pp.totalRequests()
+	size := func(s int) float64 {
+		ps := &pp.svcs[s]
+		return float64(ps.count) * (share(ps.cpu, totC) + share(ps.mem, totM))
+	}
+	sort.SliceStable(order, func(i, j int) bool { return size(order[i]) > size(order[j]) })
+
+	k := &packer{pp: pp, order: order, freeCPU: append([]int64(nil), pp.cpu...), freeMem: append([]int64(nil), pp.mem...),
+		counts: make([]int, len(pp.svcs)*pp.n), budget: packBudget, deepest: -1}
+	if k.service(0) {
+		nodes := make([]int, len(pp.pods))
+		for s, ps := range pp.svcs {
+			i := ps.first
+			for u := 0; u < pp.n; u++ {
+				for c := 0; c < k.counts[s*pp.n+u]; c++ {
+					nodes[i] = u
+					i++
+				}
+			}
+		}
+		return nodes, nil
+	}
+	s := order[max(k.deepest, 0)]
+	err := pp.diagnose(s, k.deepCPU, k.deepMem, true)
+	if err == nil {
+		err = infeasiblef("service %q: cpu and memory: no combination of nodes fits the pods of all services together", pp.m.Services[s].Name)
+	}
+	if k.budget <= 0 {
+		err = infeasiblef("service %q: no placement found (the packing search gave up after %d steps): %v", pp.m.Services[s].Name, packBudget, err)
+	}
+	return nil, err
+}
+
+func (pp *placeProblem) totalRequests() (cpu, mem float64) {
+	for _, ps := range pp.svcs {
+		cpu += float64(ps.count) * float64(ps.cpu)
+		mem += float64(ps.count) * float64(ps.mem)
+	}
+	return cpu, mem
+}
+
+func share(v int64, total float64) float64 {
+	if total == 0 {
+		return 0
+	}
+	return float64(v) / total
+}
+
+type packer struct {
+	pp               *placeProblem
+	order            []int
+	freeCPU, freeMem []int64
+	counts           []int // [s*n+u]
+	budget           int
+	deepest          int // deepest service position that failed
+	deepCPU, deepMem []int64
+}
+
+// service places the services order[pos:]; it reports success.
+func (k *packer) service(pos int) bool {
+	if pos == len(k.order) {
+		return true
+	}
+	s := k.order[pos]
+	pp := k.pp
+	nodes := make([]int, pp.n)
+	for u := range nodes {
+		nodes[u] = u
+	}
+	room := func(u int) float64 {
+		return relative(k.freeCPU[u], maxFinite(pp.cpu)) + relative(k.freeMem[u], maxFinite(pp.mem))
+	}
+	sort.SliceStable(nodes, func(i, j int) bool { return room(nodes[i]) > room(nodes[j]) })
+	maxAt := make([]int, pp.n+1) // maxAt[j]: pods of s the nodes nodes[j:] can take
+	for j := pp.n - 1; j >= 0; j-- {
+		u := nodes[j]
+		maxAt[j] = maxAt[j+1] + pp.fits(s, k.freeCPU[u], k.freeMem[u], pp.svcs[s].cap)
+	}
+	if k.spread(pos, s, nodes, maxAt, 0, pp.svcs[s].count) {
+		return true
+	}
+	if pos > k.deepest {
+		k.deepest = pos
+		k.deepCPU = append(k.deepCPU[:0], k.freeCPU...)
+		k.deepMem = append(k.deepMem[:0], k.freeMem...)
+	}
+	return false
+}
+
+// spread distributes need pods of s over nodes[j:], then continues with the next service.
+func (k *packer) spread(pos, s int, nodes, maxAt []int, j, need int) bool {
+	if need == 0 {
+		return k.service(pos + 1)
+	}
+	if k.budget--; k.budget <= 0 || j == len(nodes) || maxAt[j] < need {
+		return false
+	}
+	pp, u := k.pp, nodes[j]
+	ps := &pp.svcs[s]
+	for c := min(need, pp.fits(s, k.freeCPU[u], k.freeMem[u], ps.cap)); c >= 0; c-- {
+		if need-c > maxAt[j+1] {
+			break
+		}
+		k.take(s, u, c)
+		ok := k.spread(pos, s, nodes, maxAt, j+1, need-c)
+		k.take(s, u, -c)
+		if ok {
+			k.counts[s*pp.n+u] += c
+			return true
+		}
+		if k.budget <= 0 {
+			return false
+		}
+	}
+	return false
+}
+
+// take reserves (or, with c < 0, releases) c pods of s on u. counts is written only on success.
+func (k *packer) take(s, u, c int) {
+	ps := &k.pp.svcs[s]
+	if k.freeCPU[u] != unlimited {
+		k.freeCPU[u] -= int64(c) * ps.cpu
+	}
+	if k.freeMem[u] != unlimited {
+		k.freeMem[u] -= int64(c) * ps.mem
+	}
+}
+
+func maxFinite(v []int64) int64 {
+	var m int64
+	for _, x := range v {
+		if x != unlimited {
+			m = max(m, x)
+		}
+	}
+	return m
+}
