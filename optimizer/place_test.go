@@ -509,7 +509,7 @@ func TestPlaceMediumInstances(t *testing.T) {
 func TestPlaceInfeasible(t *testing.T) {
 	base := func() *Topology {
 		return &Topology{
-			Nodes: []Node{{Name: "a", CPU: 1000, Memory: 1024}, {Name: "b", CPU: 1000, Memory: 1024}},
+			Nodes:   []Node{{Name: "a", CPU: 1000, Memory: 1024}, {Name: "b", CPU: 1000, Memory: 1024}},
 			Latency: []Latency{{From: "a", To: "b", MS: 5}},
 			Services: []Service{
 				{Name: "front", CPU: 400, Memory: 256, Replicas: 2},
@@ -605,7 +605,7 @@ func TestLARPGreedyFollowsThePaper(t *testing.T) {
 func TestPlacementApply(t *testing.T) {
 	w := 2.0
 	top := &Topology{
-		Nodes: []Node{{Name: "a"}, {Name: "b"}},
+		Nodes:   []Node{{Name: "a"}, {Name: "b"}},
 		Latency: []Latency{{From: "a", To: "b", MS: 1}},
 		Services: []Service{
 			{Name: "x", Replicas: 2},
