@@ -423,3 +423,9 @@ func (ns *simplex) arcFlow(a, i, j int) int64 {
 	}
 	return ns.flow[ns.n+j]
 }
+
+// workspaceBytes is the memory the Solver holds between solves.
+func (ns *simplex) workspaceBytes() int {
+	return 4*(cap(ns.parent)+cap(ns.thread)+cap(ns.revThread)+cap(ns.succNum)+cap(ns.lastSucc)+cap(ns.dirty)+cap(ns.colMin)) +
+		cap(ns.predDir) + 8*(cap(ns.pred)+cap(ns.flow)+cap(ns.pi)+cap(ns.out))
+}

@@ -1,0 +1,277 @@
+// Command benchsolver times edgeflow's mcf solver side by side with LEMON
+// 1.3.1's NetworkSimplex on the dense transportation instances of
+// lemon_tp.cc, interleaving the two so both see the same machine noise.
+//
+//	go run ./optimizer/mcf/internal/benchsolver [-sizes 5,50,200,500,1000,2000]
+//	    [-modes rand,uniform] [-rounds R] [-reps K] [-seed 1] [-maxcost 1000]
+//
+// It compiles ../lemonbench/lemon_tp.cc with g++ -O2 -DNDEBUG -std=c++17
+// -llemon into ~/.cache/edgeflow/lemon/ (keyed by the file's hash; needs
+// Debian's liblemon-dev and g++). For every (mode, n) it runs R rounds; each
+// round runs LEMON (a subprocess doing K solves, every solve's solve_ms
+// printed) and edgeflow (K in-process Solve calls on a prebuilt Transport
+// with a reused Solver), alternating which goes first. It checks that both
+// report the same optimal cost and prints, per mode, the medians over all
+// R*K solves. LEMON's time is its solve_ms (construct NetworkSimplex + run on
+// a prebuilt graph); edgeflow's is the whole Solve call.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/edgeflow/edgeflow/optimizer/mcf"
+	"github.com/edgeflow/edgeflow/optimizer/mcf/internal/tpgen"
+)
+
+// Config is what the flags set.
+type Config struct {
+	Sizes   []int
+	Modes   []string
+	Rounds  int
+	Reps    int
+	Seed    uint64
+	MaxCost int64
+	Source  string // lemon_tp.cc
+}
+
+func main() {
+	var cfg Config
+	sizes := flag.String("sizes", "5,50,200,500,1000,2000", "comma-separated n (instances are n x n)")
+	modes := flag.String("modes", "rand,uniform", "comma-separated instance modes: rand, uniform")
+	flag.IntVar(&cfg.Rounds, "rounds", 5, "interleaved rounds per (mode, n)")
+	flag.IntVar(&cfg.Reps, "reps", 5, "solves per round and side")
+	flag.Uint64Var(&cfg.Seed, "seed", 1, "splitmix64 seed")
+	flag.Int64Var(&cfg.MaxCost, "maxcost", 1000, "costs are 1 + next()%maxcost")
+	flag.StringVar(&cfg.Source, "cc", "", "path of lemon_tp.cc (default: ../lemonbench/lemon_tp.cc beside this program)")
+	flag.Parse()
+	var err error
+	if cfg.Sizes, err = parseSizes(*sizes); err != nil {
+		fatal(err)
+	}
+	for _, m := range strings.Split(*modes, ",") {
+		if m != "rand" && m != "uniform" {
+			fatal(fmt.Errorf("unknown mode %q (want rand or uniform)", m))
+		}
+		cfg.Modes = append(cfg.Modes, m)
+	}
+	if cfg.Rounds < 1 || cfg.Reps < 1 || cfg.MaxCost < 1 {
+		fatal(errors.New("-rounds, -reps and -maxcost must be >= 1"))
+	}
+	if cfg.Source == "" {
+		cfg.Source = defaultSource()
+	}
+	bin, err := buildLemon(cfg.Source)
+	if err != nil {
+		fatal(err)
+	}
+	if err := run(cfg, bin); err != nil {
+		fatal(err)
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "benchsolver:", err)
+	os.Exit(1)
+}
+
+func parseSizes(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bad size %q in -sizes", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func defaultSource() string {
+	const rel = "optimizer/mcf/internal/lemonbench/lemon_tp.cc"
+	if _, err := os.Stat(rel); err == nil {
+		return rel
+	}
+	if _, file, _, ok := runtime.Caller(0); ok {
+		return filepath.Join(filepath.Dir(file), "..", "lemonbench", "lemon_tp.cc")
+	}
+	return rel
+}
+
+// buildLemon compiles src once per content hash into the user cache.
+func buildLemon(src string) (string, error) {
+	code, err := os.ReadFile(src)
+	if err != nil {
+		return "", fmt.Errorf("reading the LEMON harness: %w", err)
+	}
+	sum := sha256.Sum256(code)
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(cache, "edgeflow", "lemon")
+	bin := filepath.Join(dir, "lemon_tp-"+hex.EncodeToString(sum[:8]))
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	if _, err := os.Stat("/usr/include/lemon/network_simplex.h"); err != nil {
+		return "", errors.New("LEMON headers not found (/usr/include/lemon/network_simplex.h): " +
+			"install them with `apt-get install -y --no-install-recommends liblemon-dev g++` (make bench-solver does)")
+	}
+	if _, err := exec.LookPath("g++"); err != nil {
+		return "", errors.New("g++ not found: install it with `apt-get install -y --no-install-recommends liblemon-dev g++`")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	tmp := fmt.Sprintf("%s.tmp%d", bin, os.Getpid())
+	cmd := exec.Command("g++", "-O2", "-DNDEBUG", "-std=c++17", "-o", tmp, src, "-llemon")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("compiling %s (is liblemon-dev installed?): %v\n%s", src, err, out)
+	}
+	if err := os.Rename(tmp, bin); err != nil {
+		return "", err
+	}
+	fmt.Fprintf(os.Stderr, "benchsolver: built %s\n", bin)
+	return bin, nil
+}
+
+// row is one line of the result table.
+type row struct {
+	n               int
+	lemon, edgeflow []float64 // ms per solve
+	cost            int64
+}
+
+func run(cfg Config, bin string) error {
+	fmt.Printf("# benchsolver: seed %d, maxcost %d, %d rounds x %d reps per side, GOMAXPROCS %d, %s\n",
+		cfg.Seed, cfg.MaxCost, cfg.Rounds, cfg.Reps, runtime.GOMAXPROCS(0), runtime.Version())
+	fmt.Printf("# LEMON: %s solve_ms (construct + run); edgeflow: mcf.Solver.Solve on a prebuilt Transport, reused Solver\n", filepath.Base(bin))
+	failed := false
+	for _, mode := range cfg.Modes {
+		var rows []row
+		for _, n := range cfg.Sizes {
+			r, err := measure(cfg, bin, mode, n)
+			if err != nil {
+				return err
+			}
+			if r.cost < 0 {
+				failed = true
+			}
+			rows = append(rows, r)
+		}
+		printTable(mode, rows)
+	}
+	if failed {
+		return errors.New("LEMON and edgeflow disagree on an optimal cost")
+	}
+	return nil
+}
+
+func measure(cfg Config, bin, mode string, n int) (row, error) {
+	c, s, d := tpgen.Dense(n, n, cfg.Seed, mode == "uniform", cfg.MaxCost)
+	p := &mcf.Transport{Sources: n, Sinks: n, Cost: c, Supply: s, Demand: d}
+	solver := mcf.NewSolver()
+	dst, cost, err := solver.Solve(p, nil) // warm-up: workspace sized
+	if err != nil {
+		return row{}, fmt.Errorf("%s n=%d: %w", mode, n, err)
+	}
+	r := row{n: n, cost: cost}
+	for round := 0; round < cfg.Rounds; round++ {
+		goSide := func() {
+			for k := 0; k < cfg.Reps; k++ {
+				t0 := time.Now()
+				dst, _, _ = solver.Solve(p, dst)
+				r.edgeflow = append(r.edgeflow, float64(time.Since(t0).Nanoseconds())/1e6)
+			}
+		}
+		if round%2 == 1 {
+			goSide()
+		}
+		times, lcost, err := runLemon(bin, mode, n, cfg)
+		if err != nil {
+			return row{}, err
+		}
+		r.lemon = append(r.lemon, times...)
+		if lcost != cost {
+			fmt.Fprintf(os.Stderr, "benchsolver: %s n=%d: LEMON cost %d, edgeflow cost %d\n", mode, n, lcost, cost)
+			r.cost = -1
+		}
+		if round%2 == 0 {
+			goSide()
+		}
+	}
+	fmt.Fprintf(os.Stderr, "benchsolver: %s n=%d done\n", mode, n)
+	return r, nil
+}
+
+func runLemon(bin, mode string, n int, cfg Config) ([]float64, int64, error) {
+	args := []string{strconv.Itoa(n), strconv.Itoa(n), strconv.FormatUint(cfg.Seed, 10), mode,
+		strconv.FormatInt(cfg.MaxCost, 10), strconv.Itoa(cfg.Reps), "ns"}
+	out, err := exec.Command(bin, args...).Output()
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s %s: %w", bin, strings.Join(args, " "), err)
+	}
+	fields := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		for _, f := range strings.Fields(sc.Text()) {
+			if k, v, ok := strings.Cut(f, "="); ok {
+				fields[k] = v
+			}
+		}
+	}
+	if fields["optimal"] != "1" {
+		return nil, 0, fmt.Errorf("LEMON %s n=%d: not optimal: %s", mode, n, out)
+	}
+	cost, err := strconv.ParseInt(fields["total_cost"], 10, 64)
+	if err != nil {
+		return nil, 0, fmt.Errorf("LEMON output has no total_cost: %s", out)
+	}
+	var times []float64
+	for _, v := range strings.Split(fields["solve_ms_each"], ",") {
+		t, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return nil, 0, fmt.Errorf("LEMON output has no solve_ms_each (old harness?): %s", out)
+		}
+		times = append(times, t)
+	}
+	return times, cost, nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func printTable(mode string, rows []row) {
+	fmt.Printf("\nmode %s\n", mode)
+	fmt.Printf("%6s | %16s | %18s | %6s | %s\n", "n", "LEMON median ms", "edgeflow median ms", "ratio", "cost")
+	fmt.Printf("%s\n", strings.Repeat("-", 66))
+	for _, r := range rows {
+		l, e := median(r.lemon), median(r.edgeflow)
+		cost := strconv.FormatInt(r.cost, 10)
+		if r.cost < 0 {
+			cost = "MISMATCH"
+		}
+		fmt.Printf("%6d | %16.4f | %18.4f | %6.2f | %s\n", r.n, l, e, e/l, cost)
+	}
+}
