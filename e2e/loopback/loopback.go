@@ -48,11 +48,12 @@ type Config struct {
 
 // Cluster is a running emulated cluster. Its methods are safe for concurrent use.
 type Cluster struct {
-	topo    *optimizer.Topology // with pod addresses
-	podSvc  map[string]string   // pod → service
-	pods    []*app.Pod
-	conns   []*grpc.ClientConn // xDS channels of caller pods and direct ingress channels
-	ingress []ingressTarget
+	topo     *optimizer.Topology // with pod addresses
+	podSvc   map[string]string   // pod → service
+	pods     []*app.Pod
+	conns    []*grpc.ClientConn // every channel the cluster created
+	xdsConns []*grpc.ClientConn // the caller pods' xDS channels
+	ingress  []ingressTarget
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -151,6 +152,7 @@ func Start(cfg Config) (*Cluster, error) {
 					return nil, fmt.Errorf("loopback: pod %s: channel to %s: %w", p.Name, callee, err)
 				}
 				c.conns = append(c.conns, conn)
+				c.xdsConns = append(c.xdsConns, conn)
 				downstream = append(downstream, app.Downstream{Service: callee, Rate: e.Rate, Conn: conn})
 			}
 			pod, err := app.NewPod(app.Config{
@@ -291,7 +293,7 @@ func (c *Cluster) Close() error {
 // receives the share the allocation policies assume.
 func (c *Cluster) Ingress() (loadgen.Request, error) {
 	if len(c.ingress) == 0 {
-		return nil, errors.New("loopback: the topology has no ingress")
+		return nil, errNoIngress
 	}
 	return func(ctx context.Context, _ int) error {
 		_, err := app.Call(ctx, c.nextIngress(), "", "")

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// TestDemoShort runs `edgeflow demo` in-process on the bundled topology with a short duration
+// and checks the table, LATA's observed split, and that the demo stopped everything it started.
+func TestDemoShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs four policies on an emulated cluster (~15 s)")
+	}
+	before := goroutines()
+	code, out, errOut := runCLI(t, "", "demo", "--duration", "2s", "--warmup", "500ms", "--rate", "150")
+	if code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", code, errOut)
+	}
+	rows := map[string][]string{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 {
+			rows[f[0]] = f
+		}
+	}
+	header := rows["POLICY"]
+	if header == nil {
+		t.Fatalf("no table header in\n%s", out)
+	}
+	for i, p := range optimizer.Policies() {
+		row := rows[string(p)]
+		if row == nil {
+			t.Errorf("no row for %s in\n%s", p, out)
+			continue
+		}
+		if !strings.Contains(errOut, "["+strconv.Itoa(i+1)+"/4] "+string(p)) {
+			t.Errorf("no progress line for %s on stderr:\n%s", p, errOut)
+		}
+		if errs := row[6]; errs != "0" && p != optimizer.Localization {
+			t.Errorf("%s: %s errors", p, errs)
+		}
+	}
+	// Columns: POLICY MEAN P50 P90 P99 P99-vs-RR ERRORS RATE SPLIT-DEV …
+	if lata := rows["lata"]; lata != nil {
+		dev, err := strconv.ParseFloat(lata[8], 64)
+		if err != nil {
+			t.Fatalf("lata's split deviation %q: %v", lata[8], err)
+		}
+		// ~50–75 requests per caller pod over 2.5 s: a share's sampling error is ≤ 7 pp, so a
+		// correct split stays well under 25 pp; a wrong one (weights not applied) is off by
+		// 25–75 pp.
+		if dev > 25 {
+			t.Errorf("lata: observed split deviates %.1f pp from the plan\n%s", dev, out)
+		}
+		if rate, _ := strconv.ParseFloat(lata[7], 64); rate < 120 {
+			t.Errorf("lata: achieved %v req/s of 150", rate)
+		}
+	}
+	if strings.Contains(out, "NACK") {
+		t.Errorf("xDS NACKs reported:\n%s", out)
+	}
+	noLeaks(t, before)
+}
+
+// goroutines returns the stacks of the running goroutines but os/signal's, which the first
+// signal.Notify starts for the life of the process.
+func goroutines() []string {
+	var buf bytes.Buffer
+	pprof.Lookup("goroutine").WriteTo(&buf, 2)
+	var out []string
+	for _, g := range strings.Split(buf.String(), "\n\n") {
+		if g = strings.TrimSpace(g); g != "" && !strings.Contains(g, "os/signal.loop") {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// noLeaks waits until no more goroutines run than before.
+func noLeaks(t *testing.T, before []string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		now := goroutines()
+		if len(now) <= len(before) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines left running, %d before the demo:\n%s", len(now), len(before), strings.Join(now, "\n\n"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestDemoBadInput(t *testing.T) {
+	dir := t.TempDir()
+	unplaced := filepath.Join(dir, "unplaced.yaml")
+	if err := os.WriteFile(unplaced, []byte("nodes: [{name: n1}]\nservices: [{name: a, replicas: 2}]\ningress: [{service: a, rps: 10}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	noIngress := filepath.Join(dir, "noingress.yaml")
+	if err := os.WriteFile(noIngress, []byte("nodes: [{name: n1}]\nservices: [{name: a, pods: [{name: a-0, node: n1}]}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"zero duration", []string{"--duration", "0s"}, "--duration"},
+		{"negative rate", []string{"--rate", "-5"}, "--rate"},
+		{"no workers", []string{"--workers", "0"}, "--workers"},
+		{"unknown policy", []string{"--policies", "lata,fastest"}, "fastest"},
+		{"missing file", []string{"--topology", filepath.Join(dir, "nope.yaml")}, "nope.yaml"},
+		{"unplaced pods", []string{"--topology", unplaced}, "no placed pods"},
+		{"no ingress", []string{"--topology", noIngress}, "ingress"},
+		{"argument", []string{"extra"}, "no arguments"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCLI(t, "", append([]string{"demo"}, tc.args...)...)
+			if code != exitBadInput {
+				t.Errorf("exit %d, want %d; stderr: %s", code, exitBadInput, errOut)
+			}
+			if out != "" {
+				t.Errorf("stdout not empty: %q", out)
+			}
+			if !strings.Contains(errOut, tc.want) {
+				t.Errorf("stderr %q does not name %q", errOut, tc.want)
+			}
+		})
+	}
+}
