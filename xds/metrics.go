@@ -1,0 +1,95 @@
+package xds
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the server's Prometheus metrics. Names follow Prometheus conventions:
+// edgeflow_xds_ prefix, base units (_seconds), _total for counters.
+type metrics struct {
+	connected     prometheus.Gauge
+	nodes         prometheus.Gauge
+	streamsOpened prometheus.Counter
+	publications  prometheus.Counter
+	rejected      prometheus.Counter
+	pushes        *prometheus.CounterVec
+	nacks         *prometheus.CounterVec
+	solve         prometheus.Histogram
+	translate     prometheus.Histogram
+	push          prometheus.Histogram
+	convergence   prometheus.Histogram
+}
+
+// latencyBuckets span 100 µs … ~26 s.
+var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2, 19)
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		connected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edgeflow_xds_connected_clients",
+			Help: "xDS streams currently open (an ADS client holds one).",
+		}),
+		nodes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edgeflow_xds_nodes",
+			Help: "Distinct xDS node ids with at least one open stream.",
+		}),
+		streamsOpened: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgeflow_xds_streams_opened_total",
+			Help: "xDS streams opened since start; grows on client reconnects.",
+		}),
+		publications: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgeflow_xds_publications_total",
+			Help: "Topologies solved, translated and published to the snapshot cache.",
+		}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgeflow_xds_rejected_topologies_total",
+			Help: "Topologies not published (invalid, incomplete, or unsolvable); the previous publication stays.",
+		}),
+		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgeflow_xds_pushes_total",
+			Help: "Per-node resource-type versions changed and pushed, by xDS type (lds, rds, cds, eds).",
+		}, []string{"type"}),
+		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgeflow_xds_nacks_total",
+			Help: "Responses rejected by clients (requests with error_detail), by xDS type.",
+		}, []string{"type"}),
+		solve: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "edgeflow_xds_solve_duration_seconds",
+			Help:    "Time to compute the allocation of a topology (validate + solve).",
+			Buckets: latencyBuckets,
+		}),
+		translate: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "edgeflow_xds_translate_duration_seconds",
+			Help:    "Time to translate an allocation into per-node xDS resources.",
+			Buckets: latencyBuckets,
+		}),
+		push: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "edgeflow_xds_push_duration_seconds",
+			Help:    "From the first topology change of a debounced batch to the last SetSnapshot of its publication.",
+			Buckets: latencyBuckets,
+		}),
+		convergence: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "edgeflow_xds_convergence_duration_seconds",
+			Help:    "From the first topology change of a batch until every client pushed by its publication answered (ACK or NACK); publications superseded before that are not observed.",
+			Buckets: latencyBuckets,
+		}),
+	}
+	for _, t := range typeLabels {
+		m.pushes.WithLabelValues(t)
+		m.nacks.WithLabelValues(t)
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var errs []error
+	for _, c := range []prometheus.Collector{m.connected, m.nodes, m.streamsOpened, m.publications, m.rejected,
+		m.pushes, m.nacks, m.solve, m.translate, m.push, m.convergence} {
+		errs = append(errs, reg.Register(c))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return m, nil
+}

@@ -1,0 +1,359 @@
+package xds
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	gcpserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// Per-set xDS type URLs, snapshot slots and metric labels, indexed like NodeResources.Sets.
+var (
+	typeURLs   = [numSets]string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType}
+	typeSlots  = [numSets]types.ResponseType{types.Listener, types.Route, types.Cluster, types.Endpoint}
+	typeLabels = [numSets]string{"lds", "rds", "cds", "eds"}
+)
+
+func setIndex(typeURL string) int {
+	for i, u := range typeURLs {
+		if u == typeURL {
+			return i
+		}
+	}
+	return -1
+}
+
+// nodeIDHash keys the snapshot cache by the xDS node id exactly as the client sent it. The
+// mapping from node id to pod (name, Istio sidecar id, IP) is made by the server per
+// publication, not here: a hash that mapped ids to pods would strand a client's open watches
+// under the old key whenever the topology changed what its id resolves to.
+type nodeIDHash struct{}
+
+func (nodeIDHash) ID(n *core.Node) string { return n.GetId() }
+
+// publication is one published topology and its translation.
+type publication struct {
+	num      uint64
+	topology *optimizer.Topology
+	alloc    *optimizer.Allocation
+	tr       *Translation
+	byIP     map[string]string // address host → pod name; "" when several pods share the host
+	changeAt time.Time
+	pending  atomic.Int64 // answers still expected (+1 while nodes are being visited)
+
+	internMu sync.Mutex
+	interned map[string]cache.Resources // by set index and version
+}
+
+func newPublication(num uint64, t *optimizer.Topology, a *optimizer.Allocation, tr *Translation, changeAt time.Time) *publication {
+	p := &publication{num: num, topology: t, alloc: a, tr: tr, byIP: map[string]string{}, changeAt: changeAt,
+		interned: map[string]cache.Resources{}}
+	for _, s := range t.Services {
+		for _, pd := range s.Pods {
+			ap, err := netip.ParseAddrPort(pd.Address)
+			if err != nil {
+				continue
+			}
+			ip := ap.Addr().Unmap().String()
+			if _, dup := p.byIP[ip]; dup {
+				p.byIP[ip] = ""
+			} else {
+				p.byIP[ip] = pd.Name
+			}
+		}
+	}
+	return p
+}
+
+// resourcesFor resolves a node id: a pod name; else an Istio sidecar id by pod, then by IP;
+// else the round-robin default.
+func (p *publication) resourcesFor(id string) (res *NodeResources, pod string) {
+	if r, ok := p.tr.Pods[id]; ok {
+		return r, id
+	}
+	if name, ip, ok := ParseSidecarID(id); ok {
+		if r, ok := p.tr.Pods[name]; ok {
+			return r, name
+		}
+		if name := p.byIP[ip]; name != "" {
+			return p.tr.Pods[name], name
+		}
+	}
+	return p.tr.Default, ""
+}
+
+// ParseSidecarID splits an Istio sidecar node id "sidecar~IP~POD.NS~NS.svc.cluster.local" into
+// the pod name and IP. Pod names may contain dots; the namespace is taken from the last field.
+func ParseSidecarID(id string) (pod, ip string, ok bool) {
+	parts := strings.Split(id, "~")
+	if len(parts) != 4 || parts[0] != "sidecar" {
+		return "", "", false
+	}
+	ns, _, _ := strings.Cut(parts[3], ".")
+	pod = strings.TrimSuffix(parts[2], "."+ns)
+	if a, err := netip.ParseAddr(parts[1]); err == nil {
+		ip = a.Unmap().String()
+	}
+	return pod, ip, pod != "" || ip != ""
+}
+
+func (p *publication) intern(i int, s Set) cache.Resources {
+	if s.Version == "" {
+		return cache.Resources{}
+	}
+	key := typeLabels[i] + s.Version
+	p.internMu.Lock()
+	defer p.internMu.Unlock()
+	if r, ok := p.interned[key]; ok {
+		return r
+	}
+	r := cache.NewResources(s.Version, s.Items)
+	p.interned[key] = r
+	return r
+}
+
+// nodeState is one xDS node id with open streams. Fields below mu are guarded by mu; streams
+// and closed by Server.nodesMu (closed also under mu).
+type nodeState struct {
+	id      string
+	streams int
+
+	mu       sync.Mutex
+	closed   bool
+	pub      *publication // the publication sets were built from
+	pod      string       // the pod the id resolved to ("" = round-robin default)
+	sets     [numSets]Set // what the cache holds for the node
+	acked    [numSets]Set // the last version the node ACKed, per type
+	rejected [numSets]string
+	awaiting [numSets]string // versions of awaitPub not yet answered
+	awaitPub *publication
+}
+
+// streamState is one xDS stream. Its fields are used only by the stream's goroutine.
+type streamState struct {
+	node   *nodeState
+	nonce  [numSets]string // last response nonce per type
+	sentAt [numSets]string // version of that response
+}
+
+// refreshLocked brings n's snapshot up to pub, pushing only if a version changed. When
+// fromPublication, changed types are counted as pushes and awaited for convergence. n.mu is
+// held. It reports whether the snapshot changed.
+func (s *Server) refreshLocked(n *nodeState, pub *publication, fromPublication bool) bool {
+	if n.closed || (n.pub != nil && n.pub.num > pub.num) {
+		return false
+	}
+	res, pod := pub.resourcesFor(n.id)
+	if n.pub == nil && pod == "" {
+		s.log.Info("xds: node id matches no pod, serving round-robin", "node", n.id)
+	}
+	n.pub, n.pod = pub, pod
+	var want [numSets]Set
+	changed := false
+	for i := range want {
+		want[i] = res.Sets[i]
+		if want[i].Version != "" && want[i].Version == n.rejected[i] {
+			want[i] = n.acked[i] // the client rejected exactly this: keep what it has
+		}
+		if want[i].Version != n.sets[i].Version {
+			changed = true
+		}
+	}
+	if !changed {
+		return false
+	}
+	if fromPublication && n.awaitPub != nil && n.awaitPub != pub && n.waiting() {
+		n.awaiting = [numSets]string{} // superseded: the old publication no longer waits for it
+		s.answered(n.awaitPub)
+	}
+	awaiting := false
+	for i := range want {
+		if want[i].Version != n.sets[i].Version {
+			if fromPublication {
+				s.m.pushes.WithLabelValues(typeLabels[i]).Inc()
+				n.awaiting[i] = want[i].Version
+				awaiting = true
+			}
+		}
+	}
+	if awaiting {
+		if n.awaitPub != pub {
+			pub.pending.Add(1)
+		}
+		n.awaitPub = pub
+	}
+	n.sets = want
+	s.setSnapshotLocked(n, pub)
+	return true
+}
+
+func (n *nodeState) waiting() bool {
+	for _, v := range n.awaiting {
+		if v != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// setSnapshotLocked writes n.sets into the cache. n.mu is held.
+func (s *Server) setSnapshotLocked(n *nodeState, pub *publication) {
+	snap := &cache.Snapshot{}
+	for i, set := range n.sets {
+		snap.Resources[typeSlots[i]] = pub.intern(i, set)
+	}
+	if err := s.cache.SetSnapshot(context.Background(), n.id, snap); err != nil {
+		s.log.Error("xds: setting snapshot", "node", n.id, "error", err)
+	}
+}
+
+// callbacks hooks the server into go-control-plane's stream lifecycle.
+func (s *Server) callbacks() gcpserver.Callbacks {
+	return gcpserver.CallbackFuncs{
+		StreamOpenFunc: func(context.Context, int64, string) error {
+			s.m.connected.Inc()
+			s.m.streamsOpened.Inc()
+			return nil
+		},
+		StreamClosedFunc: func(id int64, _ *core.Node) {
+			s.m.connected.Dec()
+			s.closeStream(id)
+		},
+		StreamRequestFunc:  s.onRequest,
+		StreamResponseFunc: s.onResponse,
+		DeltaStreamOpenFunc: func(context.Context, int64, string) error {
+			s.m.connected.Inc()
+			s.m.streamsOpened.Inc()
+			return nil
+		},
+		DeltaStreamClosedFunc: func(id int64, _ *core.Node) {
+			s.m.connected.Dec()
+			s.closeStream(id)
+		},
+		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
+			st := s.openStream(id, req.GetNode().GetId())
+			if d := req.GetErrorDetail(); d != nil {
+				i := setIndex(req.GetTypeUrl())
+				if i >= 0 {
+					s.m.nacks.WithLabelValues(typeLabels[i]).Inc()
+				}
+				s.log.Warn("xds: client rejected a delta response", "node", st.node.id, "type", req.GetTypeUrl(), "error", d.GetMessage())
+			}
+			return nil
+		},
+	}
+}
+
+// openStream returns the stream's state, registering the stream and its node on the first
+// request; a new node gets its snapshot before the request is served.
+func (s *Server) openStream(id int64, nodeID string) *streamState {
+	s.nodesMu.Lock()
+	if st, ok := s.streams[id]; ok {
+		s.nodesMu.Unlock()
+		return st
+	}
+	n, ok := s.nodes[nodeID]
+	if !ok {
+		n = &nodeState{id: nodeID}
+		s.nodes[nodeID] = n
+		s.m.nodes.Inc()
+	}
+	n.streams++
+	st := &streamState{node: n}
+	s.streams[id] = st
+	pub := s.pub
+	s.nodesMu.Unlock()
+	if pub != nil {
+		n.mu.Lock()
+		s.refreshLocked(n, pub, false)
+		n.mu.Unlock()
+	}
+	return st
+}
+
+func (s *Server) closeStream(id int64) {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	st, ok := s.streams[id]
+	if !ok {
+		return
+	}
+	delete(s.streams, id)
+	n := st.node
+	if n.streams--; n.streams > 0 {
+		return
+	}
+	delete(s.nodes, n.id)
+	s.m.nodes.Dec()
+	n.mu.Lock()
+	n.closed = true
+	s.cache.ClearSnapshot(n.id)
+	if n.awaitPub != nil && n.waiting() {
+		n.awaiting = [numSets]string{}
+		s.answered(n.awaitPub)
+	}
+	n.mu.Unlock()
+}
+
+func (s *Server) onResponse(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
+	i := setIndex(resp.GetTypeUrl())
+	if i < 0 {
+		return
+	}
+	s.nodesMu.Lock()
+	st := s.streams[id]
+	s.nodesMu.Unlock()
+	if st != nil {
+		st.nonce[i], st.sentAt[i] = resp.GetNonce(), resp.GetVersionInfo()
+	}
+}
+
+// onRequest registers new streams and handles ACKs and NACKs.
+func (s *Server) onRequest(id int64, req *discovery.DiscoveryRequest) error {
+	st := s.openStream(id, req.GetNode().GetId())
+	i := setIndex(req.GetTypeUrl())
+	if i < 0 || req.GetResponseNonce() == "" || req.GetResponseNonce() != st.nonce[i] {
+		return nil // a subscription, an unknown type, or an answer to a superseded response
+	}
+	version := st.sentAt[i]
+	n := st.node
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if d := req.GetErrorDetail(); d != nil {
+		s.nackLocked(n, i, version, d.GetMessage())
+	} else if version == n.sets[i].Version {
+		n.acked[i] = n.sets[i]
+	}
+	if n.awaitPub != nil && n.awaiting[i] != "" && n.awaiting[i] == version {
+		n.awaiting[i] = ""
+		if !n.waiting() {
+			s.answered(n.awaitPub)
+		}
+	}
+	return nil
+}
+
+// nackLocked handles a client's rejection of version of set i: count, log, and set the node
+// back to its last ACKed version of that type, so the cache stops resending the rejected one.
+func (s *Server) nackLocked(n *nodeState, i int, version, message string) {
+	s.m.nacks.WithLabelValues(typeLabels[i]).Inc()
+	s.log.Warn("xds: client rejected a response", "node", n.id, "type", typeLabels[i], "version", version,
+		"kept", n.acked[i].Version, "error", message)
+	if n.closed || version != n.sets[i].Version || n.pub == nil {
+		return
+	}
+	n.rejected[i] = version
+	n.sets[i] = n.acked[i]
+	s.setSnapshotLocked(n, n.pub)
+}

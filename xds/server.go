@@ -1,0 +1,351 @@
+package xds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
+	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/config"
+	gcpserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// Debounce defaults, as Istio's DebounceAfter (100 ms); the maximum is lower than Istio's 10 s
+// because stale weights cost latency.
+const (
+	DefaultDebounceQuiet = 100 * time.Millisecond
+	DefaultDebounceMax   = time.Second
+)
+
+// Config configures a Server.
+type Config struct {
+	// Policy is the allocation policy ("" means lata).
+	Policy optimizer.Policy
+	// Encoding is the wire encoding of the weights ("" means locality).
+	Encoding Encoding
+	// Options are how topologies are compiled.
+	Options optimizer.Options
+	// DebounceQuiet is how long the topology must be quiet after an Update before a push, and
+	// DebounceMax the longest a push waits after the first Update of a batch. Zero means the
+	// default (DefaultDebounceQuiet, DefaultDebounceMax); a negative DebounceQuiet pushes right
+	// after every Update (still one push at a time).
+	DebounceQuiet, DebounceMax time.Duration
+	// Clock is the time source (nil means the wall clock).
+	Clock Clock
+	// Logger receives the server's logs (nil means slog.Default()).
+	Logger *slog.Logger
+	// Registerer receives the server's metrics (nil means they are not registered).
+	Registerer prometheus.Registerer
+}
+
+// Server serves edgeflow's allocations over xDS: one snapshot per connected xDS node, built
+// from the last published topology.
+//
+// Rules:
+//   - Nothing is served before the first topology that compiles, solves and translates (see
+//     Translate for "complete"); a later topology that fails is logged, counted in
+//     edgeflow_xds_rejected_topologies_total, and the previous publication stays.
+//   - A node id is matched to a pod of the topology by name (proxyless gRPC: the pod name), or,
+//     for an Istio sidecar id "sidecar~IP~POD.NS~NS.svc.cluster.local", by POD, else by IP when
+//     exactly one pod has that IP. Any other id gets the round-robin resources, never nothing.
+//     Matching happens when the node's first stream opens and again at every publication.
+//   - Pushes are debounced (Config.DebounceQuiet/DebounceMax) and one runs at a time. A
+//     publication sets the snapshot only of nodes whose resources changed, and versions are
+//     per type and content-addressed, so a weight-only change reaches only the affected nodes
+//     and only as EDS (locality encoding) or RDS (weighted clusters).
+//   - A NACK is logged and counted, and the node is set back to the version it last ACKed for
+//     that type (so the cache does not resend the rejected one in a loop) until a publication
+//     produces a different version.
+//
+// All methods are safe for concurrent use.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	clock Clock
+	m     *metrics
+	cache cache.SnapshotCache
+	xds   gcpserver.Server
+
+	// stopStreams ends every xDS stream; called when Run returns.
+	stopStreams context.CancelFunc
+	running     atomic.Bool
+
+	updates chan struct{} // capacity 1: "the latest topology changed"
+
+	mu       sync.Mutex // guards latest, changeAt
+	latest   *optimizer.Topology
+	changeAt time.Time // first Update since the last publication started
+
+	nodesMu sync.Mutex // guards pub, nodes, streams
+	pub     *publication
+	nodes   map[string]*nodeState // by node id, nodes with ≥ 1 open stream
+	streams map[int64]*streamState
+
+	allocation atomic.Pointer[optimizer.Allocation]
+	published  atomic.Uint64
+	converged  atomic.Uint64
+	signalMu   sync.Mutex
+	signal     chan struct{} // closed and replaced whenever published or converged grows
+}
+
+// NewServer returns a server; it starts no goroutine. Serve it with Register on a grpc.Server
+// and Run; feed it with Update.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.Policy == "" {
+		cfg.Policy = optimizer.LATA
+	}
+	if _, err := optimizer.ParsePolicy(string(cfg.Policy)); err != nil {
+		return nil, err
+	}
+	enc, err := ParseEncoding(string(cfg.Encoding))
+	if err != nil {
+		return nil, err
+	}
+	cfg.Encoding = enc
+	if cfg.DebounceQuiet == 0 {
+		cfg.DebounceQuiet = DefaultDebounceQuiet
+	}
+	if cfg.DebounceMax == 0 {
+		cfg.DebounceMax = DefaultDebounceMax
+	}
+	if cfg.DebounceMax < 0 {
+		return nil, fmt.Errorf("xds: negative DebounceMax %v", cfg.DebounceMax)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = SystemClock()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("xds: registering metrics: %w", err)
+	}
+	s := &Server{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		clock:   cfg.Clock,
+		m:       m,
+		updates: make(chan struct{}, 1),
+		nodes:   map[string]*nodeState{},
+		streams: map[int64]*streamState{},
+		signal:  make(chan struct{}),
+	}
+	// ads=false: a node's snapshot holds every servable service, and each client asks only for
+	// the ones it uses; in ADS mode the cache would hold responses until a request named every
+	// resource of the type (reference/README.md). Responses are filtered to the requested names.
+	s.cache = cache.NewSnapshotCache(false, nodeIDHash{}, gcpLogger{s.log})
+	// The streams' context is cancelled when Run returns, so a graceful gRPC stop completes.
+	streamCtx, stop := context.WithCancel(context.Background())
+	s.stopStreams = stop
+	s.xds = gcpserver.NewServer(streamCtx, s.cache, s.callbacks(), func(o *config.Opts) { o.Logger = gcpLogger{s.log} })
+	return s, nil
+}
+
+// Register registers the aggregated discovery service (ADS) and the per-type LDS, RDS, CDS and
+// EDS services on g.
+func (s *Server) Register(g *grpc.Server) {
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, s.xds)
+	listenerservice.RegisterListenerDiscoveryServiceServer(g, s.xds)
+	routeservice.RegisterRouteDiscoveryServiceServer(g, s.xds)
+	clusterservice.RegisterClusterDiscoveryServiceServer(g, s.xds)
+	endpointservice.RegisterEndpointDiscoveryServiceServer(g, s.xds)
+}
+
+// Update hands the server a new topology. It never blocks; the latest topology wins, and a
+// debounced recompute and push follows (in Run). t must not be modified afterwards.
+func (s *Server) Update(t *optimizer.Topology) {
+	s.mu.Lock()
+	s.latest = t
+	if s.changeAt.IsZero() {
+		s.changeAt = s.clock.Now()
+	}
+	s.mu.Unlock()
+	select {
+	case s.updates <- struct{}{}:
+	default:
+	}
+}
+
+// Run is the push loop: it debounces Updates, then solves, translates and publishes, one
+// publication at a time. It returns nil when ctx is done (the caller owns ctx), and then ends
+// every xDS stream. It may be called once.
+func (s *Server) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return errors.New("xds: Server.Run called twice")
+	}
+	defer s.stopStreams()
+	var (
+		timer       Timer
+		first, last time.Time
+	)
+	stopTimer := func() {
+		if timer != nil {
+			timer.Stop()
+			timer = nil
+		}
+	}
+	defer stopTimer()
+	for {
+		var fire <-chan time.Time
+		if timer != nil {
+			fire = timer.C()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.updates:
+			now := s.clock.Now()
+			if s.cfg.DebounceQuiet < 0 {
+				s.publish()
+				continue
+			}
+			if timer == nil {
+				first = now
+			}
+			last = now
+			due := last.Add(s.cfg.DebounceQuiet)
+			if limit := first.Add(s.cfg.DebounceMax); limit.Before(due) {
+				due = limit
+			}
+			stopTimer()
+			timer = s.clock.NewTimer(due.Sub(now))
+		case <-fire:
+			timer = nil
+			s.publish()
+		}
+	}
+}
+
+// Allocation returns the last published allocation (nil before the first publication).
+func (s *Server) Allocation() *optimizer.Allocation { return s.allocation.Load() }
+
+// Published returns the number of publications so far; publication n is the n-th topology
+// that was published (not rejected).
+func (s *Server) Published() uint64 { return s.published.Load() }
+
+// WaitPublished blocks until publication n has been set in the cache for every connected node,
+// or ctx is done.
+func (s *Server) WaitPublished(ctx context.Context, n uint64) error {
+	return s.wait(ctx, func() bool { return s.published.Load() >= n })
+}
+
+// WaitConverged blocks until publication n, or a later one, has been answered (ACK or NACK) by
+// every client it pushed to, or ctx is done. Clients that disconnect stop being waited for.
+func (s *Server) WaitConverged(ctx context.Context, n uint64) error {
+	return s.wait(ctx, func() bool { return s.converged.Load() >= n })
+}
+
+func (s *Server) wait(ctx context.Context, done func() bool) error {
+	for {
+		s.signalMu.Lock()
+		ch := s.signal
+		s.signalMu.Unlock()
+		if done() {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (s *Server) notify() {
+	s.signalMu.Lock()
+	close(s.signal)
+	s.signal = make(chan struct{})
+	s.signalMu.Unlock()
+}
+
+// publish computes and publishes the latest topology.
+func (s *Server) publish() {
+	s.mu.Lock()
+	t, changeAt := s.latest, s.changeAt
+	s.changeAt = time.Time{}
+	s.mu.Unlock()
+	if t == nil {
+		return
+	}
+	t0 := s.clock.Now()
+	m, err := optimizer.Compile(t, s.cfg.Options)
+	var alloc *optimizer.Allocation
+	if err == nil {
+		alloc, err = optimizer.Plan(m, s.cfg.Policy)
+	}
+	t1 := s.clock.Now()
+	s.m.solve.Observe(t1.Sub(t0).Seconds())
+	var tr *Translation
+	if err == nil {
+		tr, err = Translate(t, alloc, s.cfg.Encoding)
+		s.m.translate.Observe(s.clock.Now().Sub(t1).Seconds())
+	}
+	if err != nil {
+		s.m.rejected.Inc()
+		kept := "nothing is served yet"
+		if n := s.published.Load(); n > 0 {
+			kept = fmt.Sprintf("publication %d stays", n)
+		}
+		s.log.Error("xds: topology not published", "error", err, "kept", kept)
+		return
+	}
+	pub := newPublication(s.published.Load()+1, t, alloc, tr, changeAt)
+	pub.pending.Add(1) // held until every node is visited
+
+	s.nodesMu.Lock()
+	s.pub = pub
+	nodes := make([]*nodeState, 0, len(s.nodes))
+	for _, n := range s.nodes {
+		nodes = append(nodes, n)
+	}
+	s.nodesMu.Unlock()
+
+	pushed := 0
+	for _, n := range nodes {
+		n.mu.Lock()
+		if s.refreshLocked(n, pub, true) {
+			pushed++
+		}
+		n.mu.Unlock()
+	}
+	s.m.push.Observe(s.clock.Now().Sub(changeAt).Seconds())
+	s.m.publications.Inc()
+	s.allocation.Store(alloc)
+	s.published.Store(pub.num)
+	s.notify()
+	s.log.Info("xds: published", "publication", pub.num, "policy", alloc.Policy, "cost", alloc.Cost,
+		"nodes", len(nodes), "pushed", pushed, "solve", t1.Sub(t0), "since_change", s.clock.Now().Sub(changeAt))
+	s.answered(pub)
+}
+
+// answered marks one expected answer of pub as received; the last one converges pub.
+func (s *Server) answered(pub *publication) {
+	if pub.pending.Add(-1) != 0 {
+		return
+	}
+	for {
+		c := s.converged.Load()
+		if c >= pub.num {
+			return
+		}
+		if s.converged.CompareAndSwap(c, pub.num) {
+			break
+		}
+	}
+	s.m.convergence.Observe(s.clock.Now().Sub(pub.changeAt).Seconds())
+	s.notify()
+}

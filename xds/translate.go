@@ -1,0 +1,572 @@
+// Package xds turns edgeflow allocations into xDS resources and serves them to Envoy sidecars
+// and proxyless gRPC clients, one snapshot per caller pod. The translator (Translate) is pure:
+// allocation plus endpoints in, validated resources out. The server (Server) wires a
+// go-control-plane snapshot cache, debounced pushes and the gRPC discovery services.
+package xds
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"sort"
+	"strconv"
+
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// Encoding says how per-caller weights are written on the wire (DESIGN.md, "The wire encoding").
+type Encoding string
+
+const (
+	// EncodingLocality (the default) gives every callee service one cluster whose
+	// ClusterLoadAssignment holds one LocalityLbEndpoints per callee pod (sub_zone = pod name),
+	// weighted by the caller's integer weight; zero-flow pods sit at priority 1.
+	EncodingLocality Encoding = "locality"
+	// EncodingWeightedClusters gives every callee pod its own cluster and writes the caller's
+	// weights into the route's weighted_clusters.
+	EncodingWeightedClusters Encoding = "weighted-clusters"
+)
+
+// ParseEncoding returns the named encoding; "" is the default (locality).
+func ParseEncoding(s string) (Encoding, error) {
+	switch Encoding(s) {
+	case "", EncodingLocality:
+		return EncodingLocality, nil
+	case EncodingWeightedClusters:
+		return EncodingWeightedClusters, nil
+	}
+	return "", fmt.Errorf("xds: unknown encoding %q (want locality or weighted-clusters)", s)
+}
+
+// WeightTotal is the fixed total over which one caller's fractions to one callee service are
+// apportioned into integer weights (largest remainder), so the rounding error of a route is at
+// most 1/WeightTotal.
+const WeightTotal = 10000
+
+// FractionTolerance is how far a caller's fractions to one callee service may sum from 1.
+const FractionTolerance = 1e-6
+
+var (
+	// ErrInvalidAllocation is wrapped by every error about an allocation that does not fit its
+	// topology; the message names the offending call, pod or route.
+	ErrInvalidAllocation = errors.New("xds: invalid allocation")
+	// ErrIncompleteTopology is wrapped when a callee pod cannot be an endpoint (no address, a
+	// bad address, or an address another pod of its service already has).
+	ErrIncompleteTopology = errors.New("xds: incomplete topology")
+)
+
+// Resource type indices of NodeResources.Sets, in the order clients resolve them.
+const (
+	ListenerSet = iota
+	RouteSet
+	ClusterSet
+	EndpointSet
+	numSets
+)
+
+// Set is the resources of one xDS type for one node, sorted by name, with a version that is a
+// content hash of their names and bytes: the same resources give the same version in every
+// process, so a restarted server hands reconnecting clients the versions they already hold.
+type Set struct {
+	Version string
+	Items   []types.Resource
+}
+
+// NodeResources is everything one xDS node receives: Listeners, RouteConfigurations, Clusters
+// and ClusterLoadAssignments (indexed by ListenerSet … EndpointSet). Values are shared between
+// nodes and must not be modified.
+type NodeResources struct {
+	Sets [numSets]Set
+}
+
+// Translation is the output of Translate: the resources of every pod of the topology, and the
+// round-robin resources for xDS nodes the topology does not know.
+type Translation struct {
+	Encoding Encoding
+	// Pods maps every pod of the topology to its resources. Pods that call nothing share
+	// Default.
+	Pods map[string]*NodeResources
+	// Default serves every servable service round-robin (capacity weights).
+	Default *NodeResources
+}
+
+// Translate turns an allocation of topology t into per-pod xDS resources.
+//
+// Every caller pod gets, for each service it calls, a Listener named after the callee service
+// (gRPC target xds:///SERVICE), its RouteConfiguration, Cluster(s) and ClusterLoadAssignment(s)
+// carrying its weights. Every other *servable* service (all its pods have addresses) is in its
+// snapshot too, round-robin, so a call edge the topology does not know yet still works.
+//
+// Rules (the xds package's "complete topology"): every pod of a service that some call edge
+// targets must have an address "IP:PORT", unique within its service; services nobody calls
+// are served only when all their pods have addresses. A violation wraps ErrIncompleteTopology.
+// An allocation that does not fit t (unknown call, service or pod, a caller pod without routes,
+// fractions that are negative, not finite or do not sum to 1 within FractionTolerance, a
+// duplicate route) wraps ErrInvalidAllocation. Every resource passes its proto's ValidateAll.
+//
+// Complexity O(Σ callers × callee pods); resources shared by many pods are built and hashed once.
+func Translate(t *optimizer.Topology, a *optimizer.Allocation, enc Encoding) (*Translation, error) {
+	if enc == "" {
+		enc = EncodingLocality
+	}
+	if _, err := ParseEncoding(string(enc)); err != nil {
+		return nil, err
+	}
+	if t == nil || a == nil {
+		return nil, fmt.Errorf("%w: nil topology or allocation", ErrInvalidAllocation)
+	}
+	b := &builder{enc: enc, services: map[string]*service{}, podService: map[string]*service{}}
+	called := map[string]bool{}
+	for _, c := range t.Calls {
+		called[c.To] = true
+	}
+	for _, c := range a.Calls {
+		called[c.To] = true
+	}
+	for i := range t.Services {
+		s, err := newService(&t.Services[i], called[t.Services[i].Name])
+		if err != nil {
+			return nil, err
+		}
+		if _, dup := b.services[s.name]; dup {
+			return nil, fmt.Errorf("%w: service %q: duplicate name", ErrInvalidAllocation, s.name)
+		}
+		b.services[s.name] = s
+		b.order = append(b.order, s)
+		for _, p := range s.pods {
+			if _, dup := b.podService[p.name]; dup {
+				return nil, fmt.Errorf("%w: pod %q: duplicate name", ErrInvalidAllocation, p.name)
+			}
+			b.podService[p.name] = s
+		}
+	}
+	plans, err := b.checkAllocation(a)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range b.order {
+		if s.servable {
+			if err := b.buildShared(s); err != nil {
+				return nil, err
+			}
+		}
+	}
+	tr := &Translation{Encoding: enc, Pods: map[string]*NodeResources{}}
+	if tr.Default, err = b.node(nil); err != nil {
+		return nil, err
+	}
+	for _, s := range b.order {
+		for _, p := range s.pods {
+			calls := plans[p.name]
+			if len(calls) == 0 {
+				tr.Pods[p.name] = tr.Default
+				continue
+			}
+			if tr.Pods[p.name], err = b.node(calls); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return tr, nil
+}
+
+// pod is a callee-side view of an optimizer.Pod.
+type pod struct {
+	name, node string
+	capacity   float64
+	host       string
+	port       uint32
+	hasAddress bool
+}
+
+// service holds a service's pods and the resources every caller shares.
+type service struct {
+	name     string
+	pods     []pod
+	index    map[string]int
+	servable bool
+
+	locality  []*core.Locality                // per pod
+	lbEps     [][]*endpoint.LbEndpoint        // per pod, one endpoint
+	fallback  []*endpoint.LocalityLbEndpoints // per pod, priority 1, capacity weight
+	listener  entry
+	cluster   entry   // locality encoding
+	rrCLA     entry   // locality encoding: round-robin assignment
+	podClus   []entry // weighted clusters: one cluster per pod
+	podCLA    []entry // weighted clusters: the pod at priority 0, the others at priority 1
+	route     entry   // locality encoding: shared route to the service cluster
+	rrRoute   entry   // weighted clusters: round-robin route
+	rrWeights []int64
+}
+
+func newService(s *optimizer.Service, called bool) (*service, error) {
+	sv := &service{name: s.Name, index: map[string]int{}, servable: len(s.Pods) > 0}
+	seen := map[string]string{}
+	var firstErr error
+	for i, p := range s.Pods {
+		sv.index[p.Name] = i
+		ep := pod{name: p.Name, node: p.Node, capacity: p.CapacityWeight()}
+		err := func() error {
+			if p.Address == "" {
+				return fmt.Errorf("%w: pod %q (service %q) has no address", ErrIncompleteTopology, p.Name, s.Name)
+			}
+			host, port, err := parseAddress(p.Address)
+			if err != nil {
+				return fmt.Errorf("%w: pod %q (service %q): address %q: %v", ErrIncompleteTopology, p.Name, s.Name, p.Address, err)
+			}
+			key := net2key(host, port)
+			if other, dup := seen[key]; dup {
+				return fmt.Errorf("%w: pod %q (service %q): address %q is also pod %q's", ErrIncompleteTopology, p.Name, s.Name, p.Address, other)
+			}
+			seen[key] = p.Name
+			ep.host, ep.port, ep.hasAddress = host, port, true
+			return nil
+		}()
+		if err != nil {
+			sv.servable = false
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+		if badWeight(ep.capacity) {
+			return nil, fmt.Errorf("%w: pod %q (service %q): capacity weight %v", ErrInvalidAllocation, p.Name, s.Name, ep.capacity)
+		}
+		sv.pods = append(sv.pods, ep)
+	}
+	if called && firstErr != nil {
+		return nil, firstErr
+	}
+	if called && len(s.Pods) == 0 {
+		return nil, fmt.Errorf("%w: service %q is called but has no pods", ErrIncompleteTopology, s.Name)
+	}
+	return sv, nil
+}
+
+func badWeight(w float64) bool { return math.IsNaN(w) || math.IsInf(w, 0) || w < 0 }
+
+func net2key(host string, port uint32) string { return host + "|" + strconv.Itoa(int(port)) }
+
+// parseAddress splits "IP:PORT"; Envoy's EDS needs an IP, not a host name.
+func parseAddress(s string) (string, uint32, error) {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return "", 0, fmt.Errorf("want IP:PORT (%v)", err)
+	}
+	if ap.Port() == 0 {
+		return "", 0, errors.New("port 0")
+	}
+	return ap.Addr().Unmap().String(), uint32(ap.Port()), nil
+}
+
+// callPlan is one caller pod's weights to one callee service, in the callee's pod order.
+type callPlan struct {
+	callee  *service
+	weights []int64
+}
+
+type builder struct {
+	enc        Encoding
+	services   map[string]*service
+	order      []*service
+	podService map[string]*service
+}
+
+// checkAllocation validates a against the topology and turns every caller's fractions into
+// integer weights. It returns, per caller pod, its plans ordered by callee service name.
+func (b *builder) checkAllocation(a *optimizer.Allocation) (map[string][]callPlan, error) {
+	plans := map[string][]callPlan{}
+	seenCall := map[[2]string]bool{}
+	for _, c := range a.Calls {
+		call := c.From + " → " + c.To
+		from, okF := b.services[c.From]
+		to, okT := b.services[c.To]
+		switch {
+		case !okF:
+			return nil, fmt.Errorf("%w: call %s: unknown service %q", ErrInvalidAllocation, call, c.From)
+		case !okT:
+			return nil, fmt.Errorf("%w: call %s: unknown service %q", ErrInvalidAllocation, call, c.To)
+		case seenCall[[2]string{c.From, c.To}]:
+			return nil, fmt.Errorf("%w: call %s: listed twice", ErrInvalidAllocation, call)
+		}
+		seenCall[[2]string{c.From, c.To}] = true
+		fractions := make(map[string][]float64, len(from.pods))
+		seenRoute := make(map[[2]string]bool, len(c.Routes))
+		for _, r := range c.Routes {
+			if _, ok := from.index[r.Caller]; !ok {
+				return nil, fmt.Errorf("%w: call %s: route from %q: not a pod of %q", ErrInvalidAllocation, call, r.Caller, c.From)
+			}
+			qi, ok := to.index[r.Callee]
+			if !ok {
+				return nil, fmt.Errorf("%w: call %s: route %s → %s: %q is not a pod of %q", ErrInvalidAllocation, call, r.Caller, r.Callee, r.Callee, c.To)
+			}
+			if math.IsNaN(r.Fraction) || math.IsInf(r.Fraction, 0) || r.Fraction < 0 || r.Fraction > 1+FractionTolerance {
+				return nil, fmt.Errorf("%w: call %s: route %s → %s: fraction %v", ErrInvalidAllocation, call, r.Caller, r.Callee, r.Fraction)
+			}
+			if seenRoute[[2]string{r.Caller, r.Callee}] {
+				return nil, fmt.Errorf("%w: call %s: route %s → %s: listed twice", ErrInvalidAllocation, call, r.Caller, r.Callee)
+			}
+			seenRoute[[2]string{r.Caller, r.Callee}] = true
+			f := fractions[r.Caller]
+			if f == nil {
+				f = make([]float64, len(to.pods))
+				fractions[r.Caller] = f
+			}
+			f[qi] = r.Fraction
+		}
+		for _, p := range from.pods {
+			f := fractions[p.name]
+			if f == nil {
+				return nil, fmt.Errorf("%w: call %s: caller pod %q has no routes", ErrInvalidAllocation, call, p.name)
+			}
+			var sum float64
+			for _, x := range f {
+				sum += x
+			}
+			if math.Abs(sum-1) > FractionTolerance {
+				return nil, fmt.Errorf("%w: call %s: caller pod %q: fractions sum to %v, not 1", ErrInvalidAllocation, call, p.name, sum)
+			}
+			plans[p.name] = append(plans[p.name], callPlan{callee: to, weights: optimizer.LargestRemainder(f, WeightTotal)})
+		}
+	}
+	for _, ps := range plans {
+		sort.Slice(ps, func(i, j int) bool { return ps[i].callee.name < ps[j].callee.name })
+	}
+	return plans, nil
+}
+
+// capacityWeights apportions WeightTotal over the pods' capacity weights. When every capacity
+// is zero the pods share equally.
+func capacityWeights(pods []pod) []int64 {
+	w := make([]float64, len(pods))
+	var sum float64
+	for i, p := range pods {
+		w[i] = p.capacity
+		sum += p.capacity
+	}
+	if !(sum > 0) {
+		for i := range w {
+			w[i] = 1
+		}
+	}
+	return optimizer.LargestRemainder(w, WeightTotal)
+}
+
+// buildShared builds the resources every caller of s shares.
+func (b *builder) buildShared(s *service) error {
+	n := len(s.pods)
+	s.locality = make([]*core.Locality, n)
+	s.lbEps = make([][]*endpoint.LbEndpoint, n)
+	s.fallback = make([]*endpoint.LocalityLbEndpoints, n)
+	s.rrWeights = capacityWeights(s.pods)
+	for i, p := range s.pods {
+		s.locality[i] = &core.Locality{Zone: p.node, SubZone: p.name}
+		s.lbEps[i] = []*endpoint.LbEndpoint{lbEndpoint(p.host, p.port)}
+		// Failover tier: at priority 1 every pod keeps a non-zero weight (its capacity share,
+		// at least 1), never 0, which gRPC would drop or reject.
+		s.fallback[i] = localityEndpoints(s.locality[i], s.lbEps[i], max(s.rrWeights[i], 1), 1)
+	}
+	var err error
+	if s.listener, err = newEntry(s.name, apiListener(s.name)); err != nil {
+		return err
+	}
+	switch b.enc {
+	case EncodingLocality:
+		if s.cluster, err = newEntry(s.name, edsCluster(s.name)); err != nil {
+			return err
+		}
+		if s.route, err = newEntry(s.name, routeConfig(s.name, &route.RouteAction{
+			ClusterSpecifier: &route.RouteAction_Cluster{Cluster: s.name}})); err != nil {
+			return err
+		}
+		if s.rrCLA, err = newEntry(s.name, b.assignment(s, s.name, s.rrWeights)); err != nil {
+			return err
+		}
+	case EncodingWeightedClusters:
+		s.podClus = make([]entry, n)
+		s.podCLA = make([]entry, n)
+		for i := range s.pods {
+			name := podClusterName(s.name, s.pods[i].name)
+			if s.podClus[i], err = newEntry(name, edsCluster(name)); err != nil {
+				return err
+			}
+			one := make([]int64, n)
+			one[i] = 1
+			if s.podCLA[i], err = newEntry(name, b.assignment(s, name, one)); err != nil {
+				return err
+			}
+		}
+		if s.rrRoute, err = newEntry(s.name, b.weightedRoute(s, s.rrWeights)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// podClusterName names the per-pod cluster of the weighted-clusters encoding.
+func podClusterName(svc, pod string) string { return svc + "/" + pod }
+
+// assignment is a ClusterLoadAssignment of s's pods: pods with a positive weight at priority 0
+// with that weight, every other pod at priority 1 (failover) with its capacity weight.
+func (b *builder) assignment(s *service, name string, weights []int64) *endpoint.ClusterLoadAssignment {
+	cla := &endpoint.ClusterLoadAssignment{ClusterName: name, Endpoints: make([]*endpoint.LocalityLbEndpoints, 0, len(s.pods))}
+	for i, w := range weights {
+		if w > 0 {
+			cla.Endpoints = append(cla.Endpoints, localityEndpoints(s.locality[i], s.lbEps[i], w, 0))
+		}
+	}
+	for i, w := range weights {
+		if w <= 0 {
+			cla.Endpoints = append(cla.Endpoints, s.fallback[i])
+		}
+	}
+	return cla
+}
+
+// weightedRoute is s's route splitting over its per-pod clusters by weight.
+func (b *builder) weightedRoute(s *service, weights []int64) *route.RouteConfiguration {
+	var ws []*route.WeightedCluster_ClusterWeight
+	for i, w := range weights {
+		if w > 0 {
+			ws = append(ws, clusterWeight(podClusterName(s.name, s.pods[i].name), w))
+		}
+	}
+	return routeConfig(s.name, &route.RouteAction{ClusterSpecifier: &route.RouteAction_WeightedClusters{
+		WeightedClusters: &route.WeightedCluster{Clusters: ws}}})
+}
+
+// node assembles one node's resources: the planned services of calls, every other servable
+// service round-robin.
+func (b *builder) node(calls []callPlan) (*NodeResources, error) {
+	planned := make(map[string][]int64, len(calls))
+	for _, c := range calls {
+		planned[c.callee.name] = c.weights
+	}
+	var sets [numSets][]entry
+	for _, s := range b.order {
+		if !s.servable {
+			continue
+		}
+		w, isPlanned := planned[s.name]
+		sets[ListenerSet] = append(sets[ListenerSet], s.listener)
+		switch b.enc {
+		case EncodingLocality:
+			sets[RouteSet] = append(sets[RouteSet], s.route)
+			sets[ClusterSet] = append(sets[ClusterSet], s.cluster)
+			cla := s.rrCLA
+			if isPlanned {
+				var err error
+				if cla, err = newEntry(s.name, b.assignment(s, s.name, w)); err != nil {
+					return nil, err
+				}
+			}
+			sets[EndpointSet] = append(sets[EndpointSet], cla)
+		case EncodingWeightedClusters:
+			rt := s.rrRoute
+			if isPlanned {
+				var err error
+				if rt, err = newEntry(s.name, b.weightedRoute(s, w)); err != nil {
+					return nil, err
+				}
+			}
+			sets[RouteSet] = append(sets[RouteSet], rt)
+			sets[ClusterSet] = append(sets[ClusterSet], s.podClus...)
+			sets[EndpointSet] = append(sets[EndpointSet], s.podCLA...)
+		}
+	}
+	nr := &NodeResources{}
+	for i := range sets {
+		nr.Sets[i] = makeSet(sets[i])
+	}
+	return nr, nil
+}
+
+// entry is a validated resource with its content hash.
+type entry struct {
+	name string
+	res  types.Resource
+	sum  [sha256.Size]byte
+}
+
+// validator is what the generated protos' ValidateAll gives.
+type validator interface{ ValidateAll() error }
+
+func newEntry(name string, r types.Resource) (entry, error) {
+	if v, ok := r.(validator); ok {
+		if err := v.ValidateAll(); err != nil {
+			return entry{}, fmt.Errorf("xds: generated %T %q is invalid: %w", r, name, err)
+		}
+	}
+	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+	if err != nil {
+		return entry{}, fmt.Errorf("xds: marshal %q: %w", name, err)
+	}
+	return entry{name: name, res: r, sum: sha256.Sum256(data)}, nil
+}
+
+// makeSet sorts entries by name and derives the set's version from names and content hashes.
+func makeSet(es []entry) Set {
+	sort.Slice(es, func(i, j int) bool { return es[i].name < es[j].name })
+	h := sha256.New()
+	items := make([]types.Resource, len(es))
+	for i, e := range es {
+		h.Write([]byte(e.name))
+		h.Write([]byte{0})
+		h.Write(e.sum[:])
+		items[i] = e.res
+	}
+	if len(es) == 0 {
+		return Set{}
+	}
+	return Set{Version: hex.EncodeToString(h.Sum(nil)[:8]), Items: items}
+}
+
+// Assignment returns the named ClusterLoadAssignment of the node, or nil.
+func (n *NodeResources) Assignment(name string) *endpoint.ClusterLoadAssignment {
+	for _, r := range n.Sets[EndpointSet].Items {
+		if c := r.(*endpoint.ClusterLoadAssignment); c.GetClusterName() == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// Route returns the named RouteConfiguration of the node, or nil.
+func (n *NodeResources) Route(name string) *route.RouteConfiguration {
+	for _, r := range n.Sets[RouteSet].Items {
+		if c := r.(*route.RouteConfiguration); c.GetName() == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// Listener returns the named Listener of the node, or nil.
+func (n *NodeResources) Listener(name string) *listener.Listener {
+	for _, r := range n.Sets[ListenerSet].Items {
+		if c := r.(*listener.Listener); c.GetName() == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// Cluster returns the named Cluster of the node, or nil.
+func (n *NodeResources) Cluster(name string) *cluster.Cluster {
+	for _, r := range n.Sets[ClusterSet].Items {
+		if c := r.(*cluster.Cluster); c.GetName() == name {
+			return c
+		}
+	}
+	return nil
+}
