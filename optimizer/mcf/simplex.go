@@ -1,5 +1,7 @@
 package mcf
 
+import "math"
+
 // The network simplex below is a port of LEMON 1.3.1's NetworkSimplex
 // (lemon/network_simplex.h, Copyright (C) 2003-2013 Egervary Jeno
 // Kombinatorikus Optimalizalasi Kutatocsoport (EGRES), distributed under the
@@ -18,6 +20,16 @@ package mcf
 //     problems;
 //   - entering arcs are priced by block search over the cost matrix in
 //     row-major order, one row segment at a time, without divisions.
+
+var (
+	blockFactor = 1.0
+	useList     = false
+	listLen     = 16
+	minorLimit  = 8
+	segFactor   = 1.0
+)
+
+type cand struct{ i, j int32 }
 
 const (
 	dirUp   = 1  // pred arc goes from the node to its parent
@@ -45,6 +57,9 @@ type simplex struct {
 	out       []int   // scratch: arcs of the solution
 
 	blockSize int
+	cand      []cand // candidate list of the list pricing rule
+	trace     []int
+	minor     int // minor iterations since the last major scan
 	nextI     int // block search position (row)
 	nextJ     int // block search position (column)
 
@@ -55,6 +70,7 @@ type simplex struct {
 	uIn, vIn, uOut int32
 	delta          int64
 	pivots         int
+	scanned        int
 }
 
 func grow[T any](s []T, n int) []T {
@@ -81,6 +97,7 @@ func (ns *simplex) solve(p *Transport, maxCost int64) {
 	ns.pi = grow(ns.pi, N)
 	ns.dirty = ns.dirty[:0]
 	ns.pivots = 0
+	ns.scanned = 0
 	// Any tree path has fewer than N real arcs, each cheaper than
 	// maxCost+1, so a sink fed by the root is always costlier than any real
 	// route; N < 2^28 and maxCost < 2^32 keep every potential below 2^61.
@@ -120,16 +137,24 @@ func (ns *simplex) solve(p *Transport, maxCost int64) {
 
 	ns.initialPivots(p)
 
-	bs := 10
-	for bs*bs < ns.nm {
-		bs++
+	bs := int(blockFactor * math.Sqrt(float64(ns.nm)))
+	if useList {
+		bs = int(segFactor * math.Sqrt(float64(ns.nm)))
 	}
-	if bs*bs > ns.nm && bs > 10 {
-		bs--
+	if bs < 10 {
+		bs = 10
 	}
 	ns.blockSize = bs
 	ns.nextI, ns.nextJ = 0, 0
-	for ns.findEntering() {
+	ns.cand = ns.cand[:0]
+	ns.minor = 0
+	find := ns.findEntering
+	if useList {
+		find = ns.findEnteringList
+	}
+	ns.trace = ns.trace[:0]
+	for find() {
+		ns.trace = append(ns.trace, ns.scanned)
 		ns.pivot()
 	}
 }
@@ -186,18 +211,14 @@ func (ns *simplex) findEntering() bool {
 		if end-j > remaining {
 			end = j + remaining
 		}
-		row := cost[i*m+j : i*m+end]
-		pj := piSnk[j:end]
-		pj = pj[:len(row)]
 		pii := piSrc[i]
-		for k, c := range row {
-			if rc := c + pii - pj[k]; rc < min {
-				min = rc
-				bi, bj = i, j+k
-			}
+		if k, t := segmentMin(cost[i*m+j:i*m+end], piSnk[j:end], min-pii); k >= 0 {
+			min = t + pii
+			bi, bj = i, j+k
 		}
 		l := end - j
 		cnt -= l
+		ns.scanned += l
 		remaining -= l
 		j = end
 		if j == m {
@@ -221,6 +242,134 @@ func (ns *simplex) findEntering() bool {
 	ns.inArc = bi*m + bj
 	ns.inSrc, ns.inTgt = int32(bi), int32(n+bj)
 	return true
+}
+
+// findEnteringList is a candidate-list rule: a major iteration scans row
+// segments from the last position, keeping each segment's most negative
+// arc, until listLen candidates are found; minor iterations re-price the
+// candidates and take the best, until minorLimit or none is left.
+func (ns *simplex) findEnteringList() bool {
+	n, m := ns.n, ns.m
+	cost, pi := ns.cost, ns.pi
+	if len(ns.cand) > 0 && ns.minor < minorLimit {
+		ns.minor++
+		var min int64
+		best := -1
+		c := ns.cand
+		for k := 0; k < len(c); k++ {
+			x := c[k]
+			rc := cost[int(x.i)*m+int(x.j)] + pi[x.i] - pi[n+int(x.j)]
+			if rc < min {
+				min = rc
+				best = k
+			} else if rc >= 0 {
+				c[k] = c[len(c)-1]
+				c = c[:len(c)-1]
+				k--
+			}
+		}
+		ns.cand = c
+		if best >= 0 {
+			x := c[best]
+			c[best] = c[len(c)-1]
+			ns.cand = c[:len(c)-1]
+			ns.setIn(int(x.i), int(x.j))
+			return true
+		}
+	}
+	ns.minor = 0
+	c := ns.cand[:0]
+	piSrc := pi[:n]
+	piSnk := pi[n : n+m]
+	i, j := ns.nextI, ns.nextJ
+	seg := ns.blockSize
+	remaining := ns.nm
+	var min int64
+	best := -1
+	for remaining > 0 && len(c) < listLen {
+		end := m
+		if end-j > seg {
+			end = j + seg
+		}
+		if end-j > remaining {
+			end = j + remaining
+		}
+		pii := piSrc[i]
+		if k, t := segmentMin(cost[i*m+j:i*m+end], piSnk[j:end], -pii); k >= 0 {
+			if t+pii < min {
+				min = t + pii
+				best = len(c)
+			}
+			c = append(c, cand{int32(i), int32(j + k)})
+		}
+		remaining -= end - j
+		ns.scanned += end - j
+		j = end
+		if j == m {
+			j = 0
+			i++
+			if i == n {
+				i = 0
+			}
+		}
+	}
+	ns.nextI, ns.nextJ = i, j
+	if best < 0 {
+		ns.cand = c
+		return false
+	}
+	x := c[best]
+	c[best] = c[len(c)-1]
+	ns.cand = c[:len(c)-1]
+	ns.setIn(int(x.i), int(x.j))
+	return true
+}
+
+func (ns *simplex) setIn(i, j int) {
+	ns.inArc = i*ns.m + j
+	ns.inSrc, ns.inTgt = int32(i), int32(ns.n+j)
+}
+
+// segmentMin returns the first index k with row[k]-pj[k] < t that attains
+// the minimum of row[k]-pj[k], and that minimum; or -1 and t if none is
+// below t. It is the pricing hot loop: one row segment of the cost matrix
+// against the sinks' potentials.
+//
+// It is unrolled by four: the minimum of each group of four is a
+// dependency-free tree, and only a group that beats t (rare once t is
+// good) is examined in order, so the first minimal index is kept.
+func segmentMin(row, pj []int64, t int64) (int, int64) {
+	best := -1
+	pj = pj[:len(row)]
+	k := 0
+	for ; k+4 <= len(row); k += 4 {
+		r := row[k : k+4 : k+4]
+		p := pj[k : k+4 : k+4]
+		d0 := r[0] - p[0]
+		d1 := r[1] - p[1]
+		d2 := r[2] - p[2]
+		d3 := r[3] - p[3]
+		if min(min(d0, d1), min(d2, d3)) < t {
+			if d0 < t {
+				t, best = d0, k
+			}
+			if d1 < t {
+				t, best = d1, k+1
+			}
+			if d2 < t {
+				t, best = d2, k+2
+			}
+			if d3 < t {
+				t, best = d3, k+3
+			}
+		}
+	}
+	for ; k < len(row); k++ {
+		if d := row[k] - pj[k]; d < t {
+			t, best = d, k
+		}
+	}
+	return best, t
 }
 
 // pivot brings ns.inArc into the tree.
