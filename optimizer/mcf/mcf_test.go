@@ -635,3 +635,12 @@ func FuzzSolve(f *testing.F) {
 		checkNoNegativeCycle(t, p, flows)
 	})
 }
+
+func TestIsqrt(t *testing.T) {
+	for _, x := range []int{0, 1, 2, 3, 4, 15, 16, 17, 24, 25, 2500, 4_000_000, 1<<40 - 1, 1 << 40} {
+		r := isqrt(x)
+		if r*r > x || (r+1)*(r+1) <= x {
+			t.Errorf("isqrt(%d) = %d", x, r)
+		}
+	}
+}

@@ -1,7 +1,5 @@
 package mcf
 
-import "math"
-
 // The network simplex below is a port of LEMON 1.3.1's NetworkSimplex
 // (lemon/network_simplex.h, Copyright (C) 2003-2013 Egervary Jeno
 // Kombinatorikus Optimalizalasi Kutatocsoport (EGRES), distributed under the
@@ -21,15 +19,11 @@ import "math"
 //   - entering arcs are priced by block search over the cost matrix in
 //     row-major order, one row segment at a time, without divisions.
 
-var (
-	blockFactor = 1.0
-	useList     = false
-	listLen     = 16
-	minorLimit  = 8
-	segFactor   = 1.0
-)
-
-type cand struct{ i, j int32 }
+// blockFactor scales the block of the pricing rule: blockFactor*sqrt(arcs)
+// arcs (LEMON uses 1). 2 measured best on the lemon_tp instances: with 1,
+// pivots were 1.2-1.9x as many and the tree work per pivot larger, for
+// about the same number of arcs priced.
+const blockFactor = 2
 
 const (
 	dirUp   = 1  // pred arc goes from the node to its parent
@@ -39,38 +33,37 @@ const (
 // simplex is the workspace of one solve. Node arrays have length n+m+1.
 type simplex struct {
 	n, m, nm int
-	root     int32
 	cost     []int64 // the problem's cost matrix, not copied
-	art      int64   // cost of artificial root arcs into sinks
+	art      int64   // cost of an artificial root arc into a sink
 
+	// The spanning tree, as in LEMON; node arrays of length n+m+1.
 	parent    []int32
-	thread    []int32
+	thread    []int32 // preorder successor
 	revThread []int32
-	succNum   []int32
-	lastSucc  []int32
+	succNum   []int32 // subtree size
+	lastSucc  []int32 // last node of the subtree in thread order
 	predDir   []int8
-	pred      []int   // arc of the tree edge to the parent; >= nm for artificial arcs
+	pred      []int   // arc joining the node to its parent; nm+u for u's artificial arc
 	flow      []int64 // flow on pred[u]
 	pi        []int64 // potentials: reduced cost of a = cost[a] + pi[i] - pi[n+j]
-	dirty     []int32
+	dirty     []int32 // scratch of updateTreeStructure
 	colMin    []int32 // scratch: per sink, the source of its cheapest arc
+	colCost   []int64 // scratch: per sink, the cost of its cheapest arc
 	out       []int   // scratch: arcs of the solution
 
-	blockSize int
-	cand      []cand // candidate list of the list pricing rule
-	trace     []int
-	minor     int // minor iterations since the last major scan
-	nextI     int // block search position (row)
-	nextJ     int // block search position (column)
+	blockSize    int
+	nextI, nextJ int // where block search resumes (row, column)
 
-	// pivot state
+	// The current pivot.
 	inArc          int
 	inSrc, inTgt   int32
 	join           int32
 	uIn, vIn, uOut int32
 	delta          int64
-	pivots         int
-	scanned        int
+
+	// Counters of the last solve, for benchmarks and tests.
+	pivots  int // all pivots, including the initial ones
+	scanned int // arcs priced
 }
 
 func grow[T any](s []T, n int) []T {
@@ -104,7 +97,6 @@ func (ns *simplex) solve(p *Transport, maxCost int64) {
 	ns.art = (maxCost + 1) * int64(N)
 
 	root := int32(n + m)
-	ns.root = root
 	ns.parent[root] = -1
 	ns.pred[root] = -1
 	ns.thread[root] = 0
@@ -137,57 +129,67 @@ func (ns *simplex) solve(p *Transport, maxCost int64) {
 
 	ns.initialPivots(p)
 
-	bs := int(blockFactor * math.Sqrt(float64(ns.nm)))
-	if useList {
-		bs = int(segFactor * math.Sqrt(float64(ns.nm)))
-	}
-	if bs < 10 {
-		bs = 10
-	}
-	ns.blockSize = bs
+	ns.blockSize = max(10, blockFactor*isqrt(ns.nm))
 	ns.nextI, ns.nextJ = 0, 0
-	ns.cand = ns.cand[:0]
-	ns.minor = 0
-	find := ns.findEntering
-	if useList {
-		find = ns.findEnteringList
-	}
-	ns.trace = ns.trace[:0]
-	for find() {
-		ns.trace = append(ns.trace, ns.scanned)
+	for ns.findEntering() {
 		ns.pivot()
 	}
 }
 
-// initialPivots pivots in, for each sink with positive demand, its cheapest
-// incoming arc (LEMON's heuristic for balanced problems).
+// initialPivots is LEMON's start heuristic for balanced problems, extended
+// to rows: it pivots in, for every sink with positive demand, its cheapest
+// incoming arc, then for every source with positive supply its cheapest
+// outgoing arc, each only if its reduced cost is still negative. One pass
+// over the cost matrix finds both. (Measured on the lemon_tp instances: the
+// rows cut pivots by up to 11% on uniform; a greedy feasible allocation
+// pivoted in instead raised the pivot count by up to 40%.)
 func (ns *simplex) initialPivots(p *Transport) {
 	n, m := ns.n, ns.m
 	ns.colMin = grow(ns.colMin, m)
-	best := ns.colMin
-	for j := range best {
-		best[j] = 0
+	ns.colCost = grow(ns.colCost, m)
+	ns.out = ns.out[:0]
+	colMin, colCost := ns.colMin, ns.colCost
+	for j := range colMin {
+		colMin[j] = 0
 	}
-	for i := 1; i < n; i++ {
+	copy(colCost, ns.cost[:m])
+	rowMin := ns.out
+	for i := 0; i < n; i++ {
 		row := ns.cost[i*m : i*m+m]
+		cc := colCost[:len(row)]
+		bj := 0
 		for j, c := range row {
-			if c < ns.cost[int(best[j])*m+j] {
-				best[j] = int32(i)
+			if c < cc[j] {
+				cc[j] = c
+				colMin[j] = int32(i)
+			}
+			if c < row[bj] {
+				bj = j
 			}
 		}
+		rowMin = append(rowMin, bj)
 	}
+	ns.out = rowMin
 	for j := 0; j < m; j++ {
-		if p.Demand[j] == 0 {
-			continue
+		if p.Demand[j] > 0 {
+			ns.tryPivot(int(colMin[j]), j)
 		}
-		i := int(best[j])
-		a := i*m + j
-		if ns.cost[a]+ns.pi[i]-ns.pi[n+j] >= 0 {
-			continue
-		}
-		ns.inArc, ns.inSrc, ns.inTgt = a, int32(i), int32(n+j)
-		ns.pivot()
 	}
+	for i := 0; i < n; i++ {
+		if p.Supply[i] > 0 {
+			ns.tryPivot(i, rowMin[i])
+		}
+	}
+}
+
+// tryPivot pivots arc (i, j) in if its reduced cost is negative.
+func (ns *simplex) tryPivot(i, j int) {
+	a := i*ns.m + j
+	if ns.cost[a]+ns.pi[i]-ns.pi[ns.n+j] >= 0 {
+		return
+	}
+	ns.inArc, ns.inSrc, ns.inTgt = a, int32(i), int32(ns.n+j)
+	ns.pivot()
 }
 
 // findEntering selects the entering arc by block search: it scans blocks of
@@ -242,92 +244,6 @@ func (ns *simplex) findEntering() bool {
 	ns.inArc = bi*m + bj
 	ns.inSrc, ns.inTgt = int32(bi), int32(n+bj)
 	return true
-}
-
-// findEnteringList is a candidate-list rule: a major iteration scans row
-// segments from the last position, keeping each segment's most negative
-// arc, until listLen candidates are found; minor iterations re-price the
-// candidates and take the best, until minorLimit or none is left.
-func (ns *simplex) findEnteringList() bool {
-	n, m := ns.n, ns.m
-	cost, pi := ns.cost, ns.pi
-	if len(ns.cand) > 0 && ns.minor < minorLimit {
-		ns.minor++
-		var min int64
-		best := -1
-		c := ns.cand
-		for k := 0; k < len(c); k++ {
-			x := c[k]
-			rc := cost[int(x.i)*m+int(x.j)] + pi[x.i] - pi[n+int(x.j)]
-			if rc < min {
-				min = rc
-				best = k
-			} else if rc >= 0 {
-				c[k] = c[len(c)-1]
-				c = c[:len(c)-1]
-				k--
-			}
-		}
-		ns.cand = c
-		if best >= 0 {
-			x := c[best]
-			c[best] = c[len(c)-1]
-			ns.cand = c[:len(c)-1]
-			ns.setIn(int(x.i), int(x.j))
-			return true
-		}
-	}
-	ns.minor = 0
-	c := ns.cand[:0]
-	piSrc := pi[:n]
-	piSnk := pi[n : n+m]
-	i, j := ns.nextI, ns.nextJ
-	seg := ns.blockSize
-	remaining := ns.nm
-	var min int64
-	best := -1
-	for remaining > 0 && len(c) < listLen {
-		end := m
-		if end-j > seg {
-			end = j + seg
-		}
-		if end-j > remaining {
-			end = j + remaining
-		}
-		pii := piSrc[i]
-		if k, t := segmentMin(cost[i*m+j:i*m+end], piSnk[j:end], -pii); k >= 0 {
-			if t+pii < min {
-				min = t + pii
-				best = len(c)
-			}
-			c = append(c, cand{int32(i), int32(j + k)})
-		}
-		remaining -= end - j
-		ns.scanned += end - j
-		j = end
-		if j == m {
-			j = 0
-			i++
-			if i == n {
-				i = 0
-			}
-		}
-	}
-	ns.nextI, ns.nextJ = i, j
-	if best < 0 {
-		ns.cand = c
-		return false
-	}
-	x := c[best]
-	c[best] = c[len(c)-1]
-	ns.cand = c[:len(c)-1]
-	ns.setIn(int(x.i), int(x.j))
-	return true
-}
-
-func (ns *simplex) setIn(i, j int) {
-	ns.inArc = i*ns.m + j
-	ns.inSrc, ns.inTgt = int32(i), int32(ns.n+j)
 }
 
 // segmentMin returns the first index k with row[k]-pj[k] < t that attains
@@ -573,8 +489,19 @@ func (ns *simplex) arcFlow(a, i, j int) int64 {
 	return ns.flow[ns.n+j]
 }
 
+// isqrt returns floor(sqrt(x)) for x >= 0, in integers.
+func isqrt(x int) int {
+	r := 0
+	for b := 1 << 31; b > 0; b >>= 1 {
+		if t := r + b; t <= x/t {
+			r = t
+		}
+	}
+	return r
+}
+
 // workspaceBytes is the memory the Solver holds between solves.
 func (ns *simplex) workspaceBytes() int {
 	return 4*(cap(ns.parent)+cap(ns.thread)+cap(ns.revThread)+cap(ns.succNum)+cap(ns.lastSucc)+cap(ns.dirty)+cap(ns.colMin)) +
-		cap(ns.predDir) + 8*(cap(ns.pred)+cap(ns.flow)+cap(ns.pi)+cap(ns.out))
+		cap(ns.predDir) + 8*(cap(ns.pred)+cap(ns.flow)+cap(ns.pi)+cap(ns.out)+cap(ns.colCost))
 }
