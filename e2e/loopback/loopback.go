@@ -3,7 +3,11 @@
 // its callees through grpc-go xDS channels (target xds:///SERVICE) carrying its own xDS identity
 // (node id = pod name), against the management server the caller names; and the latency between
 // the emulated nodes is injected by the callee, which sleeps the round-trip time between the
-// caller's node and its own (sent in request metadata) before it queues for a worker.
+// caller's node and its own (the caller sends its node in request metadata) before it queues
+// for a worker. The whole round trip is slept on the request path: one timer instead of two, and
+// the callee's queue sees the same arrivals, shifted. Requests from outside (the load
+// generator) carry no node and get no delay. RunPolicy runs one allocation policy end to end:
+// edgeflow's xDS server, a fresh cluster, open-loop load, and the observed split.
 package loopback
 
 import (
@@ -99,15 +103,15 @@ func Start(cfg Config) (*Cluster, error) {
 	topo := cfg.Topology.Clone()
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Cluster{topo: topo, podSvc: map[string]string{}, cancel: cancel}
+	// Bind first: the addresses are part of the topology the xDS server publishes.
+	listeners := map[string]net.Listener{} // closed by the pods' servers once they serve
 	ok := false
 	defer func() {
 		if !ok {
+			closeAll(listeners)
 			c.Close()
 		}
 	}()
-
-	// Bind first: the addresses are part of the topology the xDS server publishes.
-	listeners := map[string]net.Listener{}
 	for si := range topo.Services {
 		for pi := range topo.Services[si].Pods {
 			p := &topo.Services[si].Pods[pi]
@@ -116,9 +120,6 @@ func Start(cfg Config) (*Cluster, error) {
 			}
 			lis, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
-				for _, l := range listeners {
-					l.Close()
-				}
 				return nil, fmt.Errorf("loopback: pod %s: %w", p.Name, err)
 			}
 			listeners[p.Name] = lis
@@ -139,7 +140,6 @@ func Start(cfg Config) (*Cluster, error) {
 				}
 				if builder == nil {
 					if builder, err = xdsResolver(cfg.XDSServer, p.Name, p.Node); err != nil {
-						closeAll(listeners)
 						return nil, err
 					}
 				}
@@ -148,7 +148,6 @@ func Start(cfg Config) (*Cluster, error) {
 					grpc.WithResolvers(builder),
 					grpc.WithTransportCredentials(insecure.NewCredentials()))
 				if err != nil {
-					closeAll(listeners)
 					return nil, fmt.Errorf("loopback: pod %s: channel to %s: %w", p.Name, callee, err)
 				}
 				c.conns = append(c.conns, conn)
@@ -164,7 +163,6 @@ func Start(cfg Config) (*Cluster, error) {
 				Downstream:  downstream,
 			})
 			if err != nil {
-				closeAll(listeners)
 				return nil, fmt.Errorf("loopback: %w", err)
 			}
 			c.pods = append(c.pods, pod)
@@ -178,7 +176,6 @@ func Start(cfg Config) (*Cluster, error) {
 		for pi, p := range topo.Services[si].Pods {
 			conn, err := grpc.NewClient("passthrough:///"+p.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
-				closeAll(listeners)
 				return nil, fmt.Errorf("loopback: ingress to %s: %w", p.Name, err)
 			}
 			c.conns = append(c.conns, conn)
@@ -192,6 +189,7 @@ func Start(cfg Config) (*Cluster, error) {
 
 	for _, pod := range c.pods {
 		lis := listeners[pod.Name()]
+		delete(listeners, pod.Name()) // Serve owns it now
 		c.wg.Add(1)
 		go func() { // owned by the Cluster; ends at Close
 			defer c.wg.Done()
@@ -286,6 +284,8 @@ func (c *Cluster) Close() error {
 	c.conns = nil
 	return c.Err()
 }
+
+var errNoIngress = errors.New("loopback: the topology has no ingress")
 
 // Ingress returns a loadgen.Request that sends each request to a pod of an ingress service,
 // directly (as an ingress gateway would), spread over the pods in proportion to the topology's

@@ -2,7 +2,6 @@ package loopback
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -48,6 +47,10 @@ type Outcome struct {
 	// Wall is the run's wall time, set-up and teardown included.
 	Wall time.Duration
 }
+
+// SetupTimeout bounds the wait for the xDS server's first publication and for every caller's
+// xDS channel to become ready.
+const SetupTimeout = 30 * time.Second
 
 // WithIngressRate returns a copy of t whose ingress rates are scaled to sum to rate.
 func WithIngressRate(t *optimizer.Topology, rate float64) (*optimizer.Topology, error) {
@@ -120,10 +123,20 @@ func RunPolicy(ctx context.Context, sc Scenario, p optimizer.Policy) (out *Outco
 		return nil, err
 	}
 	srv.Update(cluster.Topology())
-	if err := srv.WaitPublished(runCtx, 1); err != nil {
-		return nil, err
+	// A topology the server rejects, or resources the clients NACK, would leave these waits
+	// hanging: the server logs why; give up after SetupTimeout.
+	setup, setupDone := context.WithTimeout(runCtx, SetupTimeout)
+	defer setupDone()
+	if err := srv.WaitPublished(setup, 1); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("loopback: the xDS server did not publish the topology within %v (see its log)", SetupTimeout)
 	}
-	if err := cluster.WaitReady(runCtx); err != nil {
+	if err := cluster.WaitReady(setup); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		return nil, err
 	}
 	send, err := cluster.Ingress()
@@ -189,5 +202,3 @@ func counterSum(g prometheus.Gatherer, name string) float64 {
 	}
 	return sum
 }
-
-var errNoIngress = errors.New("loopback: the topology has no ingress")
