@@ -134,10 +134,39 @@ type nodeState struct {
 	pub      *publication // the publication sets were built from
 	pod      string       // the pod the id resolved to ("" = round-robin default)
 	sets     [numSets]Set // what the cache holds for the node
-	acked    [numSets]Set // the last version the node ACKed, per type
+	history  [numSets][historyLen]Set // the last sets written, newest first, to resolve versions clients name
+	acked    [numSets]Set // the version the node last said it holds, per type
 	rejected [numSets]string
 	awaiting [numSets]string // versions of awaitPub not yet answered
 	awaitPub *publication
+}
+
+// historyLen is how many past versions per type a node remembers, so that an ACK or NACK
+// naming a version that a newer push already replaced still finds that version's resources.
+const historyLen = 4
+
+// remember records the sets just written.
+func (n *nodeState) remember() {
+	for i, set := range n.sets {
+		if set.Version == n.history[i][0].Version {
+			continue
+		}
+		copy(n.history[i][1:], n.history[i][:historyLen-1])
+		n.history[i][0] = set
+	}
+}
+
+// lookup returns the remembered set of type i with the given version.
+func (n *nodeState) lookup(i int, version string) (Set, bool) {
+	if version == "" {
+		return Set{}, true
+	}
+	for _, s := range n.history[i] {
+		if s.Version == version {
+			return s, true
+		}
+	}
+	return Set{}, false
 }
 
 // streamState is one xDS stream. Its fields are used only by the stream's goroutine.
@@ -209,6 +238,7 @@ func (n *nodeState) waiting() bool {
 
 // setSnapshotLocked writes n.sets into the cache. n.mu is held.
 func (s *Server) setSnapshotLocked(n *nodeState, pub *publication) {
+	n.remember()
 	snap := &cache.Snapshot{}
 	for i, set := range n.sets {
 		snap.Resources[typeSlots[i]] = pub.intern(i, set)
@@ -319,23 +349,29 @@ func (s *Server) onResponse(_ context.Context, id int64, req *discovery.Discover
 	}
 }
 
-// onRequest registers new streams and handles ACKs and NACKs.
+// onRequest registers new streams and handles ACKs and NACKs. The version a request names
+// (version_info) is the one the client holds, ACK or NACK; the version an ACK or NACK answers
+// is the one sent with its nonce.
 func (s *Server) onRequest(id int64, req *discovery.DiscoveryRequest) error {
 	st := s.openStream(id, req.GetNode().GetId())
 	i := setIndex(req.GetTypeUrl())
-	if i < 0 || req.GetResponseNonce() == "" || req.GetResponseNonce() != st.nonce[i] {
-		return nil // a subscription, an unknown type, or an answer to a superseded response
+	if i < 0 || req.GetResponseNonce() == "" {
+		return nil // a subscription or an unknown type
 	}
-	version := st.sentAt[i]
 	n := st.node
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if d := req.GetErrorDetail(); d != nil {
-		s.nackLocked(n, i, version, d.GetMessage())
-	} else if version == n.sets[i].Version {
-		n.acked[i] = n.sets[i]
+	if held, ok := n.lookup(i, req.GetVersionInfo()); ok {
+		n.acked[i] = held
 	}
-	if n.awaitPub != nil && n.awaiting[i] != "" && n.awaiting[i] == version {
+	if req.GetResponseNonce() != st.nonce[i] {
+		return nil // answers a response that a newer one superseded
+	}
+	answered := st.sentAt[i]
+	if d := req.GetErrorDetail(); d != nil {
+		s.nackLocked(n, i, answered, d.GetMessage())
+	}
+	if n.awaitPub != nil && n.awaiting[i] != "" && n.awaiting[i] == answered {
 		n.awaiting[i] = ""
 		if !n.waiting() {
 			s.answered(n.awaitPub)

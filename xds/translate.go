@@ -181,6 +181,23 @@ func Translate(t *optimizer.Topology, a *optimizer.Allocation, enc Encoding) (*T
 	return tr, nil
 }
 
+// CheckTopology applies Translate's "complete topology" rule to t alone: every pod of every
+// service that a call targets has an address "IP:PORT", unique within its service. The error
+// wraps ErrIncompleteTopology and names the pod. Sources use it to refuse a topology before
+// the server would.
+func CheckTopology(t *optimizer.Topology) error {
+	called := map[string]bool{}
+	for _, c := range t.Calls {
+		called[c.To] = true
+	}
+	for i := range t.Services {
+		if _, err := newService(&t.Services[i], called[t.Services[i].Name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // pod is a callee-side view of an optimizer.Pod.
 type pod struct {
 	name, node string

@@ -26,7 +26,35 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+var (
+	update           = flag.Bool("update", false, "rewrite the golden files under testdata/")
+	updateAllocation = flag.Bool("update-allocation", false, "re-plan testdata/bookinfo-lata.allocation.json with the current optimizer")
+)
+
+// bookinfoAllocation is a frozen LATA allocation of testdata/bookinfo.yaml, so that the golden
+// files test the translator and do not change when the solver breaks ties differently.
+func bookinfoAllocation(t *testing.T, top *optimizer.Topology) *optimizer.Allocation {
+	t.Helper()
+	path := filepath.Join("testdata", "bookinfo-lata.allocation.json")
+	if *updateAllocation {
+		b, err := json.MarshalIndent(plan(t, top, optimizer.LATA), "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (create it with -update-allocation)", err)
+	}
+	var a optimizer.Allocation
+	if err := json.Unmarshal(b, &a); err != nil {
+		t.Fatal(err)
+	}
+	return &a
+}
 
 func loadTopology(t testing.TB, path string) *optimizer.Topology {
 	t.Helper()
@@ -98,7 +126,7 @@ func goldenJSON(t *testing.T, tr *Translation) []byte {
 
 func TestTranslateGolden(t *testing.T) {
 	top := loadTopology(t, "testdata/bookinfo.yaml")
-	alloc := plan(t, top, optimizer.LATA)
+	alloc := bookinfoAllocation(t, top)
 	for _, enc := range []Encoding{EncodingLocality, EncodingWeightedClusters} {
 		t.Run(string(enc), func(t *testing.T) {
 			tr, err := Translate(top, alloc, enc)

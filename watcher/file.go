@@ -1,0 +1,198 @@
+package watcher
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// DefaultPollInterval is how often File re-reads its file when FileConfig.Interval is zero.
+const DefaultPollInterval = time.Second
+
+// FileConfig configures a File source.
+type FileConfig struct {
+	// Options are how the topology is compiled for validation (as the consumer will compile it).
+	Options optimizer.Options
+	// Check is validation beyond optimizer.Compile, e.g. the xDS server's "complete topology"
+	// rule (xds.CheckTopology). nil means none.
+	Check func(*optimizer.Topology) error
+	// Interval is the poll interval (zero means DefaultPollInterval).
+	Interval time.Duration
+	// Logger receives reload errors (nil means slog.Default()).
+	Logger *slog.Logger
+	// Registerer receives the source's metrics (nil means they are not registered).
+	Registerer prometheus.Registerer
+}
+
+// File is a topology source that follows a YAML or JSON topology file.
+//
+// Rules: the file is read, parsed and validated (optimizer.Compile with FileConfig.Options,
+// then FileConfig.Check) before a topology is delivered. Run fails if the first read fails.
+// After that, the file is polled by content hash every Interval, and re-read on Reload;
+// a changed file that does not validate (or cannot be read) is logged with the error naming
+// the offending item, counted in edgeflow_watcher_topology_errors_total, and the last good
+// topology stays delivered: nothing is sent to the Listener until a good version appears.
+// The same bad content is reported once, not on every poll. Editors that write in place may
+// expose a half-written file to one poll; that is a rejected reload, fixed by the next poll.
+type File struct {
+	path   string
+	cfg    FileConfig
+	log    *slog.Logger
+	reload chan struct{}
+
+	updates  prometheus.Counter
+	errors   prometheus.Counter
+	lastGood prometheus.Gauge
+
+	mu      sync.Mutex // guards current
+	current *optimizer.Topology
+}
+
+// NewFile returns a source for the topology file at path. It reads nothing yet.
+func NewFile(path string, cfg FileConfig) (*File, error) {
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultPollInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	f := &File{
+		path:   path,
+		cfg:    cfg,
+		log:    cfg.Logger,
+		reload: make(chan struct{}, 1),
+		updates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgeflow_watcher_topology_updates_total",
+			Help: "Topologies read from the topology file, validated and delivered.",
+		}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgeflow_watcher_topology_errors_total",
+			Help: "Reads of the topology file that were rejected (unreadable or invalid); the last good topology stays.",
+		}),
+		lastGood: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edgeflow_watcher_topology_last_success_timestamp_seconds",
+			Help: "Unix time of the last topology delivered from the file.",
+		}),
+	}
+	if cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{f.updates, f.errors, f.lastGood} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("watcher: registering metrics: %w", err)
+			}
+		}
+	}
+	return f, nil
+}
+
+// Load reads and validates the file once, without delivering it.
+func (f *File) Load() (*optimizer.Topology, error) {
+	data, err := os.ReadFile(f.path)
+	if err != nil {
+		return nil, fmt.Errorf("watcher: reading topology: %w", err)
+	}
+	return f.parse(data)
+}
+
+func (f *File) parse(data []byte) (*optimizer.Topology, error) {
+	t, err := optimizer.ParseTopology(bytes.NewReader(data), f.path)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := optimizer.Compile(t, f.cfg.Options); err != nil {
+		return nil, err
+	}
+	if f.cfg.Check != nil {
+		if err := f.cfg.Check(t); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// Current returns the last topology delivered (nil before the first).
+func (f *File) Current() *optimizer.Topology {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.current
+}
+
+// Reload asks Run to re-read the file now, even if its content hash is unchanged (the serve
+// command calls it on SIGHUP). It never blocks; reloads requested while one is pending merge.
+func (f *File) Reload() {
+	select {
+	case f.reload <- struct{}{}:
+	default:
+	}
+}
+
+// Run reads the file, delivers it to l, and follows it until ctx is done (then it returns
+// nil). If the first read fails, Run returns that error at once (wrapping
+// optimizer.ErrInvalidTopology when the content is invalid). Run may be called once.
+func (f *File) Run(ctx context.Context, l Listener) error {
+	data, err := os.ReadFile(f.path)
+	if err != nil {
+		return fmt.Errorf("watcher: reading topology: %w", err)
+	}
+	t, err := f.parse(data)
+	if err != nil {
+		return err
+	}
+	f.deliver(l, t)
+	good := sha256.Sum256(data)
+	var bad [sha256.Size]byte // last rejected content, reported once
+	var readErr string        // last read error, reported once
+	ticker := time.NewTicker(f.cfg.Interval)
+	defer ticker.Stop()
+	for {
+		force := false
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		case <-f.reload:
+			force = true
+		}
+		data, err := os.ReadFile(f.path)
+		if err != nil {
+			if msg := err.Error(); msg != readErr || force {
+				readErr = msg
+				f.errors.Inc()
+				f.log.Error("watcher: cannot read the topology file; keeping the last good topology", "file", f.path, "error", err)
+			}
+			continue
+		}
+		readErr = ""
+		sum := sha256.Sum256(data)
+		if !force && (sum == good || sum == bad) {
+			continue
+		}
+		t, err := f.parse(data)
+		if err != nil {
+			bad = sum
+			f.errors.Inc()
+			f.log.Error("watcher: topology file rejected; keeping the last good topology", "file", f.path, "error", err)
+			continue
+		}
+		good, bad = sum, [sha256.Size]byte{}
+		f.deliver(l, t)
+		f.log.Info("watcher: topology file reloaded", "file", f.path, "forced", force)
+	}
+}
+
+func (f *File) deliver(l Listener, t *optimizer.Topology) {
+	f.mu.Lock()
+	f.current = t
+	f.mu.Unlock()
+	f.updates.Inc()
+	f.lastGood.SetToCurrentTime()
+	l.Update(t)
+}

@@ -1,0 +1,299 @@
+package xds
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// fakeClock is a Clock whose time moves only by Advance; timers fire synchronously in Advance.
+type fakeClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	timers  []*fakeTimer
+	created int
+}
+
+type fakeTimer struct {
+	c        chan time.Time
+	deadline time.Time
+	clock    *fakeClock
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) NewTimer(d time.Duration) Timer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.created++
+	t := &fakeTimer{c: make(chan time.Time, 1), deadline: c.now.Add(d), clock: c}
+	if d <= 0 {
+		t.c <- c.now // like time.NewTimer: a timer already due fires at once
+		return t
+	}
+	c.timers = append(c.timers, t)
+	return t
+}
+
+func (t *fakeTimer) C() <-chan time.Time { return t.c }
+
+func (t *fakeTimer) Stop() bool {
+	t.clock.mu.Lock()
+	defer t.clock.mu.Unlock()
+	for i, x := range t.clock.timers {
+		if x == t {
+			t.clock.timers = append(t.clock.timers[:i], t.clock.timers[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// Advance moves time forward by d and fires the timers that are due.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	kept := c.timers[:0]
+	for _, t := range c.timers {
+		if !t.deadline.After(c.now) {
+			t.c <- c.now
+		} else {
+			kept = append(kept, t)
+		}
+	}
+	c.timers = kept
+}
+
+// timersCreated returns how many timers NewTimer made.
+func (c *fakeClock) timersCreated() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.created
+}
+
+// deadlines returns the pending timers' deadlines as offsets from start.
+func (c *fakeClock) deadlines(start time.Time) []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []time.Duration
+	for _, t := range c.timers {
+		out = append(out, t.deadline.Sub(start))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// eventually polls cond every millisecond until it holds or the deadline passes.
+func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// harness is a Server on 127.0.0.1:0 with its push loop running; everything stops at cleanup.
+type harness struct {
+	srv  *Server
+	addr string
+	reg  *prometheus.Registry
+	stop func()
+}
+
+func startServer(t testing.TB, cfg Config) *harness {
+	t.Helper()
+	return startServerOn(t, cfg, "127.0.0.1:0")
+}
+
+func startServerOn(t testing.TB, cfg Config, addr string) *harness {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	if cfg.Registerer == nil {
+		cfg.Registerer = reg
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	srv, err := NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.MaxConcurrentStreams(1 << 20))
+	srv.Register(g)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = g.Serve(lis) }()
+	go func() { defer wg.Done(); _ = srv.Run(ctx) }()
+	var once sync.Once
+	h := &harness{srv: srv, addr: lis.Addr().String(), reg: reg}
+	h.stop = func() {
+		once.Do(func() {
+			cancel()
+			g.Stop()
+			wg.Wait()
+		})
+	}
+	t.Cleanup(h.stop)
+	return h
+}
+
+func counter(t testing.TB, c prometheus.Collector) float64 {
+	t.Helper()
+	return testutil.ToFloat64(c)
+}
+
+// adsClient is a raw ADS stream, for the tests that need to see every response or to NACK.
+type adsClient struct {
+	t      testing.TB
+	node   *core.Node
+	conn   *grpc.ClientConn
+	stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	resp   chan *discovery.DiscoveryResponse
+	names  map[string][]string
+}
+
+func dialADS(t testing.TB, addr, nodeID string) *adsClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &adsClient{t: t, node: &core.Node{Id: nodeID}, conn: conn, stream: st,
+		resp: make(chan *discovery.DiscoveryResponse, 100), names: map[string][]string{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(c.resp)
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				return
+			}
+			c.resp <- r
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		conn.Close()
+		<-done
+	})
+	return c
+}
+
+// subscribe asks for names of typeURL (the first request of the stream carries the node).
+func (c *adsClient) subscribe(typeURL string, names ...string) {
+	c.t.Helper()
+	c.names[typeURL] = names
+	if err := c.stream.Send(&discovery.DiscoveryRequest{Node: c.node, TypeUrl: typeURL, ResourceNames: names}); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// next returns the next response, failing the test after a deadline.
+func (c *adsClient) next() *discovery.DiscoveryResponse {
+	c.t.Helper()
+	select {
+	case r, ok := <-c.resp:
+		if !ok {
+			c.t.Fatal("ADS stream ended")
+		}
+		return r
+	case <-time.After(10 * time.Second):
+		c.t.Fatal("no ADS response within 10s")
+	}
+	return nil
+}
+
+// pending returns the responses received and not yet read, without waiting.
+func (c *adsClient) pending() []*discovery.DiscoveryResponse {
+	var out []*discovery.DiscoveryResponse
+	for {
+		select {
+		case r, ok := <-c.resp:
+			if !ok {
+				return out
+			}
+			out = append(out, r)
+		default:
+			return out
+		}
+	}
+}
+
+func (c *adsClient) ack(r *discovery.DiscoveryResponse) {
+	c.t.Helper()
+	if err := c.stream.Send(&discovery.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResourceNames: c.names[r.GetTypeUrl()],
+		VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()}); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *adsClient) nack(r *discovery.DiscoveryResponse, lastGood string) {
+	c.t.Helper()
+	if err := c.stream.Send(&discovery.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResourceNames: c.names[r.GetTypeUrl()],
+		VersionInfo: lastGood, ResponseNonce: r.GetNonce(), ErrorDetail: &statuspb.Status{Code: 3, Message: "test rejects it"}}); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// weights renders the assignments of a response as "pod@priority:weight …".
+func weights(t testing.TB, r *discovery.DiscoveryResponse) string {
+	t.Helper()
+	var parts []string
+	for _, a := range r.GetResources() {
+		cla := &endpoint.ClusterLoadAssignment{}
+		if err := a.UnmarshalTo(cla); err != nil {
+			t.Fatal(err)
+		}
+		out := cla.GetClusterName() + ":"
+		for _, l := range cla.GetEndpoints() {
+			out += fmt.Sprintf(" %s@%d:%d", l.GetLocality().GetSubZone(), l.GetPriority(), l.GetLoadBalancingWeight().GetValue())
+		}
+		parts = append(parts, out+";")
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, "")
+}
