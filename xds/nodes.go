@@ -131,11 +131,11 @@ type nodeState struct {
 
 	mu       sync.Mutex
 	closed   bool
-	pub      *publication // the publication sets were built from
-	pod      string       // the pod the id resolved to ("" = round-robin default)
-	sets     [numSets]Set // what the cache holds for the node
+	pub      *publication             // the publication sets were built from
+	pod      string                   // the pod the id resolved to ("" = round-robin default)
+	sets     [numSets]Set             // what the cache holds for the node
 	history  [numSets][historyLen]Set // the last sets written, newest first, to resolve versions clients name
-	acked    [numSets]Set // the version the node last said it holds, per type
+	acked    [numSets]Set             // the version the node last said it holds, per type
 	rejected [numSets]string
 	awaiting [numSets]string // versions of awaitPub not yet answered
 	awaitPub *publication

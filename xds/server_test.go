@@ -331,9 +331,9 @@ func TestNodeIdentity(t *testing.T) {
 	}
 	for _, tc := range []struct{ id, pod string }{
 		{"x-0", "x-0"},
-		{"sidecar~10.9.9.9~x-1.default~default.svc.cluster.local", "x-1"},  // by pod name
+		{"sidecar~10.9.9.9~x-1.default~default.svc.cluster.local", "x-1"},       // by pod name
 		{"sidecar~127.0.0.40~renamed.default~default.svc.cluster.local", "x-0"}, // by IP
-		{"sidecar~127.0.0.1~nobody.default~default.svc.cluster.local", ""},  // IP shared by y and v pods: ambiguous
+		{"sidecar~127.0.0.1~nobody.default~default.svc.cluster.local", ""},      // IP shared by y and v pods: ambiguous
 		{"stranger", ""},
 		{"", ""},
 	} {
