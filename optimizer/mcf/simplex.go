@@ -1,5 +1,7 @@
 package mcf
 
+import "math"
+
 // The network simplex below is a port of LEMON 1.3.1's NetworkSimplex
 // (lemon/network_simplex.h, Copyright (C) 2003-2013 Egervary Jeno
 // Kombinatorikus Optimalizalasi Kutatocsoport (EGRES), distributed under the
@@ -489,13 +491,15 @@ func (ns *simplex) arcFlow(a, i, j int) int64 {
 	return ns.flow[ns.n+j]
 }
 
-// isqrt returns floor(sqrt(x)) for x >= 0, in integers.
+// isqrt returns floor(sqrt(x)) for x >= 0, exactly: the float square root
+// is only a first guess, corrected in integers.
 func isqrt(x int) int {
-	r := 0
-	for b := 1 << 31; b > 0; b >>= 1 {
-		if t := r + b; t <= x/t {
-			r = t
-		}
+	r := int(math.Sqrt(float64(x)))
+	for r > 0 && r > x/r {
+		r--
+	}
+	for (r + 1) <= x/(r+1) {
+		r++
 	}
 	return r
 }
