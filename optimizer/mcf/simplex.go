@@ -301,12 +301,13 @@ func (ns *simplex) pivot() {
 }
 
 func (ns *simplex) findJoinNode() {
+	parent, succNum := ns.parent, ns.succNum
 	u, v := ns.inSrc, ns.inTgt
 	for u != v {
-		if ns.succNum[u] < ns.succNum[v] {
-			u = ns.parent[u]
+		if succNum[u] < succNum[v] {
+			u = parent[u]
 		} else {
-			v = ns.parent[v]
+			v = parent[v]
 		}
 	}
 	ns.join = u
@@ -315,27 +316,30 @@ func (ns *simplex) findJoinNode() {
 // findLeavingArc applies the strongly feasible tree rule: the entering arc
 // is at its lower bound, so flow goes first -> second; the blocking arc is
 // the last one met when walking the cycle from the join node in its
-// direction.
+// direction. Arcs are uncapacitated, so only arcs the cycle traverses
+// backwards (whose flow decreases) can block, and one always does.
 func (ns *simplex) findLeavingArc() {
+	parent, predDir, flow := ns.parent, ns.predDir, ns.flow
 	first, second := ns.inSrc, ns.inTgt
 	const inf = int64(1<<63 - 1)
 	delta := inf
 	result := 0
 	join := ns.join
-	for u := first; u != join; u = ns.parent[u] {
-		if ns.predDir[u] == dirUp {
-			if d := ns.flow[u]; d < delta {
+	uOut := int32(-1)
+	for u := first; u != join; u = parent[u] {
+		if predDir[u] == dirUp {
+			if d := flow[u]; d < delta {
 				delta = d
-				ns.uOut = u
+				uOut = u
 				result = 1
 			}
 		}
 	}
-	for u := second; u != join; u = ns.parent[u] {
-		if ns.predDir[u] == dirDown {
-			if d := ns.flow[u]; d <= delta {
+	for u := second; u != join; u = parent[u] {
+		if predDir[u] == dirDown {
+			if d := flow[u]; d <= delta {
 				delta = d
-				ns.uOut = u
+				uOut = u
 				result = 2
 			}
 		}
@@ -345,18 +349,20 @@ func (ns *simplex) findLeavingArc() {
 	} else {
 		ns.uIn, ns.vIn = second, first
 	}
+	ns.uOut = uOut
 	ns.delta = delta
 }
 
 func (ns *simplex) changeFlow() {
 	val := ns.delta
 	if val > 0 {
+		parent, predDir, flow := ns.parent, ns.predDir, ns.flow
 		join := ns.join
-		for u := ns.inSrc; u != join; u = ns.parent[u] {
-			ns.flow[u] -= int64(ns.predDir[u]) * val
+		for u := ns.inSrc; u != join; u = parent[u] {
+			flow[u] -= int64(predDir[u]) * val
 		}
-		for u := ns.inTgt; u != join; u = ns.parent[u] {
-			ns.flow[u] += int64(ns.predDir[u]) * val
+		for u := ns.inTgt; u != join; u = parent[u] {
+			flow[u] += int64(predDir[u]) * val
 		}
 	}
 }
@@ -475,11 +481,12 @@ func (ns *simplex) updateTreeStructure() {
 }
 
 func (ns *simplex) updatePotential() {
+	thread, pi := ns.thread, ns.pi
 	uIn := ns.uIn
-	sigma := ns.pi[ns.vIn] - ns.pi[uIn] - int64(ns.predDir[uIn])*ns.cost[ns.inArc]
-	end := ns.thread[ns.lastSucc[uIn]]
-	for u := uIn; u != end; u = ns.thread[u] {
-		ns.pi[u] += sigma
+	sigma := pi[ns.vIn] - pi[uIn] - int64(ns.predDir[uIn])*ns.cost[ns.inArc]
+	end := thread[ns.lastSucc[uIn]]
+	for u := uIn; u != end; u = thread[u] {
+		pi[u] += sigma
 	}
 }
 
