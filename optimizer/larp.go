@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // groupCount is the paper's number of groups: the mean replica count rounded half to even (as
@@ -32,57 +33,28 @@ func (pp *placeProblem) groupCount() int {
 //     the node nearest the home (L both ways) that has room, which joins the chosen nodes.
 func (pp *placeProblem) greedy(start int) []int {
 	st := pp.newState()
-	k := pp.groupCount()
-	groups := make([][]int, k)
-	for _, ps := range pp.svcs {
-		for i := 0; i < ps.count; i++ {
-			groups[i%k] = append(groups[i%k], ps.first+i)
-		}
-	}
-	totC, totM := pp.totalRequests()
-	podSize := func(i int) float64 {
-		ps := &pp.svcs[pp.pods[i].svc]
-		return share(ps.cpu, totC) + share(ps.mem, totM)
-	}
-	demand := make([]float64, k)
-	for g, pods := range groups {
-		for _, i := range pods {
-			demand[g] += podSize(i)
-		}
-		sort.SliceStable(pods, func(a, b int) bool { return podSize(pods[a]) > podSize(pods[b]) })
-	}
-	order := make([]int, k)
-	for g := range order {
-		order[g] = g
-	}
-	sort.SliceStable(order, func(a, b int) bool { return demand[order[a]] > demand[order[b]] })
-
 	n := pp.n
 	chosen := make([]bool, n)
-	var chosenList []int
+	nChosen := 0
 	toChosen := make([]float64, n) // Σ_{c chosen} lsym(c, v)
 	choose := func(v int) {
 		if chosen[v] {
 			return
 		}
 		chosen[v] = true
-		chosenList = append(chosenList, v)
-		for u := 0; u < n; u++ {
-			toChosen[u] += pp.lsym[v*n+u]
+		nChosen++
+		row := pp.lsym[v*n : v*n+n]
+		for u, l := range row {
+			toChosen[u] += l
 		}
 	}
-	first := true
-	for _, g := range order {
-		pods := groups[g]
-		if len(pods) == 0 {
-			continue
-		}
+	for g, grp := range pp.groups {
 		home := start
-		if !first {
-			home = pp.nextHome(st, pods, chosen, len(chosenList), toChosen)
+		if g > 0 {
+			home = pp.nextHome(st, grp, chosen, nChosen, toChosen)
 		}
-		first = false
-		for _, i := range pods {
+		near := pp.lsym[home*n : home*n+n]
+		for _, i := range grp.pods {
 			v := home
 			if !st.canHost(i, v) {
 				v = -1
@@ -90,8 +62,7 @@ func (pp *placeProblem) greedy(start int) []int {
 					if !st.canHost(i, u) {
 						continue
 					}
-					if v < 0 || pp.lsym[home*n+u] < pp.lsym[home*n+v] ||
-						pp.lsym[home*n+u] == pp.lsym[home*n+v] && toChosen[u] < toChosen[v] {
+					if v < 0 || near[u] < near[v] || near[u] == near[v] && toChosen[u] < toChosen[v] {
 						v = u
 					}
 				}
@@ -106,23 +77,74 @@ func (pp *placeProblem) greedy(start int) []int {
 	return st.node
 }
 
-// nextHome picks the home node of a later group (see greedy).
-func (pp *placeProblem) nextHome(st *placeState, pods []int, chosen []bool, nChosen int, toChosen []float64) int {
-	n := pp.n
-	var cpu, mem int64
-	per := map[int]int{} // pods of each service in the group
-	for _, i := range pods {
-		s := pp.pods[i].svc
-		cpu += pp.svcs[s].cpu
-		mem += pp.svcs[s].mem
-		per[s]++
+// greedyGroup is one of the paper's groups: its pods, largest request first, and what it needs.
+type greedyGroup struct {
+	pods     []int
+	cpu, mem int64    // Σ requests (saturating)
+	per      [][2]int // (service, pods of it in the group), by service
+}
+
+// makeGroups deals the pods into the paper's groups (see greedy), largest group first. The
+// groups do not depend on the start node, so every greedy run shares them.
+func (pp *placeProblem) makeGroups() []greedyGroup {
+	k := pp.groupCount()
+	groups := make([]greedyGroup, k)
+	for s, ps := range pp.svcs {
+		for i := 0; i < ps.count; i++ {
+			g := &groups[i%k]
+			g.pods = append(g.pods, ps.first+i)
+			g.cpu, g.mem = satAdd(g.cpu, ps.cpu), satAdd(g.mem, ps.mem)
+			if len(g.per) > 0 && g.per[len(g.per)-1][0] == s {
+				g.per[len(g.per)-1][1]++
+			} else {
+				g.per = append(g.per, [2]int{s, 1})
+			}
+		}
 	}
+	totC, totM := pp.totalRequests()
+	size := make([]float64, len(pp.pods))
+	for i, p := range pp.pods {
+		ps := &pp.svcs[p.svc]
+		size[i] = share(ps.cpu, totC) + share(ps.mem, totM)
+	}
+	demand := make([]float64, k)
+	for g := range groups {
+		pods := groups[g].pods
+		for _, i := range pods {
+			demand[g] += size[i]
+		}
+		sort.SliceStable(pods, func(a, b int) bool { return size[pods[a]] > size[pods[b]] })
+	}
+	order := make([]int, k)
+	for g := range order {
+		order[g] = g
+	}
+	sort.SliceStable(order, func(a, b int) bool { return demand[order[a]] > demand[order[b]] })
+	out := make([]greedyGroup, 0, k)
+	for _, g := range order {
+		if len(groups[g].pods) > 0 {
+			out = append(out, groups[g])
+		}
+	}
+	return out
+}
+
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// nextHome picks the home node of a later group (see greedy).
+func (pp *placeProblem) nextHome(st *placeState, grp greedyGroup, chosen []bool, nChosen int, toChosen []float64) int {
+	n := pp.n
 	wholeFits := func(v int) bool {
-		if cpu > st.freeCPU[v] || mem > st.freeMem[v] {
+		if grp.cpu > st.freeCPU[v] || grp.mem > st.freeMem[v] {
 			return false
 		}
-		for s, c := range per {
-			if int(st.count[s*n+v])+c > pp.svcs[s].cap {
+		for _, sc := range grp.per {
+			if int(st.count[sc[0]*n+v])+sc[1] > pp.svcs[sc[0]].cap {
 				return false
 			}
 		}
@@ -208,90 +230,96 @@ func (pp *placeProblem) k8sSpreadOrPack() ([]int, error) {
 	return pp.pack()
 }
 
-// Tuning of larp's search. They are counts, never times, so the result does not depend on the
-// machine or its load.
-const (
-	// larpCandidates is how many target nodes a pod's move considers: the nodes with the lowest
+// larpTuning are the knobs of larp's search. They are counts, never times, so the result does
+// not depend on the machine or its load. Tests use other values to measure each ingredient.
+type larpTuning struct {
+	// allStarts runs the greedy from every start node; else only from the most free node.
+	allStarts bool
+	// searchUnits bounds the local searches: (starts searched) × pods ≤ searchUnits, but at
+	// least minSearched starts, so small inputs search from every start and large ones from the
+	// best few. 0 turns local search off.
+	searchUnits, minSearched int
+	// candidates is how many target nodes a pod's move considers: the nodes with the lowest
 	// proxy cost (the round-robin cost of one pod there, given its neighbours' placement).
-	larpCandidates = 12
-	// larpMaxPasses bounds the local search's passes over all pods.
-	larpMaxPasses = 200
-	// larpSearchUnits bounds the local searches: starts × pods ≤ larpSearchUnits (at least 2
-	// starts), so small inputs search from every start and large ones from the best few.
-	larpSearchUnits = 8000
-)
+	candidates int
+	// maxPasses bounds each local search's passes over the services.
+	maxPasses int
+	// proxySlack, when ≥ 0, drops target nodes whose proxy cost exceeds the current node's by
+	// more than this fraction.
+	proxySlack float64
+}
+
+var larpDefault = larpTuning{allStarts: true, searchUnits: 2000, minSearched: 2, candidates: 12, maxPasses: 200, proxySlack: -1}
 
 // larp is the shipped placement. Starts: the greedy from every start node and the Kubernetes
 // spread (the packing search's placement when none of those fits). The best starts by cost,
 // distinct placements only, are each improved by local search (see localSearch); the best
 // result wins (ties: the better start).
-func (pp *placeProblem) larp() ([]int, error) {
+func (pp *placeProblem) larp() ([]int, error) { return pp.larpWith(larpDefault) }
+
+func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
+	// Starts, in a fixed order: the greedy from every node (or only the most free one), then
+	// the Kubernetes spread. Each is built and costed independently, in parallel.
+	var makers []func() []int
+	if tune.allStarts {
+		for u := 0; u < pp.n; u++ {
+			makers = append(makers, func() []int { return pp.greedy(u) })
+		}
+		makers = append(makers, pp.k8sSpread)
+	} else {
+		makers = append(makers, func() []int { return pp.greedy(pp.mostFreeNode()) })
+	}
+	built := make([][]int, len(makers))
+	builtCost := make([]float64, len(makers))
+	parallel(len(makers), func(i int) {
+		if nodes := makers[i](); nodes != nil {
+			st := pp.newState()
+			st.load(nodes)
+			built[i], builtCost[i] = nodes, st.cost()
+		}
+	})
 	var starts [][]int
+	var costs []float64
 	seen := map[string]bool{}
-	addStart := func(nodes []int) {
+	for i, nodes := range built {
 		if nodes == nil {
-			return
+			continue
 		}
-		key := pp.countsKey(nodes)
-		if seen[key] {
-			return
+		if key := pp.countsKey(nodes); !seen[key] {
+			seen[key] = true
+			starts = append(starts, nodes)
+			costs = append(costs, builtCost[i])
 		}
-		seen[key] = true
-		starts = append(starts, nodes)
 	}
-	addStart(pp.greedy(pp.mostFreeNode()))
-	for u := 0; u < pp.n; u++ {
-		addStart(pp.greedy(u))
-	}
-	addStart(pp.k8sSpread())
 	if len(starts) == 0 {
 		nodes, err := pp.pack()
 		if err != nil {
 			return nil, err
 		}
-		starts = append(starts, nodes)
-	}
-	costs := make([]float64, len(starts))
-	for i, nodes := range starts {
-		st := pp.newState()
-		st.load(nodes)
-		costs[i] = st.cost()
+		starts, costs = append(starts, nodes), append(costs, 0)
 	}
 	rank := make([]int, len(starts))
 	for i := range rank {
 		rank[i] = i
 	}
 	sort.SliceStable(rank, func(a, b int) bool { return costs[rank[a]] < costs[rank[b]] })
-	keep := max(2, larpSearchUnits/max(1, len(pp.pods)))
+	keep := max(tune.minSearched, tune.searchUnits/max(1, len(pp.pods)))
+	if tune.searchUnits == 0 {
+		keep = 1
+	}
 	rank = rank[:min(len(rank), keep)]
 
 	results := make([][]int, len(rank))
 	resCost := make([]float64, len(rank))
-	workers := min(runtime.GOMAXPROCS(0), len(rank))
-	var next int
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				mu.Lock()
-				r := next
-				next++
-				mu.Unlock()
-				if r >= len(rank) {
-					return
-				}
-				st := pp.newState()
-				st.load(starts[rank[r]])
-				st.localSearch()
-				st.refresh()
-				results[r], resCost[r] = st.snapshot(), st.cost()
-			}
-		}()
-	}
-	wg.Wait()
+	parallel(len(rank), func(r int) {
+		st := pp.newState()
+		st.load(starts[rank[r]])
+		if tune.searchUnits > 0 {
+			st.localSearch(tune)
+		}
+		st.refresh()
+		results[r], resCost[r] = st.snapshot(), st.cost()
+	})
 	best := 0
 	for r := range results {
 		if resCost[r] < resCost[best] {
@@ -299,6 +327,28 @@ func (pp *placeProblem) larp() ([]int, error) {
 		}
 	}
 	return results[best], nil
+}
+
+// parallel runs f(0) … f(n-1) on up to GOMAXPROCS goroutines and waits for them. Each f(i)
+// must write only its own results, so the outcome does not depend on the scheduling.
+func parallel(n int, f func(i int)) {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // countsKey identifies a placement up to permuting a service's pods of equal weight.

@@ -1,50 +1,81 @@
 package optimizer
 
-import "sort"
+import (
+	"sync/atomic"
+	"math"
+	"sort"
+)
+
+var debugLS func(pass int, cost float64)
 
 // localSearch improves the placement by moving a pod to another node or swapping two pods of
 // different services, within the constraints, until no such step lowers the cost (or
-// larpMaxPasses passes). Each step is scored exactly, by re-solving only the node-level
+// tune.maxPasses passes). Each step is scored exactly, by re-solving only the node-level
 // transports of the call edges that touch the services it moves.
 //
 // A pass visits the services in order and, for each node holding pods of the service, one pod
 // per distinct weight (pods of equal weight on one node are interchangeable). Its targets are
-// the larpCandidates nodes with the lowest proxy cost (see rankNodes) that are below the
+// the tune.candidates nodes with the lowest proxy cost (see rankNodes) that are below the
 // service's spread cap. A move is tried where the pod fits; where it does not (cpu or memory),
 // swaps with each distinct pod on the target. The best improving step of the (service, node)
 // is applied. Deterministic: no randomness, no map iteration.
-func (st *placeState) localSearch() {
+func (st *placeState) localSearch(tune larpTuning) {
 	pp := st.pp
 	n := pp.n
+	if st.memo == nil {
+		st.memo = make([]memoEntry, pp.memoSize())
+	}
 	proxy := make([]float64, n)
 	ranked := make([]int, n)
 	var cands, reps, partners []int
-	for pass := 0; pass < larpMaxPasses; pass++ {
+	// dirty[s]: s or a neighbour moved since s was last visited ("don't look bits"); a clean
+	// service's steps were all non-improving then, and are assumed still to be.
+	dirty := make([]bool, len(pp.svcs))
+	for s := range dirty {
+		dirty[s] = len(pp.svcs[s].edges) > 0 // else its placement does not change the cost
+	}
+	touch := func(s int) {
+		dirty[s] = true
+		for _, e := range pp.svcs[s].edges {
+			dirty[pp.edges[e].from] = true
+			dirty[pp.edges[e].to] = true
+		}
+	}
+	for pass := 0; pass < tune.maxPasses; pass++ {
 		tol := 1e-9 * max(1, st.cost())
 		improved := false
 		for s := range pp.svcs {
-			if len(pp.svcs[s].edges) == 0 {
-				continue // its placement does not change the cost
+			if !dirty[s] {
+				continue
 			}
+			dirty[s] = false
 			st.rankNodes(s, proxy, ranked)
 			for _, u := range append([]int(nil), st.occ[s]...) {
 				if st.count[s*n+u] == 0 {
 					continue
 				}
 				reps = st.representatives(s, u, reps[:0])
-				cands = st.candidates(s, u, ranked, cands[:0])
+				cands = st.candidates(s, u, ranked, cands[:0], tune.candidates, proxy, tune.proxySlack)
 				bestDelta, bestP, bestQ, bestV := -tol, -1, -1, -1
 				for _, p := range reps {
 					for _, v := range cands {
+						d := st.tryMove(p, v, bestDelta)
 						if st.fitsResources(s, v) {
-							if d := st.tryMove(p, v); d < bestDelta {
+							if d < bestDelta {
 								bestDelta, bestP, bestQ, bestV = d, p, -1, v
 							}
 							continue
 						}
+						// No room on v: d is what the move would gain if there were. Swaps are
+						// tried only where that is worth having (a swap of two pods that
+						// would each rather stay is not considered from this side; from the
+						// other pod's side it is).
+						if d >= bestDelta {
+							continue
+						}
 						partners = st.swapPartners(p, v, partners[:0])
 						for _, q := range partners {
-							if d := st.trySwap(p, q); d < bestDelta {
+							if d := st.trySwap(p, q, bestDelta); d < bestDelta {
 								bestDelta, bestP, bestQ, bestV = d, p, q, v
 							}
 						}
@@ -56,14 +87,21 @@ func (st *placeState) localSearch() {
 				if bestQ < 0 {
 					st.remove(bestP)
 					st.add(bestP, bestV)
-					st.resolve(pp.svcs[pp.pods[bestP].svc].edges)
+					st.resolve(pp.svcs[s].edges)
 				} else {
+					t := pp.pods[bestQ].svc
 					st.swap(bestP, bestQ)
-					st.resolve(pp.svcs[pp.pods[bestP].svc].edges)
-					st.resolve(pp.svcs[pp.pods[bestQ].svc].edges)
+					st.resolve(pp.svcs[s].edges)
+					st.resolve(pp.svcs[t].edges)
+					touch(t)
 				}
+				touch(s)
 				improved = true
+				dbgImproves.Add(1)
 			}
+		}
+		if debugLS != nil {
+			debugLS(pass, st.cost())
 		}
 		if !improved {
 			return
@@ -126,13 +164,13 @@ func (st *placeState) hasWeight(pods []int, w int64) bool {
 	return false
 }
 
-// candidates returns the first larpCandidates nodes of ranked, other than u, where s is below
+// candidates returns the first k nodes of ranked, other than u, where s is below
 // its spread cap.
-func (st *placeState) candidates(s, u int, ranked, dst []int) []int {
+func (st *placeState) candidates(s, u int, ranked, dst []int, k int, proxy []float64, slack float64) []int {
 	n := st.pp.n
 	limit := int32(st.pp.svcs[s].cap)
 	for _, v := range ranked {
-		if len(dst) == larpCandidates {
+		if len(dst) == k || slack >= 0 && proxy[v] > proxy[u]*(1+slack) {
 			break
 		}
 		if v != u && st.count[s*n+v] < limit {
@@ -195,16 +233,6 @@ func (st *placeState) incident(edges []int) float64 {
 	return c
 }
 
-// solved returns the cost, in ms·req/s, of the given edges under the current placement, without
-// caching it.
-func (st *placeState) solved(edges []int) float64 {
-	var c float64
-	for _, e := range edges {
-		c += st.pp.edges[e].factor * float64(st.solveEdge(e))
-	}
-	return c
-}
-
 // resolve recomputes and caches the cost of the given edges.
 func (st *placeState) resolve(edges []int) {
 	for _, e := range edges {
@@ -212,53 +240,74 @@ func (st *placeState) resolve(edges []int) {
 	}
 }
 
-// tryMove returns the change in cost if pod p moved to v (which has room), leaving the state as
-// it was.
-func (st *placeState) tryMove(p, v int) float64 {
+// trial returns the cost, in ms·req/s, of the given edges under the current (trial) placement
+// minus old, or +Inf as soon as lower bounds show that the difference is not below limit. It
+// first bounds every edge (see transportEval.bound), then solves them one by one, so a step
+// that cannot win costs a few bounds instead of transports.
+func (st *placeState) trial(edges []int, old, limit float64) float64 {
+	bounds := st.bounds[:0]
+	var c float64
+	for _, e := range edges {
+		b := 0.0
+		if f := st.pp.edges[e].factor; f != 0 {
+			st.buildEdge(e)
+			b = f * float64(st.eval.bound(st.pp.lq, st.pp.n))
+		}
+		bounds = append(bounds, b)
+		c += b
+	}
+	st.bounds = bounds
+	if noBound {
+		c = 0
+		for i := range bounds {
+			bounds[i] = 0
+		}
+	}
+	if c-old >= limit {
+		return math.Inf(1)
+	}
+	for i, e := range edges {
+		c += st.pp.edges[e].factor*float64(st.solveEdge(e)) - bounds[i]
+		if c-old >= limit {
+			return math.Inf(1)
+		}
+	}
+	return c - old
+}
+
+// tryMove returns the change in cost if pod p moved to v, leaving the state as it was; +Inf if
+// the change is not below limit. It ignores v's free resources (the caller checks them).
+func (st *placeState) tryMove(p, v int, limit float64) float64 {
+	dbgMoves.Add(1)
 	edges := st.pp.svcs[st.pp.pods[p].svc].edges
 	u := st.node[p]
 	old := st.incident(edges)
 	st.remove(p)
 	st.add(p, v)
-	d := st.solved(edges) - old
+	d := st.trial(edges, old, limit)
 	st.remove(p)
 	st.add(p, u)
 	return d
 }
 
 // trySwap returns the change in cost if pods p and q exchanged nodes, leaving the state as it
-// was.
-func (st *placeState) trySwap(p, q int) float64 {
+// was; +Inf if the change is not below limit.
+func (st *placeState) trySwap(p, q int, limit float64) float64 {
+	dbgSwaps.Add(1)
 	pp := st.pp
 	s, t := pp.pods[p].svc, pp.pods[q].svc
-	es, et := pp.svcs[s].edges, pp.svcs[t].edges
-	old := st.incident(es) + st.incidentExcept(et, s)
+	edges := append(st.swapEdges[:0], pp.svcs[s].edges...)
+	for _, e := range pp.svcs[t].edges {
+		if pe := &pp.edges[e]; pe.from != s && pe.to != s {
+			edges = append(edges, e)
+		}
+	}
+	st.swapEdges = edges
+	old := st.incident(edges)
 	st.swap(p, q)
-	d := st.solved(es) + st.solvedExcept(et, s) - old
+	d := st.trial(edges, old, limit)
 	st.swap(p, q)
 	return d
-}
-
-// incidentExcept is incident over the edges that do not touch service s.
-func (st *placeState) incidentExcept(edges []int, s int) float64 {
-	var c float64
-	for _, e := range edges {
-		if pe := &st.pp.edges[e]; pe.from != s && pe.to != s {
-			c += pe.factor * float64(st.edgeCost[e])
-		}
-	}
-	return c
-}
-
-// solvedExcept is solved over the edges that do not touch service s.
-func (st *placeState) solvedExcept(edges []int, s int) float64 {
-	var c float64
-	for _, e := range edges {
-		if pe := &st.pp.edges[e]; pe.from != s && pe.to != s {
-			c += pe.factor * float64(st.solveEdge(e))
-		}
-	}
-	return c
 }
 
 // swap exchanges the nodes of pods p and q (the caller has checked the constraints).
@@ -269,3 +318,7 @@ func (st *placeState) swap(p, q int) {
 	st.add(p, v)
 	st.add(q, u)
 }
+
+var noBound bool
+
+var dbgMoves, dbgSwaps, dbgImproves atomic.Int64

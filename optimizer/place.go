@@ -156,6 +156,10 @@ type placeProblem struct {
 	svcs  []placeService
 	edges []placeEdge
 	pods  []placePod
+	groups []greedyGroup // the paper's groups, largest first (see greedy)
+	// zobrist holds two random 64-bit keys per node; a service's mass vector hashes to
+	// Σ_u mass(u)·key(u), updated as pods move (see placeState.hash).
+	zobrist [][2]uint64
 }
 
 type placeService struct {
@@ -197,6 +201,14 @@ func newPlaceProblem(m *Model) (*placeProblem, error) {
 			pp.mem[u] = unlimited
 		}
 	}
+	pp.zobrist = make([][2]uint64, n)
+	seed := uint64(0x9e3779b97f4a7c15)
+	for u := range pp.zobrist {
+		for k := range pp.zobrist[u] {
+			seed = splitmix64(seed)
+			pp.zobrist[u][k] = seed
+		}
+	}
 	for s, sm := range m.Services {
 		count := len(sm.Pods)
 		ps := placeService{cpu: sm.CPU, mem: sm.Mem, cap: (count + n - 1) / n, first: len(pp.pods), count: count}
@@ -224,7 +236,16 @@ func newPlaceProblem(m *Model) (*placeProblem, error) {
 	if err := pp.checkAlone(); err != nil {
 		return nil, err
 	}
+	pp.groups = pp.makeGroups()
 	return pp, nil
+}
+
+// splitmix64 is one step of the SplitMix64 generator (a fixed sequence: no randomness).
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 // serviceUnits turns a service's pod weights into integers with a total of at most
@@ -302,6 +323,15 @@ type placeState struct {
 	podsOn   [][]int // per node, its pods
 	edgeCost []int64 // per edge, the node-level transport cost in integer units
 	eval     transportEval
+	// hash[s] is the pair of Zobrist hashes of service s's mass vector; memo caches edge costs
+	// by the hashes of both ends, so the placements local search revisits are not re-solved.
+	// Two independent 64-bit hashes per end make a wrong hit (≈ 2^-128 per pair of vectors)
+	// practically impossible.
+	hash []([2]uint64)
+	memo []memoEntry // nil: no cache (a state costed once)
+
+	bounds    []float64 // scratch of trial
+	swapEdges []int     // scratch of trySwap
 }
 
 func (pp *placeProblem) newState() *placeState {
@@ -317,6 +347,7 @@ func (pp *placeProblem) newState() *placeState {
 		podsOn:   make([][]int, n),
 		edgeCost: make([]int64, len(pp.edges)),
 		eval:     newTransportEval(),
+		hash:     make([][2]uint64, len(pp.svcs)),
 	}
 	for i := range st.node {
 		st.node[i] = -1
@@ -343,6 +374,9 @@ func (st *placeState) add(i, v int) {
 	}
 	st.count[k]++
 	st.mass[k] += st.pp.pods[i].w
+	w := uint64(st.pp.pods[i].w)
+	st.hash[s][0] += w * st.pp.zobrist[v][0]
+	st.hash[s][1] += w * st.pp.zobrist[v][1]
 	if st.freeCPU[v] != unlimited {
 		st.freeCPU[v] -= ps.cpu
 	}
@@ -359,6 +393,9 @@ func (st *placeState) remove(i int) {
 	k := s*n + v
 	st.count[k]--
 	st.mass[k] -= st.pp.pods[i].w
+	w := uint64(st.pp.pods[i].w)
+	st.hash[s][0] -= w * st.pp.zobrist[v][0]
+	st.hash[s][1] -= w * st.pp.zobrist[v][1]
 	if st.count[k] == 0 {
 		st.occ[s] = removeSorted(st.occ[s], v)
 	}
@@ -433,6 +470,45 @@ func (st *placeState) solveEdge(e int) int64 {
 	if pe.factor == 0 {
 		return 0
 	}
+	if st.memo == nil {
+		st.buildEdge(e)
+		return st.eval.solve(st.pp.lq, st.pp.n)
+	}
+	ha, hb := st.hash[pe.from], st.hash[pe.to]
+	h := ha[0] ^ hb[0]*0x9e3779b97f4a7c15 ^ uint64(e)*0xbf58476d1ce4e5b9
+	slot := &st.memo[h&uint64(len(st.memo)-1)]
+	if slot.valid && slot.edge == e && slot.from == ha && slot.to == hb {
+		return slot.cost
+	}
+	st.buildEdge(e)
+	c := st.eval.solve(st.pp.lq, st.pp.n)
+	*slot = memoEntry{valid: true, edge: e, from: ha, to: hb, cost: c}
+	return c
+}
+
+// maxMemo bounds the edge-cost cache of a state: a direct-mapped table of a power of two
+// slots (16 per edge and node, at most 2^15, ≈ 1.5 MiB), where a new entry replaces the
+// slot's old one.
+const maxMemo = 1 << 15
+
+func (pp *placeProblem) memoSize() int {
+	size := 256
+	for size < maxMemo && size < 16*len(pp.edges)*pp.n {
+		size *= 2
+	}
+	return size
+}
+
+type memoEntry struct {
+	valid    bool
+	edge     int
+	from, to [2]uint64
+	cost     int64
+}
+
+// buildEdge loads edge e's node-level transportation problem into st.eval.
+func (st *placeState) buildEdge(e int) {
+	pe := &st.pp.edges[e]
 	n := st.pp.n
 	a, b := pe.from, pe.to
 	ta, tb := st.pp.svcs[a].total, st.pp.svcs[b].total
@@ -451,7 +527,6 @@ func (st *placeState) solveEdge(e int) int64 {
 			ev.demand = append(ev.demand, w*ta)
 		}
 	}
-	return ev.solve(st.pp.lq, n)
 }
 
 // snapshot returns the per-pod nodes.

@@ -26,6 +26,8 @@ type placeGenConfig struct {
 	calls int
 	// exact sets the counts to the maxima instead of drawing them.
 	exact bool
+	// pods > 0 sets the total pod count: every service gets one, the rest go to random services.
+	pods int
 	// slack scales node capacity relative to the total request (≈1/utilisation); 0 draws node
 	// sizes from a fixed menu, which makes some small instances infeasible.
 	slack float64
@@ -71,6 +73,14 @@ func genPlaceTopology(seed uint64, c placeGenConfig) *Topology {
 		}
 		t.Services = append(t.Services, svc)
 	}
+	if c.pods > 0 {
+		for i := range t.Services {
+			t.Services[i].Replicas = 1
+		}
+		for k := nSvcs; k < c.pods; k++ {
+			t.Services[r.IntN(nSvcs)].Replicas++
+		}
+	}
 	var totC, totM int64
 	for _, s := range t.Services {
 		totC += s.CPU * int64(s.Replicas)
@@ -103,6 +113,10 @@ func genPlaceTopology(seed uint64, c placeGenConfig) *Topology {
 	}
 	perm := r.Perm(nSvcs) // topological order of the DAG
 	seen := map[[2]int]bool{}
+	rates := []float64{0.5, 1.5, 2, 3}
+	if c.calls > 0 {
+		rates = []float64{0.2, 0.5, 1, 1}
+	}
 	addCall := func(i, j int) {
 		a, b := perm[min(i, j)], perm[max(i, j)]
 		if i == j || seen[[2]int{a, b}] {
@@ -111,18 +125,27 @@ func genPlaceTopology(seed uint64, c placeGenConfig) *Topology {
 		seen[[2]int{a, b}] = true
 		call := Call{From: t.Services[a].Name, To: t.Services[b].Name}
 		if r.IntN(2) == 0 {
-			rate := []float64{0.5, 1.5, 2, 3}[r.IntN(4)]
+			rate := rates[r.IntN(len(rates))]
 			call.Rate = &rate
 		}
 		t.Calls = append(t.Calls, call)
 	}
 	if c.calls > 0 {
+		// Layers, as microservice call graphs have them: each call goes mostly one layer down.
+		const layers = 5
+		first := func(l int) int { return (l*nSvcs + layers - 1) / layers } // first service of layer l
+		layerOf := func(i int) int { return i * layers / nSvcs }
 		want := min(c.calls, nSvcs*(nSvcs-1)/4+1)
 		for tries := 0; len(t.Calls) < want && tries < 100*want; tries++ {
-			i := r.IntN(nSvcs - 1)
-			// Mostly short hops, so the DAG has depth, as microservice call graphs do.
-			j := min(nSvcs-1, i+1+int(math.Abs(r.NormFloat64())*8))
-			addCall(i, j)
+			i := r.IntN(first(layers - 1))
+			l := layerOf(i) + 1
+			if r.IntN(5) == 0 && l+1 < layers {
+				l += 1 + r.IntN(layers-l-1)
+			}
+			lo, hi := first(l), first(l+1)
+			if hi > lo {
+				addCall(i, lo+r.IntN(hi-lo))
+			}
 		}
 	} else {
 		for i := 0; i < nSvcs; i++ {
