@@ -28,6 +28,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -193,6 +194,11 @@ func measure(cfg Config, bin, mode string, n int) (row, error) {
 	r := row{n: n, cost: cost}
 	for round := 0; round < cfg.Rounds; round++ {
 		goSide := func() {
+			// No collection may run while Solve is timed: Solve does
+			// not allocate, but this program does between rounds.
+			runtime.GC()
+			old := debug.SetGCPercent(-1)
+			defer debug.SetGCPercent(old)
 			for k := 0; k < cfg.Reps; k++ {
 				t0 := time.Now()
 				dst, _, _ = solver.Solve(p, dst)
