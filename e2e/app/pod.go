@@ -1,7 +1,9 @@
 // Package app is the simulated microservice pod of edgeflow's testbeds. A Pod is a gRPC server
 // whose work is simulated service time — a fixed number of workers, each request holding one
 // for a drawn service time while sleeping, not spinning — so queueing and overload behave as on
-// real pods without burning the machine's CPU. After its own work a pod calls its downstream
+// real pods without burning the machine's CPU (the schedule is computed in virtual time from
+// the arrival times, so the machine's timer lag does not eat into a pod's capacity; see
+// workerQueue). After its own work a pod calls its downstream
 // services through gRPC client connections (in the testbeds: grpc-go xDS channels that carry the
 // pod's own xDS identity), and it counts which caller pod sent each request, so a test can compare
 // the traffic split it observed with the one it planned.
@@ -59,10 +61,10 @@ type Config struct {
 	Name string
 	// Node is the pod's (emulated) node; it is sent to callees as MetadataCallerNode.
 	Node string
-	// Workers is the number of requests the pod works on at once (≥ 1). Further requests wait in
-	// FIFO order. A worker is held for the service time only, not while the pod waits for its
-	// downstream calls (as in an asynchronous server): the pod's capacity is Workers / mean
-	// service time, whatever the latency downstream.
+	// Workers is the number of requests the pod works on at once (≥ 1). Further requests wait,
+	// first come first served. A worker is held for the service time only, not while the pod
+	// waits for its downstream calls (as in an asynchronous server): the pod's capacity is
+	// Workers / mean service time, whatever the latency downstream.
 	Workers int
 	// ServiceTime draws each request's service time; nil means zero.
 	ServiceTime ServiceTime
@@ -77,8 +79,8 @@ type Config struct {
 
 // Pod is a simulated microservice pod. Its methods are safe for concurrent use.
 type Pod struct {
-	cfg     Config
-	workers chan struct{} // a token per busy worker; blocked senders queue FIFO
+	cfg   Config
+	queue *workerQueue
 
 	mu       sync.Mutex
 	received map[string]uint64 // by caller pod
@@ -105,7 +107,7 @@ func NewPod(cfg Config) (*Pod, error) {
 			return nil, fmt.Errorf("app: pod %s: downstream %s: bad rate %v", cfg.Name, d.Service, d.Rate)
 		}
 	}
-	return &Pod{cfg: cfg, workers: make(chan struct{}, cfg.Workers), received: map[string]uint64{}}, nil
+	return &Pod{cfg: cfg, queue: newWorkerQueue(cfg.Workers), received: map[string]uint64{}}, nil
 }
 
 // Name returns the pod's name.
@@ -192,19 +194,21 @@ func (p *Pod) work(ctx context.Context, callerNode string) error {
 			return err
 		}
 	}
-	p.waiting.Add(1)
-	select {
-	case p.workers <- struct{}{}:
-		p.waiting.Add(-1)
-	case <-ctx.Done():
-		p.waiting.Add(-1)
-		return status.FromContextError(ctx.Err()).Err()
-	}
-	defer func() { <-p.workers }()
+	var service time.Duration
 	if p.cfg.ServiceTime != nil {
-		return sleep(ctx, p.cfg.ServiceTime.Draw())
+		service = p.cfg.ServiceTime.Draw()
 	}
-	return nil
+	now := time.Now()
+	start, finish := p.queue.admit(now, service)
+	if start.After(now) {
+		p.waiting.Add(1)
+		err := sleep(ctx, start.Sub(now))
+		p.waiting.Add(-1)
+		if err != nil {
+			return err
+		}
+	}
+	return sleep(ctx, time.Until(finish))
 }
 
 // calls turns a call rate into a number of calls: the integer part, plus one with probability

@@ -4,9 +4,9 @@ import (
 	"context"
 	"math"
 	"net"
+	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,47 +61,66 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// gate is a ServiceTime whose Draw blocks until released, counting the draws in progress: a
-// request is in Draw exactly while it holds a worker.
-type gate struct {
-	release chan struct{}
-	busy    atomic.Int64
-}
-
-func (g *gate) Draw() time.Duration {
-	g.busy.Add(1)
-	defer g.busy.Add(-1)
-	<-g.release
-	return 0
-}
-
+// TestPodWorkersBoundConcurrency: 5 requests at once on 2 workers with a fixed 100 ms service
+// time finish after about 100, 100, 200, 200 and 300 ms.
 func TestPodWorkersBoundConcurrency(t *testing.T) {
-	g := &gate{release: make(chan struct{})}
-	pod := newPod(t, Config{Name: "p-0", Workers: 2, ServiceTime: g})
+	const service = 100 * time.Millisecond
+	pod := newPod(t, Config{Name: "p-0", Workers: 2, ServiceTime: Fixed(service)})
 	conn := serve(t, pod)
+	if _, err := Call(context.Background(), conn, "", ""); err != nil { // connect
+		t.Fatal(err)
+	}
 
 	var wg sync.WaitGroup
-	errs := make(chan error, 5)
-	for range 5 {
+	lat := make([]time.Duration, 5)
+	errs := make([]error, 5)
+	start := time.Now()
+	for i := range lat {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := Call(context.Background(), conn, "", ""); err != nil {
-				errs <- err
-			}
+			_, errs[i] = Call(context.Background(), conn, "", "")
+			lat[i] = time.Since(start)
 		}()
 	}
-	eventually(t, "2 requests at work and 3 queued", func() bool {
-		return g.busy.Load() == 2 && pod.Stats().Waiting == 3
-	})
-	close(g.release)
+	eventually(t, "3 requests queued", func() bool { return pod.Stats().Waiting == 3 })
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	for i, want := range []time.Duration{service, service, 2 * service, 2 * service, 3 * service} {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		// Finishing early is impossible; late by up to 60 ms allows a busy machine and -race.
+		if lat[i] < want || lat[i] > want+60*time.Millisecond {
+			t.Errorf("request %d finished after %v, want %v", i, lat[i], want)
+		}
 	}
-	if st := pod.Stats(); st.Served != 5 || st.Failed != 0 || st.Waiting != 0 || st.Received[""] != 5 {
-		t.Errorf("stats %+v, want 5 received from outside and served", st)
+	if st := pod.Stats(); st.Served != 6 || st.Failed != 0 || st.Waiting != 0 || st.Received[""] != 6 {
+		t.Errorf("stats %+v, want 6 received from outside and served", st)
+	}
+}
+
+func TestWorkerQueue(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	q := newWorkerQueue(2)
+	steps := []struct {
+		arrive, service time.Duration
+		start, finish   time.Duration
+	}{
+		{arrive: 0, service: ms(10), start: 0, finish: ms(10)},          // worker A
+		{arrive: ms(1), service: ms(4), start: ms(1), finish: ms(5)},    // worker B
+		{arrive: ms(2), service: ms(3), start: ms(5), finish: ms(8)},    // waits for B
+		{arrive: ms(3), service: ms(1), start: ms(8), finish: ms(9)},    // waits for B again
+		{arrive: ms(4), service: ms(1), start: ms(9), finish: ms(10)},   // B frees first (9 < 10)
+		{arrive: ms(20), service: ms(2), start: ms(20), finish: ms(22)}, // idle again
+		{arrive: ms(20), service: 0, start: ms(20), finish: ms(20)},     // zero service time
+	}
+	for i, s := range steps {
+		start, finish := q.admit(t0.Add(s.arrive), s.service)
+		if start.Sub(t0) != s.start || finish.Sub(t0) != s.finish {
+			t.Errorf("request %d: start %v finish %v, want %v and %v", i, start.Sub(t0), finish.Sub(t0), s.start, s.finish)
+		}
 	}
 }
 
@@ -177,12 +196,12 @@ func TestPodPropagatesDownstreamErrors(t *testing.T) {
 }
 
 func TestPodCancelledWhileQueued(t *testing.T) {
-	g := &gate{release: make(chan struct{})}
-	defer close(g.release)
-	pod := newPod(t, Config{Name: "p-0", Workers: 1, ServiceTime: g})
+	pod := newPod(t, Config{Name: "p-0", Workers: 1, ServiceTime: Fixed(time.Second)})
 	conn := serve(t, pod)
-	go Call(context.Background(), conn, "", "") //nolint:errcheck // holds the only worker until the test ends
-	eventually(t, "the worker busy", func() bool { return g.busy.Load() == 1 })
+	first, cancelFirst := context.WithCancel(context.Background())
+	defer cancelFirst()
+	go Call(first, conn, "", "") //nolint:errcheck // holds the only worker for a second
+	eventually(t, "the first request received", func() bool { return pod.Stats().Received[""] == 1 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
