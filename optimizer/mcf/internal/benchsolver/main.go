@@ -32,6 +32,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/edgeflow/edgeflow/optimizer/mcf"
@@ -47,6 +48,7 @@ type Config struct {
 	Seed    uint64
 	MaxCost int64
 	Source  string // lemon_tp.cc
+	Mem     bool
 }
 
 func main() {
@@ -57,6 +59,7 @@ func main() {
 	flag.IntVar(&cfg.Reps, "reps", 5, "solves per round and side")
 	flag.Uint64Var(&cfg.Seed, "seed", 1, "splitmix64 seed")
 	flag.Int64Var(&cfg.MaxCost, "maxcost", 1000, "costs are 1 + next()%maxcost")
+	flag.BoolVar(&cfg.Mem, "mem", false, "report memory instead of time: edgeflow's allocations and this process's peak RSS, LEMON's peak RSS (use one size per run)")
 	flag.StringVar(&cfg.Source, "cc", "", "path of lemon_tp.cc (default: ../lemonbench/lemon_tp.cc beside this program)")
 	flag.Parse()
 	var err error
@@ -78,6 +81,12 @@ func main() {
 	bin, err := buildLemon(cfg.Source)
 	if err != nil {
 		fatal(err)
+	}
+	if cfg.Mem {
+		if err := memory(cfg, bin); err != nil {
+			fatal(err)
+		}
+		return
 	}
 	if err := run(cfg, bin); err != nil {
 		fatal(err)
@@ -280,4 +289,44 @@ func printTable(mode string, rows []row) {
 		}
 		fmt.Printf("%6d | %16.4f | %18.4f | %6.2f | %s\n", r.n, l, e, e/l, cost)
 	}
+}
+
+// memory reports, per (mode, n): the instance's size, what a fresh Solver
+// allocates on its first Solve (its workspace plus the result) and on a
+// warm one, this process's peak RSS so far (instance + solver + Go runtime),
+// and the peak RSS of a LEMON process solving the same instance once
+// (graph + NetworkSimplex, from the child's rusage).
+func memory(cfg Config, bin string) error {
+	fmt.Printf("%-8s %6s %12s %14s %12s %14s %14s\n", "mode", "n", "instance MB", "1st solve KB", "warm allocs", "self maxrss MB", "LEMON maxrss MB")
+	for _, mode := range cfg.Modes {
+		for _, n := range cfg.Sizes {
+			c, s, d := tpgen.Dense(n, n, cfg.Seed, mode == "uniform", cfg.MaxCost)
+			p := &mcf.Transport{Sources: n, Sinks: n, Cost: c, Supply: s, Demand: d}
+			runtime.GC()
+			var m0, m1, m2 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			solver := mcf.NewSolver()
+			dst, _, err := solver.Solve(p, nil)
+			if err != nil {
+				return err
+			}
+			runtime.ReadMemStats(&m1)
+			dst, _, _ = solver.Solve(p, dst)
+			runtime.ReadMemStats(&m2)
+			var ru syscall.Rusage
+			syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+			cmd := exec.Command(bin, strconv.Itoa(n), strconv.Itoa(n), strconv.FormatUint(cfg.Seed, 10), mode,
+				strconv.FormatInt(cfg.MaxCost, 10), "1", "ns")
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("LEMON: %w", err)
+			}
+			lru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+			inst := 8 * (len(c) + len(s) + len(d))
+			fmt.Printf("%-8s %6d %12.1f %14.1f %12d %14.1f %14.1f\n", mode, n, float64(inst)/(1<<20),
+				float64(m1.TotalAlloc-m0.TotalAlloc)/1024, m2.Mallocs-m1.Mallocs,
+				float64(ru.Maxrss)/1024, float64(lru.Maxrss)/1024)
+			runtime.KeepAlive(dst)
+		}
+	}
+	return nil
 }
