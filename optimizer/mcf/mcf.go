@@ -1,8 +1,9 @@
-// Package mcf solves dense, balanced transportation problems exactly with a
-// primal network simplex, the min-cost-flow kernel behind LATA's per-edge
-// traffic weights. It is pure (standard library only), integer-exact and
-// deterministic, and it returns basic (spanning-tree) solutions, which use at
-// most Sources+Sinks-1 routes.
+// Package mcf solves dense, balanced transportation problems exactly: the
+// min-cost-flow kernel behind LATA's per-call-edge traffic weights. The
+// solver is a primal network simplex (a port of LEMON's, specialised to the
+// complete bipartite graph), pure Go with no dependencies, integer-exact and
+// deterministic. It returns basic (spanning-tree) solutions, which use at
+// most Sources+Sinks-1 routes, so each caller spreads over few callees.
 package mcf
 
 import (
@@ -74,20 +75,24 @@ func NewSolver() *Solver { return &Solver{} }
 // by (Source, Sink) and appended to dst[:0], and the total cost
 // sum(Cost[i*Sinks+j] * Amount).
 //
-// The solution is a vertex of the transportation polytope (the flows form a
-// forest), so it has at most Sources+Sinks-1 flows: each caller uses few
-// routes. It is deterministic: the same input yields the same output bit for
-// bit, whatever the platform, GOMAXPROCS or history of the Solver.
+// The solution is integral and a vertex of the transportation polytope (the
+// flows form a forest), so it has at most Sources+Sinks-1 flows: each caller
+// uses few routes. Degenerate problems have many optimal vertices; which one
+// is returned is unspecified but deterministic: the same input yields the
+// same output bit for bit, whatever the platform, GOMAXPROCS or history of
+// the Solver.
 //
 // Solve does not modify p. It returns an error wrapping ErrInvalid,
 // ErrUnbalanced or ErrOverflow, naming the offending index, if p breaks the
 // limits documented on Transport; it never panics on bad input.
 //
-// Complexity: O(Sources*Sinks) memory is only what p already holds; the
-// workspace is O(Sources+Sinks). Time is that of a network simplex with
-// block pricing: typically O(pivots * sqrt(Sources*Sinks)) with
-// pivots = O(Sources+Sinks) in practice; after warm-up Solve does not
-// allocate beyond growing dst.
+// Complexity: Solve reads p.Cost in place and keeps only O(Sources+Sinks)
+// workspace in the Solver (about 70 bytes per node); after a first call of
+// similar size it allocates nothing beyond growing dst. Its time is that of
+// a network simplex with block pricing, for which no polynomial bound is
+// claimed; on the lemon_tp instances it takes 2-6 pivots per node, each
+// pricing about 2*sqrt(Sources*Sinks) arcs and updating one subtree
+// (a 2000x2000 instance in about 0.2 s on one core).
 func (s *Solver) Solve(p *Transport, dst []Flow) ([]Flow, int64, error) {
 	dst = dst[:0]
 	maxCost, err := validate(p)
