@@ -33,6 +33,14 @@ func (pp *placeProblem) groupCount() int {
 //     the node nearest the home (L both ways) that has room, which joins the chosen nodes.
 func (pp *placeProblem) greedy(start int) []int {
 	st := pp.newState()
+	if !pp.greedyInto(st, start) {
+		return nil
+	}
+	return st.node
+}
+
+// greedyInto runs the greedy into the empty state st; false if some pod fits nowhere.
+func (pp *placeProblem) greedyInto(st *placeState, start int) bool {
 	n := pp.n
 	chosen := make([]bool, n)
 	nChosen := 0
@@ -67,14 +75,14 @@ func (pp *placeProblem) greedy(start int) []int {
 					}
 				}
 				if v < 0 {
-					return nil
+					return false
 				}
 			}
 			st.add(i, v)
 			choose(v)
 		}
 	}
-	return st.node
+	return true
 }
 
 // greedyGroup is one of the paper's groups: its pods, largest request first, and what it needs.
@@ -186,6 +194,14 @@ func (pp *placeProblem) greedyOrPack(start int) ([]int, error) {
 // index. nil if some pod fits nowhere.
 func (pp *placeProblem) k8sSpread() []int {
 	st := pp.newState()
+	if !pp.k8sSpreadInto(st) {
+		return nil
+	}
+	return st.node
+}
+
+// k8sSpreadInto runs k8sSpread into the empty state st; false if some pod fits nowhere.
+func (pp *placeProblem) k8sSpreadInto(st *placeState) bool {
 	n := pp.n
 	score := func(s, v int) float64 {
 		ps := &pp.svcs[s]
@@ -208,12 +224,12 @@ func (pp *placeProblem) k8sSpread() []int {
 				best = v
 			}
 			if best < 0 {
-				return nil
+				return false
 			}
 			st.add(i, best)
 		}
 	}
-	return st.node
+	return true
 }
 
 func freeAfter(free, req, alloc int64) float64 {
@@ -244,12 +260,15 @@ type larpTuning struct {
 	candidates int
 	// maxPasses bounds each local search's passes over the services.
 	maxPasses int
+	// exchangeMaxNodes: with at most this many nodes, local search also exchanges the contents
+	// of two nodes (all pairs are tried, so the cost grows with the square of the nodes).
+	exchangeMaxNodes int
 	// proxySlack, when ≥ 0, drops target nodes whose proxy cost exceeds the current node's by
 	// more than this fraction.
 	proxySlack float64
 }
 
-var larpDefault = larpTuning{allStarts: true, searchUnits: 2000, minSearched: 2, candidates: 12, maxPasses: 200, proxySlack: -1}
+var larpDefault = larpTuning{allStarts: true, searchUnits: 2000, minSearched: 2, candidates: 12, maxPasses: 200, exchangeMaxNodes: 40, proxySlack: -1}
 
 // larp is the shipped placement. Starts: the greedy from every start node and the Kubernetes
 // spread (the packing search's placement when none of those fits). The best starts by cost,
@@ -260,24 +279,32 @@ func (pp *placeProblem) larp() ([]int, error) { return pp.larpWith(larpDefault) 
 func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 	// Starts, in a fixed order: the greedy from every node (or only the most free one), then
 	// the Kubernetes spread. Each is built and costed independently, in parallel.
-	var makers []func() []int
+	var makers []func(st *placeState) bool
 	if tune.allStarts {
 		for u := 0; u < pp.n; u++ {
-			makers = append(makers, func() []int { return pp.greedy(u) })
+			makers = append(makers, func(st *placeState) bool { return pp.greedyInto(st, u) })
 		}
-		makers = append(makers, pp.k8sSpread)
+		makers = append(makers, pp.k8sSpreadInto)
 	} else {
-		makers = append(makers, func() []int { return pp.greedy(pp.mostFreeNode()) })
+		makers = append(makers, func(st *placeState) bool { return pp.greedyInto(st, pp.mostFreeNode()) })
 	}
 	built := make([][]int, len(makers))
 	builtCost := make([]float64, len(makers))
-	parallel(len(makers), func(i int) {
-		if nodes := makers[i](); nodes != nil {
-			st := pp.newState()
-			st.load(nodes)
-			built[i], builtCost[i] = nodes, st.cost()
+	scratch := make([]*placeState, runtime.GOMAXPROCS(0))
+	parallel(len(makers), func(w, i int) {
+		if scratch[w] == nil {
+			scratch[w] = pp.newState()
+		}
+		st := scratch[w]
+		st.reset()
+		if makers[i](st) {
+			st.refresh()
+			built[i], builtCost[i] = st.snapshot(), st.cost()
 		}
 	})
+	if debugPhase != nil {
+		debugPhase("starts")
+	}
 	var starts [][]int
 	var costs []float64
 	seen := map[string]bool{}
@@ -311,7 +338,7 @@ func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 
 	results := make([][]int, len(rank))
 	resCost := make([]float64, len(rank))
-	parallel(len(rank), func(r int) {
+	parallel(len(rank), func(_, r int) {
 		st := pp.newState()
 		st.load(starts[rank[r]])
 		if tune.searchUnits > 0 {
@@ -320,6 +347,9 @@ func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 		st.refresh()
 		results[r], resCost[r] = st.snapshot(), st.cost()
 	})
+	if debugPhase != nil {
+		debugPhase("search")
+	}
 	best := 0
 	for r := range results {
 		if resCost[r] < resCost[best] {
@@ -329,9 +359,10 @@ func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 	return results[best], nil
 }
 
-// parallel runs f(0) … f(n-1) on up to GOMAXPROCS goroutines and waits for them. Each f(i)
-// must write only its own results, so the outcome does not depend on the scheduling.
-func parallel(n int, f func(i int)) {
+// parallel runs f(w, 0) … f(w, n-1) on up to GOMAXPROCS goroutines and waits for them; w is
+// the goroutine's number (< GOMAXPROCS), for per-goroutine scratch. Each f must write only its
+// own results, so the outcome does not depend on the scheduling.
+func parallel(n int, f func(w, i int)) {
 	workers := min(runtime.GOMAXPROCS(0), n)
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -344,7 +375,7 @@ func parallel(n int, f func(i int)) {
 				if i >= n {
 					return
 				}
-				f(i)
+				f(w, i)
 			}
 		}()
 	}
@@ -377,3 +408,5 @@ func (pp *placeProblem) countsKey(nodes []int) string {
 	}
 	return string(key)
 }
+
+var debugPhase func(string)

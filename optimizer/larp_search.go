@@ -1,9 +1,9 @@
 package optimizer
 
 import (
-	"sync/atomic"
 	"math"
 	"sort"
+	"sync/atomic"
 )
 
 var debugLS func(pass int, cost float64)
@@ -25,6 +25,10 @@ func (st *placeState) localSearch(tune larpTuning) {
 	if st.memo == nil {
 		st.memo = make([]memoEntry, pp.memoSize())
 	}
+	if st.duals == nil {
+		st.duals = make([]edgeDual, len(pp.edges))
+		st.refresh()
+	}
 	proxy := make([]float64, n)
 	ranked := make([]int, n)
 	var cands, reps, partners []int
@@ -41,70 +45,171 @@ func (st *placeState) localSearch(tune larpTuning) {
 			dirty[pp.edges[e].to] = true
 		}
 	}
-	for pass := 0; pass < tune.maxPasses; pass++ {
-		tol := 1e-9 * max(1, st.cost())
-		improved := false
-		for s := range pp.svcs {
-			if !dirty[s] {
-				continue
-			}
-			dirty[s] = false
-			st.rankNodes(s, proxy, ranked)
-			for _, u := range append([]int(nil), st.occ[s]...) {
-				if st.count[s*n+u] == 0 {
+	passes := 0
+	for {
+		for ; passes < tune.maxPasses; passes++ {
+			tol := 1e-9 * max(1, st.cost())
+			improved := false
+			for s := range pp.svcs {
+				if !dirty[s] {
 					continue
 				}
-				reps = st.representatives(s, u, reps[:0])
-				cands = st.candidates(s, u, ranked, cands[:0], tune.candidates, proxy, tune.proxySlack)
-				bestDelta, bestP, bestQ, bestV := -tol, -1, -1, -1
-				for _, p := range reps {
-					for _, v := range cands {
-						d := st.tryMove(p, v, bestDelta)
-						if st.fitsResources(s, v) {
-							if d < bestDelta {
-								bestDelta, bestP, bestQ, bestV = d, p, -1, v
+				dirty[s] = false
+				st.rankNodes(s, proxy, ranked)
+				for _, u := range append([]int(nil), st.occ[s]...) {
+					if st.count[s*n+u] == 0 {
+						continue
+					}
+					reps = st.representatives(s, u, reps[:0])
+					cands = st.candidates(s, u, ranked, cands[:0], tune.candidates, proxy, tune.proxySlack)
+					bestDelta, bestP, bestQ, bestV := -tol, -1, -1, -1
+					for _, p := range reps {
+						for _, v := range cands {
+							d := st.tryMove(p, v, bestDelta)
+							if st.fitsResources(s, v) {
+								if d < bestDelta {
+									bestDelta, bestP, bestQ, bestV = d, p, -1, v
+								}
+								continue
 							}
-							continue
-						}
-						// No room on v: d is what the move would gain if there were. Swaps are
-						// tried only where that is worth having (a swap of two pods that
-						// would each rather stay is not considered from this side; from the
-						// other pod's side it is).
-						if d >= bestDelta {
-							continue
-						}
-						partners = st.swapPartners(p, v, partners[:0])
-						for _, q := range partners {
-							if d := st.trySwap(p, q, bestDelta); d < bestDelta {
-								bestDelta, bestP, bestQ, bestV = d, p, q, v
+							// No room on v: d is what the move would gain if there were. Swaps
+							// are tried only where that is worth having (a swap of two pods
+							// that would each rather stay is not considered from this side;
+							// from the other pod's side it is).
+							if d >= bestDelta {
+								continue
+							}
+							partners = st.swapPartners(p, v, partners[:0])
+							for _, q := range partners {
+								if d := st.trySwap(p, q, bestDelta); d < bestDelta {
+									bestDelta, bestP, bestQ, bestV = d, p, q, v
+								}
 							}
 						}
 					}
+					if bestP < 0 {
+						continue
+					}
+					if bestQ < 0 {
+						st.remove(bestP)
+						st.add(bestP, bestV)
+						st.resolve(pp.svcs[s].edges)
+					} else {
+						t := pp.pods[bestQ].svc
+						st.swap(bestP, bestQ)
+						st.resolve(pp.svcs[s].edges)
+						st.resolve(pp.svcs[t].edges)
+						touch(t)
+					}
+					touch(s)
+					improved = true
+					dbgImproves.Add(1)
 				}
-				if bestP < 0 {
-					continue
-				}
-				if bestQ < 0 {
-					st.remove(bestP)
-					st.add(bestP, bestV)
-					st.resolve(pp.svcs[s].edges)
-				} else {
-					t := pp.pods[bestQ].svc
-					st.swap(bestP, bestQ)
-					st.resolve(pp.svcs[s].edges)
-					st.resolve(pp.svcs[t].edges)
-					touch(t)
-				}
-				touch(s)
-				improved = true
-				dbgImproves.Add(1)
+			}
+			if debugLS != nil {
+				debugLS(passes, st.cost())
+			}
+			if !improved {
+				break
 			}
 		}
-		if debugLS != nil {
-			debugLS(pass, st.cost())
-		}
-		if !improved {
+		// Pod steps are exhausted. Exchanging the whole contents of two nodes moves a
+		// co-located group at once, which no single pod step can do without first making
+		// things worse.
+		if passes >= tune.maxPasses || n > tune.exchangeMaxNodes || !st.exchangeNodes(touch) {
 			return
+		}
+		passes++
+	}
+}
+
+// exchangeNodes applies the best improving exchange of the contents of two nodes (all their
+// pods), if any, and marks the services it moved with touch. Exchanging keeps every per-node
+// pod count of a service, so spread caps hold; cpu and memory are checked.
+func (st *placeState) exchangeNodes(touch func(s int)) bool {
+	pp := st.pp
+	n := pp.n
+	tol := 1e-9 * max(1, st.cost())
+	bestDelta, bestU, bestV := -tol, -1, -1
+	mark := make([]bool, len(pp.edges))
+	var edges []int
+	for u := 0; u < n; u++ {
+		for v := u + 1; v < n; v++ {
+			if len(st.podsOn[u]) == 0 && len(st.podsOn[v]) == 0 || !st.exchangeFits(u, v) {
+				continue
+			}
+			edges = edges[:0]
+			for _, w := range [2]int{u, v} {
+				for _, p := range st.podsOn[w] {
+					for _, e := range pp.svcs[pp.pods[p].svc].edges {
+						if !mark[e] {
+							mark[e] = true
+							edges = append(edges, e)
+						}
+					}
+				}
+			}
+			for _, e := range edges {
+				mark[e] = false
+			}
+			if len(edges) == 0 {
+				continue
+			}
+			sort.Ints(edges)
+			old := st.incident(edges)
+			st.exchange(u, v)
+			d := st.trial(edges, old, bestDelta)
+			st.exchange(u, v)
+			if d < bestDelta {
+				bestDelta, bestU, bestV = d, u, v
+			}
+		}
+	}
+	if bestU < 0 {
+		return false
+	}
+	st.exchange(bestU, bestV)
+	for _, w := range [2]int{bestU, bestV} {
+		for _, p := range st.podsOn[w] {
+			s := pp.pods[p].svc
+			st.resolve(pp.svcs[s].edges)
+			touch(s)
+		}
+	}
+	return true
+}
+
+// exchangeFits says whether the pods of u fit v's allocatable cpu and memory and vice versa.
+func (st *placeState) exchangeFits(u, v int) bool {
+	cu, mu := st.requests(u)
+	cv, mv := st.requests(v)
+	pp := st.pp
+	return cu <= pp.cpu[v] && mu <= pp.mem[v] && cv <= pp.cpu[u] && mv <= pp.mem[u]
+}
+
+// requests sums the cpu and memory requests of the pods on v (saturating).
+func (st *placeState) requests(v int) (cpu, mem int64) {
+	for _, p := range st.podsOn[v] {
+		ps := &st.pp.svcs[st.pp.pods[p].svc]
+		cpu, mem = satAdd(cpu, ps.cpu), satAdd(mem, ps.mem)
+	}
+	return cpu, mem
+}
+
+// exchange moves every pod of u to v and every pod of v to u (the caller checked the fit).
+func (st *placeState) exchange(u, v int) {
+	onU := append(st.scratchPods[:0], st.podsOn[u]...)
+	split := len(onU)
+	onU = append(onU, st.podsOn[v]...)
+	st.scratchPods = onU
+	for _, p := range onU {
+		st.remove(p)
+	}
+	for k, p := range onU {
+		if k < split {
+			st.add(p, v)
+		} else {
+			st.add(p, u)
 		}
 	}
 }
@@ -236,7 +341,7 @@ func (st *placeState) incident(edges []int) float64 {
 // resolve recomputes and caches the cost of the given edges.
 func (st *placeState) resolve(edges []int) {
 	for _, e := range edges {
-		st.edgeCost[e] = st.solveEdge(e)
+		st.resolveEdge(e)
 	}
 }
 
@@ -251,12 +356,20 @@ func (st *placeState) trial(edges []int, old, limit float64) float64 {
 		b := 0.0
 		if f := st.pp.edges[e].factor; f != 0 {
 			st.buildEdge(e)
-			b = f * float64(st.eval.bound(st.pp.lq, st.pp.n))
+			if st.duals != nil {
+				b = f * st.eval.dualBound(st.pp.lq, st.pp.n, &st.duals[e])
+			} else {
+				b = f * float64(st.eval.bound(st.pp.lq, st.pp.n))
+			}
 		}
 		bounds = append(bounds, b)
 		c += b
 	}
 	st.bounds = bounds
+	dbgTrials.Add(1)
+	if c-old >= limit {
+		dbgPruned.Add(1)
+	}
 	if noBound {
 		c = 0
 		for i := range bounds {
@@ -321,4 +434,4 @@ func (st *placeState) swap(p, q int) {
 
 var noBound bool
 
-var dbgMoves, dbgSwaps, dbgImproves atomic.Int64
+var dbgMoves, dbgSwaps, dbgImproves, dbgTrials, dbgPruned atomic.Int64

@@ -147,15 +147,15 @@ const maxServiceUnits = 1 << 15
 // placeProblem is the immutable, indexed placement problem shared by every search of one Place
 // call. Pods are numbered globally, service by service, in the model's order.
 type placeProblem struct {
-	m     *Model
-	n     int       // nodes
-	lq    []int64   // latency quantised to CostQuantumMS, n*n row-major (from, to)
-	lsym  []float64 // L(u,v)+L(v,u), n*n: the greedy's distance
-	cpu   []int64   // allocatable cpu per node; unlimited when not given
-	mem   []int64
-	svcs  []placeService
-	edges []placeEdge
-	pods  []placePod
+	m      *Model
+	n      int       // nodes
+	lq     []int64   // latency quantised to CostQuantumMS, n*n row-major (from, to)
+	lsym   []float64 // L(u,v)+L(v,u), n*n: the greedy's distance
+	cpu    []int64   // allocatable cpu per node; unlimited when not given
+	mem    []int64
+	svcs   []placeService
+	edges  []placeEdge
+	pods   []placePod
 	groups []greedyGroup // the paper's groups, largest first (see greedy)
 	// zobrist holds two random 64-bit keys per node; a service's mass vector hashes to
 	// Σ_u mass(u)·key(u), updated as pods move (see placeState.hash).
@@ -329,9 +329,12 @@ type placeState struct {
 	// practically impossible.
 	hash []([2]uint64)
 	memo []memoEntry // nil: no cache (a state costed once)
+	// duals[e] are optimal duals of edge e under the current placement (nil: not kept).
+	duals []edgeDual
 
-	bounds    []float64 // scratch of trial
-	swapEdges []int     // scratch of trySwap
+	bounds      []float64 // scratch of trial
+	swapEdges   []int     // scratch of trySwap
+	scratchPods []int     // scratch of exchange
 }
 
 func (pp *placeProblem) newState() *placeState {
@@ -353,6 +356,26 @@ func (pp *placeProblem) newState() *placeState {
 		st.node[i] = -1
 	}
 	return st
+}
+
+// reset empties the state (every pod unplaced), keeping its buffers.
+func (st *placeState) reset() {
+	n := st.pp.n
+	for s, nodes := range st.occ {
+		for _, u := range nodes {
+			st.count[s*n+u], st.mass[s*n+u] = 0, 0
+		}
+		st.occ[s] = nodes[:0]
+		st.hash[s] = [2]uint64{}
+	}
+	for u := range st.podsOn {
+		st.podsOn[u] = st.podsOn[u][:0]
+	}
+	copy(st.freeCPU, st.pp.cpu)
+	copy(st.freeMem, st.pp.mem)
+	for i := range st.node {
+		st.node[i] = -1
+	}
 }
 
 // canHost says whether pod i may be added to node v (resources and spread cap).
@@ -447,8 +470,20 @@ func (st *placeState) load(nodes []int) {
 // refresh recomputes every edge's cost.
 func (st *placeState) refresh() {
 	for e := range st.pp.edges {
-		st.edgeCost[e] = st.solveEdge(e)
+		st.resolveEdge(e)
 	}
+}
+
+// resolveEdge recomputes and caches edge e's cost, and its optimal duals if the state keeps
+// them (local search does).
+func (st *placeState) resolveEdge(e int) {
+	if st.duals == nil || st.pp.edges[e].factor == 0 {
+		st.edgeCost[e] = st.solveEdge(e)
+		return
+	}
+	st.buildEdge(e)
+	st.edgeCost[e] = st.eval.solve(st.pp.lq, st.pp.n)
+	st.eval.duals(st.pp.lq, st.pp.n, &st.duals[e])
 }
 
 // cost is the placement's LATA cost in ms·req/s, summed in edge order.

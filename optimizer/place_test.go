@@ -184,7 +184,7 @@ func compileUnplaced(t *testing.T, top *Topology) *Model {
 // (service, node) within the constraints and costs each with node-level transportation
 // problems solved by gonum's LP simplex (real latencies, no quantisation). It returns
 // feasible = false if no placement satisfies the constraints.
-func placeOracle(t *testing.T, m *Model) (opt float64, feasible bool) {
+func placeOracle(t *testing.T, m *Model) (opt float64, feasible bool, best [][]int) {
 	t.Helper()
 	n := len(m.Nodes)
 	cpu, mem := make([]int64, n), make([]int64, n)
@@ -234,7 +234,13 @@ func placeOracle(t *testing.T, m *Model) (opt float64, feasible bool) {
 			for e, call := range m.Calls {
 				c += edgeCost(e, choice[call.From], choice[call.To])
 			}
-			opt = min(opt, c)
+			if c < opt {
+				opt = c
+				best = best[:0]
+				for s, vi := range choice {
+					best = append(best, vectors[s][vi])
+				}
+			}
 			feasible = true
 			return
 		}
@@ -262,7 +268,7 @@ func placeOracle(t *testing.T, m *Model) (opt float64, feasible bool) {
 		}
 	}
 	search(0)
-	return opt, feasible
+	return opt, feasible, best
 }
 
 // oracleTransport is the optimal LATA cost of one call edge when its caller and callee have
@@ -426,7 +432,7 @@ func TestPlaceAgainstExactOptimum(t *testing.T) {
 	for seed := uint64(0); seed < instances; seed++ {
 		top := genPlaceTopology(seed, cfg)
 		m := compileUnplaced(t, top)
-		opt, feasible := placeOracle(t, m)
+		opt, feasible, _ := placeOracle(t, m)
 		for _, p := range PlacementPolicies() {
 			label := fmt.Sprintf("seed %d %s", seed, p)
 			pl, err := Place(m, p)
