@@ -383,14 +383,18 @@ func TestPropertiesAgainstLP(t *testing.T) {
 	}
 }
 
-// TestCertificateLarge checks optimality of bigger random instances with
-// degenerate costs against both the tree certificate and the residual
-// negative-cycle test.
+// TestCertificateLarge checks optimality of bigger random instances, with
+// degenerate costs and skewed shapes, against both the tree certificate
+// and the residual negative-cycle test.
 func TestCertificateLarge(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	s := NewSolver()
-	for k := 0; k < 12; k++ {
+	shapes := [][2]int{{1, 3000}, {3000, 1}, {2, 1500}, {1500, 2}, {7, 900}, {900, 7}}
+	for k := 0; k < 12+len(shapes); k++ {
 		n, m := 20+r.IntN(120), 20+r.IntN(120)
+		if k >= 12 {
+			n, m = shapes[k-12][0], shapes[k-12][1]
+		}
 		maxCost := []int64{2, 10, 1000, MaxCost}[k%4]
 		p := &Transport{Sources: n, Sinks: m, Cost: make([]int64, n*m), Supply: make([]int64, n), Demand: make([]int64, m)}
 		for i := range p.Cost {
