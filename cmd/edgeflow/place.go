@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+func init() { subcommands = append(subcommands, newPlaceCommand) }
+
+func newPlaceCommand() *cobra.Command {
+	var (
+		tf     topologyFlags
+		policy string
+		output string
+	)
+	cmd := &cobra.Command{
+		Use:   "place -f FILE [--policy P] [-o table|json|yaml|topology]",
+		Short: "Compute a replica placement for a topology file",
+		Long: "place reads a topology (nodes with allocatable cpu and memory, latencies, services with their\n" +
+			"requests and replicas, calls, ingress) and decides the node of every pod, within node cpu and\n" +
+			"memory and a spread cap of ceil(replicas/nodes) pods of a service per node, so that the optimal\n" +
+			"traffic allocation (LATA) is as cheap as possible. Pods are named SERVICE-0 … SERVICE-(n-1) when\n" +
+			"the file gives only replicas; nodes a file gives for pods are ignored.\n\n" +
+			"Policies: larp (default: the paper's greedy from every start node, then local search on the exact\n" +
+			"cost), larp-greedy (the paper's greedy), k8s-spread (what the default scheduler does).\n\n" +
+			"Output: table (each pod's node, per-node use, the cost beside k8s-spread's), json or yaml\n" +
+			"({policy, placement: {pod: node}, cost}), or topology: the input with the pods placed, which\n" +
+			"edgeflow plan reads (edgeflow place -f F -o topology | edgeflow plan -f -).",
+		Example: "  edgeflow place -f topology.yaml\n" +
+			"  edgeflow place -f topology.yaml --policy larp-greedy -o json\n" +
+			"  edgeflow place -f topology.yaml -o topology | edgeflow plan -f -",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := optimizer.ParsePlacementPolicy(policy)
+			if err != nil {
+				return usageError{err}
+			}
+			if err := checkOutput(output, "table", "json", "yaml", "topology"); err != nil {
+				return err
+			}
+			opts := tf.options(cmd)
+			opts.Unplaced = true
+			t, m, err := tf.load(cmd, opts)
+			if err != nil {
+				return err
+			}
+			pl, err := optimizer.Place(m, p)
+			if err != nil {
+				return err
+			}
+			switch output {
+			case "json", "yaml":
+				return writeStructured(cmd.OutOrStdout(), output, pl)
+			case "topology":
+				return writeStructured(cmd.OutOrStdout(), "yaml", placedTopology(t, m, pl, opts))
+			}
+			base := pl
+			if p != optimizer.K8sSpread {
+				if base, err = optimizer.Place(m, optimizer.K8sSpread); err != nil {
+					return err
+				}
+			}
+			return writePlaceTable(cmd.OutOrStdout(), m, pl, base)
+		},
+	}
+	tf.register(cmd)
+	cmd.Flags().StringVar(&policy, "policy", string(optimizer.LARP), "placement policy: larp, larp-greedy, k8s-spread")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json, yaml, topology")
+	return cmd
+}
+
+// placedTopology is the input with the pods placed (see Placement.Apply). When a default latency
+// filled node pairs the file does not give, those pairs are written out, so the result plans
+// without the flag.
+func placedTopology(t *optimizer.Topology, m *optimizer.Model, pl *optimizer.Placement, opts optimizer.Options) *optimizer.Topology {
+	out := pl.Apply(t)
+	if opts.DefaultLatencyMS == nil {
+		return out
+	}
+	given := map[[2]string]bool{}
+	for _, l := range t.Latency {
+		given[[2]string{l.From, l.To}] = true
+		given[[2]string{l.To, l.From}] = true
+	}
+	for u, a := range m.Nodes {
+		for v := u + 1; v < len(m.Nodes); v++ {
+			b := m.Nodes[v]
+			if !given[[2]string{a.Name, b.Name}] {
+				out.Latency = append(out.Latency, optimizer.Latency{From: a.Name, To: b.Name, MS: m.Latency.At(u, v)})
+			}
+		}
+	}
+	return out
+}
+
+// writePlaceTable prints every pod's node, each node's use, and the cost beside k8s-spread's.
+func writePlaceTable(w io.Writer, m *optimizer.Model, pl, base *optimizer.Placement) error {
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tPOD\tNODE\t")
+	cpu := make(map[string]int64, len(m.Nodes))
+	mem := make(map[string]int64, len(m.Nodes))
+	pods := make(map[string]int, len(m.Nodes))
+	for _, s := range m.Services {
+		name := s.Name
+		for _, p := range s.Pods {
+			node := pl.Placement[p.Name]
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\n", name, p.Name, node)
+			name = ""
+			cpu[node] += s.CPU
+			mem[node] += s.Mem
+			pods[node]++
+		}
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "NODE\tPODS\tCPU(m)\tMEMORY(MiB)\t")
+	for _, n := range m.Nodes {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t\n", n.Name, pods[n.Name], usage(cpu[n.Name], n.CPU), usage(mem[n.Name], n.Memory))
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintf(tw, "COST(%s)\tCOST(%s)\tCHANGE\t\n", pl.Policy, base.Policy)
+	fmt.Fprintf(tw, "%.1f\t%.1f\t%s\t\n", pl.Cost, base.Cost, change(pl.Cost, base.Cost))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(&buf, "\ncost = optimal LATA cost of the placed topology: Σ rps × latency over all routes, in ms·req/s\n")
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+func usage(used, alloc int64) string {
+	if alloc == 0 {
+		return fmt.Sprintf("%d/unlimited", used)
+	}
+	return fmt.Sprintf("%d/%d", used, alloc)
+}
