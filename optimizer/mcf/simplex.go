@@ -142,9 +142,12 @@ func (ns *simplex) solve(p *Transport, maxCost int64) {
 // to rows: it pivots in, for every sink with positive demand, its cheapest
 // incoming arc, then for every source with positive supply its cheapest
 // outgoing arc, each only if its reduced cost is still negative. One pass
-// over the cost matrix finds both. (Measured on the lemon_tp instances: the
-// rows cut pivots by up to 11% on uniform; a greedy feasible allocation
-// pivoted in instead raised the pivot count by up to 40%.)
+// over the cost matrix finds both. Measured on the lemon_tp instances
+// (n = 50..1000, seeds 1-3, both modes), adding the rows changed the arcs
+// priced by -43%..+10%, fewer in 18 of 24 cases; pivoting in a greedy
+// feasible allocation instead raised the pivot count by up to 42%, and
+// starting from the artificial tree alone was no better than LEMON's
+// columns.
 func (ns *simplex) initialPivots(p *Transport) {
 	n, m := ns.n, ns.m
 	ns.colMin = grow(ns.colMin, m)
