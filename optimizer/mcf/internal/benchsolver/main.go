@@ -10,7 +10,9 @@
 // Debian's liblemon-dev and g++). For every (mode, n) it runs R rounds; each
 // round runs LEMON (a subprocess doing K solves, every solve's solve_ms
 // printed) and edgeflow (K in-process Solve calls on a prebuilt Transport
-// with a reused Solver), alternating which goes first. It checks that both
+// with a reused Solver), alternating which goes first; for n < 200 both do
+// K*ceil(200/n) solves, since the first few solves of a round run on cold
+// caches on both sides. It checks that both
 // report the same optimal cost and prints, per mode, the medians over all
 // R*K solves. LEMON's time is its solve_ms (construct NetworkSimplex + run on
 // a prebuilt graph); edgeflow's is the whole Solve call.
@@ -56,7 +58,7 @@ func main() {
 	sizes := flag.String("sizes", "5,50,200,500,1000,2000", "comma-separated n (instances are n x n)")
 	modes := flag.String("modes", "rand,uniform", "comma-separated instance modes: rand, uniform")
 	flag.IntVar(&cfg.Rounds, "rounds", 5, "interleaved rounds per (mode, n)")
-	flag.IntVar(&cfg.Reps, "reps", 5, "solves per round and side")
+	flag.IntVar(&cfg.Reps, "reps", 5, "solves per round and side; n < 200 uses K*ceil(200/n) so the first, cold solves of a round do not set the median")
 	flag.Uint64Var(&cfg.Seed, "seed", 1, "splitmix64 seed")
 	flag.Int64Var(&cfg.MaxCost, "maxcost", 1000, "costs are 1 + next()%maxcost")
 	flag.BoolVar(&cfg.Mem, "mem", false, "report memory instead of time: edgeflow's allocations and this process's peak RSS, LEMON's peak RSS (use one size per run)")
@@ -168,7 +170,7 @@ type row struct {
 }
 
 func run(cfg Config, bin string) error {
-	fmt.Printf("# benchsolver: seed %d, maxcost %d, %d rounds x %d reps per side, GOMAXPROCS %d, %s\n",
+	fmt.Printf("# benchsolver: seed %d, maxcost %d, %d rounds x %d reps per side (x ceil(200/n) for n < 200), GOMAXPROCS %d, %s\n",
 		cfg.Seed, cfg.MaxCost, cfg.Rounds, cfg.Reps, runtime.GOMAXPROCS(0), runtime.Version())
 	fmt.Printf("# LEMON: %s solve_ms (construct + run); edgeflow: mcf.Solver.Solve on a prebuilt Transport, reused Solver\n", filepath.Base(bin))
 	failed := false
@@ -201,6 +203,10 @@ func measure(cfg Config, bin, mode string, n int) (row, error) {
 		return row{}, fmt.Errorf("%s n=%d: %w", mode, n, err)
 	}
 	r := row{n: n, cost: cost}
+	reps := cfg.Reps
+	if n < 200 {
+		reps *= (200 + n - 1) / n
+	}
 	for round := 0; round < cfg.Rounds; round++ {
 		goSide := func() {
 			// No collection may run while Solve is timed: Solve does
@@ -208,7 +214,7 @@ func measure(cfg Config, bin, mode string, n int) (row, error) {
 			runtime.GC()
 			old := debug.SetGCPercent(-1)
 			defer debug.SetGCPercent(old)
-			for k := 0; k < cfg.Reps; k++ {
+			for k := 0; k < reps; k++ {
 				t0 := time.Now()
 				dst, _, _ = solver.Solve(p, dst)
 				r.edgeflow = append(r.edgeflow, float64(time.Since(t0).Nanoseconds())/1e6)
@@ -217,7 +223,7 @@ func measure(cfg Config, bin, mode string, n int) (row, error) {
 		if round%2 == 1 {
 			goSide()
 		}
-		times, lcost, err := runLemon(bin, mode, n, cfg)
+		times, lcost, err := runLemon(bin, mode, n, reps, cfg)
 		if err != nil {
 			return row{}, err
 		}
@@ -234,9 +240,9 @@ func measure(cfg Config, bin, mode string, n int) (row, error) {
 	return r, nil
 }
 
-func runLemon(bin, mode string, n int, cfg Config) ([]float64, int64, error) {
+func runLemon(bin, mode string, n, reps int, cfg Config) ([]float64, int64, error) {
 	args := []string{strconv.Itoa(n), strconv.Itoa(n), strconv.FormatUint(cfg.Seed, 10), mode,
-		strconv.FormatInt(cfg.MaxCost, 10), strconv.Itoa(cfg.Reps), "ns"}
+		strconv.FormatInt(cfg.MaxCost, 10), strconv.Itoa(reps), "ns"}
 	out, err := exec.Command(bin, args...).Output()
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s %s: %w", bin, strings.Join(args, " "), err)
