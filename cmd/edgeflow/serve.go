@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/watcher"
+	"github.com/edgeflow/edgeflow/xds"
+)
+
+func init() { subcommands = append(subcommands, newServeCommand) }
+
+// The xDS server is what the file watcher feeds.
+var _ watcher.Listener = (*xds.Server)(nil)
+
+type serveFlags struct {
+	topologyFlags
+	xdsAddress     string
+	metricsAddress string
+	policy         string
+	encoding       string
+	debounceQuiet  time.Duration
+	debounceMax    time.Duration
+	pollInterval   time.Duration
+	logLevel       string
+}
+
+func newServeCommand() *cobra.Command {
+	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve -f FILE --xds-address HOST:PORT [--policy P] [--encoding E] [--metrics-address HOST:PORT]",
+		Short: "Serve a topology file's traffic weights over xDS and follow the file",
+		Long: "serve computes the allocation of a topology file and serves it over xDS (ADS, LDS, RDS, CDS, EDS), one\n" +
+			"snapshot per caller pod: a proxyless gRPC client with node id POD dials xds:///SERVICE; an Istio sidecar\n" +
+			"id sidecar~IP~POD.NS~… is matched by pod name, else IP; any other id gets round-robin weights.\n" +
+			"Every pod of a called service needs an address (IP:PORT) in the file.\n\n" +
+			"The file is polled for changes and re-read on SIGHUP; each change is solved and pushed (debounced) to\n" +
+			"the clients whose weights changed. A changed file that is invalid is logged and the last good topology\n" +
+			"stays. /metrics, /healthz and /readyz (ready after the first publication) are served on\n" +
+			"--metrics-address. SIGINT or SIGTERM shut down gracefully.",
+		Example: "  edgeflow serve -f topology.yaml --xds-address 127.0.0.1:18000 --metrics-address 127.0.0.1:9090",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runServe(cmd.Context(), cmd, &f)
+		},
+	}
+	f.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&f.xdsAddress, "xds-address", "", "HOST:PORT the xDS server listens on (port 0 picks one; the address is logged)")
+	fl.StringVar(&f.metricsAddress, "metrics-address", "", "HOST:PORT for /metrics, /healthz and /readyz (empty: not served)")
+	fl.StringVar(&f.policy, "policy", string(optimizer.LATA), "allocation policy: round-robin, localization, opttraffic, lata")
+	fl.StringVar(&f.encoding, "encoding", string(xds.EncodingLocality), "wire encoding of the weights: locality (EDS locality weights) or weighted-clusters")
+	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xds.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
+	fl.DurationVar(&f.debounceMax, "debounce-max", xds.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
+	fl.DurationVar(&f.pollInterval, "poll-interval", watcher.DefaultPollInterval, "how often the topology file is checked for changes")
+	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	_ = cmd.MarkFlagRequired("xds-address")
+	return cmd
+}
+
+func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
+	policy, err := optimizer.ParsePolicy(f.policy)
+	if err != nil {
+		return usageError{err}
+	}
+	enc, err := xds.ParseEncoding(f.encoding)
+	if err != nil {
+		return usageError{err}
+	}
+	if f.file == "-" {
+		return badInput("serve follows a file; it cannot read the topology from standard input")
+	}
+	if f.debounceQuiet == 0 || f.debounceMax <= 0 || f.pollInterval <= 0 {
+		return badInput("--debounce-quiet must be non-zero, --debounce-max and --poll-interval positive")
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return badInput("--log-level: %v", err)
+	}
+	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+	opts := f.options(cmd)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	source, err := watcher.NewFile(f.file, watcher.FileConfig{Options: opts, Check: xds.CheckTopology,
+		Interval: f.pollInterval, Logger: logger, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	// Bad input at startup is the user's to fix: exit 2 before anything listens.
+	if _, err := source.Load(); err != nil {
+		return usageError{err}
+	}
+	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts,
+		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Logger: logger, Registerer: reg})
+	if err != nil {
+		return err
+	}
+
+	xdsLis, err := net.Listen("tcp", f.xdsAddress)
+	if err != nil {
+		return fmt.Errorf("xDS listener: %w", err)
+	}
+	// Sidecars hold one long-lived stream each; keepalives notice dead peers.
+	g := grpc.NewServer(
+		grpc.MaxConcurrentStreams(1<<20),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	srv.Register(g)
+	var httpSrv *http.Server
+	var metricsLis net.Listener
+	if f.metricsAddress != "" {
+		if metricsLis, err = net.Listen("tcp", f.metricsAddress); err != nil {
+			xdsLis.Close()
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		httpSrv = &http.Server{Handler: serveMux(reg, srv), ReadHeaderTimeout: 10 * time.Second}
+	}
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	// Every goroutine below is owned by this function: it ends when ctx is cancelled (signal,
+	// or the first component failing) and is waited for before runServe returns.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	start := func(name string, fn func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(); err != nil {
+				cancel(fmt.Errorf("%s: %w", name, err))
+			}
+		}()
+	}
+	start("xDS push loop", func() error { return srv.Run(ctx) })
+	start("topology file", func() error { return source.Run(ctx, srv) })
+	start("xDS server", func() error {
+		if err := g.Serve(xdsLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return err
+		}
+		return nil
+	})
+	if httpSrv != nil {
+		start("metrics server", func() error {
+			if err := httpSrv.Serve(metricsLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	start("SIGHUP", func() error {
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-hup:
+				logger.Info("SIGHUP: reloading the topology file")
+				source.Reload()
+			}
+		}
+	})
+	metricsAt := "not served"
+	if metricsLis != nil {
+		metricsAt = "http://" + metricsLis.Addr().String() + "/metrics"
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow serve: xDS on %s, metrics %s, policy %s, encoding %s, file %s\n",
+		xdsLis.Addr(), metricsAt, policy, enc, f.file)
+
+	<-ctx.Done()
+	logger.Info("edgeflow serve: shutting down", "reason", context.Cause(ctx))
+	shutdown(g, httpSrv, logger)
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		var ue usageError
+		if errors.As(err, &ue) || errors.Is(err, optimizer.ErrInvalidTopology) || errors.Is(err, xds.ErrIncompleteTopology) {
+			return usageError{err}
+		}
+		return err
+	}
+	return nil
+}
+
+// shutdown stops the servers: Run has ended the xDS streams, so the gRPC server drains
+// quickly; a hard stop follows after a grace period.
+func shutdown(g *grpc.Server, httpSrv *http.Server, logger *slog.Logger) {
+	const grace = 5 * time.Second
+	if httpSrv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), grace)
+		if err := httpSrv.Shutdown(ctx); err != nil {
+			logger.Warn("metrics server shutdown", "error", err)
+		}
+		cancel()
+	}
+	done := make(chan struct{})
+	go func() { g.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		g.Stop()
+		<-done
+	}
+}
+
+func serveMux(reg *prometheus.Registry, srv *xds.Server) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if n := srv.Published(); n > 0 {
+			fmt.Fprintf(w, "ok: publication %d\n", n)
+			return
+		}
+		http.Error(w, "not ready: no topology published yet", http.StatusServiceUnavailable)
+	})
+	return mux
+}

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	grpcxds "google.golang.org/grpc/xds"
+)
+
+// syncBuffer is a bytes.Buffer safe for the command's goroutines and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type serveBackend struct {
+	testgrpc.UnimplementedTestServiceServer
+	pod string
+}
+
+func (b serveBackend) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+	return &testgrpc.SimpleResponse{ServerId: b.pod}, nil
+}
+
+// startServeBackends starts a gRPC TestService per pod on loopback and returns their addresses.
+func startServeBackends(t *testing.T, pods ...string) map[string]string {
+	t.Helper()
+	addrs := map[string]string{}
+	for _, p := range pods {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := grpc.NewServer()
+		testgrpc.RegisterTestServiceServer(g, serveBackend{pod: p})
+		done := make(chan struct{})
+		go func() { defer close(done); _ = g.Serve(lis) }()
+		t.Cleanup(func() { g.Stop(); <-done })
+		addrs[p] = lis.Addr().String()
+	}
+	return addrs
+}
+
+func serveTopology(addrs map[string]string, latency float64) string {
+	return fmt.Sprintf(`nodes: [{name: n1}, {name: n2}]
+latency: [{from: n1, to: n2, ms: %v}]
+services:
+  - name: client
+    pods: [{name: c-0, node: n1}, {name: c-1, node: n2}]
+  - name: echo
+    pods:
+      - {name: e-0, node: n1, address: %q}
+      - {name: e-1, node: n2, address: %q}
+calls: [{from: client, to: echo}]
+ingress: [{service: client, rps: 10}]
+`, latency, addrs["e-0"], addrs["e-1"])
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	// Write then rename, as a careful editor does, so a poll never sees half a file.
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func httpGet(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// metricValue returns the value of an unlabelled sample in a /metrics page ("" if absent).
+func metricValue(page, name string) string {
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\S+)$`).FindStringSubmatch(page)
+	if m == nil {
+		return ""
+	}
+	return m[1]
+}
+
+func TestServeFollowsTheFile(t *testing.T) {
+	addrs := startServeBackends(t, "e-0", "e-1")
+	path := filepath.Join(t.TempDir(), "topology.yaml")
+	writeFile(t, path, serveTopology(addrs, 5))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var stderr syncBuffer
+	root := newRootCommand()
+	root.SetArgs([]string{"serve", "-f", path, "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
+		"--policy", "localization", "--debounce-quiet", "5ms", "--poll-interval", "10ms"})
+	root.SetErr(&stderr)
+	root.SetOut(io.Discard)
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	stopped := false
+	t.Cleanup(func() {
+		cancel()
+		if !stopped {
+			<-done
+		}
+	})
+
+	var xdsAddr, metricsURL string
+	re := regexp.MustCompile(`xDS on (\S+), metrics (http://\S+)/metrics`)
+	waitFor(t, "the listening line", func() bool {
+		m := re.FindStringSubmatch(stderr.String())
+		if m != nil {
+			xdsAddr, metricsURL = m[1], m[2]
+		}
+		return m != nil
+	})
+	waitFor(t, "/readyz", func() bool { code, _ := httpGet(metricsURL + "/readyz"); return code == 200 })
+	if code, body := httpGet(metricsURL + "/healthz"); code != 200 {
+		t.Errorf("/healthz: %d %s", code, body)
+	}
+	metrics := func() string { _, body := httpGet(metricsURL + "/metrics"); return body }
+	if v := metricValue(metrics(), "edgeflow_xds_publications_total"); v != "1" {
+		t.Errorf("publications_total = %q", v)
+	}
+
+	// A real grpc-go xDS client, node id c-0, follows the file: localization sends it to e-0
+	// (same node) …
+	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}], "node": {"id": "c-0"}}`, xdsAddr)
+	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient("xds:///echo", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	client := testgrpc.NewTestServiceClient(cc)
+	servedBy := func() string {
+		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer rcancel()
+		r, err := client.UnaryCall(rctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true))
+		if err != nil {
+			t.Fatalf("RPC: %v", err)
+		}
+		return r.GetServerId()
+	}
+	if got := servedBy(); got != "e-0" {
+		t.Fatalf("c-0 served by %s, want e-0", got)
+	}
+
+	// … until e-0 moves away: the file changes, the poll notices, the client follows.
+	moved := strings.Replace(serveTopology(addrs, 5), "{name: e-0, node: n1", "{name: e-0, node: n2", 1)
+	moved = strings.Replace(moved, "{name: e-1, node: n2", "{name: e-1, node: n1", 1)
+	writeFile(t, path, moved)
+	waitFor(t, "c-0 to follow the file", func() bool { return servedBy() == "e-1" })
+
+	// A bad file is rejected and counted; the last good topology stays served.
+	writeFile(t, path, "nodes: [{name: n1}]\nservices: [{name: echo, pods: [{name: e-0, node: nowhere}]}]\n")
+	waitFor(t, "the reload error", func() bool { return metricValue(metrics(), "edgeflow_watcher_topology_errors_total") == "1" })
+	if got := servedBy(); got != "e-1" {
+		t.Errorf("after a bad file c-0 is served by %s", got)
+	}
+	if !strings.Contains(stderr.String(), `unknown node \"nowhere\"`) {
+		t.Errorf("the reload error does not name the item:\n%s", stderr.String())
+	}
+	if code, _ := httpGet(metricsURL + "/readyz"); code != 200 {
+		t.Error("not ready after a rejected reload")
+	}
+
+	// A good file again is delivered; SIGHUP forces a re-read even when nothing changed.
+	writeFile(t, path, strings.Replace(moved, "ms: 5", "ms: 6", 1))
+	waitFor(t, "the good file again", func() bool { return metricValue(metrics(), "edgeflow_watcher_topology_updates_total") == "3" })
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the SIGHUP reload", func() bool { return metricValue(metrics(), "edgeflow_watcher_topology_updates_total") == "4" })
+
+	cancel()
+	select {
+	case err := <-done:
+		stopped = true
+		if err != nil {
+			t.Errorf("serve returned %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not shut down")
+	}
+}
+
+func TestServeBadInput(t *testing.T) {
+	dir := t.TempDir()
+	noAddress := filepath.Join(dir, "noaddr.yaml")
+	writeFile(t, noAddress, strings.ReplaceAll(serveTopology(map[string]string{"e-0": "", "e-1": "10.0.0.1:80"}, 5), `address: ""`, `weight: 1`))
+	invalid := filepath.Join(dir, "invalid.yaml")
+	writeFile(t, invalid, "nodes: [{name: n1}]\nservices: [{name: a, pods: [{name: a-0, node: n9}]}]\n")
+	for _, tc := range []struct {
+		name string
+		args []string
+		msg  string
+	}{
+		{"missing file", []string{"-f", filepath.Join(dir, "none.yaml"), "--xds-address", "127.0.0.1:0"}, "no such file"},
+		{"invalid topology", []string{"-f", invalid, "--xds-address", "127.0.0.1:0"}, `unknown node "n9"`},
+		{"callee without address", []string{"-f", noAddress, "--xds-address", "127.0.0.1:0"}, `pod "e-0" (service "echo") has no address`},
+		{"no xds address", []string{"-f", invalid}, "xds-address"},
+		{"bad policy", []string{"-f", invalid, "--xds-address", ":0", "--policy", "fastest"}, "unknown policy"},
+		{"bad encoding", []string{"-f", invalid, "--xds-address", ":0", "--encoding", "endpoint"}, "unknown encoding"},
+		{"stdin", []string{"-f", "-", "--xds-address", ":0"}, "standard input"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := runCLI(t, "", append([]string{"serve"}, tc.args...)...)
+			if code != exitBadInput || stdout != "" || !strings.Contains(stderr, tc.msg) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit 2 naming %q", code, stdout, stderr, tc.msg)
+			}
+		})
+	}
+}
