@@ -36,14 +36,19 @@ func init() { subcommands = append(subcommands, newDemoCommand) }
 //   - Localization, which ignores load, sends 2/3 of details' calls to one pod (200 req/s,
 //     120 % of its capacity) and half of ratings' to one pod (150 req/s, 90 %): it overloads,
 //     as the paper measured. Round-robin, OptTraffic and LATA keep every pod at its share.
-//   - 10 s per policy after a 1 s warm-up gives ~3,000 measured requests each (P99 rests on
-//     the slowest ~30) and keeps the whole demo under a minute.
+//   - 10 s per policy gives 3,000 measured requests each (P99 rests on the slowest 30) and
+//     keeps the whole demo under a minute. It is measured in 4 rounds of 2.5 s, the policies
+//     taking turns, so that a stall of this shared 2-core machine does not land on one policy
+//     only; each slice follows 0.5 s of unrecorded load, a few times what a pod's queue at 60 %
+//     needs to reach its steady state (~0.1 s). An overloaded pod's queue grows for as long as
+//     the overload lasts, so Localization's latencies grow with the slice length.
 const (
 	demoRate        = 300
 	demoWorkers     = 1
 	demoServiceTime = 6 * time.Millisecond
 	demoDuration    = 10 * time.Second
-	demoWarmup      = time.Second
+	demoRounds      = 4
+	demoWarmup      = 500 * time.Millisecond
 	demoTimeout     = 5 * time.Second
 )
 
@@ -57,6 +62,7 @@ type demoFlags struct {
 	latencyScale float64
 	timeout      time.Duration
 	policies     []string
+	rounds       int
 	seed         uint64
 }
 
@@ -70,9 +76,10 @@ func newDemoCommand() *cobra.Command {
 			"service time (workers × exponential service time, sleeping), the round-trip time between the\n" +
 			"emulated nodes injected by each callee, edgeflow's xDS server, a real grpc-go xDS client per\n" +
 			"caller pod (xDS node id = pod name), and open-loop constant-rate load into the ingress pods.\n" +
-			"It runs each policy in turn on a fresh cluster, reporting progress on stderr, then prints one\n" +
-			"table: end-to-end latency (measured from the intended send time), errors, achieved rate, and\n" +
-			"the largest deviation of the observed per-route split from the planned one.",
+			"Each policy gets its own xDS server and cluster; the policies take turns under load for\n" +
+			"--rounds rounds (progress on stderr). Then it prints one table: end-to-end latency (measured\n" +
+			"from the intended send time), errors, achieved rate, the deepest queue at any pod, and the\n" +
+			"largest deviation of the observed per-route split from the planned one.",
 		Example: "  edgeflow demo\n  edgeflow demo --duration 5s --rate 200\n  edgeflow demo --latency-scale 2   # scenario B",
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -84,8 +91,9 @@ func newDemoCommand() *cobra.Command {
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&f.topology, "topology", "f", "", "topology file with placed pods (default: the bundled Bookinfo)")
-	fl.DurationVar(&f.duration, "duration", demoDuration, "measured time per policy")
-	fl.DurationVar(&f.warmup, "warmup", demoWarmup, "load before each measurement, not recorded")
+	fl.DurationVar(&f.duration, "duration", demoDuration, "measured time per policy (split over the rounds)")
+	fl.IntVar(&f.rounds, "rounds", demoRounds, "rounds: each gives every policy duration/rounds of load in turn")
+	fl.DurationVar(&f.warmup, "warmup", demoWarmup, "load before each slice of measurement, not recorded")
 	fl.Float64Var(&f.rate, "rate", demoRate, "requests per second into the ingress services (replaces the topology's ingress rates, in proportion)")
 	fl.IntVar(&f.workers, "workers", demoWorkers, "workers per pod (requests worked on at once)")
 	fl.DurationVar(&f.serviceTime, "service-time", demoServiceTime, "mean service time per request per pod (exponential)")
@@ -110,6 +118,7 @@ type demoInput struct {
 	topology *optimizer.Topology
 	policies []optimizer.Policy
 	scenario loopback.Scenario
+	slice    loadgen.Config // one round's load of one policy
 }
 
 func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) {
@@ -130,6 +139,8 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 		return nil, badInput("--timeout must be positive, got %v", f.timeout)
 	case len(f.policies) == 0:
 		return nil, badInput("--policies is empty")
+	case f.rounds < 1 || time.Duration(f.rounds) > f.duration/time.Millisecond:
+		return nil, badInput("--rounds must be between 1 and --duration in ms, got %d", f.rounds)
 	}
 	in := &demoInput{}
 	for _, s := range f.policies {
@@ -178,11 +189,18 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 		// The xDS server's warnings (NACKs, rejected topologies) are worth seeing.
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
+	in.slice = in.scenario.Load
+	in.slice.Duration = f.duration / time.Duration(f.rounds)
 	return in, nil
 }
 
 // runDemo runs the demo and returns the outcomes it printed.
-func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f demoFlags) ([]*loopback.Outcome, error) {
+//
+// Every policy gets its own stack (xDS server + cluster), all started up front and idle while
+// not under load. The measured time is cut into rounds, and each round gives every policy one
+// slice of load in turn, so a stall of this shared machine (other processes, a GC) is as likely
+// to hit one policy as another instead of spoiling one policy's whole run.
+func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f demoFlags) (_ []*loopback.Outcome, err error) {
 	in, err := f.input(stdin, stderr)
 	if err != nil {
 		return nil, err
@@ -192,22 +210,50 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 	for _, s := range in.topology.Services {
 		pods += len(s.Pods)
 	}
-	fmt.Fprintf(stderr, "edgeflow demo: %s, %d pods on %d nodes, %g req/s, %d worker(s)/pod, service time exp(mean %v), latency ×%g; %v per policy after %v warm-up\n",
-		in.name, pods, len(in.topology.Nodes), f.rate, f.workers, f.serviceTime, f.latencyScale, f.duration, f.warmup)
-	var outcomes []*loopback.Outcome
-	for i, p := range in.policies {
-		fmt.Fprintf(stderr, "[%d/%d] %-12s running…\n", i+1, len(in.policies), p)
-		o, err := loopback.RunPolicy(ctx, in.scenario, p)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("demo interrupted during %s: %w", p, ctx.Err())
+	fmt.Fprintf(stderr, "edgeflow demo: %s, %d pods on %d nodes, %g req/s, %d worker(s)/pod, service time exp(mean %v), latency ×%g\n",
+		in.name, pods, len(in.topology.Nodes), f.rate, f.workers, f.serviceTime, f.latencyScale)
+	fmt.Fprintf(stderr, "edgeflow demo: %v per policy in %d rounds of %v, each after a %v warm-up\n",
+		f.duration, f.rounds, in.slice.Duration, in.slice.Warmup)
+
+	stacks := make([]*loopback.Stack, 0, len(in.policies))
+	defer func() {
+		for _, s := range stacks {
+			if cerr := s.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("demo: %s: %w", s.Policy(), cerr)
 			}
-			return nil, fmt.Errorf("demo: %s: %w", p, err)
 		}
-		r := o.Load
-		fmt.Fprintf(stderr, "[%d/%d] %-12s done in %.1fs: p50 %s, p99 %s, %d errors, split within %.1f pp of plan\n",
-			i+1, len(in.policies), p, o.Wall.Seconds(), fmtMS(r.Latency.Quantile(0.5)), fmtMS(r.Latency.Quantile(0.99)), r.Errors, o.Deviation.PP)
-		outcomes = append(outcomes, o)
+	}()
+	interrupted := func(what string, err error) error {
+		if ctx.Err() != nil {
+			return fmt.Errorf("demo interrupted while %s: %w", what, ctx.Err())
+		}
+		return fmt.Errorf("demo: %s: %w", what, err)
+	}
+	for _, p := range in.policies {
+		s, err := loopback.StartStack(ctx, in.scenario, p)
+		if err != nil {
+			return nil, interrupted("starting "+string(p), err)
+		}
+		stacks = append(stacks, s)
+	}
+	fmt.Fprintf(stderr, "edgeflow demo: %d xDS servers and %d pods with their xDS clients ready in %.1fs\n",
+		len(stacks), pods*len(stacks), time.Since(start).Seconds())
+
+	results := make([][]*loadgen.Result, len(stacks))
+	for r := 0; r < f.rounds; r++ {
+		for i, s := range stacks {
+			res, err := s.Load(ctx, in.slice)
+			if err != nil {
+				return nil, interrupted(fmt.Sprintf("loading %s", s.Policy()), err)
+			}
+			results[i] = append(results[i], res)
+			fmt.Fprintf(stderr, "[round %d/%d] %-12s p50 %8s  p99 %8s  errors %d  generator lag ≤ %s\n", r+1, f.rounds, s.Policy(),
+				fmtMS(res.Latency.Quantile(0.5)), fmtMS(res.Latency.Quantile(0.99)), res.Errors, fmtMS(res.MaxSendLag))
+		}
+	}
+	outcomes := make([]*loopback.Outcome, len(stacks))
+	for i, s := range stacks {
+		outcomes[i] = s.Outcome(loadgen.Merge(results[i]...))
 	}
 	if err := writeDemoTable(stdout, in, f, outcomes); err != nil {
 		return nil, err
@@ -215,6 +261,11 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 	fmt.Fprintf(stderr, "edgeflow demo: done in %.1fs\n", time.Since(start).Seconds())
 	return outcomes, nil
 }
+
+// lagWarning is the generator lag above which the table notes that the machine was too busy to
+// keep the schedule (the lag is in the measured latencies, as it should be, but it is the
+// machine's, not the policy's).
+const lagWarning = 50 * time.Millisecond
 
 func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopback.Outcome) error {
 	var base *loopback.Outcome
@@ -225,7 +276,7 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopbac
 	}
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POLICY\tMEAN\tP50\tP90\tP99\tP99 vs RR\tERRORS\tRATE(req/s)\tSPLIT DEV(pp)\tWORST ROUTE (planned → observed)\tPLAN COST")
+	fmt.Fprintln(tw, "POLICY\tMEAN\tP50\tP90\tP99\tP99 vs RR\tERRORS\tRATE(req/s)\tMAX QUEUE\tSPLIT DEV(pp)\tWORST ROUTE (planned → observed)\tPLAN COST")
 	for _, o := range outcomes {
 		r := o.Load
 		vs := "—"
@@ -237,27 +288,46 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopbac
 		if d.Requests > 0 {
 			worst = fmt.Sprintf("%s→%s %.1f%% → %.1f%%", d.Caller, d.Callee, 100*d.Planned, 100*d.Observed)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.1f\t%.1f\t%s\t%.0f\n", o.Policy,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.1f\t%s\t%.1f\t%s\t%.0f\n", o.Policy,
 			fmtMS(r.Latency.Mean()), fmtMS(r.Latency.Quantile(0.5)), fmtMS(r.Latency.Quantile(0.9)), fmtMS(r.Latency.Quantile(0.99)),
-			vs, r.Errors, r.Achieved(), d.PP, worst, o.Plan.Cost)
+			vs, r.Errors, r.Achieved(), deepestQueue(o), d.PP, worst, o.Plan.Cost)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(&buf, "\n%s on %d emulated nodes (latency ×%g), %g req/s open-loop for %v per policy (after %v warm-up);\n",
-		in.name, len(in.topology.Nodes), f.latencyScale, f.rate, f.duration, f.warmup)
-	fmt.Fprintf(&buf, "%d worker(s)/pod, exponential service time mean %v (simulated: sleeping, not CPU); callee-injected node RTT.\n",
-		f.workers, f.serviceTime)
-	fmt.Fprintf(&buf, "Latency from the intended send time, errors excluded; RATE = successful responses / measured time;\n")
-	fmt.Fprintf(&buf, "SPLIT DEV = largest |observed − planned| route share of any caller pod, counted at the callees;\n")
-	fmt.Fprintf(&buf, "PLAN COST = Σ rps × latency of the published allocation, ms·req/s.\n")
+	fmt.Fprintf(&buf, "\n%s on %d emulated nodes (latency ×%g), %g req/s open-loop, %v per policy in %d rounds of %v\n",
+		in.name, len(in.topology.Nodes), f.latencyScale, f.rate, f.duration, f.rounds, in.slice.Duration)
+	fmt.Fprintf(&buf, "(policies taking turns, each slice after %v of unrecorded load); %d worker(s)/pod, exponential\n", in.slice.Warmup, f.workers)
+	fmt.Fprintf(&buf, "service time mean %v (simulated: sleeping, not CPU); node RTT injected by the callee.\n", f.serviceTime)
+	fmt.Fprintf(&buf, "Latency from the intended send time, errors excluded; RATE = successful responses per second from\n")
+	fmt.Fprintf(&buf, "the first send to the last response (below the offered rate when responses fall behind);\n")
+	fmt.Fprintf(&buf, "MAX QUEUE = most requests waiting for a worker at one pod; SPLIT DEV = largest |observed − planned|\n")
+	fmt.Fprintf(&buf, "route share of any caller pod, counted at the callees; PLAN COST = Σ rps × latency, ms·req/s.\n")
 	for _, o := range outcomes {
 		if len(o.Load.ErrorKinds) > 0 || o.NACKs > 0 {
 			fmt.Fprintf(&buf, "%s: errors %v, xDS NACKs %.0f\n", o.Policy, o.Load.ErrorKinds, o.NACKs)
 		}
+		if o.Load.MaxSendLag > lagWarning {
+			fmt.Fprintf(&buf, "%s: the machine was busy: the load generator fell up to %s behind schedule (included in the latencies)\n",
+				o.Policy, fmtMS(o.Load.MaxSendLag))
+		}
 	}
 	_, err := w.Write(buf.Bytes())
 	return err
+}
+
+// deepestQueue names the pod whose queue was deepest and how deep it got.
+func deepestQueue(o *loopback.Outcome) string {
+	pod, n := "", int64(-1)
+	for name, st := range o.Pods {
+		if st.MaxWaiting > n || st.MaxWaiting == n && name < pod {
+			pod, n = name, st.MaxWaiting
+		}
+	}
+	if pod == "" {
+		return "—"
+	}
+	return fmt.Sprintf("%d %s", n, pod)
 }
 
 // fmtMS prints a latency in milliseconds with a precision that suits its size.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -20,39 +21,35 @@ func TestDemoShort(t *testing.T) {
 		t.Skip("runs four policies on an emulated cluster (~15 s)")
 	}
 	before := goroutines()
-	code, out, errOut := runCLI(t, "", "demo", "--duration", "2s", "--warmup", "500ms", "--rate", "150")
+	code, out, errOut := runCLI(t, "", "demo", "--duration", "2s", "--rounds", "2", "--warmup", "500ms", "--rate", "150")
 	if code != 0 {
 		t.Fatalf("exit %d\nstderr:\n%s", code, errOut)
 	}
-	rows := map[string][]string{}
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) > 0 {
-			rows[f[0]] = f
-		}
-	}
-	header := rows["POLICY"]
-	if header == nil {
-		t.Fatalf("no table header in\n%s", out)
-	}
-	for i, p := range optimizer.Policies() {
-		row := rows[string(p)]
+	table := parseTable(t, out)
+	for _, p := range optimizer.Policies() {
+		row := table[string(p)]
 		if row == nil {
 			t.Errorf("no row for %s in\n%s", p, out)
 			continue
 		}
-		if !strings.Contains(errOut, "["+strconv.Itoa(i+1)+"/4] "+string(p)) {
-			t.Errorf("no progress line for %s on stderr:\n%s", p, errOut)
+		for r := 1; r <= 2; r++ {
+			if !strings.Contains(errOut, fmt.Sprintf("[round %d/2] %s", r, p)) {
+				t.Errorf("no progress line for %s in round %d on stderr:\n%s", p, r, errOut)
+			}
 		}
-		if errs := row[6]; errs != "0" && p != optimizer.Localization {
+		if errs := row["ERRORS"]; errs != "0" && p != optimizer.Localization {
 			t.Errorf("%s: %s errors", p, errs)
 		}
+		for _, col := range []string{"MEAN", "P50", "P90", "P99"} {
+			if !strings.HasSuffix(row[col], "ms") {
+				t.Errorf("%s: %s = %q", p, col, row[col])
+			}
+		}
 	}
-	// Columns: POLICY MEAN P50 P90 P99 P99-vs-RR ERRORS RATE SPLIT-DEV …
-	if lata := rows["lata"]; lata != nil {
-		dev, err := strconv.ParseFloat(lata[8], 64)
+	if lata := table["lata"]; lata != nil {
+		dev, err := strconv.ParseFloat(lata["SPLIT DEV(pp)"], 64)
 		if err != nil {
-			t.Fatalf("lata's split deviation %q: %v", lata[8], err)
+			t.Fatalf("lata's split deviation %q: %v", lata["SPLIT DEV(pp)"], err)
 		}
 		// ~50–75 requests per caller pod over 2.5 s: a share's sampling error is ≤ 7 pp, so a
 		// correct split stays well under 25 pp; a wrong one (weights not applied) is off by
@@ -60,7 +57,7 @@ func TestDemoShort(t *testing.T) {
 		if dev > 25 {
 			t.Errorf("lata: observed split deviates %.1f pp from the plan\n%s", dev, out)
 		}
-		if rate, _ := strconv.ParseFloat(lata[7], 64); rate < 120 {
+		if rate, _ := strconv.ParseFloat(lata["RATE(req/s)"], 64); rate < 120 {
 			t.Errorf("lata: achieved %v req/s of 150", rate)
 		}
 	}
@@ -68,6 +65,49 @@ func TestDemoShort(t *testing.T) {
 		t.Errorf("xDS NACKs reported:\n%s", out)
 	}
 	noLeaks(t, before)
+}
+
+// parseTable reads the demo's table: rows by policy, cells by column header. tabwriter aligns
+// every cell at its header's offset.
+func parseTable(t *testing.T, out string) map[string]map[string]string {
+	t.Helper()
+	lines := strings.Split(out, "\n")
+	if len(lines) == 0 || !strings.HasPrefix(lines[0], "POLICY ") {
+		t.Fatalf("no table header in\n%s", out)
+	}
+	header := lines[0]
+	var cols []string
+	var offsets []int
+	for _, name := range []string{"POLICY", "MEAN", "P50", "P90", "P99", "P99 vs RR", "ERRORS", "RATE(req/s)", "MAX QUEUE", "SPLIT DEV(pp)", "WORST ROUTE", "PLAN COST"} {
+		i := strings.Index(header, name+" ")
+		if name == "PLAN COST" {
+			i = strings.Index(header, name)
+		}
+		if i < 0 {
+			t.Fatalf("no column %q in %q", name, header)
+		}
+		cols, offsets = append(cols, name), append(offsets, i)
+	}
+	rows := map[string]map[string]string{}
+	for _, line := range lines[1:] {
+		if strings.TrimSpace(line) == "" {
+			break
+		}
+		row := map[string]string{}
+		r := []rune(line)
+		for k, name := range cols {
+			from := len([]rune(header[:offsets[k]]))
+			to := len(r)
+			if k+1 < len(cols) {
+				to = min(len([]rune(header[:offsets[k+1]])), len(r))
+			}
+			if from < len(r) {
+				row[name] = strings.TrimSpace(string(r[from:to]))
+			}
+		}
+		rows[row["POLICY"]] = row
+	}
+	return rows
 }
 
 // goroutines returns the stacks of the running goroutines but os/signal's, which the first
@@ -118,6 +158,7 @@ func TestDemoBadInput(t *testing.T) {
 		{"zero duration", []string{"--duration", "0s"}, "--duration"},
 		{"negative rate", []string{"--rate", "-5"}, "--rate"},
 		{"no workers", []string{"--workers", "0"}, "--workers"},
+		{"no rounds", []string{"--rounds", "0"}, "--rounds"},
 		{"unknown policy", []string{"--policies", "lata,fastest"}, "fastest"},
 		{"missing file", []string{"--topology", filepath.Join(dir, "nope.yaml")}, "nope.yaml"},
 		{"unplaced pods", []string{"--topology", unplaced}, "no placed pods"},

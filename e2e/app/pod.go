@@ -88,6 +88,7 @@ type Pod struct {
 	served  atomic.Uint64
 	failed  atomic.Uint64
 	waiting atomic.Int64
+	deepest atomic.Int64
 }
 
 // NewPod validates cfg and returns the pod. It starts nothing: register it on a gRPC server
@@ -148,8 +149,9 @@ type Stats struct {
 	// Served counts requests answered successfully; Failed those answered with an error
 	// (cancelled, timed out, or a downstream call failed).
 	Served, Failed uint64
-	// Waiting is the number of requests queued for a worker now.
-	Waiting int64
+	// Waiting is the number of requests queued for a worker now; MaxWaiting the most there
+	// have been at once.
+	Waiting, MaxWaiting int64
 }
 
 // Stats returns a snapshot of the pod's counters.
@@ -160,7 +162,7 @@ func (p *Pod) Stats() Stats {
 		rcv[k] = v
 	}
 	p.mu.Unlock()
-	return Stats{Received: rcv, Served: p.served.Load(), Failed: p.failed.Load(), Waiting: p.waiting.Load()}
+	return Stats{Received: rcv, Served: p.served.Load(), Failed: p.failed.Load(), Waiting: p.waiting.Load(), MaxWaiting: p.deepest.Load()}
 }
 
 // handle serves one request: inject the network delay, queue for a worker, hold it for the
@@ -201,7 +203,9 @@ func (p *Pod) work(ctx context.Context, callerNode string) error {
 	now := time.Now()
 	start, finish := p.queue.admit(now, service)
 	if start.After(now) {
-		p.waiting.Add(1)
+		n := p.waiting.Add(1)
+		for d := p.deepest.Load(); n > d && !p.deepest.CompareAndSwap(d, n); d = p.deepest.Load() {
+		}
 		err := sleep(ctx, start.Sub(now))
 		p.waiting.Add(-1)
 		if err != nil {

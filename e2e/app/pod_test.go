@@ -95,8 +95,8 @@ func TestPodWorkersBoundConcurrency(t *testing.T) {
 			t.Errorf("request %d finished after %v, want %v", i, lat[i], want)
 		}
 	}
-	if st := pod.Stats(); st.Served != 6 || st.Failed != 0 || st.Waiting != 0 || st.Received[""] != 6 {
-		t.Errorf("stats %+v, want 6 received from outside and served", st)
+	if st := pod.Stats(); st.Served != 6 || st.Failed != 0 || st.Waiting != 0 || st.MaxWaiting != 3 || st.Received[""] != 6 {
+		t.Errorf("stats %+v, want 6 received from outside and served, at most 3 waiting", st)
 	}
 }
 

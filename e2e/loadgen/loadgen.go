@@ -222,3 +222,27 @@ func (s Samples) Max() time.Duration {
 	}
 	return s[len(s)-1]
 }
+
+// Merge combines the results of several runs (e.g. interleaved slices of one experiment) into
+// one: counts and Elapsed add up, the latency samples are pooled, MaxSendLag is the largest.
+// Nil results are skipped.
+func Merge(results ...*Result) *Result {
+	out := &Result{ErrorKinds: map[string]int{}}
+	var lat []time.Duration
+	for _, r := range results {
+		if r == nil {
+			continue
+		}
+		out.Sent += r.Sent
+		out.OK += r.OK
+		out.Errors += r.Errors
+		out.Elapsed += r.Elapsed
+		out.MaxSendLag = max(out.MaxSendLag, r.MaxSendLag)
+		for k, n := range r.ErrorKinds {
+			out.ErrorKinds[k] += n
+		}
+		lat = append(lat, r.Latency...)
+	}
+	out.Latency = NewSamples(lat)
+	return out
+}

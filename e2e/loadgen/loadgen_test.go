@@ -229,3 +229,20 @@ func TestRunCancelled(t *testing.T) {
 		t.Fatal("Run did not return after its context was cancelled")
 	}
 }
+
+func TestMerge(t *testing.T) {
+	a := &Result{Sent: 3, OK: 2, Errors: 1, ErrorKinds: map[string]int{"timeout": 1}, Latency: NewSamples(ms(5, 1)),
+		Elapsed: time.Second, MaxSendLag: 2 * time.Millisecond}
+	b := &Result{Sent: 2, OK: 1, Errors: 1, ErrorKinds: map[string]int{"timeout": 1}, Latency: NewSamples(ms(3)),
+		Elapsed: 2 * time.Second, MaxSendLag: time.Millisecond}
+	got := Merge(a, nil, b)
+	if got.Sent != 5 || got.OK != 3 || got.Errors != 2 || got.ErrorKinds["timeout"] != 2 {
+		t.Errorf("counts %+v", got)
+	}
+	if got.Elapsed != 3*time.Second || got.MaxSendLag != 2*time.Millisecond || got.Achieved() != 1 {
+		t.Errorf("elapsed %v lag %v achieved %v", got.Elapsed, got.MaxSendLag, got.Achieved())
+	}
+	if want := NewSamples(ms(1, 3, 5)); len(got.Latency) != 3 || got.Latency[0] != want[0] || got.Latency[2] != want[2] {
+		t.Errorf("latencies %v, want %v (sorted)", got.Latency, want)
+	}
+}

@@ -44,7 +44,7 @@ type Outcome struct {
 	Pods map[string]app.Stats
 	// NACKs counts xDS responses the clients rejected (should be 0).
 	NACKs float64
-	// Wall is the run's wall time, set-up and teardown included.
+	// Wall is the time from the start of the stack to the outcome.
 	Wall time.Duration
 }
 
@@ -68,12 +68,28 @@ func WithIngressRate(t *optimizer.Topology, rate float64) (*optimizer.Topology, 
 	return c, nil
 }
 
-// RunPolicy runs one policy on a fresh emulated cluster: it starts edgeflow's xDS server
-// (policy p) on 127.0.0.1, starts the cluster's pods against it, publishes the cluster's
-// topology, waits until every caller's xDS channel is ready, applies the load, and stops
-// everything it started before it returns — also on error or when ctx is done.
-func RunPolicy(ctx context.Context, sc Scenario, p optimizer.Policy) (out *Outcome, err error) {
-	start := time.Now()
+// Stack is one policy's running system: edgeflow's xDS server with that policy on 127.0.0.1 and
+// a fresh emulated cluster whose callers use it. Several stacks can run side by side (each has
+// its own ports), so an experiment can interleave policies in time.
+type Stack struct {
+	policy  optimizer.Policy
+	scn     Scenario
+	srv     *xds.Server
+	reg     *prometheus.Registry
+	g       *grpc.Server
+	cluster *Cluster
+	started time.Time
+
+	stop      context.CancelFunc // ends the xDS push loop
+	serveDone chan error
+	pushDone  chan error
+}
+
+// StartStack starts the xDS server (policy p) and the cluster, publishes the cluster's topology
+// with ingress rates scaled to sc.Load.Rate, and waits (at most SetupTimeout) until every caller
+// pod's xDS channel is ready. The stack runs until Close, which the caller must call; if
+// StartStack fails it has stopped everything itself. ctx bounds only the start.
+func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack, err error) {
 	topo, err := WithIngressRate(sc.Cluster.Topology, sc.Load.Rate)
 	if err != nil {
 		return nil, err
@@ -82,8 +98,8 @@ func RunPolicy(ctx context.Context, sc Scenario, p optimizer.Policy) (out *Outco
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	reg := prometheus.NewRegistry()
-	srv, err := xds.NewServer(xds.Config{Policy: p, Options: sc.Cluster.Options, DebounceQuiet: -1, Logger: logger, Registerer: reg})
+	s := &Stack{policy: p, scn: sc, reg: prometheus.NewRegistry(), started: time.Now()}
+	s.srv, err = xds.NewServer(xds.Config{Policy: p, Options: sc.Cluster.Options, DebounceQuiet: -1, Logger: logger, Registerer: s.reg})
 	if err != nil {
 		return nil, err
 	}
@@ -91,78 +107,121 @@ func RunPolicy(ctx context.Context, sc Scenario, p optimizer.Policy) (out *Outco
 	if err != nil {
 		return nil, fmt.Errorf("loopback: xDS listener: %w", err)
 	}
-	g := grpc.NewServer()
-	srv.Register(g)
-
-	runCtx, cancel := context.WithCancel(ctx)
-	serveDone, pushDone := make(chan error, 1), make(chan error, 1)
-	go func() { serveDone <- g.Serve(lis) }()   // ends at g.Stop below
-	go func() { pushDone <- srv.Run(runCtx) }() // ends at cancel below
-	var cluster *Cluster
+	s.g = grpc.NewServer()
+	s.srv.Register(s.g)
+	pushCtx, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	s.serveDone, s.pushDone = make(chan error, 1), make(chan error, 1)
+	go func() { s.serveDone <- s.g.Serve(lis) }()    // owned by the Stack; ends at Close
+	go func() { s.pushDone <- s.srv.Run(pushCtx) }() // owned by the Stack; ends at Close
 	defer func() {
-		if cluster != nil {
-			if cerr := cluster.Close(); cerr != nil && err == nil {
-				err = cerr
-			}
-		}
-		cancel()
-		g.Stop()
-		if serr := <-serveDone; serr != nil && err == nil {
-			err = fmt.Errorf("loopback: xDS server: %w", serr)
-		}
-		if perr := <-pushDone; perr != nil && err == nil {
-			err = perr
+		if err != nil {
+			s.Close()
 		}
 	}()
 
 	cc := sc.Cluster
 	cc.Topology = topo
 	cc.XDSServer = lis.Addr().String()
-	cluster, err = Start(cc)
-	if err != nil {
+	if s.cluster, err = Start(cc); err != nil {
 		return nil, err
 	}
-	srv.Update(cluster.Topology())
+	s.srv.Update(s.cluster.Topology())
 	// A topology the server rejects, or resources the clients NACK, would leave these waits
 	// hanging: the server logs why; give up after SetupTimeout.
-	setup, setupDone := context.WithTimeout(runCtx, SetupTimeout)
+	setup, setupDone := context.WithTimeout(ctx, SetupTimeout)
 	defer setupDone()
-	if err := srv.WaitPublished(setup, 1); err != nil {
+	if err := s.srv.WaitPublished(setup, 1); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("loopback: the xDS server did not publish the topology within %v (see its log)", SetupTimeout)
+		return nil, fmt.Errorf("loopback: %s: the xDS server did not publish the topology within %v (see its log)", p, SetupTimeout)
 	}
-	if err := cluster.WaitReady(setup); err != nil {
+	if err := s.cluster.WaitReady(setup); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, err
+		return nil, fmt.Errorf("loopback: %s: %w", p, err)
 	}
-	send, err := cluster.Ingress()
+	return s, nil
+}
+
+// Policy returns the stack's allocation policy.
+func (s *Stack) Policy() optimizer.Policy { return s.policy }
+
+// Cluster returns the stack's cluster.
+func (s *Stack) Cluster() *Cluster { return s.cluster }
+
+// Load applies open-loop load at cfg's rate into the ingress pods and returns the measurement
+// once every request has finished. Its rate should be the scenario's (the published plan
+// assumes it). Calls must not overlap if their measurements are to be independent.
+func (s *Stack) Load(ctx context.Context, cfg loadgen.Config) (*loadgen.Result, error) {
+	send, err := s.cluster.Ingress()
 	if err != nil {
 		return nil, err
 	}
-	res, err := loadgen.Run(runCtx, sc.Load, send)
+	res, err := loadgen.Run(ctx, cfg, send)
 	if err != nil {
 		return nil, err
 	}
-	if err := cluster.Err(); err != nil {
+	if err := s.cluster.Err(); err != nil {
 		return nil, err
 	}
-	plan := srv.Allocation()
-	routes := cluster.Observed(nil, cluster.Received())
-	out = &Outcome{
-		Policy:    p,
-		Load:      res,
+	return res, nil
+}
+
+// Outcome reports the stack's run so far: load is the load measurement (e.g. merged over the
+// stack's Load calls); the split is counted over every request the cluster received.
+func (s *Stack) Outcome(load *loadgen.Result) *Outcome {
+	plan := s.srv.Allocation()
+	routes := s.cluster.Observed(nil, s.cluster.Received())
+	return &Outcome{
+		Policy:    s.policy,
+		Load:      load,
 		Plan:      plan,
 		Routes:    routes,
 		Deviation: SplitDeviation(plan, routes),
-		Pods:      cluster.Stats(),
-		NACKs:     counterSum(reg, "edgeflow_xds_nacks_total"),
+		Pods:      s.cluster.Stats(),
+		NACKs:     counterSum(s.reg, "edgeflow_xds_nacks_total"),
+		Wall:      time.Since(s.started),
 	}
-	out.Wall = time.Since(start)
-	return out, nil
+}
+
+// Close stops the cluster and the xDS server and waits for them. It returns the first error
+// one of them failed with.
+func (s *Stack) Close() error {
+	var err error
+	if s.cluster != nil {
+		err = s.cluster.Close()
+	}
+	s.stop()
+	s.g.Stop()
+	if serr := <-s.serveDone; serr != nil && err == nil {
+		err = fmt.Errorf("loopback: xDS server: %w", serr)
+	}
+	if perr := <-s.pushDone; perr != nil && err == nil {
+		err = perr
+	}
+	return err
+}
+
+// RunPolicy runs one policy on a fresh stack: StartStack, one Load of sc.Load, the Outcome, and
+// Close — also on error or when ctx is done.
+func RunPolicy(ctx context.Context, sc Scenario, p optimizer.Policy) (out *Outcome, err error) {
+	s, err := StartStack(ctx, sc, p)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := s.Close(); cerr != nil && err == nil {
+			out, err = nil, cerr
+		}
+	}()
+	res, err := s.Load(ctx, sc.Load)
+	if err != nil {
+		return nil, err
+	}
+	return s.Outcome(res), nil
 }
 
 // WaitReady connects every caller pod's xDS channels and waits until all are READY: each has
