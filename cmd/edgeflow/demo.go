@@ -28,8 +28,8 @@ func init() { subcommands = append(subcommands, newDemoCommand) }
 // reader would size such a deployment, not tuned to a result:
 //   - 300 req/s is the top load level of the paper's Bookinfo runs (EXPERIMENT.md: 100, 200,
 //     300 RPS), where it saw Localization collapse.
-//   - One worker per pod with a 6 ms mean exponential service time gives each pod a capacity of
-//     ~167 req/s. A balanced share is 100 req/s for productpage, details and ratings (3 pods)
+//   - One worker per pod (a pod limited to one CPU serving CPU-bound requests) with a 6 ms mean
+//     exponential service time gives each pod a capacity of ~167 req/s. A balanced share is 100 req/s for productpage, details and ratings (3 pods)
 //     and 75 req/s for reviews (4 pods): 60 % and 45 % utilisation, the usual autoscaling
 //     target. Service time and network time are then the same order (a few ms each), as in
 //     Bookinfo, where each hop is cheap and the network matters.
@@ -42,6 +42,8 @@ func init() { subcommands = append(subcommands, newDemoCommand) }
 //     only; each slice follows 0.5 s of unrecorded load, a few times what a pod's queue at 60 %
 //     needs to reach its steady state (~0.1 s). An overloaded pod's queue grows for as long as
 //     the overload lasts, so Localization's latencies grow with the slice length.
+//   - A 5 s timeout is far above any healthy latency here: overload shows as latency (and a
+//     lower achieved rate), not as errors that would drop out of the percentiles.
 const (
 	demoRate        = 300
 	demoWorkers     = 1

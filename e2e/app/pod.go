@@ -120,9 +120,10 @@ func (p *Pod) Register(s grpc.ServiceRegistrar) {
 }
 
 // Serve serves the pod on lis until ctx is done, then stops the server (cancelling requests in
-// flight) and returns nil. It closes lis. Other errors come from grpc.Server.Serve.
+// flight), waits for their handlers to return, and returns nil. It closes lis. Other errors come
+// from grpc.Server.Serve.
 func (p *Pod) Serve(ctx context.Context, lis net.Listener) error {
-	s := grpc.NewServer()
+	s := grpc.NewServer(grpc.WaitForHandlers(true))
 	p.Register(s)
 	stopped := make(chan struct{})
 	go func() { // owned by Serve: ends when ctx is done or Serve returns
