@@ -299,64 +299,50 @@ func segmentMin(row, pj []int64, t int64) (int, int64) {
 // pivot brings ns.inArc into the tree.
 func (ns *simplex) pivot() {
 	ns.pivots++
-	ns.findJoinNode()
-	ns.findLeavingArc()
+	ns.findJoinAndLeaving()
 	ns.changeFlow()
 	ns.updateTreeStructure()
 	ns.updatePotential()
 }
 
-func (ns *simplex) findJoinNode() {
-	parent, succNum := ns.parent, ns.succNum
-	u, v := ns.inSrc, ns.inTgt
+// findJoinAndLeaving walks the two tree paths from the entering arc's ends
+// up to their meeting point, the join node, and on the way applies the
+// strongly feasible tree rule for the leaving arc: the entering arc is at
+// its lower bound, so flow goes first -> second, up from second to join and
+// down from join to first; the blocking arc is the last one met when
+// walking the cycle from the join node in that direction. Arcs are
+// uncapacitated, so only arcs the cycle traverses backwards (whose flow
+// decreases) can block, and one always does: on the first path, arcs that
+// point up (first side: earliest minimum from first, so strict <); on the
+// second path, arcs that point down (latest minimum towards join, <=).
+func (ns *simplex) findJoinAndLeaving() {
+	parent, succNum, predDir, flow := ns.parent, ns.succNum, ns.predDir, ns.flow
+	const inf = int64(1<<63 - 1)
+	first, second := ns.inSrc, ns.inTgt
+	d1, d2 := inf, inf
+	out1, out2 := int32(-1), int32(-1)
+	u, v := first, second
 	for u != v {
 		if succNum[u] < succNum[v] {
+			if predDir[u] == dirUp && flow[u] < d1 {
+				d1, out1 = flow[u], u
+			}
 			u = parent[u]
 		} else {
+			if predDir[v] == dirDown && flow[v] <= d2 {
+				d2, out2 = flow[v], v
+			}
 			v = parent[v]
 		}
 	}
 	ns.join = u
-}
-
-// findLeavingArc applies the strongly feasible tree rule: the entering arc
-// is at its lower bound, so flow goes first -> second; the blocking arc is
-// the last one met when walking the cycle from the join node in its
-// direction. Arcs are uncapacitated, so only arcs the cycle traverses
-// backwards (whose flow decreases) can block, and one always does.
-func (ns *simplex) findLeavingArc() {
-	parent, predDir, flow := ns.parent, ns.predDir, ns.flow
-	first, second := ns.inSrc, ns.inTgt
-	const inf = int64(1<<63 - 1)
-	delta := inf
-	result := 0
-	join := ns.join
-	uOut := int32(-1)
-	for u := first; u != join; u = parent[u] {
-		if predDir[u] == dirUp {
-			if d := flow[u]; d < delta {
-				delta = d
-				uOut = u
-				result = 1
-			}
-		}
-	}
-	for u := second; u != join; u = parent[u] {
-		if predDir[u] == dirDown {
-			if d := flow[u]; d <= delta {
-				delta = d
-				uOut = u
-				result = 2
-			}
-		}
-	}
-	if result == 1 {
-		ns.uIn, ns.vIn = first, second
-	} else {
+	if d2 <= d1 {
 		ns.uIn, ns.vIn = second, first
+		ns.uOut, ns.delta = out2, d2
+	} else {
+		ns.uIn, ns.vIn = first, second
+		ns.uOut, ns.delta = out1, d1
 	}
-	ns.uOut = uOut
-	ns.delta = delta
 }
 
 func (ns *simplex) changeFlow() {
