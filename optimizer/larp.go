@@ -255,20 +255,17 @@ type larpTuning struct {
 	// least minSearched starts, so small inputs search from every start and large ones from the
 	// best few. 0 turns local search off.
 	searchUnits, minSearched int
-	// candidates is how many target nodes a pod's move considers: the nodes with the lowest
-	// proxy cost (the round-robin cost of one pod there, given its neighbours' placement).
+	// candidates bounds how many target nodes a pod's move evaluates exactly: those with the
+	// best dual bounds (see localSearch).
 	candidates int
 	// maxPasses bounds each local search's passes over the services.
 	maxPasses int
 	// exchangeMaxNodes: with at most this many nodes, local search also exchanges the contents
 	// of two nodes (all pairs are tried, so the cost grows with the square of the nodes).
 	exchangeMaxNodes int
-	// proxySlack, when ≥ 0, drops target nodes whose proxy cost exceeds the current node's by
-	// more than this fraction.
-	proxySlack float64
 }
 
-var larpDefault = larpTuning{allStarts: true, searchUnits: 2000, minSearched: 2, candidates: 12, maxPasses: 200, exchangeMaxNodes: 40, proxySlack: -1}
+var larpDefault = larpTuning{allStarts: true, searchUnits: 2000, minSearched: 2, candidates: 12, maxPasses: 200, exchangeMaxNodes: 40}
 
 // larp is the shipped placement. Starts: the greedy from every start node and the Kubernetes
 // spread (the packing search's placement when none of those fits). The best starts by cost,
@@ -307,12 +304,12 @@ func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 	}
 	var starts [][]int
 	var costs []float64
-	seen := map[string]bool{}
+	seen := map[[2]uint64]bool{}
 	for i, nodes := range built {
 		if nodes == nil {
 			continue
 		}
-		if key := pp.countsKey(nodes); !seen[key] {
+		if key := pp.placementKey(nodes); !seen[key] {
 			seen[key] = true
 			starts = append(starts, nodes)
 			costs = append(costs, builtCost[i])
@@ -382,31 +379,18 @@ func parallel(n int, f func(w, i int)) {
 	wg.Wait()
 }
 
-// countsKey identifies a placement up to permuting a service's pods of equal weight.
-func (pp *placeProblem) countsKey(nodes []int) string {
-	key := make([]byte, 0, 12*len(nodes))
-	for _, ps := range pp.svcs {
-		pairs := make([][2]int64, ps.count)
-		for k := range pairs {
-			i := ps.first + k
-			pairs[k] = [2]int64{int64(nodes[i]), pp.pods[i].w}
-		}
-		sort.Slice(pairs, func(a, b int) bool {
-			if pairs[a][0] != pairs[b][0] {
-				return pairs[a][0] < pairs[b][0]
-			}
-			return pairs[a][1] < pairs[b][1]
-		})
-		for _, p := range pairs {
-			for _, x := range p {
-				for s := 0; s < 64; s += 8 {
-					key = append(key, byte(x>>s))
-				}
-			}
-		}
-		key = append(key, 0xff)
+// placementKey identifies a placement up to permuting a service's pods of equal weight: two
+// independent sums of a 64-bit mix of (service, node, weight) over the pods. Distinct
+// placements share a key with probability ≈ 2^-128.
+func (pp *placeProblem) placementKey(nodes []int) [2]uint64 {
+	var key [2]uint64
+	for i, v := range nodes {
+		p := pp.pods[i]
+		x := splitmix64(splitmix64(uint64(p.svc)<<32|uint64(v)) ^ uint64(p.w))
+		key[0] += x
+		key[1] += splitmix64(x)
 	}
-	return string(key)
+	return key
 }
 
 var debugPhase func(string)

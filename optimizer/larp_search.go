@@ -1,24 +1,31 @@
 package optimizer
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"sort"
-	"sync/atomic"
 )
-
-var debugLS func(pass int, cost float64)
 
 // localSearch improves the placement by moving a pod to another node or swapping two pods of
 // different services, within the constraints, until no such step lowers the cost (or
-// tune.maxPasses passes). Each step is scored exactly, by re-solving only the node-level
-// transports of the call edges that touch the services it moves.
+// tune.maxPasses passes); then, on clusters of at most tune.exchangeMaxNodes nodes, it
+// exchanges the contents of two nodes if that helps, and starts over.
 //
-// A pass visits the services in order and, for each node holding pods of the service, one pod
-// per distinct weight (pods of equal weight on one node are interchangeable). Its targets are
-// the tune.candidates nodes with the lowest proxy cost (see rankNodes) that are below the
-// service's spread cap. A move is tried where the pod fits; where it does not (cpu or memory),
-// swaps with each distinct pod on the target. The best improving step of the (service, node)
-// is applied. Deterministic: no randomness, no map iteration.
+// Every step is scored exactly, by re-solving only the node-level transports of the call
+// edges that touch the services it moves — but only if a lower bound does not already rule it
+// out. The bound comes from the optimal duals of those transports under the current placement
+// (see price): moving a pod of weight w from u to v changes an edge's optimal cost by at least
+// w·(π(v) − π(u)), π being the edge's dual price of one unit of the service at a node. So a
+// pass visits the services in order and, for each node u holding pods of the service, one pod
+// per distinct weight (pods of equal weight are interchangeable); it ranks all nodes v below
+// the service's spread cap by that bound, and evaluates exactly, best bound first, the (at most
+// tune.candidates) moves whose bound still promises a gain. A move is applied if the pod fits
+// v; where it does not (cpu or memory), swaps with each distinct pod on v are tried instead.
+// The best improving step of the (service, node) is applied.
+//
+// A service whose neighbourhood has not changed since it was last visited is skipped ("don't
+// look" bits). Deterministic: no randomness, no map iteration.
 func (st *placeState) localSearch(tune larpTuning) {
 	pp := st.pp
 	n := pp.n
@@ -29,11 +36,9 @@ func (st *placeState) localSearch(tune larpTuning) {
 		st.duals = make([]edgeDual, len(pp.edges))
 		st.refresh()
 	}
-	proxy := make([]float64, n)
-	ranked := make([]int, n)
-	var cands, reps, partners []int
-	// dirty[s]: s or a neighbour moved since s was last visited ("don't look bits"); a clean
-	// service's steps were all non-improving then, and are assumed still to be.
+	price := make([]float64, n)
+	var nodes, cands, reps, partners []int
+	// dirty[s]: s or a neighbour moved since s was last visited.
 	dirty := make([]bool, len(pp.svcs))
 	for s := range dirty {
 		dirty[s] = len(pp.svcs[s].edges) > 0 // else its placement does not change the cost
@@ -55,16 +60,21 @@ func (st *placeState) localSearch(tune larpTuning) {
 					continue
 				}
 				dirty[s] = false
-				st.rankNodes(s, proxy, ranked)
-				for _, u := range append([]int(nil), st.occ[s]...) {
+				nodes = append(nodes[:0], st.occ[s]...)
+				for _, u := range nodes {
 					if st.count[s*n+u] == 0 {
 						continue
 					}
+					st.price(s, price)
 					reps = st.representatives(s, u, reps[:0])
-					cands = st.candidates(s, u, ranked, cands[:0], tune.candidates, proxy, tune.proxySlack)
 					bestDelta, bestP, bestQ, bestV := -tol, -1, -1, -1
 					for _, p := range reps {
-						for _, v := range cands {
+						w := float64(pp.pods[p].w)
+						cands = st.candidates(s, u, w, price, bestDelta, cands[:0])
+						for k, v := range cands {
+							if k == tune.candidates || w*(price[v]-price[u]) >= bestDelta {
+								break
+							}
 							d := st.tryMove(p, v, bestDelta)
 							if st.fitsResources(s, v) {
 								if d < bestDelta {
@@ -103,11 +113,7 @@ func (st *placeState) localSearch(tune larpTuning) {
 					}
 					touch(s)
 					improved = true
-					dbgImproves.Add(1)
 				}
-			}
-			if debugLS != nil {
-				debugLS(passes, st.cost())
 			}
 			if !improved {
 				break
@@ -121,6 +127,100 @@ func (st *placeState) localSearch(tune larpTuning) {
 		}
 		passes++
 	}
+}
+
+// price sets price[v], for every node v, to the dual price of one unit of service s's weight
+// on v: Σ over the call edges of s of factor × (the other end's total weight) × the edge's
+// optimal dual potential of v — its α where s calls, its β where s is called. A node that
+// holds none of s's pods gets the largest potential that keeps the edge's dual feasible
+// (min over the other end's nodes of L − potential). By weak duality, moving a pod of weight
+// w from u to v raises the cost of s's edges by at least w·(price[v] − price[u]).
+func (st *placeState) price(s int, price []float64) {
+	pp := st.pp
+	n := pp.n
+	for v := range price {
+		price[v] = 0
+	}
+	for _, e := range pp.svcs[s].edges {
+		pe := &pp.edges[e]
+		if pe.factor == 0 {
+			continue
+		}
+		d := &st.duals[e]
+		if pe.from == s {
+			scale := pe.factor * float64(pp.svcs[pe.to].total)
+			k := 0
+			for v := 0; v < n; v++ {
+				for k < len(d.src) && d.src[k] < v {
+					k++
+				}
+				var a float64
+				if k < len(d.src) && d.src[k] == v {
+					a = d.alpha[k]
+				} else {
+					a = math.Inf(1)
+					row := pp.lq[v*n:]
+					for j, x := range d.dst {
+						a = min(a, float64(row[x])-d.beta[j])
+					}
+				}
+				price[v] += scale * a
+			}
+		} else {
+			scale := pe.factor * float64(pp.svcs[pe.from].total)
+			k := 0
+			for v := 0; v < n; v++ {
+				for k < len(d.dst) && d.dst[k] < v {
+					k++
+				}
+				var b float64
+				if k < len(d.dst) && d.dst[k] == v {
+					b = d.beta[k]
+				} else {
+					b = math.Inf(1)
+					for i, x := range d.src {
+						b = min(b, float64(pp.lq[x*n+v])-d.alpha[i])
+					}
+				}
+				price[v] += scale * b
+			}
+		}
+	}
+}
+
+// representatives returns one pod of s on u per distinct weight.
+func (st *placeState) representatives(s, u int, dst []int) []int {
+	for _, p := range st.podsOn[u] {
+		if st.pp.pods[p].svc != s || st.hasWeight(dst, st.pp.pods[p].w) {
+			continue
+		}
+		dst = append(dst, p)
+	}
+	return dst
+}
+
+func (st *placeState) hasWeight(pods []int, w int64) bool {
+	for _, p := range pods {
+		if st.pp.pods[p].w == w {
+			return true
+		}
+	}
+	return false
+}
+
+// candidates returns the nodes other than u where s is below its spread cap and moving a pod
+// of weight w from u may gain more than limit (its price bound is below limit), best bound
+// first (ties: lower node).
+func (st *placeState) candidates(s, u int, w float64, price []float64, limit float64, dst []int) []int {
+	n := st.pp.n
+	capacity := int32(st.pp.svcs[s].cap)
+	for v := 0; v < n; v++ {
+		if v != u && st.count[s*n+v] < capacity && w*(price[v]-price[u]) < limit {
+			dst = append(dst, v)
+		}
+	}
+	slices.SortStableFunc(dst, func(a, b int) int { return cmp.Compare(price[a], price[b]) })
+	return dst
 }
 
 // exchangeNodes applies the best improving exchange of the contents of two nodes (all their
@@ -214,77 +314,6 @@ func (st *placeState) exchange(u, v int) {
 	}
 }
 
-// rankNodes orders all nodes by a proxy of the cost of one pod of s there: what the pod's
-// traffic would cost if it were spread over its neighbour services' pods in proportion to
-// their weight (the round-robin cost). The proxy depends only on the neighbours' placement.
-func (st *placeState) rankNodes(s int, proxy []float64, ranked []int) {
-	pp := st.pp
-	n := pp.n
-	for v := range proxy {
-		proxy[v] = 0
-		ranked[v] = v
-	}
-	lat := pp.m.Latency
-	for _, e := range pp.svcs[s].edges {
-		pe := &pp.edges[e]
-		other := pe.to
-		if other == s {
-			other = pe.from
-		}
-		scale := pp.m.Services[pe.from].Load * pp.m.Calls[e].Rate / float64(max(1, pp.svcs[other].total))
-		for _, w := range st.occ[other] {
-			mass := float64(st.mass[other*n+w]) * scale
-			if mass == 0 {
-				continue
-			}
-			for v := 0; v < n; v++ {
-				if pe.from == s {
-					proxy[v] += mass * lat.At(v, w)
-				} else {
-					proxy[v] += mass * lat.At(w, v)
-				}
-			}
-		}
-	}
-	sort.SliceStable(ranked, func(a, b int) bool { return proxy[ranked[a]] < proxy[ranked[b]] })
-}
-
-// representatives returns one pod of s on u per distinct weight.
-func (st *placeState) representatives(s, u int, dst []int) []int {
-	for _, p := range st.podsOn[u] {
-		if st.pp.pods[p].svc != s || st.hasWeight(dst, st.pp.pods[p].w) {
-			continue
-		}
-		dst = append(dst, p)
-	}
-	return dst
-}
-
-func (st *placeState) hasWeight(pods []int, w int64) bool {
-	for _, p := range pods {
-		if st.pp.pods[p].w == w {
-			return true
-		}
-	}
-	return false
-}
-
-// candidates returns the first k nodes of ranked, other than u, where s is below
-// its spread cap.
-func (st *placeState) candidates(s, u int, ranked, dst []int, k int, proxy []float64, slack float64) []int {
-	n := st.pp.n
-	limit := int32(st.pp.svcs[s].cap)
-	for _, v := range ranked {
-		if len(dst) == k || slack >= 0 && proxy[v] > proxy[u]*(1+slack) {
-			break
-		}
-		if v != u && st.count[s*n+v] < limit {
-			dst = append(dst, v)
-		}
-	}
-	return dst
-}
-
 // fitsResources says whether one more pod of s fits node v's free cpu and memory.
 func (st *placeState) fitsResources(s, v int) bool {
 	ps := &st.pp.svcs[s]
@@ -366,16 +395,6 @@ func (st *placeState) trial(edges []int, old, limit float64) float64 {
 		c += b
 	}
 	st.bounds = bounds
-	dbgTrials.Add(1)
-	if c-old >= limit {
-		dbgPruned.Add(1)
-	}
-	if noBound {
-		c = 0
-		for i := range bounds {
-			bounds[i] = 0
-		}
-	}
 	if c-old >= limit {
 		return math.Inf(1)
 	}
@@ -391,7 +410,6 @@ func (st *placeState) trial(edges []int, old, limit float64) float64 {
 // tryMove returns the change in cost if pod p moved to v, leaving the state as it was; +Inf if
 // the change is not below limit. It ignores v's free resources (the caller checks them).
 func (st *placeState) tryMove(p, v int, limit float64) float64 {
-	dbgMoves.Add(1)
 	edges := st.pp.svcs[st.pp.pods[p].svc].edges
 	u := st.node[p]
 	old := st.incident(edges)
@@ -406,7 +424,6 @@ func (st *placeState) tryMove(p, v int, limit float64) float64 {
 // trySwap returns the change in cost if pods p and q exchanged nodes, leaving the state as it
 // was; +Inf if the change is not below limit.
 func (st *placeState) trySwap(p, q int, limit float64) float64 {
-	dbgSwaps.Add(1)
 	pp := st.pp
 	s, t := pp.pods[p].svc, pp.pods[q].svc
 	edges := append(st.swapEdges[:0], pp.svcs[s].edges...)
@@ -431,7 +448,3 @@ func (st *placeState) swap(p, q int) {
 	st.add(p, v)
 	st.add(q, u)
 }
-
-var noBound bool
-
-var dbgMoves, dbgSwaps, dbgImproves, dbgTrials, dbgPruned atomic.Int64
