@@ -345,6 +345,8 @@ func (ns *simplex) findJoinAndLeaving() {
 	}
 }
 
+// changeFlow pushes delta units around the cycle: along the entering arc,
+// up from its head to the join node and down to its tail.
 func (ns *simplex) changeFlow() {
 	val := ns.delta
 	if val > 0 {
@@ -359,6 +361,10 @@ func (ns *simplex) changeFlow() {
 	}
 }
 
+// updateTreeStructure replaces the leaving arc (pred of uOut) by the
+// entering arc (new pred of uIn): the stem from uIn up to uOut is reversed
+// and the subtree moves under vIn; thread, revThread, succNum and lastSucc
+// are updated as in LEMON, and pred, predDir and flow move with the stem.
 func (ns *simplex) updateTreeStructure() {
 	uIn, vIn, uOut := ns.uIn, ns.vIn, ns.uOut
 	parent, thread, revThread := ns.parent, ns.thread, ns.revThread
@@ -472,6 +478,8 @@ func (ns *simplex) updateTreeStructure() {
 	}
 }
 
+// updatePotential shifts the potentials of the moved subtree (rooted at uIn)
+// so that the entering arc's reduced cost becomes 0.
 func (ns *simplex) updatePotential() {
 	thread, pi := ns.thread, ns.pi
 	uIn := ns.uIn
