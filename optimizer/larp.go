@@ -265,7 +265,7 @@ type larpTuning struct {
 	exchangeMaxNodes int
 }
 
-var larpDefault = larpTuning{allStarts: true, searchUnits: 2000, minSearched: 2, candidates: 12, maxPasses: 200, exchangeMaxNodes: 40}
+var larpDefault = larpTuning{allStarts: true, searchUnits: 1500, minSearched: 1, candidates: 30, maxPasses: 200, exchangeMaxNodes: 40}
 
 // larp is the shipped placement. Starts: the greedy from every start node and the Kubernetes
 // spread (the packing search's placement when none of those fits). The best starts by cost,
@@ -299,9 +299,6 @@ func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 			built[i], builtCost[i] = st.snapshot(), st.cost()
 		}
 	})
-	if debugPhase != nil {
-		debugPhase("starts")
-	}
 	var starts [][]int
 	var costs []float64
 	seen := map[[2]uint64]bool{}
@@ -344,9 +341,6 @@ func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 		st.refresh()
 		results[r], resCost[r] = st.snapshot(), st.cost()
 	})
-	if debugPhase != nil {
-		debugPhase("search")
-	}
 	best := 0
 	for r := range results {
 		if resCost[r] < resCost[best] {
@@ -392,5 +386,3 @@ func (pp *placeProblem) placementKey(nodes []int) [2]uint64 {
 	}
 	return key
 }
-
-var debugPhase func(string)

@@ -3,7 +3,6 @@ package optimizer
 import (
 	"fmt"
 	"math"
-	"sync/atomic"
 
 	"github.com/edgeflow/edgeflow/optimizer/mcf"
 )
@@ -45,7 +44,6 @@ func (ev *transportEval) solve(lq []int64, n int) int64 {
 		}
 		return c
 	}
-	dbgSolves.Add(1)
 	ev.cost = ev.cost[:0]
 	for _, u := range ev.src {
 		row := lq[u*n:]
@@ -119,8 +117,6 @@ func (ev *transportEval) bound(lq []int64, n int) int64 {
 	}
 	return max(rows, cols)
 }
-
-var dbgSolves atomic.Int64
 
 // edgeDual is an optimal dual solution of an edge's transportation problem: potentials α of
 // its source nodes and β of its sink nodes (ascending node order) with α_i + β_j ≤ c_ij for
