@@ -362,10 +362,14 @@ func TestPropertiesAgainstLP(t *testing.T) {
 	s := NewSolver()
 	var flows []Flow
 	const instances = 600
+	defer func(v int) { candidateMinArcs = v }(candidateMinArcs)
 	for k := 0; k < instances; k++ {
 		p := randomInstance(r)
 		var cost int64
 		var err error
+		// Every other instance goes through the candidate phase, which
+		// normally starts only at 64x64.
+		candidateMinArcs = 64 * 64 * (k % 2)
 		flows, cost, err = s.Solve(p, flows)
 		if err != nil {
 			t.Fatalf("instance %d: %v", k, err)
@@ -410,13 +414,17 @@ func TestCertificateLarge(t *testing.T) {
 		for ; total > 0; total-- {
 			p.Demand[r.IntN(m)]++
 		}
-		flows, cost, err := s.Solve(p, nil)
-		if err != nil {
-			t.Fatal(err)
+		for _, minArcs := range []int{0, 1 << 62} { // with and without the candidate phase
+			candidateMinArcs = minArcs
+			flows, cost, err := s.Solve(p, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkSolution(t, p, flows, cost)
+			checkTree(t, s, p)
+			checkNoNegativeCycle(t, p, flows)
 		}
-		checkSolution(t, p, flows, cost)
-		checkTree(t, s, p)
-		checkNoNegativeCycle(t, p, flows)
+		candidateMinArcs = 64 * 64
 	}
 	for _, mode := range []string{"rand", "uniform"} {
 		p := denseInstance(mode, 200, 7)
@@ -624,6 +632,9 @@ func FuzzSolve(f *testing.F) {
 			}
 			p.Demand[m-1] = s - d
 		}
+		// Odd-length inputs also exercise the candidate phase.
+		defer func(v int) { candidateMinArcs = v }(candidateMinArcs)
+		candidateMinArcs = 64 * 64 * (1 - len(data)%2)
 		s := NewSolver()
 		flows, cost, err := s.Solve(p, nil)
 		if err != nil {

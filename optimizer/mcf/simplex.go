@@ -27,6 +27,28 @@ import "math"
 // about the same number of arcs priced.
 const blockFactor = 2
 
+// candidateK returns how many cheapest arcs per row and per column the
+// candidate list holds for a problem with nm arcs, 0 for no candidate
+// phase. Measured against pricing the whole matrix from the start
+// (lemon_tp instances, interleaved runs): the candidate phase lost below
+// about 60x60 and won from 70x70 on (0.6-0.95x at n = 70..200, 0.3-0.4x at
+// n = 1000); 4 arcs were best up to about 180x180, 6 to 700x700, 8 above.
+func candidateK(nm int) int {
+	switch {
+	case nm < candidateMinArcs:
+		return 0
+	case nm < 180*180:
+		return 4
+	case nm < 700*700:
+		return 6
+	}
+	return 8
+}
+
+// candidateMinArcs is the smallest problem with a candidate phase; tests
+// lower it to exercise the phase on small instances.
+var candidateMinArcs = 64 * 64
+
 const (
 	dirUp   = 1  // pred arc goes from the node to its parent
 	dirDown = -1 // pred arc goes from the parent to the node
@@ -49,9 +71,18 @@ type simplex struct {
 	flow      []int64 // flow on pred[u]
 	pi        []int64 // potentials: reduced cost of a = cost[a] + pi[i] - pi[n+j]
 	dirty     []int32 // scratch of updateTreeStructure
-	colMin    []int32 // scratch: per sink, the source of its cheapest arc
-	colCost   []int64 // scratch: per sink, the cost of its cheapest arc
 	out       []int   // scratch: arcs of the solution
+
+	// The cheapest arcs of every row and column (see cheapest), and the
+	// candidate list priced before the whole matrix.
+	rowTopC, colTopC []int64
+	rowTopJ, colTopI []int32
+	colCnt           []int32
+	colThr           []int64
+	kr, kc           int
+	cands            []candidate
+	candPos          int
+	candBlock        int
 
 	blockSize    int
 	nextI, nextJ int // where block search resumes (row, column)
@@ -64,8 +95,15 @@ type simplex struct {
 	delta          int64
 
 	// Counters of the last solve, for benchmarks and tests.
-	pivots  int // all pivots, including the initial ones
-	scanned int // arcs priced
+	pivots      int // all pivots, including the initial ones
+	scanned     int // arcs of the matrix priced
+	candScanned int // candidate arcs priced
+}
+
+// candidate is an arc of the candidate list, with its cost.
+type candidate struct {
+	i, j int32
+	c    int64
 }
 
 func grow[T any](s []T, n int) []T {
@@ -93,6 +131,7 @@ func (ns *simplex) solve(p *Transport, maxCost int64) {
 	ns.dirty = ns.dirty[:0]
 	ns.pivots = 0
 	ns.scanned = 0
+	ns.candScanned = 0
 	// Any tree path has fewer than N real arcs, each cheaper than
 	// maxCost+1, so a sink fed by the root is always costlier than any real
 	// route; N < 2^28 and maxCost < 2^32 keep every potential below 2^61.
@@ -129,13 +168,179 @@ func (ns *simplex) solve(p *Transport, maxCost int64) {
 		}
 	}
 
+	k := candidateK(ns.nm)
+	ns.cheapest(max(k, 1))
 	ns.initialPivots(p)
-
+	if k > 0 {
+		ns.buildCandidates()
+		for ns.findEnteringCandidate() {
+			ns.pivot()
+		}
+	}
 	ns.blockSize = max(10, blockFactor*isqrt(ns.nm))
 	ns.nextI, ns.nextJ = 0, 0
 	for ns.findEntering() {
 		ns.pivot()
 	}
+}
+
+// cheapest scans the cost matrix once and keeps, for every row and every
+// column, its k cheapest arcs in ascending cost order (ties: lower index
+// first): rowTopJ[i*kr+t] and colTopI[j*kc+t], with kr = min(k, m) and
+// kc = min(k, n).
+func (ns *simplex) cheapest(k int) {
+	n, m := ns.n, ns.m
+	kr, kc := min(k, m), min(k, n)
+	ns.kr, ns.kc = kr, kc
+	ns.rowTopC = grow(ns.rowTopC, n*kr)
+	ns.rowTopJ = grow(ns.rowTopJ, n*kr)
+	ns.colTopC = grow(ns.colTopC, m*kc)
+	ns.colTopI = grow(ns.colTopI, m*kc)
+	ns.colCnt = grow(ns.colCnt, m)
+	ns.colThr = grow(ns.colThr, m)
+	if k == 1 {
+		ns.cheapest1()
+		return
+	}
+	colTopC, colTopI, colCnt, colThr := ns.colTopC, ns.colTopI, ns.colCnt, ns.colThr
+	clear(colCnt)
+	for j := range colThr {
+		colThr[j] = 1<<63 - 1
+	}
+	for i := 0; i < n; i++ {
+		row := ns.cost[i*m : i*m+m]
+		topC := ns.rowTopC[i*kr : i*kr+kr]
+		topJ := ns.rowTopJ[i*kr : i*kr+kr]
+		thr := int64(1<<63 - 1)
+		cnt := 0
+		ct := colThr[:len(row)]
+		for j, c := range row {
+			if c < thr {
+				p := cnt
+				if cnt < kr {
+					cnt++
+				} else {
+					p = kr - 1
+				}
+				for ; p > 0 && topC[p-1] > c; p-- {
+					topC[p], topJ[p] = topC[p-1], topJ[p-1]
+				}
+				topC[p], topJ[p] = c, int32(j)
+				if cnt == kr {
+					thr = topC[kr-1]
+				}
+			}
+			if c < ct[j] {
+				base := j * kc
+				p := int(colCnt[j])
+				if p < kc {
+					colCnt[j]++
+				} else {
+					p = kc - 1
+				}
+				for ; p > 0 && colTopC[base+p-1] > c; p-- {
+					colTopC[base+p], colTopI[base+p] = colTopC[base+p-1], colTopI[base+p-1]
+				}
+				colTopC[base+p], colTopI[base+p] = c, int32(i)
+				if int(colCnt[j]) == kc {
+					ct[j] = colTopC[base+kc-1]
+				}
+			}
+		}
+	}
+}
+
+// cheapest1 is cheapest(1): the minimum of every row and column.
+func (ns *simplex) cheapest1() {
+	n, m := ns.n, ns.m
+	colTopC, colTopI := ns.colTopC, ns.colTopI
+	clear(colTopI)
+	copy(colTopC, ns.cost[:m])
+	for i := 0; i < n; i++ {
+		row := ns.cost[i*m : i*m+m]
+		cc := colTopC[:len(row)]
+		ci := colTopI[:len(row)]
+		bj := 0
+		for j, c := range row {
+			if c < cc[j] {
+				cc[j] = c
+				ci[j] = int32(i)
+			}
+			if c < row[bj] {
+				bj = j
+			}
+		}
+		ns.rowTopJ[i] = int32(bj)
+		ns.rowTopC[i] = row[bj]
+	}
+}
+
+// buildCandidates lists the k cheapest arcs of every row, then of every
+// column (an arc may appear twice).
+func (ns *simplex) buildCandidates() {
+	n, m, kr, kc := ns.n, ns.m, ns.kr, ns.kc
+	c := ns.cands[:0]
+	for i := 0; i < n; i++ {
+		for t := i * kr; t < i*kr+kr; t++ {
+			c = append(c, candidate{int32(i), ns.rowTopJ[t], ns.rowTopC[t]})
+		}
+	}
+	for j := 0; j < m; j++ {
+		for t := j * kc; t < j*kc+kc; t++ {
+			c = append(c, candidate{ns.colTopI[t], int32(j), ns.colTopC[t]})
+		}
+	}
+	ns.cands = c
+	ns.candPos = 0
+	ns.candBlock = max(10, blockFactor*isqrt(len(c)))
+}
+
+// findEnteringCandidate is block search over the candidate list.
+func (ns *simplex) findEnteringCandidate() bool {
+	n := ns.n
+	pi := ns.pi
+	cands := ns.cands
+	e := ns.candPos
+	var min int64
+	best := -1
+	cnt := ns.candBlock
+	rem := len(cands)
+	for rem > 0 {
+		l := imin(imin(cnt, rem), len(cands)-e)
+		for k, x := range cands[e : e+l] {
+			if rc := x.c + pi[x.i] - pi[n+int(x.j)]; rc < min {
+				min, best = rc, e+k
+			}
+		}
+		e += l
+		if e == len(cands) {
+			e = 0
+		}
+		rem -= l
+		cnt -= l
+		ns.candScanned += l
+		if cnt == 0 {
+			if min < 0 {
+				break
+			}
+			cnt = ns.candBlock
+		}
+	}
+	if best < 0 {
+		return false
+	}
+	ns.candPos = e
+	x := cands[best]
+	ns.inArc = int(x.i)*ns.m + int(x.j)
+	ns.inSrc, ns.inTgt = x.i, int32(n)+x.j
+	return true
+}
+
+func imin(a, b int) int {
+	if a < b {
+		return a
+	}
+	return b
 }
 
 // initialPivots is LEMON's start heuristic for balanced problems, extended
@@ -152,40 +357,14 @@ func (ns *simplex) solve(p *Transport, maxCost int64) {
 // zero-flow arcs, no big-M) saved pivots for n <= 50 but made the tree
 // deep, so pivots cost more: 1.3-2x slower for every n >= 20.
 func (ns *simplex) initialPivots(p *Transport) {
-	n, m := ns.n, ns.m
-	ns.colMin = grow(ns.colMin, m)
-	ns.colCost = grow(ns.colCost, m)
-	ns.out = ns.out[:0]
-	colMin, colCost := ns.colMin, ns.colCost
-	for j := range colMin {
-		colMin[j] = 0
-	}
-	copy(colCost, ns.cost[:m])
-	rowMin := ns.out
-	for i := 0; i < n; i++ {
-		row := ns.cost[i*m : i*m+m]
-		cc := colCost[:len(row)]
-		bj := 0
-		for j, c := range row {
-			if c < cc[j] {
-				cc[j] = c
-				colMin[j] = int32(i)
-			}
-			if c < row[bj] {
-				bj = j
-			}
-		}
-		rowMin = append(rowMin, bj)
-	}
-	ns.out = rowMin
-	for j := 0; j < m; j++ {
+	for j := 0; j < ns.m; j++ {
 		if p.Demand[j] > 0 {
-			ns.tryPivot(int(colMin[j]), j)
+			ns.tryPivot(int(ns.colTopI[j*ns.kc]), j)
 		}
 	}
-	for i := 0; i < n; i++ {
+	for i := 0; i < ns.n; i++ {
 		if p.Supply[i] > 0 {
-			ns.tryPivot(i, rowMin[i])
+			ns.tryPivot(i, int(ns.rowTopJ[i*ns.kr]))
 		}
 	}
 }
@@ -513,6 +692,6 @@ func isqrt(x int) int {
 
 // workspaceBytes is the memory the Solver holds between solves.
 func (ns *simplex) workspaceBytes() int {
-	return 4*(cap(ns.parent)+cap(ns.thread)+cap(ns.revThread)+cap(ns.succNum)+cap(ns.lastSucc)+cap(ns.dirty)+cap(ns.colMin)) +
-		cap(ns.predDir) + 8*(cap(ns.pred)+cap(ns.flow)+cap(ns.pi)+cap(ns.out)+cap(ns.colCost))
+	return 4*(cap(ns.parent)+cap(ns.thread)+cap(ns.revThread)+cap(ns.succNum)+cap(ns.lastSucc)+cap(ns.dirty)+cap(ns.rowTopJ)+cap(ns.colTopI)+cap(ns.colCnt)) + 16*cap(ns.cands) +
+		cap(ns.predDir) + 8*(cap(ns.pred)+cap(ns.flow)+cap(ns.pi)+cap(ns.out)+cap(ns.rowTopC)+cap(ns.colTopC)+cap(ns.colThr))
 }
