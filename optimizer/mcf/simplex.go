@@ -173,8 +173,14 @@ func (ns *simplex) solve(p *Transport, maxCost int64) {
 	ns.initialPivots(p)
 	if k > 0 {
 		ns.buildCandidates()
-		for ns.findEnteringCandidate() {
-			ns.pivot()
+		base := len(ns.cands)
+		for {
+			for ns.findEnteringCandidate() {
+				ns.pivot()
+			}
+			if !ns.refreshCandidates(base) {
+				return
+			}
 		}
 	}
 	ns.blockSize = max(10, blockFactor*isqrt(ns.nm))
@@ -293,6 +299,30 @@ func (ns *simplex) buildCandidates() {
 	ns.cands = c
 	ns.candPos = 0
 	ns.candBlock = max(10, blockFactor*isqrt(len(c)))
+}
+
+// refreshCandidates prices the whole matrix once and replaces the
+// candidates after the first base ones by the most negative arc of every
+// row that has one. It reports whether it found any; if not, the solution
+// is optimal.
+func (ns *simplex) refreshCandidates(base int) bool {
+	n, m := ns.n, ns.m
+	cost := ns.cost
+	piSnk := ns.pi[n : n+m]
+	c := ns.cands[:base]
+	for i := 0; i < n; i++ {
+		pii := ns.pi[i]
+		if j, t := segmentMin(cost[i*m:i*m+m], piSnk, -pii); j >= 0 {
+			_ = t
+			c = append(c, candidate{int32(i), int32(j), cost[i*m+j]})
+		}
+	}
+	ns.scanned += ns.nm
+	found := len(c) > base
+	ns.cands = c
+	ns.candPos = base
+	ns.candBlock = max(10, blockFactor*isqrt(len(c)))
+	return found
 }
 
 // findEnteringCandidate is block search over the candidate list.
