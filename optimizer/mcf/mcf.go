@@ -90,9 +90,9 @@ func NewSolver() *Solver { return &Solver{} }
 // workspace in the Solver (at most about 300 bytes per source or sink);
 // after a first call of similar size it allocates nothing beyond growing
 // dst. Its time is that of a network simplex, for which no polynomial bound
-// is claimed; on the lemon_tp instances it makes 2-3 pivots per node and
-// prices the whole matrix 2-4 times (a 2000x2000 instance in about 50 ms
-// on one core).
+// is claimed; on the lemon_tp instances it makes about 2 pivots per node
+// and, from 64x64 up, prices the whole matrix 2-4 times (a 2000x2000
+// instance takes 40-80 ms on one core).
 func (s *Solver) Solve(p *Transport, dst []Flow) ([]Flow, int64, error) {
 	dst = dst[:0]
 	maxCost, err := validate(p)
