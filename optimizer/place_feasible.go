@@ -1,29 +1,33 @@
 package optimizer
 
-import "sort"
+import (
+	"fmt"
+	"math"
+	"sort"
+)
 
-// packBudget bounds the exhaustive packing search (search steps). It is far more than the
-// small instances need to be decided exactly; a large instance that the constructive policies
-// cannot pack and this search cannot either within the budget is reported as infeasible,
-// saying that the search gave up.
-const packBudget = 2_000_000
+// packBudget bounds the exhaustive packing search (search steps, ≈ 0.1 s). It is far more
+// than the small instances need to be decided exactly; an instance that neither the
+// constructive policies nor this search can pack within the budget is reported as
+// infeasible, saying that the search gave up.
+const packBudget = 200_000
 
 // checkAlone reports a service that cannot be placed even on empty nodes: more replicas than
 // the nodes' cpu, memory or the spread cap leave room for.
 func (pp *placeProblem) checkAlone() error {
 	for s := range pp.svcs {
-		if err := pp.diagnose(s, pp.cpu, pp.mem, false); err != nil {
-			return err
+		if why := pp.diagnose(s, pp.cpu, pp.mem, false); why != "" {
+			return infeasiblef("service %q: %s", pp.m.Services[s].Name, why)
 		}
 	}
 	return nil
 }
 
-// diagnose explains why service s cannot place all its pods into the free capacity given, or
-// returns nil if, taken alone, it can. others says the capacity is what other services left.
-func (pp *placeProblem) diagnose(s int, freeCPU, freeMem []int64, others bool) error {
+// diagnose explains why service s cannot place all its pods into the free capacity given
+// ("cpu: …", "memory: …" or "spread: …"), or returns "" if, taken alone, it can. others says
+// the capacity is what other services left.
+func (pp *placeProblem) diagnose(s int, freeCPU, freeMem []int64, others bool) string {
 	ps := &pp.svcs[s]
-	name := pp.m.Services[s].Name
 	need := ps.count
 	var byCPU, byMem, bySpread int
 	for u := 0; u < pp.n; u++ {
@@ -38,14 +42,38 @@ func (pp *placeProblem) diagnose(s int, freeCPU, freeMem []int64, others bool) e
 	}
 	switch {
 	case byCPU < need:
-		return infeasiblef("service %q: cpu: %d replicas of %dm each, but the nodes' cpu%s fits only %d", name, need, ps.cpu, left, byCPU)
+		return fmt.Sprintf("cpu: %d replicas of %dm each, but the nodes' cpu%s fits only %d", need, ps.cpu, left, byCPU)
 	case byMem < need:
-		return infeasiblef("service %q: memory: %d replicas of %d MiB each, but the nodes' memory%s fits only %d", name, need, ps.mem, left, byMem)
+		return fmt.Sprintf("memory: %d replicas of %d MiB each, but the nodes' memory%s fits only %d", need, ps.mem, left, byMem)
 	case bySpread < need:
-		return infeasiblef("service %q: spread: %d replicas, at most %d per node (ceil(%d/%d nodes)), but the nodes with cpu and memory%s for one fit only %d",
-			name, need, ps.cap, need, pp.n, left, bySpread)
+		return fmt.Sprintf("spread: %d replicas, at most %d per node (ceil(%d/%d nodes)), but the nodes with cpu and memory%s for one fit only %d",
+			need, ps.cap, need, pp.n, left, bySpread)
 	}
-	return nil
+	return ""
+}
+
+// overTotal reports a resource of which the pods request more than all nodes have together
+// ("" if none).
+func (pp *placeProblem) overTotal() string {
+	reqC, reqM := pp.totalRequests()
+	var haveC, haveM float64
+	for u := 0; u < pp.n; u++ {
+		haveC += float64(pp.cpu[u])
+		haveM += float64(pp.mem[u])
+		if pp.cpu[u] == unlimited {
+			haveC = math.Inf(1)
+		}
+		if pp.mem[u] == unlimited {
+			haveM = math.Inf(1)
+		}
+	}
+	switch {
+	case reqC > haveC:
+		return fmt.Sprintf("the pods request %.0fm cpu in all, the nodes have %.0fm", reqC, haveC)
+	case reqM > haveM:
+		return fmt.Sprintf("the pods request %.0f MiB memory in all, the nodes have %.0f MiB", reqM, haveM)
+	}
+	return ""
 }
 
 // fitsOne is how many requests of size req fit in free (at most limit; unlimited if req is 0
@@ -60,7 +88,8 @@ func (pp *placeProblem) fitsOne(req, free int64, limit int) int {
 // pack finds some placement satisfying the constraints, ignoring latency, by depth-first search
 // over pod counts per (service, node): services hardest first, nodes with most room first,
 // largest counts first. It is exhaustive (so exact about feasibility) unless it runs out of
-// packBudget steps. On failure the error names the service at which the deepest attempt failed.
+// packBudget steps. On failure the error names the service at which the deepest attempt failed
+// and what it lacked there.
 func (pp *placeProblem) pack() ([]int, error) {
 	order := make([]int, len(pp.svcs))
 	for s := range order {
@@ -73,9 +102,15 @@ func (pp *placeProblem) pack() ([]int, error) {
 	}
 	sort.SliceStable(order, func(i, j int) bool { return size(order[i]) > size(order[j]) })
 
+	// When the totals already exceed the nodes, one descent finds the service to name.
+	over := pp.overTotal()
+	budget := packBudget
+	if over != "" {
+		budget = len(pp.svcs)*pp.n + 1
+	}
 	k := &packer{pp: pp, order: order, freeCPU: append([]int64(nil), pp.cpu...), freeMem: append([]int64(nil), pp.mem...),
-		counts: make([]int, len(pp.svcs)*pp.n), budget: packBudget, deepest: -1}
-	if k.service(0) {
+		counts: make([]int, len(pp.svcs)*pp.n), budget: budget, deepest: -1}
+	if over == "" && k.service(0) {
 		nodes := make([]int, len(pp.pods))
 		for s, ps := range pp.svcs {
 			i := ps.first
@@ -88,15 +123,22 @@ func (pp *placeProblem) pack() ([]int, error) {
 		}
 		return nodes, nil
 	}
+	if over != "" {
+		k.service(0)
+	}
 	s := order[max(k.deepest, 0)]
-	err := pp.diagnose(s, k.deepCPU, k.deepMem, true)
-	if err == nil {
-		err = infeasiblef("service %q: cpu and memory: no combination of nodes fits the pods of all services together", pp.m.Services[s].Name)
+	name := pp.m.Services[s].Name
+	why := pp.diagnose(s, k.deepCPU, k.deepMem, true)
+	if why == "" {
+		why = "cpu and memory: no combination of nodes fits the pods of all services together"
 	}
-	if k.budget <= 0 {
-		err = infeasiblef("service %q: no placement found (the packing search gave up after %d steps): %v", pp.m.Services[s].Name, packBudget, err)
+	switch {
+	case over != "":
+		return nil, infeasiblef("service %q: %s (%s)", name, why, over)
+	case k.budget <= 0:
+		return nil, infeasiblef("service %q: %s, and no placement was found within %d search steps", name, why, packBudget)
 	}
-	return nil, err
+	return nil, infeasiblef("service %q: %s", name, why)
 }
 
 func (pp *placeProblem) totalRequests() (cpu, mem float64) {

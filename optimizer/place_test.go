@@ -632,6 +632,30 @@ func TestPlaceInfeasible(t *testing.T) {
 	}
 }
 
+// TestPlaceInfeasibleInAll: every service fits alone, but together they need more cpu than the
+// nodes have; the error names the service the packing could not place.
+func TestPlaceInfeasibleInAll(t *testing.T) {
+	top := &Topology{}
+	for u := 0; u < 10; u++ {
+		top.Nodes = append(top.Nodes, Node{Name: fmt.Sprintf("n%d", u), CPU: 1000, Memory: 4096})
+	}
+	for s := 0; s < 14; s++ {
+		top.Services = append(top.Services, Service{Name: fmt.Sprintf("s%d", s), CPU: 150, Memory: 64, Replicas: 5})
+	}
+	d := 1.0
+	m, err := Compile(top, Options{Unplaced: true, DefaultLatencyMS: &d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range PlacementPolicies() {
+		_, err := Place(m, p)
+		if !errors.Is(err, ErrInfeasible) || !strings.Contains(err.Error(), "cpu") ||
+			!strings.Contains(err.Error(), "10500m cpu in all, the nodes have 10000m") || !strings.Contains(err.Error(), `service "s`) {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+}
+
 func TestParsePlacementPolicy(t *testing.T) {
 	for _, p := range PlacementPolicies() {
 		if got, err := ParsePlacementPolicy(string(p)); err != nil || got != p {
