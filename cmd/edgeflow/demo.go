@@ -39,8 +39,8 @@ func init() { subcommands = append(subcommands, newDemoCommand) }
 //   - 10 s per policy gives 3,000 measured requests each (P99 rests on the slowest 30) and
 //     keeps the whole demo under a minute. It is measured in 4 rounds of 2.5 s, the policies
 //     taking turns, so that a stall of this shared 2-core machine does not land on one policy
-//     only; each slice follows 0.5 s of unrecorded load, a few times what a pod's queue at 60 %
-//     needs to reach its steady state (~0.1 s). An overloaded pod's queue grows for as long as
+//     only; each slice follows 0.3 s of unrecorded load, 2–3 times what a pod's queue at 60 %
+//     needs to reach its steady state (its relaxation time is ~0.1 s). An overloaded pod's queue grows for as long as
 //     the overload lasts, so Localization's latencies grow with the slice length.
 //   - A 5 s timeout is far above any healthy latency here: overload shows as latency (and a
 //     lower achieved rate), not as errors that would drop out of the percentiles.
@@ -50,7 +50,7 @@ const (
 	demoServiceTime = 6 * time.Millisecond
 	demoDuration    = 10 * time.Second
 	demoRounds      = 4
-	demoWarmup      = 500 * time.Millisecond
+	demoWarmup      = 300 * time.Millisecond
 	demoTimeout     = 5 * time.Second
 )
 
