@@ -50,7 +50,7 @@ type Config struct {
 	XDSServer string
 }
 
-// Cluster is a running emulated cluster. Its methods are safe for concurrent use.
+// Cluster is a running emulated cluster. Its methods but Close are safe for concurrent use.
 type Cluster struct {
 	topo     *optimizer.Topology // with pod addresses
 	podSvc   map[string]string   // pod → service
