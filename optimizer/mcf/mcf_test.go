@@ -338,8 +338,8 @@ func TestGoldenLemon(t *testing.T) {
 	s := NewSolver()
 	for _, g := range golden {
 		t.Run(fmt.Sprintf("%s/n=%d", g.mode, g.n), func(t *testing.T) {
-			if g.n >= 1000 && (testing.Short() || raceEnabled) {
-				t.Skip("large instance skipped under -short or -race")
+			if g.n >= 1000 && testing.Short() {
+				t.Skip("large instance skipped under -short")
 			}
 			p := denseInstance(g.mode, g.n, 1)
 			flows, cost, err := s.Solve(p, nil)
