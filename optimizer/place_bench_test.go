@@ -43,8 +43,8 @@ func BenchmarkPlace(b *testing.B) {
 // TestPlaceLargeInstance checks the large instance's placements and logs the cost and time of
 // each policy and of larp's ingredients (see larpIngredients), against k8s-spread.
 func TestPlaceLargeInstance(t *testing.T) {
-	if testing.Short() {
-		t.Skip("large instance")
+	if testing.Short() || placeRace {
+		t.Skip("large instance: skipped with -short and under the race detector")
 	}
 	m := compileUnplaced(t, genPlaceTopology(1, largePlaceConfig))
 	var base float64
