@@ -173,6 +173,9 @@ func validate(p *Transport) (maxCost int64, err error) {
 
 // appendFlows appends the positive tree flows in (Source, Sink) order.
 func (ns *simplex) appendFlows(dst []Flow, p *Transport) ([]Flow, int64, error) {
+	if cap(ns.out) < ns.n+ns.m {
+		ns.out = make([]int, 0, ns.n+ns.m)
+	}
 	arcs := ns.out[:0]
 	for u := 0; u < ns.n+ns.m; u++ {
 		if a := ns.pred[u]; a < ns.nm && ns.flow[u] > 0 {
@@ -181,6 +184,7 @@ func (ns *simplex) appendFlows(dst []Flow, p *Transport) ([]Flow, int64, error) 
 	}
 	slices.Sort(arcs)
 	ns.out = arcs
+	dst = slices.Grow(dst, len(arcs))
 	var total int64
 	for _, a := range arcs {
 		i, j := a/p.Sinks, a%p.Sinks

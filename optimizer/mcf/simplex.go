@@ -291,6 +291,11 @@ func (ns *simplex) cheapest1() {
 // column (an arc may appear twice).
 func (ns *simplex) buildCandidates() {
 	n, m, kr, kc := ns.n, ns.m, ns.kr, ns.kc
+	// Room for the refreshed arcs too (one per row), so the list is
+	// allocated once.
+	if need := n*kr + m*kc + n; cap(ns.cands) < need {
+		ns.cands = make([]candidate, 0, need)
+	}
 	c := ns.cands[:0]
 	for i := 0; i < n; i++ {
 		for t := i * kr; t < i*kr+kr; t++ {
