@@ -16,6 +16,12 @@
 // report the same optimal cost and prints, per mode, the medians over all
 // R*K solves. LEMON's time is its solve_ms (construct NetworkSimplex + run on
 // a prebuilt graph); edgeflow's is the whole Solve call.
+//
+// With -mem it reports memory instead: what edgeflow allocates on a first
+// and on a warm Solve, this process's peak RSS (the instance plus the
+// solver) and a LEMON process's peak RSS on the same instance. Run the
+// built binary for that (go build -o /tmp/benchsolver ...; /tmp/benchsolver
+// -mem -sizes 2000): under go run the peak RSS includes the go command's.
 package main
 
 import (
