@@ -267,10 +267,11 @@ type larpTuning struct {
 
 var larpDefault = larpTuning{allStarts: true, searchUnits: 1500, minSearched: 1, candidates: 30, maxPasses: 200, exchangeMaxNodes: 40}
 
-// larp is the shipped placement. Starts: the greedy from every start node and the Kubernetes
-// spread (the packing search's placement when none of those fits). The best starts by cost,
-// distinct placements only, are each improved by local search (see localSearch); the best
-// result wins (ties: the better start).
+// larp is the shipped placement. Starts: the greedy from every start node (at most maxStarts,
+// see startNodes) and the Kubernetes spread, or the packing search's placement when none of
+// those fits. The best distinct starts by cost — as many as larpDefault's searchUnits allow:
+// all of them on small inputs, one on 1000 pods — are each improved by local search (see
+// localSearch); the cheapest result wins (ties: the better start).
 func (pp *placeProblem) larp() ([]int, error) { return pp.larpWith(larpDefault) }
 
 func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
@@ -278,7 +279,7 @@ func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 	// the Kubernetes spread. Each is built and costed independently, in parallel.
 	var makers []func(st *placeState) bool
 	if tune.allStarts {
-		for u := 0; u < pp.n; u++ {
+		for _, u := range pp.startNodes(maxStarts) {
 			makers = append(makers, func(st *placeState) bool { return pp.greedyInto(st, u) })
 		}
 		makers = append(makers, pp.k8sSpreadInto)
@@ -348,6 +349,43 @@ func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 		}
 	}
 	return results[best], nil
+}
+
+// maxStarts bounds the greedy's start nodes: each run costs O(pods × nodes), so trying every
+// node of a very large cluster would cost O(pods × nodes²).
+const maxStarts = 128
+
+// startNodes returns the greedy's start nodes: every node if there are at most k, else k of
+// them spread over the latency space — the most free node first, then each time the node
+// farthest (L both ways) from those already taken (ties: lower index).
+func (pp *placeProblem) startNodes(k int) []int {
+	n := pp.n
+	out := make([]int, 0, min(n, k))
+	if n <= k {
+		for u := 0; u < n; u++ {
+			out = append(out, u)
+		}
+		return out
+	}
+	far := make([]float64, n) // distance to the nearest node taken
+	for u := range far {
+		far[u] = math.Inf(1)
+	}
+	taken := make([]bool, n)
+	next := pp.mostFreeNode()
+	for len(out) < k {
+		out = append(out, next)
+		taken[next] = true
+		best := -1
+		for u := 0; u < n; u++ {
+			far[u] = min(far[u], pp.lsym[next*n+u])
+			if !taken[u] && (best < 0 || far[u] > far[best]) {
+				best = u
+			}
+		}
+		next = best
+	}
+	return out
 }
 
 // parallel runs f(w, 0) … f(w, n-1) on up to GOMAXPROCS goroutines and waits for them; w is

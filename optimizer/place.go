@@ -11,8 +11,9 @@ type PlacementPolicy string
 // The placement policies of DESIGN.md ("LARP, exactly").
 const (
 	// LARP is edgeflow's placement (the shipped default): the paper's greedy from every start
-	// node and the Kubernetes spread, each improved by local search (pod moves and swaps) scored
-	// by the exact LATA cost of the placement.
+	// node and the Kubernetes spread as starts, the best improved by local search (pod moves,
+	// swaps, and on small clusters exchanges of node contents) scored by the exact LATA cost of
+	// the placement.
 	LARP PlacementPolicy = "larp"
 	// LARPGreedy is the paper's greedy as DESIGN.md states it: pods dealt round-robin into
 	// round(mean replicas) groups, largest group first on the node with the most free capacity,
