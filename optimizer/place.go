@@ -66,7 +66,8 @@ type Placement struct {
 // node holds more than ceil(replicas/|nodes|) pods of one service. If no placement satisfies
 // them, the error wraps ErrInfeasible (and so ErrInvalidTopology) and names the service that
 // cannot fit and why. Should the constructive step of a policy fail where a placement exists,
-// the pods are packed by an exhaustive search instead (bounded; see Place's errors).
+// the pods are packed by an exhaustive search instead; it is bounded (packBudget steps), and
+// an error from a search that gave up says so.
 //
 // The objective is the LATA cost of the placement under the optimal allocation. Place is
 // deterministic: the same model gives the same placement for any GOMAXPROCS. It is safe for
