@@ -257,7 +257,7 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 	for i, s := range stacks {
 		outcomes[i] = s.Outcome(loadgen.Merge(results[i]...))
 	}
-	if err := writeDemoTable(stdout, in, f, outcomes); err != nil {
+	if err := writeDemoTable(stdout, in, f, outcomes, roundsBelowRR(in.policies, results)); err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(stderr, "edgeflow demo: done in %.1fs\n", time.Since(start).Seconds())
@@ -269,7 +269,36 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 // machine's, not the policy's).
 const lagWarning = 50 * time.Millisecond
 
-func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopback.Outcome) error {
+// roundsBelowRR returns, per policy, in how many rounds its P99 was below round-robin's in the
+// same round ("" for round-robin itself, or when round-robin did not run). Policies in one round
+// run back to back, so this paired count is robust to a machine stall that spoils one slice.
+func roundsBelowRR(policies []optimizer.Policy, results [][]*loadgen.Result) []string {
+	out := make([]string, len(policies))
+	base := -1
+	for i, p := range policies {
+		if p == optimizer.RoundRobin {
+			base = i
+		}
+	}
+	if base < 0 {
+		return out
+	}
+	for i := range policies {
+		if i == base {
+			continue
+		}
+		below := 0
+		for r := range results[i] {
+			if results[i][r].Latency.Quantile(0.99) < results[base][r].Latency.Quantile(0.99) {
+				below++
+			}
+		}
+		out[i] = fmt.Sprintf("%d/%d", below, len(results[i]))
+	}
+	return out
+}
+
+func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopback.Outcome, belowRR []string) error {
 	var base *loopback.Outcome
 	for _, o := range outcomes {
 		if o.Policy == optimizer.RoundRobin {
@@ -278,10 +307,13 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopbac
 	}
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POLICY\tMEAN\tP50\tP90\tP99\tP99 vs RR\tERRORS\tRATE(req/s)\tMAX QUEUE\tSPLIT DEV(pp)\tWORST ROUTE (planned → observed)\tPLAN COST")
-	for _, o := range outcomes {
+	fmt.Fprintln(tw, "POLICY\tMEAN\tP50\tP90\tP99\tP99 vs RR\tROUNDS P99<RR\tERRORS\tRATE(req/s)\tMAX QUEUE\tSPLIT DEV(pp)\tWORST ROUTE (planned → observed)\tPLAN COST")
+	for i, o := range outcomes {
 		r := o.Load
-		vs := "—"
+		vs, rounds := "—", "—"
+		if belowRR[i] != "" {
+			rounds = belowRR[i]
+		}
 		if base != nil && base.Load.Latency.Quantile(0.99) > 0 {
 			vs = change(float64(r.Latency.Quantile(0.99)), float64(base.Load.Latency.Quantile(0.99)))
 		}
@@ -290,9 +322,9 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopbac
 		if d.Requests > 0 {
 			worst = fmt.Sprintf("%s→%s %.1f%% → %.1f%%", d.Caller, d.Callee, 100*d.Planned, 100*d.Observed)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.1f\t%s\t%.1f\t%s\t%.0f\n", o.Policy,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.1f\t%s\t%.1f\t%s\t%.0f\n", o.Policy,
 			fmtMS(r.Latency.Mean()), fmtMS(r.Latency.Quantile(0.5)), fmtMS(r.Latency.Quantile(0.9)), fmtMS(r.Latency.Quantile(0.99)),
-			vs, r.Errors, r.Achieved(), deepestQueue(o), d.PP, worst, o.Plan.Cost)
+			vs, rounds, r.Errors, r.Achieved(), deepestQueue(o), d.PP, worst, o.Plan.Cost)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -303,16 +335,22 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopbac
 	fmt.Fprintf(&buf, "service time mean %v (simulated: sleeping, not CPU); node RTT injected by the callee.\n", f.serviceTime)
 	fmt.Fprintf(&buf, "Latency from the intended send time, errors excluded; RATE = successful responses per second from\n")
 	fmt.Fprintf(&buf, "the first send to the last response (below the offered rate when responses fall behind);\n")
+	fmt.Fprintf(&buf, "ROUNDS P99<RR = rounds in which the policy's P99 beat round-robin's of the same round;\n")
 	fmt.Fprintf(&buf, "MAX QUEUE = most requests waiting for a worker at one pod; SPLIT DEV = largest |observed − planned|\n")
 	fmt.Fprintf(&buf, "route share of any caller pod, counted at the callees; PLAN COST = Σ rps × latency, ms·req/s.\n")
+	busy := false
 	for _, o := range outcomes {
 		if len(o.Load.ErrorKinds) > 0 || o.NACKs > 0 {
 			fmt.Fprintf(&buf, "%s: errors %v, xDS NACKs %.0f\n", o.Policy, o.Load.ErrorKinds, o.NACKs)
 		}
 		if o.Load.MaxSendLag > lagWarning {
-			fmt.Fprintf(&buf, "%s: the machine was busy: the load generator fell up to %s behind schedule (included in the latencies)\n",
+			fmt.Fprintf(&buf, "%s: the machine was busy: the load generator fell up to %s behind schedule (in the latencies)\n",
 				o.Policy, fmtMS(o.Load.MaxSendLag))
+			busy = true
 		}
+	}
+	if busy {
+		fmt.Fprintf(&buf, "Stalls of a busy machine land in the tail; compare the rounds, or run the demo on a quieter machine.\n")
 	}
 	_, err := w.Write(buf.Bytes())
 	return err

@@ -40,6 +40,13 @@ func TestDemoShort(t *testing.T) {
 		if _, err := strconv.Atoi(row["ERRORS"]); err != nil {
 			t.Errorf("%s: errors %q", p, row["ERRORS"])
 		}
+		if want := "—"; p != optimizer.RoundRobin {
+			if got := row["ROUNDS P99<RR"]; !strings.HasSuffix(got, "/2") {
+				t.Errorf("%s: rounds below round-robin %q, want k/2", p, got)
+			}
+		} else if row["ROUNDS P99<RR"] != want {
+			t.Errorf("round-robin: rounds below itself %q, want %q", row["ROUNDS P99<RR"], want)
+		}
 		for _, col := range []string{"MEAN", "P50", "P90", "P99"} {
 			if !strings.HasSuffix(row[col], "ms") {
 				t.Errorf("%s: %s = %q", p, col, row[col])
@@ -78,7 +85,7 @@ func parseTable(t *testing.T, out string) map[string]map[string]string {
 	header := lines[0]
 	var cols []string
 	var offsets []int
-	for _, name := range []string{"POLICY", "MEAN", "P50", "P90", "P99", "P99 vs RR", "ERRORS", "RATE(req/s)", "MAX QUEUE", "SPLIT DEV(pp)", "WORST ROUTE", "PLAN COST"} {
+	for _, name := range []string{"POLICY", "MEAN", "P50", "P90", "P99", "P99 vs RR", "ROUNDS P99<RR", "ERRORS", "RATE(req/s)", "MAX QUEUE", "SPLIT DEV(pp)", "WORST ROUTE", "PLAN COST"} {
 		i := strings.Index(header, name+" ")
 		if name == "PLAN COST" {
 			i = strings.Index(header, name)
