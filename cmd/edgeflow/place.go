@@ -62,8 +62,10 @@ func newPlaceCommand() *cobra.Command {
 			}
 			base := pl
 			if p != optimizer.K8sSpread {
+				// The baseline is only shown: if its packing gives up where p found a
+				// placement, the table says n/a.
 				if base, err = optimizer.Place(m, optimizer.K8sSpread); err != nil {
-					return err
+					base = nil
 				}
 			}
 			return writePlaceTable(cmd.OutOrStdout(), m, pl, base)
@@ -99,7 +101,8 @@ func placedTopology(t *optimizer.Topology, m *optimizer.Model, pl *optimizer.Pla
 	return out
 }
 
-// writePlaceTable prints every pod's node, each node's use, and the cost beside k8s-spread's.
+// writePlaceTable prints every pod's node, each node's use, and the cost beside k8s-spread's
+// (base; nil if it has none).
 func writePlaceTable(w io.Writer, m *optimizer.Model, pl, base *optimizer.Placement) error {
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
@@ -124,8 +127,12 @@ func writePlaceTable(w io.Writer, m *optimizer.Model, pl, base *optimizer.Placem
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t\n", n.Name, pods[n.Name], usage(cpu[n.Name], n.CPU), usage(mem[n.Name], n.Memory))
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintf(tw, "COST(%s)\tCOST(%s)\tCHANGE\t\n", pl.Policy, base.Policy)
-	fmt.Fprintf(tw, "%.1f\t%.1f\t%s\t\n", pl.Cost, base.Cost, change(pl.Cost, base.Cost))
+	fmt.Fprintf(tw, "COST(%s)\tCOST(%s)\tCHANGE\t\n", pl.Policy, optimizer.K8sSpread)
+	if base != nil {
+		fmt.Fprintf(tw, "%.1f\t%.1f\t%s\t\n", pl.Cost, base.Cost, change(pl.Cost, base.Cost))
+	} else {
+		fmt.Fprintf(tw, "%.1f\tn/a\tn/a\t\n", pl.Cost)
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
