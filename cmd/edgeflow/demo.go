@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -340,8 +341,11 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopbac
 	fmt.Fprintf(&buf, "route share of any caller pod, counted at the callees; PLAN COST = Σ rps × latency, ms·req/s.\n")
 	busy := false
 	for _, o := range outcomes {
-		if len(o.Load.ErrorKinds) > 0 || o.NACKs > 0 {
-			fmt.Fprintf(&buf, "%s: errors %v, xDS NACKs %.0f\n", o.Policy, o.Load.ErrorKinds, o.NACKs)
+		if len(o.Load.ErrorKinds) > 0 {
+			fmt.Fprintf(&buf, "%s: errors: %s\n", o.Policy, errorKinds(o.Load.ErrorKinds))
+		}
+		if o.NACKs > 0 {
+			fmt.Fprintf(&buf, "%s: the xDS clients rejected %.0f responses (NACK; see the log above)\n", o.Policy, o.NACKs)
 		}
 		if o.Load.MaxSendLag > lagWarning {
 			fmt.Fprintf(&buf, "%s: the machine was busy: the load generator fell up to %s behind schedule (in the latencies)\n",
@@ -354,6 +358,24 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopbac
 	}
 	_, err := w.Write(buf.Bytes())
 	return err
+}
+
+// errorKinds lists error counts, most frequent first.
+func errorKinds(kinds map[string]int) string {
+	type kind struct {
+		msg string
+		n   int
+	}
+	var ks []kind
+	for m, n := range kinds {
+		ks = append(ks, kind{m, n})
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i].n > ks[j].n || ks[i].n == ks[j].n && ks[i].msg < ks[j].msg })
+	parts := make([]string, len(ks))
+	for i, k := range ks {
+		parts[i] = fmt.Sprintf("%d × %s", k.n, k.msg)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // deepestQueue names the pod whose queue was deepest and how deep it got.

@@ -21,8 +21,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/status"
 	xdsclient "google.golang.org/grpc/xds" // registers the xDS resolver and balancers
 
 	"github.com/edgeflow/edgeflow/e2e/app"
@@ -288,7 +290,7 @@ func (c *Cluster) Close() error {
 var errNoIngress = errors.New("loopback: the topology has no ingress")
 
 // Ingress returns a loadgen.Request that sends each request to a pod of an ingress service,
-// directly (as an ingress gateway would), spread over the pods in proportion to the topology's
+// directly (as an ingress gateway would; a timeout is reported as context.DeadlineExceeded), spread over the pods in proportion to the topology's
 // ingress rates and the pods' capacity weights by smooth weighted round-robin, so every pod
 // receives the share the allocation policies assume.
 func (c *Cluster) Ingress() (loadgen.Request, error) {
@@ -297,6 +299,10 @@ func (c *Cluster) Ingress() (loadgen.Request, error) {
 	}
 	return func(ctx context.Context, _ int) error {
 		_, err := app.Call(ctx, c.nextIngress(), "", "")
+		if status.Code(err) == codes.DeadlineExceeded {
+			// Wherever the deadline struck, it is the load generator's timeout.
+			return fmt.Errorf("%w (%s)", context.DeadlineExceeded, status.Convert(err).Message())
+		}
 		return err
 	}, nil
 }
