@@ -7,12 +7,12 @@
 //
 // It compiles ../lemonbench/lemon_tp.cc with g++ -O2 -DNDEBUG -std=c++17
 // -llemon into ~/.cache/edgeflow/lemon/ (keyed by the file's hash; needs
-// Debian's liblemon-dev and g++). For every (mode, n) it runs R rounds; each
-// round runs LEMON (a subprocess doing K solves, every solve's solve_ms
-// printed) and edgeflow (K in-process Solve calls on a prebuilt Transport
-// with a reused Solver), alternating which goes first; for n < 200 both do
-// K*ceil(200/n) solves, since the first few solves of a round run on cold
-// caches on both sides. It checks that both
+// Debian's liblemon-dev and g++). For every (mode, n) it starts one
+// lemon_tp --serve process, which generates the instance and builds the
+// graph once, and runs R rounds; each round asks LEMON for K solves (every
+// solve's solve_ms printed) and runs K edgeflow Solve calls in process on
+// a prebuilt Transport with a reused Solver, alternating which goes first;
+// for n < 200 both do K*ceil(200/n) solves. It checks that both
 // report the same optimal cost and prints, per mode, the medians over all
 // R*K solves. LEMON's time is its solve_ms (construct NetworkSimplex + run on
 // a prebuilt graph); edgeflow's is the whole Solve call.
@@ -26,12 +26,12 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,8 +63,8 @@ func main() {
 	var cfg Config
 	sizes := flag.String("sizes", "5,50,200,500,1000,2000", "comma-separated n (instances are n x n)")
 	modes := flag.String("modes", "rand,uniform", "comma-separated instance modes: rand, uniform")
-	flag.IntVar(&cfg.Rounds, "rounds", 5, "interleaved rounds per (mode, n)")
-	flag.IntVar(&cfg.Reps, "reps", 5, "solves per round and side; n < 200 uses K*ceil(200/n) so the first, cold solves of a round do not set the median")
+	flag.IntVar(&cfg.Rounds, "rounds", 7, "interleaved rounds per (mode, n)")
+	flag.IntVar(&cfg.Reps, "reps", 3, "solves per round and side; n < 200 uses K*ceil(200/n) so the first, cold solves of a round do not set the median")
 	flag.Uint64Var(&cfg.Seed, "seed", 1, "splitmix64 seed")
 	flag.Int64Var(&cfg.MaxCost, "maxcost", 1000, "costs are 1 + next()%maxcost")
 	flag.BoolVar(&cfg.Mem, "mem", false, "report memory instead of time: edgeflow's allocations and this process's peak RSS, LEMON's peak RSS (use one size per run)")
@@ -208,30 +208,35 @@ func measure(cfg Config, bin, mode string, n int) (row, error) {
 	if err != nil {
 		return row{}, fmt.Errorf("%s n=%d: %w", mode, n, err)
 	}
+	lemon, err := startLemon(bin, mode, n, cfg)
+	if err != nil {
+		return row{}, err
+	}
+	defer lemon.close()
 	r := row{n: n, cost: cost}
 	reps := cfg.Reps
 	if n < 200 {
 		reps *= (200 + n - 1) / n
 	}
-	for round := 0; round < cfg.Rounds; round++ {
-		goSide := func() {
-			// No collection may run while Solve is timed: Solve does
-			// not allocate, but this program does between rounds.
-			runtime.GC()
-			old := debug.SetGCPercent(-1)
-			defer debug.SetGCPercent(old)
-			for k := 0; k < reps; k++ {
-				t0 := time.Now()
-				dst, _, _ = solver.Solve(p, dst)
-				r.edgeflow = append(r.edgeflow, float64(time.Since(t0).Nanoseconds())/1e6)
-			}
+	goSide := func() {
+		// No collection may run while Solve is timed: Solve does not
+		// allocate, but this program does between rounds.
+		runtime.GC()
+		old := debug.SetGCPercent(-1)
+		defer debug.SetGCPercent(old)
+		for k := 0; k < reps; k++ {
+			t0 := time.Now()
+			dst, _, _ = solver.Solve(p, dst)
+			r.edgeflow = append(r.edgeflow, float64(time.Since(t0).Nanoseconds())/1e6)
 		}
+	}
+	for round := 0; round < cfg.Rounds; round++ {
 		if round%2 == 1 {
 			goSide()
 		}
-		times, lcost, err := runLemon(bin, mode, n, reps, cfg)
+		times, lcost, err := lemon.solve(reps)
 		if err != nil {
-			return row{}, err
+			return row{}, fmt.Errorf("LEMON %s n=%d: %w", mode, n, err)
 		}
 		r.lemon = append(r.lemon, times...)
 		if lcost != cost {
@@ -246,38 +251,76 @@ func measure(cfg Config, bin, mode string, n int) (row, error) {
 	return r, nil
 }
 
-func runLemon(bin, mode string, n, reps int, cfg Config) ([]float64, int64, error) {
+// lemonServer is a lemon_tp --serve process holding the instance's graph:
+// each request runs K NetworkSimplex solves on it.
+type lemonServer struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+func startLemon(bin, mode string, n int, cfg Config) (*lemonServer, error) {
 	args := []string{strconv.Itoa(n), strconv.Itoa(n), strconv.FormatUint(cfg.Seed, 10), mode,
-		strconv.FormatInt(cfg.MaxCost, 10), strconv.Itoa(reps), "ns"}
-	out, err := exec.Command(bin, args...).Output()
+		strconv.FormatInt(cfg.MaxCost, 10), "1", "ns", "--serve"}
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s %s: %w", bin, strings.Join(args, " "), err)
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", bin, strings.Join(args, " "), err)
+	}
+	ls := &lemonServer{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	line, err := ls.out.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "ready") {
+		ls.close()
+		return nil, fmt.Errorf("%s %s: no ready line (harness without --serve?): %q %v", bin, strings.Join(args, " "), line, err)
+	}
+	return ls, nil
+}
+
+// solve runs k solves and returns their times (ms) and the optimal cost.
+func (ls *lemonServer) solve(k int) ([]float64, int64, error) {
+	if _, err := fmt.Fprintf(ls.in, "%d\n", k); err != nil {
+		return nil, 0, err
+	}
+	line, err := ls.out.ReadString('\n')
+	if err != nil {
+		return nil, 0, err
 	}
 	fields := map[string]string{}
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		for _, f := range strings.Fields(sc.Text()) {
-			if k, v, ok := strings.Cut(f, "="); ok {
-				fields[k] = v
-			}
+	for _, f := range strings.Fields(line) {
+		if k, v, ok := strings.Cut(f, "="); ok {
+			fields[k] = v
 		}
 	}
 	if fields["optimal"] != "1" {
-		return nil, 0, fmt.Errorf("LEMON %s n=%d: not optimal: %s", mode, n, out)
+		return nil, 0, fmt.Errorf("not optimal: %s", line)
 	}
 	cost, err := strconv.ParseInt(fields["total_cost"], 10, 64)
 	if err != nil {
-		return nil, 0, fmt.Errorf("LEMON output has no total_cost: %s", out)
+		return nil, 0, fmt.Errorf("no total_cost: %s", line)
 	}
 	var times []float64
 	for _, v := range strings.Split(fields["solve_ms_each"], ",") {
 		t, err := strconv.ParseFloat(v, 64)
 		if err != nil {
-			return nil, 0, fmt.Errorf("LEMON output has no solve_ms_each (old harness?): %s", out)
+			return nil, 0, fmt.Errorf("no solve_ms_each: %s", line)
 		}
 		times = append(times, t)
 	}
 	return times, cost, nil
+}
+
+func (ls *lemonServer) close() error {
+	fmt.Fprintln(ls.in, "q")
+	ls.in.Close()
+	return ls.cmd.Wait()
 }
 
 func median(xs []float64) float64 {

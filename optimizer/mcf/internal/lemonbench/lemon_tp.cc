@@ -10,6 +10,10 @@
 // Usage: lemon_tp n m seed [rand|uniform] [maxcost] [reps] [algo] [--dimacs out.min]
 // Output: one line per algo with key=value fields; solve_ms_each lists every
 // rep's solve time (ms, 6 decimals) in run order, for benchsolver's medians.
+// With --serve (ns only) it builds the graph once, then for every line "K"
+// on stdin runs K NetworkSimplex solves and prints one line
+// "total_cost=C optimal=1 solve_ms_each=t1,...,tK"; EOF or "q" ends it. This
+// lets benchsolver interleave LEMON and edgeflow rep by rep.
 // (edgeflow copy of shared/reference/lemon_tp.cc; generator unchanged.)
 //   algo: ns (NetworkSimplex, block search, default) | ns-first | ns-best | ns-cand | ns-alt |
 //         cost (CostScaling) | cap (CapacityScaling) | all
@@ -80,6 +84,8 @@ int main(int argc, char** argv) {
   std::string algo = argc > 7 ? argv[7] : "ns";
   const char* dimacs = 0;
   for (int a = 1; a + 1 < argc; ++a) if (!strcmp(argv[a], "--dimacs")) dimacs = argv[a + 1];
+  bool serve = false;
+  for (int a = 1; a < argc; ++a) if (!strcmp(argv[a], "--serve")) serve = true;
 
   auto t0 = Clk::now();
   Inst I = make(n, m, seed, uniform, maxcost);
@@ -106,6 +112,32 @@ int main(int argc, char** argv) {
     for (int j = 0; j < m; ++j) o << "n " << n + j + 1 << " " << -I.dem[j] << "\n";
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < m; ++j) o << "a " << i + 1 << " " << n + j + 1 << " 0 " << S << " " << I.cost[(size_t)i * m + j] << "\n";
+  }
+
+  if (serve) {
+    typedef NetworkSimplex<G, long long, long long> NS;
+    char line[64];
+    printf("ready gen_ms=%.3f build_ms=%.3f\n", gen_ms, build_ms);
+    fflush(stdout);
+    while (fgets(line, sizeof line, stdin) && line[0] != 'q') {
+      int k = atoi(line);
+      std::string each;
+      long long total = -1; int status = -1;
+      for (int r = 0; r < k; ++r) {
+        auto t1 = Clk::now();
+        NS s(g);
+        s.costMap(cost).supplyMap(sup);
+        NS::ProblemType p = s.run(NS::BLOCK_SEARCH);
+        status = (p == NS::OPTIMAL); total = s.totalCost();
+        double ms = ms_since(t1);
+        char buf[32];
+        snprintf(buf, sizeof buf, r ? ",%.6f" : "%.6f", ms);
+        each += buf;
+      }
+      printf("total_cost=%lld optimal=%d solve_ms_each=%s\n", total, status, each.c_str());
+      fflush(stdout);
+    }
+    return 0;
   }
 
   std::vector<std::string> algos;
