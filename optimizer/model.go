@@ -88,6 +88,9 @@ func (m *Model) NodeIndex(name string) (int, bool) { i, ok := m.nodeIndex[name];
 // ServiceIndex returns the index of the named service.
 func (m *Model) ServiceIndex(name string) (int, bool) { i, ok := m.serviceIndex[name]; return i, ok }
 
+// MaxReplicas bounds a service's replica count, so a typo cannot exhaust memory.
+const MaxReplicas = 100000
+
 // maxProblems bounds how many validation problems one error lists.
 const maxProblems = 20
 
@@ -299,8 +302,9 @@ func compileService(s Service, nodes map[string]int, podNames map[string]string,
 	if s.CPU < 0 || s.Memory < 0 {
 		bad.add("service %q: negative cpu or memory request", s.Name)
 	}
-	if s.Replicas < 0 {
-		bad.add("service %q: negative replicas %d", s.Name, s.Replicas)
+	if s.Replicas < 0 || s.Replicas > MaxReplicas {
+		bad.add("service %q: replicas %d outside [0, %d]", s.Name, s.Replicas, MaxReplicas)
+		s.Replicas = 0
 	}
 	pods := s.Pods
 	if opts.Unplaced && len(pods) == 0 {

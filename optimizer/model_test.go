@@ -115,6 +115,9 @@ services: [{name: a, pods: [{name: a-0, node: n1}]}]
 ingress: [{service: b, rps: 5}]`, `ingress[0]: unknown service "b"`, Options{}},
 		{"no nodes", `
 services: [{name: a, pods: [{name: a-0, node: n1}]}]`, `no nodes`, Options{}},
+		{"absurd replicas", `
+nodes: [{name: n1}]
+services: [{name: a, replicas: 1000000000}]`, `service "a": replicas 1000000000 outside [0, 100000]`, Options{Unplaced: true}},
 		{"replicas mismatch", `
 nodes: [{name: n1}]
 services: [{name: a, replicas: 2, pods: [{name: a-0}]}]`, `1 pods listed but replicas is 2`, Options{Unplaced: true}},
