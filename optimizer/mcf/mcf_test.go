@@ -576,12 +576,14 @@ func TestNoAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts differ under -race")
 	}
-	p := denseInstance("rand", 60, 3)
-	s := NewSolver()
-	dst, _, _ := s.Solve(p, nil)
-	allocs := testing.AllocsPerRun(10, func() { dst, _, _ = s.Solve(p, dst) })
-	if allocs != 0 {
-		t.Errorf("%v allocations per warmed-up Solve, want 0", allocs)
+	for _, n := range []int{60, 120} { // without and with the candidate phase
+		p := denseInstance("rand", n, 3)
+		s := NewSolver()
+		dst, _, _ := s.Solve(p, nil)
+		allocs := testing.AllocsPerRun(10, func() { dst, _, _ = s.Solve(p, dst) })
+		if allocs != 0 {
+			t.Errorf("n=%d: %v allocations per warmed-up Solve, want 0", n, allocs)
+		}
 	}
 }
 
