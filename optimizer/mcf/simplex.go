@@ -175,6 +175,11 @@ func (ns *simplex) solve(p *Transport, maxCost int64) {
 	}
 
 	k := candidateK(ns.nm)
+	if n*min(k, m)+m*min(k, n) > ns.nm/4 {
+		// Too narrow (few sources or sinks): the list would be most of
+		// the matrix. Measured 1.5-2x slower on 1x100000 .. 10x10000.
+		k = 0
+	}
 	ns.cheapest(max(k, 1))
 	ns.initialPivots(p)
 	if k > 0 {
