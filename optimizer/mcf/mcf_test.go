@@ -362,14 +362,14 @@ func TestPropertiesAgainstLP(t *testing.T) {
 	s := NewSolver()
 	var flows []Flow
 	const instances = 600
-	defer func(v int) { candidateMinArcs = v }(candidateMinArcs)
+	defer func() { forceCandidates = false }()
 	for k := 0; k < instances; k++ {
 		p := randomInstance(r)
 		var cost int64
 		var err error
 		// Every other instance goes through the candidate phase, which
 		// normally starts only at 64x64.
-		candidateMinArcs = 64 * 64 * (k % 2)
+		forceCandidates = k%2 == 0
 		flows, cost, err = s.Solve(p, flows)
 		if err != nil {
 			t.Fatalf("instance %d: %v", k, err)
@@ -377,6 +377,9 @@ func TestPropertiesAgainstLP(t *testing.T) {
 		checkSolution(t, p, flows, cost)
 		checkTree(t, s, p)
 		checkNoNegativeCycle(t, p, flows)
+		if forceCandidates && s.ns.candScanned == 0 {
+			t.Fatalf("instance %d: candidate phase not run", k)
+		}
 		want, err := lpOptimum(p)
 		if err != nil {
 			t.Fatalf("instance %d (%dx%d): gonum lp: %v", k, p.Sources, p.Sinks, err)
@@ -414,8 +417,8 @@ func TestCertificateLarge(t *testing.T) {
 		for ; total > 0; total-- {
 			p.Demand[r.IntN(m)]++
 		}
-		for _, minArcs := range []int{0, 1 << 62} { // with and without the candidate phase
-			candidateMinArcs = minArcs
+		for _, force := range []bool{true, false} { // with and, up to 64x64, without the candidate phase
+			forceCandidates = force
 			flows, cost, err := s.Solve(p, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -424,7 +427,6 @@ func TestCertificateLarge(t *testing.T) {
 			checkTree(t, s, p)
 			checkNoNegativeCycle(t, p, flows)
 		}
-		candidateMinArcs = 64 * 64
 	}
 	for _, mode := range []string{"rand", "uniform"} {
 		p := denseInstance(mode, 200, 7)
@@ -635,8 +637,8 @@ func FuzzSolve(f *testing.F) {
 			p.Demand[m-1] = s - d
 		}
 		// Odd-length inputs also exercise the candidate phase.
-		defer func(v int) { candidateMinArcs = v }(candidateMinArcs)
-		candidateMinArcs = 64 * 64 * (1 - len(data)%2)
+		defer func() { forceCandidates = false }()
+		forceCandidates = len(data)%2 == 1
 		s := NewSolver()
 		flows, cost, err := s.Solve(p, nil)
 		if err != nil {

@@ -24,8 +24,8 @@ import "math"
 //     in one pass over the matrix), and when no candidate has a negative
 //     reduced cost, by one full pass that adds every row's most negative
 //     arc to the list; a full pass that finds none proves optimality.
-//     Smaller problems use plain block search over the matrix in row-major
-//     order, one row segment at a time, without divisions.
+//     Smaller and narrow problems use plain block search over the matrix in
+//     row-major order, one row segment at a time, without divisions.
 
 // blockFactor scales the block of the pricing rule: blockFactor*sqrt(arcs)
 // arcs (LEMON uses 1). 2 measured best on the lemon_tp instances: with 1,
@@ -34,26 +34,35 @@ import "math"
 const blockFactor = 2
 
 // candidateK returns how many cheapest arcs per row and per column the
-// candidate list holds for a problem with nm arcs, 0 for no candidate
-// phase. Measured against pricing the whole matrix from the start
-// (lemon_tp instances, interleaved runs): the candidate phase lost below
-// about 60x60 and won from 70x70 on (0.6-0.95x at n = 70..200, 0.3-0.4x at
-// n = 1000); 4 arcs were best up to about 180x180, 6 to 700x700, 8 above.
-func candidateK(nm int) int {
+// candidate list holds for an n x m problem, 0 for no candidate phase.
+// Measured against pricing the whole matrix from the start (lemon_tp
+// instances, interleaved runs): the candidate phase lost below about 60x60,
+// broke even at 64x64 (averaged over 6 seeds) and won from 70x70 on
+// (0.6-0.95x at n = 70..200, 0.3-0.4x at n = 1000); 4 arcs were best up to
+// about 180x180, 6 to 700x700, 8 above. Narrow problems, whose list would
+// be most of the matrix, were 1.5-2x slower with it (1x100000 .. 10x10000).
+func candidateK(n, m int) int {
+	if forceCandidates {
+		return 4
+	}
+	nm := n * m
+	k := 8
 	switch {
-	case nm < candidateMinArcs:
+	case nm < 64*64:
 		return 0
 	case nm < 180*180:
-		return 4
+		k = 4
 	case nm < 700*700:
-		return 6
+		k = 6
 	}
-	return 8
+	if n*min(k, m)+m*min(k, n) > nm/4 {
+		return 0
+	}
+	return k
 }
 
-// candidateMinArcs is the smallest problem with a candidate phase; tests
-// lower it to exercise the phase on small instances.
-var candidateMinArcs = 64 * 64
+// forceCandidates makes every solve use the candidate phase; for tests.
+var forceCandidates = false
 
 const (
 	dirUp   = 1  // pred arc goes from the node to its parent
@@ -174,12 +183,7 @@ func (ns *simplex) solve(p *Transport, maxCost int64) {
 		}
 	}
 
-	k := candidateK(ns.nm)
-	if n*min(k, m)+m*min(k, n) > ns.nm/4 {
-		// Too narrow (few sources or sinks): the list would be most of
-		// the matrix. Measured 1.5-2x slower on 1x100000 .. 10x10000.
-		k = 0
-	}
+	k := candidateK(n, m)
 	ns.cheapest(max(k, 1))
 	ns.initialPivots(p)
 	if k > 0 {
