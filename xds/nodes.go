@@ -139,6 +139,9 @@ type nodeState struct {
 	rejected [numSets]string
 	awaiting [numSets]string // versions of awaitPub not yet answered
 	awaitPub *publication
+	// subscribed records the types the node has asked for over SOTW: only those get
+	// answers, so only those are awaited (a sidecar that takes only EDS never ACKs CDS).
+	subscribed [numSets]bool
 }
 
 // historyLen is how many past versions per type a node remembers, so that an ACK or NACK
@@ -209,7 +212,7 @@ func (s *Server) refreshLocked(n *nodeState, pub *publication, fromPublication b
 	awaiting := false
 	for i := range want {
 		if want[i].Version != n.sets[i].Version {
-			if fromPublication {
+			if fromPublication && n.subscribed[i] {
 				s.m.pushes.WithLabelValues(typeLabels[i]).Inc()
 				n.awaiting[i] = want[i].Version
 				awaiting = true
@@ -243,7 +246,7 @@ func (s *Server) setSnapshotLocked(n *nodeState, pub *publication) {
 	for i, set := range n.sets {
 		snap.Resources[typeSlots[i]] = pub.intern(i, set)
 	}
-	if err := s.cache.SetSnapshot(context.Background(), n.id, snap); err != nil {
+	if err := s.cacheFor(n.id).SetSnapshot(context.Background(), n.id, snap); err != nil {
 		s.log.Error("xds: setting snapshot", "node", n.id, "error", err)
 	}
 }
@@ -288,11 +291,10 @@ func (s *Server) callbacks() gcpserver.Callbacks {
 // openStream returns the stream's state, registering the stream and its node on the first
 // request; a new node gets its snapshot before the request is served.
 func (s *Server) openStream(id int64, nodeID string) *streamState {
-	s.nodesMu.Lock()
-	if st, ok := s.streams[id]; ok {
-		s.nodesMu.Unlock()
-		return st
+	if st, ok := s.streams.Load(id); ok {
+		return st.(*streamState)
 	}
+	s.nodesMu.Lock()
 	n, ok := s.nodes[nodeID]
 	if !ok {
 		n = &nodeState{id: nodeID}
@@ -301,7 +303,7 @@ func (s *Server) openStream(id int64, nodeID string) *streamState {
 	}
 	n.streams++
 	st := &streamState{node: n}
-	s.streams[id] = st
+	s.streams.Store(id, st)
 	pub := s.pub
 	s.nodesMu.Unlock()
 	if pub != nil {
@@ -315,12 +317,11 @@ func (s *Server) openStream(id int64, nodeID string) *streamState {
 func (s *Server) closeStream(id int64) {
 	s.nodesMu.Lock()
 	defer s.nodesMu.Unlock()
-	st, ok := s.streams[id]
+	v, ok := s.streams.LoadAndDelete(id)
 	if !ok {
 		return
 	}
-	delete(s.streams, id)
-	n := st.node
+	n := v.(*streamState).node
 	if n.streams--; n.streams > 0 {
 		return
 	}
@@ -328,7 +329,7 @@ func (s *Server) closeStream(id int64) {
 	s.m.nodes.Dec()
 	n.mu.Lock()
 	n.closed = true
-	s.cache.ClearSnapshot(n.id)
+	s.cacheFor(n.id).ClearSnapshot(n.id)
 	if n.awaitPub != nil && n.waiting() {
 		n.awaiting = [numSets]string{}
 		s.answered(n.awaitPub)
@@ -341,10 +342,8 @@ func (s *Server) onResponse(_ context.Context, id int64, req *discovery.Discover
 	if i < 0 {
 		return
 	}
-	s.nodesMu.Lock()
-	st := s.streams[id]
-	s.nodesMu.Unlock()
-	if st != nil {
+	if v, ok := s.streams.Load(id); ok {
+		st := v.(*streamState)
 		st.nonce[i], st.sentAt[i] = resp.GetNonce(), resp.GetVersionInfo()
 	}
 }
@@ -355,12 +354,16 @@ func (s *Server) onResponse(_ context.Context, id int64, req *discovery.Discover
 func (s *Server) onRequest(id int64, req *discovery.DiscoveryRequest) error {
 	st := s.openStream(id, req.GetNode().GetId())
 	i := setIndex(req.GetTypeUrl())
-	if i < 0 || req.GetResponseNonce() == "" {
-		return nil // a subscription or an unknown type
+	if i < 0 {
+		return nil
 	}
 	n := st.node
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.subscribed[i] = true
+	if req.GetResponseNonce() == "" {
+		return nil // a subscription, not an answer
+	}
 	if held, ok := n.lookup(i, req.GetVersionInfo()); ok {
 		n.acked[i] = held
 	}

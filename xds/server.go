@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,9 +77,9 @@ type Server struct {
 	cfg   Config
 	log   *slog.Logger
 	clock Clock
-	m     *metrics
-	cache cache.SnapshotCache
-	xds   gcpserver.Server
+	m      *metrics
+	shards [numShards]cache.SnapshotCache // by shardOf(node id)
+	xds    gcpserver.Server
 
 	// stopStreams ends every xDS stream; called when Run returns.
 	stopStreams context.CancelFunc
@@ -92,7 +94,7 @@ type Server struct {
 	nodesMu sync.Mutex // guards pub, nodes, streams
 	pub     *publication
 	nodes   map[string]*nodeState // by node id, nodes with ≥ 1 open stream
-	streams map[int64]*streamState
+	streams sync.Map              // stream id → *streamState; written under nodesMu
 
 	allocation atomic.Pointer[optimizer.Allocation]
 	published  atomic.Uint64
@@ -141,19 +143,51 @@ func NewServer(cfg Config) (*Server, error) {
 		m:       m,
 		updates: make(chan struct{}, 1),
 		nodes:   map[string]*nodeState{},
-		streams: map[int64]*streamState{},
 		signal:  make(chan struct{}),
 	}
 	// ads=false: a node's snapshot holds every servable service, and each client asks only for
 	// the ones it uses; in ADS mode the cache would hold responses until a request named every
 	// resource of the type (reference/README.md). Responses are filtered to the requested names.
-	s.cache = cache.NewSnapshotCache(false, nodeIDHash{}, gcpLogger{s.log})
+	//
+	// The snapshot cache is sharded by node id: one cache serialises every SetSnapshot of a
+	// publication with every client's ACK (CreateWatch) on a single mutex, which dominated
+	// fan-out time at thousands of nodes.
+	mux := &cache.MuxCache{
+		Classify:      func(r *cache.Request) string { return shardKey(r.GetNode().GetId()) },
+		ClassifyDelta: func(r *cache.DeltaRequest) string { return shardKey(r.GetNode().GetId()) },
+		Caches:        map[string]cache.Cache{},
+	}
+	for i := range s.shards {
+		s.shards[i] = cache.NewSnapshotCache(false, nodeIDHash{}, gcpLogger{s.log})
+		mux.Caches[shardNames[i]] = s.shards[i]
+	}
 	// The streams' context is cancelled when Run returns, so a graceful gRPC stop completes.
 	streamCtx, stop := context.WithCancel(context.Background())
 	s.stopStreams = stop
-	s.xds = gcpserver.NewServer(streamCtx, s.cache, s.callbacks(), func(o *config.Opts) { o.Logger = gcpLogger{s.log} })
+	s.xds = gcpserver.NewServer(streamCtx, mux, s.callbacks(), func(o *config.Opts) { o.Logger = gcpLogger{s.log} })
 	return s, nil
 }
+
+// numShards is how many snapshot caches the nodes are spread over.
+const numShards = 16
+
+var shardNames = func() (n [numShards]string) {
+	for i := range n {
+		n[i] = strconv.Itoa(i)
+	}
+	return n
+}()
+
+func shardOf(nodeID string) int {
+	h := fnv.New32a()
+	h.Write([]byte(nodeID))
+	return int(h.Sum32() % numShards)
+}
+
+func shardKey(nodeID string) string { return shardNames[shardOf(nodeID)] }
+
+// cacheFor returns the snapshot cache that holds the node.
+func (s *Server) cacheFor(nodeID string) cache.SnapshotCache { return s.shards[shardOf(nodeID)] }
 
 // Register registers the aggregated discovery service (ADS) and the per-type LDS, RDS, CDS and
 // EDS services on g.
@@ -290,9 +324,11 @@ func (s *Server) publish() {
 	t1 := s.clock.Now()
 	s.m.solve.Observe(t1.Sub(t0).Seconds())
 	var tr *Translation
+	t2 := t1
 	if err == nil {
 		tr, err = Translate(t, alloc, s.cfg.Encoding)
-		s.m.translate.Observe(s.clock.Now().Sub(t1).Seconds())
+		t2 = s.clock.Now()
+		s.m.translate.Observe(t2.Sub(t1).Seconds())
 	}
 	if err != nil {
 		s.m.rejected.Inc()
@@ -327,8 +363,10 @@ func (s *Server) publish() {
 	s.allocation.Store(alloc)
 	s.published.Store(pub.num)
 	s.notify()
+	now := s.clock.Now()
 	s.log.Info("xds: published", "publication", pub.num, "policy", alloc.Policy, "cost", alloc.Cost,
-		"nodes", len(nodes), "pushed", pushed, "solve", t1.Sub(t0), "since_change", s.clock.Now().Sub(changeAt))
+		"nodes", len(nodes), "pushed", pushed, "solve", t1.Sub(t0), "translate", t2.Sub(t1), "set", now.Sub(t2),
+		"since_change", now.Sub(changeAt))
 	s.answered(pub)
 }
 

@@ -91,7 +91,7 @@ func TestOnlyChangedNodesArePushed(t *testing.T) {
 			}
 
 			cached := func(id string) [numSets]string {
-				snap, err := h.srv.cache.GetSnapshot(id)
+				snap, err := h.srv.cacheFor(id).GetSnapshot(id)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -234,7 +234,7 @@ func TestNothingServedBeforeFirstCompleteTopology(t *testing.T) {
 
 	h.srv.Update(two(5))
 	first := c.next()
-	if w := weights(t, first); w != "y: y-0@0:10000 y-1@1:5000;" {
+	if w := weights(t, first); w != "y: y-0@0:10000 edgeflow/failover@1:1;" {
 		t.Errorf("first response %q", w)
 	}
 	c.ack(first)
@@ -245,7 +245,7 @@ func TestNothingServedBeforeFirstCompleteTopology(t *testing.T) {
 	if h.srv.Published() != 1 || h.srv.Allocation() == nil {
 		t.Errorf("published = %d after a rejected topology", h.srv.Published())
 	}
-	snap, err := h.srv.cache.GetSnapshot("x-0")
+	snap, err := h.srv.cacheFor("x-0").GetSnapshot("x-0")
 	if err != nil || snap.GetVersion(resource.EndpointType) != first.GetVersionInfo() {
 		t.Errorf("the previous snapshot did not stay: %v", err)
 	}
@@ -267,7 +267,7 @@ func TestNACKKeepsPreviousVersion(t *testing.T) {
 	c.nack(v2, v1.GetVersionInfo())
 	eventually(t, 5*time.Second, "NACK counted", func() bool { return counter(t, h.srv.m.nacks.WithLabelValues("eds")) == 1 })
 	eventually(t, 5*time.Second, "snapshot set back", func() bool {
-		snap, err := h.srv.cache.GetSnapshot("x-0")
+		snap, err := h.srv.cacheFor("x-0").GetSnapshot("x-0")
 		return err == nil && snap.GetVersion(resource.EndpointType) == v1.GetVersionInfo()
 	})
 
@@ -303,7 +303,7 @@ func TestNACKOfFirstResponse(t *testing.T) {
 	v1 := c.next()
 	c.nack(v1, "")
 	eventually(t, 5*time.Second, "NACK handled", func() bool {
-		snap, err := h.srv.cache.GetSnapshot("x-0")
+		snap, err := h.srv.cacheFor("x-0").GetSnapshot("x-0")
 		return err == nil && snap.GetVersion(resource.EndpointType) == ""
 	})
 	h.srv.Update(two(15))
@@ -359,7 +359,7 @@ func TestNodeIdentity(t *testing.T) {
 	grown := top.Clone()
 	grown.Services[0].Pods = append(grown.Services[0].Pods, optimizer.Pod{Name: "x-2", Node: "n3", Address: "127.0.0.42:1"})
 	h.srv.Update(grown)
-	if w := weights(t, c.next()); w != "y: y-1@0:10000 y-0@1:5000;" {
+	if w := weights(t, c.next()); w != "y: y-1@0:10000 edgeflow/failover@1:1;" {
 		t.Errorf("x-2 after joining the topology: %s", w)
 	}
 }
@@ -452,5 +452,30 @@ func TestMetricNames(t *testing.T) {
 	}
 	if _, err := NewServer(Config{Registerer: reg}); err == nil {
 		t.Error("registering twice in one registry should fail")
+	}
+}
+
+func TestConvergenceAwaitsOnlySubscribedTypes(t *testing.T) {
+	// A sidecar that takes only EDS (Istio's integration) never answers for CDS or LDS: a
+	// publication that changes those too still converges on its EDS ACK.
+	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
+	h.srv.Update(two(5))
+	c := dialADS(t, h.addr, "x-0")
+	c.subscribe(resource.EndpointType, "y")
+	c.ack(c.next())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.srv.WaitConverged(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	grown := two(15)
+	grown.Services = append(grown.Services, optimizer.Service{Name: "w", Pods: []optimizer.Pod{{Name: "w-0", Node: "n1", Address: "127.0.0.1:4001"}}})
+	h.srv.Update(grown) // new listener, route, cluster and assignment for w; x-0's y weights change
+	c.ack(c.next())
+	if err := h.srv.WaitConverged(ctx, 2); err != nil {
+		t.Fatalf("publication 2 did not converge: %v", err)
+	}
+	if got := counter(t, h.srv.m.pushes.WithLabelValues("cds")); got != 0 {
+		t.Errorf("CDS pushes counted for a node that never asked for CDS: %v", got)
 	}
 }

@@ -6,6 +6,7 @@ package xds
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 )
@@ -216,7 +218,7 @@ type service struct {
 
 	locality  []*core.Locality                // per pod
 	lbEps     [][]*endpoint.LbEndpoint        // per pod, one endpoint
-	fallback  []*endpoint.LocalityLbEndpoints // per pod, priority 1, capacity weight
+	fallback  []*endpoint.LbEndpoint // per pod, for the failover locality: weighted by capacity
 	listener  entry
 	cluster   entry   // locality encoding
 	rrCLA     entry   // locality encoding: round-robin assignment
@@ -225,6 +227,8 @@ type service struct {
 	route     entry   // locality encoding: shared route to the service cluster
 	rrRoute   entry   // weighted clusters: round-robin route
 	rrWeights []int64
+	sum       [sha256.Size]byte // content of everything above that per-caller resources derive from
+	derived   map[string]entry  // per-caller resources by kind and weights: callers with equal weights share one
 }
 
 func newService(s *optimizer.Service, called bool) (*service, error) {
@@ -384,14 +388,21 @@ func (b *builder) buildShared(s *service) error {
 	n := len(s.pods)
 	s.locality = make([]*core.Locality, n)
 	s.lbEps = make([][]*endpoint.LbEndpoint, n)
-	s.fallback = make([]*endpoint.LocalityLbEndpoints, n)
+	s.fallback = make([]*endpoint.LbEndpoint, n)
 	s.rrWeights = capacityWeights(s.pods)
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00", b.enc, s.name)
+	for i, p := range s.pods {
+		fmt.Fprintf(h, "%s\x00%s\x00%s\x00%d\x00%d\x00", p.name, p.node, p.host, p.port, max(s.rrWeights[i], 1))
+	}
+	h.Sum(s.sum[:0])
 	for i, p := range s.pods {
 		s.locality[i] = &core.Locality{Zone: p.node, SubZone: p.name}
 		s.lbEps[i] = []*endpoint.LbEndpoint{lbEndpoint(p.host, p.port)}
 		// Failover tier: at priority 1 every pod keeps a non-zero weight (its capacity share,
-		// at least 1), never 0, which gRPC would drop or reject.
-		s.fallback[i] = localityEndpoints(s.locality[i], s.lbEps[i], max(s.rrWeights[i], 1), 1)
+		// at least 1), never 0, which gRPC would reject.
+		s.fallback[i] = lbEndpoint(p.host, p.port)
+		s.fallback[i].LoadBalancingWeight = wrapperspb.UInt32(uint32(max(s.rrWeights[i], 1)))
 	}
 	var err error
 	if s.listener, err = newEntry(s.name, apiListener(s.name)); err != nil {
@@ -406,7 +417,7 @@ func (b *builder) buildShared(s *service) error {
 			ClusterSpecifier: &route.RouteAction_Cluster{Cluster: s.name}})); err != nil {
 			return err
 		}
-		if s.rrCLA, err = newEntry(s.name, b.assignment(s, s.name, s.rrWeights)); err != nil {
+		if s.rrCLA, err = derivedEntry(s, "assignment", func() types.Resource { return b.assignment(s, s.name, s.rrWeights) }, s.rrWeights); err != nil {
 			return err
 		}
 	case EncodingWeightedClusters:
@@ -423,7 +434,7 @@ func (b *builder) buildShared(s *service) error {
 				return err
 			}
 		}
-		if s.rrRoute, err = newEntry(s.name, b.weightedRoute(s, s.rrWeights)); err != nil {
+		if s.rrRoute, err = derivedEntry(s, "route", func() types.Resource { return b.weightedRoute(s, s.rrWeights) }, s.rrWeights); err != nil {
 			return err
 		}
 	}
@@ -433,19 +444,29 @@ func (b *builder) buildShared(s *service) error {
 // podClusterName names the per-pod cluster of the weighted-clusters encoding.
 func podClusterName(svc, pod string) string { return svc + "/" + pod }
 
-// assignment is a ClusterLoadAssignment of s's pods: pods with a positive weight at priority 0
-// with that weight, every other pod at priority 1 (failover) with its capacity weight.
+// FailoverSubZone is the sub_zone of the priority-1 locality that holds a caller's zero-flow
+// pods. A '/' cannot occur in a Kubernetes pod name, so it never collides with a pod's.
+const FailoverSubZone = "edgeflow/failover"
+
+var failoverLocality = &core.Locality{SubZone: FailoverSubZone}
+
+// assignment is a ClusterLoadAssignment of s's pods: one locality per pod with a positive
+// weight, at priority 0 with that weight; every other pod in one failover locality at
+// priority 1, endpoints weighted by capacity (Envoy honours endpoint weights inside a
+// locality; gRPC round-robins them). One failover locality instead of one per pod keeps the
+// assignment about as small as a plain endpoint list, which is what every push carries.
 func (b *builder) assignment(s *service, name string, weights []int64) *endpoint.ClusterLoadAssignment {
-	cla := &endpoint.ClusterLoadAssignment{ClusterName: name, Endpoints: make([]*endpoint.LocalityLbEndpoints, 0, len(s.pods))}
+	cla := &endpoint.ClusterLoadAssignment{ClusterName: name}
+	var failover []*endpoint.LbEndpoint
 	for i, w := range weights {
 		if w > 0 {
 			cla.Endpoints = append(cla.Endpoints, localityEndpoints(s.locality[i], s.lbEps[i], w, 0))
+		} else {
+			failover = append(failover, s.fallback[i])
 		}
 	}
-	for i, w := range weights {
-		if w <= 0 {
-			cla.Endpoints = append(cla.Endpoints, s.fallback[i])
-		}
+	if len(failover) > 0 {
+		cla.Endpoints = append(cla.Endpoints, localityEndpoints(failoverLocality, failover, 1, 1))
 	}
 	return cla
 }
@@ -483,7 +504,7 @@ func (b *builder) node(calls []callPlan) (*NodeResources, error) {
 			cla := s.rrCLA
 			if isPlanned {
 				var err error
-				if cla, err = newEntry(s.name, b.assignment(s, s.name, w)); err != nil {
+				if cla, err = derivedEntry(s, "assignment", func() types.Resource { return b.assignment(s, s.name, w) }, w); err != nil {
 					return nil, err
 				}
 			}
@@ -492,7 +513,7 @@ func (b *builder) node(calls []callPlan) (*NodeResources, error) {
 			rt := s.rrRoute
 			if isPlanned {
 				var err error
-				if rt, err = newEntry(s.name, b.weightedRoute(s, w)); err != nil {
+				if rt, err = derivedEntry(s, "route", func() types.Resource { return b.weightedRoute(s, w) }, w); err != nil {
 					return nil, err
 				}
 			}
@@ -529,6 +550,36 @@ func newEntry(name string, r types.Resource) (entry, error) {
 		return entry{}, fmt.Errorf("xds: marshal %q: %w", name, err)
 	}
 	return entry{name: name, res: r, sum: sha256.Sum256(data)}, nil
+}
+
+// derivedEntry is a per-caller resource of service s: a deterministic function of s's shared
+// content and the caller's weights, so its content hash is computed from those instead of
+// marshalling it (which dominated translation time at thousands of callers), and callers with
+// the same weights share one resource (memory, validation). It is validated like every other
+// resource.
+func derivedEntry(s *service, kind string, build func() types.Resource, weights []int64) (entry, error) {
+	key := make([]byte, 0, len(kind)+8*len(weights))
+	key = append(key, kind...)
+	for _, w := range weights {
+		key = binary.LittleEndian.AppendUint64(key, uint64(w))
+	}
+	if e, ok := s.derived[string(key)]; ok {
+		return e, nil
+	}
+	r := build()
+	if err := r.(validator).ValidateAll(); err != nil {
+		return entry{}, fmt.Errorf("xds: generated %s %q is invalid: %w", kind, s.name, err)
+	}
+	h := sha256.New()
+	h.Write(s.sum[:])
+	h.Write(key)
+	e := entry{name: s.name, res: r}
+	h.Sum(e.sum[:0])
+	if s.derived == nil {
+		s.derived = map[string]entry{}
+	}
+	s.derived[string(key)] = e
+	return e, nil
 }
 
 // makeSet sorts entries by name and derives the set's version from names and content hashes.

@@ -288,6 +288,22 @@ func loc(p uint32, w uint32, node, pod, ip string, port uint32) *endpoint.Locali
 	}
 }
 
+// fo is a failover endpoint with its capacity weight; failover the priority-1 locality.
+func fo(ip string, port, w uint32) *endpoint.LbEndpoint {
+	e := lbEndpoint(ip, port)
+	e.LoadBalancingWeight = wrapperspb.UInt32(w)
+	return e
+}
+
+func failover(eps ...*endpoint.LbEndpoint) *endpoint.LocalityLbEndpoints {
+	return &endpoint.LocalityLbEndpoints{
+		Locality:            &core.Locality{SubZone: FailoverSubZone},
+		LbEndpoints:         eps,
+		LoadBalancingWeight: wrapperspb.UInt32(1),
+		Priority:            1,
+	}
+}
+
 func TestTranslateWeights(t *testing.T) {
 	top, alloc := small(), smallAlloc()
 	b0 := func(p, w uint32) *endpoint.LocalityLbEndpoints { return loc(p, w, "n1", "b-0", "127.0.0.1", 1001) }
@@ -310,9 +326,9 @@ func TestTranslateWeights(t *testing.T) {
 		want proto.Message
 	}{
 		{"locality a-0", EncodingLocality, "a-0", func(n *NodeResources) proto.Message { return n.Assignment("b") },
-			&endpoint.ClusterLoadAssignment{ClusterName: "b", Endpoints: []*endpoint.LocalityLbEndpoints{b0(0, 7000), b1(0, 3000), b2(1, 2500)}}},
+			&endpoint.ClusterLoadAssignment{ClusterName: "b", Endpoints: []*endpoint.LocalityLbEndpoints{b0(0, 7000), b1(0, 3000), failover(fo("127.0.0.1", 1003, 2500))}}},
 		{"locality a-1", EncodingLocality, "a-1", func(n *NodeResources) proto.Message { return n.Assignment("b") },
-			&endpoint.ClusterLoadAssignment{ClusterName: "b", Endpoints: []*endpoint.LocalityLbEndpoints{b2(0, 10000), b0(1, 2500), b1(1, 5000)}}},
+			&endpoint.ClusterLoadAssignment{ClusterName: "b", Endpoints: []*endpoint.LocalityLbEndpoints{b2(0, 10000), failover(fo("127.0.0.1", 1001, 2500), fo("127.0.0.1", 1002, 5000))}}},
 		{"locality unknown node", EncodingLocality, "", func(n *NodeResources) proto.Message { return n.Assignment("b") },
 			&endpoint.ClusterLoadAssignment{ClusterName: "b", Endpoints: []*endpoint.LocalityLbEndpoints{b0(0, 2500), b1(0, 5000), b2(0, 2500)}}},
 		{"locality cluster", EncodingLocality, "a-0", func(n *NodeResources) proto.Message { return n.Cluster("b") }, edsCluster("b")},
@@ -326,7 +342,7 @@ func TestTranslateWeights(t *testing.T) {
 		{"weighted unknown node", EncodingWeightedClusters, "", func(n *NodeResources) proto.Message { return n.Route("b") },
 			wc("b/b-0", 2500, "b/b-1", 5000, "b/b-2", 2500)},
 		{"weighted pod cluster assignment", EncodingWeightedClusters, "a-0", func(n *NodeResources) proto.Message { return n.Assignment("b/b-1") },
-			&endpoint.ClusterLoadAssignment{ClusterName: "b/b-1", Endpoints: []*endpoint.LocalityLbEndpoints{b1(0, 1), b0(1, 2500), b2(1, 2500)}}},
+			&endpoint.ClusterLoadAssignment{ClusterName: "b/b-1", Endpoints: []*endpoint.LocalityLbEndpoints{b1(0, 1), failover(fo("127.0.0.1", 1001, 2500), fo("127.0.0.1", 1003, 2500))}}},
 		{"weighted pod cluster", EncodingWeightedClusters, "a-1", func(n *NodeResources) proto.Message { return n.Cluster("b/b-0") }, edsCluster("b/b-0")},
 	}
 	for _, tc := range tests {
@@ -469,8 +485,8 @@ func TestTranslateRejects(t *testing.T) {
 }
 
 func TestTranslateZeroFlowToFailover(t *testing.T) {
-	// A fraction too small for one unit of WeightTotal rounds to 0: the pod goes to priority 1
-	// instead of carrying weight 0.
+	// A fraction too small for one unit of WeightTotal rounds to 0: the pod goes to the
+	// priority-1 failover locality instead of carrying weight 0.
 	alloc := smallAlloc()
 	alloc.Calls[0].Routes[0].Fraction, alloc.Calls[0].Routes[1].Fraction = 0.99999, 0.00001
 	tr, err := Translate(small(), alloc, EncodingLocality)
@@ -483,7 +499,7 @@ func TestTranslateZeroFlowToFailover(t *testing.T) {
 	for _, l := range got.GetEndpoints() {
 		prio = append(prio, fmt.Sprintf("%s@%d:%d", l.GetLocality().GetSubZone(), l.GetPriority(), l.GetLoadBalancingWeight().GetValue()))
 	}
-	if want := "b-0@0:10000 b-1@1:5000 b-2@1:2500"; strings.Join(prio, " ") != want {
+	if want := "b-0@0:10000 edgeflow/failover@1:1"; strings.Join(prio, " ") != want {
 		t.Errorf("got %v, want %s", prio, want)
 	}
 }
