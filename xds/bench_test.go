@@ -509,8 +509,6 @@ func benchRealClients(b *testing.B, n int) {
 	b.ReportMetric(float64(median(rounds).Microseconds())/1000, "p50-ms")
 }
 
-
-
 // BenchmarkPublishSteps times the server's publication steps on the push benchmark's input.
 func BenchmarkPublishSteps(b *testing.B) {
 	for _, n := range []int{1000, 5000} {

@@ -74,9 +74,9 @@ type Config struct {
 //
 // All methods are safe for concurrent use.
 type Server struct {
-	cfg   Config
-	log   *slog.Logger
-	clock Clock
+	cfg    Config
+	log    *slog.Logger
+	clock  Clock
 	m      *metrics
 	shards [numShards]cache.SnapshotCache // by shardOf(node id)
 	xds    gcpserver.Server

@@ -216,9 +216,9 @@ type service struct {
 	index    map[string]int
 	servable bool
 
-	locality  []*core.Locality                // per pod
-	lbEps     [][]*endpoint.LbEndpoint        // per pod, one endpoint
-	fallback  []*endpoint.LbEndpoint // per pod, for the failover locality: weighted by capacity
+	locality  []*core.Locality         // per pod
+	lbEps     [][]*endpoint.LbEndpoint // per pod, one endpoint
+	fallback  []*endpoint.LbEndpoint   // per pod, for the failover locality: weighted by capacity
 	listener  entry
 	cluster   entry   // locality encoding
 	rrCLA     entry   // locality encoding: round-robin assignment
