@@ -354,7 +354,8 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopbac
 		}
 	}
 	if busy {
-		fmt.Fprintf(&buf, "Stalls of a busy machine land in the tail; compare the rounds, or run the demo on a quieter machine.\n")
+		fmt.Fprintf(&buf, "Stalls of a busy machine land in the tail: compare the rounds, or rerun on a quieter machine or at\n")
+		fmt.Fprintf(&buf, "real-time priority (as root: chrt -f 10 edgeflow demo; the demo sleeps, it uses about a third of a core).\n")
 	}
 	_, err := w.Write(buf.Bytes())
 	return err
