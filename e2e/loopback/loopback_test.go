@@ -151,7 +151,7 @@ func TestRunPolicyFollowsThePlan(t *testing.T) {
 }
 
 // TestInjectedLatency: with no service time and no queueing, the mean end-to-end latency is the
-// plan's network latency per request (cost / rate, scaled) plus the RPCs' own cost, and
+// plan's network latency per request (cost / rate, planned on the scaled latencies) plus the RPCs' own cost, and
 // round-robin is slower than LATA by the difference of their plans.
 func TestInjectedLatency(t *testing.T) {
 	const (
@@ -172,7 +172,7 @@ func TestInjectedLatency(t *testing.T) {
 		if lag := out.Load.MaxSendLag; lag > 20*time.Millisecond || out.Load.Errors > 0 {
 			t.Skipf("machine too busy to measure latency: the load generator fell %v behind, %d errors", lag, out.Load.Errors)
 		}
-		network[p] = time.Duration(scale * out.Plan.Cost / rate * float64(time.Millisecond))
+		network[p] = time.Duration(out.Plan.Cost / rate * float64(time.Millisecond)) // planned with the scaled latencies
 		mean[p] = out.Load.Latency.Mean()
 		// A sleep never ends early. Above the injected delay: four loopback RPCs and the
 		// sleeps' wake-up lag, a few ms on a busy machine, more under -race.

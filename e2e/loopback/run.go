@@ -86,7 +86,8 @@ type Stack struct {
 }
 
 // StartStack starts the xDS server (policy p) and the cluster, publishes the cluster's topology
-// with ingress rates scaled to sc.Load.Rate, and waits (at most SetupTimeout) until every caller
+// with ingress rates scaled to sc.Load.Rate and latencies scaled by sc.Cluster.LatencyScale
+// (so the plan's costs are those of the injected latencies), and waits (at most SetupTimeout) until every caller
 // pod's xDS channel is ready. The stack runs until Close, which the caller must call; if
 // StartStack fails it has stopped everything itself. ctx bounds only the start.
 func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack, err error) {
@@ -94,12 +95,28 @@ func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack,
 	if err != nil {
 		return nil, err
 	}
+	// The xDS server must plan with the latencies the cluster injects, as it would with
+	// measured ones: scale the topology itself, and inject it unscaled.
+	opts := sc.Cluster.Options
+	if k := sc.Cluster.LatencyScale; k != 0 && k != 1 {
+		if !(k > 0) {
+			return nil, fmt.Errorf("loopback: latency scale must be positive, got %v", k)
+		}
+		for i := range topo.Latency {
+			topo.Latency[i].MS *= k
+		}
+		if d := opts.DefaultLatencyMS; d != nil {
+			scaled := *d * k
+			opts.DefaultLatencyMS = &scaled
+		}
+		sc.Cluster.LatencyScale, sc.Cluster.Options = 1, opts
+	}
 	logger := sc.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Stack{policy: p, scn: sc, reg: prometheus.NewRegistry(), started: time.Now()}
-	s.srv, err = xds.NewServer(xds.Config{Policy: p, Options: sc.Cluster.Options, DebounceQuiet: -1, Logger: logger, Registerer: s.reg})
+	s.srv, err = xds.NewServer(xds.Config{Policy: p, Options: opts, DebounceQuiet: -1, Logger: logger, Registerer: s.reg})
 	if err != nil {
 		return nil, err
 	}
