@@ -32,11 +32,13 @@ type Encoding string
 
 const (
 	// EncodingLocality (the default) gives every callee service one cluster whose
-	// ClusterLoadAssignment holds one LocalityLbEndpoints per callee pod (sub_zone = pod name),
-	// weighted by the caller's integer weight; zero-flow pods sit at priority 1.
+	// ClusterLoadAssignment holds one LocalityLbEndpoints per callee pod the caller sends to
+	// (sub_zone = pod name), weighted by the caller's integer weight; the caller's zero-flow
+	// pods are never given weight 0 but sit in one failover locality at priority 1.
 	EncodingLocality Encoding = "locality"
-	// EncodingWeightedClusters gives every callee pod its own cluster and writes the caller's
-	// weights into the route's weighted_clusters.
+	// EncodingWeightedClusters gives every callee pod its own cluster (named SERVICE/POD) and
+	// writes the caller's weights into the route's weighted_clusters; each per-pod cluster has
+	// its pod at priority 0 and the service's other pods as the priority-1 failover.
 	EncodingWeightedClusters Encoding = "weighted-clusters"
 )
 
@@ -104,6 +106,10 @@ type Translation struct {
 }
 
 // Translate turns an allocation of topology t into per-pod xDS resources.
+//
+// A caller's fractions to one callee service become integer weights summing to WeightTotal
+// (largest remainder, so each route is within 1/WeightTotal of its fraction); pods whose
+// weight is 0 go to the priority-1 failover locality.
 //
 // Every caller pod gets, for each service it calls, a Listener named after the callee service
 // (gRPC target xds:///SERVICE), its RouteConfiguration, Cluster(s) and ClusterLoadAssignment(s)
