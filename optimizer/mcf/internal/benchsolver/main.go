@@ -12,7 +12,8 @@
 // graph once, and runs R rounds; each round asks LEMON for K solves (every
 // solve's solve_ms printed) and runs K edgeflow Solve calls in process on
 // a prebuilt Transport with a reused Solver, alternating which goes first;
-// for n < 200 both do K*ceil(200/n) solves. It checks that both
+// for n < 200 it runs 3R rounds of K*ceil(200/n) solves, since small solves
+// are cheap and the first solves of a round run on cold caches. It checks that both
 // report the same optimal cost and prints, per mode, the medians over all
 // R*K solves. LEMON's time is its solve_ms (construct NetworkSimplex + run on
 // a prebuilt graph); edgeflow's is the whole Solve call.
@@ -42,6 +43,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/edgeflow/edgeflow/optimizer/mcf"
 	"github.com/edgeflow/edgeflow/optimizer/mcf/internal/tpgen"
@@ -57,16 +59,18 @@ type Config struct {
 	MaxCost int64
 	Source  string // lemon_tp.cc
 	Mem     bool
+	CPU     int
 }
 
 func main() {
 	var cfg Config
 	sizes := flag.String("sizes", "5,50,200,500,1000,2000", "comma-separated n (instances are n x n)")
 	modes := flag.String("modes", "rand,uniform", "comma-separated instance modes: rand, uniform")
-	flag.IntVar(&cfg.Rounds, "rounds", 7, "interleaved rounds per (mode, n)")
-	flag.IntVar(&cfg.Reps, "reps", 3, "solves per round and side; n < 200 uses K*ceil(200/n) so the first, cold solves of a round do not set the median")
+	flag.IntVar(&cfg.Rounds, "rounds", 7, "interleaved rounds per (mode, n); n < 200 uses 3R")
+	flag.IntVar(&cfg.Reps, "reps", 3, "solves per round and side; n < 200 uses K*ceil(200/n)")
 	flag.Uint64Var(&cfg.Seed, "seed", 1, "splitmix64 seed")
 	flag.Int64Var(&cfg.MaxCost, "maxcost", 1000, "costs are 1 + next()%maxcost")
+	flag.IntVar(&cfg.CPU, "cpu", runtime.NumCPU()-1, "pin the measuring thread and LEMON to this CPU, so both see the same load (-1: no pinning)")
 	flag.BoolVar(&cfg.Mem, "mem", false, "report memory instead of time: edgeflow's allocations and this process's peak RSS, LEMON's peak RSS (use one size per run)")
 	flag.StringVar(&cfg.Source, "cc", "", "path of lemon_tp.cc (default: ../lemonbench/lemon_tp.cc beside this program)")
 	flag.Parse()
@@ -89,6 +93,14 @@ func main() {
 	bin, err := buildLemon(cfg.Source)
 	if err != nil {
 		fatal(err)
+	}
+	if cfg.CPU >= 0 {
+		// The main goroutine stays on this thread; LEMON processes
+		// started from it inherit the affinity.
+		runtime.LockOSThread()
+		if err := pinThread(cfg.CPU); err != nil {
+			fatal(fmt.Errorf("pinning to CPU %d: %w", cfg.CPU, err))
+		}
 	}
 	if cfg.Mem {
 		if err := memory(cfg, bin); err != nil {
@@ -176,8 +188,8 @@ type row struct {
 }
 
 func run(cfg Config, bin string) error {
-	fmt.Printf("# benchsolver: seed %d, maxcost %d, %d rounds x %d reps per side (x ceil(200/n) for n < 200), GOMAXPROCS %d, %s\n",
-		cfg.Seed, cfg.MaxCost, cfg.Rounds, cfg.Reps, runtime.GOMAXPROCS(0), runtime.Version())
+	fmt.Printf("# benchsolver: seed %d, maxcost %d, %d rounds x %d reps per side (n < 200: 3x the rounds, ceil(200/n)x the reps), GOMAXPROCS %d, pinned to CPU %d, %s\n",
+		cfg.Seed, cfg.MaxCost, cfg.Rounds, cfg.Reps, runtime.GOMAXPROCS(0), cfg.CPU, runtime.Version())
 	fmt.Printf("# LEMON: %s solve_ms (construct + run); edgeflow: mcf.Solver.Solve on a prebuilt Transport, reused Solver\n", filepath.Base(bin))
 	failed := false
 	for _, mode := range cfg.Modes {
@@ -214,9 +226,14 @@ func measure(cfg Config, bin, mode string, n int) (row, error) {
 	}
 	defer lemon.close()
 	r := row{n: n, cost: cost}
-	reps := cfg.Reps
+	reps, rounds := cfg.Reps, cfg.Rounds
 	if n < 200 {
+		// Small solves are cheap. More solves per round keep the
+		// first, cold ones of a round (after the other side ran) from
+		// setting the median; three times the rounds interleave the two
+		// sides more finely against machine noise.
 		reps *= (200 + n - 1) / n
+		rounds *= 3
 	}
 	goSide := func() {
 		// No collection may run while Solve is timed: Solve does not
@@ -230,7 +247,7 @@ func measure(cfg Config, bin, mode string, n int) (row, error) {
 			r.edgeflow = append(r.edgeflow, float64(time.Since(t0).Nanoseconds())/1e6)
 		}
 	}
-	for round := 0; round < cfg.Rounds; round++ {
+	for round := 0; round < rounds; round++ {
 		if round%2 == 1 {
 			goSide()
 		}
@@ -382,6 +399,20 @@ func memory(cfg Config, bin string) error {
 				float64(ru.Maxrss)/1024, float64(lru.Maxrss)/1024)
 			runtime.KeepAlive(dst)
 		}
+	}
+	return nil
+}
+
+// pinThread restricts the calling OS thread to one CPU.
+func pinThread(cpu int) error {
+	var mask [16]uint64
+	if cpu >= 64*len(mask) {
+		return errors.New("CPU index too large")
+	}
+	mask[cpu/64] |= 1 << (cpu % 64)
+	_, _, e := syscall.RawSyscall(syscall.SYS_SCHED_SETAFFINITY, 0, uintptr(len(mask)*8), uintptr(unsafe.Pointer(&mask[0])))
+	if e != 0 {
+		return e
 	}
 	return nil
 }
