@@ -21,8 +21,10 @@
 // With -mem it reports memory instead: what edgeflow allocates on a first
 // and on a warm Solve, this process's peak RSS (the instance plus the
 // solver) and a LEMON process's peak RSS on the same instance. Run the
-// built binary for that (go build -o /tmp/benchsolver ...; /tmp/benchsolver
-// -mem -sizes 2000): under go run the peak RSS includes the go command's.
+// built binary for that, one size and mode per run (go build -o
+// /tmp/benchsolver ...; /tmp/benchsolver -mem -sizes 2000 -modes rand): the
+// peak RSS is the process's high-water mark, and under go run it includes
+// the go command's.
 package main
 
 import (
@@ -71,7 +73,7 @@ func main() {
 	flag.Uint64Var(&cfg.Seed, "seed", 1, "splitmix64 seed")
 	flag.Int64Var(&cfg.MaxCost, "maxcost", 1000, "costs are 1 + next()%maxcost")
 	flag.IntVar(&cfg.CPU, "cpu", runtime.NumCPU()-1, "pin the measuring thread and LEMON to this CPU, so both see the same load (-1: no pinning)")
-	flag.BoolVar(&cfg.Mem, "mem", false, "report memory instead of time: edgeflow's allocations and this process's peak RSS, LEMON's peak RSS (use one size per run)")
+	flag.BoolVar(&cfg.Mem, "mem", false, "report memory instead of time: edgeflow's allocations and this process's peak RSS, LEMON's peak RSS (peak RSS is per process: use one size and one mode per run)")
 	flag.StringVar(&cfg.Source, "cc", "", "path of lemon_tp.cc (default: ../lemonbench/lemon_tp.cc beside this program)")
 	flag.Parse()
 	var err error
