@@ -395,16 +395,18 @@ func imin(a, b int) int {
 // initialPivots is LEMON's start heuristic for balanced problems, extended
 // to rows: it pivots in, for every sink with positive demand, its cheapest
 // incoming arc, then for every source with positive supply its cheapest
-// outgoing arc, each only if its reduced cost is still negative. One pass
-// over the cost matrix finds both. Measured on the lemon_tp instances
-// (n = 50..1000, seeds 1-3, both modes), adding the rows changed the arcs
+// outgoing arc, each only if its reduced cost is still negative; the minima
+// come from cheapest's pass over the matrix. Measured on the lemon_tp
+// instances before the candidate phase existed (n = 50..1000, seeds 1-3,
+// both modes, block search only), adding the rows changed the arcs
 // priced by -43%..+10%, fewer in 18 of 24 cases; pivoting in a greedy
 // feasible allocation instead raised the pivot count by up to 42%, and
 // starting from the artificial tree alone was no better than LEMON's
 // columns. Building a strongly feasible tree directly from a greedy
 // allocation (positive arcs only, components hung from the root by
 // zero-flow arcs, no big-M) saved pivots for n <= 50 but made the tree
-// deep, so pivots cost more: 1.3-2x slower for every n >= 20.
+// deep, so pivots cost more: 1.3-2x slower for every n >= 20, and no
+// faster at n = 2..16 (8 seeds each).
 func (ns *simplex) initialPivots(p *Transport) {
 	for j := 0; j < ns.m; j++ {
 		if p.Demand[j] > 0 {
