@@ -44,11 +44,15 @@ fuzz:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./...
 
-## bench-solver: edgeflow's network simplex against LEMON's, side by side on the same instances
+## bench-solver: edgeflow's network simplex against LEMON 1.3.1's, interleaved on the same
+## instances (median ms per n and the ratio), then the peak memory at n = 2000
+BENCH_SOLVER_FLAGS ?=
 bench-solver:
-	@command -v g++ >/dev/null && [ -f /usr/include/lemon/network_simplex.h ] || \
-	  (apt-get update && apt-get install -y --no-install-recommends liblemon-dev g++)
-	$(GO) run ./optimizer/mcf/internal/benchsolver
+	@test -f /usr/include/lemon/network_simplex.h && command -v g++ >/dev/null || \
+	  { apt-get update && apt-get install -y --no-install-recommends liblemon-dev g++; }
+	$(GO) build -o bin/benchsolver ./optimizer/mcf/internal/benchsolver
+	bin/benchsolver $(BENCH_SOLVER_FLAGS)
+	bin/benchsolver -mem -sizes 2000 -modes rand
 
 clean:
 	rm -rf bin

@@ -1,9 +1,12 @@
 package optimizer
 
 import (
+	"bytes"
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/edgeflow/edgeflow/examples"
 )
 
 func mustCompile(t *testing.T, src string) *Model {
@@ -156,5 +159,28 @@ ingress: [{service: a, rps: 10}]
 	}
 	if got := mustPlan(t, m, LATA).Call("a", "b").Fractions()["a-1"]["b-1"]; got != 1 {
 		t.Errorf("zero-weight caller a-1 → nearest b-1 = %v, want 1", got)
+	}
+}
+
+func TestLATAPrefersShortPathsAmongOptima(t *testing.T) {
+	// On the bundled Bookinfo, reviews → ratings has several optimal allocations of equal cost
+	// (166.7 ms·req/s); one of them sends reviews-1 (n2) a third of its calls over the 10 ms path
+	// to ratings-2 (n4). The tie-break must pick one whose longest path is 6 ms.
+	top, err := ParseTopology(bytes.NewReader(examples.Bookinfo()), "bookinfo.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Compile(top, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := mustPlan(t, m, LATA).Call("reviews", "ratings")
+	if math.Abs(call.Cost-500.0/3) > 1e-6 {
+		t.Fatalf("reviews → ratings cost %v, want the optimum 166.67", call.Cost)
+	}
+	for _, r := range call.Routes {
+		if r.LatencyMS > 6 {
+			t.Errorf("route %s → %s over %v ms: an optimal allocation exists whose longest path is 6 ms", r.Caller, r.Callee, r.LatencyMS)
+		}
 	}
 }

@@ -11,16 +11,24 @@ import (
 )
 
 // Numeric rules of the LATA solve. The transportation problem of an edge is solved exactly in
-// integers: latencies are rounded to CostQuantumMS, and supplies and demands are apportioned
-// (largest remainder) over FlowUnits. Consequences, which the tests hold the solver to:
-//   - the allocation is optimal for latencies rounded to 1 µs, so its cost is within
-//     CostQuantumMS/2 × (total rps) of the true optimum;
-//   - each caller's fractions sum to 1 within 1e-9, and each callee's received share is
-//     within (callers+callees)/FlowUnits of its capacity share (≈ 1e-8 relative for small
-//     edges).
+// integers: latencies are rounded to CostQuantumMS, and supplies and demands are integer units
+// (exact for integer weights, else apportioned over FlowUnits; see flowUnits).
+//
+// The optimum is usually degenerate: several allocations have the same total cost, some using a
+// long path a little where another uses two medium ones. Among them edgeflow prefers the fewest
+// long paths: each unit cost is c·2^TieBreakBits + t(c), where the tie-break t(c) < 2^TieBreakBits
+// grows with the square of c relative to the edge's longest path. The result is a basic (tree)
+// solution, so it also has few routes per caller (at most callers+callees−1 in all).
+//
+// Consequences, which the tests hold the solver to:
+//   - the cost is within 1.5 × CostQuantumMS × (total rps) of the true optimum (half a quantum
+//     from rounding, less than one from the tie-break);
+//   - each caller's fractions sum to 1 within 1e-9, and each callee receives its capacity share
+//     within 1e-6 relative.
 const (
 	CostQuantumMS = 1e-3
 	FlowUnits     = 1 << 30
+	TieBreakBits  = 8
 )
 
 // Plan computes the allocation of policy p for every call edge of m. Edges are solved
@@ -223,10 +231,22 @@ func (a *edgeAllocator) lata(callers, callees []PodRef, lat LatencyMatrix) ([][]
 	n, k := len(callers), len(callees)
 	supply, demand, exact := flowUnits(weights(callers), weights(callees))
 	cost := a.prob.Cost[:0]
+	var longest int64
 	for _, p := range callers {
 		for _, q := range callees {
-			cost = append(cost, int64(math.Round(lat.At(p.Node, q.Node)/CostQuantumMS)))
+			c := int64(math.Round(lat.At(p.Node, q.Node) / CostQuantumMS))
+			longest = max(longest, c)
+			cost = append(cost, c)
 		}
+	}
+	const tieMax = 1<<TieBreakBits - 1
+	for i, c := range cost {
+		tie := int64(0)
+		if longest > 0 {
+			r := float64(c) / float64(longest)
+			tie = int64(math.Round(tieMax * r * r))
+		}
+		cost[i] = c<<TieBreakBits + tie
 	}
 	a.prob = mcf.Transport{Sources: n, Sinks: k, Cost: cost, Supply: supply, Demand: demand}
 	flows, _, err := a.solver.Solve(&a.prob, a.flows)

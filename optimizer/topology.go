@@ -11,9 +11,10 @@ import (
 // ErrInvalidTopology is wrapped by every validation error; the message names the offending item.
 var ErrInvalidTopology = errors.New("optimizer: invalid topology")
 
-// MaxLatencyMS bounds a latency value (1,000 s). Larger values are rejected: they are certainly
-// unit mistakes, and the bound keeps the solver's integer arithmetic far from overflow.
-const MaxLatencyMS = 1e6
+// MaxLatencyMS bounds a latency value (10 s). Larger values are rejected: they are certainly
+// unit mistakes, and the bound keeps the solver's integer costs (1 µs quanta, shifted by
+// TieBreakBits) below the solver's limit of 2^32.
+const MaxLatencyMS = 1e4
 
 // Topology is the input of every policy: nodes, the latency between them, services with their
 // pods, the call graph and the ingress rates. It is the offline contract of DESIGN.md ("The
