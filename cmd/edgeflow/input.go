@@ -22,6 +22,7 @@ type topologyFlags struct {
 func (f *topologyFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVarP(&f.file, "filename", "f", "", "topology file (YAML or JSON); - reads standard input")
 	cmd.Flags().Float64Var(&f.defaultLatency, "default-latency", -1, "latency in ms for node pairs the file does not give (default: a missing pair is an error)")
+	cmd.Flags().Lookup("default-latency").DefValue = "0" // not set: the usage text says what happens
 	_ = cmd.MarkFlagRequired("filename")
 }
 
