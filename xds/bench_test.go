@@ -535,3 +535,34 @@ func BenchmarkPublishSteps(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkNodeState measures what edgeflow itself keeps per connected node (node state,
+// snapshot, the node's share of the translation), without gRPC: N nodes are registered as
+// streams would register them, then one publication reaches them all.
+func BenchmarkNodeState(b *testing.B) {
+	for _, n := range []int{1000, 5000} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
+			top := flipTopology(n, benchK, false, "callee")
+			var perNode float64
+			for b.Loop() {
+				srv, err := NewServer(Config{Options: benchOptions, DebounceQuiet: -1, Logger: testLogger(b)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				mem0 := heapInUse()
+				for i := 0; i < n; i++ {
+					srv.openStream(int64(i+1), fmt.Sprintf("caller-%d", i))
+				}
+				srv.Update(top)
+				srv.publish()
+				if srv.Published() != 1 {
+					b.Fatal("not published")
+				}
+				mem1 := heapInUse()
+				perNode = float64(int64(mem1)-int64(mem0)) / float64(n)
+				runtime.KeepAlive(srv)
+			}
+			b.ReportMetric(perNode, "B/node")
+		})
+	}
+}

@@ -205,9 +205,8 @@ func (s *Server) refreshLocked(n *nodeState, pub *publication, fromPublication b
 	if !changed {
 		return false
 	}
-	if fromPublication && n.awaitPub != nil && n.awaitPub != pub && n.waiting() {
-		n.awaiting = [numSets]string{} // superseded: the old publication no longer waits for it
-		s.answered(n.awaitPub)
+	if fromPublication && n.awaitPub != nil && n.awaitPub != pub {
+		s.settleLocked(n) // superseded: the old publication no longer waits for this node
 	}
 	awaiting := false
 	for i := range want {
@@ -228,6 +227,17 @@ func (s *Server) refreshLocked(n *nodeState, pub *publication, fromPublication b
 	n.sets = want
 	s.setSnapshotLocked(n, pub)
 	return true
+}
+
+// settleLocked stops n's publication from waiting for it and drops the reference, so an old
+// publication is not kept alive by a node that is never pushed again. n.mu is held.
+func (s *Server) settleLocked(n *nodeState) {
+	if n.awaitPub == nil {
+		return
+	}
+	n.awaiting = [numSets]string{}
+	s.answered(n.awaitPub)
+	n.awaitPub = nil
 }
 
 func (n *nodeState) waiting() bool {
@@ -330,10 +340,7 @@ func (s *Server) closeStream(id int64) {
 	n.mu.Lock()
 	n.closed = true
 	s.cacheFor(n.id).ClearSnapshot(n.id)
-	if n.awaitPub != nil && n.waiting() {
-		n.awaiting = [numSets]string{}
-		s.answered(n.awaitPub)
-	}
+	s.settleLocked(n)
 	n.mu.Unlock()
 }
 
@@ -377,7 +384,7 @@ func (s *Server) onRequest(id int64, req *discovery.DiscoveryRequest) error {
 	if n.awaitPub != nil && n.awaiting[i] != "" && n.awaiting[i] == answered {
 		n.awaiting[i] = ""
 		if !n.waiting() {
-			s.answered(n.awaitPub)
+			s.settleLocked(n)
 		}
 	}
 	return nil

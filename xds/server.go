@@ -101,6 +101,8 @@ type Server struct {
 	converged  atomic.Uint64
 	signalMu   sync.Mutex
 	signal     chan struct{} // closed and replaced whenever published or converged grows
+
+	publishHook func(begin bool) // tests: called as each publication attempt begins and ends
 }
 
 // NewServer returns a server; it starts no goroutine. Serve it with Register on a grpc.Server
@@ -308,6 +310,10 @@ func (s *Server) notify() {
 
 // publish computes and publishes the latest topology.
 func (s *Server) publish() {
+	if s.publishHook != nil {
+		s.publishHook(true)
+		defer s.publishHook(false)
+	}
 	s.mu.Lock()
 	t, changeAt := s.latest, s.changeAt
 	s.changeAt = time.Time{}

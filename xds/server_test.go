@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -478,4 +479,55 @@ func TestConvergenceAwaitsOnlySubscribedTypes(t *testing.T) {
 	if got := counter(t, h.srv.m.pushes.WithLabelValues("cds")); got != 0 {
 		t.Errorf("CDS pushes counted for a node that never asked for CDS: %v", got)
 	}
+}
+
+func TestOnePushInFlight(t *testing.T) {
+	// Updates from many goroutines while pushes run: publications never overlap, and the
+	// last topology is the one published in the end.
+	srv, err := NewServer(Config{Policy: optimizer.Localization, DebounceQuiet: -1, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inFlight, maxInFlight, attempts atomic.Int64
+	srv.publishHook = func(begin bool) {
+		if !begin {
+			inFlight.Add(-1)
+			return
+		}
+		attempts.Add(1)
+		n := inFlight.Add(1)
+		for {
+			m := maxInFlight.Load()
+			if n <= m || maxInFlight.CompareAndSwap(m, n) {
+				break
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan struct{})
+	go func() { defer close(runDone); _ = srv.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-runDone })
+
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				srv.Update(two(float64(1 + (g*50+i)%20)))
+			}
+		}(g)
+	}
+	wg.Wait()
+	last := two(15)
+	last.Ingress[0].RPS = 999 // recognisable in the allocation's rates
+	srv.Update(last)
+	eventually(t, 10*time.Second, "the last topology published", func() bool {
+		a := srv.Allocation()
+		return a != nil && a.Call("x", "y").Routes[0].RPS == 499.5 && inFlight.Load() == 0
+	})
+	if m := maxInFlight.Load(); m != 1 {
+		t.Errorf("%d publications ran at once", m)
+	}
+	t.Logf("%d publications for 401 updates", attempts.Load())
 }
