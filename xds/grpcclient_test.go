@@ -234,13 +234,12 @@ func TestRealClientsFollowThePlan(t *testing.T) {
 			top := realTopology(bs)
 			h := startServer(t, Config{Encoding: enc, DebounceQuiet: -1})
 			h.srv.Update(top)
-			alloc := h.srv.Allocation()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if err := h.srv.WaitPublished(ctx, 1); err != nil {
 				t.Fatal(err)
 			}
-			alloc = h.srv.Allocation()
+			alloc := h.srv.Allocation()
 			var worst float64
 			for _, caller := range []string{"c-0", "c-1", "c-2", ""} {
 				id := caller
