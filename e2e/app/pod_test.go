@@ -62,7 +62,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 // TestPodWorkersBoundConcurrency: 5 requests at once on 2 workers with a fixed 100 ms service
-// time finish after about 100, 100, 200, 200 and 300 ms.
+// time finish no earlier than 100, 100, 200, 200 and 300 ms.
 func TestPodWorkersBoundConcurrency(t *testing.T) {
 	const service = 100 * time.Millisecond
 	pod := newPod(t, Config{Name: "p-0", Workers: 2, ServiceTime: Fixed(service)})
@@ -90,9 +90,10 @@ func TestPodWorkersBoundConcurrency(t *testing.T) {
 		if errs[i] != nil {
 			t.Fatal(errs[i])
 		}
-		// Finishing early is impossible; late by up to 60 ms allows a busy machine and -race.
-		if lat[i] < want || lat[i] > want+60*time.Millisecond {
-			t.Errorf("request %d finished after %v, want %v", i, lat[i], want)
+		// Only the lower bound is a property of the pod: finishing early would mean more than
+		// two requests in service at once. Lateness is the machine's (a busy CI host, -race).
+		if lat[i] < want {
+			t.Errorf("request %d finished after %v, before %v: more than 2 workers busy", i, lat[i], want)
 		}
 	}
 	if st := pod.Stats(); st.Served != 6 || st.Failed != 0 || st.Waiting != 0 || st.MaxWaiting != 3 || st.Received[""] != 6 {
