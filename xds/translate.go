@@ -38,7 +38,10 @@ const (
 	EncodingLocality Encoding = "locality"
 	// EncodingWeightedClusters gives every callee pod its own cluster (named SERVICE/POD) and
 	// writes the caller's weights into the route's weighted_clusters; each per-pod cluster has
-	// its pod at priority 0 and the service's other pods as the priority-1 failover.
+	// its pod at priority 0 and the service's other pods as the priority-1 failover. Pods
+	// without weight are named in an unreachable second route (KeepClustersRoute), so that
+	// clients keep every pod's cluster active: a gRPC client then connects to every pod of the
+	// service, as plain round_robin does, and a weight shift never makes it add a cluster.
 	EncodingWeightedClusters Encoding = "weighted-clusters"
 )
 
@@ -480,14 +483,39 @@ func (b *builder) assignment(s *service, name string, weights []int64) *endpoint
 // weightedRoute is s's route splitting over its per-pod clusters by weight.
 func (b *builder) weightedRoute(s *service, weights []int64) *route.RouteConfiguration {
 	var ws []*route.WeightedCluster_ClusterWeight
+	unused := false
 	for i, w := range weights {
 		if w > 0 {
 			ws = append(ws, clusterWeight(podClusterName(s.name, s.pods[i].name), w))
+		} else {
+			unused = true
 		}
 	}
-	return routeConfig(s.name, &route.RouteAction{ClusterSpecifier: &route.RouteAction_WeightedClusters{
+	rc := routeConfig(s.name, &route.RouteAction{ClusterSpecifier: &route.RouteAction_WeightedClusters{
 		WeightedClusters: &route.WeightedCluster{Clusters: ws}}})
+	if unused {
+		// An unreachable second route (after the catch-all) names every per-pod cluster, so a
+		// client keeps all of them active and a later weight shift never has it add a cluster:
+		// grpc-go applies a new route before its cluster manager has the new cluster and fails
+		// the RPCs picked for it in between ("unknown cluster selected for RPC").
+		all := make([]*route.WeightedCluster_ClusterWeight, len(s.pods))
+		for i, p := range s.pods {
+			all[i] = clusterWeight(podClusterName(s.name, p.name), 1)
+		}
+		vh := rc.VirtualHosts[0]
+		vh.Routes = append(vh.Routes, &route.Route{
+			Name:  KeepClustersRoute,
+			Match: &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: ""}},
+			Action: &route.Route_Route{Route: &route.RouteAction{ClusterSpecifier: &route.RouteAction_WeightedClusters{
+				WeightedClusters: &route.WeightedCluster{Clusters: all}}}},
+		})
+	}
+	return rc
 }
+
+// KeepClustersRoute names the unreachable route of the weighted-clusters encoding that keeps
+// every per-pod cluster of a service referenced.
+const KeepClustersRoute = "edgeflow-keep-clusters-active"
 
 // node assembles one node's resources: the planned services of calls, every other servable
 // service round-robin.

@@ -314,8 +314,18 @@ func TestTranslateWeights(t *testing.T) {
 		for i := 0; i < len(ws); i += 2 {
 			cs = append(cs, clusterWeight(ws[i].(string), int64(ws[i+1].(int))))
 		}
-		return routeConfig("b", &route.RouteAction{ClusterSpecifier: &route.RouteAction_WeightedClusters{
+		rc := routeConfig("b", &route.RouteAction{ClusterSpecifier: &route.RouteAction_WeightedClusters{
 			WeightedClusters: &route.WeightedCluster{Clusters: cs}}})
+		if len(cs) < 3 { // the unreachable route keeping every pod's cluster active
+			rc.VirtualHosts[0].Routes = append(rc.VirtualHosts[0].Routes, &route.Route{
+				Name:  KeepClustersRoute,
+				Match: &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: ""}},
+				Action: &route.Route_Route{Route: &route.RouteAction{ClusterSpecifier: &route.RouteAction_WeightedClusters{
+					WeightedClusters: &route.WeightedCluster{Clusters: []*route.WeightedCluster_ClusterWeight{
+						clusterWeight("b/b-0", 1), clusterWeight("b/b-1", 1), clusterWeight("b/b-2", 1)}}}}},
+			})
+		}
+		return rc
 	}
 	// Capacity weights 1:2:1 → round-robin 2500/5000/2500, which is also the failover weight.
 	tests := []struct {
