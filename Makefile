@@ -21,8 +21,13 @@ demo:
 ## test: formatting, vet, staticcheck, then every test with the race detector
 test: lint unit
 
+# Tests that measure timing or allocations skip under the race detector (it slows them ~10x);
+# they run again without it, so every test runs once.
+NORACE_TESTS := TestInjectedLatency|TestPlaceLargeInstance|TestNoAllocs
+
 unit:
 	$(GO) test -race -count=1 ./...
+	$(GO) test -count=1 -run '^($(NORACE_TESTS))$$' ./e2e/loopback ./optimizer ./optimizer/mcf
 
 lint: $(STATICCHECK)
 	@fmt=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$fmt" ]; then echo "gofmt would change:"; echo "$$fmt"; exit 1; fi
