@@ -1,15 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 )
@@ -20,7 +19,7 @@ func TestDemoShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs four policies on an emulated cluster (~15 s)")
 	}
-	before := goroutines()
+	ignore := goleak.IgnoreCurrent()
 	code, out, errOut := runCLI(t, "", "demo", "--duration", "2s", "--rounds", "2", "--warmup", "500ms", "--rate", "100")
 	if code != 0 {
 		t.Fatalf("exit %d\nstderr:\n%s", code, errOut)
@@ -71,7 +70,8 @@ func TestDemoShort(t *testing.T) {
 	if strings.Contains(out, "NACK") {
 		t.Errorf("xDS NACKs reported:\n%s", out)
 	}
-	noLeaks(t, before)
+	// os/signal keeps its loop for the life of the process once the demo called Notify.
+	goleak.VerifyNone(t, ignore, goleak.IgnoreAnyFunction("os/signal.loop"))
 }
 
 // parseTable reads the demo's table: rows by policy, cells by column header. tabwriter aligns
@@ -115,36 +115,6 @@ func parseTable(t *testing.T, out string) map[string]map[string]string {
 		rows[row["POLICY"]] = row
 	}
 	return rows
-}
-
-// goroutines returns the stacks of the running goroutines but os/signal's, which the first
-// signal.Notify starts for the life of the process.
-func goroutines() []string {
-	var buf bytes.Buffer
-	pprof.Lookup("goroutine").WriteTo(&buf, 2)
-	var out []string
-	for _, g := range strings.Split(buf.String(), "\n\n") {
-		if g = strings.TrimSpace(g); g != "" && !strings.Contains(g, "os/signal.loop") {
-			out = append(out, g)
-		}
-	}
-	return out
-}
-
-// noLeaks waits until no more goroutines run than before.
-func noLeaks(t *testing.T, before []string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		now := goroutines()
-		if len(now) <= len(before) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines left running, %d before the demo:\n%s", len(now), len(before), strings.Join(now, "\n\n"))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func TestDemoBadInput(t *testing.T) {

@@ -4,10 +4,11 @@ import (
 	"bytes"
 	"context"
 	"math"
-	"runtime/pprof"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/edgeflow/edgeflow/e2e/loadgen"
 	"github.com/edgeflow/edgeflow/examples"
@@ -23,41 +24,12 @@ func bookinfo(t *testing.T) *optimizer.Topology {
 	return topo
 }
 
-// goroutines returns the running goroutines' stacks.
-func goroutines() []string {
-	var buf bytes.Buffer
-	pprof.Lookup("goroutine").WriteTo(&buf, 2)
-	var out []string
-	for _, g := range strings.Split(buf.String(), "\n\n") {
-		if g = strings.TrimSpace(g); g != "" {
-			out = append(out, g)
-		}
-	}
-	return out
-}
-
-// checkNoLeaks fails the test unless, within 10 s, no more goroutines run than before.
-func checkNoLeaks(t *testing.T, before []string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		now := goroutines()
-		if len(now) <= len(before) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines running, %d before:\n%s", len(now), len(before), strings.Join(now, "\n\n"))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestRunPolicyFollowsThePlan runs LATA on the bundled Bookinfo through the real xDS server and
 // real grpc-go xDS clients, and checks at the callees that every caller pod split its requests
 // as planned: each route's observed share within 5 binomial standard errors of its planned
 // fraction (plus the 1/10,000 of integer weights); single routes and unplanned routes exact.
 func TestRunPolicyFollowsThePlan(t *testing.T) {
-	before := goroutines()
+	ignore := goleak.IgnoreCurrent()
 	const rate = 80 // light enough for a shared machine running other tests under -race
 	sc := Scenario{
 		Cluster: Config{Topology: bookinfo(t), Workers: 1, ServiceTime: 2 * time.Millisecond, Seed: 1},
@@ -113,7 +85,7 @@ func TestRunPolicyFollowsThePlan(t *testing.T) {
 	// Requests that failed (a machine so starved that they timed out) may have stopped midway.
 	if out.Load.Errors > 0 {
 		t.Logf("skipping the per-hop counts: %d requests failed (%v); generator lag %v", out.Load.Errors, out.Load.ErrorKinds, out.Load.MaxSendLag)
-		checkNoLeaks(t, before)
+		goleak.VerifyNone(t, ignore)
 		return
 	}
 	received := map[string]uint64{} // by callee service
@@ -147,7 +119,7 @@ func TestRunPolicyFollowsThePlan(t *testing.T) {
 	if hi-lo > 1 {
 		t.Errorf("productpage pods received between %d and %d ingress requests", lo, hi)
 	}
-	checkNoLeaks(t, before)
+	goleak.VerifyNone(t, ignore)
 }
 
 // TestInjectedLatency: with no service time and no queueing, the mean end-to-end latency is the
