@@ -4,8 +4,6 @@ import (
 	"math"
 	"runtime"
 	"sort"
-	"sync"
-	"sync/atomic"
 )
 
 // groupCount is the paper's number of groups: the mean replica count rounded half to even (as
@@ -386,29 +384,6 @@ func (pp *placeProblem) startNodes(k int) []int {
 		next = best
 	}
 	return out
-}
-
-// parallel runs f(w, 0) … f(w, n-1) on up to GOMAXPROCS goroutines and waits for them; w is
-// the goroutine's number (< GOMAXPROCS), for per-goroutine scratch. Each f must write only its
-// own results, so the outcome does not depend on the scheduling.
-func parallel(n int, f func(w, i int)) {
-	workers := min(runtime.GOMAXPROCS(0), n)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				f(w, i)
-			}
-		}()
-	}
-	wg.Wait()
 }
 
 // placementKey identifies a placement up to permuting a service's pods of equal weight: two

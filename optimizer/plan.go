@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/edgeflow/edgeflow/optimizer/mcf"
 )
@@ -42,34 +43,19 @@ func Plan(m *Model, p Policy) (*Allocation, error) {
 	}
 	alloc := &Allocation{Policy: p, Calls: make([]CallAllocation, len(m.Calls))}
 	errs := make([]error, len(m.Calls))
-	workers := min(runtime.GOMAXPROCS(0), len(m.Calls))
-	var next int
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			a := newEdgeAllocator()
-			for {
-				mu.Lock()
-				k := next
-				next++
-				mu.Unlock()
-				if k >= len(m.Calls) {
-					return
-				}
-				e := m.Calls[k]
-				splits, err := a.allocate(p, m, e)
-				if err != nil {
-					errs[k] = fmt.Errorf("optimizer: call %s → %s: %w", m.Services[e.From].Name, m.Services[e.To].Name, err)
-					continue
-				}
-				alloc.Calls[k] = buildCall(m, e, splits)
-			}
-		}()
-	}
-	wg.Wait()
+	allocators := make([]*edgeAllocator, runtime.GOMAXPROCS(0)) // one per worker, made on first use
+	parallel(len(m.Calls), func(w, k int) {
+		if allocators[w] == nil {
+			allocators[w] = newEdgeAllocator()
+		}
+		e := m.Calls[k]
+		splits, err := allocators[w].allocate(p, m, e)
+		if err != nil {
+			errs[k] = fmt.Errorf("optimizer: call %s → %s: %w", m.Services[e.From].Name, m.Services[e.To].Name, err)
+			return
+		}
+		alloc.Calls[k] = buildCall(m, e, splits)
+	})
 	for _, err := range errs {
 		if err != nil {
 			return nil, err
@@ -79,6 +65,29 @@ func Plan(m *Model, p Policy) (*Allocation, error) {
 		alloc.Cost += c.Cost
 	}
 	return alloc, nil
+}
+
+// parallel runs f(w, 0) … f(w, n-1) on up to GOMAXPROCS goroutines and waits for them; w is
+// the goroutine's number (< GOMAXPROCS), for per-goroutine scratch. Each f must write only its
+// own results, so the outcome does not depend on the scheduling.
+func parallel(n int, f func(w, i int)) {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				f(w, i)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // edgeAllocator holds one worker's reusable buffers.
