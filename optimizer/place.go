@@ -255,10 +255,8 @@ func splitmix64(x uint64) uint64 {
 // weight 1), else by largest remainder (a relative error of at most 2^-15 per pod, which only
 // steers the search; the reported cost is computed by Plan).
 func serviceUnits(w []float64) ([]int64, int64) {
-	for scale := 1.0; scale <= 1e4; scale *= 10 {
-		if iw, total, ok := integral(w, scale); ok && total > 0 && total <= maxServiceUnits {
-			return iw, total
-		}
+	if iw, total, ok := integerWeights(w, maxServiceUnits); ok {
+		return iw, total
 	}
 	iw := LargestRemainder(w, maxServiceUnits)
 	var total int64

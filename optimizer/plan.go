@@ -300,22 +300,30 @@ const dustFraction = 1e-6
 // 1, or millicores), it cross-multiplies, supply_p = w_p·ΣW_callees and demand_q = w_q·ΣW_callers,
 // which is exact. Otherwise both sides are apportioned over FlowUnits (exact = false).
 func flowUnits(wa, wb []float64) (supply, demand []int64, exact bool) {
-	for scale := 1.0; scale <= 1e4; scale *= 10 {
-		ia, sa, okA := integral(wa, scale)
-		ib, sb, okB := integral(wb, scale)
-		if !okA || !okB || sa == 0 || sb == 0 || sa > FlowUnits/sb {
-			continue
-		}
-		k := FlowUnits / (sa * sb) // spread the total over the full resolution
-		for i := range ia {
-			ia[i] *= sb * k
-		}
-		for j := range ib {
-			ib[j] *= sa * k
-		}
-		return ia, ib, true
+	ia, sa, okA := integerWeights(wa, FlowUnits)
+	ib, sb, okB := integerWeights(wb, FlowUnits)
+	if !okA || !okB || sa > FlowUnits/sb {
+		return LargestRemainder(wa, FlowUnits), LargestRemainder(wb, FlowUnits), false
 	}
-	return LargestRemainder(wa, FlowUnits), LargestRemainder(wb, FlowUnits), false
+	k := FlowUnits / (sa * sb) // spread the total over the full resolution
+	for i := range ia {
+		ia[i] *= sb * k
+	}
+	for j := range ib {
+		ib[j] *= sa * k
+	}
+	return ia, ib, true
+}
+
+// integerWeights returns w scaled by the smallest power of ten (1 … 10⁴) that makes every weight
+// an integer, with their sum, if that sum is positive and at most limit.
+func integerWeights(w []float64, limit int64) ([]int64, int64, bool) {
+	for scale := 1.0; scale <= 1e4; scale *= 10 {
+		if iw, total, ok := integral(w, scale); ok && total > 0 && total <= limit {
+			return iw, total, true
+		}
+	}
+	return nil, 0, false
 }
 
 // integral returns w·scale as integers, and their sum, if every one is an integer ≤ FlowUnits.
