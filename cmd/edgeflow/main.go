@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // Exit codes: 0 success, 1 runtime failure, 2 bad input (invalid topology, flags or usage).
@@ -67,11 +68,18 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 0
 	}
 	fmt.Fprintln(stderr, "error:", err)
-	var ue usageError
-	if errors.As(err, &ue) || errors.Is(err, optimizer.ErrInvalidTopology) || isCobraUsage(err) {
+	if isBadInput(err) {
 		return exitBadInput
 	}
 	return exitFailure
+}
+
+// isBadInput says whether err is the user's input being wrong: a usage error, an invalid
+// topology, or a topology the xDS server cannot serve (a called pod without an address).
+func isBadInput(err error) bool {
+	var ue usageError
+	return errors.As(err, &ue) || errors.Is(err, optimizer.ErrInvalidTopology) ||
+		errors.Is(err, xds.ErrIncompleteTopology) || isCobraUsage(err)
 }
 
 // isCobraUsage recognises cobra's own usage errors, which it does not type.

@@ -195,11 +195,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	shutdown(g, httpSrv, logger)
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
-		var ue usageError
-		if errors.As(err, &ue) || errors.Is(err, optimizer.ErrInvalidTopology) || errors.Is(err, xds.ErrIncompleteTopology) {
-			return usageError{err}
-		}
-		return err
+		return err // run maps bad input to exit 2
 	}
 	return nil
 }
