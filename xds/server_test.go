@@ -319,7 +319,7 @@ func TestNodeIdentity(t *testing.T) {
 	top.Services[0].Pods[1].Address = "127.0.0.41:1"
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	h.srv.Update(top)
-	tr, err := Translate(top, mustPlan(t, top, optimizer.Localization), EncodingLocality)
+	tr, err := Translate(top, plan(t, top, optimizer.Localization), EncodingLocality)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,19 +363,6 @@ func TestNodeIdentity(t *testing.T) {
 	if w := weights(t, c.next()); w != "y: y-1@0:10000 edgeflow/failover@1:1;" {
 		t.Errorf("x-2 after joining the topology: %s", w)
 	}
-}
-
-func mustPlan(t testing.TB, top *optimizer.Topology, p optimizer.Policy) *optimizer.Allocation {
-	t.Helper()
-	m, err := optimizer.Compile(top, optimizer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := optimizer.Plan(m, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
 }
 
 func TestRunEndsStreams(t *testing.T) {
