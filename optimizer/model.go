@@ -85,8 +85,15 @@ type Model struct {
 // NodeIndex returns the index of the named node.
 func (m *Model) NodeIndex(name string) (int, bool) { i, ok := m.nodeIndex[name]; return i, ok }
 
-// ServiceIndex returns the index of the named service.
-func (m *Model) ServiceIndex(name string) (int, bool) { i, ok := m.serviceIndex[name]; return i, ok }
+// ServiceIndex returns the index of the service with the given key (Service.Key); a service of
+// the default namespace may also be named "NAME.default".
+func (m *Model) ServiceIndex(key string) (int, bool) {
+	if i, ok := m.serviceIndex[key]; ok {
+		return i, true
+	}
+	i, ok := m.serviceIndex[CanonicalKey(key)]
+	return i, ok
+}
 
 // MaxReplicas bounds a service's replica count, so a typo cannot exhaust memory.
 const MaxReplicas = 100000
@@ -153,13 +160,20 @@ func Compile(t *Topology, opts Options) (*Model, error) {
 
 	podNames := map[string]string{} // pod → service
 	for i, s := range t.Services {
-		if s.Name == "" {
+		key := s.Key()
+		switch {
+		case s.Name == "":
 			bad.add("services[%d]: empty name", i)
-		} else if _, dup := m.serviceIndex[s.Name]; dup {
-			bad.add("service %q: duplicate name", s.Name)
-		} else {
-			m.serviceIndex[s.Name] = i
+		case strings.Contains(s.Namespace, "."):
+			bad.add("service %q: namespace %q contains a dot", s.Name, s.Namespace)
+		default:
+			if _, dup := m.serviceIndex[key]; dup {
+				bad.add("service %q: duplicate name", key)
+			} else {
+				m.serviceIndex[key] = i
+			}
 		}
+		checkPorts(&s, &bad)
 		m.Services = append(m.Services, compileService(s, m.nodeIndex, podNames, opts, &bad))
 	}
 	if len(t.Services) == 0 {
@@ -168,8 +182,8 @@ func Compile(t *Topology, opts Options) (*Model, error) {
 
 	calls := map[[2]int]bool{}
 	for i, c := range t.Calls {
-		from, okF := m.serviceIndex[c.From]
-		to, okT := m.serviceIndex[c.To]
+		from, okF := m.ServiceIndex(c.From)
+		to, okT := m.ServiceIndex(c.To)
 		if !okF {
 			bad.add("calls[%d] %s → %s: unknown service %q", i, c.From, c.To, c.From)
 		}
@@ -193,7 +207,7 @@ func Compile(t *Topology, opts Options) (*Model, error) {
 
 	ingress := make([]float64, len(t.Services))
 	for i, in := range t.Ingress {
-		s, ok := m.serviceIndex[in.Service]
+		s, ok := m.ServiceIndex(in.Service)
 		if !ok {
 			bad.add("ingress[%d]: unknown service %q", i, in.Service)
 			continue
@@ -297,8 +311,24 @@ func compileLatency(t *Topology, nodes map[string]int, opts Options, bad *proble
 	return lm
 }
 
+// checkPorts validates a service's ports: numbers in range, names unique.
+func checkPorts(s *Service, bad *problems) {
+	names := map[string]bool{}
+	for i, p := range s.Ports {
+		if p.Port < 1 || p.Port > 65535 || p.TargetPort < 0 || p.TargetPort > 65535 {
+			bad.add("service %q: ports[%d]: port %d (target %d) out of range", s.Key(), i, p.Port, p.TargetPort)
+		}
+		if names[p.Name] {
+			bad.add("service %q: ports[%d]: duplicate port name %q", s.Key(), i, p.Name)
+		}
+		names[p.Name] = true
+	}
+}
+
 func compileService(s Service, nodes map[string]int, podNames map[string]string, opts Options, bad *problems) ServiceModel {
-	sm := ServiceModel{Name: s.Name, CPU: s.CPU, Mem: s.Memory, Count: s.ReplicaCount()}
+	sm := ServiceModel{Name: s.Key(), CPU: s.CPU, Mem: s.Memory, Count: s.ReplicaCount()}
+	svcName := s.Name
+	s.Name = s.Key() // messages name the service as the topology refers to it
 	if s.CPU < 0 || s.Memory < 0 {
 		bad.add("service %q: negative cpu or memory request", s.Name)
 	}
@@ -309,15 +339,17 @@ func compileService(s Service, nodes map[string]int, podNames map[string]string,
 	pods := s.Pods
 	if opts.Unplaced && len(pods) == 0 {
 		for i := 0; i < s.Replicas; i++ {
-			pods = append(pods, Pod{Name: fmt.Sprintf("%s-%d", s.Name, i)})
+			pods = append(pods, Pod{Name: fmt.Sprintf("%s-%d", svcName, i)})
 		}
 	}
 	if opts.Unplaced && s.Replicas > 0 && len(s.Pods) > 0 && len(s.Pods) != s.Replicas {
 		bad.add("service %q: %d pods listed but replicas is %d", s.Name, len(s.Pods), s.Replicas)
 	}
 	for i, p := range pods {
+		empty := p.Name == ""
+		p.Name = QualifiedName(p.Name, s.Namespace)
 		ref := PodRef{Name: p.Name, Node: -1, Weight: p.CapacityWeight()}
-		if p.Name == "" {
+		if empty {
 			bad.add("service %q: pods[%d]: empty name", s.Name, i)
 		} else if other, dup := podNames[p.Name]; dup {
 			bad.add("pod %q: duplicate name (in services %q and %q)", p.Name, other, s.Name)

@@ -6,6 +6,9 @@ package optimizer
 import (
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
+	"strings"
 )
 
 // ErrInvalidTopology is wrapped by every validation error; the message names the offending item.
@@ -47,20 +50,38 @@ type Latency struct {
 // Service is a set of interchangeable pods. CPU (millicores) and Memory (MiB) are per-pod
 // requests. Pods are the placed pods (plan, serve); Replicas is the pod count to place (place);
 // when Replicas is 0 it is len(Pods).
+//
+// A service is identified by Name and Namespace ("" means DefaultNamespace); Key is how calls,
+// ingress, allocations and xDS resource names refer to it. Ports are the service's ports (as a
+// Kubernetes Service has them); they name Istio's clusters (IstioClusterName).
 type Service struct {
-	Name     string `json:"name" yaml:"name"`
-	CPU      int64  `json:"cpu,omitempty" yaml:"cpu,omitempty"`
+	Name      string `json:"name" yaml:"name"`
+	Namespace string `json:"namespace,omitempty" yaml:"namespace,omitempty"`
+	Ports     []Port `json:"ports,omitempty" yaml:"ports,omitempty"`
+	CPU       int64  `json:"cpu,omitempty" yaml:"cpu,omitempty"`
 	Memory   int64  `json:"memory,omitempty" yaml:"memory,omitempty"`
 	Pods     []Pod  `json:"pods,omitempty" yaml:"pods,omitempty"`
 	Replicas int    `json:"replicas,omitempty" yaml:"replicas,omitempty"`
 }
 
-// Pod is one replica of a service. Weight is its relative capacity (nil means 1). Address is
-// the HOST:PORT endpoint the xDS server advertises for it (optional offline).
+// Port is one port of a service: Port is the service port (what callers dial and what Istio's
+// cluster names carry), TargetPort the pod's port (0 means the same as Port).
+type Port struct {
+	Name       string `json:"name,omitempty" yaml:"name,omitempty"`
+	Port       int32  `json:"port" yaml:"port"`
+	TargetPort int32  `json:"targetPort,omitempty" yaml:"targetPort,omitempty"`
+}
+
+// Pod is one ready replica of a service (a pod that is not ready is not in a Topology: sources
+// leave it out). It lives in its service's namespace. Weight is its relative capacity (nil
+// means 1). IP is the pod's IP, and Address the HOST:PORT endpoint the xDS server advertises for
+// it (optional offline); when Address is empty and both IP and the service's first port are
+// known, the address is IP:TargetPort (Endpoint).
 type Pod struct {
 	Name    string   `json:"name" yaml:"name"`
 	Node    string   `json:"node,omitempty" yaml:"node,omitempty"`
 	Weight  *float64 `json:"weight,omitempty" yaml:"weight,omitempty"`
+	IP      string   `json:"ip,omitempty" yaml:"ip,omitempty"`
 	Address string   `json:"address,omitempty" yaml:"address,omitempty"`
 }
 
@@ -75,6 +96,69 @@ type Call struct {
 type Ingress struct {
 	Service string  `json:"service" yaml:"service"`
 	RPS     float64 `json:"rps" yaml:"rps"`
+}
+
+// DefaultNamespace is the namespace of a service that names none.
+const DefaultNamespace = "default"
+
+// ClusterDomain is the DNS domain of Istio's cluster names.
+const ClusterDomain = "cluster.local"
+
+// NamespaceOrDefault returns the service's namespace, DefaultNamespace when empty.
+func (s *Service) NamespaceOrDefault() string {
+	if s.Namespace == "" {
+		return DefaultNamespace
+	}
+	return s.Namespace
+}
+
+// Key is how the topology refers to the service: its Name in the default namespace (so files
+// without namespaces read as before), else "NAME.NAMESPACE" — the name a client in another
+// namespace resolves. Calls and ingress may also name a default-namespace service
+// "NAME.default".
+func (s *Service) Key() string { return QualifiedName(s.Name, s.Namespace) }
+
+// PodKey is how the topology refers to one of the service's pods: the pod's name in the
+// default namespace, else "POD.NAMESPACE" (pod names are unique only within a namespace). It
+// is the caller and callee name in allocations and the node id a proxyless gRPC pod uses.
+func (s *Service) PodKey(p *Pod) string { return QualifiedName(p.Name, s.Namespace) }
+
+// CanonicalKey maps a service reference to its Key: "NAME.default" is "NAME".
+func CanonicalKey(ref string) string {
+	if name, ok := strings.CutSuffix(ref, "."+DefaultNamespace); ok && name != "" {
+		return name
+	}
+	return ref
+}
+
+// QualifiedName is name in the default namespace, else "name.namespace".
+func QualifiedName(name, namespace string) string {
+	if namespace == "" || namespace == DefaultNamespace {
+		return name
+	}
+	return name + "." + namespace
+}
+
+// IstioClusterName is the name of the outbound cluster an Istio sidecar has for the service's
+// port: "outbound|PORT||NAME.NAMESPACE.svc.cluster.local".
+func (s *Service) IstioClusterName(port int32) string {
+	return fmt.Sprintf("outbound|%d||%s.%s.svc.%s", port, s.Name, s.NamespaceOrDefault(), ClusterDomain)
+}
+
+// Endpoint is the HOST:PORT the pod is served at: Address when given, else IP with the
+// service's first port's target port, else "".
+func (s *Service) Endpoint(p *Pod) string {
+	if p.Address != "" {
+		return p.Address
+	}
+	if p.IP == "" || len(s.Ports) == 0 {
+		return ""
+	}
+	port := s.Ports[0].TargetPort
+	if port == 0 {
+		port = s.Ports[0].Port
+	}
+	return net.JoinHostPort(p.IP, strconv.Itoa(int(port)))
 }
 
 // CapacityWeight returns the pod's capacity weight (1 when unset).
@@ -113,6 +197,7 @@ func (t *Topology) Clone() *Topology {
 	}
 	for i, s := range t.Services {
 		s.Pods = append([]Pod(nil), s.Pods...)
+		s.Ports = append([]Port(nil), s.Ports...)
 		for j := range s.Pods {
 			if w := s.Pods[j].Weight; w != nil {
 				v := *w

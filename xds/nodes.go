@@ -59,9 +59,11 @@ type publication struct {
 func newPublication(num uint64, t *optimizer.Topology, a *optimizer.Allocation, tr *Translation, changeAt time.Time) *publication {
 	p := &publication{num: num, topology: t, alloc: a, tr: tr, byIP: map[string]string{}, changeAt: changeAt,
 		interned: map[string]cache.Resources{}}
-	for _, s := range t.Services {
-		for _, pd := range s.Pods {
-			ap, err := netip.ParseAddrPort(pd.Address)
+	for i := range t.Services {
+		s := &t.Services[i]
+		for j := range s.Pods {
+			pd := &s.Pods[j]
+			ap, err := netip.ParseAddrPort(s.Endpoint(pd))
 			if err != nil {
 				continue
 			}
@@ -69,7 +71,7 @@ func newPublication(num uint64, t *optimizer.Topology, a *optimizer.Allocation, 
 			if _, dup := p.byIP[ip]; dup {
 				p.byIP[ip] = ""
 			} else {
-				p.byIP[ip] = pd.Name
+				p.byIP[ip] = s.PodKey(pd)
 			}
 		}
 	}
@@ -83,6 +85,7 @@ func (p *publication) resourcesFor(id string) (res *NodeResources, pod string) {
 		return r, id
 	}
 	if name, ip, ok := ParseSidecarID(id); ok {
+		name = optimizer.QualifiedName(name, sidecarNamespace(id))
 		if r, ok := p.tr.Pods[name]; ok {
 			return r, name
 		}
@@ -106,6 +109,16 @@ func ParseSidecarID(id string) (pod, ip string, ok bool) {
 		ip = a.Unmap().String()
 	}
 	return pod, ip, pod != "" || ip != ""
+}
+
+// sidecarNamespace is the namespace field of an Istio sidecar id ("" if it is not one).
+func sidecarNamespace(id string) string {
+	parts := strings.Split(id, "~")
+	if len(parts) != 4 {
+		return ""
+	}
+	ns, _, _ := strings.Cut(parts[3], ".")
+	return ns
 }
 
 func (p *publication) intern(i int, s Set) cache.Resources {

@@ -140,13 +140,13 @@ func Translate(t *optimizer.Topology, a *optimizer.Allocation, enc Encoding) (*T
 	b := &builder{enc: enc, services: map[string]*service{}, podService: map[string]*service{}}
 	called := map[string]bool{}
 	for _, c := range t.Calls {
-		called[c.To] = true
+		called[optimizer.CanonicalKey(c.To)] = true
 	}
 	for _, c := range a.Calls {
 		called[c.To] = true
 	}
 	for i := range t.Services {
-		s, err := newService(&t.Services[i], called[t.Services[i].Name])
+		s, err := newService(&t.Services[i], called[t.Services[i].Key()])
 		if err != nil {
 			return nil, err
 		}
@@ -199,10 +199,10 @@ func Translate(t *optimizer.Topology, a *optimizer.Allocation, enc Encoding) (*T
 func CheckTopology(t *optimizer.Topology) error {
 	called := map[string]bool{}
 	for _, c := range t.Calls {
-		called[c.To] = true
+		called[optimizer.CanonicalKey(c.To)] = true
 	}
 	for i := range t.Services {
-		if _, err := newService(&t.Services[i], called[t.Services[i].Name]); err != nil {
+		if _, err := newService(&t.Services[i], called[t.Services[i].Key()]); err != nil {
 			return err
 		}
 	}
@@ -241,23 +241,26 @@ type service struct {
 }
 
 func newService(s *optimizer.Service, called bool) (*service, error) {
-	sv := &service{name: s.Name, index: map[string]int{}, servable: len(s.Pods) > 0}
+	svcKey := s.Key()
+	sv := &service{name: svcKey, index: map[string]int{}, servable: len(s.Pods) > 0}
 	seen := map[string]string{}
 	var firstErr error
-	for i, p := range s.Pods {
+	for i := range s.Pods {
+		p := s.Pods[i]
+		p.Name, p.Address = s.PodKey(&p), s.Endpoint(&p)
 		sv.index[p.Name] = i
 		ep := pod{name: p.Name, node: p.Node, capacity: p.CapacityWeight()}
 		err := func() error {
 			if p.Address == "" {
-				return fmt.Errorf("%w: pod %q (service %q) has no address", ErrIncompleteTopology, p.Name, s.Name)
+				return fmt.Errorf("%w: pod %q (service %q) has no address", ErrIncompleteTopology, p.Name, svcKey)
 			}
 			host, port, err := parseAddress(p.Address)
 			if err != nil {
-				return fmt.Errorf("%w: pod %q (service %q): address %q: %v", ErrIncompleteTopology, p.Name, s.Name, p.Address, err)
+				return fmt.Errorf("%w: pod %q (service %q): address %q: %v", ErrIncompleteTopology, p.Name, svcKey, p.Address, err)
 			}
 			key := net2key(host, port)
 			if other, dup := seen[key]; dup {
-				return fmt.Errorf("%w: pod %q (service %q): address %q is also pod %q's", ErrIncompleteTopology, p.Name, s.Name, p.Address, other)
+				return fmt.Errorf("%w: pod %q (service %q): address %q is also pod %q's", ErrIncompleteTopology, p.Name, svcKey, p.Address, other)
 			}
 			seen[key] = p.Name
 			ep.host, ep.port, ep.hasAddress = host, port, true
@@ -270,7 +273,7 @@ func newService(s *optimizer.Service, called bool) (*service, error) {
 			}
 		}
 		if badWeight(ep.capacity) {
-			return nil, fmt.Errorf("%w: pod %q (service %q): capacity weight %v", ErrInvalidAllocation, p.Name, s.Name, ep.capacity)
+			return nil, fmt.Errorf("%w: pod %q (service %q): capacity weight %v", ErrInvalidAllocation, p.Name, svcKey, ep.capacity)
 		}
 		sv.pods = append(sv.pods, ep)
 	}
@@ -278,7 +281,7 @@ func newService(s *optimizer.Service, called bool) (*service, error) {
 		return nil, firstErr
 	}
 	if called && len(s.Pods) == 0 {
-		return nil, fmt.Errorf("%w: service %q is called but has no pods", ErrIncompleteTopology, s.Name)
+		return nil, fmt.Errorf("%w: service %q is called but has no pods", ErrIncompleteTopology, svcKey)
 	}
 	return sv, nil
 }
