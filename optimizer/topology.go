@@ -59,9 +59,9 @@ type Service struct {
 	Namespace string `json:"namespace,omitempty" yaml:"namespace,omitempty"`
 	Ports     []Port `json:"ports,omitempty" yaml:"ports,omitempty"`
 	CPU       int64  `json:"cpu,omitempty" yaml:"cpu,omitempty"`
-	Memory   int64  `json:"memory,omitempty" yaml:"memory,omitempty"`
-	Pods     []Pod  `json:"pods,omitempty" yaml:"pods,omitempty"`
-	Replicas int    `json:"replicas,omitempty" yaml:"replicas,omitempty"`
+	Memory    int64  `json:"memory,omitempty" yaml:"memory,omitempty"`
+	Pods      []Pod  `json:"pods,omitempty" yaml:"pods,omitempty"`
+	Replicas  int    `json:"replicas,omitempty" yaml:"replicas,omitempty"`
 }
 
 // Port is one port of a service: Port is the service port (what callers dial and what Istio's
