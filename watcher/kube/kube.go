@@ -1,0 +1,457 @@
+// Package kube is edgeflow's Kubernetes input: client-go shared informers on Nodes, Pods,
+// Services and EndpointSlices, turned into an immutable State — the nodes with their
+// allocatable resources, and the managed services with their ready endpoints. It knows nothing
+// of Prometheus or xDS.
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// ManagedLabel marks a Service whose traffic edgeflow manages ("true").
+const ManagedLabel = "edgeflow.io/managed"
+
+// DefaultSelector is the default label selector of managed Services.
+const DefaultSelector = ManagedLabel + "=true"
+
+// Config configures a Source.
+type Config struct {
+	// Client reaches the cluster.
+	Client kubernetes.Interface
+	// Namespaces are the namespaces whose Services may be managed; empty means all.
+	Namespaces []string
+	// Selector selects managed Services by label ("" means every Service in Namespaces). Use
+	// DefaultSelector for the documented convention.
+	Selector string
+	// Logger and Registerer as elsewhere (nil: slog.Default(), metrics not registered).
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Workload is what Istio's metrics call a workload: the pods' owning controller (a
+// Deployment's name, a StatefulSet's, …; a bare pod's own name) in a namespace.
+type Workload struct{ Name, Namespace string }
+
+// State is one immutable snapshot of the cluster as edgeflow needs it.
+type State struct {
+	// Nodes are every node, with allocatable cpu (millicores) and memory (MiB).
+	Nodes []optimizer.Node
+	// Services are the managed services that have at least one ready endpoint, sorted by
+	// Key; each has its ports and its ready pods (IP, node, weight), sorted by name.
+	Services []optimizer.Service
+	// Workloads maps a workload to the keys of the managed services its pods back.
+	Workloads map[Workload][]string
+	// Skipped counts endpoints left out, by reason: not_ready, no_address, no_node,
+	// unknown_node; and services left out: no_ready_pods.
+	Skipped map[string]int
+}
+
+// Skip reasons, the label values of edgeflow_kube_skipped.
+const (
+	SkipNotReady    = "not_ready"
+	SkipNoAddress   = "no_address"
+	SkipNoNode      = "no_node"
+	SkipUnknownNode = "unknown_node"
+	SkipNoReadyPods = "no_ready_pods"
+)
+
+// Source follows the cluster with shared informers.
+//
+// Rules: informer callbacks never block — they mark the state dirty and return; the Run loop
+// rebuilds the State from the listers (coalescing every event that arrived meanwhile) and
+// delivers it only when it differs from the last delivered one. An endpoint that is not ready,
+// has no address, or has no known node is left out and counted; a managed service without a
+// ready endpoint is left out with a log line. Pod weight is the pod's CPU request relative to
+// the mean request of the service's pods (1 when the pods request no CPU).
+type Source struct {
+	cfg      Config
+	log      *slog.Logger
+	selector labels.Selector
+	dirty    chan struct{}
+
+	events   prometheus.Counter
+	rebuilds prometheus.Counter
+	skipped  *prometheus.GaugeVec
+
+	mu      sync.Mutex
+	current *State
+	synced  bool
+}
+
+// NewSource validates cfg and registers the metrics; it starts nothing.
+func NewSource(cfg Config) (*Source, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("kube: Config.Client is nil")
+	}
+	sel, err := labels.Parse(cfg.Selector)
+	if err != nil {
+		return nil, fmt.Errorf("kube: selector %q: %w", cfg.Selector, err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Source{cfg: cfg, log: cfg.Logger, selector: sel, dirty: make(chan struct{}, 1),
+		events: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_kube_events_total",
+			Help: "Informer events received (nodes, pods, services, endpointslices)."}),
+		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_kube_rebuilds_total",
+			Help: "Cluster states rebuilt from the informer caches (events are coalesced)."}),
+		skipped: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "edgeflow_kube_skipped",
+			Help: "Endpoints (not_ready, no_address, no_node, unknown_node) and managed services (no_ready_pods) left out of the current state."},
+			[]string{"reason"}),
+	}
+	if cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{s.events, s.rebuilds, s.skipped} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("kube: registering metrics: %w", err)
+			}
+		}
+	}
+	return s, nil
+}
+
+// Current returns the last delivered State (nil before the caches synced).
+func (s *Source) Current() *State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.current
+}
+
+// Synced says whether the informer caches have synced.
+func (s *Source) Synced() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.synced
+}
+
+type listers struct {
+	nodes     corelisters.NodeLister
+	pods      []corelisters.PodLister
+	services  []corelisters.ServiceLister
+	endpoints []discoverylisters.EndpointSliceLister
+}
+
+func (s *Source) mark() {
+	s.events.Inc()
+	select {
+	case s.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// Run starts the informers, waits for their caches, then delivers a State after every change
+// until ctx is done (then it stops the informers, waits for them and returns nil). deliver is
+// called from Run's goroutine only and must not block for long. Run may be called once.
+func (s *Source) Run(ctx context.Context, deliver func(*State)) error {
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.mark() },
+		UpdateFunc: func(any, any) { s.mark() },
+		DeleteFunc: func(any) { s.mark() },
+	}
+	var ls listers
+	var factories []informers.SharedInformerFactory
+	cluster := informers.NewSharedInformerFactory(s.cfg.Client, 0)
+	factories = append(factories, cluster)
+	nodeInf := cluster.Core().V1().Nodes()
+	ls.nodes = nodeInf.Lister()
+	var infs []cache.SharedIndexInformer
+	infs = append(infs, nodeInf.Informer())
+	namespaces := s.cfg.Namespaces
+	if len(namespaces) == 0 {
+		namespaces = []string{""}
+	}
+	for _, ns := range namespaces {
+		f := cluster
+		if ns != "" {
+			f = informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, 0, informers.WithNamespace(ns))
+			factories = append(factories, f)
+		}
+		pods, svcs, eps := f.Core().V1().Pods(), f.Core().V1().Services(), f.Discovery().V1().EndpointSlices()
+		ls.pods = append(ls.pods, pods.Lister())
+		ls.services = append(ls.services, svcs.Lister())
+		ls.endpoints = append(ls.endpoints, eps.Lister())
+		infs = append(infs, pods.Informer(), svcs.Informer(), eps.Informer())
+	}
+	for _, inf := range infs {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return fmt.Errorf("kube: adding event handler: %w", err)
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		for _, f := range factories {
+			f.Shutdown() // waits for the informers' goroutines
+		}
+	}()
+	for _, f := range factories {
+		f.Start(ctx.Done())
+	}
+	for _, f := range factories {
+		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("kube: cache of %v did not sync", typ)
+			}
+		}
+	}
+	s.mu.Lock()
+	s.synced = true
+	s.mu.Unlock()
+	s.log.Info("kube: informer caches synced", "namespaces", s.cfg.Namespaces, "selector", s.cfg.Selector)
+	s.mark()
+	var last *State
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.dirty:
+		}
+		st, err := s.build(&ls)
+		s.rebuilds.Inc()
+		if err != nil {
+			s.log.Error("kube: reading the informer caches", "error", err)
+			continue
+		}
+		if last != nil && reflect.DeepEqual(last, st) {
+			continue
+		}
+		s.logSkips(last, st)
+		last = st
+		s.mu.Lock()
+		s.current = st
+		s.mu.Unlock()
+		for _, r := range []string{SkipNotReady, SkipNoAddress, SkipNoNode, SkipUnknownNode, SkipNoReadyPods} {
+			s.skipped.WithLabelValues(r).Set(float64(st.Skipped[r]))
+		}
+		deliver(st)
+	}
+}
+
+func (s *Source) logSkips(prev, st *State) {
+	if prev == nil || prev.Skipped[SkipNoReadyPods] != st.Skipped[SkipNoReadyPods] {
+		if n := st.Skipped[SkipNoReadyPods]; n > 0 {
+			s.log.Warn("kube: managed services without a ready endpoint are left out", "count", n)
+		}
+	}
+}
+
+// build reads the listers into a State. O(nodes + pods + endpoints).
+func (s *Source) build(ls *listers) (*State, error) {
+	st := &State{Workloads: map[Workload][]string{}, Skipped: map[string]int{}}
+	nodes, err := ls.nodes.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	known := map[string]bool{}
+	for _, n := range nodes {
+		a := n.Status.Allocatable
+		st.Nodes = append(st.Nodes, optimizer.Node{Name: n.Name,
+			CPU: a.Cpu().MilliValue(), Memory: a.Memory().Value() >> 20})
+		known[n.Name] = true
+	}
+	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].Name < st.Nodes[j].Name })
+	for i := range ls.services {
+		svcs, err := ls.services[i].List(s.selector)
+		if err != nil {
+			return nil, err
+		}
+		for _, svc := range svcs {
+			if !s.inNamespaces(svc.Namespace) || svc.Spec.Type == corev1.ServiceTypeExternalName {
+				continue
+			}
+			os, ws := s.service(ls, i, svc, known, st.Skipped)
+			if os == nil {
+				st.Skipped[SkipNoReadyPods]++
+				s.log.Debug("kube: managed service has no ready endpoint; left out", "service", svc.Namespace+"/"+svc.Name)
+				continue
+			}
+			st.Services = append(st.Services, *os)
+			for _, w := range ws {
+				st.Workloads[w] = append(st.Workloads[w], os.Key())
+			}
+		}
+	}
+	sort.Slice(st.Services, func(i, j int) bool { return st.Services[i].Key() < st.Services[j].Key() })
+	for w := range st.Workloads {
+		sort.Strings(st.Workloads[w])
+	}
+	return st, nil
+}
+
+func (s *Source) inNamespaces(ns string) bool {
+	if len(s.cfg.Namespaces) == 0 {
+		return true
+	}
+	for _, n := range s.cfg.Namespaces {
+		if n == ns {
+			return true
+		}
+	}
+	return false
+}
+
+// service builds one managed service from its EndpointSlices; nil when no endpoint is ready.
+func (s *Source) service(ls *listers, i int, svc *corev1.Service, known map[string]bool, skipped map[string]int) (*optimizer.Service, []Workload) {
+	slices, err := ls.endpoints[i].EndpointSlices(svc.Namespace).List(
+		labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: svc.Name}))
+	if err != nil {
+		return nil, nil
+	}
+	sort.Slice(slices, func(a, b int) bool { return slices[a].Name < slices[b].Name })
+	out := &optimizer.Service{Name: svc.Name, Namespace: svc.Namespace}
+	for _, p := range svc.Spec.Ports {
+		port := optimizer.Port{Name: p.Name, Port: p.Port}
+		if p.TargetPort.IntVal > 0 {
+			port.TargetPort = p.TargetPort.IntVal
+		}
+		for _, sl := range slices { // a named target port resolves through the slices
+			for _, ep := range sl.Ports {
+				if ep.Port != nil && ptrString(ep.Name) == p.Name {
+					port.TargetPort = *ep.Port
+				}
+			}
+		}
+		out.Ports = append(out.Ports, port)
+	}
+	type podInfo struct {
+		pod optimizer.Pod
+		cpu int64
+		mem int64
+	}
+	var pods []podInfo
+	seen := map[string]bool{}
+	workloads := map[Workload]bool{}
+	for _, sl := range slices {
+		if sl.AddressType != discoveryv1.AddressTypeIPv4 && sl.AddressType != discoveryv1.AddressTypeIPv6 {
+			continue
+		}
+		for _, ep := range sl.Endpoints {
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+				skipped[SkipNotReady]++
+				continue
+			}
+			if len(ep.Addresses) == 0 {
+				skipped[SkipNoAddress]++
+				continue
+			}
+			ip := ep.Addresses[0]
+			name := "ip-" + strings.NewReplacer(".", "-", ":", "-").Replace(ip)
+			var pod *corev1.Pod
+			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
+				name = ep.TargetRef.Name
+				pod, _ = ls.pods[i].Pods(svc.Namespace).Get(name)
+			}
+			if seen[name] {
+				continue
+			}
+			node := ptrString(ep.NodeName)
+			if node == "" && pod != nil {
+				node = pod.Spec.NodeName
+			}
+			switch {
+			case node == "":
+				skipped[SkipNoNode]++
+				continue
+			case !known[node]:
+				skipped[SkipUnknownNode]++
+				continue
+			}
+			seen[name] = true
+			pi := podInfo{pod: optimizer.Pod{Name: name, Node: node, IP: ip}}
+			if pod != nil {
+				for _, c := range pod.Spec.Containers {
+					pi.cpu += c.Resources.Requests.Cpu().MilliValue()
+					pi.mem += c.Resources.Requests.Memory().Value() >> 20
+				}
+				workloads[workloadOf(pod)] = true
+			}
+			pods = append(pods, pi)
+		}
+	}
+	if len(pods) == 0 {
+		return nil, nil
+	}
+	sort.Slice(pods, func(a, b int) bool { return pods[a].pod.Name < pods[b].pod.Name })
+	var sum, n int64
+	for _, p := range pods {
+		if p.cpu > 0 {
+			sum += p.cpu
+			n++
+		}
+		out.CPU = max(out.CPU, p.cpu)
+		out.Memory = max(out.Memory, p.mem)
+	}
+	for _, p := range pods {
+		if n > 0 && p.cpu > 0 && p.cpu*n != sum {
+			w := float64(p.cpu) * float64(n) / float64(sum)
+			p.pod.Weight = &w
+		}
+		out.Pods = append(out.Pods, p.pod)
+	}
+	var ws []Workload
+	for w := range workloads {
+		ws = append(ws, w)
+	}
+	return out, ws
+}
+
+// workloadOf names the pod's workload as Istio does: the owning controller, a ReplicaSet
+// standing for its Deployment (the pod-template-hash suffix removed).
+func workloadOf(pod *corev1.Pod) Workload {
+	w := Workload{Name: pod.Name, Namespace: pod.Namespace}
+	for _, o := range pod.OwnerReferences {
+		if o.Controller == nil || !*o.Controller {
+			continue
+		}
+		w.Name = o.Name
+		if o.Kind == "ReplicaSet" {
+			if h := pod.Labels["pod-template-hash"]; h != "" {
+				w.Name = strings.TrimSuffix(o.Name, "-"+h)
+			}
+		}
+	}
+	return w
+}
+
+func ptrString(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+// WaitSynced polls until the source's caches have synced or ctx is done.
+func (s *Source) WaitSynced(ctx context.Context) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for !s.Synced() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
