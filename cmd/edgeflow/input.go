@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -13,17 +14,30 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
-// topologyFlags are the flags of every command that reads a topology file.
+// topologyFlags are the flags of every command that reads a topology: a file (-f) or a live
+// cluster (clusterFlags).
 type topologyFlags struct {
 	file           string
 	defaultLatency float64
+	clusterFlags
 }
 
 func (f *topologyFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVarP(&f.file, "filename", "f", "", "topology file (YAML or JSON); - reads standard input")
 	cmd.Flags().Float64Var(&f.defaultLatency, "default-latency", -1, "latency in ms for node pairs the file does not give (default: a missing pair is an error)")
 	cmd.Flags().Lookup("default-latency").DefValue = "0" // not set: the usage text says what happens
-	_ = cmd.MarkFlagRequired("filename")
+	f.clusterFlags.register(cmd)
+}
+
+// source checks that exactly one source is given: -f, or the cluster flags.
+func (f *topologyFlags) source() error {
+	switch {
+	case f.file != "" && f.fromCluster():
+		return badInput("give either -f FILE or the cluster flags (--kubeconfig, --prometheus-url), not both")
+	case f.file == "" && !f.fromCluster() && os.Getenv("KUBERNETES_SERVICE_HOST") == "":
+		return badInput("no topology: give -f FILE, or --kubeconfig (in a pod the in-cluster config is used)")
+	}
+	return nil
 }
 
 func (f *topologyFlags) options(cmd *cobra.Command) optimizer.Options {
@@ -35,9 +49,19 @@ func (f *topologyFlags) options(cmd *cobra.Command) optimizer.Options {
 	return opts
 }
 
-// load reads and validates the topology file.
+// load reads and validates the topology: the file, or one snapshot of the cluster.
 func (f *topologyFlags) load(cmd *cobra.Command, opts optimizer.Options) (*optimizer.Topology, *optimizer.Model, error) {
-	t, err := readTopology(f.file, cmd.InOrStdin())
+	if err := f.source(); err != nil {
+		return nil, nil, err
+	}
+	var t *optimizer.Topology
+	var err error
+	if f.file == "" {
+		logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+		t, err = f.clusterSnapshot(cmd.Context(), opts.DefaultLatencyMS, logger)
+	} else {
+		t, err = readTopology(f.file, cmd.InOrStdin())
+	}
 	if err != nil {
 		return nil, nil, err
 	}

@@ -120,7 +120,9 @@ services: [{name: a, pods: [{name: a-0, node: n1}]}]
 		{"no such file", []string{"plan", "-f", filepath.Join(dir, "absent.yaml")}, "absent.yaml"},
 		{"unknown policy", []string{"plan", "-f", missingPair, "--policy", "fastest"}, `unknown policy "fastest"`},
 		{"unknown output", []string{"plan", "-f", missingPair, "--default-latency", "3", "-o", "xml"}, `unknown output format "xml"`},
-		{"missing -f", []string{"plan"}, `required flag(s) "filename"`},
+		{"missing -f", []string{"plan"}, `no topology: give -f FILE, or --kubeconfig`},
+		{"-f and --kubeconfig", []string{"plan", "-f", "x.yaml", "--kubeconfig", "k"}, `give either -f FILE or the cluster flags`},
+		{"unreadable kubeconfig", []string{"plan", "--kubeconfig", "/nonexistent/kubeconfig", "--calls", "x.yaml", "--prometheus-url", "::"}, `kubeconfig`},
 		{"extra argument", []string{"plan", "-f", missingPair, "oops"}, "takes no arguments"},
 		{"unknown command", []string{"plon"}, "unknown command"},
 	}

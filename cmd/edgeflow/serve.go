@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -98,16 +99,29 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 	opts := f.options(cmd)
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	source, err := watcher.NewFile(f.file, watcher.FileConfig{Options: opts, Check: xds.CheckTopology,
-		Interval: f.pollInterval, Logger: logger, Registerer: reg})
-	if err != nil {
+	if err := f.source(); err != nil {
 		return err
 	}
-	// Bad input at startup is the user's to fix: exit 2 before anything listens.
-	if _, err := source.Load(); err != nil {
-		return usageError{err}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var source topologySource
+	var cluster *watcher.Cluster
+	if f.file != "" {
+		file, err := watcher.NewFile(f.file, watcher.FileConfig{Options: opts, Check: xds.CheckTopology,
+			Interval: f.pollInterval, Logger: logger, Registerer: reg})
+		if err != nil {
+			return err
+		}
+		// Bad input at startup is the user's to fix: exit 2 before anything listens.
+		if _, err := file.Load(); err != nil {
+			return usageError{err}
+		}
+		source = file
+	} else {
+		if cluster, err = f.cluster(opts.DefaultLatencyMS, xds.CheckTopology, logger, reg); err != nil {
+			return err
+		}
+		source = cluster
 	}
 	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts,
 		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Logger: logger, Registerer: reg})
@@ -133,7 +147,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			xdsLis.Close()
 			return fmt.Errorf("metrics listener: %w", err)
 		}
-		httpSrv = &http.Server{Handler: serveMux(reg, srv), ReadHeaderTimeout: 10 * time.Second}
+		httpSrv = &http.Server{Handler: serveMux(reg, srv, cluster), ReadHeaderTimeout: 10 * time.Second}
 	}
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
@@ -157,7 +171,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}()
 	}
 	start("xDS push loop", func() error { return srv.Run(ctx) })
-	start("topology file", func() error { return source.Run(ctx, srv) })
+	start("topology source", func() error { return source.Run(ctx, srv) })
 	start("xDS server", func() error {
 		if err := g.Serve(xdsLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return err
@@ -178,8 +192,10 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			case <-ctx.Done():
 				return nil
 			case <-hup:
-				logger.Info("SIGHUP: reloading the topology file")
-				source.Reload()
+				if file, ok := source.(*watcher.File); ok {
+					logger.Info("SIGHUP: reloading the topology file")
+					file.Reload()
+				}
 			}
 		}
 	})
@@ -187,8 +203,15 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	if metricsLis != nil {
 		metricsAt = "http://" + metricsLis.Addr().String() + "/metrics"
 	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow serve: xDS on %s, metrics %s, policy %s, encoding %s, file %s\n",
-		xdsLis.Addr(), metricsAt, policy, enc, f.file)
+	from := "file " + f.file
+	if cluster != nil {
+		from = "the cluster"
+		if f.prometheusURL != "" {
+			from += " and Prometheus " + f.prometheusURL
+		}
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow serve: xDS on %s, metrics %s, policy %s, encoding %s, topology from %s\n",
+		xdsLis.Addr(), metricsAt, policy, enc, from)
 
 	<-ctx.Done()
 	logger.Info("edgeflow serve: shutting down", "reason", context.Cause(ctx))
@@ -221,16 +244,42 @@ func shutdown(g *grpc.Server, httpSrv *http.Server, logger *slog.Logger) {
 	}
 }
 
-func serveMux(reg *prometheus.Registry, srv *xds.Server) *http.ServeMux {
+// topologySource is what serve follows: the file or the cluster.
+type topologySource interface {
+	Run(context.Context, watcher.Listener) error
+}
+
+// serveMux serves /metrics, /healthz and /readyz. /readyz is 200 once a publication is served
+// (the sidecars then get weights) and lists each cluster input; an input that fails (e.g.
+// Prometheus unreachable) is reported there but keeps it 200: the last good weights are still
+// served, and an unready control plane would only cut new sidecars off.
+func serveMux(reg *prometheus.Registry, srv *xds.Server, cluster *watcher.Cluster) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if n := srv.Published(); n > 0 {
-			fmt.Fprintf(w, "ok: publication %d\n", n)
+		var body strings.Builder
+		degraded := false
+		if cluster != nil {
+			for _, c := range cluster.Checks() {
+				mark := "+"
+				if !c.OK {
+					mark, degraded = "-", true
+				}
+				fmt.Fprintf(&body, "[%s]%s: %s\n", mark, c.Name, c.Message)
+			}
+		}
+		n := srv.Published()
+		if n == 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "%snot ready: no topology published yet\n", body.String())
 			return
 		}
-		http.Error(w, "not ready: no topology published yet", http.StatusServiceUnavailable)
+		if degraded {
+			fmt.Fprintf(w, "%sok (degraded): publication %d, the last good weights are served\n", body.String(), n)
+			return
+		}
+		fmt.Fprintf(w, "%sok: publication %d\n", body.String(), n)
 	})
 	return mux
 }

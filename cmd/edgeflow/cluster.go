@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/watcher"
+	"github.com/edgeflow/edgeflow/watcher/kube"
+	"github.com/edgeflow/edgeflow/watcher/prom"
+)
+
+// clusterFlags are the flags that read the topology from a live cluster instead of a file.
+type clusterFlags struct {
+	kubeconfig    string
+	namespaces    []string
+	selector      string
+	prometheusURL string
+	callsFile     string
+	waitTimeout   time.Duration
+
+	promInterval time.Duration
+	promWindow   time.Duration
+	latencyQuery string
+	sourceLabel  string
+	targetLabel  string
+	callsQuery   string
+	hystRel      float64
+	hystMS       float64
+	hystRPS      float64
+}
+
+func (f *clusterFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "read the topology from the cluster of this kubeconfig (also $KUBECONFIG; in a pod, the in-cluster config) instead of -f")
+	fl.StringSliceVar(&f.namespaces, "namespaces", nil, "namespaces whose Services may be managed (default: all)")
+	fl.StringVarP(&f.selector, "selector", "l", kube.DefaultSelector, "label selector of managed Services (\"\" selects every Service in --namespaces)")
+	fl.StringVar(&f.prometheusURL, "prometheus-url", "", "Prometheus base URL: node-to-node latency (blackbox ICMP RTT) and the call graph (istio_requests_total)")
+	fl.StringVar(&f.callsFile, "calls", "", "call graph file (calls and ingress, as in a topology file) instead of istio_requests_total")
+	fl.DurationVar(&f.waitTimeout, "inputs-timeout", 60*time.Second, "plan/place: how long to wait for the cluster inputs' first complete topology")
+	fl.DurationVar(&f.promInterval, "prometheus-interval", prom.DefaultInterval, "how often Prometheus is queried")
+	fl.DurationVar(&f.promWindow, "prometheus-window", prom.DefaultWindow, "averaging window of the queries ($window)")
+	fl.StringVar(&f.latencyQuery, "latency-query", prom.DefaultLatencyQuery, "PromQL for node-to-node RTT in seconds, one series per ordered node pair")
+	fl.StringVar(&f.sourceLabel, "latency-source-label", prom.DefaultSourceLabel, "label of the latency series naming the probing node")
+	fl.StringVar(&f.targetLabel, "latency-target-label", prom.DefaultTargetLabel, "label of the latency series naming the probed node")
+	fl.StringVar(&f.callsQuery, "calls-query", prom.DefaultCallsQuery, "PromQL for call rates by source/destination workload and namespace")
+	fl.Float64Var(&f.hystRel, "hysteresis-relative", prom.DefaultHysteresisRelative, "a measured change smaller than this fraction of the old value causes no recompute")
+	fl.Float64Var(&f.hystMS, "hysteresis-latency-ms", prom.DefaultHysteresisLatencyMS, "a latency change of at most this many ms causes no recompute")
+	fl.Float64Var(&f.hystRPS, "hysteresis-rps", prom.DefaultHysteresisRPS, "a call-rate change of at most this many requests/s causes no recompute")
+}
+
+// fromCluster says whether the topology comes from a cluster (else from -f).
+func (f *clusterFlags) fromCluster() bool {
+	return f.kubeconfig != "" || f.prometheusURL != "" || (f.kubeconfig == "" && os.Getenv("KUBECONFIG") != "")
+}
+
+// restConfig follows kubectl: --kubeconfig, else $KUBECONFIG, else the in-cluster config.
+func (f *clusterFlags) restConfig() (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = f.kubeconfig
+	if f.kubeconfig == "" && os.Getenv("KUBECONFIG") == "" {
+		if cfg, err := rest.InClusterConfig(); err == nil {
+			return cfg, nil
+		}
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, usageError{fmt.Errorf("kubeconfig: %w", err)}
+	}
+	return cfg, nil
+}
+
+// cluster builds the merged cluster source. Bad flags or files are usage errors.
+func (f *clusterFlags) cluster(defaultLatency *float64, check func(*optimizer.Topology) error, logger *slog.Logger, reg prometheus.Registerer) (*watcher.Cluster, error) {
+	cfg, err := f.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("kubeconfig: %w", err)}
+	}
+	ks, err := kube.NewSource(kube.Config{Client: cs, Namespaces: f.namespaces, Selector: f.selector, Logger: logger, Registerer: reg})
+	if err != nil {
+		return nil, usageError{err}
+	}
+	cc := watcher.ClusterConfig{Kube: ks, DefaultLatencyMS: defaultLatency, Check: check, Logger: logger, Registerer: reg}
+	if f.callsFile != "" {
+		g, err := readCallGraph(f.callsFile)
+		if err != nil {
+			return nil, err
+		}
+		cc.CallGraph = g
+	}
+	if f.prometheusURL != "" {
+		pc := prom.Config{URL: f.prometheusURL, Interval: f.promInterval, Window: f.promWindow,
+			LatencyQuery: f.latencyQuery, SourceLabel: f.sourceLabel, TargetLabel: f.targetLabel, CallsQuery: f.callsQuery,
+			HysteresisRelative: f.hystRel, HysteresisLatencyMS: f.hystMS, HysteresisRPS: f.hystRPS,
+			Logger: logger, Registerer: reg}
+		if cc.CallGraph != nil {
+			pc.CallsQuery = prom.DisableCalls
+		}
+		if cc.Prom, err = prom.NewSource(pc); err != nil {
+			return nil, usageError{err}
+		}
+	} else if cc.CallGraph == nil {
+		return nil, badInput("without --prometheus-url the call graph must be given with --calls FILE")
+	}
+	c, err := watcher.NewCluster(cc)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return c, nil
+}
+
+// readCallGraph reads the calls and ingress of a topology-format file; other sections are
+// not allowed (the cluster gives them).
+func readCallGraph(path string) (*watcher.CallGraph, error) {
+	t, err := readTopology(path, nil)
+	if err != nil {
+		return nil, err
+	}
+	if len(t.Nodes) > 0 || len(t.Services) > 0 || len(t.Latency) > 0 {
+		return nil, badInput("--calls %s: only calls and ingress may be given (nodes, services and latency come from the cluster)", path)
+	}
+	return &watcher.CallGraph{Calls: t.Calls, Ingress: t.Ingress}, nil
+}
+
+// captured is a Listener that keeps the first topology.
+type captured chan *optimizer.Topology
+
+func (c captured) Update(t *optimizer.Topology) {
+	select {
+	case c <- t:
+	default:
+	}
+}
+
+// clusterSnapshot runs the cluster sources until their first complete topology.
+func (f *clusterFlags) clusterSnapshot(ctx context.Context, defaultLatency *float64, logger *slog.Logger) (*optimizer.Topology, error) {
+	c, err := f.cluster(defaultLatency, nil, logger, nil)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.waitTimeout)
+	defer cancel()
+	got := make(captured, 1)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, got) }()
+	select {
+	case t := <-got:
+		cancel()
+		<-done
+		return t, nil
+	case err := <-done:
+		if err == nil {
+			err = ctx.Err()
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no complete topology from the cluster within %v (%s)", f.waitTimeout, describeChecks(c.Checks()))
+		}
+		return nil, err
+	}
+}
+
+func describeChecks(checks []watcher.Check) string {
+	s := ""
+	for i, c := range checks {
+		if i > 0 {
+			s += "; "
+		}
+		state := "ok"
+		if !c.OK {
+			state = "not ok"
+		}
+		s += fmt.Sprintf("%s %s: %s", c.Name, state, c.Message)
+	}
+	return s
+}
