@@ -39,17 +39,27 @@ type ClusterConfig struct {
 	DefaultLatencyMS *float64
 	// Check is validation beyond optimizer.Compile (e.g. xds.CheckTopology); nil means none.
 	Check func(*optimizer.Topology) error
+	// StartupGrace is how long the first topology waits for Prometheus to hold latency data
+	// (a fresh Prometheus answers, with nothing, before its first scrapes); after it the first
+	// topology is built with what there is. Zero means DefaultStartupGrace.
+	StartupGrace time.Duration
+	// Clock is the time source (nil means time.Now).
+	Clock func() time.Time
 	// Logger and Registerer as elsewhere.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
+
+// DefaultStartupGrace is ClusterConfig.StartupGrace's default.
+const DefaultStartupGrace = 30 * time.Second
 
 // Cluster merges the Kubernetes and Prometheus sources into one immutable Topology for a
 // Listener.
 //
 // Rules:
 //   - Nothing is delivered before the Kubernetes caches synced and, with Prometheus, before
-//     its first answer: never a half-built topology.
+//     its first answer holding latency data (or StartupGrace has passed): never a half-built
+//     topology.
 //   - Each source delivers into the Cluster without waiting for the other; the merge runs on
 //     its own goroutine and delivers only a topology that differs from the last one.
 //   - Latency: measured pairs as measured (RTT, ms); a pair never measured gets
@@ -97,6 +107,12 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.StartupGrace <= 0 {
+		cfg.StartupGrace = DefaultStartupGrace
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, changed: make(chan struct{}, 1),
 		unmeasured: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_latency_unmeasured_pairs",
@@ -199,6 +215,9 @@ func (c *Cluster) Run(ctx context.Context, l Listener) error {
 		}()
 	}
 	defer wg.Wait()
+	graceEnd := c.cfg.Clock().Add(c.cfg.StartupGrace)
+	grace := time.NewTimer(c.cfg.StartupGrace)
+	defer grace.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -207,12 +226,19 @@ func (c *Cluster) Run(ctx context.Context, l Listener) error {
 			}
 			return nil
 		case <-c.changed:
+		case <-grace.C:
 		}
 		c.mu.Lock()
 		ks, meas, last := c.kube, c.meas, c.current
 		c.mu.Unlock()
 		if ks == nil || (c.cfg.Prom != nil && meas == nil) {
 			continue // never a half-built topology
+		}
+		if last == nil && c.cfg.Prom != nil && len(meas.Latency) == 0 {
+			if c.cfg.Clock().Before(graceEnd) {
+				continue // Prometheus answered, but holds no latency yet
+			}
+			c.log.Warn("watcher: Prometheus holds no latency data; starting with every node pair unmeasured", "waited", c.cfg.StartupGrace)
 		}
 		t := c.Merge(ks, meas)
 		if last != nil && reflect.DeepEqual(last, t) {

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -249,37 +248,15 @@ type topologySource interface {
 	Run(context.Context, watcher.Listener) error
 }
 
-// serveMux serves /metrics, /healthz and /readyz. /readyz is 200 once a publication is served
-// (the sidecars then get weights) and lists each cluster input; an input that fails (e.g.
-// Prometheus unreachable) is reported there but keeps it 200: the last good weights are still
-// served, and an unready control plane would only cut new sidecars off.
+// serveMux serves /metrics, /healthz and /readyz (watcher.ReadyHandler).
 func serveMux(reg *prometheus.Registry, srv *xds.Server, cluster *watcher.Cluster) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		var body strings.Builder
-		degraded := false
-		if cluster != nil {
-			for _, c := range cluster.Checks() {
-				mark := "+"
-				if !c.OK {
-					mark, degraded = "-", true
-				}
-				fmt.Fprintf(&body, "[%s]%s: %s\n", mark, c.Name, c.Message)
-			}
-		}
-		n := srv.Published()
-		if n == 0 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "%snot ready: no topology published yet\n", body.String())
-			return
-		}
-		if degraded {
-			fmt.Fprintf(w, "%sok (degraded): publication %d, the last good weights are served\n", body.String(), n)
-			return
-		}
-		fmt.Fprintf(w, "%sok: publication %d\n", body.String(), n)
-	})
+	var checks func() []watcher.Check
+	if cluster != nil {
+		checks = cluster.Checks
+	}
+	mux.Handle("/readyz", watcher.ReadyHandler(srv.Published, checks))
 	return mux
 }

@@ -152,7 +152,7 @@ func TestKubernetesPodsDriveWeights(t *testing.T) {
 	}
 	k.service("web", true)
 	k.service("api", true)
-	k.service("ghost", true)     // managed, never a ready pod
+	k.service("ghost", true)      // managed, never a ready pod
 	k.service("unmanaged", false) // not labelled: ignored
 	k.pod("web", "web-0", "n1", podIP(100), true)
 	k.pod("api", "api-0", "n1", backends["api-0"].ip, true)
@@ -248,6 +248,9 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name, reason string) flo
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			if reason == "" && len(m.GetLabel()) == 0 {
+				return m.GetGauge().GetValue()
+			}
 			for _, l := range m.GetLabel() {
 				if l.GetName() == "reason" && l.GetValue() == reason {
 					return m.GetGauge().GetValue()

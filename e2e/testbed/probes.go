@@ -138,7 +138,18 @@ func (tb *Testbed) startProbes() error {
 		tb.mu.Unlock()
 		return fmt.Errorf("testbed: StartProbes: %w", err)
 	}
-	if err := os.WriteFile(promConfig, []byte(ScrapeConfig(tb.nodes, tb.ips, tb.interval)), 0o644); err != nil {
+	promYAML := ScrapeConfig(tb.nodes, tb.ips, tb.interval)
+	if len(tb.metricsTargets) > 0 {
+		promYAML += "  - job_name: edgeflow-test-metrics\n    static_configs:\n      - targets: ["
+		for i, t := range tb.metricsTargets {
+			if i > 0 {
+				promYAML += ", "
+			}
+			promYAML += fmt.Sprintf("%q", t)
+		}
+		promYAML += "]\n"
+	}
+	if err := os.WriteFile(promConfig, []byte(promYAML), 0o644); err != nil {
 		tb.mu.Unlock()
 		return fmt.Errorf("testbed: StartProbes: %w", err)
 	}
@@ -276,6 +287,17 @@ func (tb *Testbed) waitHTTP(ctx context.Context, p *process, url string) error {
 		case <-ticker.C:
 		}
 	}
+}
+
+// ListenMonitor opens a listener inside the monitor namespace, where Prometheus runs: a test
+// serves its own metrics there (Config.MetricsTargets).
+func (tb *Testbed) ListenMonitor(network, addr string) (net.Listener, error) {
+	var l net.Listener
+	err := inNamespace(tb.monNS, func() (err error) {
+		l, err = net.Listen(network, addr)
+		return err
+	})
+	return l, err
 }
 
 // dialMonitor opens a connection from inside the monitor namespace.

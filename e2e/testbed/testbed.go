@@ -62,23 +62,28 @@ type Config struct {
 	// ScrapeInterval is Prometheus's scrape and evaluation interval (whole milliseconds, at
 	// least 200 ms); 0 means 1 s.
 	ScrapeInterval time.Duration
+	// MetricsTargets are HOST:PORT addresses inside the monitor namespace (see ListenMonitor)
+	// that Prometheus also scrapes, as job "edgeflow-test-metrics": a test's own exporter
+	// (e.g. of istio_requests_total).
+	MetricsTargets []string
 }
 
 // Testbed is a running topology. Its methods are safe for concurrent use. Everything it starts
 // is stopped, and every namespace it creates is deleted, by the cleanup of the test given to
 // Start, also when the test fails.
 type Testbed struct {
-	prefix   string            // random namespace-name prefix, e.g. "ef3a9c"
-	dir      string            // configuration files, logs, the nqdelay binary
-	nodes    []string          // in Config order
-	ips      map[string]string // node → IP
-	netns    map[string]string // node → namespace
-	swNS     string            // the bridge's namespace
-	monNS    string            // the monitor's namespace
-	interval time.Duration
-	rt       bool // chrt -f works here
-	matrix   string
-	nqBin    string
+	prefix         string            // random namespace-name prefix, e.g. "ef3a9c"
+	dir            string            // configuration files, logs, the nqdelay binary
+	nodes          []string          // in Config order
+	ips            map[string]string // node → IP
+	netns          map[string]string // node → namespace
+	swNS           string            // the bridge's namespace
+	monNS          string            // the monitor's namespace
+	interval       time.Duration
+	metricsTargets []string
+	rt             bool // chrt -f works here
+	matrix         string
+	nqBin          string
 
 	transport *http.Transport // dials inside monNS
 
@@ -168,14 +173,15 @@ func newTestbed(cfg Config, dir string) (*Testbed, error) {
 		return nil, err
 	}
 	tb := &Testbed{
-		dir:      dir,
-		nodes:    append([]string(nil), cfg.Nodes...),
-		ips:      map[string]string{},
-		netns:    map[string]string{},
-		interval: cfg.ScrapeInterval,
-		rtt:      rtt,
-		matrix:   filepath.Join(dir, "matrix.txt"),
-		nqBin:    filepath.Join(dir, "nqdelay"),
+		dir:            dir,
+		nodes:          append([]string(nil), cfg.Nodes...),
+		ips:            map[string]string{},
+		netns:          map[string]string{},
+		interval:       cfg.ScrapeInterval,
+		metricsTargets: cfg.MetricsTargets,
+		rtt:            rtt,
+		matrix:         filepath.Join(dir, "matrix.txt"),
+		nqBin:          filepath.Join(dir, "nqdelay"),
 	}
 	if tb.interval == 0 {
 		tb.interval = time.Second

@@ -539,10 +539,14 @@ func (s *Source) fail(now time.Time, err error) {
 	if s.status.OK || s.status.Since.IsZero() {
 		s.status.Since = now
 	}
+	reason := strings.ReplaceAll(err.Error(), "\n", "; ") // both queries may have failed
+	repeated := !s.status.OK && s.status.Reason == reason
 	s.status.OK = false
-	s.status.Reason = strings.ReplaceAll(err.Error(), "\n", "; ") // both queries may have failed
+	s.status.Reason = reason
 	s.mu.Unlock()
-	s.log.Error("prom: query round failed; the last good measurements stay in effect", "error", err)
+	if !repeated { // logged once per failure streak and reason; the metrics count every round
+		s.log.Error("prom: query round failed; the last good measurements stay in effect", "error", err)
+	}
 }
 
 // succeed records a successful round.

@@ -1,0 +1,300 @@
+package live
+
+import (
+	"context"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/e2e/testbed"
+	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/watcher"
+	"github.com/edgeflow/edgeflow/watcher/kube"
+	"github.com/edgeflow/edgeflow/watcher/prom"
+	"github.com/edgeflow/edgeflow/xds"
+)
+
+// istioRequests serves istio_requests_total as Istio's sidecars report it (reporter=source),
+// each series growing at a constant rate: the call graph edgeflow reads from Prometheus.
+type istioRequests struct {
+	start time.Time
+	desc  *prometheus.Desc
+	edges []istioEdge
+}
+
+type istioEdge struct {
+	srcWorkload, srcNS, dstWorkload, dstNS string
+	rps                                    float64
+}
+
+func (c *istioRequests) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *istioRequests) Collect(ch chan<- prometheus.Metric) {
+	elapsed := time.Since(c.start).Seconds()
+	for _, e := range c.edges {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, e.rps*elapsed,
+			"source", e.srcWorkload, e.srcNS, e.dstWorkload, e.dstNS, "200")
+	}
+}
+
+// TestPrometheusLatencyDrivesWeights: the node-to-node RTT measured by real blackbox exporters
+// in a network-namespace testbed with real delay, stored in a real Prometheus, and the call graph
+// from istio_requests_total, drive the weights a real grpc-go xDS client follows. A link's delay
+// changes → the weights follow (timed); Prometheus stops → the weights stay, no RPC fails,
+// nothing is pushed, /readyz says why; Prometheus restarts → edgeflow recovers.
+func TestPrometheusLatencyDrivesWeights(t *testing.T) {
+	testbed.RequireRoot(t)
+	const (
+		scrape   = time.Second
+		window   = 5 * time.Second
+		interval = 500 * time.Millisecond
+	)
+	nodes := []string{"edge-1", "edge-2", "edge-3", "edge-4"}
+	tb := testbed.Start(t, testbed.Config{Nodes: nodes, ScrapeInterval: scrape,
+		MetricsTargets: []string{"127.0.0.1:9300"},
+		RTT: map[[2]string]float64{
+			{"edge-1", "edge-3"}: 10, {"edge-1", "edge-4"}: 40, {"edge-2", "edge-3"}: 40,
+			{"edge-2", "edge-4"}: 10, {"edge-1", "edge-2"}: 20, {"edge-3", "edge-4"}: 20}})
+	metricsLis, err := tb.ListenMonitor("tcp", "127.0.0.1:9300")
+	if err != nil {
+		t.Fatal(err)
+	}
+	istio := prometheus.NewRegistry()
+	istio.MustRegister(&istioRequests{start: time.Now(),
+		desc: prometheus.NewDesc("istio_requests_total", "Requests, as Istio's sidecars count them.", []string{"reporter",
+			"source_workload", "source_workload_namespace", "destination_workload", "destination_workload_namespace", "response_code"}, nil),
+		edges: []istioEdge{{"istio-ingressgateway", "istio-system", "web", ns, 100}, {"web", ns, "api", ns, 100}}})
+	metricsSrv := &http.Server{Handler: promhttp.HandlerFor(istio, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	metricsDone := make(chan struct{})
+	go func() { defer close(metricsDone); _ = metricsSrv.Serve(metricsLis) }()
+	t.Cleanup(func() { metricsSrv.Close(); <-metricsDone })
+	tb.StartProbes(t)
+
+	c := kubeapi.Start(t, kubeapi.Options{})
+	ctx := kubeapi.Context(t)
+	podNS := testbed.NewNamespace(t, "198.18.1.0/24")
+	backends, port := startBackends(t, podNS, "api-3", "api-4")
+	k := newKubelet(t, ctx, c.Client, port)
+	_, err = c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	k.must(err)
+	for _, n := range nodes {
+		k.node(n)
+	}
+	k.service("web", true)
+	k.service("api", true)
+	k.deploymentPod("web", "web-1", "edge-1", podIP(100))
+	k.deploymentPod("web", "web-2", "edge-2", podIP(101))
+	k.deploymentPod("api", "api-3", "edge-3", backends["api-3"].ip)
+	k.deploymentPod("api", "api-4", "edge-4", backends["api-4"].ip)
+
+	reg := prometheus.NewRegistry()
+	ks, err := kube.NewSource(kube.Config{Client: c.Client, Namespaces: []string{ns}, Selector: kube.DefaultSelector, Registerer: reg})
+	k.must(err)
+	ps, err := prom.NewSource(prom.Config{URL: tb.PrometheusURL(), RoundTripper: tb.PrometheusTransport(),
+		Interval: interval, Window: window, Registerer: reg})
+	k.must(err)
+	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
+	k.must(err)
+	srv, addr := xdsServer(t, xds.Config{Registerer: reg}, cl.Run)
+	ready := httptest.NewServer(watcher.ReadyHandler(srv.Published, cl.Checks))
+	t.Cleanup(ready.Close)
+	callers := map[string]*caller{
+		"web-1": newCaller(t, podNS, addr, "web-1.shop", "api.shop"),
+		"web-2": newCaller(t, podNS, addr, "web-2.shop", "api.shop"),
+	}
+
+	// The first topology waits for Prometheus's first answer with every pair measured.
+	eventually(t, 60*time.Second, "first publication", func() bool { return srv.Published() > 0 })
+	if n := len(cl.Current().Latency); n == 0 {
+		t.Fatalf("first topology without latency data")
+	}
+	// rate() over a window that is not yet full of samples reads low; wait for the full window.
+	eventually(t, 30*time.Second, "call graph from istio_requests_total", func() bool {
+		top := cl.Current()
+		return len(top.Calls) > 0 && len(top.Ingress) > 0 && math.Abs(top.Ingress[0].RPS-100) < 10
+	})
+	top := cl.Current()
+	if len(top.Calls) != 1 || top.Calls[0].From != "web.shop" || top.Calls[0].To != "api.shop" || math.Abs(top.Calls[0].CallRate()-1) > 0.1 {
+		t.Fatalf("call graph from istio_requests_total: %+v, want web.shop → api.shop at rate 1", top.Calls)
+	}
+	if len(top.Ingress) != 1 || math.Abs(top.Ingress[0].RPS-100) > 10 {
+		t.Fatalf("ingress from istio_requests_total: %+v, want web.shop at 100 rps", top.Ingress)
+	}
+	eventually(t, 30*time.Second, "all node pairs measured", func() bool {
+		return len(cl.Current().Latency) == 12 && gaugeValue(t, reg, "edgeflow_latency_unmeasured_pairs", "") == 0
+	})
+	wantRoute(t, srv, "web-1.shop", "api-3.shop", 30*time.Second)
+	wantRoute(t, srv, "web-2.shop", "api-4.shop", 30*time.Second)
+	checkShares(t, ctx, callers["web-1"], "api-3")
+	checkShares(t, ctx, callers["web-2"], "api-4")
+
+	// Traffic flows throughout; not one RPC may fail.
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	var waits []func()
+	for _, cl := range callers {
+		waits = append(waits, cl.loop(loopCtx, 5*time.Millisecond))
+	}
+	stopTraffic := sync.OnceFunc(func() {
+		stopLoops()
+		for _, w := range waits {
+			w()
+		}
+	})
+	t.Cleanup(stopTraffic)
+
+	// The edge-1 ↔ edge-3 link slows from 10 to 80 ms: web-1's cheapest assignment flips to
+	// api-4 (40 + 40 < 80 + 10).
+	start := time.Now()
+	if err := tb.SetRTT("edge-1", "edge-3", 80); err != nil {
+		t.Fatal(err)
+	}
+	followed := wantRoute(t, srv, "web-1.shop", "api-4.shop", 30*time.Second).Sub(start)
+	target := scrape + window + time.Second
+	t.Logf("latency change in the testbed → weights followed: %v (target ≤ scrape %v + window %v + 1 s = %v)", followed.Round(time.Millisecond), scrape, window, target)
+	if followed > target {
+		t.Errorf("weights followed the latency change after %v, want ≤ %v", followed, target)
+	}
+	checkShares(t, ctx, callers["web-1"], "api-4")
+
+	// Prometheus stops: the last good weights stay, /readyz says why, nothing is pushed.
+	if err := tb.StopPrometheus(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the Prometheus check failing", func() bool { return !check(cl, "prometheus").OK })
+	pub := srv.Published()
+	pushes := counterValue(t, reg, "edgeflow_xds_pushes_total")
+	code, body := get(t, ready.URL)
+	t.Logf("/readyz while Prometheus is down (%d):\n%s", code, body)
+	if code != http.StatusOK || !strings.Contains(body, "[-]prometheus") || !strings.Contains(body, "degraded") {
+		t.Errorf("/readyz while Prometheus is down: %d %q, want 200 naming prometheus as failing and degraded", code, body)
+	}
+	outage := time.Now().Add(4 * window / 5) // several query rounds with Prometheus down
+	for time.Now().Before(outage) {
+		if srv.Published() != pub {
+			t.Fatalf("a publication happened while Prometheus was down")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if p := counterValue(t, reg, "edgeflow_xds_pushes_total"); p != pushes {
+		t.Errorf("%v pushes while Prometheus was down, want none", p-pushes)
+	}
+	checkShares(t, ctx, callers["web-1"], "api-4")
+
+	// Prometheus is back: the check recovers and latency changes are followed again.
+	if err := tb.StartPrometheus(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the Prometheus check recovering", func() bool { return check(cl, "prometheus").OK })
+	if code, body := get(t, ready.URL); code != http.StatusOK || strings.Contains(body, "degraded") {
+		t.Errorf("/readyz after recovery: %d %q", code, body)
+	}
+	start = time.Now()
+	if err := tb.SetRTT("edge-1", "edge-3", 10); err != nil {
+		t.Fatal(err)
+	}
+	back := wantRoute(t, srv, "web-1.shop", "api-3.shop", 60*time.Second).Sub(start)
+	t.Logf("after the restart, latency change → weights followed: %v", back.Round(time.Millisecond))
+	stopTraffic()
+	for name, cl := range callers {
+		if f := cl.failed.Load(); f != 0 {
+			t.Errorf("%s: %d of %d RPCs failed", name, f, cl.sent.Load())
+		}
+		t.Logf("%s: %d RPCs, none failed", name, cl.sent.Load())
+	}
+}
+
+// deploymentPod creates a ready pod owned by the service's Deployment (its ReplicaSet), so
+// that Istio's workload name for it is the service's name.
+func (k *kubelet) deploymentPod(svc, name, node, ip string) {
+	k.pod(svc, name, node, ip, true)
+	p, err := k.cs.CoreV1().Pods(ns).Get(k.ctx, name, metav1.GetOptions{})
+	k.must(err)
+	p.Labels["pod-template-hash"] = "5d8f9"
+	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: svc + "-5d8f9",
+		UID: types.UID("rs-" + svc), Controller: ptr(true)}}
+	_, err = k.cs.CoreV1().Pods(ns).Update(k.ctx, p, metav1.UpdateOptions{})
+	k.must(err)
+}
+
+// wantRoute waits until the published allocation sends all of caller's requests to callee,
+// and returns when it saw that.
+func wantRoute(t *testing.T, srv *xds.Server, caller, callee string, d time.Duration) time.Time {
+	t.Helper()
+	var at time.Time
+	eventually(t, d, caller+" → "+callee, func() bool {
+		a := srv.Allocation()
+		if a == nil {
+			return false
+		}
+		for _, c := range a.Calls {
+			for _, r := range c.Routes {
+				if r.Caller == caller && r.Callee == callee && r.Fraction > 0.999 {
+					at = time.Now()
+					return true
+				}
+			}
+		}
+		return false
+	})
+	return at
+}
+
+// checkShares sends RPCs and checks every one reaches pod.
+func checkShares(t *testing.T, ctx context.Context, c *caller, pod string) {
+	t.Helper()
+	got := share(t, ctx, c, 300)
+	if got[pod] < 0.999 {
+		t.Errorf("shares %s, want all on %s", fmtShare(got), pod)
+	}
+}
+
+func check(cl *watcher.Cluster, name string) watcher.Check {
+	for _, c := range cl.Checks() {
+		if c.Name == name {
+			return c
+		}
+	}
+	return watcher.Check{Name: name, Message: "absent"}
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// counterValue sums a counter over its labels.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				v += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return v
+}
+
+var _ = optimizer.LATA
