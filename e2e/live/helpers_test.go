@@ -132,8 +132,9 @@ func xdsServer(t *testing.T, cfg xds.Config, run func(context.Context, watcher.L
 type caller struct {
 	conn   *grpc.ClientConn
 	client testgrpc.TestServiceClient
-	failed atomic.Int64
-	sent   atomic.Int64
+	failed  atomic.Int64
+	sent    atomic.Int64
+	lastErr atomic.Value // string
 }
 
 // Its data-plane connections are opened inside podNS; its xDS stream stays on loopback.
@@ -185,7 +186,10 @@ func (c *caller) loop(ctx context.Context, interval time.Duration) (wait func())
 			case <-ctx.Done():
 				return
 			case <-tick.C:
-				_, _ = c.call(ctx)
+				// The RPC itself is not cut by stopping the loop: a cancelled RPC is no failure.
+				if _, err := c.call(context.WithoutCancel(ctx)); err != nil {
+					c.lastErr.Store(err.Error())
+				}
 			}
 		}
 	}()

@@ -10,12 +10,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
 	"github.com/edgeflow/edgeflow/e2e/testbed"
@@ -27,112 +21,12 @@ import (
 
 const ns = "shop"
 
-// kubelet plays the kubelet and the EndpointSlice controller for the test: it creates pods
-// bound to nodes, and keeps one EndpointSlice per service with each pod's readiness.
-type kubelet struct {
-	t      *testing.T
-	ctx    context.Context
-	cs     kubernetes.Interface
-	port   int32
-	ready  map[string]map[string]bool // service → pod → ready
-	ips    map[string]string
-	nodeOf map[string]string
-}
-
-func newKubelet(t *testing.T, ctx context.Context, cs kubernetes.Interface, port int32) *kubelet {
-	return &kubelet{t: t, ctx: ctx, cs: cs, port: port, ready: map[string]map[string]bool{}, ips: map[string]string{}, nodeOf: map[string]string{}}
-}
-
-func (k *kubelet) must(err error) {
-	k.t.Helper()
+func must(t *testing.T, err error) {
+	t.Helper()
 	if err != nil {
-		k.t.Fatal(err)
+		t.Fatal(err)
 	}
 }
-
-func (k *kubelet) node(name string) {
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	n, err := k.cs.CoreV1().Nodes().Create(k.ctx, n, metav1.CreateOptions{})
-	k.must(err)
-	n.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("8Gi")}
-	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"}}
-	_, err = k.cs.CoreV1().Nodes().UpdateStatus(k.ctx, n, metav1.UpdateOptions{})
-	k.must(err)
-}
-
-func (k *kubelet) service(name string, managed bool) {
-	labels := map[string]string{}
-	if managed {
-		labels[kube.ManagedLabel] = "true"
-	}
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
-		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": name},
-			Ports: []corev1.ServicePort{{Name: "grpc", Port: 9000, TargetPort: intstr.FromInt32(k.port)}}}}
-	_, err := k.cs.CoreV1().Services(ns).Create(k.ctx, svc, metav1.CreateOptions{})
-	k.must(err)
-	k.ready[name] = map[string]bool{}
-}
-
-// pod creates a pod of service svc, binds it to node (as the scheduler), and sets its IP and
-// readiness (as the kubelet), then updates the service's EndpointSlice.
-func (k *kubelet) pod(svc, name, node, ip string, ready bool) {
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": svc}},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app",
-			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}}}}}}
-	_, err := k.cs.CoreV1().Pods(ns).Create(k.ctx, p, metav1.CreateOptions{})
-	k.must(err)
-	k.must(k.cs.CoreV1().Pods(ns).Bind(k.ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Target: corev1.ObjectReference{Kind: "Node", Name: node}}, metav1.CreateOptions{}))
-	k.ips[name], k.nodeOf[name] = ip, node
-	k.setReady(svc, name, ready)
-}
-
-func (k *kubelet) setReady(svc, name string, ready bool) {
-	p, err := k.cs.CoreV1().Pods(ns).Get(k.ctx, name, metav1.GetOptions{})
-	k.must(err)
-	status := corev1.ConditionFalse
-	if ready {
-		status = corev1.ConditionTrue
-	}
-	p.Status.Phase = corev1.PodRunning
-	p.Status.PodIP = k.ips[name]
-	p.Status.PodIPs = []corev1.PodIP{{IP: k.ips[name]}}
-	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}
-	_, err = k.cs.CoreV1().Pods(ns).UpdateStatus(k.ctx, p, metav1.UpdateOptions{})
-	k.must(err)
-	k.ready[svc][name] = ready
-	k.syncSlice(svc)
-}
-
-func (k *kubelet) deletePod(svc, name string) {
-	k.must(k.cs.CoreV1().Pods(ns).Delete(k.ctx, name, metav1.DeleteOptions{}))
-	delete(k.ready[svc], name)
-	k.syncSlice(svc)
-}
-
-// syncSlice writes the service's EndpointSlice as the EndpointSlice controller would.
-func (k *kubelet) syncSlice(svc string) {
-	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: svc + "-slice", Namespace: ns,
-		Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr("grpc"), Port: ptr(k.port)}}}
-	for _, pod := range sortedKeys(k.ready[svc]) {
-		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{k.ips[pod]},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr(k.ready[svc][pod])},
-			NodeName:   ptr(k.nodeOf[pod]),
-			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: pod}})
-	}
-	cur, err := k.cs.DiscoveryV1().EndpointSlices(ns).Get(k.ctx, sl.Name, metav1.GetOptions{})
-	if err == nil {
-		sl.ResourceVersion = cur.ResourceVersion
-		_, err = k.cs.DiscoveryV1().EndpointSlices(ns).Update(k.ctx, sl, metav1.UpdateOptions{})
-	} else {
-		_, err = k.cs.DiscoveryV1().EndpointSlices(ns).Create(k.ctx, sl, metav1.CreateOptions{})
-	}
-	k.must(err)
-}
-
-func ptr[T any](v T) *T { return &v }
 
 // TestKubernetesPodsDriveWeights: a real kube-apiserver, edgeflow's informers, the xDS server
 // and a real grpc-go xDS client. A pod becoming ready gets traffic (and the time from the
@@ -144,32 +38,31 @@ func TestKubernetesPodsDriveWeights(t *testing.T) {
 	ctx := kubeapi.Context(t)
 	podNS := testbed.NewNamespace(t, "198.18.1.0/24")
 	backends, port := startBackends(t, podNS, "api-0", "api-1", "api-2", "api-3")
-	k := newKubelet(t, ctx, c.Client, port)
-	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	k.must(err)
+	k := kubeapi.NewKubelet(t, ctx, c.Client, ns, port)
+	k.Namespace()
 	for _, n := range []string{"n1", "n2", "n3"} {
-		k.node(n)
+		k.Node(n)
 	}
-	k.service("web", true)
-	k.service("api", true)
-	k.service("ghost", true)      // managed, never a ready pod
-	k.service("unmanaged", false) // not labelled: ignored
-	k.pod("web", "web-0", "n1", podIP(100), true)
-	k.pod("api", "api-0", "n1", backends["api-0"].ip, true)
-	k.pod("api", "api-1", "n2", backends["api-1"].ip, true)
-	k.pod("api", "api-2", "n3", backends["api-2"].ip, false)
-	k.pod("ghost", "ghost-0", "n3", podIP(101), false)
-	k.pod("unmanaged", "u-0", "n3", podIP(102), true)
+	k.Service("web", true)
+	k.Service("api", true)
+	k.Service("ghost", true)      // managed, never a ready pod
+	k.Service("unmanaged", false) // not labelled: ignored
+	k.Pod("web", "web-0", "n1", podIP(100), true)
+	k.Pod("api", "api-0", "n1", backends["api-0"].ip, true)
+	k.Pod("api", "api-1", "n2", backends["api-1"].ip, true)
+	k.Pod("api", "api-2", "n3", backends["api-2"].ip, false)
+	k.Pod("ghost", "ghost-0", "n3", podIP(101), false)
+	k.Pod("unmanaged", "u-0", "n3", podIP(102), true)
 
 	reg := prometheus.NewRegistry()
 	ks, err := kube.NewSource(kube.Config{Client: c.Client, Namespaces: []string{ns}, Selector: kube.DefaultSelector, Registerer: reg})
-	k.must(err)
+	must(t, err)
 	defaultMS := 10.0
 	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, DefaultLatencyMS: &defaultMS, Check: xds.CheckTopology, Registerer: reg,
 		CallGraph: &watcher.CallGraph{
 			Calls:   []optimizer.Call{{From: "web.shop", To: "api.shop"}, {From: "web.shop", To: "ghost.shop"}, {From: "web.shop", To: "unmanaged.shop"}},
 			Ingress: []optimizer.Ingress{{Service: "web.shop", RPS: 100}}}})
-	k.must(err)
+	must(t, err)
 	srv, addr := xdsServer(t, xds.Config{Registerer: reg}, cl.Run)
 	web := newCaller(t, podNS, addr, "web-0.shop", "api.shop")
 
@@ -191,7 +84,7 @@ func TestKubernetesPodsDriveWeights(t *testing.T) {
 	loopCtx, stop := context.WithCancel(ctx)
 	wait := web.loop(loopCtx, 2*time.Millisecond)
 	start := time.Now()
-	k.setReady("api", "api-2", true)
+	k.SetReady("api", "api-2", true)
 	eventually(t, 10*time.Second, "first RPC on api-2", func() bool { return backends["api-2"].served.Load() > 0 })
 	readyToRPC := time.Unix(0, backends["api-2"].first.Load()).Sub(start)
 	stop()
@@ -209,10 +102,16 @@ func TestKubernetesPodsDriveWeights(t *testing.T) {
 	}
 
 	// A not-ready newcomer never blocks the others: api-3 not ready, then api-1 deleted.
-	k.pod("api", "api-3", "n2", backends["api-3"].ip, false)
+	k.Pod("api", "api-3", "n2", backends["api-3"].ip, false)
 	pub := srv.Published()
-	k.deletePod("api", "api-1")
+	k.DeletePod("api", "api-1")
 	eventually(t, 10*time.Second, "publication after the deletion", func() bool { return srv.Published() > pub })
+	// The push is done when the client has ACKed it; grpc-go swaps its picker just after the
+	// ACK, so wait until a run of RPCs avoids the pod, then require that it gets nothing.
+	if err := srv.WaitConverged(ctx, srv.Published()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the client's picker without api-1", func() bool { return share(t, ctx, web, 20)["api-1"] == 0 })
 	before := backends["api-1"].served.Load()
 	got = share(t, ctx, web, 2000)
 	t.Logf("api-1 deleted, api-3 not ready: %s", fmtShare(got))

@@ -13,9 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
 	"github.com/edgeflow/edgeflow/e2e/testbed"
@@ -85,27 +82,26 @@ func TestPrometheusLatencyDrivesWeights(t *testing.T) {
 	ctx := kubeapi.Context(t)
 	podNS := testbed.NewNamespace(t, "198.18.1.0/24")
 	backends, port := startBackends(t, podNS, "api-3", "api-4")
-	k := newKubelet(t, ctx, c.Client, port)
-	_, err = c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	k.must(err)
+	k := kubeapi.NewKubelet(t, ctx, c.Client, ns, port)
+	k.Namespace()
 	for _, n := range nodes {
-		k.node(n)
+		k.Node(n)
 	}
-	k.service("web", true)
-	k.service("api", true)
-	k.deploymentPod("web", "web-1", "edge-1", podIP(100))
-	k.deploymentPod("web", "web-2", "edge-2", podIP(101))
-	k.deploymentPod("api", "api-3", "edge-3", backends["api-3"].ip)
-	k.deploymentPod("api", "api-4", "edge-4", backends["api-4"].ip)
+	k.Service("web", true)
+	k.Service("api", true)
+	k.DeploymentPod("web", "web-1", "edge-1", podIP(100))
+	k.DeploymentPod("web", "web-2", "edge-2", podIP(101))
+	k.DeploymentPod("api", "api-3", "edge-3", backends["api-3"].ip)
+	k.DeploymentPod("api", "api-4", "edge-4", backends["api-4"].ip)
 
 	reg := prometheus.NewRegistry()
 	ks, err := kube.NewSource(kube.Config{Client: c.Client, Namespaces: []string{ns}, Selector: kube.DefaultSelector, Registerer: reg})
-	k.must(err)
+	must(t, err)
 	ps, err := prom.NewSource(prom.Config{URL: tb.PrometheusURL(), RoundTripper: tb.PrometheusTransport(),
 		Interval: interval, Window: window, Registerer: reg})
-	k.must(err)
+	must(t, err)
 	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
-	k.must(err)
+	must(t, err)
 	srv, addr := xdsServer(t, xds.Config{Registerer: reg}, cl.Run)
 	ready := httptest.NewServer(watcher.ReadyHandler(srv.Published, cl.Checks))
 	t.Cleanup(ready.Close)
@@ -208,23 +204,11 @@ func TestPrometheusLatencyDrivesWeights(t *testing.T) {
 	stopTraffic()
 	for name, cl := range callers {
 		if f := cl.failed.Load(); f != 0 {
-			t.Errorf("%s: %d of %d RPCs failed", name, f, cl.sent.Load())
+			t.Errorf("%s: %d of %d RPCs failed (last: %v)", name, f, cl.sent.Load(), cl.lastErr.Load())
+		} else {
+			t.Logf("%s: %d RPCs, none failed", name, cl.sent.Load())
 		}
-		t.Logf("%s: %d RPCs, none failed", name, cl.sent.Load())
 	}
-}
-
-// deploymentPod creates a ready pod owned by the service's Deployment (its ReplicaSet), so
-// that Istio's workload name for it is the service's name.
-func (k *kubelet) deploymentPod(svc, name, node, ip string) {
-	k.pod(svc, name, node, ip, true)
-	p, err := k.cs.CoreV1().Pods(ns).Get(k.ctx, name, metav1.GetOptions{})
-	k.must(err)
-	p.Labels["pod-template-hash"] = "5d8f9"
-	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: svc + "-5d8f9",
-		UID: types.UID("rs-" + svc), Controller: ptr(true)}}
-	_, err = k.cs.CoreV1().Pods(ns).Update(k.ctx, p, metav1.UpdateOptions{})
-	k.must(err)
 }
 
 // wantRoute waits until the published allocation sends all of caller's requests to callee,
