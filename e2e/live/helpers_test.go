@@ -130,8 +130,8 @@ func xdsServer(t *testing.T, cfg xds.Config, run func(context.Context, watcher.L
 
 // caller is a real grpc-go xDS client with node id pod, dialing xds:///target.
 type caller struct {
-	conn   *grpc.ClientConn
-	client testgrpc.TestServiceClient
+	conn    *grpc.ClientConn
+	client  testgrpc.TestServiceClient
 	failed  atomic.Int64
 	sent    atomic.Int64
 	lastErr atomic.Value // string

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// clusterFixture starts a real kube-apiserver holding a small mesh in namespace "shop": web
+// (on edge-1 and edge-2) calls api (on edge-1 and edge-3), and writes the call graph file.
+func clusterFixture(t *testing.T) (kubeconfig, calls string) {
+	t.Helper()
+	c := kubeapi.Start(t, kubeapi.Options{})
+	ctx := kubeapi.Context(t)
+	k := kubeapi.NewKubelet(t, ctx, c.Client, "shop", 8080)
+	k.Namespace()
+	for _, n := range []string{"edge-1", "edge-2", "edge-3"} {
+		k.Node(n)
+	}
+	k.Service("web", true)
+	k.Service("api", true)
+	k.Service("db", false) // unmanaged: not in the topology
+	k.Pod("web", "web-1", "edge-1", "198.18.1.11", true)
+	k.Pod("web", "web-2", "edge-2", "198.18.1.12", true)
+	k.Pod("api", "api-1", "edge-1", "198.18.1.21", true)
+	k.Pod("api", "api-3", "edge-3", "198.18.1.23", true)
+	k.Pod("api", "api-9", "edge-3", "198.18.1.29", false) // not ready: left out
+	k.Pod("db", "db-1", "edge-2", "198.18.1.31", true)
+	calls = filepath.Join(t.TempDir(), "calls.yaml")
+	writeFile(t, calls, "calls: [{from: web.shop, to: api.shop}]\ningress: [{service: web.shop, rps: 100}]\n")
+	return c.Kubeconfig, calls
+}
+
+// "What would LATA do on my cluster now?": plan and place read the live cluster, and serve
+// follows it, through the same flags.
+func TestCommandsOnALiveCluster(t *testing.T) {
+	kubeconfig, calls := clusterFixture(t)
+	common := []string{"--kubeconfig", kubeconfig, "--calls", calls, "--default-latency", "20"}
+
+	code, out, errOut := runCLI(t, "", append([]string{"plan", "-o", "json"}, common...)...)
+	if code != 0 {
+		t.Fatalf("plan: exit %d: %s", code, errOut)
+	}
+	var alloc optimizer.Allocation
+	if err := json.Unmarshal([]byte(out), &alloc); err != nil {
+		t.Fatalf("plan -o json: %v\n%s", err, out)
+	}
+	if len(alloc.Calls) != 1 || alloc.Calls[0].From != "web.shop" || alloc.Calls[0].To != "api.shop" {
+		t.Fatalf("plan on the cluster: calls %+v, want web.shop → api.shop", alloc.Calls)
+	}
+	// web-1 shares edge-1 with api-1: LATA sends it there; web-2 (edge-2) takes api-3.
+	routes := map[string]string{}
+	for _, r := range alloc.Calls[0].Routes {
+		if r.Fraction > 0.999 {
+			routes[r.Caller] = r.Callee
+		}
+		if strings.HasPrefix(r.Callee, "api-9") {
+			t.Errorf("not-ready pod api-9 has a route: %+v", r)
+		}
+	}
+	if routes["web-1.shop"] != "api-1.shop" || routes["web-2.shop"] != "api-3.shop" {
+		t.Errorf("plan routes %v, want web-1.shop→api-1.shop and web-2.shop→api-3.shop", routes)
+	}
+	// 50 rps each: web-1 → api-1 costs 0 (same node), web-2 → api-3 costs 50 × 20 ms.
+	if alloc.Cost != 1000 {
+		t.Errorf("plan cost %v, want 1000", alloc.Cost)
+	}
+
+	if code, out, errOut := runCLI(t, "", append([]string{"plan", "-o", "table"}, common...)...); code != 0 || !strings.Contains(out, "web.shop → api.shop") {
+		t.Errorf("plan -o table: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := runCLI(t, "", append([]string{"place", "-o", "json"}, common...)...); code != 0 || !strings.Contains(out, `"api-3.shop"`) {
+		t.Errorf("place -o json: exit %d\n%s%s", code, out, errOut)
+	}
+
+	// serve: the xDS server follows the cluster; /readyz lists the Kubernetes input.
+	ctx, cancel := context.WithCancel(context.Background())
+	var stderr syncBuffer
+	root := newRootCommand()
+	root.SetArgs(append([]string{"serve", "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0"}, common...))
+	root.SetErr(&stderr)
+	root.SetOut(io.Discard)
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			cancel()
+			<-done
+		}
+	})
+	var metricsURL string
+	re := regexp.MustCompile(`metrics (http://\S+)/metrics, .*topology from the cluster`)
+	waitFor(t, "the listening line", func() bool {
+		if m := re.FindStringSubmatch(stderr.String()); m != nil {
+			metricsURL = m[1]
+		}
+		return metricsURL != ""
+	})
+	waitFor(t, "/readyz", func() bool { code, _ := httpGet(metricsURL + "/readyz"); return code == 200 })
+	_, body := httpGet(metricsURL + "/readyz")
+	if !strings.Contains(body, "[+]kubernetes") {
+		t.Errorf("/readyz does not list the Kubernetes input:\n%s", body)
+	}
+	metrics := func() string { _, body := httpGet(metricsURL + "/metrics"); return body }
+	if v := metricValue(metrics(), "edgeflow_cluster_topologies_total"); v != "1" {
+		t.Errorf("edgeflow_cluster_topologies_total = %q, want 1", v)
+	}
+	if !strings.Contains(metrics(), `edgeflow_kube_skipped{reason="not_ready"} 1`) {
+		t.Errorf("the not-ready pod is not counted:\n%s", grep(metrics(), "edgeflow_kube_skipped"))
+	}
+	cancel()
+	select {
+	case err := <-done:
+		stopped = true
+		if err != nil {
+			t.Errorf("serve returned %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not shut down")
+	}
+}
+
+// Cluster inputs that cannot work are bad input: exit 2, nothing on stdout.
+func TestClusterBadInput(t *testing.T) {
+	dir := t.TempDir()
+	calls := filepath.Join(dir, "calls.yaml")
+	writeFile(t, calls, "calls: [{from: a, to: b}]\n")
+	withNodes := filepath.Join(dir, "nodes.yaml")
+	writeFile(t, withNodes, "nodes: [{name: n1}]\ncalls: [{from: a, to: b}]\n")
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	writeFile(t, kubeconfig, "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"}}]\ncontexts: [{name: c, context: {cluster: c}}]\ncurrent-context: c\n")
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no call graph", []string{"plan", "--kubeconfig", kubeconfig}, "--calls FILE"},
+		{"calls file with nodes", []string{"plan", "--kubeconfig", kubeconfig, "--calls", withNodes}, "only calls and ingress"},
+		{"bad selector", []string{"plan", "--kubeconfig", kubeconfig, "--calls", calls, "-l", "a in (b"}, "selector"},
+		{"bad prometheus url", []string{"plan", "--kubeconfig", kubeconfig, "--prometheus-url", "::not a url"}, "URL"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, out, errOut := runCLI(t, "", c.args...)
+			if code != 2 || out != "" || !strings.Contains(errOut, c.want) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want 2, nothing, naming %q", code, out, errOut, c.want)
+			}
+		})
+	}
+}
+
+func grep(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
