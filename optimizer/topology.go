@@ -83,6 +83,9 @@ type Pod struct {
 	Weight  *float64 `json:"weight,omitempty" yaml:"weight,omitempty"`
 	IP      string   `json:"ip,omitempty" yaml:"ip,omitempty"`
 	Address string   `json:"address,omitempty" yaml:"address,omitempty"`
+	// ServiceAccount is the pod's Kubernetes service account: with mutual TLS on the xDS port,
+	// only a client whose certificate names it may claim the pod's identity.
+	ServiceAccount string `json:"serviceAccount,omitempty" yaml:"serviceAccount,omitempty"`
 }
 
 // Call is a call edge: each request to From makes Rate requests to To (nil means 1).

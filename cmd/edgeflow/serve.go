@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/edgeflow/edgeflow/optimizer"
@@ -41,6 +42,7 @@ type serveFlags struct {
 	debounceMax    time.Duration
 	pollInterval   time.Duration
 	logLevel       string
+	tls            xds.TLSFiles
 }
 
 func newServeCommand() *cobra.Command {
@@ -72,6 +74,9 @@ func newServeCommand() *cobra.Command {
 	fl.DurationVar(&f.debounceMax, "debounce-max", xds.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
 	fl.DurationVar(&f.pollInterval, "poll-interval", watcher.DefaultPollInterval, "how often the topology file is checked for changes")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fl.StringVar(&f.tls.CertFile, "xds-tls-cert", "", "serve xDS over TLS with this certificate (PEM; reloaded when the file changes)")
+	fl.StringVar(&f.tls.KeyFile, "xds-tls-key", "", "the key of --xds-tls-cert (PEM)")
+	fl.StringVar(&f.tls.ClientCAFile, "xds-tls-client-ca", "", "mutual TLS: clients need a certificate from these CAs, and a node may claim only a pod whose service account its certificate names (spiffe://…/ns/NS/sa/SA)")
 	_ = cmd.MarkFlagRequired("xds-address")
 	return cmd
 }
@@ -133,11 +138,23 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		return fmt.Errorf("xDS listener: %w", err)
 	}
 	// Sidecars hold one long-lived stream each; keepalives notice dead peers.
-	g := grpc.NewServer(
-		grpc.MaxConcurrentStreams(1<<20),
+	gopts := []grpc.ServerOption{
+		grpc.MaxConcurrentStreams(1 << 20),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	}
+	if f.tls.CertFile != "" || f.tls.KeyFile != "" || f.tls.ClientCAFile != "" {
+		tlsCfg, err := xds.NewTLSConfig(f.tls, logger)
+		if err != nil {
+			xdsLis.Close()
+			return usageError{err}
+		}
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+		if f.tls.ClientCAFile != "" {
+			gopts = append(gopts, grpc.StreamInterceptor(srv.IdentityCheck()))
+		}
+	}
+	g := grpc.NewServer(gopts...)
 	srv.Register(g)
 	var httpSrv *http.Server
 	var metricsLis net.Listener

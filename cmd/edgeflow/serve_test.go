@@ -236,6 +236,8 @@ func TestServeBadInput(t *testing.T) {
 	writeFile(t, noAddress, strings.ReplaceAll(serveTopology(map[string]string{"e-0": "", "e-1": "10.0.0.1:80"}, 5), `address: ""`, `weight: 1`))
 	invalid := filepath.Join(dir, "invalid.yaml")
 	writeFile(t, invalid, "nodes: [{name: n1}]\nservices: [{name: a, pods: [{name: a-0, node: n9}]}]\n")
+	serveGood := filepath.Join(dir, "good.yaml")
+	writeFile(t, serveGood, serveTopology(map[string]string{"e-0": "10.0.0.1:80", "e-1": "10.0.0.2:80"}, 5))
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -248,6 +250,8 @@ func TestServeBadInput(t *testing.T) {
 		{"bad policy", []string{"-f", invalid, "--xds-address", ":0", "--policy", "fastest"}, "unknown policy"},
 		{"bad encoding", []string{"-f", invalid, "--xds-address", ":0", "--encoding", "endpoint"}, "unknown encoding"},
 		{"stdin", []string{"-f", "-", "--xds-address", ":0"}, "standard input"},
+		{"missing TLS certificate", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--xds-tls-cert", filepath.Join(dir, "absent.crt"), "--xds-tls-key", filepath.Join(dir, "absent.key")}, "absent.crt"},
+		{"TLS key without certificate", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--xds-tls-key", filepath.Join(dir, "absent.key")}, "both a certificate and a key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stdout, stderr := runCLI(t, "", append([]string{"serve"}, tc.args...)...)
