@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
@@ -86,6 +87,7 @@ func (f *clusterFlags) cluster(defaultLatency *float64, check func(*optimizer.To
 	if err != nil {
 		return nil, err
 	}
+	klog.SetSlogLogger(logger) // client-go logs in the same format as edgeflow's own
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("kubeconfig: %w", err)}
