@@ -6,7 +6,7 @@ STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(CACHE)/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 FUZZTIME    ?= 20s
 
-.PHONY: all build demo test lint k8s unit fuzz bench bench-solver clean
+.PHONY: all build demo test lint k8s unit fuzz bench bench-solver bench-push clean
 
 all: build
 
@@ -65,6 +65,17 @@ bench-solver:
 	$(GO) build -o bin/benchsolver ./optimizer/mcf/internal/benchsolver
 	bin/benchsolver $(BENCH_SOLVER_FLAGS)
 	bin/benchsolver -mem -sizes 2000 -modes rand
+
+## bench-push: how long until every sidecar follows a change — the real `edgeflow serve` against a
+## bare go-control-plane server (own process, same resources), N raw ADS clients each, interleaved
+## rounds of file rename + SIGHUP; median per N, ratio, per-stream p50/p99, RSS per stream
+## (e2e/pushbench; e.g. BENCH_PUSH_FLAGS='-sizes 1000 -rounds 3' or '-profile DIR')
+BENCH_PUSH_FLAGS ?=
+bench-push:
+	$(GO) build -o bin/edgeflow ./cmd/edgeflow
+	$(GO) build -o bin/pushbench ./e2e/pushbench
+	$(GO) build -o bin/pushbench-bare ./e2e/pushbench/bare
+	bin/pushbench -edgeflow bin/edgeflow -bare bin/pushbench-bare $(BENCH_PUSH_FLAGS)
 
 clean:
 	rm -rf bin

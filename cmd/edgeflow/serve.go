@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -43,6 +45,7 @@ type serveFlags struct {
 	pollInterval   time.Duration
 	logLevel       string
 	tls            xds.TLSFiles
+	profiling      bool
 }
 
 func newServeCommand() *cobra.Command {
@@ -74,6 +77,7 @@ func newServeCommand() *cobra.Command {
 	fl.DurationVar(&f.debounceMax, "debounce-max", xds.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
 	fl.DurationVar(&f.pollInterval, "poll-interval", watcher.DefaultPollInterval, "how often the topology file is checked for changes")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fl.BoolVar(&f.profiling, "profiling", false, "serve /debug/pprof/ on --metrics-address, with mutex and block profiling on")
 	fl.StringVar(&f.tls.CertFile, "xds-tls-cert", "", "serve xDS over TLS with this certificate (PEM; reloaded when the file changes)")
 	fl.StringVar(&f.tls.KeyFile, "xds-tls-key", "", "the key of --xds-tls-cert (PEM)")
 	fl.StringVar(&f.tls.ClientCAFile, "xds-tls-client-ca", "", "mutual TLS: clients need a certificate from these CAs, and a node may claim only a pod whose service account its certificate names (spiffe://…/ns/NS/sa/SA)")
@@ -163,7 +167,17 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			xdsLis.Close()
 			return fmt.Errorf("metrics listener: %w", err)
 		}
-		httpSrv = &http.Server{Handler: serveMux(reg, srv, cluster), ReadHeaderTimeout: 10 * time.Second}
+		mux := serveMux(reg, srv, cluster)
+		if f.profiling {
+			runtime.SetMutexProfileFraction(10)
+			runtime.SetBlockProfileRate(int(time.Millisecond))
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
+		httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	}
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// profiler collects, for -profile, a CPU profile of every measured round of each server that
+// serves net/http/pprof (the bare server does when profiling; edgeflow serve would on its
+// metrics address), and the mutex and block profiles before and after the measured rounds
+// (compare with `go tool pprof -base …-before.pb.gz …-after.pb.gz`).
+type profiler struct {
+	dir      string
+	progress io.Writer
+	client   *http.Client
+}
+
+func newProfiler(dir string, progress io.Writer) *profiler {
+	return &profiler{dir: dir, progress: progress, client: &http.Client{}}
+}
+
+// begin checks which servers serve /debug/pprof/ (clearing side.pprof for those that do not)
+// and saves their mutex and block profiles before the measured rounds.
+func (p *profiler) begin(ctx context.Context, sides ...*side) error {
+	if err := os.MkdirAll(p.dir, 0o755); err != nil {
+		return err
+	}
+	for _, s := range sides {
+		if s.pprof == "" {
+			fmt.Fprintf(p.progress, "pushbench: profile: %s has no HTTP address to ask for /debug/pprof/; no profiles\n", s.name)
+			continue
+		}
+		status, err := p.status(ctx, s.pprof)
+		if err != nil {
+			return err
+		}
+		if status != http.StatusOK {
+			fmt.Fprintf(p.progress, "pushbench: profile: %s answers %s with HTTP %d: it serves no net/http/pprof there, no profiles "+
+				"(edgeflow serve needs /debug/pprof/ on --metrics-address, behind a flag that also sets runtime.SetMutexProfileFraction "+
+				"and SetBlockProfileRate; pass that flag with -edgeflow-args)\n", s.name, s.pprof, status)
+			s.pprof = ""
+			continue
+		}
+		for _, kind := range []string{"mutex", "block"} {
+			if err := p.save(ctx, s.pprof+kind, filepath.Join(p.dir, s.name+"-"+kind+"-before.pb.gz")); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// cpu starts a CPU profile of s for round r, long enough for a round three times as long as
+// the warm-up round; the returned function waits for it and saves it. nil when s has no pprof.
+func (p *profiler) cpu(ctx context.Context, s *side, r int, warm time.Duration) func() error {
+	if s.pprof == "" {
+		return nil
+	}
+	seconds := max(1, int(math.Ceil((3*warm + 500*time.Millisecond).Seconds())))
+	url := fmt.Sprintf("%sprofile?seconds=%d", s.pprof, seconds)
+	file := filepath.Join(p.dir, fmt.Sprintf("%s-cpu-round%d.pb.gz", s.name, r))
+	done := make(chan error, 1)
+	go func() { done <- p.save(ctx, url, file) }()
+	return func() error { return <-done }
+}
+
+// end saves the mutex and block profiles after the measured rounds.
+func (p *profiler) end(ctx context.Context, sides ...*side) error {
+	for _, s := range sides {
+		if s.pprof == "" {
+			continue
+		}
+		for _, kind := range []string{"mutex", "block"} {
+			if err := p.save(ctx, s.pprof+kind, filepath.Join(p.dir, s.name+"-"+kind+"-after.pb.gz")); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(p.progress, "pushbench: profile: %s: go tool pprof %s; go tool pprof -base %s %s\n", s.name,
+			filepath.Join(p.dir, s.name+"-cpu-round*.pb.gz"),
+			filepath.Join(p.dir, s.name+"-mutex-before.pb.gz"), filepath.Join(p.dir, s.name+"-mutex-after.pb.gz"))
+	}
+	return nil
+}
+
+func (p *profiler) status(ctx context.Context, url string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("pushbench: profile: %w", err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
+}
+
+func (p *profiler) save(ctx context.Context, url, file string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("pushbench: profile: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("pushbench: profile: GET %s: HTTP %d: %s", url, resp.StatusCode, msg)
+	}
+	out, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, resp.Body); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// TestPushBench runs the whole harness small (N=50, 1 warm-up + 2 measured rounds per side)
+// against the real binaries: every client of both servers converges on every round's EDS
+// version, each changed stream gets exactly one EDS response, the table prints, and no
+// process or goroutine outlives the run.
+func TestPushBench(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts edgeflow serve and the bare server; skipped with -short")
+	}
+	defer goleak.VerifyNone(t)
+	edgeflow, bare := buildServers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, progress bytes.Buffer
+	cfg := Config{Sizes: []int{50}, Warmup: 1, Rounds: 2, Edgeflow: edgeflow, Bare: bare,
+		DebounceQuiet: time.Millisecond, DebounceMax: 5 * time.Millisecond, PollInterval: time.Hour,
+		StreamsPerConn: 0, RoundTimeout: time.Minute, Verify: true}
+	results, err := run(ctx, cfg, &out, &progress)
+	t.Log("progress:\n" + progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log("report:\n" + out.String())
+	if kids := children(); len(kids) > 0 {
+		t.Errorf("processes left running: %v", kids)
+	}
+	if len(results) != 1 || results[0].N != 50 {
+		t.Fatalf("results %+v, want one for N=50", results)
+	}
+	for name, s := range map[string]sideResult{"edgeflow": results[0].Edgeflow, "bare": results[0].Bare} {
+		if len(s.Rounds) != 2 || len(s.PerStream) != 100 {
+			t.Errorf("%s: %d rounds, %d stream arrivals; want 2 and 100", name, len(s.Rounds), len(s.PerStream))
+		}
+		for i := range s.Awaited {
+			if s.Awaited[i] != 50 || s.Responses[i] != 1 {
+				t.Errorf("%s round %d: %d of 50 streams changed, %.2f responses per stream; want 50 and 1",
+					name, i+1, s.Awaited[i], s.Responses[i])
+			}
+		}
+		if s.RSSAfter <= 0 || s.RSSBefore <= 0 {
+			t.Errorf("%s: RSS %d → %d", name, s.RSSBefore, s.RSSAfter)
+		}
+	}
+	for _, want := range []string{
+		"| streams | edgeflow median | bare median | ratio | edgeflow p50/p99 per stream | bare p50/p99 | RSS/stream edgeflow | bare |",
+		"\n| 50 | ",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+}
+
+// buildServers builds edgeflow and pushbench-bare into the cache folder (EDGEFLOW_CACHE, else
+// ~/.cache/edgeflow), where go build does not relink binaries that are up to date.
+func buildServers(t *testing.T) (edgeflow, bare string) {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	cache := os.Getenv("EDGEFLOW_CACHE")
+	if cache == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cache = filepath.Join(home, ".cache", "edgeflow")
+	}
+	dir := filepath.Join(cache, "pushbench")
+	var flags []string
+	if raceEnabled {
+		dir += "-race"
+		flags = append(flags, "-race")
+	}
+	edgeflow, bare = filepath.Join(dir, "edgeflow"), filepath.Join(dir, "pushbench-bare")
+	for bin, pkg := range map[string]string{edgeflow: "./cmd/edgeflow", bare: "./e2e/pushbench/bare"} {
+		cmd := exec.Command("go", append(append([]string{"build"}, flags...), "-o", bin, pkg)...)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
+		}
+	}
+	return edgeflow, bare
+}
+
+// children lists this process's child processes (pid and command).
+func children() []string {
+	var out []string
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	self := strconv.Itoa(os.Getpid())
+	for _, f := range stats {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …; comm may contain spaces, so split after the last ')'.
+		s := string(data)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		if fields := strings.Fields(s[i+1:]); len(fields) > 1 && fields[1] == self {
+			out = append(out, strings.TrimSpace(s[:i+1]))
+		}
+	}
+	return out
+}
