@@ -68,7 +68,8 @@ const DefaultStartupGrace = 30 * time.Second
 //   - Call graph (measured): istio_requests_total rates by workload are mapped to managed
 //     services through the pods' owners; a call from a workload that backs no managed
 //     service is ingress to the callee; a call to one that backs none is ignored; a call that
-//     would close a cycle is dropped. Rates become per-request rates r = R(a→b) / Λ(a).
+//     would close a cycle is dropped. Rates become per-request rates r = R(a→b) / Λ(a), Λ(a)
+//     measured over the calls kept, so each call kept carries its measured rate.
 //   - Partial data never blocks the rest: services without ready endpoints are absent (the
 //     Kubernetes source's rule) and calls naming them are dropped and counted. A topology that
 //     still fails validation is logged and counted, and the last good one stays.
@@ -183,6 +184,7 @@ func (c *Cluster) poke() {
 // Run runs the sources and delivers merged topologies to l until ctx is done (then it returns
 // nil, after every goroutine it started has ended), or until a source fails (its error).
 func (c *Cluster) Run(ctx context.Context, l Listener) error {
+	parent := ctx
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var wg sync.WaitGroup
@@ -221,10 +223,10 @@ func (c *Cluster) Run(ctx context.Context, l Listener) error {
 	for {
 		select {
 		case <-ctx.Done():
-			if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				return err
+			if parent.Err() != nil {
+				return nil // the caller stopped us (cancelled, or its deadline passed)
 			}
-			return nil
+			return context.Cause(ctx) // a source failed
 		case <-c.changed:
 		case <-grace.C:
 		}
@@ -269,10 +271,23 @@ func (c *Cluster) validate(t *optimizer.Topology) error {
 
 // Merge builds the topology from one Kubernetes state and one set of measurements (nil: none)
 // by the rules of Cluster. It is pure apart from the metrics it sets.
+//
+// A pod that backs several services (a Service and its headless twin select the same pods)
+// keeps its name in the first of them (by key) and is listed as "POD@SERVICE" in the others:
+// pod names are unique in a topology, and a pod calls as the first service it backs (see
+// measuredCalls) while it is called as each. '@' cannot occur in a Kubernetes name.
 func (c *Cluster) Merge(ks *kube.State, meas *prom.Measurements) *optimizer.Topology {
 	t := &optimizer.Topology{Nodes: append([]optimizer.Node(nil), ks.Nodes...)}
+	listed := map[string]bool{} // pod keys
 	for _, s := range ks.Services {
 		s.Pods = append([]optimizer.Pod(nil), s.Pods...)
+		for i := range s.Pods {
+			if key := s.PodKey(&s.Pods[i]); listed[key] {
+				s.Pods[i].Name += "@" + s.Name
+			} else {
+				listed[key] = true
+			}
+		}
 		s.Ports = append([]optimizer.Port(nil), s.Ports...)
 		t.Services = append(t.Services, s)
 	}
@@ -332,11 +347,14 @@ func (c *Cluster) staticCalls(t *optimizer.Topology, ignored map[string]int) ([]
 
 // measuredCalls maps workload rates to service calls. A workload backing several services
 // calls as the first of them (by key) and is called as each, the rate split equally.
+//
+// Calls that would close a cycle are dropped before the rates are taken, and Λ(a) is the rate
+// measured into a over the calls kept (plus its ingress), so that in the compiled topology
+// every call kept carries its measured rate: Λ(a)·r(a→b) = R(a→b).
 func measuredCalls(ks *kube.State, rates []prom.CallRate, ignored map[string]int) ([]optimizer.Call, []optimizer.Ingress) {
 	type edge struct{ from, to string }
 	rps := map[edge]float64{}
-	in := map[string]float64{} // service → total rate into it
-	ext := map[string]float64{}
+	ext := map[string]float64{} // service → rate into it from workloads backing no service
 	for _, r := range rates {
 		callees := ks.Workloads[kube.Workload{Name: r.To.Name, Namespace: r.To.Namespace}]
 		if len(callees) == 0 {
@@ -346,31 +364,19 @@ func measuredCalls(ks *kube.State, rates []prom.CallRate, ignored map[string]int
 		callers := ks.Workloads[kube.Workload{Name: r.From.Name, Namespace: r.From.Namespace}]
 		share := r.RPS / float64(len(callees))
 		for _, to := range callees {
-			in[to] += share
-			if len(callers) == 0 {
+			switch {
+			case len(callers) == 0:
 				ext[to] += share
-				continue
-			}
-			if callers[0] == to {
+			case callers[0] == to:
 				ignored[CallCycle]++
-				continue
+			default:
+				rps[edge{callers[0], to}] += share
 			}
-			rps[edge{callers[0], to}] += share
 		}
 	}
-	out := map[string]float64{}
-	for e, r := range rps {
-		out[e.from] = math.Max(out[e.from], r)
-	}
-	var calls []optimizer.Call
-	for e, r := range rps {
-		load := in[e.from]
-		if load <= 0 { // a caller with no measured inbound load: its calls are its own ingress
-			load = out[e.from]
-			ext[e.from] = math.Max(ext[e.from], load)
-		}
-		rate := r / load
-		calls = append(calls, optimizer.Call{From: e.from, To: e.to, Rate: &rate})
+	calls := make([]optimizer.Call, 0, len(rps))
+	for e := range rps {
+		calls = append(calls, optimizer.Call{From: e.from, To: e.to})
 	}
 	sort.Slice(calls, func(i, j int) bool {
 		if calls[i].From != calls[j].From {
@@ -378,6 +384,30 @@ func measuredCalls(ks *kube.State, rates []prom.CallRate, ignored map[string]int
 		}
 		return calls[i].To < calls[j].To
 	})
+	calls = dropCycles(calls, ignored)
+	in := map[string]float64{} // service → measured rate into it over ingress and the calls kept
+	out := map[string]float64{}
+	for s, r := range ext {
+		in[s] += r
+	}
+	for _, cl := range calls {
+		r := rps[edge{cl.From, cl.To}]
+		in[cl.To] += r
+		out[cl.From] = math.Max(out[cl.From], r)
+	}
+	for i := range calls {
+		from := calls[i].From
+		load := in[from]
+		if load <= 0 { // a caller with no measured inbound load: its calls are its own ingress
+			load = out[from]
+			ext[from] = math.Max(ext[from], load)
+		}
+		rate := 0.0 // every call from a caller without load was measured at zero
+		if load > 0 {
+			rate = rps[edge{from, calls[i].To}] / load
+		}
+		calls[i].Rate = &rate
+	}
 	var ingress []optimizer.Ingress
 	for s, r := range ext {
 		ingress = append(ingress, optimizer.Ingress{Service: s, RPS: r})

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -38,7 +39,8 @@ const DefaultSelector = ManagedLabel + "=true"
 type Config struct {
 	// Client reaches the cluster.
 	Client kubernetes.Interface
-	// Namespaces are the namespaces whose Services may be managed; empty means all.
+	// Namespaces are the namespaces whose Services may be managed; empty, or one of them ""
+	// (metav1.NamespaceAll), means all. A namespace given twice counts once.
 	Namespaces []string
 	// Selector selects managed Services by label ("" means every Service in Namespaces). Use
 	// DefaultSelector for the documented convention.
@@ -110,6 +112,7 @@ func NewSource(cfg Config) (*Source, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	cfg.Namespaces = uniqueNamespaces(cfg.Namespaces)
 	s := &Source{cfg: cfg, log: cfg.Logger, selector: sel, dirty: make(chan struct{}, 1),
 		events: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_kube_events_total",
 			Help: "Informer events received (nodes, pods, services, endpointslices)."}),
@@ -300,6 +303,21 @@ func (s *Source) build(ls *listers) (*State, error) {
 	return st, nil
 }
 
+// uniqueNamespaces returns namespaces without repeats (each would get its own informers and
+// list every Service twice), or nil (all) when one of them is "".
+func uniqueNamespaces(namespaces []string) []string {
+	var out []string
+	for _, ns := range namespaces {
+		if ns == "" {
+			return nil
+		}
+		if !slices.Contains(out, ns) {
+			out = append(out, ns)
+		}
+	}
+	return out
+}
+
 func (s *Source) inNamespaces(ns string) bool {
 	if len(s.cfg.Namespaces) == 0 {
 		return true
@@ -381,6 +399,7 @@ func (s *Source) service(ls *listers, i int, svc *corev1.Service, known map[stri
 			seen[name] = true
 			pi := podInfo{pod: optimizer.Pod{Name: name, Node: node, IP: ip}}
 			if pod != nil {
+				pi.pod.ServiceAccount = pod.Spec.ServiceAccountName
 				for _, c := range pod.Spec.Containers {
 					pi.cpu += c.Resources.Requests.Cpu().MilliValue()
 					pi.mem += c.Resources.Requests.Memory().Value() >> 20

@@ -1,0 +1,1024 @@
+package watcher
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/watcher/kube"
+	"github.com/edgeflow/edgeflow/watcher/prom"
+)
+
+// Every goroutine a test starts (informers, Prometheus polling, the merge loop) ends with it.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// newCluster builds a Cluster on a fake (never run) Kubernetes source unless cfg has one, with
+// its metrics in a fresh registry.
+func newCluster(t *testing.T, cfg ClusterConfig) (*Cluster, *prometheus.Registry) {
+	t.Helper()
+	if cfg.Kube == nil {
+		ks, err := kube.NewSource(kube.Config{Client: fake.NewClientset()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Kube = ks
+	}
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	c, err := NewCluster(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, reg
+}
+
+// metric reads a gauge or counter from reg; labels are name, value pairs.
+func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for i := 0; i < len(labels); i += 2 {
+				if have[labels[i]] != labels[i+1] {
+					continue next
+				}
+			}
+			switch {
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("metric %s%v not found", name, labels)
+	return 0
+}
+
+// ignoredCalls reads edgeflow_cluster_calls_ignored by reason.
+func ignoredCalls(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, r := range []string{CallUnmanaged, CallNoService, CallCycle} {
+		if v := metric(t, reg, "edgeflow_cluster_calls_ignored", "reason", r); v != 0 {
+			out[r] = v
+		}
+	}
+	return out
+}
+
+// loads compiles top (which must compile) and returns each service's Λ by key.
+func loads(t *testing.T, top *optimizer.Topology) map[string]float64 {
+	t.Helper()
+	m, err := optimizer.Compile(top, optimizer.Options{})
+	if err != nil {
+		t.Fatalf("merged topology does not compile: %v", err)
+	}
+	out := map[string]float64{}
+	for _, s := range m.Services {
+		out[s.Name] = s.Load
+	}
+	return out
+}
+
+// service is a managed service of the State: key is NAME or NAME.NAMESPACE, and each pod is
+// "POD@NODE".
+func service(key string, pods ...string) optimizer.Service {
+	name, ns, _ := strings.Cut(key, ".")
+	if ns == "" {
+		ns = optimizer.DefaultNamespace
+	}
+	s := optimizer.Service{Name: name, Namespace: ns, Ports: []optimizer.Port{{Name: "http", Port: 80, TargetPort: 8080}}}
+	for i, p := range pods {
+		pod, node, _ := strings.Cut(p, "@")
+		s.Pods = append(s.Pods, optimizer.Pod{Name: pod, Node: node, IP: fmt.Sprintf("10.0.%d.%d", len(name), i+1)})
+	}
+	return s
+}
+
+func state(nodes []string, services ...optimizer.Service) *kube.State {
+	st := &kube.State{Workloads: map[kube.Workload][]string{}, Skipped: map[string]int{}}
+	for _, n := range nodes {
+		st.Nodes = append(st.Nodes, optimizer.Node{Name: n, CPU: 4000, Memory: 8192})
+	}
+	st.Services = services
+	slices.SortFunc(st.Services, func(a, b optimizer.Service) int { return strings.Compare(a.Key(), b.Key()) })
+	return st
+}
+
+// clusterState is a Kubernetes state under construction.
+type clusterState struct{ *kube.State }
+
+// backs records that workload ("NAME" or "NAMESPACE/NAME") backs the services keys.
+func (c clusterState) backs(workload string, keys ...string) clusterState {
+	c.Workloads[kubeWorkload(workload)] = keys
+	return c
+}
+
+func kubeWorkload(w string) kube.Workload {
+	ns, name, ok := strings.Cut(w, "/")
+	if !ok {
+		ns, name = optimizer.DefaultNamespace, w
+	}
+	return kube.Workload{Name: name, Namespace: ns}
+}
+
+// rate is a measured call rate between workloads ("NAME" or "NAMESPACE/NAME").
+func rate(from, to string, rps float64) prom.CallRate {
+	f, tt := kubeWorkload(from), kubeWorkload(to)
+	return prom.CallRate{From: prom.Workload{Name: f.Name, Namespace: f.Namespace}, To: prom.Workload{Name: tt.Name, Namespace: tt.Namespace}, RPS: rps}
+}
+
+func ms(v float64) *float64 { return &v }
+
+var approx = cmpopts.EquateApprox(1e-9, 1e-9)
+
+func TestMergeLatency(t *testing.T) {
+	st := state([]string{"n1", "n2", "n3"}, service("a", "a-1@n1"))
+	tests := []struct {
+		name           string
+		defaultMS      *float64
+		meas           *prom.Measurements
+		want           map[prom.Pair]float64 // every ordered pair listed
+		wantUnmeasured float64
+	}{{
+		name: "a pair never measured gets the largest measured latency",
+		meas: &prom.Measurements{Latency: map[prom.Pair]float64{{From: "n1", To: "n2"}: 4, {From: "n2", To: "n1"}: 5, {From: "n2", To: "n3"}: 10, {From: "n1", To: "n1"}: 0.1}},
+		want: map[prom.Pair]float64{
+			{From: "n1", To: "n1"}: 0.1,
+			{From: "n1", To: "n2"}: 4, {From: "n2", To: "n1"}: 5,
+			{From: "n2", To: "n3"}: 10, {From: "n3", To: "n2"}: 10, // one direction measured: both
+			{From: "n1", To: "n3"}: 10, {From: "n3", To: "n1"}: 10, // never measured
+		},
+		wantUnmeasured: 1,
+	}, {
+		name:      "a pair never measured gets DefaultLatencyMS when set",
+		defaultMS: ms(7),
+		meas:      &prom.Measurements{Latency: map[prom.Pair]float64{{From: "n1", To: "n2"}: 4, {From: "n2", To: "n3"}: 10}},
+		want: map[prom.Pair]float64{
+			{From: "n1", To: "n2"}: 4, {From: "n2", To: "n1"}: 4,
+			{From: "n2", To: "n3"}: 10, {From: "n3", To: "n2"}: 10,
+			{From: "n1", To: "n3"}: 7, {From: "n3", To: "n1"}: 7,
+		},
+		wantUnmeasured: 1,
+	}, {
+		name: "a pair naming an unknown node is not used, nor its latency the largest",
+		meas: &prom.Measurements{Latency: map[prom.Pair]float64{{From: "n1", To: "n2"}: 4, {From: "n1", To: "gone"}: 500}},
+		want: map[prom.Pair]float64{
+			{From: "n1", To: "n2"}: 4, {From: "n2", To: "n1"}: 4,
+			{From: "n1", To: "n3"}: 4, {From: "n3", To: "n1"}: 4,
+			{From: "n2", To: "n3"}: 4, {From: "n3", To: "n2"}: 4,
+		},
+		wantUnmeasured: 2,
+	}, {
+		name: "no measurements at all, no default: every pair 0",
+		want: map[prom.Pair]float64{
+			{From: "n1", To: "n2"}: 0, {From: "n2", To: "n1"}: 0,
+			{From: "n1", To: "n3"}: 0, {From: "n3", To: "n1"}: 0,
+			{From: "n2", To: "n3"}: 0, {From: "n3", To: "n2"}: 0,
+		},
+		wantUnmeasured: 3,
+	}, {
+		name:      "no measurements at all, a default",
+		defaultMS: ms(25),
+		meas:      &prom.Measurements{},
+		want: map[prom.Pair]float64{
+			{From: "n1", To: "n2"}: 25, {From: "n2", To: "n1"}: 25,
+			{From: "n1", To: "n3"}: 25, {From: "n3", To: "n1"}: 25,
+			{From: "n2", To: "n3"}: 25, {From: "n3", To: "n2"}: 25,
+		},
+		wantUnmeasured: 3,
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, reg := newCluster(t, ClusterConfig{CallGraph: &CallGraph{}, DefaultLatencyMS: tt.defaultMS})
+			top := c.Merge(st, tt.meas)
+			got := map[prom.Pair]float64{}
+			for _, l := range top.Latency {
+				got[prom.Pair{From: l.From, To: l.To}] = l.MS
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("latency (-want +got):\n%s", diff)
+			}
+			if g := metric(t, reg, "edgeflow_latency_unmeasured_pairs"); g != tt.wantUnmeasured {
+				t.Errorf("edgeflow_latency_unmeasured_pairs = %v, want %v", g, tt.wantUnmeasured)
+			}
+			loads(t, top) // compiles without a default: every pair is listed
+		})
+	}
+}
+
+func TestMergeMeasuredCalls(t *testing.T) {
+	nodes := []string{"n1", "n2"}
+	// front, mid, back and cache are Deployments of the same names; db is a StatefulSet whose
+	// two pods each back their own service; api lives in namespace shop.
+	base := func() clusterState {
+		return clusterState{state(nodes,
+			service("front", "front-1@n1"), service("mid", "mid-1@n1", "mid-2@n2"), service("back", "back-1@n2"),
+			service("db-0", "db-0@n1"), service("db-1", "db-1@n2"), service("cache", "cache-1@n1"),
+			service("api.shop", "api-1@n2"),
+		)}.backs("front", "front").backs("mid", "mid").backs("back", "back").
+			backs("db", "db-0", "db-1").backs("cache", "cache").backs("shop/api", "api.shop")
+	}
+	const gw = "istio-system/istio-ingressgateway" // backs no managed service
+	tests := []struct {
+		name        string
+		st          clusterState
+		calls       []prom.CallRate
+		wantCalls   []optimizer.Call
+		wantIngress []optimizer.Ingress
+		// wantLoads is each service's Λ after optimizer.Compile: the measured rate into it
+		// (over the calls kept).
+		wantLoads   map[string]float64
+		wantIgnored map[string]float64
+	}{{
+		name: "rates by workload become per-request rates; a caller backing no service is ingress",
+		st:   base(),
+		calls: []prom.CallRate{
+			rate(gw, "front", 100), rate("front", "mid", 50), rate("front", "back", 30), rate("mid", "back", 20),
+			rate(gw, "shop/api", 8), rate("shop/api", "front", 4),
+		},
+		wantCalls: []optimizer.Call{
+			{From: "api.shop", To: "front", Rate: ms(0.5)},
+			{From: "front", To: "back", Rate: ms(0.3 * 100 / 104)},
+			{From: "front", To: "mid", Rate: ms(0.5 * 100 / 104)},
+			{From: "mid", To: "back", Rate: ms(0.4)},
+		},
+		wantIngress: []optimizer.Ingress{{Service: "api.shop", RPS: 8}, {Service: "front", RPS: 100}},
+		wantLoads:   map[string]float64{"api.shop": 8, "front": 104, "mid": 50, "back": 50, "db-0": 0, "db-1": 0, "cache": 0},
+	}, {
+		name: "a call to a workload backing no managed service is ignored",
+		st:   base(),
+		calls: []prom.CallRate{
+			rate(gw, "front", 10), rate("front", "mid", 5), rate("front", "payments/stripe-proxy", 3), rate(gw, "default/legacy", 1),
+		},
+		wantCalls:   []optimizer.Call{{From: "front", To: "mid", Rate: ms(0.5)}},
+		wantIngress: []optimizer.Ingress{{Service: "front", RPS: 10}},
+		wantLoads:   map[string]float64{"api.shop": 0, "front": 10, "mid": 5, "back": 0, "db-0": 0, "db-1": 0, "cache": 0},
+		wantIgnored: map[string]float64{CallUnmanaged: 2},
+	}, {
+		name:  "a caller with no measured inbound load: its calls are its own ingress",
+		st:    base(),
+		calls: []prom.CallRate{rate("front", "mid", 40), rate("front", "back", 10), rate("mid", "cache", 20)},
+		wantCalls: []optimizer.Call{
+			{From: "front", To: "back", Rate: ms(0.25)},
+			{From: "front", To: "mid", Rate: ms(1)},
+			{From: "mid", To: "cache", Rate: ms(0.5)},
+		},
+		wantIngress: []optimizer.Ingress{{Service: "front", RPS: 40}},
+		wantLoads:   map[string]float64{"api.shop": 0, "front": 40, "mid": 40, "back": 10, "db-0": 0, "db-1": 0, "cache": 20},
+	}, {
+		name:  "a workload backing two services calls as the first (by key) and is called as each, the rate split equally",
+		st:    base(),
+		calls: []prom.CallRate{rate(gw, "front", 60), rate("front", "db", 60), rate("db", "cache", 10), rate(gw, "db", 6)},
+		wantCalls: []optimizer.Call{
+			{From: "db-0", To: "cache", Rate: ms(10.0 / 33)},
+			{From: "front", To: "db-0", Rate: ms(0.5)},
+			{From: "front", To: "db-1", Rate: ms(0.5)},
+		},
+		wantIngress: []optimizer.Ingress{{Service: "db-0", RPS: 3}, {Service: "db-1", RPS: 3}, {Service: "front", RPS: 60}},
+		wantLoads:   map[string]float64{"api.shop": 0, "front": 60, "mid": 0, "back": 0, "db-0": 33, "db-1": 33, "cache": 10},
+	}, {
+		name: "a call closing a cycle is dropped and counted; the calls kept carry their measured rates",
+		st:   base(),
+		calls: []prom.CallRate{
+			rate(gw, "front", 10), rate("front", "mid", 10), rate("mid", "front", 4), rate("mid", "back", 6),
+			rate("back", "back", 2), // a workload calling itself
+		},
+		wantCalls: []optimizer.Call{
+			{From: "front", To: "mid", Rate: ms(1)},
+			{From: "mid", To: "back", Rate: ms(0.6)},
+		},
+		wantIngress: []optimizer.Ingress{{Service: "front", RPS: 10}},
+		wantLoads:   map[string]float64{"api.shop": 0, "front": 10, "mid": 10, "back": 6, "db-0": 0, "db-1": 0, "cache": 0},
+		wantIgnored: map[string]float64{CallCycle: 2},
+	}, {
+		name: "a two-service cycle with no other ingress keeps its load",
+		st:   base(),
+		calls: []prom.CallRate{
+			rate("front", "mid", 10), rate("mid", "front", 5), rate("mid", "back", 2),
+		},
+		wantCalls: []optimizer.Call{
+			{From: "front", To: "mid", Rate: ms(1)},
+			{From: "mid", To: "back", Rate: ms(0.2)},
+		},
+		wantIngress: []optimizer.Ingress{{Service: "front", RPS: 10}},
+		wantLoads:   map[string]float64{"api.shop": 0, "front": 10, "mid": 10, "back": 2, "db-0": 0, "db-1": 0, "cache": 0},
+		wantIgnored: map[string]float64{CallCycle: 1},
+	}, {
+		name:  "a call measured at zero from a caller with no inbound load",
+		st:    base(),
+		calls: []prom.CallRate{rate("front", "mid", 0), rate("mid", "back", 5)},
+		wantCalls: []optimizer.Call{
+			{From: "front", To: "mid", Rate: ms(0)},
+			{From: "mid", To: "back", Rate: ms(1)},
+		},
+		wantIngress: []optimizer.Ingress{{Service: "front", RPS: 0}, {Service: "mid", RPS: 5}},
+		wantLoads:   map[string]float64{"api.shop": 0, "front": 0, "mid": 5, "back": 5, "db-0": 0, "db-1": 0, "cache": 0},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, reg := newCluster(t, ClusterConfig{Prom: promStub})
+			top := c.Merge(tt.st.State, &prom.Measurements{Calls: tt.calls})
+			if diff := cmp.Diff(tt.wantCalls, top.Calls, approx); diff != "" {
+				t.Errorf("calls (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.wantIngress, top.Ingress, approx); diff != "" {
+				t.Errorf("ingress (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.wantLoads, loads(t, top), approx); diff != "" {
+				t.Errorf("Λ after Compile (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.wantIgnored, ignoredCalls(t, reg), cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("edgeflow_cluster_calls_ignored (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestMergeStaticCallGraph(t *testing.T) {
+	// x has no ready pods, so the Kubernetes source left it out.
+	st := state([]string{"n1", "n2"}, service("a", "a-1@n1"), service("b", "b-1@n2"), service("c", "c-1@n1"), service("d.shop", "d-1@n2"))
+	graph := &CallGraph{
+		Calls: []optimizer.Call{
+			{From: "a", To: "b", Rate: ms(2)},
+			{From: "b.default", To: "c"},
+			{From: "a", To: "x"},
+			{From: "x", To: "c"},
+			{From: "c", To: "a.default"}, // closes a → b → c → a
+			{From: "a.default", To: "d.shop", Rate: ms(0.5)},
+		},
+		Ingress: []optimizer.Ingress{{Service: "a.default", RPS: 10}, {Service: "x", RPS: 5}},
+	}
+	c, reg := newCluster(t, ClusterConfig{CallGraph: graph})
+	// Measured call rates are not used when the call graph is given.
+	top := c.Merge(st, &prom.Measurements{Calls: []prom.CallRate{rate("c", "d", 100)}})
+	wantCalls := []optimizer.Call{{From: "a", To: "b", Rate: ms(2)}, {From: "b", To: "c"}, {From: "a", To: "d.shop", Rate: ms(0.5)}}
+	if diff := cmp.Diff(wantCalls, top.Calls); diff != "" {
+		t.Errorf("calls (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]optimizer.Ingress{{Service: "a", RPS: 10}}, top.Ingress); diff != "" {
+		t.Errorf("ingress (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]float64{"a": 10, "b": 20, "c": 20, "d.shop": 5}, loads(t, top), approx); diff != "" {
+		t.Errorf("Λ after Compile (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]float64{CallNoService: 3, CallCycle: 1}, ignoredCalls(t, reg)); diff != "" {
+		t.Errorf("edgeflow_cluster_calls_ignored (-want +got):\n%s", diff)
+	}
+	if graph.Calls[1].From != "b.default" || graph.Ingress[0].Service != "a.default" {
+		t.Error("Merge modified the configured call graph")
+	}
+
+	// When x gets ready pods, its calls come back and nothing is ignored but the cycle.
+	st = state([]string{"n1", "n2"}, service("a", "a-1@n1"), service("b", "b-1@n2"), service("c", "c-1@n1"), service("d.shop", "d-1@n2"), service("x", "x-1@n2"))
+	top = c.Merge(st, nil)
+	if len(top.Calls) != 5 || len(top.Ingress) != 2 {
+		t.Errorf("with x ready: calls %v, ingress %v", top.Calls, top.Ingress)
+	}
+	loads(t, top)
+	if diff := cmp.Diff(map[string]float64{CallCycle: 1}, ignoredCalls(t, reg)); diff != "" {
+		t.Errorf("edgeflow_cluster_calls_ignored with x ready (-want +got):\n%s", diff)
+	}
+}
+
+// A pod that backs two managed services (a Service and its headless twin select the same
+// pods) is listed in both; a topology must still compile, since the optimizer requires unique
+// pod names.
+func TestMergeSharedPods(t *testing.T) {
+	web := service("web", "web-1@n1", "web-2@n2")
+	headless := web
+	headless.Name, headless.Ports = "web-headless", nil
+	st := clusterState{state([]string{"n1", "n2"},
+		service("front", "front-1@n1"), web, headless,
+		service("web.shop", "web-1@n2"), // another namespace: another pod of the same name
+	)}.backs("front", "front").backs("web", "web", "web-headless").backs("shop/web", "web.shop")
+	c, _ := newCluster(t, ClusterConfig{Prom: promStub})
+	top := c.Merge(st.State, &prom.Measurements{Calls: []prom.CallRate{
+		rate("istio-system/gw", "front", 10), rate("front", "web", 10), rate("web", "shop/web", 5),
+	}})
+	l := loads(t, top)
+	if diff := cmp.Diff(map[string]float64{"front": 10, "web": 5, "web-headless": 5, "web.shop": 5}, l, approx); diff != "" {
+		t.Errorf("Λ after Compile (-want +got):\n%s", diff)
+	}
+	pods := map[string][]string{}
+	for _, s := range top.Services {
+		for _, p := range s.Pods {
+			pods[s.Key()] = append(pods[s.Key()], p.Name+" "+p.Node+" "+p.IP)
+		}
+	}
+	want := map[string][]string{
+		"front":        {"front-1 n1 10.0.5.1"},
+		"web":          {"web-1 n1 10.0.3.1", "web-2 n2 10.0.3.2"},
+		"web-headless": {"web-1@web-headless n1 10.0.3.1", "web-2@web-headless n2 10.0.3.2"},
+		"web.shop":     {"web-1 n2 10.0.3.1"},
+	}
+	if diff := cmp.Diff(want, pods); diff != "" {
+		t.Errorf("pods (name node ip) (-want +got):\n%s", diff)
+	}
+	if st.Services[2].Pods[0].Name != "web-1" {
+		t.Error("Merge modified the Kubernetes state")
+	}
+}
+
+// One bad item never freezes everything: whatever the Kubernetes and Prometheus sources hold
+// (random nodes, services and pods, workloads backing several services or none, call rates
+// with cycles, self-calls, zeros and unmanaged ends, latency pairs missing, unknown or huge),
+// Merge's topology compiles.
+func TestMergeAlwaysCompiles(t *testing.T) {
+	for seed := uint64(1); seed <= 200; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 42))
+		st, meas, cfg := randomInput(rng)
+		c, _ := newCluster(t, cfg)
+		top := c.Merge(st, meas)
+		m, err := optimizer.Compile(top, optimizer.Options{})
+		if err != nil {
+			t.Fatalf("seed %d: merged topology does not compile: %v", seed, err)
+		}
+		for _, s := range m.Services {
+			if math.IsNaN(s.Load) || s.Load < 0 {
+				t.Fatalf("seed %d: service %s: Λ = %v", seed, s.Name, s.Load)
+			}
+		}
+		if again := c.Merge(st, meas); !cmp.Equal(top, again) {
+			t.Fatalf("seed %d: Merge is not deterministic:\n%s", seed, cmp.Diff(top, again))
+		}
+	}
+}
+
+func randomInput(rng *rand.Rand) (*kube.State, *prom.Measurements, ClusterConfig) {
+	st := &kube.State{Workloads: map[kube.Workload][]string{}, Skipped: map[string]int{}}
+	nodes := make([]string, 1+rng.IntN(6))
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("n%d", i)
+		st.Nodes = append(st.Nodes, optimizer.Node{Name: nodes[i], CPU: rng.Int64N(8000), Memory: rng.Int64N(16384)})
+	}
+	namespaces := []string{"default", "shop"}
+	// Workloads: a few per namespace; each service is backed by one or two of its namespace's.
+	var workloads []kube.Workload
+	for _, ns := range namespaces {
+		for i := range 1 + rng.IntN(4) {
+			workloads = append(workloads, kube.Workload{Name: fmt.Sprintf("w%d", i), Namespace: ns})
+		}
+	}
+	ip := 0
+	for i := range 1 + rng.IntN(8) {
+		s := optimizer.Service{Name: fmt.Sprintf("s%d", i), Namespace: namespaces[rng.IntN(len(namespaces))],
+			Ports: []optimizer.Port{{Name: "http", Port: 80, TargetPort: 8080}}}
+		for j := range 1 + rng.IntN(4) {
+			ip++
+			p := optimizer.Pod{Name: fmt.Sprintf("%s-%d", s.Name, j), Node: nodes[rng.IntN(len(nodes))], IP: fmt.Sprintf("10.0.%d.%d", ip/250, ip%250+1)}
+			if rng.IntN(3) == 0 {
+				w := 0.25 + 4*rng.Float64()
+				p.Weight = &w
+			}
+			s.Pods = append(s.Pods, p)
+		}
+		// Sometimes the service shares a pod with an earlier one of its namespace.
+		for _, o := range st.Services {
+			if o.Namespace == s.Namespace && rng.IntN(4) == 0 {
+				s.Pods = append(s.Pods, o.Pods[0])
+			}
+		}
+		st.Services = append(st.Services, s)
+		for range 1 + rng.IntN(2) {
+			w := workloads[rng.IntN(len(workloads))]
+			if w.Namespace == s.Namespace && !slices.Contains(st.Workloads[w], s.Key()) {
+				st.Workloads[w] = append(st.Workloads[w], s.Key())
+			}
+		}
+	}
+	slices.SortFunc(st.Services, func(a, b optimizer.Service) int { return strings.Compare(a.Key(), b.Key()) })
+	for w := range st.Workloads {
+		slices.Sort(st.Workloads[w])
+	}
+
+	var cfg ClusterConfig
+	if rng.IntN(3) == 0 {
+		cfg.DefaultLatencyMS = ms(100 * rng.Float64())
+	}
+	if rng.IntN(10) == 0 {
+		cfg.CallGraph = &CallGraph{}
+		return st, nil, cfg
+	}
+	meas := &prom.Measurements{Latency: map[prom.Pair]float64{}}
+	candidates := slices.Concat(nodes, []string{"gone"})
+	for range rng.IntN(3 * len(candidates) * len(candidates)) {
+		p := prom.Pair{From: candidates[rng.IntN(len(candidates))], To: candidates[rng.IntN(len(candidates))]}
+		switch rng.IntN(10) {
+		case 0:
+			meas.Latency[p] = 0
+		case 1:
+			meas.Latency[p] = 2 * optimizer.MaxLatencyMS
+		default:
+			meas.Latency[p] = 300 * rng.Float64()
+		}
+	}
+	ends := append(slices.Clone(workloads), kube.Workload{Name: "istio-ingressgateway", Namespace: "istio-system"}, kube.Workload{Name: "legacy", Namespace: "default"})
+	for range rng.IntN(25) {
+		from, to := ends[rng.IntN(len(ends))], ends[rng.IntN(len(ends))]
+		rps := 1000 * rng.Float64()
+		if rng.IntN(8) == 0 {
+			rps = 0
+		}
+		meas.Calls = append(meas.Calls, prom.CallRate{From: prom.Workload(from), To: prom.Workload(to), RPS: rps})
+	}
+	if rng.IntN(4) == 0 { // a static call graph naming present and missing services, with cycles
+		cfg.CallGraph = &CallGraph{}
+		keys := []string{"gone", "s9.shop"}
+		for _, s := range st.Services {
+			keys = append(keys, s.Key())
+		}
+		seen := map[[2]string]bool{}
+		for range rng.IntN(15) {
+			e := [2]string{keys[rng.IntN(len(keys))], keys[rng.IntN(len(keys))]}
+			if seen[e] {
+				continue
+			}
+			seen[e] = true
+			from := e[0]
+			if !strings.Contains(from, ".") && rng.IntN(2) == 0 {
+				from += ".default"
+			}
+			cfg.CallGraph.Calls = append(cfg.CallGraph.Calls, optimizer.Call{From: from, To: e[1], Rate: ms(3 * rng.Float64())})
+		}
+		for range rng.IntN(3) {
+			cfg.CallGraph.Ingress = append(cfg.CallGraph.Ingress, optimizer.Ingress{Service: keys[rng.IntN(len(keys))], RPS: 100 * rng.Float64()})
+		}
+	} else {
+		cfg.Prom = promStub
+	}
+	return st, meas, cfg
+}
+
+// promStub stands for a Prometheus source in tests of Merge, which does not use it.
+var promStub = func() *prom.Source {
+	ps, err := prom.NewSource(prom.Config{URL: "http://prometheus.invalid:9090"})
+	if err != nil {
+		panic(err)
+	}
+	return ps
+}()
+
+// --- Run, with a fake clientset and a fake Prometheus at the edges ---
+
+func k8sNode(name string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("8Gi")}}}
+}
+
+func k8sService(name string) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{kube.ManagedLabel: "true"}},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}
+}
+
+// k8sPod is a pod of Deployment deploy on nodeName.
+func k8sPod(deploy, name, nodeName string) *corev1.Pod {
+	yes := true
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{"pod-template-hash": "7c9d"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: deploy + "-7c9d", UID: "rs", Controller: &yes}}},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "app"}}},
+	}
+}
+
+// endpoints are "POD@NODE@IP" or, not ready, "!POD@NODE@IP".
+func k8sSlice(svc string, endpoints ...string) *discoveryv1.EndpointSlice {
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: svc + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080))}},
+	}
+	for _, e := range endpoints {
+		ready := !strings.HasPrefix(e, "!")
+		parts := strings.Split(strings.TrimPrefix(e, "!"), "@")
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{parts[2]},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(ready)},
+			NodeName:   ptr(parts[1]),
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: parts[0]},
+		})
+	}
+	return sl
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// cluster objects: services a and b on nodes n1 and n2; b-2 not ready yet.
+func clusterObjects() []runtime.Object {
+	return []runtime.Object{
+		k8sNode("n1"), k8sNode("n2"),
+		k8sService("a"), k8sPod("a", "a-1", "n1"), k8sSlice("a", "a-1@n1@10.0.0.1"),
+		k8sService("b"), k8sPod("b", "b-1", "n1"), k8sPod("b", "b-2", "n2"), k8sSlice("b", "b-1@n1@10.0.1.1", "!b-2@n2@10.0.1.2"),
+	}
+}
+
+// syncedRecorder records topologies, and whether the Kubernetes caches had synced when each
+// arrived.
+type syncedRecorder struct {
+	recorder
+	kube     *kube.Source
+	unsynced atomic.Int32
+}
+
+func (r *syncedRecorder) Update(t *optimizer.Topology) {
+	if !r.kube.Synced() {
+		r.unsynced.Add(1)
+	}
+	r.recorder.Update(t)
+}
+
+// runCluster runs c until the test ends; Run must then return nil.
+func runCluster(t *testing.T, c *Cluster, l Listener) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, l) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run returned %v after cancel, want nil", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return within 10s of cancel")
+		}
+	})
+}
+
+// eventually polls cond until it holds, failing the test after a deadline.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s", what)
+		case <-tick.C:
+		}
+	}
+}
+
+func kubeSource(t *testing.T, client *fake.Clientset) *kube.Source {
+	t.Helper()
+	ks, err := kube.NewSource(kube.Config{Client: client, Selector: kube.DefaultSelector, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ks
+}
+
+func podNames(top *optimizer.Topology, key string) []string {
+	var out []string
+	for _, s := range top.Services {
+		if s.Key() == key {
+			for _, p := range s.Pods {
+				out = append(out, p.Name)
+			}
+		}
+	}
+	return out
+}
+
+func TestClusterRunFollowsKubernetes(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset(clusterObjects()...)
+	ks := kubeSource(t, client)
+	c, reg := newCluster(t, ClusterConfig{Kube: ks, DefaultLatencyMS: ms(5),
+		CallGraph: &CallGraph{Calls: []optimizer.Call{{From: "a", To: "b"}}, Ingress: []optimizer.Ingress{{Service: "a", RPS: 10}}}})
+	rec := &syncedRecorder{recorder: recorder{got: make(chan *optimizer.Topology, 16)}, kube: ks}
+	runCluster(t, c, rec)
+
+	first := rec.next(t)
+	if n := rec.unsynced.Load(); n != 0 {
+		t.Errorf("%d topologies delivered before the informer caches synced", n)
+	}
+	if diff := cmp.Diff([]string{"b-1"}, podNames(first, "b")); diff != "" {
+		t.Errorf("first topology: b's pods (-want +got):\n%s", diff)
+	}
+	if len(first.Calls) != 1 || len(first.Ingress) != 1 || len(first.Latency) != 2 || first.Latency[0].MS != 5 {
+		t.Errorf("first topology: calls %v, ingress %v, latency %v", first.Calls, first.Ingress, first.Latency)
+	}
+	if c.Current() != first {
+		t.Error("Current() is not the topology delivered")
+	}
+
+	// b-2 becomes ready: a new topology.
+	sl := k8sSlice("b", "b-1@n1@10.0.1.1", "b-2@n2@10.0.1.2")
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	second := rec.next(t)
+	if diff := cmp.Diff([]string{"b-1", "b-2"}, podNames(second, "b")); diff != "" {
+		t.Errorf("after b-2 became ready: b's pods (-want +got):\n%s", diff)
+	}
+
+	// A new Kubernetes state that merges into the same topology (a not-ready endpoint more
+	// only changes what is skipped): no delivery. A node joining then is the next one.
+	sl = k8sSlice("a", "a-1@n1@10.0.0.1", "!a-2@n2@10.0.0.2")
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the Kubernetes source to see a-2", func() bool { return ks.Current().Skipped[kube.SkipNotReady] == 1 })
+	if _, err := client.CoreV1().Nodes().Create(ctx, k8sNode("n3"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	third := rec.next(t)
+	if len(third.Nodes) != 3 {
+		t.Errorf("the delivery after an unchanged topology has nodes %v, want n3 among them (was the unchanged one delivered?)", third.Nodes)
+	}
+	rec.none(t)
+	if n := metric(t, reg, "edgeflow_cluster_topologies_total"); n != 3 {
+		t.Errorf("edgeflow_cluster_topologies_total = %v, want 3", n)
+	}
+}
+
+// A topology that fails validation is counted and the last good one stays.
+func TestClusterRunRejects(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset(clusterObjects()...)
+	ks := kubeSource(t, client)
+	errTooBig := errors.New("more than two nodes")
+	c, reg := newCluster(t, ClusterConfig{Kube: ks, CallGraph: &CallGraph{}, Check: func(t *optimizer.Topology) error {
+		if len(t.Nodes) > 2 {
+			return errTooBig
+		}
+		return nil
+	}})
+	rec := recorder{got: make(chan *optimizer.Topology, 16)}
+	runCluster(t, c, rec)
+	first := rec.next(t)
+	if _, err := client.CoreV1().Nodes().Create(ctx, k8sNode("n3"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a rejected topology", func() bool { return metric(t, reg, "edgeflow_cluster_rejected_topologies_total") == 1 })
+	rec.none(t)
+	if c.Current() != first {
+		t.Error("the last good topology was replaced")
+	}
+}
+
+func TestClusterRunStops(t *testing.T) {
+	t.Run("deadline", func(t *testing.T) {
+		c, _ := newCluster(t, ClusterConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), CallGraph: &CallGraph{}})
+		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+		defer cancel()
+		if err := c.Run(ctx, recorder{got: make(chan *optimizer.Topology, 16)}); err != nil {
+			t.Errorf("Run after its context's deadline: %v, want nil", err)
+		}
+	})
+	t.Run("a source fails", func(t *testing.T) {
+		fp := &fakeProm{}
+		ps := fakePromSource(t, fp)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := ps.Run(ctx, func(*prom.Measurements) {}); err != nil { // its one Run
+			t.Fatal(err)
+		}
+		c, _ := newCluster(t, ClusterConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), Prom: ps})
+		done := make(chan error, 1)
+		go func() { done <- c.Run(context.Background(), recorder{got: make(chan *optimizer.Topology, 16)}) }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "Run called twice") {
+				t.Errorf("Run with a failing source: %v, want the source's error", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return after its source failed")
+		}
+	})
+}
+
+// fakeProm speaks the instant-query endpoint of the Prometheus HTTP API: the latency query
+// (recognised by "probe_icmp") is answered with latency, any other with calls; each a list
+// of (labels, value).
+type fakeProm struct {
+	mu      sync.Mutex
+	latency []promSample
+	calls   []promSample
+	status  int // non-zero: answer with this HTTP status
+}
+
+type promSample struct {
+	labels map[string]string
+	value  string
+}
+
+func latSample(from, to, seconds string) promSample {
+	return promSample{labels: map[string]string{"source_node": from, "target_node": to}, value: seconds}
+}
+
+// callSample is a call rate; from and to are "namespace/name".
+func callSample(from, to, rps string) promSample {
+	fns, fname, _ := strings.Cut(from, "/")
+	tns, tname, _ := strings.Cut(to, "/")
+	return promSample{labels: map[string]string{
+		prom.LabelSourceWorkload: fname, prom.LabelSourceWorkloadNamespace: fns,
+		prom.LabelDestinationWorkload: tname, prom.LabelDestinationWorkloadNamespace: tns,
+	}, value: rps}
+}
+
+func (f *fakeProm) set(fn func(f *fakeProm)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}
+
+func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/api/v1/query" {
+		http.NotFound(w, r)
+		return
+	}
+	if err := r.ParseForm(); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.status != 0 {
+		http.Error(w, "fake Prometheus is down", f.status)
+		return
+	}
+	src := f.calls
+	if strings.Contains(r.Form.Get("query"), "probe_icmp") {
+		src = f.latency
+	}
+	result := []any{}
+	for _, s := range src {
+		result = append(result, map[string]any{"metric": s.labels, "value": []any{1.7e9, s.value}})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if err := json.NewEncoder(w).Encode(map[string]any{"status": "success", "data": map[string]any{"resultType": "vector", "result": result}}); err != nil {
+		panic(err)
+	}
+}
+
+// fakePromSource is a Prometheus source polling fp every 20 ms.
+func fakePromSource(t *testing.T, fp *fakeProm, opts ...func(*prom.Config)) *prom.Source {
+	t.Helper()
+	srv := httptest.NewServer(fp)
+	t.Cleanup(srv.Close)
+	cfg := prom.Config{URL: srv.URL, RoundTripper: srv.Client().Transport, Interval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	ps, err := prom.NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ps
+}
+
+// logBuffer collects log output written from any goroutine.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+const noLatencyWarning = "Prometheus holds no latency data"
+
+func TestClusterRunStartupGrace(t *testing.T) {
+	latencyOnly := func(c *prom.Config) { c.CallsQuery = prom.DisableCalls }
+	graph := &CallGraph{Calls: []optimizer.Call{{From: "a", To: "b"}}, Ingress: []optimizer.Ingress{{Service: "a", RPS: 10}}}
+
+	t.Run("an empty Prometheus delays the first topology until the grace has passed", func(t *testing.T) {
+		const grace = 300 * time.Millisecond
+		logs := &logBuffer{}
+		ps := fakePromSource(t, &fakeProm{}, latencyOnly) // answers, with nothing
+		c, _ := newCluster(t, ClusterConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), Prom: ps, CallGraph: graph,
+			StartupGrace: grace, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		rec := recorder{got: make(chan *optimizer.Topology, 16)}
+		start := time.Now()
+		runCluster(t, c, rec)
+		top := rec.next(t)
+		if waited := time.Since(start); waited < grace {
+			t.Errorf("first topology after %v, before the startup grace of %v", waited, grace)
+		}
+		if !strings.Contains(logs.String(), noLatencyWarning) {
+			t.Errorf("no warning logged; logs:\n%s", logs)
+		}
+		for _, l := range top.Latency {
+			if l.MS != 0 {
+				t.Errorf("latency with nothing measured and no default: %+v", top.Latency)
+				break
+			}
+		}
+	})
+
+	t.Run("with latency data the first topology does not wait", func(t *testing.T) {
+		logs := &logBuffer{}
+		ps := fakePromSource(t, &fakeProm{latency: []promSample{latSample("n1", "n2", "0.004")}}, latencyOnly)
+		c, _ := newCluster(t, ClusterConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), Prom: ps, CallGraph: graph,
+			StartupGrace: time.Hour, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		rec := recorder{got: make(chan *optimizer.Topology, 16)}
+		runCluster(t, c, rec)
+		top := rec.next(t) // within 10 s, an hour before the grace ends
+		want := []optimizer.Latency{{From: "n1", To: "n2", MS: 4}, {From: "n2", To: "n1", MS: 4}}
+		if diff := cmp.Diff(want, top.Latency, approx); diff != "" {
+			t.Errorf("latency (-want +got):\n%s", diff)
+		}
+		if strings.Contains(logs.String(), noLatencyWarning) {
+			t.Errorf("warning logged with latency data present; logs:\n%s", logs)
+		}
+	})
+}
+
+// Prometheus down at startup: nothing is delivered (never a topology without its answer);
+// once it answers, the measured call graph is mapped through the pods' workloads.
+func TestClusterRunMeasured(t *testing.T) {
+	fp := &fakeProm{status: http.StatusServiceUnavailable}
+	reg := prometheus.NewRegistry()
+	ps := fakePromSource(t, fp, func(c *prom.Config) { c.Registerer = reg })
+	client := fake.NewClientset(clusterObjects()...)
+	ks := kubeSource(t, client)
+	c, _ := newCluster(t, ClusterConfig{Kube: ks, Prom: ps, StartupGrace: 10 * time.Millisecond})
+	rec := recorder{got: make(chan *optimizer.Topology, 16)}
+	runCluster(t, c, rec)
+	eventually(t, "failed Prometheus rounds after the caches synced", func() bool {
+		return ks.Synced() && metric(t, reg, "edgeflow_prometheus_queries_total", "query", "latency", "result", "error") >= 3
+	})
+	rec.none(t)
+	if c.Current() != nil {
+		t.Error("a topology without Prometheus's first answer")
+	}
+	if checks := c.Checks(); len(checks) != 2 || !checks[0].OK || checks[1].OK {
+		t.Errorf("Checks with Prometheus down: %+v", checks)
+	}
+
+	fp.set(func(f *fakeProm) {
+		f.status = 0
+		f.latency = []promSample{latSample("n1", "n2", "0.002")}
+		f.calls = []promSample{
+			callSample("istio-system/istio-ingressgateway", "default/a", "10"),
+			callSample("default/a", "default/b", "20"),
+			callSample("default/a", "default/unmanaged", "3"),
+		}
+	})
+	top := rec.next(t)
+	if diff := cmp.Diff([]optimizer.Call{{From: "a", To: "b", Rate: ms(2)}}, top.Calls, approx); diff != "" {
+		t.Errorf("calls (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]float64{"a": 10, "b": 20}, loads(t, top), approx); diff != "" {
+		t.Errorf("Λ after Compile (-want +got):\n%s", diff)
+	}
+	if checks := c.Checks(); !checks[1].OK {
+		t.Errorf("Checks with Prometheus up: %+v", checks)
+	}
+}
