@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -614,5 +615,46 @@ func TestEnvoyChecksReject(t *testing.T) {
 	n.Sets[ClusterSet] = makeSet(nil)
 	if err := checkEnvoyNode(&n); err == nil || !strings.Contains(err.Error(), "named by a route, not served") {
 		t.Errorf("route to a missing cluster: %v", err)
+	}
+}
+
+// BenchmarkKindResources measures the first Resources call for every caller of a publication
+// (what a publication to N connected Envoy or Istio nodes costs on top of Translate), and the
+// memory it keeps per node.
+func BenchmarkKindResources(b *testing.B) {
+	for _, n := range []int{1000, 5000} {
+		top := flipTopology(n, benchK, false, "callee")
+		top.Services[1].Ports = []optimizer.Port{{Name: "http", Port: 80, TargetPort: 8080}}
+		m, err := optimizer.Compile(top, benchOptions)
+		if err != nil {
+			b.Fatal(err)
+		}
+		a, err := optimizer.Plan(m, optimizer.LATA)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, kind := range []NodeKind{Envoy, IstioSidecar} {
+			b.Run(fmt.Sprintf("%s/N=%d", kind, n), func(b *testing.B) {
+				b.ReportAllocs()
+				var mem0, mem1 uint64
+				for i := 0; i < b.N; i++ {
+					b.StopTimer()
+					tr, err := Translate(top, a, EncodingLocality)
+					if err != nil {
+						b.Fatal(err)
+					}
+					mem0 = heapInUse()
+					b.StartTimer()
+					for p := 0; p < n; p++ {
+						tr.Resources(fmt.Sprintf("caller-%d", p), kind)
+					}
+					b.StopTimer()
+					mem1 = heapInUse()
+					runtime.KeepAlive(tr)
+					b.StartTimer()
+				}
+				b.ReportMetric(float64(int64(mem1)-int64(mem0))/float64(n), "heap-B/node")
+			})
+		}
 	}
 }
