@@ -479,6 +479,14 @@ func extraLocality(cla *endpoint.ClusterLoadAssignment, subZone string, w uint32
 	return l
 }
 
+// grpcSource is a config source on its own gRPC stream to a cluster, as Istio's EnvoyFilter
+// points EDS at edgeflow: valid for Envoy, but not the ADS that edgeflow's resources use.
+func grpcSource() *core.ConfigSource {
+	return &core.ConfigSource{ResourceApiVersion: core.ApiVersion_V3, ConfigSourceSpecifier: &core.ConfigSource_ApiConfigSource{
+		ApiConfigSource: &core.ApiConfigSource{ApiType: core.ApiConfigSource_GRPC, TransportApiVersion: core.ApiVersion_V3,
+			GrpcServices: []*core.GrpcService{{TargetSpecifier: &core.GrpcService_EnvoyGrpc_{EnvoyGrpc: &core.GrpcService_EnvoyGrpc{ClusterName: "edgeflow-xds"}}}}}}}
+}
+
 // TestEnvoyChecksReject breaks a valid plain Envoy node one rule at a time.
 func TestEnvoyChecksReject(t *testing.T) {
 	_, tr := bookinfoTranslation(t, EncodingLocality)
@@ -534,7 +542,7 @@ func TestEnvoyChecksReject(t *testing.T) {
 		{"RDS not from ADS", ListenerSet, func(ms []proto.Message) []proto.Message {
 			l := ms[0].(*listener.Listener)
 			m := hcmOf(l)
-			m.GetRds().ConfigSource = &core.ConfigSource{ConfigSourceSpecifier: &core.ConfigSource_Path{Path: "/etc/routes.yaml"}}
+			m.GetRds().ConfigSource = grpcSource()
 			setHCM(l, m)
 			return ms
 		}, "RDS config source is not ADS"},
@@ -559,7 +567,7 @@ func TestEnvoyChecksReject(t *testing.T) {
 			return ms
 		}, "not EDS"},
 		{"EDS not from ADS", ClusterSet, func(ms []proto.Message) []proto.Message {
-			ms[0].(*cluster.Cluster).EdsClusterConfig.EdsConfig = &core.ConfigSource{ConfigSourceSpecifier: &core.ConfigSource_Path{Path: "/x"}}
+			ms[0].(*cluster.Cluster).EdsClusterConfig.EdsConfig = grpcSource()
 			return ms
 		}, "EDS config is not ADS"},
 		{"no locality weights", ClusterSet, func(ms []proto.Message) []proto.Message {
