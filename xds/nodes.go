@@ -79,21 +79,21 @@ func newPublication(num uint64, t *optimizer.Topology, a *optimizer.Allocation, 
 }
 
 // resourcesFor resolves a node id: a pod name; else an Istio sidecar id by pod, then by IP;
-// else the round-robin default.
-func (p *publication) resourcesFor(id string) (res *NodeResources, pod string) {
-	if r, ok := p.tr.Pods[id]; ok {
-		return r, id
+// else the round-robin default. It returns what a node of that kind gets.
+func (p *publication) resourcesFor(id string, kind NodeKind) (res *NodeResources, pod string) {
+	if _, ok := p.tr.Pods[id]; ok {
+		return p.tr.Resources(id, kind), id
 	}
 	if name, ip, ok := ParseSidecarID(id); ok {
 		name = optimizer.QualifiedName(name, sidecarNamespace(id))
-		if r, ok := p.tr.Pods[name]; ok {
-			return r, name
+		if _, ok := p.tr.Pods[name]; ok {
+			return p.tr.Resources(name, kind), name
 		}
 		if name := p.byIP[ip]; name != "" {
-			return p.tr.Pods[name], name
+			return p.tr.Resources(name, kind), name
 		}
 	}
-	return p.tr.Default, ""
+	return p.tr.Resources("", kind), ""
 }
 
 // ParseSidecarID splits an Istio sidecar node id "sidecar~IP~POD.NS~NS.svc.cluster.local" into
@@ -140,6 +140,7 @@ func (p *publication) intern(i int, s Set) cache.Resources {
 // and closed by Server.nodesMu (closed also under mu).
 type nodeState struct {
 	id      string
+	kind    NodeKind // classified from the node of its first stream
 	streams int
 
 	mu       sync.Mutex
@@ -199,7 +200,7 @@ func (s *Server) refreshLocked(n *nodeState, pub *publication, fromPublication b
 	if n.closed || (n.pub != nil && n.pub.num > pub.num) {
 		return false
 	}
-	res, pod := pub.resourcesFor(n.id)
+	res, pod := pub.resourcesFor(n.id, n.kind)
 	if n.pub == nil && pod == "" {
 		s.log.Info("xds: node id matches no pod, serving round-robin", "node", n.id)
 	}
@@ -298,7 +299,7 @@ func (s *Server) callbacks() gcpserver.Callbacks {
 			s.closeStream(id)
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
-			st := s.openStream(id, req.GetNode().GetId())
+			st := s.openStream(id, req.GetNode())
 			if d := req.GetErrorDetail(); d != nil {
 				i := setIndex(req.GetTypeUrl())
 				if i >= 0 {
@@ -313,14 +314,15 @@ func (s *Server) callbacks() gcpserver.Callbacks {
 
 // openStream returns the stream's state, registering the stream and its node on the first
 // request; a new node gets its snapshot before the request is served.
-func (s *Server) openStream(id int64, nodeID string) *streamState {
+func (s *Server) openStream(id int64, node *core.Node) *streamState {
 	if st, ok := s.streams.Load(id); ok {
 		return st.(*streamState)
 	}
+	nodeID := node.GetId()
 	s.nodesMu.Lock()
 	n, ok := s.nodes[nodeID]
 	if !ok {
-		n = &nodeState{id: nodeID}
+		n = &nodeState{id: nodeID, kind: ClassifyNode(node)}
 		s.nodes[nodeID] = n
 		s.m.nodes.Inc()
 	}
@@ -372,7 +374,7 @@ func (s *Server) onResponse(_ context.Context, id int64, req *discovery.Discover
 // (version_info) is the one the client holds, ACK or NACK; the version an ACK or NACK answers
 // is the one sent with its nonce.
 func (s *Server) onRequest(id int64, req *discovery.DiscoveryRequest) error {
-	st := s.openStream(id, req.GetNode().GetId())
+	st := s.openStream(id, req.GetNode())
 	i := setIndex(req.GetTypeUrl())
 	if i < 0 {
 		return nil

@@ -8,8 +8,11 @@ import (
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	router "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	upstreamhttp "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -108,4 +111,115 @@ func localityEndpoints(loc *core.Locality, eps []*endpoint.LbEndpoint, weight in
 		LoadBalancingWeight: wrapperspb.UInt32(uint32(weight)),
 		Priority:            priority,
 	}
+}
+
+// The builders below are for plain Envoy and Istio nodes (NodeKind Envoy, IstioSidecar).
+
+// Well-known Envoy extension names.
+const (
+	hcmFilterName          = "envoy.filters.network.http_connection_manager"
+	routerFilterName       = "envoy.filters.http.router"
+	httpProtocolOptionsExt = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+)
+
+// Istio's endpoint metadata for a pod that takes Istio mTLS, exactly as istiod's EDS writes it
+// (istio/istio pilot/pkg/networking/util/util.go, AppendLbEndpointMetadata: when the
+// endpoint's TLS mode is set and not "disabled", FilterMetadata[EnvoyTransportSocketMetadataKey
+// = "envoy.transport_socket_match"] = {model.TLSModeLabelShortname = "tlsMode":
+// model.IstioMutualTLSModeLabel = "istio"}, constants in pilot/pkg/model/service.go). Istio's
+// outbound clusters select their mTLS transport socket by it: transport_socket_matches entry
+// "tlsMode-istio" with match {"tlsMode": "istio"} (pilot/pkg/networking/core/cluster_tls.go),
+// which Envoy compares with the endpoint's "envoy.transport_socket_match" metadata; an endpoint
+// without it gets the plaintext default. Istio puts no tlsMode under the "istio" key; its
+// "istio" {"workload": "NAME;NS;CANONICAL;REVISION;CLUSTER"} entry is telemetry only and is
+// left out, because the topology does not know the workload, its labels or the cluster id.
+const (
+	transportSocketMatchKey = "envoy.transport_socket_match"
+	tlsModeKey              = "tlsMode"
+	tlsModeIstio            = "istio"
+)
+
+// istioEndpointMetadata is shared, read-only, by every endpoint of Envoy and Istio nodes.
+var istioEndpointMetadata = &core.Metadata{FilterMetadata: map[string]*structpb.Struct{
+	transportSocketMatchKey: {Fields: map[string]*structpb.Value{tlsModeKey: structpb.NewStringValue(tlsModeIstio)}},
+}}
+
+// istioLbEndpoint is lbEndpoint with Istio's mTLS metadata.
+func istioLbEndpoint(host string, port uint32) *endpoint.LbEndpoint {
+	e := lbEndpoint(host, port)
+	e.Metadata = istioEndpointMetadata
+	return e
+}
+
+func socketAddress(host string, port uint32) *core.Address {
+	return &core.Address{Address: &core.Address_SocketAddress{SocketAddress: &core.SocketAddress{
+		Protocol:      core.SocketAddress_TCP,
+		Address:       host,
+		PortSpecifier: &core.SocketAddress_PortValue{PortValue: port},
+	}}}
+}
+
+// outboundListener is a plain Envoy node's listener for service port port: bound on
+// EnvoyListenerAddress:port, one filter chain with an HTTP connection manager (codec AUTO, so
+// HTTP/1.1 and HTTP/2 — gRPC — both work) that takes RouteConfiguration RouteName(port) from
+// ADS and ends in the router filter.
+func outboundListener(port uint32) *listener.Listener {
+	name := ListenerName(port)
+	m := &hcm.HttpConnectionManager{
+		CodecType:  hcm.HttpConnectionManager_AUTO,
+		StatPrefix: "outbound_" + name,
+		RouteSpecifier: &hcm.HttpConnectionManager_Rds{Rds: &hcm.Rds{
+			ConfigSource: adsSource(), RouteConfigName: RouteName(port),
+		}},
+		HttpFilters: []*hcm.HttpFilter{{
+			Name:       routerFilterName,
+			ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&router.Router{})},
+		}},
+	}
+	if err := m.ValidateAll(); err != nil {
+		panic("xds: generated HttpConnectionManager is invalid: " + err.Error())
+	}
+	return &listener.Listener{
+		Name:             name,
+		Address:          socketAddress(EnvoyListenerAddress, port),
+		TrafficDirection: core.TrafficDirection_OUTBOUND,
+		FilterChains: []*listener.FilterChain{{Filters: []*listener.Filter{{
+			Name:       hcmFilterName,
+			ConfigType: &listener.Filter_TypedConfig{TypedConfig: mustAny(m)},
+		}}}},
+	}
+}
+
+// virtualHost is one service's virtual host in a port's RouteConfiguration: requests whose
+// :authority is one of domains go to cluster. The route has no timeout, as Istio's default
+// (Envoy's own default of 15 s would cut long gRPC streams).
+func virtualHost(name string, domains []string, cluster string) *route.VirtualHost {
+	return &route.VirtualHost{
+		Name:    name,
+		Domains: domains,
+		Routes: []*route.Route{{
+			Match: &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &route.Route_Route{Route: &route.RouteAction{
+				ClusterSpecifier: &route.RouteAction_Cluster{Cluster: cluster},
+				Timeout:          durationpb.New(0),
+			}},
+		}},
+	}
+}
+
+// envoyCluster is edsCluster for a plain Envoy node, which proxies HTTP/1.1 and HTTP/2: the
+// upstream speaks what the downstream spoke (gRPC stays HTTP/2).
+func envoyCluster(name string) *cluster.Cluster {
+	c := edsCluster(name)
+	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{
+		httpProtocolOptionsExt: mustAny(&upstreamhttp.HttpProtocolOptions{
+			UpstreamProtocolOptions: &upstreamhttp.HttpProtocolOptions_UseDownstreamProtocolConfig{
+				UseDownstreamProtocolConfig: &upstreamhttp.HttpProtocolOptions_UseDownstreamHttpConfig{
+					HttpProtocolOptions:  &core.Http1ProtocolOptions{},
+					Http2ProtocolOptions: &core.Http2ProtocolOptions{},
+				},
+			},
+		}),
+	}
+	return c
 }

@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"sort"
 	"strconv"
+	"sync"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -98,14 +99,27 @@ type NodeResources struct {
 }
 
 // Translation is the output of Translate: the resources of every pod of the topology, and the
-// round-robin resources for xDS nodes the topology does not know.
+// round-robin resources for xDS nodes the topology does not know, for every NodeKind.
+//
+// Pods and Default are what proxyless gRPC nodes get; Resources gives any kind's. The Envoy
+// and Istio resources are assembled on first use (most deployments run one kind only), from
+// entries shared with every other node that has the same weights.
 type Translation struct {
 	Encoding Encoding
-	// Pods maps every pod of the topology to its resources. Pods that call nothing share
-	// Default.
+	// Pods maps every pod of the topology to its proxyless gRPC resources. Pods that call
+	// nothing share Default.
 	Pods map[string]*NodeResources
 	// Default serves every servable service round-robin (capacity weights).
 	Default *NodeResources
+	// Skipped says, one line each, what Envoy and Istio nodes do not get and why: a servable
+	// service without ports, or a port that cannot be served. For the caller to log.
+	Skipped []string
+
+	b     *builder
+	plans map[string][]callPlan // per caller pod
+
+	mu    sync.Mutex                          // guards kinds and the services' derived entries after Translate
+	kinds [numKinds]map[string]*NodeResources // per kind, by pod; "" is the kind's default
 }
 
 // Translate turns an allocation of topology t into per-pod xDS resources.
@@ -117,14 +131,17 @@ type Translation struct {
 // Every caller pod gets, for each service it calls, a Listener named after the callee service
 // (gRPC target xds:///SERVICE), its RouteConfiguration, Cluster(s) and ClusterLoadAssignment(s)
 // carrying its weights. Every other *servable* service (all its pods have addresses) is in its
-// snapshot too, round-robin, so a call edge the topology does not know yet still works.
+// snapshot too, round-robin, so a call edge the topology does not know yet still works. That is
+// what proxyless gRPC nodes get; Translation.Resources gives what plain Envoy and Istio nodes
+// get (NodeKind), with the same weights, per service port.
 //
 // Rules (the xds package's "complete topology"): every pod of a service that some call edge
 // targets must have an address "IP:PORT", unique within its service; services nobody calls
 // are served only when all their pods have addresses. A violation wraps ErrIncompleteTopology.
 // An allocation that does not fit t (unknown call, service or pod, a caller pod without routes,
 // fractions that are negative, not finite or do not sum to 1 within FractionTolerance, a
-// duplicate route) wraps ErrInvalidAllocation. Every resource passes its proto's ValidateAll.
+// duplicate route) wraps ErrInvalidAllocation. Every resource passes its proto's ValidateAll,
+// and the plain Envoy resources Envoy's rules too (checkEnvoyNode).
 //
 // Complexity O(Σ callers × callee pods); resources shared by many pods are built and hashed once.
 func Translate(t *optimizer.Topology, a *optimizer.Allocation, enc Encoding) (*Translation, error) {
@@ -173,7 +190,17 @@ func Translate(t *optimizer.Topology, a *optimizer.Allocation, enc Encoding) (*T
 			}
 		}
 	}
-	tr := &Translation{Encoding: enc, Pods: map[string]*NodeResources{}}
+	for _, s := range b.order {
+		if s.servable {
+			if err := b.buildPorts(s); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := b.buildEnvoyShared(); err != nil {
+		return nil, err
+	}
+	tr := &Translation{Encoding: enc, Pods: map[string]*NodeResources{}, Skipped: b.skipped, b: b, plans: plans}
 	if tr.Default, err = b.node(nil); err != nil {
 		return nil, err
 	}
@@ -221,6 +248,7 @@ type pod struct {
 // service holds a service's pods and the resources every caller shares.
 type service struct {
 	name     string
+	src      *optimizer.Service // name, namespace and ports
 	pods     []pod
 	index    map[string]int
 	servable bool
@@ -238,11 +266,12 @@ type service struct {
 	rrWeights []int64
 	sum       [sha256.Size]byte // content of everything above that per-caller resources derive from
 	derived   map[string]entry  // per-caller resources by kind and weights: callers with equal weights share one
+	ports     []servicePort     // Envoy and Istio nodes: one cluster per service port
 }
 
 func newService(s *optimizer.Service, called bool) (*service, error) {
 	svcKey := s.Key()
-	sv := &service{name: svcKey, index: map[string]int{}, servable: len(s.Pods) > 0}
+	sv := &service{name: svcKey, src: s, index: map[string]int{}, servable: len(s.Pods) > 0}
 	seen := map[string]string{}
 	var firstErr error
 	for i := range s.Pods {
@@ -313,6 +342,8 @@ type builder struct {
 	services   map[string]*service
 	order      []*service
 	podService map[string]*service
+	envoy      [EndpointSet]Set // plain Envoy nodes' listeners, routes and clusters: the same for every node
+	skipped    []string
 }
 
 // checkAllocation validates a against the topology and turns every caller's fractions into
@@ -468,13 +499,19 @@ var failoverLocality = &core.Locality{SubZone: FailoverSubZone}
 // locality; gRPC round-robins them). One failover locality instead of one per pod keeps the
 // assignment about as small as a plain endpoint list, which is what every push carries.
 func (b *builder) assignment(s *service, name string, weights []int64) *endpoint.ClusterLoadAssignment {
+	return assignment(name, s.locality, s.lbEps, s.fallback, weights)
+}
+
+// assignment is the ClusterLoadAssignment name of pods with localities locs, endpoints eps
+// and failover endpoints fallback (each indexed by pod), weighted by weights.
+func assignment(name string, locs []*core.Locality, eps [][]*endpoint.LbEndpoint, fallback []*endpoint.LbEndpoint, weights []int64) *endpoint.ClusterLoadAssignment {
 	cla := &endpoint.ClusterLoadAssignment{ClusterName: name}
 	var failover []*endpoint.LbEndpoint
 	for i, w := range weights {
 		if w > 0 {
-			cla.Endpoints = append(cla.Endpoints, localityEndpoints(s.locality[i], s.lbEps[i], w, 0))
+			cla.Endpoints = append(cla.Endpoints, localityEndpoints(locs[i], eps[i], w, 0))
 		} else {
-			failover = append(failover, s.fallback[i])
+			failover = append(failover, fallback[i])
 		}
 	}
 	if len(failover) > 0 {
@@ -595,6 +632,12 @@ func newEntry(name string, r types.Resource) (entry, error) {
 // the same weights share one resource (memory, validation). It is validated like every other
 // resource.
 func derivedEntry(s *service, kind string, build func() types.Resource, weights []int64) (entry, error) {
+	return s.derive(&s.sum, s.name, kind, build, weights, true)
+}
+
+// derive is derivedEntry for a resource named name whose shared content hashes to base. It
+// validates the resource only when validate is set (see Translation.Resources).
+func (s *service) derive(base *[sha256.Size]byte, name, kind string, build func() types.Resource, weights []int64, validate bool) (entry, error) {
 	key := make([]byte, 0, len(kind)+8*len(weights))
 	key = append(key, kind...)
 	for _, w := range weights {
@@ -604,13 +647,15 @@ func derivedEntry(s *service, kind string, build func() types.Resource, weights 
 		return e, nil
 	}
 	r := build()
-	if err := r.(validator).ValidateAll(); err != nil {
-		return entry{}, fmt.Errorf("xds: generated %s %q is invalid: %w", kind, s.name, err)
+	if validate {
+		if err := r.(validator).ValidateAll(); err != nil {
+			return entry{}, fmt.Errorf("xds: generated %s %q is invalid: %w", kind, name, err)
+		}
 	}
 	h := sha256.New()
-	h.Write(s.sum[:])
+	h.Write(base[:])
 	h.Write(key)
-	e := entry{name: s.name, res: r}
+	e := entry{name: name, res: r}
 	h.Sum(e.sum[:0])
 	if s.derived == nil {
 		s.derived = map[string]entry{}

@@ -56,6 +56,8 @@ func newServeCommand() *cobra.Command {
 		Long: "serve computes the allocation of a topology file and serves it over xDS (ADS, LDS, RDS, CDS, EDS), one\n" +
 			"snapshot per caller pod: a proxyless gRPC client with node id POD dials xds:///SERVICE; an Istio sidecar\n" +
 			"id sidecar~IP~POD.NS~… is matched by pod name, else IP; any other id gets round-robin weights.\n" +
+			"Istio sidecars get EDS only, under Istio's cluster names; nodes with user_agent_name envoy get socket\n" +
+			"listeners on 127.0.0.1:PORT per service port, RDS, CDS and EDS (both need the services' ports).\n" +
 			"Every pod of a called service needs an address (IP:PORT) in the file.\n\n" +
 			"The file is polled for changes and re-read on SIGHUP; each change is solved and pushed (debounced) to\n" +
 			"the clients whose weights changed. A changed file that is invalid is logged and the last good topology\n" +
