@@ -152,7 +152,7 @@ func (s *Server) ClaimedIdentity(nodeID string) (id PodIdentity, pod string, ok 
 	if pub == nil {
 		return PodIdentity{}, "", false
 	}
-	_, pod = pub.resourcesFor(nodeID)
+	_, pod = pub.resourcesFor(nodeID, ProxylessGRPC) // the pod only; proxyless resources are prebuilt
 	if pod == "" {
 		return PodIdentity{}, "", false
 	}
