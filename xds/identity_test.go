@@ -140,8 +140,8 @@ func startTLSServer(t *testing.T, files TLSFiles) (*Server, string) {
 	return srv, lis.Addr().String()
 }
 
-// askListeners opens an ADS stream over TLS as nodeID and asks for the listener api.shop. It
-// returns the response or the stream's error.
+// askListeners opens an ADS stream over TLS as nodeID and asks for the listener api.shop (an
+// Istio sidecar: its assignment). It returns the response or the stream's error.
 func askListeners(t *testing.T, addr string, cfg *tls.Config, nodeID string) (*discovery.DiscoveryResponse, error) {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
@@ -155,7 +155,11 @@ func askListeners(t *testing.T, addr string, cfg *tls.Config, nodeID string) (*d
 	if err != nil {
 		return nil, err
 	}
-	if err := st.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: nodeID}, TypeUrl: typeURLs[ListenerSet], ResourceNames: []string{"api.shop"}}); err != nil {
+	typ := typeURLs[ListenerSet]
+	if strings.HasPrefix(nodeID, "sidecar~") {
+		typ = typeURLs[EndpointSet] // an Istio sidecar takes only EDS from edgeflow
+	}
+	if err := st.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: nodeID}, TypeUrl: typ, ResourceNames: []string{"api.shop"}}); err != nil {
 		return nil, err
 	}
 	return st.Recv()
@@ -211,7 +215,7 @@ func TestMutualTLSIdentity(t *testing.T) {
 				t.Fatalf("%s: code %v (%v), want %v", tc.node, got, err, tc.want)
 			}
 			if tc.want == codes.OK && len(resp.GetResources()) != 1 {
-				t.Errorf("%s: %d listeners, want the one asked for", tc.node, len(resp.GetResources()))
+				t.Errorf("%s: %d resources, want the one asked for", tc.node, len(resp.GetResources()))
 			}
 			if tc.want == codes.PermissionDenied && !strings.Contains(err.Error(), "/ns/shop/sa/web") {
 				t.Errorf("refusal %q does not name the identity the pod runs as", err)
