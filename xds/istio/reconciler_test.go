@@ -21,8 +21,12 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/xds"
 )
+
+// A Reconciler plugs into the watchers' seam, next to the xDS server.
+var _ watcher.Listener = (*Reconciler)(nil)
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
