@@ -57,6 +57,11 @@ const (
 	DefaultNamespace = "istio-system"
 	// DefaultConnectTimeout is the edgeflow-xds cluster's connect timeout when Config has none.
 	DefaultConnectTimeout = time.Second
+	// EDSInitialFetchTimeout bounds how long a sidecar waits for edgeflow's first answer for a
+	// managed cluster. istiod's own EDS config waits forever ("0s"), which would hold a starting
+	// sidecar's clusters, and so its readiness, for as long as edgeflow is unreachable; after
+	// this timeout the cluster starts without endpoints and takes them when edgeflow answers.
+	EDSInitialFetchTimeout = 15 * time.Second
 	// BootstrapOverrideKey is the ConfigMap key Istio's injector mounts for the
 	// sidecar.istio.io/bootstrapOverride annotation.
 	BootstrapOverrideKey = "custom_bootstrap.json"
@@ -243,10 +248,11 @@ func XDSCluster(cfg Config) *clusterv3.Cluster {
 }
 
 // EDSConfig is the EDS config source of a managed cluster: edgeflow's xDS server over gRPC
-// through the edgeflow-xds cluster, xDS v3.
+// through the edgeflow-xds cluster, xDS v3, EDSInitialFetchTimeout.
 func EDSConfig() *corev3.ConfigSource {
 	return &corev3.ConfigSource{
-		ResourceApiVersion: corev3.ApiVersion_V3,
+		ResourceApiVersion:  corev3.ApiVersion_V3,
+		InitialFetchTimeout: durationpb.New(EDSInitialFetchTimeout),
 		ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
 			ApiType:             corev3.ApiConfigSource_GRPC,
 			TransportApiVersion: corev3.ApiVersion_V3,
