@@ -7,7 +7,9 @@ require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/google/go-cmp v0.7.0
 	google.golang.org/protobuf v1.36.12
+	istio.io/client-go v1.32.0
 	istio.io/istio v0.0.0-20260827124520-eed52ebb66ad
+	k8s.io/apimachinery v0.37.2
 )
 
 require (
@@ -135,10 +137,8 @@ require (
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	istio.io/api v1.32.0 // indirect
-	istio.io/client-go v1.32.0 // indirect
 	k8s.io/api v0.37.2 // indirect
 	k8s.io/apiextensions-apiserver v0.36.1 // indirect
-	k8s.io/apimachinery v0.37.2 // indirect
 	k8s.io/apiserver v0.36.1 // indirect
 	k8s.io/client-go v0.37.2 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
