@@ -2,15 +2,6 @@
 // edgeflow instead of istiod. EnvoyFilters generates the EnvoyFilters that point the EDS of
 // those services' outbound clusters at edgeflow's xDS server; Reconciler keeps them in a cluster
 // through Istio's client-go. Istio keeps everything else (listeners, routes, mTLS).
-//
-// One constraint of Envoy itself shapes the deployment: Envoy accepts an api_config_source only
-// on a cluster its bootstrap defines statically (ClusterManagerImpl's primary clusters, checked
-// by SubscriptionFactoryImpl::subscriptionFromConfigSource: "must have a statically defined
-// non-EDS cluster: … does not exist, was added via api, or is an EDS cluster"). The edgeflow-xds
-// cluster that the filters ADD over CDS is accepted by istiod and sent to the sidecar, but a real
-// Envoy then rejects each managed cluster whose EDS names it. For real sidecars set
-// Config.BootstrapCluster and give the pods the cluster through their bootstrap
-// (BootstrapOverride, the sidecar.istio.io/bootstrapOverride annotation).
 package istio
 
 import (
@@ -83,8 +74,16 @@ type Config struct {
 	// ConnectTimeout of the edgeflow-xds cluster; 0 means DefaultConnectTimeout.
 	ConnectTimeout time.Duration
 	// BootstrapCluster says the sidecars define the edgeflow-xds cluster in their bootstrap
-	// (BootstrapOverride), so the filters do not ADD it over CDS. Real Envoy needs this (see
-	// the package doc); without it the filters are complete but only istiod accepts them.
+	// (BootstrapOverride through the sidecar.istio.io/bootstrapOverride annotation), so the
+	// filters do not ADD it over CDS.
+	//
+	// Real Envoy needs this: it accepts an api_config_source only on a cluster its bootstrap
+	// defines (SubscriptionFactoryImpl::subscriptionFromConfigSource checks the cluster
+	// manager's primary clusters, which are the bootstrap's static non-EDS clusters: "must have
+	// a statically defined non-EDS cluster: … does not exist, was added via api, or is an EDS
+	// cluster"). istiod accepts and sends an edgeflow-xds cluster ADDed over CDS, but by Envoy's
+	// source a sidecar would then reject each managed cluster naming it. (Read from Envoy's
+	// source; no Envoy binary was run.)
 	BootstrapCluster bool
 }
 
