@@ -58,9 +58,8 @@ type ReconcilerConfig struct {
 // them all. Update and Run are safe to call concurrently; Reconcile and Uninstall must not run
 // while Run does.
 type Reconciler struct {
-	cfg    ReconcilerConfig
-	filter Config
-	log    *slog.Logger
+	cfg ReconcilerConfig
+	log *slog.Logger
 
 	mu       sync.Mutex
 	services []optimizer.Service
@@ -94,15 +93,14 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		cfg.Logger = slog.Default()
 	}
 	return &Reconciler{
-		cfg:    cfg,
-		filter: cfg.Filters,
-		log:    cfg.Logger.With("component", "istio-envoyfilters"),
-		wake:   make(chan struct{}, 1),
+		cfg:  cfg,
+		log:  cfg.Logger.With("component", "istio-envoyfilters"),
+		wake: make(chan struct{}, 1),
 	}, nil
 }
 
 // Update records t's services as the managed set and wakes Run. It never blocks; the latest
-// topology wins. t must not be modified afterwards.
+// topology wins. t must not be nil, nor modified afterwards.
 func (r *Reconciler) Update(t *optimizer.Topology) {
 	r.mu.Lock()
 	r.services = t.Services
@@ -169,16 +167,16 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // past a failing filter and returns every failure, each naming its filter. The edgeflow-xds
 // cluster's filter is written before, and deleted after, the filters that use it.
 func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service) error {
-	api := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.filter.namespace())
+	api := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace())
 	list, err := api.List(ctx, metav1.ListOptions{LabelSelector: ManagedByLabel + "=" + ManagedByValue})
 	if err != nil {
-		return fmt.Errorf("xds/istio: list EnvoyFilters in %s: %w", r.filter.namespace(), err)
+		return fmt.Errorf("xds/istio: list EnvoyFilters in %s: %w", r.cfg.Filters.namespace(), err)
 	}
 	have := make(map[string]*clientnetworking.EnvoyFilter, len(list.Items))
 	for _, f := range list.Items {
 		have[f.Name] = f
 	}
-	want := EnvoyFilters(r.filter, services)
+	want := EnvoyFilters(r.cfg.Filters, services)
 	slices.SortStableFunc(want, clusterFilterFirst)
 
 	var errs []error
@@ -191,14 +189,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 			if apierrors.IsAlreadyExists(err) {
 				err = fmt.Errorf("exists without label %s=%s; not touching it: %w", ManagedByLabel, ManagedByValue, err)
 			}
-			r.logChange(err, "created", f)
+			r.logWrite(err, "created", f)
 		case !proto.Equal(&old.Spec, &f.Spec):
 			// Keep what others put on the object; replace the spec.
 			f.ResourceVersion = old.ResourceVersion
 			f.Labels = mergeMaps(old.Labels, f.Labels)
 			f.Annotations = old.Annotations
 			_, err = api.Update(ctx, f, metav1.UpdateOptions{})
-			r.logChange(err, "updated", f)
+			r.logWrite(err, "updated", f)
 		default:
 			err = nil
 		}
@@ -213,10 +211,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 // Uninstall deletes every EnvoyFilter edgeflow owns in Filters.Namespace, so sidecars take
 // their endpoints from istiod again. Call it after Run has returned.
 func (r *Reconciler) Uninstall(ctx context.Context) error {
-	api := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.filter.namespace())
+	api := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace())
 	list, err := api.List(ctx, metav1.ListOptions{LabelSelector: ManagedByLabel + "=" + ManagedByValue})
 	if err != nil {
-		return fmt.Errorf("xds/istio: list EnvoyFilters in %s: %w", r.filter.namespace(), err)
+		return fmt.Errorf("xds/istio: list EnvoyFilters in %s: %w", r.cfg.Filters.namespace(), err)
 	}
 	return errors.Join(r.deleteAll(ctx, list.Items)...)
 }
@@ -224,7 +222,7 @@ func (r *Reconciler) Uninstall(ctx context.Context) error {
 // deleteAll deletes filters, the edgeflow-xds cluster's last; one already gone is no error.
 func (r *Reconciler) deleteAll(ctx context.Context, filters []*clientnetworking.EnvoyFilter) []error {
 	slices.SortFunc(filters, func(a, b *clientnetworking.EnvoyFilter) int { return -clusterFilterFirst(a, b) })
-	api := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.filter.namespace())
+	api := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace())
 	var errs []error
 	for _, f := range filters {
 		var opts metav1.DeleteOptions
@@ -236,7 +234,7 @@ func (r *Reconciler) deleteAll(ctx context.Context, filters []*clientnetworking.
 		if apierrors.IsNotFound(err) {
 			continue
 		}
-		r.logChange(err, "deleted", f)
+		r.logWrite(err, "deleted", f)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("xds/istio: delete EnvoyFilter %s/%s: %w", f.Namespace, f.Name, err))
 		}
@@ -244,7 +242,8 @@ func (r *Reconciler) deleteAll(ctx context.Context, filters []*clientnetworking.
 	return errs
 }
 
-func (r *Reconciler) logChange(err error, what string, f *clientnetworking.EnvoyFilter) {
+// logWrite logs a write that succeeded (failures are returned).
+func (r *Reconciler) logWrite(err error, what string, f *clientnetworking.EnvoyFilter) {
 	if err == nil {
 		r.log.Info("EnvoyFilter "+what, "namespace", f.Namespace, "name", f.Name)
 	}
