@@ -165,7 +165,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // Reconcile makes one pass: it lists the filters edgeflow owns and creates, updates (only when
 // the spec changed) and deletes so that they equal EnvoyFilters(Filters, services). It goes on
 // past a failing filter and returns every failure, each naming its filter. The edgeflow-xds
-// cluster's filter is written before, and deleted after, the filters that use it.
+// cluster's filter is written before, and deleted after, the filters that use it. A pass costs
+// one List and one write per filter that changes.
 func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service) error {
 	api := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace())
 	list, err := api.List(ctx, metav1.ListOptions{LabelSelector: ManagedByLabel + "=" + ManagedByValue})
