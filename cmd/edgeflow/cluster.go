@@ -19,6 +19,8 @@ import (
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
+	"github.com/edgeflow/edgeflow/xds/istio"
+	"istio.io/client-go/pkg/clientset/versioned"
 )
 
 // clusterFlags are the flags that read the topology from a live cluster instead of a file.
@@ -39,6 +41,41 @@ type clusterFlags struct {
 	hystRel      float64
 	hystMS       float64
 	hystRPS      float64
+
+	istio istioFlags
+}
+
+// istioFlags configure the EnvoyFilters edgeflow manages in an Istio mesh (serve, uninstall).
+type istioFlags struct {
+	xdsAddress       string
+	namespace        string
+	bootstrapCluster bool
+}
+
+func (f *istioFlags) register(cmd *cobra.Command, withAddress bool) {
+	fl := cmd.Flags()
+	if withAddress {
+		fl.StringVar(&f.xdsAddress, "istio-xds-address", "", "Istio mode: manage EnvoyFilters that make sidecars take the managed services' EDS from edgeflow at this HOST:PORT (e.g. edgeflow.edgeflow.svc.cluster.local:18000)")
+		fl.BoolVar(&f.bootstrapCluster, "istio-bootstrap-cluster", false, "Istio mode: the edgeflow-xds cluster comes from the sidecars' bootstrap (sidecar.istio.io/bootstrapOverride), not from an EnvoyFilter")
+	}
+	fl.StringVar(&f.namespace, "istio-namespace", istio.DefaultNamespace, "namespace of the EnvoyFilters (Istio's root namespace applies them to every sidecar)")
+}
+
+func (f *istioFlags) config() istio.Config {
+	return istio.Config{Namespace: f.namespace, XDSAddress: f.xdsAddress, BootstrapCluster: f.bootstrapCluster}
+}
+
+// istioClient is the istio client-go clientset for the cluster of the flags.
+func (f *clusterFlags) istioClient() (versioned.Interface, error) {
+	cfg, err := f.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	c, err := versioned.NewForConfig(cfg)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("kubeconfig: %w", err)}
+	}
+	return c, nil
 }
 
 func (f *clusterFlags) register(cmd *cobra.Command) {

@@ -27,6 +27,7 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/xds"
+	"github.com/edgeflow/edgeflow/xds/istio"
 )
 
 func init() { subcommands = append(subcommands, newServeCommand) }
@@ -70,6 +71,7 @@ func newServeCommand() *cobra.Command {
 		},
 	}
 	f.register(cmd)
+	f.istio.register(cmd, true)
 	fl := cmd.Flags()
 	fl.StringVar(&f.xdsAddress, "xds-address", "", "HOST:PORT the xDS server listens on (port 0 picks one; the address is logged)")
 	fl.StringVar(&f.metricsAddress, "metrics-address", "", "HOST:PORT for /metrics, /healthz and /readyz (empty: not served)")
@@ -132,6 +134,19 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			return err
 		}
 		source = cluster
+	}
+	var reconciler *istio.Reconciler
+	if f.istio.xdsAddress != "" {
+		if cluster == nil {
+			return badInput("--istio-xds-address needs the cluster flags (--kubeconfig or in-cluster), not -f")
+		}
+		ic, err := f.istioClient()
+		if err != nil {
+			return err
+		}
+		if reconciler, err = istio.NewReconciler(istio.ReconcilerConfig{Filters: f.istio.config(), Client: ic, Logger: logger}); err != nil {
+			return usageError{err}
+		}
 	}
 	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts,
 		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Logger: logger, Registerer: reg})
@@ -203,7 +218,12 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}()
 	}
 	start("xDS push loop", func() error { return srv.Run(ctx) })
-	start("topology source", func() error { return source.Run(ctx, srv) })
+	var listener watcher.Listener = srv
+	if reconciler != nil {
+		listener = fanout{srv, reconciler}
+		start("Istio EnvoyFilters", func() error { return reconciler.Run(ctx) })
+	}
+	start("topology source", func() error { return source.Run(ctx, listener) })
 	start("xDS server", func() error {
 		if err := g.Serve(xdsLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return err
@@ -273,6 +293,15 @@ func shutdown(g *grpc.Server, httpSrv *http.Server, logger *slog.Logger) {
 	case <-time.After(grace):
 		g.Stop()
 		<-done
+	}
+}
+
+// fanout hands every topology to several listeners.
+type fanout []watcher.Listener
+
+func (f fanout) Update(t *optimizer.Topology) {
+	for _, l := range f {
+		l.Update(t)
 	}
 }
 
