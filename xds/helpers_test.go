@@ -297,3 +297,13 @@ func weights(t testing.TB, r *discovery.DiscoveryResponse) string {
 	sort.Strings(parts)
 	return strings.Join(parts, "")
 }
+
+// subscribeAt asks for names of typeURL saying the client holds version (as a client that
+// reconnects does).
+func (c *adsClient) subscribeAt(typeURL, version string, names ...string) {
+	c.t.Helper()
+	c.names[typeURL] = names
+	if err := c.stream.Send(&discovery.DiscoveryRequest{Node: c.node, TypeUrl: typeURL, ResourceNames: names, VersionInfo: version}); err != nil {
+		c.t.Fatal(err)
+	}
+}
