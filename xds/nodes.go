@@ -155,14 +155,14 @@ type nodeState struct {
 	// relabeled marks a set kept after a NACK under the version its client named (no
 	// fallback existed): not interned, not remembered.
 	relabeled [numSets]bool
-	snap      *cache.Snapshot           // the snapshot last set
-	writes    [numSets]uint64           // sets written so far, per type
-	history   [numSets][historyLen]past // the last sets written, newest first
-	acked     [numSets]Set              // the set a stream of the node last ACKed, per type
-	rejected  [numSets]string           // the version last NACKed, per type: never set again
-	live      []*streamState            // streams that sent a request, in arrival order
-	deltas    int                       // how many of live are delta streams
-	awaitPub  *publication              // the publication waiting for this node's answers
+	snap      *cache.Snapshot // the snapshot last set
+	writes    [numSets]uint64 // sets written so far, per type
+	history   [numSets][]past // sets written, oldest first (see rememberLocked)
+	acked     [numSets]Set    // the set a stream of the node last ACKed, per type
+	rejected  [numSets]string // the version last NACKed, per type: never set again
+	live      []*streamState  // streams that sent a request, in arrival order
+	deltas    int             // how many of live are delta streams
+	awaitPub  *publication    // the publication waiting for this node's answers
 }
 
 // past is a set the node was given, with its write number.
@@ -171,11 +171,18 @@ type past struct {
 	seq uint64
 }
 
-// historyLen is how many past versions per type a node remembers, so that an ACK or NACK
-// naming a version that a newer push already replaced still finds that version's resources.
-const historyLen = 4
+// historyLen is how many past sets per type a node remembers at least, so that an ACK or
+// NACK naming a version that a newer push already replaced still finds that version's
+// resources; maxHistory is how many it remembers at most, when a stream that does not answer
+// holds sets back.
+const (
+	historyLen = 4
+	maxHistory = 64
+)
 
-// rememberLocked records the sets just written. n.mu is held.
+// rememberLocked records the sets just written, keeping the last historyLen per type and every
+// later one that may still be sent to a stream (written since its last request or response).
+// n.mu is held.
 func (n *nodeState) rememberLocked(before [numSets]Set) {
 	for i, set := range n.sets {
 		if set.Version == before[i].Version {
@@ -185,8 +192,21 @@ func (n *nodeState) rememberLocked(before [numSets]Set) {
 		if n.relabeled[i] {
 			continue
 		}
-		copy(n.history[i][1:], n.history[i][:historyLen-1])
-		n.history[i][0] = past{set: set, seq: n.writes[i]}
+		h := append(n.history[i], past{set: set, seq: n.writes[i]})
+		oldest := n.writes[i]
+		for _, st := range n.live {
+			if st.sub[i].started {
+				oldest = min(oldest, st.since[i])
+			}
+		}
+		drop := 0
+		for drop < len(h)-historyLen && (h[drop].seq < oldest || len(h)-drop > maxHistory) {
+			drop++
+		}
+		if drop > 0 {
+			h = append(h[:0], h[drop:]...)
+		}
+		n.history[i] = h
 	}
 }
 
@@ -198,23 +218,30 @@ func (n *nodeState) lookup(i int, version string) (Set, bool) {
 	if n.sets[i].Version == version {
 		return n.sets[i], true
 	}
-	for _, p := range n.history[i] {
-		if p.set.Version == version {
+	for j := len(n.history[i]) - 1; j >= 0; j-- {
+		if p := n.history[i][j]; p.set.Version == version {
 			return p.set, true
 		}
 	}
 	return Set{}, false
 }
 
-// seqOf returns the write number of the set of type i with the given version (the latest
-// write when it is not remembered).
-func (n *nodeState) seqOf(i int, version string) uint64 {
-	for _, p := range n.history[i] {
-		if p.set.Version == version && p.set.Version != "" {
-			return p.seq
+// find is lookup that also knows the sets sent to st.
+func (n *nodeState) find(st *streamState, i int, version string) (Set, bool) {
+	switch {
+	case version == "":
+		return Set{}, true
+	case st.sent[i].Version == version:
+		return st.sent[i], true
+	case st.acked[i].Version == version:
+		return st.acked[i], true
+	}
+	for _, p := range st.pending {
+		if p.typ == i && p.set.Version == version {
+			return p.set, true
 		}
 	}
-	return n.writes[i]
+	return n.lookup(i, version)
 }
 
 // streamKey tells SOTW and delta streams apart: go-control-plane numbers each kind from 1.
@@ -233,9 +260,11 @@ type streamState struct {
 	// acked is what the client holds, as far as the server knows: for SOTW the set its
 	// latest request names (version_info), for delta the set of the last response it ACKed.
 	acked [numSets]Set
-	// respSeq is the write number of the set the last response of each type carried: sets
-	// written after it may still reach the client.
-	respSeq [numSets]uint64
+	// since is, per type, the write number from which sets may still reach the client: after
+	// a response the cache sends nothing of that type until the next request, which it
+	// answers from the set current then or a later one; so a set written before the set
+	// current at the stream's last request, or before its last response, is never sent.
+	since [numSets]uint64
 	// awaiting is the version of each type the stream must answer before the node's
 	// publication converges ("" = none).
 	awaiting [numSets]string
@@ -598,9 +627,9 @@ func (s *Server) onResponse(key streamKey, resp *discovery.DiscoveryResponse) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	st.nonce[i] = resp.GetNonce()
-	st.sent[i], _ = n.lookup(i, resp.GetVersionInfo())
+	st.sent[i], _ = n.find(st, i, resp.GetVersionInfo())
 	st.answered[i] = false
-	st.respSeq[i] = n.seqOf(i, resp.GetVersionInfo())
+	st.since[i] = n.writes[i] + 1
 }
 
 // onRequest registers new streams and handles SOTW ACKs and NACKs. The version a request names
@@ -616,11 +645,16 @@ func (s *Server) onRequest(key streamKey, req *discovery.DiscoveryRequest) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	st.sub[i].setSOTW(req.GetResourceNames())
-	held, known := n.lookup(i, req.GetVersionInfo())
+	held, known := n.find(st, i, req.GetVersionInfo())
 	if known {
 		st.acked[i] = held
 	}
 	nonce := req.GetResponseNonce()
+	if st.nonce[i] == "" || nonce == st.nonce[i] {
+		// Not stale: the cache drops the type's old watch (and a response queued on it) and
+		// answers from the set current then: this one or a later one.
+		st.since[i] = n.writes[i]
+	}
 	if nonce != "" && nonce == st.nonce[i] {
 		if known {
 			n.acked[i] = held
@@ -653,14 +687,14 @@ func (s *Server) onDeltaResponse(key streamKey, resp *discovery.DeltaDiscoveryRe
 	n := st.node
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	set, _ := n.lookup(i, resp.GetSystemVersionInfo())
+	set, _ := n.find(st, i, resp.GetSystemVersionInfo())
 	sent := deltaSent{typ: i, set: set, removed: resp.GetRemovedResources()}
 	for _, r := range resp.GetResources() {
 		sent.names = append(sent.names, r.GetName())
 		sent.resources = append(sent.resources, heldResource{version: r.GetVersion(), res: setItem(set, r.GetName())})
 	}
 	st.pending[nonce] = sent
-	st.respSeq[i] = n.seqOf(i, resp.GetSystemVersionInfo())
+	st.since[i] = n.writes[i] + 1
 }
 
 // onDeltaRequest handles a delta stream's subscriptions, ACKs and NACKs. Delta has no
@@ -682,6 +716,9 @@ func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequ
 	defer n.mu.Unlock()
 	first := !st.sub[i].started
 	st.sub[i].updateDelta(req.GetResourceNamesSubscribe(), req.GetResourceNamesUnsubscribe())
+	// Responses queued before this request were sent before it was handed over; the cache
+	// answers it from the set current then: this one or a later one.
+	st.since[i] = n.writes[i]
 	if st.held[i] == nil {
 		st.held[i] = map[string]heldResource{}
 	}
@@ -825,8 +862,8 @@ func (n *nodeState) fallback(i int, version string) (Set, string) {
 	if a := n.acked[i]; a.Version != "" && a.Version != version && len(a.Items) > 0 {
 		return a, "acked"
 	}
-	for _, p := range n.history[i] {
-		if p.set.Version != "" && p.set.Version != version && len(p.set.Items) > 0 {
+	for j := len(n.history[i]) - 1; j >= 0; j-- {
+		if p := n.history[i][j]; p.set.Version != "" && p.set.Version != version && len(p.set.Items) > 0 {
 			return p.set, "previous"
 		}
 	}

@@ -6,6 +6,8 @@ package xds
 
 import (
 	"context"
+	"fmt"
+	"math/rand"
 	"sort"
 	"strings"
 	"testing"
@@ -182,6 +184,33 @@ func (w *rawWire) until(t *testing.T, what string, cond func() bool) []func() {
 	return acks
 }
 
+// waitSubscribed waits until the node's streams have asked for every type, so that a
+// publication finds the subscriptions in place (a client cannot be kept from routes naming
+// clusters before it even asks for clusters).
+func waitSubscribed(t *testing.T, h *harness, id string) {
+	t.Helper()
+	eventually(t, 5*time.Second, "all four types subscribed", func() bool {
+		h.srv.nodesMu.Lock()
+		n := h.srv.nodes[id]
+		h.srv.nodesMu.Unlock()
+		if n == nil {
+			return false
+		}
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		for i := range numSets {
+			subscribed := false
+			for _, st := range n.live {
+				subscribed = subscribed || st.sub[i].started
+			}
+			if !subscribed {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 func cachedNames(t testing.TB, h *harness, id, typeURL string) map[string]bool {
 	t.Helper()
 	snap, err := h.srv.cacheFor(id).GetSnapshot(id)
@@ -204,7 +233,7 @@ func TestMakeBeforeBreak(t *testing.T) {
 			h := startServer(t, Config{Policy: optimizer.Localization, Encoding: EncodingWeightedClusters, DebounceQuiet: -1})
 			top := two(5)
 			w := openWire(t, h.addr, "x-0", tc.delta)
-			eventually(t, 5*time.Second, "node registered", func() bool { return counter(t, h.srv.m.nodes) == 1 })
+			waitSubscribed(t, h, "x-0")
 			h.srv.Update(top)
 			w.pump(t, h, 1)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -266,4 +295,107 @@ func TestMakeBeforeBreak(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMakeBeforeBreakRandom: random topologies (y's pods a random subset, random latencies)
+// published while a raw client takes its responses and ACKs some at once and holds others back,
+// so publications keep arriving mid-way through a node's steps. After every response the client
+// holds no route naming what it lacks; at the end it holds exactly the last publication's
+// resources.
+func TestMakeBeforeBreakRandom(t *testing.T) {
+	pool := []optimizer.Pod{
+		{Name: "y-0", Node: "n2", Address: "127.0.0.1:2001"}, {Name: "y-1", Node: "n3", Address: "127.0.0.1:2002"},
+		{Name: "y-2", Node: "n1", Address: "127.0.0.1:2003"}, {Name: "y-3", Node: "n4", Address: "127.0.0.1:2004"},
+	}
+	for _, tc := range []struct {
+		name  string
+		delta bool
+	}{{"sotw", false}, {"delta", true}} {
+		for seed := range int64(randomSeeds) {
+			t.Run(fmt.Sprint(tc.name, "/seed=", seed), func(t *testing.T) { makeBeforeBreakRandom(t, tc.delta, pool, seed) })
+		}
+	}
+}
+
+// randomSeeds is how many random sequences TestMakeBeforeBreakRandom runs per protocol.
+const randomSeeds = 10
+
+func makeBeforeBreakRandom(t *testing.T, delta bool, pool []optimizer.Pod, seed int64) {
+	r := rand.New(rand.NewSource(seed))
+	random := func() *optimizer.Topology {
+		top := two(float64(1 + r.Intn(20)))
+		top.Services[1].Pods = nil
+		for len(top.Services[1].Pods) == 0 {
+			for _, p := range pool {
+				if r.Intn(2) == 0 {
+					top.Services[1].Pods = append(top.Services[1].Pods, p)
+				}
+			}
+		}
+		return top
+	}
+	h := startServer(t, Config{Policy: optimizer.Localization, Encoding: EncodingWeightedClusters, DebounceQuiet: -1})
+	w := openWire(t, h.addr, "x-0", delta)
+	waitSubscribed(t, h, "x-0")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	last := two(5)
+	h.srv.Update(last)
+	pub := uint64(1)
+	var held []func() // ACKs held back, sent in order
+	for range 300 {
+		switch r.Intn(5) {
+		case 0:
+			if pub == 40 {
+				continue
+			}
+			last = random()
+			h.srv.Update(last)
+			pub++
+			if err := h.srv.WaitPublished(ctx, pub); err != nil {
+				t.Fatal(err)
+			}
+		case 1:
+			for _, ack := range held {
+				ack()
+			}
+			held = nil
+		default:
+			ack, _, ok := w.poll(false)
+			if !ok {
+				time.Sleep(time.Millisecond)
+				continue
+			}
+			if b := w.m.broken(); len(b) > 0 {
+				t.Fatalf("publication %d: the client holds routes naming what it lacks: %s", pub, strings.Join(b, ", "))
+			}
+			if len(held) == 0 && r.Intn(2) == 0 {
+				ack()
+			} else {
+				held = append(held, ack)
+			}
+		}
+	}
+	for _, ack := range held {
+		ack()
+	}
+	w.pump(t, h, pub)
+	tr, err := Translate(last, plan(t, last, optimizer.Localization), EncodingWeightedClusters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, set := range tr.Pods["x-0"].Sets {
+		var want, got []string
+		for _, res := range set.Items {
+			want = append(want, resourceName(res))
+		}
+		for name := range w.m.res[i] {
+			got = append(got, name)
+		}
+		sort.Strings(got)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: the client holds %v, the last publication has %v", typeLabels[i], got, want)
+		}
+	}
+	t.Logf("%d publications, %v intermediate snapshots", pub, counter(t, h.srv.m.steps))
 }

@@ -72,14 +72,24 @@ func (s *Server) nextLocked(n *nodeState) [numSets]Set {
 }
 
 // holdsNamedLocked reports whether every stream of n that takes clusters (endpoints) holds
-// the clusters (their endpoints) that want's listeners and routes name. n.mu is held.
+// the clusters (their endpoints) that want's listeners and routes name, and keeps them: every
+// set of that type still on its way to the client has them too. n.mu is held.
 func (s *Server) holdsNamedLocked(n *nodeState, want *[numSets]Set) bool {
-	// Quick answer: every such stream holds exactly want's clusters and endpoints.
+	// Quick answer: every such stream holds want's clusters and endpoints, and nothing else
+	// is on its way to it.
 	quick := true
 	for _, st := range n.live {
 		for _, i := range []int{ClusterSet, EndpointSet} {
-			if st.sub[i].started && (st.key.delta || st.acked[i].Version != want[i].Version) {
+			if !st.sub[i].started {
+				continue
+			}
+			if st.key.delta || st.acked[i].Version != want[i].Version {
 				quick = false
+			}
+			for _, set := range n.onTheWay(st, i) {
+				if set.Version != want[i].Version {
+					quick = false
+				}
 			}
 		}
 	}
@@ -104,37 +114,68 @@ func (s *Server) holdsNamedLocked(n *nodeState, want *[numSets]Set) bool {
 		}
 	}
 	for _, st := range n.live {
-		if st.sub[ClusterSet].started && !st.holds(ClusterSet, clusters) {
+		if st.sub[ClusterSet].started && !n.holds(st, ClusterSet, clusters) {
 			return false
 		}
-		if st.sub[EndpointSet].started && !st.holds(EndpointSet, eds) {
+		if st.sub[EndpointSet].started && !n.holds(st, EndpointSet, eds) {
 			return false
 		}
 	}
 	return true
 }
 
-// holds reports whether the stream's client holds every named resource of type i: a SOTW
-// client when the version its requests name includes them (a SOTW response carries the whole
-// set's version, requested names or not), a delta client when it ACKed each one it subscribes
-// to (a delta stream gets only what it subscribes to).
-func (st *streamState) holds(i int, names []string) bool {
+// holds reports whether st's client holds every named resource of type i and will keep it:
+// a SOTW client when the version its requests name includes them (a SOTW response carries
+// the whole set's version, requested names or not), a delta client when it ACKed each one it
+// subscribes to (a delta stream gets only what it subscribes to); and in either case every
+// set of type i on its way to the client has them. n.mu is held.
+func (n *nodeState) holds(st *streamState, i int, names []string) bool {
+	coming := n.onTheWay(st, i)
 	for _, name := range names {
 		if st.key.delta {
-			if _, ok := st.held[i][name]; !ok && st.sub[i].has(name) {
+			if !st.sub[i].has(name) {
+				continue
+			}
+			if _, ok := st.held[i][name]; !ok {
 				return false
 			}
 		} else if setItem(st.acked[i], name) == nil {
 			return false
 		}
+		for _, set := range coming {
+			if setItem(set, name) == nil {
+				return false
+			}
+		}
 	}
 	return true
 }
 
+// onTheWay returns the sets of type i that may still reach st's client: its response not
+// answered yet (SOTW) or not ACKed yet (delta), the sets written since its last request or
+// response (one may be queued), and the cache's. n.mu is held.
+func (n *nodeState) onTheWay(st *streamState, i int) []Set {
+	var out []Set
+	if st.key.delta {
+		for _, p := range st.pending {
+			if p.typ == i {
+				out = append(out, p.set)
+			}
+		}
+	} else if st.nonce[i] != "" && !st.answered[i] {
+		out = append(out, st.sent[i])
+	}
+	for _, p := range n.history[i] {
+		if p.seq >= st.since[i] && p.seq != n.writes[i] { // the cache's set is added below
+			out = append(out, p.set)
+		}
+	}
+	return append(out, n.sets[i])
+}
+
 // namedLocked returns the clusters named by next's listeners and routes and by every listener
-// and route the node's clients may hold or still receive: the cache's, each stream's ACKed
-// ones, the responses not answered yet, and the sets written since the stream's last response
-// (within what each stream subscribes to). n.mu is held.
+// and route the node's clients may hold or still receive: each stream's ACKed ones and those
+// on their way (within what each stream subscribes to), and the cache's. n.mu is held.
 func (s *Server) namedLocked(n *nodeState, next *[numSets]Set) map[string]bool {
 	named := map[string]bool{}
 	add := func(set Set, sub *subscription) {
@@ -158,23 +199,11 @@ func (s *Server) namedLocked(n *nodeState, next *[numSets]Set) map[string]bool {
 						s.addRefs(n.pub, h.res, named)
 					}
 				}
-				for _, p := range st.pending {
-					for _, h := range p.resources {
-						if p.typ == i && h.res != nil {
-							s.addRefs(n.pub, h.res, named)
-						}
-					}
-				}
 			} else {
 				add(st.acked[i], sub)
-				if st.nonce[i] != "" && !st.answered[i] {
-					add(st.sent[i], sub)
-				}
 			}
-			for _, p := range n.history[i] {
-				if p.seq > st.respSeq[i] {
-					add(p.set, sub)
-				}
+			for _, set := range n.onTheWay(st, i) {
+				add(set, sub)
 			}
 		}
 	}
