@@ -399,3 +399,95 @@ func makeBeforeBreakRandom(t *testing.T, delta bool, pool []optimizer.Pod, seed 
 	}
 	t.Logf("%d publications, %v intermediate snapshots", pub, counter(t, h.srv.m.steps))
 }
+
+// TestNACKMidSteps: a client that rejects a step keeps what it had, and the steps never break
+// it: a rejected new cluster is never named by a route, and a rejected route keeps the
+// clusters it names.
+func TestNACKMidSteps(t *testing.T) {
+	h := startServer(t, Config{Policy: optimizer.Localization, Encoding: EncodingWeightedClusters, DebounceQuiet: -1})
+	c := dialADS(t, h.addr, "x-0")
+	for _, typ := range allTypes {
+		c.subscribe(typ)
+	}
+	waitSubscribed(t, h, "x-0")
+	acked := map[string]*discovery.DiscoveryResponse{} // by type: the last response the client took
+	settle := func(pub uint64) {
+		t.Helper()
+		eventually(t, 10*time.Second, fmt.Sprint("publication ", pub, " converged"), func() bool {
+			for r := c.pendingOne(); r != nil; r = c.pendingOne() {
+				acked[r.GetTypeUrl()] = r
+				c.ack(r)
+			}
+			return h.srv.converged.Load() >= pub
+		})
+	}
+	cached := func(typ string) string {
+		_, v := cachedCount(t, h, "x-0", typ)
+		return v
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	top := two(5)
+	h.srv.Update(top)
+	settle(1)
+
+	// y-2 arrives; the client rejects the cluster set that brings it.
+	grown := top.Clone()
+	grown.Services[1].Pods = append(grown.Services[1].Pods, optimizer.Pod{Name: "y-2", Node: "n1", Address: "127.0.0.1:2003"})
+	rds := cached(resource.RouteType)
+	h.srv.Update(grown)
+	for {
+		r := c.next()
+		if r.GetTypeUrl() != resource.ClusterType {
+			acked[r.GetTypeUrl()] = r
+			c.ack(r)
+			continue
+		}
+		c.nack(r, acked[resource.ClusterType].GetVersionInfo())
+		break
+	}
+	settle(2)
+	if got := cached(resource.RouteType); got != rds {
+		t.Error("the route naming y/y-2 was set although the client rejected y/y-2's cluster")
+	}
+	if got := cached(resource.ClusterType); got != acked[resource.ClusterType].GetVersionInfo() {
+		t.Errorf("after the NACK the cache holds CDS %s, want the ACKed %s", got, acked[resource.ClusterType].GetVersionInfo())
+	}
+
+	// y-0 leaves (and y-2 with it); the client rejects the route without y/y-0.
+	shrunk := top.Clone()
+	shrunk.Services[1].Pods = shrunk.Services[1].Pods[1:]
+	h.srv.Update(shrunk)
+	for {
+		r := c.next()
+		if r.GetTypeUrl() != resource.RouteType {
+			acked[r.GetTypeUrl()] = r
+			c.ack(r)
+			continue
+		}
+		c.nack(r, acked[resource.RouteType].GetVersionInfo())
+		break
+	}
+	settle(3)
+	if got := cached(resource.RouteType); got != acked[resource.RouteType].GetVersionInfo() {
+		t.Errorf("after the NACK the cache holds RDS %s, want the ACKed %s", got, acked[resource.RouteType].GetVersionInfo())
+	}
+	if !cachedNames(t, h, "x-0", resource.ClusterType)["y/y-0"] {
+		t.Error("y/y-0's cluster left although the client kept the route naming it")
+	}
+
+	// A later publication goes through as usual.
+	final := top.Clone()
+	final.Services[1].Pods = []optimizer.Pod{{Name: "y-3", Node: "n4", Address: "127.0.0.1:2004"}}
+	h.srv.Update(final)
+	if err := h.srv.WaitPublished(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	settle(4)
+	if got := cachedNames(t, h, "x-0", resource.ClusterType); len(got) != 3 || !got["y/y-3"] {
+		t.Errorf("after the last publication the cache holds clusters %v, want v/v-0, v/v-1, y/y-3", got)
+	}
+	if got := counter(t, h.srv.m.fallbacks.WithLabelValues("acked")); got != 2 {
+		t.Errorf("fallbacks{to=acked} = %v, want 2", got)
+	}
+}

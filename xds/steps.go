@@ -73,17 +73,18 @@ func (s *Server) nextLocked(n *nodeState) [numSets]Set {
 
 // holdsNamedLocked reports whether every stream of n that takes clusters (endpoints) holds
 // the clusters (their endpoints) that want's listeners and routes name, and keeps them: every
-// set of that type still on its way to the client has them too. n.mu is held.
+// set of that type still on its way to the client has them too. A cluster the client rejected
+// is not held: the routes naming it wait for a publication that does without it. n.mu is held.
 func (s *Server) holdsNamedLocked(n *nodeState, want *[numSets]Set) bool {
-	// Quick answer: every such stream holds want's clusters and endpoints, and nothing else
-	// is on its way to it.
+	// Quick answer: every such stream holds the target's clusters and endpoints (which have
+	// all the routes name), and nothing else is on its way to it.
 	quick := true
 	for _, st := range n.live {
 		for _, i := range []int{ClusterSet, EndpointSet} {
 			if !st.sub[i].started {
 				continue
 			}
-			if st.key.delta || st.acked[i].Version != want[i].Version {
+			if st.key.delta || st.acked[i].Version != want[i].Version || want[i].Version != n.target[i].Version {
 				quick = false
 			}
 			for _, set := range n.onTheWay(st, i) {
@@ -104,12 +105,12 @@ func (s *Server) holdsNamedLocked(n *nodeState, want *[numSets]Set) bool {
 	}
 	var clusters, eds []string
 	for name := range named {
-		c := setItem(want[ClusterSet], name)
+		c := setItem(n.target[ClusterSet], name)
 		if c == nil {
 			continue // not ours to send: waiting for it would wait forever
 		}
 		clusters = append(clusters, name)
-		if e := edsName(c); e != "" && setItem(want[EndpointSet], e) != nil {
+		if e := edsName(c); e != "" && setItem(n.target[EndpointSet], e) != nil {
 			eds = append(eds, e)
 		}
 	}
