@@ -318,6 +318,18 @@ func (s *subscription) setSOTW(names []string) {
 		}
 		s.legacy = false
 	}
+	if !s.wildcard && len(names) == len(s.names) {
+		same := true // an ACK repeats the names: no map per request
+		for _, r := range names {
+			if !s.names[r] {
+				same = false
+				break
+			}
+		}
+		if same {
+			return
+		}
+	}
 	s.wildcard = false
 	s.names = make(map[string]bool, len(names))
 	for _, r := range names {
