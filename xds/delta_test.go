@@ -5,8 +5,12 @@ import (
 	"testing"
 	"time"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/edgeflow/edgeflow/optimizer"
@@ -88,4 +92,79 @@ func TestDeltaACKAndNACK(t *testing.T) {
 	if r := c.pendingOne(); r != nil {
 		t.Errorf("the client was sent %q for a change to resources it does not subscribe to", deltaWeights(t, r))
 	}
+}
+
+// TestPerTypeStreams: the per-type services (EDS here, SOTW and delta) send no type_url after
+// the stream's first request, or none at all; their ACKs are tracked all the same.
+func TestPerTypeStreams(t *testing.T) {
+	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
+	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	eds := endpointservice.NewEndpointDiscoveryServiceClient(conn)
+	sotw, err := eds.StreamEndpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delta, err := eds.DeltaEndpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sotw.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "x-0"}, ResourceNames: []string{"y"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := delta.Send(&discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: "x-1"}, ResourceNamesSubscribe: []string{"y"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "both nodes registered", func() bool { return counter(t, h.srv.m.nodes) == 2 })
+	round := func(pub uint64) {
+		t.Helper()
+		r, err := sotw.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := delta.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.srv.WaitPublished(ctx, pub); err != nil {
+			t.Fatal(err)
+		}
+		if err := sotw.Send(&discovery.DiscoveryRequest{ResourceNames: []string{"y"}, VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 5*time.Second, "the SOTW ACK handled", func() bool { return !awaits(h, "x-0") })
+		if h.srv.converged.Load() >= pub {
+			t.Fatalf("publication %d converged before the delta stream ACKed", pub)
+		}
+		if err := delta.Send(&discovery.DeltaDiscoveryRequest{ResponseNonce: d.GetNonce()}); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.srv.WaitConverged(ctx, pub); err != nil {
+			t.Fatalf("publication %d: %v", pub, err)
+		}
+	}
+	h.srv.Update(two(5))
+	round(1)
+	grown := two(5) // y-2 joins: both nodes' assignments of y change
+	grown.Services[1].Pods = append(grown.Services[1].Pods, optimizer.Pod{Name: "y-2", Node: "n1", Address: "127.0.0.1:2003"})
+	h.srv.Update(grown)
+	round(2)
+}
+
+// awaits reports whether the server still waits for an answer from a stream of the node.
+func awaits(h *harness, id string) bool {
+	h.srv.nodesMu.Lock()
+	n := h.srv.nodes[id]
+	h.srv.nodesMu.Unlock()
+	if n == nil {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.waiting()
 }
