@@ -379,21 +379,6 @@ func (c *deltaClient) next() *discovery.DeltaDiscoveryResponse {
 	return nil
 }
 
-func (c *deltaClient) pending() []*discovery.DeltaDiscoveryResponse {
-	var out []*discovery.DeltaDiscoveryResponse
-	for {
-		select {
-		case r, ok := <-c.resp:
-			if !ok {
-				return out
-			}
-			out = append(out, r)
-		default:
-			return out
-		}
-	}
-}
-
 func (c *deltaClient) ack(r *discovery.DeltaDiscoveryResponse) {
 	c.t.Helper()
 	c.send(&discovery.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()})
