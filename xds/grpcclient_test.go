@@ -538,16 +538,16 @@ func TestRealClientsServerRestart(t *testing.T) {
 	checkSplit(t, "after restart c-0→echo", measure(t, clients["c-0"], splitRPCs), planned(t, alloc, top, "c-0", "echo"))
 }
 
-// podRemovalRuns is how many times TestPodRemovalNeverFailsRPCs removes a pod, alternating the
-// encodings.
+// podRemovalRuns is how many times TestPodRemovalNeverFailsRPCs removes a pod in each
+// encoding (the encodings alternate run by run).
 const podRemovalRuns = 50
 
 // podRemovalConcurrency is how many RPCs each client keeps in flight during a removal.
 const podRemovalConcurrency = 4
 
 // TestPodRemovalNeverFailsRPCs removes a callee pod while real grpc-go xDS clients send RPCs
-// back to back, podRemovalRuns times (fresh server and clients each run, the encodings
-// alternating, a different pod each time): not one RPC may fail. In the weighted-clusters
+// back to back, podRemovalRuns times per encoding (fresh server and clients each run, the
+// encodings alternating, a different pod each time): not one RPC may fail. In the weighted-clusters
 // encoding the removed pod's cluster must outlive every route that names it (make before
 // break); in the locality encoding only its endpoints change.
 func TestPodRemovalNeverFailsRPCs(t *testing.T) {
@@ -560,7 +560,7 @@ func TestPodRemovalNeverFailsRPCs(t *testing.T) {
 	encodings := []Encoding{EncodingLocality, EncodingWeightedClusters}
 	var total, failed [2]int
 	var took [2]time.Duration
-	for run := range podRemovalRuns {
+	for run := range 2 * podRemovalRuns {
 		e := run % 2
 		gone := (run / 2) % 4 // the echo pod that leaves
 		t0 := time.Now()
@@ -628,7 +628,7 @@ func TestPodRemovalNeverFailsRPCs(t *testing.T) {
 		took[e] += time.Since(t0)
 	}
 	for e, enc := range encodings {
-		runs := podRemovalRuns / 2
+		runs := podRemovalRuns
 		t.Logf("%s: %d runs, %d of %d probe RPCs failed, %v per run", enc, runs, failed[e], total[e], (took[e] / time.Duration(runs)).Round(time.Millisecond))
 	}
 }
