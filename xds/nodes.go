@@ -180,6 +180,9 @@ const (
 	maxHistory = 64
 )
 
+// maxPending is how many unanswered responses a delta stream remembers.
+const maxPending = 16
+
 // rememberLocked records the sets just written, keeping the last historyLen per type and every
 // later one that may still be sent to a stream (written since its last request or response).
 // n.mu is held.
@@ -210,12 +213,13 @@ func (n *nodeState) rememberLocked(before [numSets]Set) {
 	}
 }
 
-// lookup returns the set of type i with the given version that the node was given.
+// lookup returns the set of type i with the given version that the node was given. A set
+// kept under a client's own version is not found: what that client holds is unknown.
 func (n *nodeState) lookup(i int, version string) (Set, bool) {
 	if version == "" {
 		return Set{}, true
 	}
-	if n.sets[i].Version == version {
+	if n.sets[i].Version == version && !n.relabeled[i] {
 		return n.sets[i], true
 	}
 	for j := len(n.history[i]) - 1; j >= 0; j-- {
@@ -706,6 +710,13 @@ func (s *Server) onDeltaResponse(key streamKey, resp *discovery.DeltaDiscoveryRe
 		sent.resources = append(sent.resources, heldResource{version: r.GetVersion(), res: setItem(set, r.GetName())})
 	}
 	st.pending[nonce] = sent
+	if len(st.pending) > maxPending { // a client that never answers: forget the oldest
+		oldest := nonce
+		for k := range st.pending {
+			oldest = min(oldest, k)
+		}
+		delete(st.pending, oldest)
+	}
 	st.since[i] = n.writes[i] + 1
 }
 
