@@ -551,7 +551,7 @@ func BenchmarkNodeState(b *testing.B) {
 				}
 				mem0 := heapInUse()
 				for i := 0; i < n; i++ {
-					srv.openStream(int64(i+1), &core.Node{Id: fmt.Sprintf("caller-%d", i)})
+					srv.openStream(streamKey{id: int64(i + 1)}, &core.Node{Id: fmt.Sprintf("caller-%d", i)})
 				}
 				srv.Update(top)
 				srv.publish()

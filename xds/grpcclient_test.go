@@ -83,8 +83,17 @@ func startBackends(t testing.TB, pods ...string) map[string]*backend {
 	return out
 }
 
-// xdsConn dials xds:///target with its own xDS client whose node id is nodeID.
+// xdsConn dials xds:///target with its own xDS client whose node id is nodeID; closed at
+// cleanup.
 func xdsConn(t testing.TB, controlPlane, nodeID, target string) testgrpc.TestServiceClient {
+	t.Helper()
+	c, cc := dialXDS(t, controlPlane, nodeID, target)
+	t.Cleanup(func() { cc.Close() })
+	return c
+}
+
+// dialXDS is xdsConn for a caller that closes the connection itself.
+func dialXDS(t testing.TB, controlPlane, nodeID, target string) (testgrpc.TestServiceClient, *grpc.ClientConn) {
 	t.Helper()
 	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
 		"node": {"id": %q, "locality": {"zone": "test"}}}`, controlPlane, nodeID)
@@ -96,8 +105,7 @@ func xdsConn(t testing.TB, controlPlane, nodeID, target string) testgrpc.TestSer
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cc.Close() })
-	return testgrpc.NewTestServiceClient(cc)
+	return testgrpc.NewTestServiceClient(cc), cc
 }
 
 // realTopology: callers c-0…c-2 call echo (4 pods) and aux (2 pods) on a 4-node line.
@@ -364,10 +372,9 @@ func liveUpdate(t *testing.T, enc Encoding) {
 	// step runs probes on every caller while the topology changes to next, waits until every
 	// pushed client ACKed, and returns the change-to-new-split delay: from Update to the last
 	// RPC start that a caller still routed by its old weights to a pod its new plan excludes.
-	// mayFail says whether RPCs may fail during the change: removing a pod in the
-	// weighted-clusters encoding deletes its cluster, and grpc-go fails (or, WaitForReady,
-	// holds until their deadline) the RPCs its previous route had already sent there.
-	step := func(label string, next *optimizer.Topology, pub uint64, verifySplit, mayFail bool) {
+	// No RPC may fail during the change (make before break: a removed pod's cluster leaves only
+	// once the clients ACKed the routes that no longer name it).
+	step := func(label string, next *optimizer.Topology, pub uint64, verifySplit bool) {
 		t.Helper()
 		old := h.srv.Allocation()
 		acc0 := accepts()
@@ -393,6 +400,8 @@ func liveUpdate(t *testing.T, enc Encoding) {
 		probing("probes running", func(n int, _ time.Time) bool { return n >= 20 })
 		t0 := time.Now()
 		h.srv.Update(next)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
 		if err := h.srv.WaitConverged(ctx, pub); err != nil {
 			t.Fatal(err)
 		}
@@ -402,11 +411,7 @@ func liveUpdate(t *testing.T, enc Encoding) {
 		wg.Wait()
 		for _, c := range callers {
 			if f := probes[c].failed; len(f) > 0 {
-				if mayFail {
-					t.Logf("%s %s: %s: %d of %d probe RPCs failed during the change, first %s", enc, label, c, len(f), len(f)+len(probes[c].recs), f[0])
-				} else {
-					t.Errorf("%s %s: %s: %d probe RPCs failed during the change, first %s", enc, label, c, len(f), f[0])
-				}
+				t.Errorf("%s %s: %s: %d of %d probe RPCs failed during the change, first %s", enc, label, c, len(f), len(f)+len(probes[c].recs), f[0])
 			}
 		}
 		alloc := h.srv.Allocation()
@@ -457,12 +462,12 @@ func liveUpdate(t *testing.T, enc Encoding) {
 			slow.Latency[i].MS = 30
 		}
 	}
-	step("latency n1–n2 2→30 ms", slow, 2, true, false)
+	step("latency n1–n2 2→30 ms", slow, 2, true)
 
 	// 2. A pod removed: e-0 leaves; it receives nothing once the clients ACKed.
 	removed := top.Clone()
 	removed.Services[1].Pods = removed.Services[1].Pods[1:]
-	step("pod e-0 removed", removed, 3, false, enc == EncodingWeightedClusters)
+	step("pod e-0 removed", removed, 3, false)
 	before := bs["e-0"].served.Load()
 	for _, c := range callers {
 		measure(t, clients[c], 3000)
@@ -531,4 +536,99 @@ func TestRealClientsServerRestart(t *testing.T) {
 	t.Logf("versions before and after the restart: %v", after)
 	alloc := h2.srv.Allocation()
 	checkSplit(t, "after restart c-0→echo", measure(t, clients["c-0"], splitRPCs), planned(t, alloc, top, "c-0", "echo"))
+}
+
+// podRemovalRuns is how many times TestPodRemovalNeverFailsRPCs removes a pod in each
+// encoding (the encodings alternate run by run).
+const podRemovalRuns = 50
+
+// podRemovalConcurrency is how many RPCs each client keeps in flight during a removal.
+const podRemovalConcurrency = 4
+
+// TestPodRemovalNeverFailsRPCs removes a callee pod while real grpc-go xDS clients send RPCs
+// back to back, podRemovalRuns times per encoding (fresh server and clients each run, the
+// encodings alternating, a different pod each time): not one RPC may fail. In the weighted-clusters
+// encoding the removed pod's cluster must outlive every route that names it (make before
+// break); in the locality encoding only its endpoints change.
+func TestPodRemovalNeverFailsRPCs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real xDS clients")
+	}
+	bs := startBackends(t, realPods...)
+	full := realTopology(bs)
+	callers := []string{"c-0", "c-1", "c-2"}
+	encodings := []Encoding{EncodingLocality, EncodingWeightedClusters}
+	var total, failed [2]int
+	var took [2]time.Duration
+	for run := range 2 * podRemovalRuns {
+		e := run % 2
+		gone := (run / 2) % 4 // the echo pod that leaves
+		t0 := time.Now()
+		func() {
+			h := startServer(t, Config{Encoding: encodings[e], DebounceQuiet: -1})
+			defer h.stop()
+			h.srv.Update(full)
+			clients := map[string]testgrpc.TestServiceClient{}
+			for _, c := range callers {
+				client, cc := dialXDS(t, h.addr, c, "echo")
+				defer cc.Close()
+				clients[c] = client
+				if _, err := call(client); err != nil {
+					t.Fatalf("run %d: %s: first RPC: %v", run, c, err)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := h.srv.WaitConverged(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			probes := map[string]*probe{}
+			for _, c := range callers {
+				probes[c] = &probe{}
+				for range podRemovalConcurrency {
+					wg.Add(1)
+					go probes[c].run(clients[c], stop, &wg)
+				}
+			}
+			defer func() { close(stop); wg.Wait() }()
+			running := func(min int, after time.Time) func() bool {
+				return func() bool {
+					for _, p := range probes {
+						if n, last := p.progress(); n < min || !last.After(after) {
+							return false
+						}
+					}
+					return true
+				}
+			}
+			eventually(t, 10*time.Second, "probes running", running(5, t0))
+			removed := full.Clone()
+			removed.Services[1].Pods = append(removed.Services[1].Pods[:gone:gone], removed.Services[1].Pods[gone+1:]...)
+			h.srv.Update(removed)
+			if err := h.srv.WaitConverged(ctx, 2); err != nil {
+				t.Fatal(err)
+			}
+			// Every client has applied the last step; RPCs picked before it have finished.
+			eventually(t, 10*time.Second, "probes past the last ACK", running(0, time.Now().Add(20*time.Millisecond)))
+			close(stop)
+			wg.Wait()
+			stop = make(chan struct{}) // for the deferred close
+			for _, c := range callers {
+				p := probes[c]
+				total[e] += len(p.recs) + len(p.failed)
+				if len(p.failed) > 0 {
+					failed[e] += len(p.failed)
+					t.Errorf("run %d (%s, %s removed): %s: %d of %d RPCs failed, first %s", run, encodings[e],
+						full.Services[1].Pods[gone].Name, c, len(p.failed), len(p.recs)+len(p.failed), p.failed[0])
+				}
+			}
+		}()
+		took[e] += time.Since(t0)
+	}
+	for e, enc := range encodings {
+		runs := podRemovalRuns
+		t.Logf("%s: %d runs, %d of %d probe RPCs failed, %v per run", enc, runs, failed[e], total[e], (took[e] / time.Duration(runs)).Round(time.Millisecond))
+	}
 }

@@ -297,3 +297,115 @@ func weights(t testing.TB, r *discovery.DiscoveryResponse) string {
 	sort.Strings(parts)
 	return strings.Join(parts, "")
 }
+
+// subscribeAt asks for names of typeURL saying the client holds version (as a client that
+// reconnects does).
+func (c *adsClient) subscribeAt(typeURL, version string, names ...string) {
+	c.t.Helper()
+	c.names[typeURL] = names
+	if err := c.stream.Send(&discovery.DiscoveryRequest{Node: c.node, TypeUrl: typeURL, ResourceNames: names, VersionInfo: version}); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// deltaClient is a raw delta ADS stream (DeltaAggregatedResources).
+type deltaClient struct {
+	t      testing.TB
+	node   *core.Node
+	stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
+	resp   chan *discovery.DeltaDiscoveryResponse
+	sent   bool // the node went out with the first request
+}
+
+func dialDelta(t testing.TB, addr, nodeID string) *deltaClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &deltaClient{t: t, node: &core.Node{Id: nodeID}, stream: st, resp: make(chan *discovery.DeltaDiscoveryResponse, 100)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(c.resp)
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				return
+			}
+			c.resp <- r
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		conn.Close()
+		<-done
+	})
+	return c
+}
+
+func (c *deltaClient) send(req *discovery.DeltaDiscoveryRequest) {
+	c.t.Helper()
+	if !c.sent {
+		req.Node, c.sent = c.node, true
+	}
+	if err := c.stream.Send(req); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// subscribe subscribes to names of typeURL (none: the legacy wildcard).
+func (c *deltaClient) subscribe(typeURL string, names ...string) {
+	c.t.Helper()
+	c.send(&discovery.DeltaDiscoveryRequest{TypeUrl: typeURL, ResourceNamesSubscribe: names})
+}
+
+func (c *deltaClient) next() *discovery.DeltaDiscoveryResponse {
+	c.t.Helper()
+	select {
+	case r, ok := <-c.resp:
+		if !ok {
+			c.t.Fatal("delta stream ended")
+		}
+		return r
+	case <-time.After(10 * time.Second):
+		c.t.Fatal("no delta response within 10s")
+	}
+	return nil
+}
+
+func (c *deltaClient) ack(r *discovery.DeltaDiscoveryResponse) {
+	c.t.Helper()
+	c.send(&discovery.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()})
+}
+
+func (c *deltaClient) nack(r *discovery.DeltaDiscoveryResponse) {
+	c.t.Helper()
+	c.send(&discovery.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce(),
+		ErrorDetail: &statuspb.Status{Code: 3, Message: "test rejects it"}})
+}
+
+// pendingOne returns the next response if one has arrived, else nil.
+func (c *adsClient) pendingOne() *discovery.DiscoveryResponse {
+	select {
+	case r := <-c.resp:
+		return r
+	default:
+		return nil
+	}
+}
+
+// pendingOne returns the next response if one has arrived, else nil.
+func (c *deltaClient) pendingOne() *discovery.DeltaDiscoveryResponse {
+	select {
+	case r := <-c.resp:
+		return r
+	default:
+		return nil
+	}
+}

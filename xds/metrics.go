@@ -16,6 +16,8 @@ type metrics struct {
 	rejected      prometheus.Counter
 	pushes        *prometheus.CounterVec
 	nacks         *prometheus.CounterVec
+	fallbacks     *prometheus.CounterVec
+	steps         prometheus.Counter
 	solve         prometheus.Histogram
 	translate     prometheus.Histogram
 	push          prometheus.Histogram
@@ -55,6 +57,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "edgeflow_xds_nacks_total",
 			Help: "Responses rejected by clients (requests with error_detail), by xDS type.",
 		}, []string{"type"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgeflow_xds_nack_fallbacks_total",
+			Help: "What a node was set back to after a NACK: acked (its last ACKed set), previous (the set before the rejected one), kept (the cache's set, nothing earlier exists; kept-relabeled: under the version the client holds).",
+		}, []string{"to"}),
+		steps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgeflow_xds_intermediate_snapshots_total",
+			Help: "Snapshots set on a node's way to its publication's resources, for make before break: new clusters before the routes that name them, old clusters kept until no route names them.",
+		}),
 		solve: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "edgeflow_xds_solve_duration_seconds",
 			Help:    "Time to compute the allocation of a topology (validate + solve).",
@@ -85,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.connected, m.nodes, m.streamsOpened, m.publications, m.rejected,
-		m.pushes, m.nacks, m.solve, m.translate, m.push, m.convergence} {
+		m.pushes, m.nacks, m.fallbacks, m.steps, m.solve, m.translate, m.push, m.convergence} {
 		errs = append(errs, reg.Register(c))
 	}
 	if err := errors.Join(errs...); err != nil {

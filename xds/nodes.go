@@ -3,6 +3,7 @@ package xds
 import (
 	"context"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,10 +51,12 @@ type publication struct {
 	tr       *Translation
 	byIP     map[string]string // address host → pod name; "" when several pods share the host
 	changeAt time.Time
-	pending  atomic.Int64 // answers still expected (+1 while nodes are being visited)
+	pending  atomic.Int64 // nodes still expected to answer (+1 while nodes are being visited)
 
 	internMu sync.Mutex
 	interned map[string]cache.Resources // by set index and version
+
+	refs sync.Map // types.Resource (a Listener) → []string, the clusters it names
 }
 
 func newPublication(num uint64, t *optimizer.Topology, a *optimizer.Allocation, tr *Translation, changeAt time.Time) *publication {
@@ -136,66 +139,244 @@ func (p *publication) intern(i int, s Set) cache.Resources {
 	return r
 }
 
-// nodeState is one xDS node id with open streams. Fields below mu are guarded by mu; streams
-// and closed by Server.nodesMu (closed also under mu).
+// nodeState is one xDS node id with open streams: where its publication wants it (target),
+// what the cache holds for it (sets), and what its streams hold. Fields below mu are guarded
+// by mu; streams by Server.nodesMu.
 type nodeState struct {
 	id      string
 	kind    NodeKind // classified from the node of its first stream
 	streams int
 
-	mu       sync.Mutex
-	closed   bool
-	pub      *publication             // the publication sets were built from
-	pod      string                   // the pod the id resolved to ("" = round-robin default)
-	sets     [numSets]Set             // what the cache holds for the node
-	history  [numSets][historyLen]Set // the last sets written, newest first, to resolve versions clients name
-	acked    [numSets]Set             // the version the node last said it holds, per type
-	rejected [numSets]string
-	awaiting [numSets]string // versions of awaitPub not yet answered
-	awaitPub *publication
-	// subscribed records the types the node has asked for over SOTW: only those get
-	// answers, so only those are awaited (a sidecar that takes only EDS never ACKs CDS).
-	subscribed [numSets]bool
+	mu     sync.Mutex
+	closed bool
+	pub    *publication // the publication target was built from
+	pod    string       // the pod the id resolved to ("" = round-robin default)
+	target [numSets]Set // the publication's sets for the node: where its steps lead
+	sets   [numSets]Set // what the cache holds for the node
+	// relabeled marks a set kept after a NACK under the version its client named (no
+	// fallback existed): not interned, not remembered.
+	relabeled [numSets]bool
+	snap      *cache.Snapshot // the snapshot last set
+	writes    [numSets]uint64 // sets written so far, per type
+	history   [numSets][]past // sets written, oldest first (see rememberLocked)
+	acked     [numSets]Set    // the set a stream of the node last ACKed, per type
+	rejected  [numSets]string // the version last NACKed, per type: never set again
+	live      []*streamState  // streams that sent a request, in arrival order
+	deltas    int             // how many of live are delta streams
+	awaitPub  *publication    // the publication waiting for this node's answers
 }
 
-// historyLen is how many past versions per type a node remembers, so that an ACK or NACK
-// naming a version that a newer push already replaced still finds that version's resources.
-const historyLen = 4
+// past is a set the node was given, with its write number.
+type past struct {
+	set Set
+	seq uint64
+}
 
-// remember records the sets just written.
-func (n *nodeState) remember() {
+// historyLen is how many past sets per type a node remembers at least, so that an ACK or
+// NACK naming a version that a newer push already replaced still finds that version's
+// resources; maxHistory is how many it remembers at most, when a stream that does not answer
+// holds sets back.
+const (
+	historyLen = 4
+	maxHistory = 64
+)
+
+// maxPending is how many unanswered responses a delta stream remembers.
+const maxPending = 16
+
+// rememberLocked records the sets just written, keeping the last historyLen per type and every
+// later one that may still be sent to a stream (written since its last request or response).
+// n.mu is held.
+func (n *nodeState) rememberLocked(before [numSets]Set) {
 	for i, set := range n.sets {
-		if set.Version == n.history[i][0].Version {
+		if set.Version == before[i].Version {
 			continue
 		}
-		copy(n.history[i][1:], n.history[i][:historyLen-1])
-		n.history[i][0] = set
+		n.writes[i]++
+		if n.relabeled[i] {
+			continue
+		}
+		h := append(n.history[i], past{set: set, seq: n.writes[i]})
+		oldest := n.writes[i]
+		for _, st := range n.live {
+			if st.sub[i].started {
+				oldest = min(oldest, st.since[i])
+			}
+		}
+		drop := 0
+		for drop < len(h)-historyLen && (h[drop].seq < oldest || len(h)-drop > maxHistory) {
+			drop++
+		}
+		if drop > 0 {
+			h = append(h[:0], h[drop:]...)
+		}
+		n.history[i] = h
 	}
 }
 
-// lookup returns the remembered set of type i with the given version.
+// lookup returns the set of type i with the given version that the node was given. A set
+// kept under a client's own version is not found: what that client holds is unknown.
 func (n *nodeState) lookup(i int, version string) (Set, bool) {
 	if version == "" {
 		return Set{}, true
 	}
-	for _, s := range n.history[i] {
-		if s.Version == version {
-			return s, true
+	if n.sets[i].Version == version && !n.relabeled[i] {
+		return n.sets[i], true
+	}
+	for j := len(n.history[i]) - 1; j >= 0; j-- {
+		if p := n.history[i][j]; p.set.Version == version {
+			return p.set, true
 		}
 	}
 	return Set{}, false
 }
 
-// streamState is one xDS stream. Its fields are used only by the stream's goroutine.
-type streamState struct {
-	node   *nodeState
-	nonce  [numSets]string // last response nonce per type
-	sentAt [numSets]string // version of that response
+// find is lookup that also knows the sets sent to st.
+func (n *nodeState) find(st *streamState, i int, version string) (Set, bool) {
+	switch {
+	case version == "":
+		return Set{}, true
+	case st.sent[i].Version == version:
+		return st.sent[i], true
+	case st.acked[i].Version == version:
+		return st.acked[i], true
+	}
+	for _, p := range st.pending {
+		if p.typ == i && p.set.Version == version {
+			return p.set, true
+		}
+	}
+	return n.lookup(i, version)
 }
 
-// refreshLocked brings n's snapshot up to pub, pushing only if a version changed. When
-// fromPublication, changed types are counted as pushes and awaited for convergence. n.mu is
-// held. It reports whether the snapshot changed.
+// streamKey tells SOTW and delta streams apart: go-control-plane numbers each kind from 1.
+type streamKey struct {
+	delta bool
+	id    int64
+}
+
+// streamState is one xDS stream: what it subscribed to, what its client holds, what it was
+// sent and has not answered. Fields are guarded by node.mu.
+type streamState struct {
+	node *nodeState
+	key  streamKey
+
+	sub [numSets]subscription
+	// acked is what the client holds, as far as the server knows: for SOTW the set its
+	// latest request names (version_info), for delta the set of the last response it ACKed.
+	acked [numSets]Set
+	// since is, per type, the write number from which sets may still reach the client: after
+	// a response the cache sends nothing of that type until the next request, which it
+	// answers from the set current then or a later one; so a set written before the set
+	// current at the stream's last request, or before its last response, is never sent.
+	since [numSets]uint64
+	// awaiting is the version of each type the stream must answer before the node's
+	// publication converges ("" = none).
+	awaiting [numSets]string
+
+	// SOTW: the last response per type, and whether the client answered it.
+	nonce    [numSets]string
+	sent     [numSets]Set
+	answered [numSets]bool
+
+	// Delta: per type, the resources the client ACKed (name → resource), and the responses
+	// sent and not answered yet, by nonce.
+	held    [numSets]map[string]heldResource
+	pending map[int64]deltaSent
+}
+
+// heldResource is a resource a delta client holds: its version (go-control-plane's content
+// hash) and, when known, the resource.
+type heldResource struct {
+	version string
+	res     types.Resource
+}
+
+// deltaSent is a delta response the client has not answered.
+type deltaSent struct {
+	typ       int
+	set       Set // the set the response was computed from (SystemVersionInfo)
+	resources []heldResource
+	names     []string
+	removed   []string
+}
+
+// subscription mirrors go-control-plane's view of what a stream asked for (stream.Subscription),
+// including the legacy wildcard (a first request without names).
+type subscription struct {
+	started  bool
+	legacy   bool
+	wildcard bool
+	names    map[string]bool
+}
+
+func (s *subscription) has(name string) bool { return s.wildcard || s.names[name] }
+
+// setSOTW applies a SOTW request's resource_names (the full list).
+func (s *subscription) setSOTW(names []string) {
+	if !s.started {
+		s.started, s.legacy, s.wildcard = true, true, len(names) == 0
+	}
+	if s.legacy {
+		if len(names) == 0 {
+			return
+		}
+		s.legacy = false
+	}
+	if !s.wildcard && len(names) == len(s.names) {
+		same := true // an ACK repeats the names: no map per request
+		for _, r := range names {
+			if !s.names[r] {
+				same = false
+				break
+			}
+		}
+		if same {
+			return
+		}
+	}
+	s.wildcard = false
+	s.names = make(map[string]bool, len(names))
+	for _, r := range names {
+		if r == "*" {
+			s.wildcard = true
+		} else {
+			s.names[r] = true
+		}
+	}
+}
+
+// updateDelta applies a delta request's subscribe and unsubscribe lists.
+func (s *subscription) updateDelta(subscribe, unsubscribe []string) {
+	if !s.started {
+		s.started, s.legacy, s.wildcard = true, true, len(subscribe) == 0
+		s.names = map[string]bool{}
+	}
+	if s.legacy {
+		if len(subscribe) == 0 {
+			return
+		}
+		s.legacy = false
+	}
+	for _, r := range subscribe {
+		if r == "*" {
+			s.wildcard = true
+		} else {
+			s.names[r] = true
+		}
+	}
+	for _, r := range unsubscribe {
+		if r == "*" {
+			s.wildcard = false
+		} else {
+			delete(s.names, r)
+		}
+	}
+}
+
+// refreshLocked points n at pub. When the node's target changes it moves towards it (see
+// advanceLocked); when fromPublication, pub waits for the node's answers. n.mu is held. It
+// reports whether the snapshot changed.
 func (s *Server) refreshLocked(n *nodeState, pub *publication, fromPublication bool) bool {
 	if n.closed || (n.pub != nil && n.pub.num > pub.num) {
 		return false
@@ -204,43 +385,91 @@ func (s *Server) refreshLocked(n *nodeState, pub *publication, fromPublication b
 	if n.pub == nil && pod == "" {
 		s.log.Info("xds: node id matches no pod, serving round-robin", "node", n.id)
 	}
+	first := n.pub == nil
 	n.pub, n.pod = pub, pod
-	var want [numSets]Set
-	changed := false
-	for i := range want {
-		want[i] = res.Sets[i]
-		if want[i].Version != "" && want[i].Version == n.rejected[i] {
-			want[i] = n.acked[i] // the client rejected exactly this: keep what it has
-		}
-		if want[i].Version != n.sets[i].Version {
-			changed = true
-		}
-	}
-	if !changed {
+	if !first && sameVersions(res.Sets, n.target) {
 		return false
 	}
-	if fromPublication && n.awaitPub != nil && n.awaitPub != pub {
-		s.settleLocked(n) // superseded: the old publication no longer waits for this node
-	}
-	awaiting := false
-	for i := range want {
-		if want[i].Version != n.sets[i].Version {
-			if fromPublication && n.subscribed[i] {
-				s.m.pushes.WithLabelValues(typeLabels[i]).Inc()
-				n.awaiting[i] = want[i].Version
-				awaiting = true
-			}
+	n.target = res.Sets
+	if fromPublication {
+		if n.awaitPub != nil && n.awaitPub != pub {
+			s.settleLocked(n) // superseded: the old publication no longer waits for this node
 		}
-	}
-	if awaiting {
-		if n.awaitPub != pub {
+		if n.awaitPub == nil {
 			pub.pending.Add(1)
+			n.awaitPub = pub
 		}
-		n.awaitPub = pub
 	}
-	n.sets = want
-	s.setSnapshotLocked(n, pub)
+	before := n.sets
+	s.advanceLocked(n)
+	return !sameVersions(before, n.sets)
+}
+
+func sameVersions(a, b [numSets]Set) bool {
+	for i := range a {
+		if a[i].Version != b[i].Version {
+			return false
+		}
+	}
 	return true
+}
+
+// maxSteps bounds the steps one event takes a node through without waiting for an answer.
+const maxSteps = 4
+
+// advanceLocked sets the node's next safe step (nextLocked) while one differs from what the
+// cache holds and no stream has an answer outstanding; when nothing is left to do and nothing
+// is awaited, the node's publication stops waiting for it. n.mu is held.
+func (s *Server) advanceLocked(n *nodeState) {
+	if n.closed || n.pub == nil {
+		return
+	}
+	for range maxSteps {
+		next := s.nextLocked(n)
+		if sameVersions(next, n.sets) {
+			break
+		}
+		s.writeLocked(n, next, n.awaitPub != nil)
+		if n.waiting() {
+			return
+		}
+	}
+	if !n.waiting() {
+		s.settleLocked(n)
+	}
+}
+
+// writeLocked sets next in the cache. Every stream subscribed to a changed type must answer
+// it, unless it already holds it; when counted, the changed types are counted as pushes.
+func (s *Server) writeLocked(n *nodeState, next [numSets]Set, counted bool) {
+	if !sameVersions(next, n.target) {
+		s.m.steps.Inc()
+	}
+	before := n.sets
+	n.sets = next
+	for i := range next {
+		if next[i].Version != before[i].Version {
+			n.relabeled[i] = false
+		}
+	}
+	s.setSnapshotLocked(n, before)
+	for i := range next {
+		if next[i].Version == before[i].Version {
+			continue
+		}
+		subscribed := false
+		for _, st := range n.live {
+			if !st.sub[i].started {
+				continue
+			}
+			subscribed = true
+			st.awaiting[i] = next[i].Version
+			s.checkHeldLocked(n, st, i)
+		}
+		if counted && subscribed {
+			s.m.pushes.WithLabelValues(typeLabels[i]).Inc()
+		}
+	}
 }
 
 // settleLocked stops n's publication from waiting for it and drops the reference, so an old
@@ -249,27 +478,41 @@ func (s *Server) settleLocked(n *nodeState) {
 	if n.awaitPub == nil {
 		return
 	}
-	n.awaiting = [numSets]string{}
 	s.answered(n.awaitPub)
 	n.awaitPub = nil
 }
 
+// waiting reports whether a stream of n has an answer outstanding.
 func (n *nodeState) waiting() bool {
-	for _, v := range n.awaiting {
-		if v != "" {
-			return true
+	for _, st := range n.live {
+		for _, v := range st.awaiting {
+			if v != "" {
+				return true
+			}
 		}
 	}
 	return false
 }
 
-// setSnapshotLocked writes n.sets into the cache. n.mu is held.
-func (s *Server) setSnapshotLocked(n *nodeState, pub *publication) {
-	n.remember()
+// setSnapshotLocked writes n.sets into the cache; before is what the cache held. n.mu is held.
+func (s *Server) setSnapshotLocked(n *nodeState, before [numSets]Set) {
+	n.rememberLocked(before)
 	snap := &cache.Snapshot{}
 	for i, set := range n.sets {
-		snap.Resources[typeSlots[i]] = pub.intern(i, set)
+		if n.relabeled[i] || (set.Version == "" && len(set.Items) > 0) {
+			snap.Resources[typeSlots[i]] = cache.NewResources(set.Version, set.Items)
+		} else {
+			snap.Resources[typeSlots[i]] = n.pub.intern(i, set)
+		}
 	}
+	if n.deltas > 0 {
+		// Delta streams compare per-resource versions; computed before the cache has the
+		// snapshot, so the cache and the server only ever read them.
+		if err := snap.ConstructVersionMap(); err != nil {
+			s.log.Error("xds: resource versions", "node", n.id, "error", err)
+		}
+	}
+	n.snap = snap
 	if err := s.cacheFor(n.id).SetSnapshot(context.Background(), n.id, snap); err != nil {
 		s.log.Error("xds: setting snapshot", "node", n.id, "error", err)
 	}
@@ -285,37 +528,42 @@ func (s *Server) callbacks() gcpserver.Callbacks {
 		},
 		StreamClosedFunc: func(id int64, _ *core.Node) {
 			s.m.connected.Dec()
-			s.closeStream(id)
+			s.closeStream(streamKey{id: id})
 		},
-		StreamRequestFunc:  s.onRequest,
-		StreamResponseFunc: s.onResponse,
-		DeltaStreamOpenFunc: func(context.Context, int64, string) error {
+		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
+			s.onRequest(streamKey{id: id}, req)
+			return nil
+		},
+		StreamResponseFunc: func(_ context.Context, id int64, _ *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
+			s.onResponse(streamKey{id: id}, resp)
+		},
+		DeltaStreamOpenFunc: func(_ context.Context, id int64, typeURL string) error {
 			s.m.connected.Inc()
 			s.m.streamsOpened.Inc()
+			if typeURL != resource.AnyType {
+				s.deltaTypes.Store(id, typeURL)
+			}
 			return nil
 		},
 		DeltaStreamClosedFunc: func(id int64, _ *core.Node) {
 			s.m.connected.Dec()
-			s.closeStream(id)
+			s.deltaTypes.Delete(id)
+			s.closeStream(streamKey{delta: true, id: id})
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
-			st := s.openStream(id, req.GetNode())
-			if d := req.GetErrorDetail(); d != nil {
-				i := setIndex(req.GetTypeUrl())
-				if i >= 0 {
-					s.m.nacks.WithLabelValues(typeLabels[i]).Inc()
-				}
-				s.log.Warn("xds: client rejected a delta response", "node", st.node.id, "type", req.GetTypeUrl(), "error", d.GetMessage())
-			}
+			s.onDeltaRequest(streamKey{delta: true, id: id}, req)
 			return nil
+		},
+		StreamDeltaResponseFunc: func(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+			s.onDeltaResponse(streamKey{delta: true, id: id}, resp)
 		},
 	}
 }
 
 // openStream returns the stream's state, registering the stream and its node on the first
 // request; a new node gets its snapshot before the request is served.
-func (s *Server) openStream(id int64, node *core.Node) *streamState {
-	if st, ok := s.streams.Load(id); ok {
+func (s *Server) openStream(key streamKey, node *core.Node) *streamState {
+	if st, ok := s.streams.Load(key); ok {
 		return st.(*streamState)
 	}
 	nodeID := node.GetId()
@@ -327,94 +575,322 @@ func (s *Server) openStream(id int64, node *core.Node) *streamState {
 		s.m.nodes.Inc()
 	}
 	n.streams++
-	st := &streamState{node: n}
-	s.streams.Store(id, st)
+	st := &streamState{node: n, key: key}
+	s.streams.Store(key, st)
 	pub := s.pub
 	s.nodesMu.Unlock()
+
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.live = append(n.live, st)
+	if key.delta {
+		st.pending = map[int64]deltaSent{}
+		if n.deltas++; n.deltas == 1 && n.snap != nil {
+			// The first delta stream: the same sets again, now with resource versions.
+			s.setSnapshotLocked(n, n.sets)
+		}
+	}
 	if pub != nil {
-		n.mu.Lock()
 		s.refreshLocked(n, pub, false)
-		n.mu.Unlock()
 	}
 	return st
 }
 
-func (s *Server) closeStream(id int64) {
+func (s *Server) closeStream(key streamKey) {
 	s.nodesMu.Lock()
-	defer s.nodesMu.Unlock()
-	v, ok := s.streams.LoadAndDelete(id)
+	v, ok := s.streams.LoadAndDelete(key)
 	if !ok {
+		s.nodesMu.Unlock()
 		return
 	}
-	n := v.(*streamState).node
-	if n.streams--; n.streams > 0 {
+	st := v.(*streamState)
+	n := st.node
+	if n.streams--; n.streams == 0 {
+		// Under nodesMu, so a new node with the same id cannot set its snapshot in between.
+		delete(s.nodes, n.id)
+		s.m.nodes.Dec()
+		n.mu.Lock()
+		n.closed = true
+		n.live = nil
+		s.cacheFor(n.id).ClearSnapshot(n.id)
+		s.settleLocked(n)
+		n.mu.Unlock()
+		s.nodesMu.Unlock()
 		return
 	}
-	delete(s.nodes, n.id)
-	s.m.nodes.Dec()
+	s.nodesMu.Unlock()
+
 	n.mu.Lock()
-	n.closed = true
-	s.cacheFor(n.id).ClearSnapshot(n.id)
-	s.settleLocked(n)
-	n.mu.Unlock()
+	defer n.mu.Unlock()
+	for i, x := range n.live {
+		if x == st {
+			n.live = append(n.live[:i], n.live[i+1:]...)
+			break
+		}
+	}
+	if key.delta {
+		n.deltas--
+	}
+	s.advanceLocked(n) // the stream no longer holds anything back
 }
 
-func (s *Server) onResponse(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
+func (s *Server) onResponse(key streamKey, resp *discovery.DiscoveryResponse) {
 	i := setIndex(resp.GetTypeUrl())
-	if i < 0 {
+	v, ok := s.streams.Load(key)
+	if i < 0 || !ok {
 		return
 	}
-	if v, ok := s.streams.Load(id); ok {
-		st := v.(*streamState)
-		st.nonce[i], st.sentAt[i] = resp.GetNonce(), resp.GetVersionInfo()
-	}
+	st := v.(*streamState)
+	n := st.node
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st.nonce[i] = resp.GetNonce()
+	st.sent[i], _ = n.find(st, i, resp.GetVersionInfo())
+	st.answered[i] = false
+	st.since[i] = n.writes[i] + 1
 }
 
-// onRequest registers new streams and handles ACKs and NACKs. The version a request names
+// onRequest registers new streams and handles SOTW ACKs and NACKs. The version a request names
 // (version_info) is the one the client holds, ACK or NACK; the version an ACK or NACK answers
 // is the one sent with its nonce.
-func (s *Server) onRequest(id int64, req *discovery.DiscoveryRequest) error {
-	st := s.openStream(id, req.GetNode())
+func (s *Server) onRequest(key streamKey, req *discovery.DiscoveryRequest) {
+	st := s.openStream(key, req.GetNode())
 	i := setIndex(req.GetTypeUrl())
 	if i < 0 {
-		return nil
+		return
 	}
 	n := st.node
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.subscribed[i] = true
-	if req.GetResponseNonce() == "" {
-		return nil // a subscription, not an answer
+	st.sub[i].setSOTW(req.GetResourceNames())
+	held, known := n.find(st, i, req.GetVersionInfo())
+	if known {
+		st.acked[i] = held
 	}
-	if held, ok := n.lookup(i, req.GetVersionInfo()); ok {
-		n.acked[i] = held
+	nonce := req.GetResponseNonce()
+	if st.nonce[i] == "" || nonce == st.nonce[i] {
+		// Not stale: the cache drops the type's old watch (and a response queued on it) and
+		// answers from the set current then: this one or a later one.
+		st.since[i] = n.writes[i]
 	}
-	if req.GetResponseNonce() != st.nonce[i] {
-		return nil // answers a response that a newer one superseded
-	}
-	answered := st.sentAt[i]
-	if d := req.GetErrorDetail(); d != nil {
-		s.nackLocked(n, i, answered, d.GetMessage())
-	}
-	if n.awaitPub != nil && n.awaiting[i] != "" && n.awaiting[i] == answered {
-		n.awaiting[i] = ""
-		if !n.waiting() {
-			s.settleLocked(n)
+	if nonce != "" && nonce == st.nonce[i] {
+		if known {
+			n.acked[i] = held
+		}
+		st.answered[i] = true
+		answered := st.sent[i].Version
+		if d := req.GetErrorDetail(); d != nil {
+			s.nackLocked(n, st, i, answered, req.GetVersionInfo(), d.GetMessage())
+		}
+		if st.awaiting[i] == answered {
+			st.awaiting[i] = ""
 		}
 	}
-	return nil
+	s.checkHeldLocked(n, st, i)
+	s.advanceLocked(n)
 }
 
-// nackLocked handles a client's rejection of version of set i: count, log, and set the node
-// back to its last ACKed version of that type, so the cache stops resending the rejected one.
-func (s *Server) nackLocked(n *nodeState, i int, version, message string) {
+// onDeltaResponse records what a delta response carries, to be applied when it is ACKed.
+func (s *Server) onDeltaResponse(key streamKey, resp *discovery.DeltaDiscoveryResponse) {
+	i := setIndex(resp.GetTypeUrl())
+	v, ok := s.streams.Load(key)
+	if i < 0 || !ok {
+		return
+	}
+	nonce, err := strconv.ParseInt(resp.GetNonce(), 10, 64)
+	if err != nil {
+		return
+	}
+	st := v.(*streamState)
+	n := st.node
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	set, _ := n.find(st, i, resp.GetSystemVersionInfo())
+	sent := deltaSent{typ: i, set: set, removed: resp.GetRemovedResources()}
+	for _, r := range resp.GetResources() {
+		sent.names = append(sent.names, r.GetName())
+		sent.resources = append(sent.resources, heldResource{version: r.GetVersion(), res: setItem(set, r.GetName())})
+	}
+	st.pending[nonce] = sent
+	if len(st.pending) > maxPending { // a client that never answers: forget the oldest
+		oldest := nonce
+		for k := range st.pending {
+			oldest = min(oldest, k)
+		}
+		delete(st.pending, oldest)
+	}
+	st.since[i] = n.writes[i] + 1
+}
+
+// onDeltaRequest handles a delta stream's subscriptions, ACKs and NACKs. Delta has no
+// version_info per type: the answered response is found by its nonce.
+func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequest) {
+	st := s.openStream(key, req.GetNode())
+	typeURL := req.GetTypeUrl()
+	if typeURL == "" {
+		if t, ok := s.deltaTypes.Load(key.id); ok {
+			typeURL = t.(string)
+		}
+	}
+	i := setIndex(typeURL)
+	if i < 0 {
+		return
+	}
+	n := st.node
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	first := !st.sub[i].started
+	st.sub[i].updateDelta(req.GetResourceNamesSubscribe(), req.GetResourceNamesUnsubscribe())
+	// Responses queued before this request were sent before it was handed over; the cache
+	// answers it from the set current then: this one or a later one.
+	st.since[i] = n.writes[i]
+	if st.held[i] == nil {
+		st.held[i] = map[string]heldResource{}
+	}
+	if !st.sub[i].wildcard {
+		for _, r := range req.GetResourceNamesUnsubscribe() {
+			delete(st.held[i], r)
+		}
+	}
+	if first {
+		// A reconnecting client says what it holds; the content is known when it matches.
+		vm := n.versionMap(i)
+		for name, v := range req.GetInitialResourceVersions() {
+			h := heldResource{version: v}
+			if vm[name] == v {
+				h.res = setItem(n.sets[i], name)
+			}
+			st.held[i][name] = h
+		}
+	}
+	if nonce, err := strconv.ParseInt(req.GetResponseNonce(), 10, 64); err == nil {
+		if sent, ok := st.pending[nonce]; ok && sent.typ == i {
+			for k, p := range st.pending {
+				if k <= nonce && p.typ == i {
+					delete(st.pending, k)
+				}
+			}
+			if d := req.GetErrorDetail(); d != nil {
+				s.nackLocked(n, st, i, sent.set.Version, "", d.GetMessage())
+			} else {
+				for j, name := range sent.names {
+					st.held[i][name] = sent.resources[j]
+				}
+				for _, name := range sent.removed {
+					delete(st.held[i], name)
+				}
+				st.acked[i] = sent.set
+				n.acked[i] = sent.set
+			}
+			if st.awaiting[i] == sent.set.Version {
+				st.awaiting[i] = ""
+			}
+		}
+	}
+	s.checkHeldLocked(n, st, i)
+	s.advanceLocked(n)
+}
+
+// versionMap returns go-control-plane's per-resource versions of the cached set of type i
+// (computed only for nodes with delta streams).
+func (n *nodeState) versionMap(i int) map[string]string {
+	if n.snap == nil || n.snap.VersionMap == nil {
+		return nil
+	}
+	return n.snap.VersionMap[typeURLs[i]]
+}
+
+// checkHeldLocked stops st from being awaited for type i when nothing of that type is on the
+// way to it and it already holds what the cache has: a SOTW client whose last request named
+// that version, a delta client holding every subscribed resource at its cached version (the
+// cache sends a delta stream nothing when none of its resources changed). n.mu is held.
+func (s *Server) checkHeldLocked(n *nodeState, st *streamState, i int) {
+	if st.awaiting[i] == "" || st.awaiting[i] != n.sets[i].Version {
+		return
+	}
+	if !st.key.delta {
+		if (st.nonce[i] == "" || st.answered[i]) && st.acked[i].Version == n.sets[i].Version {
+			st.awaiting[i] = ""
+		}
+		return
+	}
+	for _, p := range st.pending {
+		if p.typ == i {
+			return
+		}
+	}
+	vm := n.versionMap(i)
+	if vm == nil && len(n.sets[i].Items) > 0 {
+		return
+	}
+	sub, held := &st.sub[i], st.held[i]
+	for name, v := range vm {
+		if sub.has(name) && held[name].version != v {
+			return
+		}
+	}
+	for name := range held {
+		if _, ok := vm[name]; !ok && sub.has(name) {
+			return
+		}
+	}
+	st.awaiting[i] = ""
+}
+
+// nackLocked handles a client's rejection of version of set i: count, log, and, when the cache
+// still holds that version, set the node back to the best set it has that is not empty: the
+// set the node last ACKed, else the set it had before the rejected one, else (SOTW) the
+// rejected resources under the version the client says it holds, so the cache neither
+// resends the rejected version in a loop nor answers with nothing. A delta client is sent
+// nothing more in that last case: the cache sends delta streams only changed resources.
+// Publications that produce the rejected version again keep the fallback. n.mu is held.
+func (s *Server) nackLocked(n *nodeState, st *streamState, i int, version, holds, message string) {
 	s.m.nacks.WithLabelValues(typeLabels[i]).Inc()
-	s.log.Warn("xds: client rejected a response", "node", n.id, "type", typeLabels[i], "version", version,
-		"kept", n.acked[i].Version, "error", message)
-	if n.closed || version != n.sets[i].Version || n.pub == nil {
+	if n.closed || version != n.sets[i].Version || n.pub == nil || version == "" {
+		s.log.Warn("xds: client rejected a response", "node", n.id, "type", typeLabels[i], "version", version,
+			"kept", n.sets[i].Version, "error", message)
 		return
 	}
 	n.rejected[i] = version
-	n.sets[i] = n.acked[i]
-	s.setSnapshotLocked(n, n.pub)
+	fallback, kind := n.fallback(i, version)
+	if kind == "" {
+		if st.key.delta || holds == version {
+			kind = "kept"
+			fallback = n.sets[i]
+		} else {
+			kind = "kept-relabeled"
+			fallback = Set{Version: holds, Items: n.sets[i].Items}
+		}
+	}
+	s.m.fallbacks.WithLabelValues(kind).Inc()
+	s.log.Warn("xds: client rejected a response", "node", n.id, "type", typeLabels[i], "version", version,
+		"fallback", kind, "kept", fallback.Version, "error", message)
+	if fallback.Version == n.sets[i].Version {
+		return
+	}
+	before := n.sets
+	n.sets[i] = fallback
+	n.relabeled[i] = kind == "kept-relabeled"
+	s.setSnapshotLocked(n, before)
+	for _, x := range n.live {
+		if x.awaiting[i] != "" && x != st { // it now gets the fallback instead
+			x.awaiting[i] = fallback.Version
+			s.checkHeldLocked(n, x, i)
+		}
+	}
+}
+
+// fallback returns what a node goes back to after rejecting version of type i: the set it
+// last ACKed ("acked"), else the newest earlier set it was given ("previous"); kind "" when
+// it has neither (empty sets do not count).
+func (n *nodeState) fallback(i int, version string) (Set, string) {
+	if a := n.acked[i]; a.Version != "" && a.Version != version && len(a.Items) > 0 {
+		return a, "acked"
+	}
+	for j := len(n.history[i]) - 1; j >= 0; j-- {
+		if p := n.history[i][j]; p.set.Version != "" && p.set.Version != version && len(p.set.Items) > 0 {
+			return p.set, "previous"
+		}
+	}
+	return Set{}, ""
 }

@@ -68,9 +68,24 @@ type Config struct {
 //     publication sets the snapshot only of nodes whose resources changed, and versions are
 //     per type and content-addressed, so a weight-only change reaches only the affected nodes
 //     and only as EDS (locality encoding) or RDS (weighted clusters).
-//   - A NACK is logged and counted, and the node is set back to the version it last ACKed for
-//     that type (so the cache does not resend the rejected one in a loop) until a publication
-//     produces a different version.
+//   - Make before break (steps.go): a cluster, and its endpoints, reach a node before any
+//     route or listener that names it, and a cluster leaves only once no route or listener the
+//     node may hold names it. When a publication changes both, the node takes up to three
+//     snapshots (new clusters with the old routes; new routes with the old clusters kept; the
+//     target), each once the answers it depends on are in: the streams that take clusters
+//     (endpoints) hold the named ones, the streams that take routes ACKed the new ones. SOTW
+//     and delta streams alike; a newer publication restarts from wherever the node is.
+//   - ACKs and NACKs are tracked per stream, SOTW by version_info and response nonce, delta by
+//     the response nonce (a delta response's system_version_info says which set it came from).
+//     A publication converges (WaitConverged) once every node it changed has answered its last
+//     step (ACK or NACK) on every stream subscribed to a changed type, or was superseded, or
+//     disconnected; a delta stream that subscribes to none of the changed resources is sent
+//     nothing and is not waited for.
+//   - A NACK is logged and counted, and never answered with an empty set: the node is set back
+//     to the set it last ACKed for that type, else to the set it had before the rejected one,
+//     else it keeps the cache's set (under the version the SOTW client says it holds, so the
+//     cache does not resend the rejected one in a loop). Publications that produce the
+//     rejected version again keep the fallback; a different version is pushed.
 //
 // All methods are safe for concurrent use.
 type Server struct {
@@ -91,10 +106,11 @@ type Server struct {
 	latest   *optimizer.Topology
 	changeAt time.Time // first Update since the last publication started
 
-	nodesMu sync.Mutex // guards pub, nodes, streams
-	pub     *publication
-	nodes   map[string]*nodeState // by node id, nodes with ≥ 1 open stream
-	streams sync.Map              // stream id → *streamState; written under nodesMu
+	nodesMu    sync.Mutex // guards pub, nodes, streams
+	pub        *publication
+	nodes      map[string]*nodeState // by node id, nodes with ≥ 1 open stream
+	streams    sync.Map              // streamKey → *streamState; written under nodesMu
+	deltaTypes sync.Map              // delta stream id → type URL, for the per-type (non-ADS) services
 
 	allocation atomic.Pointer[optimizer.Allocation]
 	published  atomic.Uint64
@@ -280,7 +296,8 @@ func (s *Server) WaitPublished(ctx context.Context, n uint64) error {
 }
 
 // WaitConverged blocks until publication n, or a later one, has been answered (ACK or NACK) by
-// every client it pushed to, or ctx is done. Clients that disconnect stop being waited for.
+// every client it pushed to, each at the last step of its make-before-break sequence, or ctx
+// is done. Clients that disconnect stop being waited for.
 func (s *Server) WaitConverged(ctx context.Context, n uint64) error {
 	return s.wait(ctx, func() bool { return s.converged.Load() >= n })
 }

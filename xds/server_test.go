@@ -303,10 +303,15 @@ func TestNACKOfFirstResponse(t *testing.T) {
 	c.subscribe(resource.EndpointType, "y")
 	v1 := c.next()
 	c.nack(v1, "")
+	// Nothing to fall back to: the cache keeps the assignments under the version the client
+	// holds (""), so it neither resends v1 in a loop nor answers with nothing.
 	eventually(t, 5*time.Second, "NACK handled", func() bool {
 		snap, err := h.srv.cacheFor("x-0").GetSnapshot("x-0")
 		return err == nil && snap.GetVersion(resource.EndpointType) == ""
 	})
+	if n, _ := cachedCount(t, h, "x-0", resource.EndpointType); n != 2 {
+		t.Errorf("after the NACK the cache holds %d assignments, want the 2 it had", n)
+	}
 	h.srv.Update(two(15))
 	if v2 := c.next(); v2.GetVersionInfo() == v1.GetVersionInfo() {
 		t.Fatal("rejected version resent")

@@ -1,0 +1,382 @@
+package xds
+
+// Make before break: the steps that take one node from what its client holds to its target.
+//
+// A client must never hold a route or listener that names a cluster it does not have: grpc-go
+// fails the RPCs picked for it, Envoy answers 503. So when a publication changes routes and
+// clusters of a node, the node goes through up to three snapshots:
+//
+//  1. the new clusters and endpoints, together with every cluster a route the client may
+//     still hold names, under the old routes and listeners — while some stream of the node
+//     that takes clusters (or endpoints) does not hold the ones the new routes name;
+//  2. the new routes and listeners, still with the old clusters those routes named;
+//  3. the target, once no route the client may hold names the old clusters any more.
+//
+// Each step is computed from the node's current state (nextLocked), so the steps are
+// level-triggered: a step is set when the answers it needs are in, a newer publication
+// restarts from wherever the node is, and a node whose change needs no ordering (weights
+// only, or nothing removed and nothing new named) takes its target in one step.
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"sort"
+
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpproxy "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"google.golang.org/protobuf/proto"
+)
+
+// nextLocked returns the node's next safe snapshot on the way to its target (the target with
+// every type the client rejected kept as it is). It equals n.sets when there is nothing to do
+// until a client answers. n.mu is held.
+func (s *Server) nextLocked(n *nodeState) [numSets]Set {
+	want := n.target
+	for i := range want {
+		if want[i].Version != "" && want[i].Version == n.rejected[i] {
+			want[i] = n.sets[i]
+		}
+	}
+	cur := n.sets
+	if sameVersions(want, cur) {
+		return cur
+	}
+	next := want
+	routesMove := want[ListenerSet].Version != cur[ListenerSet].Version || want[RouteSet].Version != cur[RouteSet].Version
+	if routesMove && !s.holdsNamedLocked(n, &want) {
+		next[ListenerSet], next[RouteSet] = cur[ListenerSet], cur[RouteSet]
+	}
+	if !namesSubset(cur[ClusterSet], next[ClusterSet]) {
+		next[ClusterSet] = merged(next[ClusterSet], cur[ClusterSet], s.namedLocked(n, &next))
+	}
+	if !namesSubset(cur[EndpointSet], next[EndpointSet]) {
+		keep := map[string]bool{}
+		for _, c := range next[ClusterSet].Items {
+			if name := edsName(c); name != "" {
+				keep[name] = true
+			}
+		}
+		next[EndpointSet] = merged(next[EndpointSet], cur[EndpointSet], keep)
+	}
+	for _, i := range []int{ClusterSet, EndpointSet} {
+		if next[i].Version != "" && next[i].Version == n.rejected[i] {
+			next[i] = cur[i]
+		}
+	}
+	return next
+}
+
+// holdsNamedLocked reports whether every stream of n that takes clusters (endpoints) holds
+// the clusters (their endpoints) that want's listeners and routes name, and keeps them: every
+// set of that type still on its way to the client has them too. A cluster the client rejected
+// is not held: the routes naming it wait for a publication that does without it. n.mu is held.
+func (s *Server) holdsNamedLocked(n *nodeState, want *[numSets]Set) bool {
+	// Quick answer: every such stream holds the target's clusters and endpoints (which have
+	// all the routes name), and nothing else is on its way to it.
+	quick := true
+	for _, st := range n.live {
+		for _, i := range []int{ClusterSet, EndpointSet} {
+			if !st.sub[i].started {
+				continue
+			}
+			if st.key.delta || st.acked[i].Version != want[i].Version || want[i].Version != n.target[i].Version {
+				quick = false
+			}
+			for _, set := range n.onTheWay(st, i) {
+				if set.Version != want[i].Version {
+					quick = false
+				}
+			}
+		}
+	}
+	if quick {
+		return true
+	}
+	named := map[string]bool{}
+	for _, i := range []int{ListenerSet, RouteSet} {
+		for _, r := range want[i].Items {
+			s.addRefs(n.pub, r, named)
+		}
+	}
+	var clusters, eds []string
+	for name := range named {
+		c := setItem(n.target[ClusterSet], name)
+		if c == nil {
+			continue // not ours to send: waiting for it would wait forever
+		}
+		clusters = append(clusters, name)
+		if e := edsName(c); e != "" && setItem(n.target[EndpointSet], e) != nil {
+			eds = append(eds, e)
+		}
+	}
+	for _, st := range n.live {
+		if st.sub[ClusterSet].started && !n.holds(st, ClusterSet, clusters) {
+			return false
+		}
+		if st.sub[EndpointSet].started && !n.holds(st, EndpointSet, eds) {
+			return false
+		}
+	}
+	return true
+}
+
+// holds reports whether st's client holds every named resource of type i and will keep it:
+// a SOTW client when the version its requests name includes them (a SOTW response carries
+// the whole set's version, requested names or not), a delta client when it ACKed each one it
+// subscribes to (a delta stream gets only what it subscribes to); and in either case every
+// set of type i on its way to the client has them. n.mu is held.
+func (n *nodeState) holds(st *streamState, i int, names []string) bool {
+	coming := n.onTheWay(st, i)
+	for _, name := range names {
+		if st.key.delta {
+			if !st.sub[i].has(name) {
+				continue
+			}
+			if _, ok := st.held[i][name]; !ok {
+				return false
+			}
+		} else if setItem(st.acked[i], name) == nil {
+			return false
+		}
+		for _, set := range coming {
+			if setItem(set, name) == nil {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// onTheWay returns the sets of type i that may still reach st's client: its response not
+// answered yet (SOTW) or not ACKed yet (delta), the sets written since its last request or
+// response (one may be queued), and the cache's. n.mu is held.
+func (n *nodeState) onTheWay(st *streamState, i int) []Set {
+	var out []Set
+	if st.key.delta {
+		for _, p := range st.pending {
+			if p.typ == i {
+				out = append(out, p.set)
+			}
+		}
+	} else if st.nonce[i] != "" && !st.answered[i] {
+		out = append(out, st.sent[i])
+	}
+	for _, p := range n.history[i] {
+		if p.seq >= st.since[i] && p.seq != n.writes[i] { // the cache's set is added below
+			out = append(out, p.set)
+		}
+	}
+	return append(out, n.sets[i])
+}
+
+// namedLocked returns the clusters named by next's listeners and routes and by every listener
+// and route the node's clients may hold or still receive: each stream's ACKed ones and those
+// on their way (within what each stream subscribes to), and the cache's. n.mu is held.
+func (s *Server) namedLocked(n *nodeState, next *[numSets]Set) map[string]bool {
+	named := map[string]bool{}
+	add := func(set Set, sub *subscription) {
+		for _, r := range set.Items {
+			if sub == nil || sub.has(cache.GetResourceName(r)) {
+				s.addRefs(n.pub, r, named)
+			}
+		}
+	}
+	for _, i := range []int{ListenerSet, RouteSet} {
+		add(next[i], nil)
+		add(n.sets[i], nil)
+		for _, st := range n.live {
+			sub := &st.sub[i]
+			if !sub.started {
+				continue
+			}
+			if st.key.delta {
+				for _, h := range st.held[i] {
+					if h.res != nil {
+						s.addRefs(n.pub, h.res, named)
+					}
+				}
+			} else {
+				add(st.acked[i], sub)
+			}
+			for _, set := range n.onTheWay(st, i) {
+				add(set, sub)
+			}
+		}
+	}
+	return named
+}
+
+// addRefs adds the clusters r names (a RouteConfiguration's routes, a Listener's inline routes
+// and TCP proxies) to into. A Listener's are computed once per publication.
+func (s *Server) addRefs(pub *publication, r types.Resource, into map[string]bool) {
+	switch r := r.(type) {
+	case *route.RouteConfiguration:
+		routeRefs(r, into)
+	case *listener.Listener:
+		var refs []string
+		if v, ok := pub.refs.Load(r); ok {
+			refs = v.([]string)
+		} else {
+			m := map[string]bool{}
+			listenerRefs(r, m)
+			for name := range m {
+				refs = append(refs, name)
+			}
+			pub.refs.Store(r, refs)
+		}
+		for _, name := range refs {
+			into[name] = true
+		}
+	}
+}
+
+func routeRefs(rc *route.RouteConfiguration, into map[string]bool) {
+	for _, vh := range rc.GetVirtualHosts() {
+		for _, rt := range vh.GetRoutes() {
+			a := rt.GetRoute()
+			if a == nil {
+				continue
+			}
+			if c := a.GetCluster(); c != "" {
+				into[c] = true
+			}
+			for _, wc := range a.GetWeightedClusters().GetClusters() {
+				into[wc.GetName()] = true
+			}
+			for _, m := range a.GetRequestMirrorPolicies() {
+				if c := m.GetCluster(); c != "" {
+					into[c] = true
+				}
+			}
+		}
+	}
+}
+
+func listenerRefs(l *listener.Listener, into map[string]bool) {
+	var configs []*hcm.HttpConnectionManager
+	visit := func(typeURL string, unmarshal func(proto.Message) error) {
+		switch typeURL {
+		case "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager":
+			m := &hcm.HttpConnectionManager{}
+			if unmarshal(m) == nil {
+				configs = append(configs, m)
+			}
+		case "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy":
+			t := &tcpproxy.TcpProxy{}
+			if unmarshal(t) != nil {
+				return
+			}
+			if c := t.GetCluster(); c != "" {
+				into[c] = true
+			}
+			for _, wc := range t.GetWeightedClusters().GetClusters() {
+				into[wc.GetName()] = true
+			}
+		}
+	}
+	if a := l.GetApiListener().GetApiListener(); a != nil {
+		visit(a.GetTypeUrl(), a.UnmarshalTo)
+	}
+	chains := append([]*listener.FilterChain{l.GetDefaultFilterChain()}, l.GetFilterChains()...)
+	for _, fc := range chains {
+		for _, f := range fc.GetFilters() {
+			if a := f.GetTypedConfig(); a != nil {
+				visit(a.GetTypeUrl(), a.UnmarshalTo)
+			}
+		}
+	}
+	for _, m := range configs {
+		if rc := m.GetRouteConfig(); rc != nil {
+			routeRefs(rc, into)
+		}
+	}
+}
+
+// edsName is the ClusterLoadAssignment name an EDS cluster takes its endpoints from ("" for
+// other resources and cluster types).
+func edsName(r types.Resource) string {
+	c, ok := r.(*cluster.Cluster)
+	if !ok || c.GetType() != cluster.Cluster_EDS {
+		return ""
+	}
+	if n := c.GetEdsClusterConfig().GetServiceName(); n != "" {
+		return n
+	}
+	return c.GetName()
+}
+
+// setItem returns the resource of set with the given name, or nil. Set items are sorted by
+// name (Set's contract).
+func setItem(set Set, name string) types.Resource {
+	j := sort.Search(len(set.Items), func(j int) bool { return cache.GetResourceName(set.Items[j]) >= name })
+	if j < len(set.Items) && cache.GetResourceName(set.Items[j]) == name {
+		return set.Items[j]
+	}
+	return nil
+}
+
+// namesSubset reports whether every name of a is a name of b.
+func namesSubset(a, b Set) bool {
+	if a.Version == b.Version {
+		return true
+	}
+	j := 0
+	for _, r := range a.Items {
+		name := cache.GetResourceName(r)
+		for j < len(b.Items) && cache.GetResourceName(b.Items[j]) < name {
+			j++
+		}
+		if j == len(b.Items) || cache.GetResourceName(b.Items[j]) != name {
+			return false
+		}
+	}
+	return true
+}
+
+// merged is want plus the resources of cur that want lacks and keep names. Its version is a
+// function of the two versions and the names kept, so the same inputs give the same version;
+// when the result is cur's content, it is cur.
+func merged(want, cur Set, keep map[string]bool) Set {
+	var extra []types.Resource
+	for _, r := range cur.Items {
+		if name := cache.GetResourceName(r); keep[name] && setItem(want, name) == nil {
+			extra = append(extra, r)
+		}
+	}
+	if len(extra) == 0 {
+		return want
+	}
+	items := make([]types.Resource, 0, len(want.Items)+len(extra))
+	j := 0
+	for _, r := range want.Items {
+		for j < len(extra) && cache.GetResourceName(extra[j]) < cache.GetResourceName(r) {
+			items = append(items, extra[j])
+			j++
+		}
+		items = append(items, r)
+	}
+	items = append(items, extra[j:]...)
+	if len(items) == len(cur.Items) {
+		same := true
+		for k := range items {
+			if items[k] != cur.Items[k] && !proto.Equal(items[k], cur.Items[k]) {
+				same = false
+				break
+			}
+		}
+		if same {
+			return cur
+		}
+	}
+	h := sha256.New()
+	h.Write([]byte("keep\x00" + want.Version + "\x00" + cur.Version))
+	for _, r := range extra {
+		h.Write([]byte("\x00" + cache.GetResourceName(r)))
+	}
+	return Set{Version: hex.EncodeToString(h.Sum(nil)[:8]), Items: items}
+}
