@@ -132,6 +132,8 @@ func TestPrometheusLatencyDrivesWeights(t *testing.T) {
 	})
 	wantRoute(t, srv, "web-1.shop", "api-3.shop", 30*time.Second)
 	wantRoute(t, srv, "web-2.shop", "api-4.shop", 30*time.Second)
+	follow(t, ctx, srv, callers["web-1"], "api-3")
+	follow(t, ctx, srv, callers["web-2"], "api-4")
 	checkShares(t, ctx, callers["web-1"], "api-3")
 	checkShares(t, ctx, callers["web-2"], "api-4")
 
@@ -161,6 +163,7 @@ func TestPrometheusLatencyDrivesWeights(t *testing.T) {
 	if followed > target {
 		t.Errorf("weights followed the latency change after %v, want ≤ %v", followed, target)
 	}
+	follow(t, ctx, srv, callers["web-1"], "api-4")
 	checkShares(t, ctx, callers["web-1"], "api-4")
 
 	// Prometheus stops: the last good weights stay, /readyz says why, nothing is pushed.
@@ -232,6 +235,16 @@ func wantRoute(t *testing.T, srv *xds.Server, caller, callee string, d time.Dura
 		return false
 	})
 	return at
+}
+
+// follow waits until the client has the publication that moved its weights: every pushed client
+// ACKed it, and (grpc-go swaps its picker just after the ACK) a run of RPCs reaches pod.
+func follow(t *testing.T, ctx context.Context, srv *xds.Server, c *caller, pod string) {
+	t.Helper()
+	if err := srv.WaitConverged(ctx, srv.Published()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the client's picker on "+pod, func() bool { return share(t, ctx, c, 20)[pod] > 0.999 })
 }
 
 // checkShares sends RPCs and checks every one reaches pod.
