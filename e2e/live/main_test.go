@@ -3,11 +3,10 @@ package live
 import (
 	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/edgeflow/edgeflow/e2e/testbed"
 	"go.uber.org/goleak"
 )
 
@@ -16,7 +15,7 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if code == 0 {
-		if kids := children(); len(kids) > 0 {
+		if kids := testbed.Children(); len(kids) > 0 {
 			fmt.Fprintf(os.Stderr, "live: processes left running: %s\n", strings.Join(kids, ", "))
 			code = 1
 		}
@@ -31,27 +30,3 @@ func TestMain(m *testing.M) {
 type exited int
 
 func (e exited) Run() int { return int(e) }
-
-// children lists this process's child processes (pid and command).
-func children() []string {
-	var out []string
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	self := strconv.Itoa(os.Getpid())
-	for _, f := range stats {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid …; comm may contain spaces, so split after the last ')'.
-		s := string(data)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(s[i+1:])
-		if len(fields) > 1 && fields[1] == self {
-			out = append(out, strings.TrimSpace(s[:i+1]))
-		}
-	}
-	return out
-}

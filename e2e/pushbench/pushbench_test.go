@@ -7,11 +7,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/edgeflow/edgeflow/e2e/testbed"
 	"go.uber.org/goleak"
 )
 
@@ -37,7 +37,7 @@ func TestPushBench(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log("report:\n" + out.String())
-	if kids := children(); len(kids) > 0 {
+	if kids := testbed.Children(); len(kids) > 0 {
 		t.Errorf("processes left running: %v", kids)
 	}
 	if len(results) != 1 || results[0].N != 50 {
@@ -96,27 +96,4 @@ func buildServers(t *testing.T) (edgeflow, bare string) {
 		}
 	}
 	return edgeflow, bare
-}
-
-// children lists this process's child processes (pid and command).
-func children() []string {
-	var out []string
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	self := strconv.Itoa(os.Getpid())
-	for _, f := range stats {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid …; comm may contain spaces, so split after the last ')'.
-		s := string(data)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		if fields := strings.Fields(s[i+1:]); len(fields) > 1 && fields[1] == self {
-			out = append(out, strings.TrimSpace(s[:i+1]))
-		}
-	}
-	return out
 }
