@@ -1,0 +1,578 @@
+package optimizer
+
+import (
+	"fmt"
+	"math"
+	"slices"
+)
+
+// DefaultRebalanceTolerance is the relative cost margin within which PlanRebalance prefers the
+// target reachable in the fewest moves (RebalanceOptions.Tolerance 0 means this).
+const DefaultRebalanceTolerance = 0.01
+
+// RebalanceOptions tunes PlanRebalance.
+type RebalanceOptions struct {
+	// Tolerance: among candidate targets whose cost is within Tolerance (relative, e.g. 0.01)
+	// of the cheapest, the one reachable in the fewest moves wins. 0 means
+	// DefaultRebalanceTolerance; it must be finite and not negative.
+	Tolerance float64
+}
+
+// Move relocates one pod.
+type Move struct {
+	Service string `json:"service"` // the service's Key() as in the Topology (NAME or NAME.NS)
+	Pod     string `json:"pod"`     // the pod's PodKey: its name, or POD.NS outside the default namespace
+	From    string `json:"from"`    // node names
+	To      string `json:"to"`
+	// CostAfter is the LATA cost (what Plan(…, LATA) reports) after this move and every move
+	// before it in Moves; 0 in Blocked.
+	CostAfter float64 `json:"costAfter"`
+}
+
+// Rebalance is a plan from the current placement toward a LARP target.
+type Rebalance struct {
+	// CostBefore is the LATA cost of the current placement (what Plan(m, LATA) gives).
+	CostBefore float64 `json:"costBefore"`
+	// CostTarget is the LATA cost of the target placement (Target applied).
+	CostTarget float64 `json:"costTarget"`
+	// Target maps every pod of the model to its node in the target.
+	Target map[string]string `json:"target"`
+	// Moves lead from the current placement toward Target, in order: each is feasible in the
+	// state the moves before it leave (the destination has cpu and memory for the pod and stays
+	// within the spread cap), and each is the one of lowest resulting cost among those feasible
+	// then. With Blocked empty, the last CostAfter equals CostTarget.
+	Moves []Move `json:"moves"`
+	// Blocked are the moves toward Target that no order of single feasible moves reaches, e.g.
+	// a swap between two full nodes (CostAfter 0). The controller may leave them, or free room
+	// by other means and plan again.
+	Blocked []Move `json:"blocked,omitempty"`
+}
+
+// Placement returns the target as a Placement (policy LARP, cost CostTarget), whose Apply
+// gives the target topology.
+func (r *Rebalance) Placement() *Placement {
+	target := make(map[string]string, len(r.Target))
+	for pod, node := range r.Target {
+		target[pod] = node
+	}
+	return &Placement{Policy: LARP, Placement: target, Cost: r.CostTarget}
+}
+
+// PlanRebalance plans moves from the current placement of m (every pod's Node, as Compile
+// without Unplaced gives it) toward a cheaper placement, for a controller that moves a few pods
+// per period. The constraints are Place's: node cpu and memory, and at most
+// ceil(replicas/|nodes|) pods of a service per node.
+//
+// Pods of one service with equal weight are interchangeable: a target is a count of them per
+// node, and reaching it takes Σ over (service, weight, node) of max(0, current − target) moves.
+// Pods already where the target wants their kind stay; a moved pod leaves a node holding more
+// of its kind than the target, for one holding fewer.
+//
+// Three candidate targets are considered: local search (as LARP's) started from the current
+// placement; LARP's placement from scratch (what Place(m, LARP) gives); and the current
+// placement itself. Among those whose cost is within opt.Tolerance of the cheapest, the one of
+// fewest moves wins (ties: the cheaper, then that order). A current placement that breaks a
+// constraint — more pods of a service on a node than the spread cap, or requests over a node's
+// allocatable, both of which happen on live clusters — is no candidate; the local search then
+// starts from it after a repair that moves the offending pods, one at a time, to the feasible
+// node where they cost least (if some pod fits nowhere, that candidate is dropped). When no
+// candidate is feasible the error wraps ErrInfeasible, as Place's does.
+//
+// Moves are ordered greedily: from the current state, the feasible move toward the target of
+// lowest resulting LATA cost is applied next (moves are compared by the incremental integer
+// costing of Place's search; CostAfter is computed exactly as Plan does, re-solving only the
+// call edges of the moved service). Moves that never become feasible are Blocked. A pod with
+// no node is an error (wrapping ErrInvalidTopology) that names it.
+//
+// Cost: one LARP placement, one local search, and per move the trials of the pending moves
+// whose services' neighbourhood changed (each re-solves the node-level transports of the
+// service's call edges). PlanRebalance is deterministic — the same model gives the same plan
+// for any GOMAXPROCS — and safe for concurrent use (m is only read).
+func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
+	tol := opt.Tolerance
+	if tol == 0 {
+		tol = DefaultRebalanceTolerance
+	}
+	if !(tol >= 0) || math.IsInf(tol, 1) {
+		return nil, fmt.Errorf("optimizer: rebalance tolerance %v: want a finite number ≥ 0", opt.Tolerance)
+	}
+	var cur []int
+	for _, sm := range m.Services {
+		for _, p := range sm.Pods {
+			if p.Node < 0 {
+				return nil, fmt.Errorf("%w: pod %q (service %q) has no node: a rebalance starts from placed pods", ErrInvalidTopology, p.Name, sm.Name)
+			}
+			cur = append(cur, p.Node)
+		}
+	}
+	pp, err := newPlaceProblem(m)
+	if err != nil {
+		return nil, err
+	}
+	rb := pp.newRebalancer(cur)
+	before, err := rb.cost(cur)
+	if err != nil {
+		return nil, err
+	}
+
+	// The candidates, in order of preference on ties: the current placement, local search
+	// from it, LARP from scratch. The two searches run in parallel; each writes its own slot.
+	var fromCurrent, fromScratch []int
+	var scratchErr error
+	curOK := pp.feasible(cur) == ""
+	parallel(2, func(_, i int) {
+		if i == 0 {
+			st := pp.newState()
+			st.load(cur)
+			if curOK || st.repair() {
+				st.localSearch(larpDefault)
+				fromCurrent = st.snapshot()
+			}
+			return
+		}
+		fromScratch, scratchErr = pp.larp()
+	})
+	type candidate struct {
+		nodes []int
+		moves int
+		cost  float64
+	}
+	var current []int
+	if curOK {
+		current = cur
+	}
+	var cands []candidate
+	for _, nodes := range [][]int{current, fromCurrent, fromScratch} {
+		if nodes == nil {
+			continue
+		}
+		nodes = rb.match(nodes)
+		c, err := rb.cost(nodes)
+		if err != nil {
+			return nil, err
+		}
+		cands = append(cands, candidate{nodes: nodes, moves: rb.moves(nodes), cost: c})
+	}
+	if len(cands) == 0 {
+		// Only when LARP found no placement and the current one breaks a constraint that the
+		// repair cannot mend: scratchErr wraps ErrInfeasible.
+		return nil, fmt.Errorf("%w (the current placement has %s)", scratchErr, pp.feasible(cur))
+	}
+	best := cands[0].cost
+	for _, c := range cands {
+		best = min(best, c.cost)
+	}
+	chosen := -1
+	for i, c := range cands {
+		if c.cost > best*(1+tol) {
+			continue
+		}
+		if chosen < 0 || c.moves < cands[chosen].moves || c.moves == cands[chosen].moves && c.cost < cands[chosen].cost {
+			chosen = i
+		}
+	}
+
+	out := &Rebalance{CostBefore: before}
+	final, err := rb.order(cands[chosen].nodes, out)
+	if err != nil {
+		return nil, err
+	}
+	if out.CostTarget, err = rb.cost(final); err != nil {
+		return nil, err
+	}
+	out.Target = make(map[string]string, len(final))
+	for i, u := range final {
+		s := pp.pods[i].svc
+		out.Target[m.Services[s].Pods[i-pp.svcs[s].first].Name] = m.Nodes[u].Name
+	}
+	return out, nil
+}
+
+// feasible says which constraint the complete placement nodes breaks ("" if none).
+func (pp *placeProblem) feasible(nodes []int) string {
+	n := pp.n
+	count := make(map[[2]int]int) // (service, node) → pods
+	usedCPU, usedMem := make([]int64, n), make([]int64, n)
+	for i, u := range nodes {
+		s := pp.pods[i].svc
+		count[[2]int{s, u}]++
+		usedCPU[u] = satAdd(usedCPU[u], pp.svcs[s].cpu)
+		usedMem[u] = satAdd(usedMem[u], pp.svcs[s].mem)
+	}
+	for i, u := range nodes {
+		s := pp.pods[i].svc
+		if k := count[[2]int{s, u}]; k > pp.svcs[s].cap {
+			return fmt.Sprintf("%d pods of service %q on node %q, spread cap %d", k, pp.m.Services[s].Name, pp.m.Nodes[u].Name, pp.svcs[s].cap)
+		}
+	}
+	for u := 0; u < n; u++ {
+		if usedCPU[u] > pp.cpu[u] || usedMem[u] > pp.mem[u] {
+			return fmt.Sprintf("requests over node %q's allocatable (cpu %dm, memory %d MiB)", pp.m.Nodes[u].Name, usedCPU[u], usedMem[u])
+		}
+	}
+	return ""
+}
+
+// repair moves pods off nodes where the loaded placement breaks a constraint (a service over
+// its spread cap, cpu or memory over the allocatable) until none does: each step moves one pod
+// that relieves a violated constraint of the first such node to a node that can host it, the
+// (pod, node) of lowest resulting cost (ties: lower node, earlier pod). No step creates a
+// violation, and each removes part of one, so it ends; false if some offending pod fits
+// nowhere.
+func (st *placeState) repair() bool {
+	pp := st.pp
+	n := pp.n
+	var reps []int
+	for u := 0; u < n; u++ {
+		for {
+			overCPU, overMem := st.freeCPU[u] < 0, st.freeMem[u] < 0
+			reps = reps[:0]
+			for _, p := range st.podsOn[u] {
+				s := pp.pods[p].svc
+				ps := &pp.svcs[s]
+				relieves := int(st.count[s*n+u]) > ps.cap || overCPU && ps.cpu > 0 || overMem && ps.mem > 0
+				if relieves && !st.hasClass(reps, p) {
+					reps = append(reps, p)
+				}
+			}
+			if len(reps) == 0 {
+				break
+			}
+			bestD, bestP, bestV := math.Inf(1), -1, -1
+			for _, p := range reps {
+				for v := 0; v < n; v++ {
+					if v == u || !st.canHost(p, v) {
+						continue
+					}
+					if d := st.tryMove(p, v, math.Inf(1)); bestP < 0 || d < bestD {
+						bestD, bestP, bestV = d, p, v
+					}
+				}
+			}
+			if bestP < 0 {
+				return false
+			}
+			st.remove(bestP)
+			st.add(bestP, bestV)
+			st.resolve(pp.svcs[pp.pods[bestP].svc].edges)
+		}
+	}
+	return true
+}
+
+// hasClass says whether pods holds a pod of p's service and integer weight.
+func (st *placeState) hasClass(pods []int, p int) bool {
+	for _, q := range pods {
+		if st.pp.pods[q].svc == st.pp.pods[p].svc && st.pp.pods[q].w == st.pp.pods[p].w {
+			return true
+		}
+	}
+	return false
+}
+
+// rebalancer holds what one PlanRebalance shares between its steps: the current placement and
+// the pods' classes — interchangeable pods: one service, equal weight (the model's, not the
+// integer one, which largest remainder may make unequal).
+type rebalancer struct {
+	pp    *placeProblem
+	cur   []int
+	class []int   // per pod
+	pods  [][]int // per class, its pods in model order
+	svcOf []int   // per class
+	// classesOf[s] are the classes of service s; they go dirty when s or a neighbour moves.
+	classesOf [][]int
+	coster    *planCoster
+}
+
+func (pp *placeProblem) newRebalancer(cur []int) *rebalancer {
+	rb := &rebalancer{pp: pp, cur: cur, class: make([]int, len(pp.pods)), classesOf: make([][]int, len(pp.svcs)),
+		coster: newPlanCoster(pp.m)}
+	for s, sm := range pp.m.Services {
+		first := len(rb.pods)
+		for k, p := range sm.Pods {
+			c := first
+			for c < len(rb.pods) && sm.Pods[rb.pods[c][0]-pp.svcs[s].first].Weight != p.Weight {
+				c++
+			}
+			if c == len(rb.pods) {
+				rb.pods = append(rb.pods, nil)
+				rb.svcOf = append(rb.svcOf, s)
+				rb.classesOf[s] = append(rb.classesOf[s], c)
+			}
+			i := pp.svcs[s].first + k
+			rb.pods[c] = append(rb.pods[c], i)
+			rb.class[i] = c
+		}
+	}
+	return rb
+}
+
+// moves counts the moves from the current placement to target: Σ over (class, node) of
+// max(0, current − target).
+func (rb *rebalancer) moves(target []int) int {
+	surplus := make(map[[2]int]int)
+	for i := range target {
+		surplus[[2]int{rb.class[i], rb.cur[i]}]++
+		surplus[[2]int{rb.class[i], target[i]}]--
+	}
+	k := 0
+	for _, x := range surplus {
+		k += max(0, x)
+	}
+	return k
+}
+
+// slot is a node with pods of a class to give away (pods) or to take in (need).
+type slot struct {
+	node int
+	pods []int
+	need int
+}
+
+// diff returns, for class c, the nodes with a surplus of its pods (the pods that leave: those
+// beyond the target's count, the later ones in model order) and those with a deficit, both by
+// ascending node.
+func (rb *rebalancer) diff(c int, target []int) (src, dst []slot) {
+	pods := rb.pods[c]
+	from := slices.Clone(pods)
+	slices.SortStableFunc(from, func(a, b int) int { return rb.cur[a] - rb.cur[b] })
+	to := make([]int, len(pods))
+	for k, i := range pods {
+		to[k] = target[i]
+	}
+	slices.Sort(to)
+	a, b := 0, 0
+	for a < len(from) || b < len(to) {
+		u := math.MaxInt
+		if a < len(from) {
+			u = rb.cur[from[a]]
+		}
+		if b < len(to) {
+			u = min(u, to[b])
+		}
+		a0, b0 := a, b
+		for a < len(from) && rb.cur[from[a]] == u {
+			a++
+		}
+		for b < len(to) && to[b] == u {
+			b++
+		}
+		have, want := a-a0, b-b0
+		switch {
+		case have > want:
+			src = append(src, slot{node: u, pods: from[a0+want : a]})
+		case want > have:
+			dst = append(dst, slot{node: u, need: want - have})
+		}
+	}
+	return src, dst
+}
+
+// match returns target with the pods relabelled so that pods stay where the target keeps
+// their class: leaving pods fill the deficit slots in node order.
+func (rb *rebalancer) match(target []int) []int {
+	out := slices.Clone(rb.cur)
+	for c := range rb.pods {
+		src, dst := rb.diff(c, target)
+		d := 0
+		for _, sl := range src {
+			for _, i := range sl.pods {
+				for dst[d].need == 0 {
+					d++
+				}
+				out[i] = dst[d].node
+				dst[d].need--
+			}
+		}
+	}
+	return out
+}
+
+// cost is Plan's LATA cost of the placement nodes.
+func (rb *rebalancer) cost(nodes []int) (float64, error) {
+	for i, u := range nodes {
+		rb.coster.set(rb.pp, i, u)
+	}
+	if err := rb.coster.solveAll(); err != nil {
+		return 0, err
+	}
+	return rb.coster.total(), nil
+}
+
+// pending is one class's moves still to make, and the cached cost changes of its (source,
+// destination) pairs.
+type pending struct {
+	src, dst []slot
+	dirty    bool
+	delta    []float64 // [a*len(dst)+b]: cost change of moving src[a]'s next pod to dst[b]
+}
+
+// order appends to out.Moves the moves from the current placement to target (a match result)
+// in greedy order, and to out.Blocked those that never become feasible; it returns the target
+// with every pod's final node (which pod of a class goes where follows the order).
+func (rb *rebalancer) order(target []int, out *Rebalance) ([]int, error) {
+	pp := rb.pp
+	m, n := pp.m, pp.n
+	final := slices.Clone(rb.cur)
+	st := pp.newState()
+	st.memo = make([]memoEntry, pp.memoSize())
+	st.load(rb.cur)
+	for i, u := range rb.cur {
+		rb.coster.set(pp, i, u)
+	}
+	if err := rb.coster.solveAll(); err != nil {
+		return nil, err
+	}
+	work := make([]pending, len(rb.pods))
+	for c := range work {
+		work[c].src, work[c].dst = rb.diff(c, target)
+		work[c].dirty = true
+	}
+	name := func(i int) (svc, pod string) {
+		s := pp.pods[i].svc
+		return m.Services[s].Name, m.Services[s].Pods[i-pp.svcs[s].first].Name
+	}
+	for {
+		bestC, bestA, bestB, bestD := -1, 0, 0, math.Inf(1)
+		for c := range work {
+			w := &work[c]
+			if len(w.src) == 0 {
+				continue
+			}
+			s := rb.svcOf[c]
+			if w.dirty {
+				w.dirty = false
+				w.delta = w.delta[:0]
+				for _, a := range w.src {
+					for _, b := range w.dst {
+						w.delta = append(w.delta, st.tryMove(a.pods[0], b.node, math.Inf(1)))
+					}
+				}
+			}
+			for a := range w.src {
+				for b, sb := range w.dst {
+					v := sb.node
+					if int(st.count[s*n+v]) >= pp.svcs[s].cap || !st.fitsResources(s, v) {
+						continue
+					}
+					if d := w.delta[a*len(w.dst)+b]; bestC < 0 || d < bestD {
+						bestC, bestA, bestB, bestD = c, a, b, d
+					}
+				}
+			}
+		}
+		if bestC < 0 {
+			break
+		}
+		w := &work[bestC]
+		i, u, v := w.src[bestA].pods[0], w.src[bestA].node, w.dst[bestB].node
+		s := pp.pods[i].svc
+		st.remove(i)
+		st.add(i, v)
+		st.resolve(pp.svcs[s].edges)
+		final[i] = v
+		rb.coster.set(pp, i, v)
+		if err := rb.coster.solveService(s); err != nil {
+			return nil, err
+		}
+		svc, pod := name(i)
+		out.Moves = append(out.Moves, Move{Service: svc, Pod: pod, From: m.Nodes[u].Name, To: m.Nodes[v].Name, CostAfter: rb.coster.total()})
+		if w.src[bestA].pods = w.src[bestA].pods[1:]; len(w.src[bestA].pods) == 0 {
+			w.src = slices.Delete(w.src, bestA, bestA+1)
+		}
+		if w.dst[bestB].need--; w.dst[bestB].need == 0 {
+			w.dst = slices.Delete(w.dst, bestB, bestB+1)
+		}
+		for _, c := range rb.classesOf[s] {
+			work[c].dirty = true
+		}
+		for _, e := range pp.svcs[s].edges {
+			for _, t := range [2]int{pp.edges[e].from, pp.edges[e].to} {
+				for _, c := range rb.classesOf[t] {
+					work[c].dirty = true
+				}
+			}
+		}
+	}
+	for c := range work {
+		w := &work[c]
+		d := 0
+		for _, sa := range w.src {
+			for _, i := range sa.pods {
+				for w.dst[d].need == 0 {
+					d++
+				}
+				v := w.dst[d].node
+				w.dst[d].need--
+				final[i] = v
+				svc, pod := name(i)
+				out.Blocked = append(out.Blocked, Move{Service: svc, Pod: pod, From: m.Nodes[sa.node].Name, To: m.Nodes[v].Name})
+			}
+		}
+	}
+	return final, nil
+}
+
+// planCoster computes Plan's LATA cost of placements of one model, re-solving only the call
+// edges of the services whose pods moved. Its total is summed in call order, as Plan sums it,
+// so it equals Plan's cost of the same placement exactly.
+type planCoster struct {
+	m     Model // a copy whose pods (only their nodes) change
+	alloc *edgeAllocator
+	calls []float64 // per call, its cost
+}
+
+func newPlanCoster(m *Model) *planCoster {
+	c := &planCoster{m: *m, alloc: newEdgeAllocator(), calls: make([]float64, len(m.Calls))}
+	c.m.Services = slices.Clone(m.Services)
+	for s := range c.m.Services {
+		c.m.Services[s].Pods = slices.Clone(m.Services[s].Pods)
+	}
+	return c
+}
+
+// set puts global pod i on node u.
+func (c *planCoster) set(pp *placeProblem, i, u int) {
+	s := pp.pods[i].svc
+	c.m.Services[s].Pods[i-pp.svcs[s].first].Node = u
+}
+
+func (c *planCoster) solveCall(k int) error {
+	e := c.m.Calls[k]
+	splits, err := c.alloc.allocate(LATA, &c.m, e)
+	if err != nil {
+		return fmt.Errorf("optimizer: call %s → %s: %w", c.m.Services[e.From].Name, c.m.Services[e.To].Name, err)
+	}
+	c.calls[k] = buildCall(&c.m, e, splits).Cost
+	return nil
+}
+
+// solveAll re-solves every call.
+func (c *planCoster) solveAll() error {
+	for k := range c.m.Calls {
+		if err := c.solveCall(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// solveService re-solves the calls of service s (after only s's pods moved).
+func (c *planCoster) solveService(s int) error {
+	for k, e := range c.m.Calls {
+		if e.From == s || e.To == s {
+			if err := c.solveCall(k); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (c *planCoster) total() float64 {
+	var sum float64
+	for _, x := range c.calls {
+		sum += x
+	}
+	return sum
+}

@@ -1,0 +1,465 @@
+package optimizer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// rebalanceWorld builds a placed topology: nodes with cpu (0 = unlimited), symmetric latencies
+// (self 0), services with cpu 500 and pods on the nodes given, calls of rate 1, ingress 100
+// into the first service of each call.
+func rebalanceWorld(nodes map[string]int64, order []string, lat map[[2]string]float64, pods map[string][]string, svcOrder []string, calls [][2]string) *Topology {
+	t := &Topology{}
+	for _, n := range order {
+		t.Nodes = append(t.Nodes, Node{Name: n, CPU: nodes[n]})
+	}
+	for i, a := range order {
+		for _, b := range order[i+1:] {
+			ms, ok := lat[[2]string{a, b}]
+			if !ok {
+				ms = lat[[2]string{b, a}]
+			}
+			t.Latency = append(t.Latency, Latency{From: a, To: b, MS: ms})
+		}
+	}
+	for _, s := range svcOrder {
+		svc := Service{Name: s, CPU: 500}
+		for k, n := range pods[s] {
+			svc.Pods = append(svc.Pods, Pod{Name: fmt.Sprintf("%s-%d", s, k), Node: n})
+		}
+		t.Services = append(t.Services, svc)
+	}
+	for _, c := range calls {
+		t.Calls = append(t.Calls, Call{From: c[0], To: c[1]})
+		t.Ingress = append(t.Ingress, Ingress{Service: c[0], RPS: 100})
+	}
+	return t
+}
+
+func compilePlaced(t *testing.T, top *Topology) *Model {
+	t.Helper()
+	m, err := Compile(top, Options{})
+	if err != nil {
+		t.Fatalf("compile: %v", err)
+	}
+	return m
+}
+
+func mustRebalance(t *testing.T, m *Model, opt RebalanceOptions) *Rebalance {
+	t.Helper()
+	rb, err := PlanRebalance(m, opt)
+	if err != nil {
+		t.Fatalf("PlanRebalance: %v", err)
+	}
+	return rb
+}
+
+func relClose(a, b, rel float64) bool {
+	return math.Abs(a-b) <= rel*math.Max(1, math.Max(math.Abs(a), math.Abs(b)))
+}
+
+// classMoves counts the moves from the placement of m to target with interchangeable pods
+// (one service, equal weight): Σ over (service, weight, node) of max(0, current − target).
+func classMoves(m *Model, target map[string]string) int {
+	type key struct {
+		svc  string
+		w    float64
+		node string
+	}
+	surplus := map[key]int{}
+	for _, sm := range m.Services {
+		for _, p := range sm.Pods {
+			surplus[key{sm.Name, p.Weight, m.Nodes[p.Node].Name}]++
+			surplus[key{sm.Name, p.Weight, target[p.Name]}]--
+		}
+	}
+	k := 0
+	for _, x := range surplus {
+		k += max(0, x)
+	}
+	return k
+}
+
+// checkRebalance walks the plan on a copy of m's topology: every move starts where its pod is,
+// lands on a node with room (cpu, memory, spread cap), and its CostAfter is Plan's cost of the
+// topology so far; moves and blocked moves together lead exactly to Target, which is feasible
+// and costs CostTarget; and no pod moves that need not.
+func checkRebalance(t *testing.T, label string, m *Model, rb *Rebalance) {
+	t.Helper()
+	plan := func(top *Topology) float64 {
+		t.Helper()
+		pm, err := Compile(top, Options{})
+		if err != nil {
+			t.Fatalf("%s: compile: %v", label, err)
+		}
+		a, err := Plan(pm, LATA)
+		if err != nil {
+			t.Fatalf("%s: plan: %v", label, err)
+		}
+		return a.Cost
+	}
+	if before := mustPlan(t, m, LATA).Cost; rb.CostBefore != before {
+		t.Fatalf("%s: CostBefore %v, Plan says %v", label, rb.CostBefore, before)
+	}
+	top := m.Topology.Clone()
+	podAt := map[string]*Pod{}
+	svcOf := map[string]*Service{}
+	for i := range top.Services {
+		s := &top.Services[i]
+		for k := range s.Pods {
+			podAt[s.PodKey(&s.Pods[k])] = &s.Pods[k]
+			svcOf[s.PodKey(&s.Pods[k])] = s
+		}
+	}
+	nodeCPU, nodeMem := map[string]int64{}, map[string]int64{}
+	for _, n := range top.Nodes {
+		nodeCPU[n.Name], nodeMem[n.Name] = n.CPU, n.Memory
+	}
+	for k, mv := range rb.Moves {
+		p, ok := podAt[mv.Pod]
+		if !ok {
+			t.Fatalf("%s: move %d: unknown pod %q", label, k, mv.Pod)
+		}
+		s := svcOf[mv.Pod]
+		if s.Key() != mv.Service || p.Node != mv.From || mv.From == mv.To {
+			t.Fatalf("%s: move %d %+v: pod is on %q of service %q", label, k, mv, p.Node, s.Key())
+		}
+		p.Node = mv.To
+		var cpu, mem int64
+		same := 0
+		for _, s2 := range top.Services {
+			for _, q := range s2.Pods {
+				if q.Node == mv.To {
+					cpu, mem = cpu+s2.CPU, mem+s2.Memory
+					if s2.Key() == s.Key() {
+						same++
+					}
+				}
+			}
+		}
+		if c := nodeCPU[mv.To]; c > 0 && cpu > c || nodeMem[mv.To] > 0 && mem > nodeMem[mv.To] {
+			t.Fatalf("%s: move %d %+v: node %s over capacity (cpu %d/%d, memory %d/%d)", label, k, mv, mv.To, cpu, c, mem, nodeMem[mv.To])
+		}
+		if spread := (len(s.Pods) + len(top.Nodes) - 1) / len(top.Nodes); same > spread {
+			t.Fatalf("%s: move %d %+v: %d pods of %s on %s, spread cap %d", label, k, mv, same, s.Key(), mv.To, spread)
+		}
+		if got := plan(top); !relClose(mv.CostAfter, got, 1e-6) {
+			t.Fatalf("%s: move %d %+v: CostAfter %v, Plan of the topology so far says %v", label, k, mv, mv.CostAfter, got)
+		}
+	}
+	if len(rb.Blocked) == 0 {
+		want := rb.CostBefore
+		if len(rb.Moves) > 0 {
+			want = rb.Moves[len(rb.Moves)-1].CostAfter
+		}
+		if !relClose(want, rb.CostTarget, 1e-6) {
+			t.Fatalf("%s: nothing blocked, final cost %v but CostTarget %v", label, want, rb.CostTarget)
+		}
+	}
+	for k, mv := range rb.Blocked {
+		p := podAt[mv.Pod]
+		if p == nil || p.Node != mv.From || mv.From == mv.To || mv.CostAfter != 0 {
+			t.Fatalf("%s: blocked %d %+v: pod is on %v", label, k, mv, p)
+		}
+		p.Node = mv.To
+	}
+	for name, p := range podAt {
+		if rb.Target[name] != p.Node {
+			t.Fatalf("%s: moves lead pod %s to %q, Target says %q", label, name, p.Node, rb.Target[name])
+		}
+	}
+	checkPlacement(t, label+": target", m, rb.Placement())
+	if got, want := len(rb.Moves)+len(rb.Blocked), classMoves(m, rb.Target); got != want {
+		t.Fatalf("%s: %d moves and blocked, but the target is %d moves away", label, got, want)
+	}
+}
+
+// farWorld: a, b close, c far; front and back 4 pods each (spread cap 2), back half on c.
+func farWorld() *Topology {
+	return rebalanceWorld(map[string]int64{}, []string{"a", "b", "c"},
+		map[[2]string]float64{{"a", "b"}: 1, {"a", "c"}: 30, {"b", "c"}: 30},
+		map[string][]string{"front": {"a", "a", "b", "b"}, "back": {"c", "c", "a", "b"}},
+		[]string{"front", "back"}, [][2]string{{"front", "back"}})
+}
+
+func TestRebalanceFarLayout(t *testing.T) {
+	m := compilePlaced(t, farWorld())
+	rb := mustRebalance(t, m, RebalanceOptions{})
+	checkRebalance(t, "far", m, rb)
+	if len(rb.Moves) < 2 || len(rb.Blocked) != 0 {
+		t.Fatalf("want at least two moves and none blocked: %+v", rb)
+	}
+	if !(rb.CostTarget < rb.CostBefore/2) {
+		t.Fatalf("target cost %v, before %v: want far less", rb.CostTarget, rb.CostBefore)
+	}
+	prev := rb.CostBefore
+	for k, mv := range rb.Moves {
+		if mv.CostAfter > prev {
+			t.Fatalf("move %d %+v raises the cost from %v", k, mv, prev)
+		}
+		prev = mv.CostAfter
+	}
+	applied := compilePlaced(t, rb.Placement().Apply(m.Topology))
+	if got := mustPlan(t, applied, LATA).Cost; prev != rb.CostTarget || got != rb.CostTarget {
+		t.Fatalf("last CostAfter %v, CostTarget %v, Plan of the applied target %v", prev, rb.CostTarget, got)
+	}
+}
+
+func TestRebalanceAlreadyOptimal(t *testing.T) {
+	m := compilePlaced(t, farWorld())
+	again := compilePlaced(t, mustRebalance(t, m, RebalanceOptions{}).Placement().Apply(m.Topology))
+	rb := mustRebalance(t, again, RebalanceOptions{})
+	if len(rb.Moves)+len(rb.Blocked) != 0 || rb.CostTarget != rb.CostBefore {
+		t.Fatalf("far world once rebalanced: %+v", rb)
+	}
+	// Instances of non-zero optimal cost: LARP's own placements are where it would go.
+	for seed := uint64(0); seed < 8; seed++ {
+		mu := compileUnplaced(t, genPlaceTopology(seed, placeGenConfig{nodes: 5, services: 4, replicas: 4, slack: 2}))
+		pl, err := Place(mu, LARP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := compilePlaced(t, pl.Apply(mu.Topology))
+		rb := mustRebalance(t, m, RebalanceOptions{})
+		if len(rb.Moves)+len(rb.Blocked) != 0 || rb.CostTarget != rb.CostBefore || rb.CostBefore != pl.Cost {
+			t.Fatalf("seed %d: LARP placement (cost %v) rebalanced: %+v", seed, pl.Cost, rb)
+		}
+	}
+}
+
+// TestRebalanceFewestMoves: two mirror-image pairs of nodes; the optimum puts everything in one
+// pair, either one. The current placement is one move from the pair LARP does not choose.
+func TestRebalanceFewestMoves(t *testing.T) {
+	world := func(front, back []string) *Topology {
+		return rebalanceWorld(map[string]int64{}, []string{"p1", "p2", "q1", "q2"},
+			map[[2]string]float64{{"p1", "p2"}: 1, {"q1", "q2"}: 1, {"p1", "q1"}: 20, {"p1", "q2"}: 20, {"p2", "q1"}: 20, {"p2", "q2"}: 20},
+			map[string][]string{"front": front, "back": back}, []string{"front", "back"}, [][2]string{{"front", "back"}})
+	}
+	base := compilePlaced(t, world([]string{"p1", "p2"}, []string{"p1", "p2"}))
+	pl, err := Place(base, LARP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, mirror := "p", "q1"
+	if strings.HasPrefix(pl.Placement["front-0"], "p") {
+		other, mirror = "q", "p1"
+	}
+	// Front on the pair LARP does not choose, back half there and half in the other pair.
+	m := compilePlaced(t, world([]string{other + "1", other + "2"}, []string{other + "1", mirror}))
+	if moves := classMoves(m, pl.Placement); moves < 2 {
+		t.Fatalf("LARP's placement %v is only %d moves away: the test proves nothing", pl.Placement, moves)
+	}
+	rb := mustRebalance(t, m, RebalanceOptions{})
+	checkRebalance(t, "mirror", m, rb)
+	// back-1 → other2 or front-1 → mirror: either way one move to a co-located layout.
+	if len(rb.Moves) != 1 || len(rb.Blocked) != 0 || rb.CostTarget != pl.Cost {
+		t.Fatalf("want one move to cost %v: %+v", pl.Cost, rb)
+	}
+}
+
+// TestRebalanceTolerance: with a tolerance covering the whole gain, the current placement (no
+// move) wins; with the default, the instance moves.
+func TestRebalanceTolerance(t *testing.T) {
+	tried := 0
+	for seed := uint64(0); seed < 40 && tried < 5; seed++ {
+		mu := compileUnplaced(t, genPlaceTopology(seed, placeGenConfig{nodes: 5, services: 4, replicas: 4, slack: 2}))
+		cur := randomFeasible(rand.New(rand.NewPCG(seed, 3)), mu)
+		if cur == nil {
+			continue
+		}
+		m := compilePlaced(t, cur.Apply(mu.Topology))
+		tight := mustRebalance(t, m, RebalanceOptions{})
+		if len(tight.Moves) == 0 || !(tight.CostTarget > 0) {
+			continue
+		}
+		tried++
+		loose := mustRebalance(t, m, RebalanceOptions{Tolerance: 1e9})
+		if len(loose.Moves)+len(loose.Blocked) != 0 || loose.CostTarget != loose.CostBefore {
+			t.Fatalf("seed %d: with an unbounded tolerance the current placement (0 moves) must win: %+v", seed, loose)
+		}
+		// Just under the gain the default target got: the current placement is out.
+		gain := tight.CostBefore/tight.CostTarget - 1
+		under := mustRebalance(t, m, RebalanceOptions{Tolerance: gain * 0.999})
+		if len(under.Moves) == 0 || under.CostTarget > tight.CostTarget*(1+gain*0.999) {
+			t.Fatalf("seed %d: tolerance %v: %+v", seed, gain*0.999, under)
+		}
+	}
+	if tried == 0 {
+		t.Fatal("no instance with moves")
+	}
+	if _, err := PlanRebalance(compilePlaced(t, farWorld()), RebalanceOptions{Tolerance: -1}); err == nil {
+		t.Fatal("negative tolerance accepted")
+	}
+}
+
+// TestRebalanceResources: x and y are full (two pods of 500m in 1000m). A swap between them is
+// blocked; a move into x waits until a pod has left it.
+func TestRebalanceResources(t *testing.T) {
+	calls := [][2]string{{"a", "b"}, {"c", "d"}}
+	svcs := []string{"a", "b", "c", "d"}
+	t.Run("swap", func(t *testing.T) {
+		m := compilePlaced(t, rebalanceWorld(map[string]int64{"x": 1000, "y": 1000}, []string{"x", "y"},
+			map[[2]string]float64{{"x", "y"}: 10},
+			map[string][]string{"a": {"x"}, "b": {"y"}, "c": {"y"}, "d": {"x"}}, svcs, calls))
+		rb := mustRebalance(t, m, RebalanceOptions{})
+		checkRebalance(t, "swap", m, rb)
+		if len(rb.Moves) != 0 || len(rb.Blocked) != 2 || rb.CostTarget != 0 || rb.CostBefore == 0 {
+			t.Fatalf("want the swap blocked: %+v", rb)
+		}
+	})
+	t.Run("order", func(t *testing.T) {
+		// y has room for one pod only; z is empty.
+		m := compilePlaced(t, rebalanceWorld(map[string]int64{"x": 1000, "y": 500, "z": 1000}, []string{"x", "y", "z"},
+			map[[2]string]float64{{"x", "y"}: 10, {"x", "z"}: 10, {"y", "z"}: 10},
+			map[string][]string{"a": {"x"}, "b": {"y"}, "c": {"z"}, "d": {"x"}}, svcs, calls))
+		rb := mustRebalance(t, m, RebalanceOptions{})
+		checkRebalance(t, "order", m, rb)
+		want := []Move{{Service: "d", Pod: "d-0", From: "x", To: "z", CostAfter: 1000}, {Service: "b", Pod: "b-0", From: "y", To: "x", CostAfter: 0}}
+		if !reflect.DeepEqual(rb.Moves, want) || len(rb.Blocked) != 0 {
+			t.Fatalf("moves %+v blocked %+v, want %+v", rb.Moves, rb.Blocked, want)
+		}
+	})
+}
+
+// TestRebalanceOverCap: live clusters break the spread cap; the plan still ends feasible.
+func TestRebalanceOverCap(t *testing.T) {
+	m := compilePlaced(t, rebalanceWorld(map[string]int64{}, []string{"a", "b", "c"},
+		map[[2]string]float64{{"a", "b"}: 1, {"a", "c"}: 30, {"b", "c"}: 30},
+		map[string][]string{"front": {"c", "c", "c", "c"}, "back": {"c", "c", "c", "a"}},
+		[]string{"front", "back"}, [][2]string{{"front", "back"}}))
+	rb := mustRebalance(t, m, RebalanceOptions{})
+	checkRebalance(t, "over cap", m, rb)
+	if len(rb.Blocked) != 0 || classMoves(m, rb.Target) < 3 {
+		t.Fatalf("4 of 4 front pods on c (cap 2): %+v", rb)
+	}
+}
+
+func TestRebalanceRejectsUnplaced(t *testing.T) {
+	top := farWorld()
+	top.Services[1].Pods[2].Node = ""
+	m, err := Compile(top, Options{Unplaced: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = PlanRebalance(m, RebalanceOptions{})
+	if !errors.Is(err, ErrInvalidTopology) || !strings.Contains(err.Error(), `"back-2"`) {
+		t.Fatalf("err = %v, want ErrInvalidTopology naming back-2", err)
+	}
+}
+
+// randomFeasible puts the pods of m on random nodes within cpu, memory and the spread cap
+// (nil if it gets stuck).
+func randomFeasible(r *rand.Rand, m *Model) *Placement {
+	n := len(m.Nodes)
+	usedC, usedM := make([]int64, n), make([]int64, n)
+	out := &Placement{Placement: map[string]string{}}
+	for _, sm := range m.Services {
+		spread := (len(sm.Pods) + n - 1) / n
+		per := make([]int, n)
+		for _, p := range sm.Pods {
+			var ok []int
+			for u, node := range m.Nodes {
+				if per[u] < spread && (node.CPU == 0 || usedC[u]+sm.CPU <= node.CPU) && (node.Memory == 0 || usedM[u]+sm.Mem <= node.Memory) {
+					ok = append(ok, u)
+				}
+			}
+			if len(ok) == 0 {
+				return nil
+			}
+			u := ok[r.IntN(len(ok))]
+			per[u]++
+			usedC[u], usedM[u] = usedC[u]+sm.CPU, usedM[u]+sm.Mem
+			out.Placement[p.Name] = m.Nodes[u].Name
+		}
+	}
+	return out
+}
+
+// TestRebalanceProperties: on random instances with tight resources and random feasible
+// current placements, every prefix of the plan is feasible and costs its CostAfter, the target
+// is no worse than the current placement and no more moves away than Place's LARP placement.
+func TestRebalanceProperties(t *testing.T) {
+	seeds := 200
+	if testing.Short() {
+		seeds = 40
+	}
+	var withMoves, withBlocked int
+	for seed := uint64(0); seed < uint64(seeds); seed++ {
+		label := fmt.Sprintf("seed %d", seed)
+		mu := compileUnplaced(t, genPlaceTopology(seed, placeGenConfig{nodes: 6, services: 5, replicas: 5, slack: 1.25 + float64(seed%4)/4}))
+		r := rand.New(rand.NewPCG(seed, 7))
+		cur := randomFeasible(r, mu)
+		if cur == nil {
+			continue
+		}
+		m := compilePlaced(t, cur.Apply(mu.Topology))
+		rb := mustRebalance(t, m, RebalanceOptions{})
+		checkRebalance(t, label, m, rb)
+		if rb.CostTarget > rb.CostBefore*(1+1e-9) {
+			t.Fatalf("%s: target cost %v above the current %v", label, rb.CostTarget, rb.CostBefore)
+		}
+		pl, err := Place(m, LARP)
+		if err != nil {
+			t.Fatalf("%s: Place: %v", label, err)
+		}
+		if got, larp := len(rb.Moves)+len(rb.Blocked), classMoves(m, pl.Placement); got > larp {
+			t.Fatalf("%s: %d moves, LARP's placement is %d away", label, got, larp)
+		}
+		if len(rb.Moves) > 0 {
+			withMoves++
+		}
+		if len(rb.Blocked) > 0 {
+			withBlocked++
+		}
+	}
+	t.Logf("%d of %d instances with moves, %d with blocked moves", withMoves, seeds, withBlocked)
+	if withMoves < seeds/2 {
+		t.Fatalf("only %d instances with moves: the generator tests little", withMoves)
+	}
+}
+
+// TestRebalanceRandomOverCap: gen_test's pods sit on random nodes, mostly over the spread cap.
+func TestRebalanceRandomOverCap(t *testing.T) {
+	for seed := uint64(0); seed < 40; seed++ {
+		m := compilePlaced(t, genTopology(seed, genConfig{nodes: 4, services: 4, maxPods: 6, extraCalls: 2, weights: seed%2 == 0}))
+		rb := mustRebalance(t, m, RebalanceOptions{})
+		checkRebalance(t, fmt.Sprintf("seed %d", seed), m, rb)
+	}
+}
+
+// TestRebalanceDeterministic: the same plan for any GOMAXPROCS, and from concurrent calls.
+func TestRebalanceDeterministic(t *testing.T) {
+	for seed := uint64(0); seed < 6; seed++ {
+		mu := compileUnplaced(t, genPlaceTopology(seed, placeGenConfig{nodes: 8, services: 6, replicas: 6, slack: 1.5}))
+		cur := randomFeasible(rand.New(rand.NewPCG(seed, 9)), mu)
+		if cur == nil {
+			continue
+		}
+		m := compilePlaced(t, cur.Apply(mu.Topology))
+		prev := runtime.GOMAXPROCS(1)
+		want := mustRebalance(t, m, RebalanceOptions{})
+		runtime.GOMAXPROCS(prev)
+		got := make([]*Rebalance, 4)
+		var wg sync.WaitGroup
+		for i := range got {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got[i], _ = PlanRebalance(m, RebalanceOptions{})
+			}()
+		}
+		wg.Wait()
+		for i, g := range got {
+			if !reflect.DeepEqual(g, want) {
+				t.Fatalf("seed %d: run %d differs from the GOMAXPROCS=1 run:\n%+v\n%+v", seed, i, g, want)
+			}
+		}
+	}
+}
