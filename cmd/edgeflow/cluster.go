@@ -118,6 +118,19 @@ func (f *clusterFlags) restConfig() (*rest.Config, error) {
 	return cfg, nil
 }
 
+// clientset is a Kubernetes clientset for the cluster of the flags.
+func (f *clusterFlags) clientset() (kubernetes.Interface, error) {
+	cfg, err := f.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("kubeconfig: %w", err)}
+	}
+	return cs, nil
+}
+
 // cluster builds the merged cluster source. Bad flags or files are usage errors.
 func (f *clusterFlags) cluster(defaultLatency *float64, check func(*optimizer.Topology) error, logger *slog.Logger, reg prometheus.Registerer) (*watcher.Cluster, error) {
 	cfg, err := f.restConfig()

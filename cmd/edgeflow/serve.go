@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/xds"
 	"github.com/edgeflow/edgeflow/xds/istio"
@@ -47,6 +48,8 @@ type serveFlags struct {
 	logLevel       string
 	tls            xds.TLSFiles
 	profiling      bool
+	rebalance      bool
+	rebalancer     rebalanceFlags
 }
 
 func newServeCommand() *cobra.Command {
@@ -85,6 +88,8 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.tls.CertFile, "xds-tls-cert", "", "serve xDS over TLS with this certificate (PEM; reloaded when the file changes)")
 	fl.StringVar(&f.tls.KeyFile, "xds-tls-key", "", "the key of --xds-tls-cert (PEM)")
 	fl.StringVar(&f.tls.ClientCAFile, "xds-tls-client-ca", "", "mutual TLS: clients need a certificate from these CAs, and a node may claim only a pod whose service account its certificate names (spiffe://…/ns/NS/sa/SA)")
+	fl.BoolVar(&f.rebalance, "rebalance", false, "also run the LARP rebalancer (see edgeflow rebalance; its flags here are prefixed rebalance-, and it is dry-run unless --rebalance-dry-run=false)")
+	f.rebalancer.register(cmd, "rebalance-")
 	_ = cmd.MarkFlagRequired("xds-address")
 	return cmd
 }
@@ -146,6 +151,22 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}
 		if reconciler, err = istio.NewReconciler(istio.ReconcilerConfig{Filters: f.istio.config(), Client: ic, Logger: logger}); err != nil {
 			return usageError{err}
+		}
+	}
+	var rb *rebalancer.Controller
+	if f.rebalance {
+		if cluster == nil {
+			return badInput("--rebalance needs the cluster flags (--kubeconfig or in-cluster), not -f")
+		}
+		if err := f.rebalancer.check(); err != nil {
+			return err
+		}
+		cs, err := f.clientset()
+		if err != nil {
+			return err
+		}
+		if rb, err = f.rebalancer.controller(cs, &f.clusterFlags, cluster, opts.DefaultLatencyMS, logger, reg); err != nil {
+			return err
 		}
 	}
 	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts,
@@ -224,6 +245,11 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		start("Istio EnvoyFilters", func() error { return reconciler.Run(ctx) })
 	}
 	start("topology source", func() error { return source.Run(ctx, listener) })
+	if rb != nil {
+		if err := f.rebalancer.start(ctx, rb, start); err != nil {
+			cancel(err)
+		}
+	}
 	start("xDS server", func() error {
 		if err := g.Serve(xdsLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return err

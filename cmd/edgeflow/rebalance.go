@@ -1,0 +1,327 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/rebalancer"
+	"github.com/edgeflow/edgeflow/watcher"
+)
+
+func init() { subcommands = append(subcommands, newRebalanceCommand) }
+
+// rebalanceFlags configure the rebalancer (edgeflow rebalance; edgeflow serve --rebalance,
+// where every flag is prefixed rebalance-).
+type rebalanceFlags struct {
+	dryRun                                  bool
+	period                                  time.Duration
+	threshold                               float64
+	maxMoves, maxPerNode, maxPerNS          int
+	minAge, cooldown, gateTimeout           time.Duration
+	leaseNamespace, leaseName               string
+	webhookAddress, webhookCert, webhookKey string
+}
+
+func (f *rebalanceFlags) register(cmd *cobra.Command, prefix string) {
+	fl := cmd.Flags()
+	fl.BoolVar(&f.dryRun, prefix+"dry-run", true, "plan and report only; --"+prefix+"dry-run=false evicts pods and gates their replacements")
+	fl.DurationVar(&f.period, prefix+"period", rebalancer.DefaultPeriod, "time between runs (SIGUSR1 runs at once)")
+	fl.Float64Var(&f.threshold, prefix+"threshold", rebalancer.DefaultThreshold, "act only when the predicted LATA cost falls by at least this fraction")
+	fl.IntVar(&f.maxMoves, prefix+"max-moves", rebalancer.DefaultMaxMoves, "most pods evicted per run")
+	fl.IntVar(&f.maxPerNode, prefix+"max-moves-per-node", rebalancer.DefaultMaxMovesPerNode, "most moves per run leaving or entering one node")
+	fl.IntVar(&f.maxPerNS, prefix+"max-moves-per-namespace", rebalancer.DefaultMaxMovesPerNamespace, "most moves per run in one namespace")
+	fl.DurationVar(&f.minAge, prefix+"min-age", rebalancer.DefaultMinAge, "never move a pod younger than this")
+	fl.DurationVar(&f.cooldown, prefix+"cooldown", rebalancer.DefaultCooldown, "a pod placed by a move is not moved again, and its service does not move back, within this")
+	fl.DurationVar(&f.gateTimeout, prefix+"gate-timeout", rebalancer.DefaultGateTimeout, "a gated pod not placed within this is released without affinity")
+	fl.StringVar(&f.leaseNamespace, prefix+"lease-namespace", "", "namespace of the leader-election Lease (default: the pod's namespace, else default)")
+	fl.StringVar(&f.leaseName, prefix+"lease-name", rebalancer.DefaultLeaseName, "name of the leader-election Lease")
+	fl.StringVar(&f.webhookAddress, "webhook-address", "", "HOST:PORT to serve the placement webhook on (HTTPS, path "+rebalancer.WebhookPath+"); empty: not served")
+	fl.StringVar(&f.webhookCert, "webhook-tls-cert", "", "the webhook's certificate (PEM; read again when the file changes)")
+	fl.StringVar(&f.webhookKey, "webhook-tls-key", "", "the key of --webhook-tls-cert (PEM)")
+}
+
+func (f *rebalanceFlags) check() error {
+	switch {
+	case f.threshold >= 1:
+		return badInput("the threshold is a fraction below 1, not %v", f.threshold)
+	case f.maxMoves < 1 || f.maxPerNode < 1 || f.maxPerNS < 1:
+		return badInput("the move limits must be at least 1")
+	case f.period <= 0 || f.gateTimeout <= 0:
+		return badInput("the period and the gate timeout must be positive")
+	case (f.webhookCert == "") != (f.webhookKey == ""):
+		return badInput("give both --webhook-tls-cert and --webhook-tls-key")
+	case f.webhookAddress != "" && f.webhookCert == "":
+		return badInput("--webhook-address needs --webhook-tls-cert and --webhook-tls-key (the API server calls webhooks over HTTPS)")
+	}
+	return nil
+}
+
+func (f *rebalanceFlags) lease() rebalancer.LeaderConfig {
+	ns := f.leaseNamespace
+	if ns == "" {
+		if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
+			ns = string(bytes.TrimSpace(b))
+		}
+	}
+	if ns == "" {
+		ns = "default"
+	}
+	return rebalancer.LeaderConfig{Namespace: ns, Name: f.leaseName}
+}
+
+// controller builds the rebalancer on the cluster source.
+func (f *rebalanceFlags) controller(cs kubernetes.Interface, cf *clusterFlags, cluster *watcher.Cluster, defaultLatency *float64, logger *slog.Logger, reg prometheus.Registerer) (*rebalancer.Controller, error) {
+	c, err := rebalancer.New(rebalancer.Config{Client: cs, Topology: cluster.Current, Namespaces: cf.namespaces,
+		Selector: cf.selector, DefaultLatencyMS: defaultLatency, DryRun: f.dryRun, Period: f.period,
+		Threshold: f.threshold, MaxMoves: f.maxMoves, MaxMovesPerNode: f.maxPerNode, MaxMovesPerNamespace: f.maxPerNS,
+		MinAge: f.minAge, Cooldown: f.cooldown, GateTimeout: f.gateTimeout, Logger: logger, Registerer: reg})
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return c, nil
+}
+
+// start runs the controller and, if asked, the webhook, with start (serve's goroutine owner).
+func (f *rebalanceFlags) start(ctx context.Context, c *rebalancer.Controller, start func(string, func() error)) error {
+	var lis net.Listener
+	if f.webhookAddress != "" {
+		var err error
+		if lis, err = net.Listen("tcp", f.webhookAddress); err != nil {
+			return fmt.Errorf("webhook listener: %w", err)
+		}
+	}
+	start("rebalancer", func() error { return c.Run(ctx, f.lease()) })
+	if lis != nil {
+		start("placement webhook", func() error {
+			// The webhook reads the controller's caches: wait for them (Run starts them).
+			if err := c.WaitSynced(ctx); err != nil {
+				lis.Close()
+				return nil
+			}
+			return c.ServeWebhook(ctx, lis, f.webhookCert, f.webhookKey)
+		})
+	}
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	start("SIGUSR1", func() error {
+		defer signal.Stop(usr1)
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-usr1:
+				c.Trigger()
+			}
+		}
+	})
+	return nil
+}
+
+func newRebalanceCommand() *cobra.Command {
+	var (
+		cf             clusterFlags
+		rf             rebalanceFlags
+		output         string
+		defLat         float64
+		metricsAddress string
+	)
+	cmd := &cobra.Command{
+		Use:   "rebalance [--kubeconfig FILE] [--dry-run=false] [-o table|json]",
+		Short: "Move running pods toward a LARP placement, safely (dry-run by default)",
+		Long: "rebalance reads the live topology (as serve does), computes a LARP placement reachable from where the\n" +
+			"pods run now in the fewest moves, and picks the moves with the most gain. It acts only when the predicted\n" +
+			"LATA cost falls by at least --threshold, and moves at most --max-moves pods per run (and per node, per\n" +
+			"namespace), never a bare or DaemonSet pod, a pod younger than --min-age, one placed by a move within\n" +
+			"--cooldown, or one whose service has a pod that is not ready.\n\n" +
+			"--dry-run (the default) prints the plan once — its predicted gain and each move, with the reason a move\n" +
+			"would be skipped — and exits. With --dry-run=false it runs as a controller: only the holder of the Lease\n" +
+			"acts; every --period (and on SIGUSR1) it evicts through the Eviction API (PodDisruptionBudgets hold) and\n" +
+			"lifts the edgeflow.io/placement scheduling gate of each replacement with a required node affinity to\n" +
+			"its planned node. --webhook-address serves the mutating webhook that adds that gate.",
+		Example: "  edgeflow rebalance --calls calls.yaml --default-latency 10\n" +
+			"  edgeflow rebalance --prometheus-url http://prometheus:9090 -o json\n" +
+			"  edgeflow rebalance --dry-run=false --webhook-address :8443 --webhook-tls-cert tls.crt --webhook-tls-key tls.key",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(output, "table", "json"); err != nil {
+				return err
+			}
+			if err := rf.check(); err != nil {
+				return err
+			}
+			var defaultLatency *float64
+			if cmd.Flags().Changed("default-latency") {
+				defaultLatency = &defLat
+			}
+			return runRebalance(cmd, &cf, &rf, output, metricsAddress, defaultLatency)
+		},
+	}
+	cf.register(cmd)
+	rf.register(cmd, "")
+	cmd.Flags().Float64Var(&defLat, "default-latency", 0, "latency in ms for node pairs never measured (default: the largest measured)")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "dry-run output format: table, json")
+	cmd.Flags().StringVar(&metricsAddress, "metrics-address", "", "HOST:PORT for /metrics and /healthz (controller mode)")
+	return cmd
+}
+
+func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, output, metricsAddress string, defaultLatency *float64) error {
+	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if rf.dryRun {
+		logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	cs, err := cf.clientset()
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	cluster, err := cf.cluster(defaultLatency, nil, logger, reg)
+	if err != nil {
+		return err
+	}
+	c, err := rf.controller(cs, cf, cluster, defaultLatency, logger, reg)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// Every goroutine below is owned by this function: it ends when ctx is cancelled (signal,
+	// or the first component failing) and is waited for before runRebalance returns.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	start := func(name string, fn func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(); err != nil {
+				cancel(fmt.Errorf("%s: %w", name, err))
+			}
+		}()
+	}
+	start("topology source", func() error { return cluster.Run(ctx, ignore{}) })
+
+	if rf.dryRun {
+		r, err := planOnce(ctx, c, cluster, cf.waitTimeout)
+		cancel(nil)
+		if err != nil {
+			return err
+		}
+		if output == "json" {
+			return writeStructured(cmd.OutOrStdout(), "json", r)
+		}
+		return writeRebalanceTable(cmd.OutOrStdout(), r)
+	}
+	if err := rf.start(ctx, c, start); err != nil {
+		cancel(nil)
+		return err
+	}
+	if metricsAddress != "" {
+		lis, err := net.Listen("tcp", metricsAddress)
+		if err != nil {
+			cancel(nil)
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		start("metrics server", func() error {
+			if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		start("metrics shutdown", func() error {
+			<-ctx.Done()
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer scancel()
+			return srv.Shutdown(sctx)
+		})
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow rebalance: controller running (period %v, lease %s), webhook %s\n",
+		rf.period, rf.lease().Namespace+"/"+rf.lease().Name, orNone(rf.webhookAddress))
+	<-ctx.Done()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "not served"
+	}
+	return s
+}
+
+// ignore is a Listener that drops topologies (the rebalancer reads Cluster.Current).
+type ignore struct{}
+
+func (ignore) Update(*optimizer.Topology) {}
+
+// planOnce waits for the first topology and the controller's caches, and plans once.
+func planOnce(ctx context.Context, c *rebalancer.Controller, cluster *watcher.Cluster, timeout time.Duration) (*rebalancer.Report, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	defer c.Stop()
+	if err := c.Start(ctx); err != nil {
+		return nil, fmt.Errorf("cluster caches: %w", err)
+	}
+	for cluster.Current() == nil {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("no complete topology from the cluster within %v (%s)", timeout, describeChecks(cluster.Checks()))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return c.Plan()
+}
+
+// writeRebalanceTable prints the plan: the predicted costs and gain, then each move.
+func writeRebalanceTable(w io.Writer, r *rebalancer.Report) error {
+	var buf bytes.Buffer
+	mode := "dry-run: nothing is changed"
+	if !r.DryRun {
+		mode = "acting"
+	}
+	fmt.Fprintf(&buf, "Predicted LATA cost: %.1f now, %.1f at the target (gain %.1f%%, threshold %.1f%%; %s)\n",
+		r.CostBefore, r.CostTarget, 100*r.Gain, 100*r.Threshold, mode)
+	if len(r.Moves) == 0 {
+		fmt.Fprintln(&buf, "No moves: the pods already run where the plan wants them.")
+		_, err := w.Write(buf.Bytes())
+		return err
+	}
+	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tSERVICE\tPOD\tFROM\tTO\tCOST AFTER\tACTION\tREASON\t")
+	for _, m := range r.Moves {
+		reason := m.Reason
+		if reason == "" {
+			reason = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t\n", m.Namespace, m.Service, m.Pod, m.From, m.To, m.CostAfter, m.Action, reason)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := w.Write(buf.Bytes())
+	return err
+}

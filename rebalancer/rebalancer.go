@@ -1,0 +1,448 @@
+// Package rebalancer is LARP as a Kubernetes controller: every period (and on demand) it reads
+// the live topology, plans moves from where pods run now toward a LARP placement
+// (optimizer.PlanRebalance), and carries out the best few — through the Eviction API, so
+// PodDisruptionBudgets hold — while a scheduling gate makes each replacement land on its
+// planned node. It is dry-run by default, acts only as the leader of a Lease, and never imports
+// xds: it talks to the Kubernetes API and uses the optimizer.
+package rebalancer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// GateName is the scheduling gate the webhook puts on new pods of managed workloads; the
+// controller lifts it, with a node affinity to the planned node when the pod replaces one it
+// moved.
+const GateName = "edgeflow.io/placement"
+
+// Defaults of Config.
+const (
+	DefaultPeriod               = 10 * time.Minute
+	DefaultThreshold            = 0.05
+	DefaultMaxMoves             = 3
+	DefaultMaxMovesPerNode      = 1
+	DefaultMaxMovesPerNamespace = 2
+	DefaultMinAge               = 5 * time.Minute
+	DefaultCooldown             = time.Hour
+	DefaultGateTimeout          = 2 * time.Minute
+)
+
+// Skip reasons: the label values of edgeflow_rebalance_moves_skipped_total and the Reason of
+// a Move the controller does not carry out.
+const (
+	ReasonDryRun          = "dry_run"
+	ReasonBelowThreshold  = "below_threshold"
+	ReasonMaxMoves        = "max_moves"
+	ReasonMaxPerNode      = "max_moves_per_node"
+	ReasonMaxPerNamespace = "max_moves_per_namespace"
+	ReasonBarePod         = "bare_pod"
+	ReasonDaemonSet       = "daemonset"
+	ReasonTooYoung        = "min_age"
+	ReasonCooldown        = "cooldown"
+	ReasonReplicas        = "replicas_not_ready"
+	ReasonNodeFull        = "node_full"
+	ReasonPDB             = "pdb"
+	ReasonBackoff         = "backoff"
+	ReasonBlocked         = "blocked"
+	ReasonGone            = "pod_gone"
+	ReasonError           = "error"
+)
+
+// Config configures a Controller.
+type Config struct {
+	// Client reaches the cluster (required).
+	Client kubernetes.Interface
+	// Topology returns the current live topology (watcher.Cluster.Current); nil means not known
+	// yet. Its nodes carry allocatable cpu and memory, its services the ready pods.
+	Topology func() *optimizer.Topology
+	// Namespaces and Selector say which Services are managed, as kube.Config does (the webhook
+	// gates pods that back one of them).
+	Namespaces []string
+	Selector   string
+	// DefaultLatencyMS is given to optimizer.Compile (nil: every pair must be in the topology).
+	DefaultLatencyMS *float64
+
+	// DryRun plans and reports but never evicts, and the webhook gates nothing.
+	DryRun bool
+	// Period between runs (0: DefaultPeriod); Trigger runs at once.
+	Period time.Duration
+	// Threshold is the least relative fall of the predicted LATA cost worth acting on (0:
+	// DefaultThreshold; negative: act on any fall).
+	Threshold float64
+	// MaxMoves bounds the evictions of one run, MaxMovesPerNode those leaving or entering one
+	// node, MaxMovesPerNamespace those of one namespace (0: the defaults).
+	MaxMoves, MaxMovesPerNode, MaxMovesPerNamespace int
+	// MinAge: a pod younger than this is not moved (0: DefaultMinAge; negative: no minimum).
+	MinAge time.Duration
+	// Cooldown: a pod placed by a move is not moved again, and no pod of its service moves back
+	// to the node it left, within Cooldown (0: DefaultCooldown; negative: none).
+	Cooldown time.Duration
+	// GateTimeout: a gated pod not released within it is released without affinity (0:
+	// DefaultGateTimeout).
+	GateTimeout time.Duration
+	// Tolerance is optimizer.RebalanceOptions.Tolerance.
+	Tolerance float64
+
+	// Identity names this replica in the Lease and in Events (default: the hostname).
+	Identity string
+	// Clock is the time source (nil: time.Now).
+	Clock func() time.Time
+	// Logger and Registerer as elsewhere (nil: slog.Default(), metrics not registered).
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+func (cfg *Config) defaults() {
+	if cfg.Period <= 0 {
+		cfg.Period = DefaultPeriod
+	}
+	if cfg.Threshold == 0 {
+		cfg.Threshold = DefaultThreshold
+	}
+	if cfg.MaxMoves <= 0 {
+		cfg.MaxMoves = DefaultMaxMoves
+	}
+	if cfg.MaxMovesPerNode <= 0 {
+		cfg.MaxMovesPerNode = DefaultMaxMovesPerNode
+	}
+	if cfg.MaxMovesPerNamespace <= 0 {
+		cfg.MaxMovesPerNamespace = DefaultMaxMovesPerNamespace
+	}
+	if cfg.MinAge == 0 {
+		cfg.MinAge = DefaultMinAge
+	}
+	if cfg.Cooldown == 0 {
+		cfg.Cooldown = DefaultCooldown
+	}
+	if cfg.GateTimeout <= 0 {
+		cfg.GateTimeout = DefaultGateTimeout
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+}
+
+// Move is one planned pod move and what the controller does with it.
+type Move struct {
+	Namespace string `json:"namespace"`
+	Service   string `json:"service"`
+	Pod       string `json:"pod"`
+	From      string `json:"from"`
+	To        string `json:"to"`
+	// CostAfter is the predicted LATA cost once this move and those before it are done.
+	CostAfter float64 `json:"costAfter"`
+	// Action is "evict" for a move carried out (or that would be, in dry-run), else "skip".
+	Action string `json:"action"`
+	// Reason says why a move is skipped (one of the Reason constants); empty when evicted.
+	Reason string `json:"reason,omitempty"`
+}
+
+// Report is one run's plan: the predicted LATA cost now and at the target, and each move.
+type Report struct {
+	Time       time.Time `json:"time"`
+	DryRun     bool      `json:"dryRun"`
+	CostBefore float64   `json:"costBefore"`
+	CostTarget float64   `json:"costTarget"`
+	// Gain is the relative fall of the predicted cost, (before − target) / before.
+	Gain      float64 `json:"gain"`
+	Threshold float64 `json:"threshold"`
+	Moves     []Move  `json:"moves"`
+}
+
+// Evictions counts the moves the report carries out (or would, in dry-run).
+func (r *Report) Evictions() int {
+	n := 0
+	for _, m := range r.Moves {
+		if m.Action == ActionEvict {
+			n++
+		}
+	}
+	return n
+}
+
+// Actions of a Move.
+const (
+	ActionEvict = "evict"
+	ActionSkip  = "skip"
+)
+
+// Controller is the rebalancer. Run starts it; Plan computes a report without acting.
+type Controller struct {
+	cfg      Config
+	log      *slog.Logger
+	cs       kubernetes.Interface
+	selector labels.Selector
+	trigger  chan struct{}
+	metrics  *metrics
+
+	pods      corelisters.PodLister
+	services  []corelisters.ServiceLister
+	nodes     corelisters.NodeLister
+	hasSynced []cache.InformerSynced
+	factories []informers.SharedInformerFactory
+	gated     chan struct{} // a gated pod appeared or changed
+	synced    chan struct{} // closed once the caches synced
+	syncOnce  sync.Once
+
+	mu      sync.Mutex
+	pending map[string][]pendingMove   // service key → moves evicted, replacement not yet placed
+	placed  map[types.UID]time.Time    // pods placed by a move → when
+	left    map[serviceNode]time.Time  // (service, node a move left) → when
+	backoff map[types.UID]backoffState // pods whose eviction was refused
+	last    *Report
+	leading bool
+}
+
+type pendingMove struct {
+	move     Move
+	evicted  time.Time
+	cpu, mem int64
+}
+
+type serviceNode struct{ service, node string }
+
+type backoffState struct {
+	until time.Time
+	delay time.Duration
+}
+
+// New validates cfg and registers the metrics; it starts nothing.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("rebalancer: Config.Client is nil")
+	}
+	if cfg.Topology == nil {
+		return nil, errors.New("rebalancer: Config.Topology is nil")
+	}
+	sel, err := labels.Parse(cfg.Selector)
+	if err != nil {
+		return nil, fmt.Errorf("rebalancer: selector %q: %w", cfg.Selector, err)
+	}
+	cfg.defaults()
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	c := &Controller{cfg: cfg, log: cfg.Logger, cs: cfg.Client, selector: sel, metrics: m,
+		trigger: make(chan struct{}, 1), gated: make(chan struct{}, 1), synced: make(chan struct{}),
+		pending: map[string][]pendingMove{}, placed: map[types.UID]time.Time{},
+		left: map[serviceNode]time.Time{}, backoff: map[types.UID]backoffState{}}
+	c.setupInformers()
+	return c, nil
+}
+
+// setupInformers builds the informers (started by Start): every pod and node of the cluster
+// (the resources a node has free depend on every pod on it), and the Services of the managed
+// namespaces.
+func (c *Controller) setupInformers() {
+	all := informers.NewSharedInformerFactory(c.cs, 0)
+	c.factories = append(c.factories, all)
+	pods, nodes := all.Core().V1().Pods(), all.Core().V1().Nodes()
+	c.pods, c.nodes = pods.Lister(), nodes.Lister()
+	c.hasSynced = append(c.hasSynced, pods.Informer().HasSynced, nodes.Informer().HasSynced)
+	_, _ = pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.podEvent(obj) },
+		UpdateFunc: func(_, obj any) { c.podEvent(obj) },
+	})
+	namespaces := uniqueNamespaces(c.cfg.Namespaces)
+	if len(namespaces) == 0 {
+		namespaces = []string{""}
+	}
+	for _, ns := range namespaces {
+		f := all
+		if ns != "" {
+			f = informers.NewSharedInformerFactoryWithOptions(c.cs, 0, informers.WithNamespace(ns))
+			c.factories = append(c.factories, f)
+		}
+		svcs := f.Core().V1().Services()
+		c.services = append(c.services, svcs.Lister())
+		c.hasSynced = append(c.hasSynced, svcs.Informer().HasSynced)
+	}
+}
+
+func uniqueNamespaces(nss []string) []string {
+	var out []string
+	for _, ns := range nss {
+		if ns == "" {
+			return nil
+		}
+		if !slices.Contains(out, ns) {
+			out = append(out, ns)
+		}
+	}
+	return out
+}
+
+func (c *Controller) podEvent(obj any) {
+	if p, ok := obj.(*corev1.Pod); ok && hasGate(p) {
+		select {
+		case c.gated <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Start starts the informers and waits for their caches; they stop when ctx is done and
+// Stop (or Run's return) waits for them.
+func (c *Controller) Start(ctx context.Context) error {
+	for _, f := range c.factories {
+		f.Start(ctx.Done())
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), c.hasSynced...) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return errors.New("rebalancer: informer caches did not sync")
+	}
+	c.syncOnce.Do(func() { close(c.synced) })
+	return nil
+}
+
+// WaitSynced waits until Start has synced the caches, or ctx is done (its error).
+func (c *Controller) WaitSynced(ctx context.Context) error {
+	select {
+	case <-c.synced:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Stop waits for the informers started by Start (their context must be done).
+func (c *Controller) Stop() {
+	for _, f := range c.factories {
+		f.Shutdown()
+	}
+}
+
+// Trigger asks for a run now (on demand); it never blocks.
+func (c *Controller) Trigger() {
+	select {
+	case c.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Last returns the report of the last run (nil before the first).
+func (c *Controller) Last() *Report {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last
+}
+
+// Acting says whether the controller may change the cluster: not dry-run. The webhook gates
+// pods only then.
+func (c *Controller) Acting() bool { return !c.cfg.DryRun }
+
+// Plan computes the report of a run from the current topology and pods, without acting: the
+// moves the controller would carry out are marked evict (also in dry-run), the others skip
+// with their reason. The informers must have synced (Start).
+func (c *Controller) Plan() (*Report, error) {
+	t := c.cfg.Topology()
+	if t == nil {
+		return nil, errors.New("rebalancer: no topology yet")
+	}
+	now := c.cfg.Clock()
+	w, err := c.world()
+	if err != nil {
+		return nil, err
+	}
+	placed := w.forPlanning(t)
+	m, err := optimizer.Compile(placed, optimizer.Options{DefaultLatencyMS: c.cfg.DefaultLatencyMS})
+	if err != nil {
+		return nil, fmt.Errorf("rebalancer: %w", err)
+	}
+	plan, err := optimizer.PlanRebalance(m, optimizer.RebalanceOptions{Tolerance: c.cfg.Tolerance})
+	if err != nil {
+		return nil, fmt.Errorf("rebalancer: %w", err)
+	}
+	r := &Report{Time: now, DryRun: c.cfg.DryRun, CostBefore: plan.CostBefore, CostTarget: plan.CostTarget,
+		Threshold: c.cfg.Threshold}
+	if plan.CostBefore > 0 {
+		r.Gain = (plan.CostBefore - plan.CostTarget) / plan.CostBefore
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.expire(now)
+	d := decider{cfg: &c.cfg, now: now, world: w, pending: c.pending, placed: c.placed, left: c.left,
+		backoff: c.backoff, namespaceOf: namespaceOf(t)}
+	r.Moves = d.decide(plan, r.Gain)
+	return r, nil
+}
+
+// namespaceOf maps each service key of t to its namespace.
+func namespaceOf(t *optimizer.Topology) map[string]string {
+	out := make(map[string]string, len(t.Services))
+	for i := range t.Services {
+		out[t.Services[i].Key()] = t.Services[i].NamespaceOrDefault()
+	}
+	return out
+}
+
+// expire forgets cool-downs and back-offs that are over, and pending moves whose replacement
+// never came (the gate timeout has passed). c.mu is held.
+func (c *Controller) expire(now time.Time) {
+	for uid, at := range c.placed {
+		if now.Sub(at) >= c.cfg.Cooldown {
+			delete(c.placed, uid)
+		}
+	}
+	for k, at := range c.left {
+		if now.Sub(at) >= c.cfg.Cooldown {
+			delete(c.left, k)
+		}
+	}
+	for uid, b := range c.backoff {
+		if !now.Before(b.until) && now.Sub(b.until) > c.cfg.Period {
+			delete(c.backoff, uid)
+		}
+	}
+	for svc, ms := range c.pending {
+		ms = slices.DeleteFunc(ms, func(p pendingMove) bool { return now.Sub(p.evicted) > 2*c.cfg.GateTimeout })
+		if len(ms) == 0 {
+			delete(c.pending, svc)
+		} else {
+			c.pending[svc] = ms
+		}
+	}
+}
+
+// sortedKeys returns m's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// podName strips the "@SERVICE" suffix watcher.Cluster gives a pod listed in a second service.
+func podName(name string) (string, bool) {
+	if i := strings.IndexByte(name, '@'); i >= 0 {
+		return name[:i], true
+	}
+	return name, false
+}
