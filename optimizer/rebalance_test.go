@@ -506,3 +506,28 @@ func BenchmarkPlanRebalance(b *testing.B) {
 	b.ReportMetric(float64(len(rb.Blocked)), "blocked")
 	b.ReportMetric(rb.CostTarget/rb.CostBefore, "cost/before")
 }
+
+// TestRebalanceNamespaced: moves and Target name pods and services by their keys (POD.NS,
+// NAME.NS), and the target applies to the topology.
+func TestRebalanceNamespaced(t *testing.T) {
+	top := &Topology{
+		Nodes:   []Node{{Name: "a"}, {Name: "b"}},
+		Latency: []Latency{{From: "a", To: "b", MS: 5}},
+		Services: []Service{
+			{Name: "x", Namespace: "shop", Pods: []Pod{{Name: "x-0", Node: "a"}}},
+			{Name: "y", Namespace: "shop", Pods: []Pod{{Name: "y-0", Node: "b"}}},
+		},
+		Calls:   []Call{{From: "x.shop", To: "y.shop"}},
+		Ingress: []Ingress{{Service: "x.shop", RPS: 10}},
+	}
+	m := compilePlaced(t, top)
+	rb := mustRebalance(t, m, RebalanceOptions{})
+	checkRebalance(t, "namespaced", m, rb)
+	if len(rb.Moves) != 1 || !strings.HasSuffix(rb.Moves[0].Pod, ".shop") || !strings.HasSuffix(rb.Moves[0].Service, ".shop") {
+		t.Fatalf("%+v", rb)
+	}
+	applied := rb.Placement().Apply(top)
+	if a, b := applied.Services[0].Pods[0].Node, applied.Services[1].Pods[0].Node; a != b {
+		t.Fatalf("applied target: x-0 on %s, y-0 on %s", a, b)
+	}
+}
