@@ -97,8 +97,9 @@ func Place(m *Model, p PlacementPolicy) (*Placement, error) {
 
 // Apply returns a copy of t with the pods placed: every service lists its pods (generated from
 // Replicas as Compile names them, svc-0 … svc-(n-1), when the file gives none) with their nodes,
-// and Replicas is dropped, so the result is a valid input of plan. Pods the placement does not
-// name keep the node t gives them. t is not modified.
+// and Replicas is dropped, so the result is a valid input of plan. Pods are looked up by their
+// PodKey (POD.NS outside the default namespace, as Place names them); pods the placement does
+// not name keep the node t gives them. t is not modified.
 func (p *Placement) Apply(t *Topology) *Topology {
 	c := t.Clone()
 	for i := range c.Services {
@@ -109,7 +110,7 @@ func (p *Placement) Apply(t *Topology) *Topology {
 			}
 		}
 		for k := range s.Pods {
-			if node, ok := p.Placement[s.Pods[k].Name]; ok {
+			if node, ok := p.Placement[s.PodKey(&s.Pods[k])]; ok { // named as Compile names it
 				s.Pods[k].Node = node
 			}
 		}
