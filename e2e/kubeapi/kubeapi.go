@@ -207,7 +207,7 @@ func (c *Cluster) start(opts Options) error {
 			"--kubeconfig", c.Kubeconfig, "--authentication-kubeconfig", c.Kubeconfig, "--authorization-kubeconfig", c.Kubeconfig,
 			"--bind-address", "127.0.0.1", fmt.Sprintf("--secure-port=%d", cmPort), "--leader-elect=false",
 			"--service-account-private-key-file", filepath.Join(c.dir, "sa.key"),
-			"--use-service-account-credentials=false", "--controllers", "*,-serviceaccount-token"); err != nil {
+			"--use-service-account-credentials=false", "--controllers", "*,-serviceaccount-token-controller"); err != nil {
 			return err
 		}
 		if err := c.waitReady(fmt.Sprintf("https://127.0.0.1:%d/healthz", cmPort), "kube-controller-manager"); err != nil {
