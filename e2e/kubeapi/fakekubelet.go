@@ -53,6 +53,7 @@ type FakeKubelet struct {
 	pods    cache.Indexer
 	nodes   cache.Indexer
 	stopped sync.Once
+	kick    chan struct{} // a node was added: renew Leases now
 
 	mu       sync.Mutex
 	cidr     netip.Prefix
@@ -82,7 +83,7 @@ func RunFakeKubelet(ctx context.Context, t testing.TB, cs kubernetes.Interface, 
 		ipOf: map[types.UID]netip.Addr{}, used: map[netip.Addr]bool{}, override: map[string]bool{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "fakekubelet"}),
-		factory: informers.NewSharedInformerFactory(cs, 0)}
+		factory: informers.NewSharedInformerFactory(cs, 0), kick: make(chan struct{}, 1)}
 	t.Cleanup(k.Stop)
 
 	podInf := k.factory.Core().V1().Pods().Informer()
@@ -107,6 +108,15 @@ func RunFakeKubelet(ctx context.Context, t testing.TB, cs kubernetes.Interface, 
 			}
 		},
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) {
+		select {
+		case k.kick <- struct{}{}:
+		default:
+		}
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +316,8 @@ func (k *FakeKubelet) release(pod *corev1.Pod) {
 	delete(k.override, pod.Namespace+"/"+pod.Name)
 }
 
-// heartbeat renews every node's Lease in kube-node-lease, as the kubelet does every 10 s.
+// heartbeat renews every node's Lease in kube-node-lease, as the kubelet does every 10 s, and
+// creates a new node's Lease as soon as the node appears.
 func (k *FakeKubelet) heartbeat(ctx context.Context) {
 	tick := time.NewTicker(k.opts.LeaseInterval)
 	defer tick.Stop()
@@ -327,6 +338,7 @@ func (k *FakeKubelet) heartbeat(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-k.kick:
 		}
 	}
 }

@@ -197,6 +197,10 @@ func TestDeploymentSchedules(t *testing.T) {
 		if len(n.Spec.Taints) > 0 {
 			t.Errorf("node %s tainted: %v", n.Name, n.Spec.Taints)
 		}
+		l, err := cs.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil || l.Spec.RenewTime == nil || time.Since(l.Spec.RenewTime.Time) > time.Minute {
+			t.Errorf("node %s: no fresh Lease in %s (%v)", n.Name, corev1.NamespaceNodeLease, err)
+		}
 	}
 	// Stop ends every goroutine of the FakeKubelet (its informers, worker and heartbeat);
 	// the clientset's HTTP/2 connection is the cluster's and outlives it.
