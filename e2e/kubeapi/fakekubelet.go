@@ -29,7 +29,8 @@ type FakeKubeletOptions struct {
 	// addresses are not used). An IP is freed when its pod is gone.
 	PodCIDR string
 	// Ready says whether a running pod is ready (nil: every pod is). It is asked again when
-	// the pod changes or after SetReady/Resync. SetReady overrides it for one pod.
+	// the pod changes or after Resync, on the FakeKubelet's goroutine. SetReady overrides it
+	// for one pod.
 	Ready func(*corev1.Pod) bool
 	// LeaseInterval is how often every node's Lease in kube-node-lease is renewed (default
 	// 5 s; negative: never), as the kubelet's heartbeat. Without it kube-controller-manager's
