@@ -1,7 +1,8 @@
 // Package kubeapi runs a real Kubernetes control plane for tests: etcd (Debian's etcd-server)
 // and kube-apiserver built from the Go module proxy by e2e/k8s/build.sh and cached under
 // ~/.cache/edgeflow/k8s-VERSION/. Optionally kube-scheduler and kube-controller-manager from the
-// same build. No kubelet runs: tests play it (bind pods, set them ready).
+// same build. No kubelet runs: tests play it, by hand (Kubelet: bind pods, set them ready) or
+// with a FakeKubelet that runs whatever kube-scheduler binds and renews the nodes' Leases.
 package kubeapi
 
 import (
@@ -207,7 +208,7 @@ func (c *Cluster) start(opts Options) error {
 			"--kubeconfig", c.Kubeconfig, "--authentication-kubeconfig", c.Kubeconfig, "--authorization-kubeconfig", c.Kubeconfig,
 			"--bind-address", "127.0.0.1", fmt.Sprintf("--secure-port=%d", cmPort), "--leader-elect=false",
 			"--service-account-private-key-file", filepath.Join(c.dir, "sa.key"),
-			"--use-service-account-credentials=false", "--controllers", "*,-serviceaccount-token"); err != nil {
+			"--use-service-account-credentials=false", "--controllers", "*,-serviceaccount-token-controller"); err != nil {
 			return err
 		}
 		if err := c.waitReady(fmt.Sprintf("https://127.0.0.1:%d/healthz", cmPort), "kube-controller-manager"); err != nil {

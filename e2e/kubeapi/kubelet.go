@@ -45,13 +45,9 @@ func (k *Kubelet) must(err error) {
 	}
 }
 
+// Node registers a Ready node with 4 CPUs, 8Gi and 110 pods allocatable (see CreateNode).
 func (k *Kubelet) Node(name string) {
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	n, err := k.cs.CoreV1().Nodes().Create(k.ctx, n, metav1.CreateOptions{})
-	k.must(err)
-	n.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("8Gi")}
-	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"}}
-	_, err = k.cs.CoreV1().Nodes().UpdateStatus(k.ctx, n, metav1.UpdateOptions{})
+	_, err := CreateNode(k.ctx, k.cs, NodeSpec{Name: name})
 	k.must(err)
 }
 
