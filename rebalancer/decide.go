@@ -21,6 +21,14 @@ type decider struct {
 	left        map[serviceNode]time.Time
 	backoff     map[types.UID]backoffState
 	namespaceOf map[string]string
+	// podOf maps a topology pod key (optimizer.Service.PodKey) to its pod; shared pods (listed
+	// in a second service as POD@SERVICE) are marked.
+	podOf map[string]topoPod
+}
+
+type topoPod struct {
+	key    podKey
+	shared bool
 }
 
 // decide marks each move evict or skip. The rules, in order (the first that applies is the
@@ -56,7 +64,10 @@ func (d *decider) decide(plan *optimizer.Rebalance, gain float64) []Move {
 }
 
 func (d *decider) move(pm optimizer.Move) Move {
-	name, _ := podName(pm.Pod)
+	name := d.podOf[pm.Pod].key.name
+	if name == "" {
+		name = pm.Pod
+	}
 	return Move{Namespace: d.namespaceOf[pm.Service], Service: pm.Service, Pod: name, From: pm.From, To: pm.To,
 		CostAfter: pm.CostAfter}
 }
@@ -68,7 +79,7 @@ func (d *decider) one(pm optimizer.Move, gain float64, chosen *int, perNode, per
 		m.Reason = ReasonBelowThreshold
 		return m
 	}
-	if _, shared := podName(pm.Pod); shared {
+	if d.podOf[pm.Pod].shared {
 		m.Reason = ReasonBlocked // a pod backing two services: its other service is not planned with it
 		return m
 	}

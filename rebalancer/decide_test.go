@@ -51,6 +51,12 @@ func decideOne(t *testing.T, d *decider, gain float64, moves ...optimizer.Move) 
 			*m = map[string][]pendingMove{}
 		}
 	}
+	if d.podOf == nil {
+		d.podOf = map[string]topoPod{}
+		for _, m := range moves {
+			d.podOf[m.Pod] = topoPod{key: podKey{d.namespaceOf[m.Service], m.Pod}}
+		}
+	}
 	if d.placed == nil {
 		d.placed = map[types.UID]time.Time{}
 	}

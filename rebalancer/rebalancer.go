@@ -387,7 +387,7 @@ func (c *Controller) Plan() (*Report, error) {
 	defer c.mu.Unlock()
 	c.expire(now)
 	d := decider{cfg: &c.cfg, now: now, world: w, pending: c.pending, placed: c.placed, left: c.left,
-		backoff: c.backoff, namespaceOf: namespaceOf(t)}
+		backoff: c.backoff, namespaceOf: namespaceOf(t), podOf: podsOf(t)}
 	r.Moves = d.decide(plan, r.Gain)
 	return r, nil
 }
@@ -397,6 +397,19 @@ func namespaceOf(t *optimizer.Topology) map[string]string {
 	out := make(map[string]string, len(t.Services))
 	for i := range t.Services {
 		out[t.Services[i].Key()] = t.Services[i].NamespaceOrDefault()
+	}
+	return out
+}
+
+// podsOf maps each pod key of t to its pod.
+func podsOf(t *optimizer.Topology) map[string]topoPod {
+	out := map[string]topoPod{}
+	for i := range t.Services {
+		s := &t.Services[i]
+		for k := range s.Pods {
+			name, shared := podName(s.Pods[k].Name)
+			out[s.PodKey(&s.Pods[k])] = topoPod{key: podKey{s.NamespaceOrDefault(), name}, shared: shared}
+		}
 	}
 	return out
 }
