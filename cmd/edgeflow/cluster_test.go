@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/rebalancer"
 )
 
 // clusterFixture starts a real kube-apiserver holding a small mesh in namespace "shop": web
@@ -81,6 +82,25 @@ func TestCommandsOnALiveCluster(t *testing.T) {
 		t.Errorf("place -o json: exit %d\n%s%s", code, out, errOut)
 	}
 
+	// rebalance (dry-run, the default): web-2 would join api-3 on edge-3 (cost 1000 → 0), but
+	// the fixture's pods are bare: the move is shown and skipped.
+	code, out, errOut = runCLI(t, "", append([]string{"rebalance", "-o", "json"}, common...)...)
+	if code != 0 {
+		t.Fatalf("rebalance: exit %d: %s", code, errOut)
+	}
+	var rep rebalancer.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("rebalance -o json: %v\n%s", err, out)
+	}
+	if !rep.DryRun || rep.CostBefore != 1000 || rep.CostTarget != 0 || len(rep.Moves) != 1 ||
+		rep.Moves[0].Reason != rebalancer.ReasonBarePod || rep.Moves[0].Namespace != "shop" {
+		t.Errorf("rebalance report %+v: want dry-run, 1000 → 0, one move skipped as bare_pod", rep)
+	}
+	code, out, errOut = runCLI(t, "", append([]string{"rebalance"}, common...)...)
+	if code != 0 || !strings.Contains(out, "gain 100.0%") || !strings.Contains(out, "dry-run") || !strings.Contains(out, "bare_pod") {
+		t.Errorf("rebalance -o table: exit %d\n%s%s", code, out, errOut)
+	}
+
 	// serve: the xDS server follows the cluster; /readyz lists the Kubernetes input.
 	ctx, cancel := context.WithCancel(context.Background())
 	var stderr syncBuffer
@@ -146,6 +166,9 @@ func TestClusterBadInput(t *testing.T) {
 		{"no call graph", []string{"plan", "--kubeconfig", kubeconfig}, "--calls FILE"},
 		{"calls file with nodes", []string{"plan", "--kubeconfig", kubeconfig, "--calls", withNodes}, "only calls and ingress"},
 		{"bad selector", []string{"plan", "--kubeconfig", kubeconfig, "--calls", calls, "-l", "a in (b"}, "selector"},
+		{"rebalance threshold", []string{"rebalance", "--kubeconfig", kubeconfig, "--calls", calls, "--threshold", "2"}, "threshold"},
+		{"rebalance webhook without TLS", []string{"rebalance", "--kubeconfig", kubeconfig, "--calls", calls, "--webhook-address", ":8443"}, "--webhook-tls-cert"},
+		{"serve --rebalance from a file", []string{"serve", "-f", calls, "--xds-address", "127.0.0.1:0", "--rebalance"}, "--rebalance needs the cluster flags"},
 		{"bad prometheus url", []string{"plan", "--kubeconfig", kubeconfig, "--prometheus-url", "::not a url"}, "URL"},
 	}
 	for _, c := range cases {

@@ -106,6 +106,14 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	if f.file == "-" {
 		return badInput("serve follows a file; it cannot read the topology from standard input")
 	}
+	if f.rebalance && f.file != "" {
+		return badInput("--rebalance needs the cluster flags (--kubeconfig or in-cluster), not -f")
+	}
+	if f.rebalance {
+		if err := f.rebalancer.check(); err != nil {
+			return err
+		}
+	}
 	if f.debounceQuiet == 0 || f.debounceMax <= 0 || f.pollInterval <= 0 {
 		return badInput("--debounce-quiet must be non-zero, --debounce-max and --poll-interval positive")
 	}
@@ -155,12 +163,6 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	}
 	var rb *rebalancer.Controller
 	if f.rebalance {
-		if cluster == nil {
-			return badInput("--rebalance needs the cluster flags (--kubeconfig or in-cluster), not -f")
-		}
-		if err := f.rebalancer.check(); err != nil {
-			return err
-		}
 		cs, err := f.clientset()
 		if err != nil {
 			return err
