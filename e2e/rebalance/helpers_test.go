@@ -191,7 +191,10 @@ type testWriter struct {
 	name string
 }
 
-func (tw testWriter) Write(p []byte) (int, error) { tw.t.Log(tw.name + ": " + string(p)); return len(p), nil }
+func (tw testWriter) Write(p []byte) (int, error) {
+	tw.t.Log(tw.name + ": " + string(p))
+	return len(p), nil
+}
 
 // service creates a managed Service app.
 func (w *world) service(app string) {
