@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -440,16 +439,6 @@ func (c *Controller) expire(now time.Time) {
 			c.pending[svc] = ms
 		}
 	}
-}
-
-// sortedKeys returns m's keys in order.
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // podName strips the "@SERVICE" suffix watcher.Cluster gives a pod listed in a second service.

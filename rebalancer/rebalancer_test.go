@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -67,6 +70,7 @@ func started(t *testing.T, cfg Config, objs ...runtime.Object) *Controller {
 		cfg.Selector = "edgeflow.io/managed=true"
 	}
 	cfg.Clock = func() time.Time { return t0 }
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -159,3 +163,66 @@ func TestRequireNode(t *testing.T) {
 		}
 	}
 }
+
+// The gate is always lifted: a pod a move awaits gets a required affinity to the move's node;
+// one no move awaits, or whose planned node is full, or gated past the timeout, is released
+// without affinity.
+func TestReleaseGated(t *testing.T) {
+	gatedPod := func(name string, created time.Time) *corev1.Pod {
+		p := pod("shop", name, "cart", "", "ReplicaSet", created, 500)
+		p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: GateName}}
+		p.Status = corev1.PodStatus{Phase: corev1.PodPending}
+		return p
+	}
+	for _, tc := range []struct {
+		name     string
+		created  time.Time
+		pending  []pendingMove
+		nodeCPU  int64
+		wantNode string
+		wantHow  string
+	}{
+		{"planned", t0.Add(-time.Second), []pendingMove{{move: Move{Pod: "cart-0", From: "n1", To: "n2"}, evicted: t0}}, 4000, "n2", ReleasePlanned},
+		{"no move awaits it", t0.Add(-time.Second), nil, 4000, "", ReleaseUnplanned},
+		{"planned node full", t0.Add(-time.Second), []pendingMove{{move: Move{Pod: "cart-0", From: "n1", To: "n2"}, evicted: t0}}, 400, "", ReleaseNodeFull},
+		{"gated too long", t0.Add(-DefaultGateTimeout - time.Second), []pendingMove{{move: Move{Pod: "cart-0", From: "n1", To: "n2"}, evicted: t0}}, 4000, "", ReleaseTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := started(t, Config{}, service("shop", "cart", true), node("n1", 4000, 110), node("n2", tc.nodeCPU, 110),
+				gatedPod("cart-1", tc.created))
+			c.pending["cart.shop"] = tc.pending
+			c.releaseGated(context.Background(), discard{})
+			got, err := c.cs.CoreV1().Pods("shop").Get(context.Background(), "cart-1", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if hasGate(got) {
+				t.Fatal("still gated")
+			}
+			var node string
+			if a := got.Spec.Affinity; a != nil && a.NodeAffinity != nil {
+				node = a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchFields[0].Values[0]
+			}
+			if node != tc.wantNode {
+				t.Errorf("required node %q, want %q", node, tc.wantNode)
+			}
+			for _, how := range []string{ReleasePlanned, ReleaseUnplanned, ReleaseNodeFull, ReleaseTimeout} {
+				want := 0.0
+				if how == tc.wantHow {
+					want = 1
+				}
+				if v := testutil.ToFloat64(c.metrics.released.WithLabelValues(how)); v != want {
+					t.Errorf("released{placement=%s} = %v, want %v", how, v, want)
+				}
+			}
+			if tc.wantHow == ReleasePlanned && (c.placed[got.UID] != t0 || c.left[serviceNode{"cart.shop", "n1"}] != t0 || len(c.pending) != 0) {
+				t.Errorf("a planned release must start the cool-downs and end the move: placed %v left %v pending %v", c.placed, c.left, c.pending)
+			}
+		})
+	}
+}
+
+// discard is an EventRecorder that drops events.
+type discard struct{}
+
+func (discard) Eventf(runtime.Object, runtime.Object, string, string, string, string, ...any) {}
