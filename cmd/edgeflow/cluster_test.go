@@ -100,6 +100,7 @@ func TestCommandsOnALiveCluster(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "gain 100.0%") || !strings.Contains(out, "dry-run") || !strings.Contains(out, "bare_pod") {
 		t.Errorf("rebalance -o table: exit %d\n%s%s", code, out, errOut)
 	}
+	t.Logf("edgeflow rebalance:\n%s", out)
 
 	// serve: the xDS server follows the cluster; /readyz lists the Kubernetes input.
 	ctx, cancel := context.WithCancel(context.Background())

@@ -281,8 +281,7 @@ func (ignore) Update(*optimizer.Topology) {}
 // planOnce waits for the first topology and the controller's caches, and plans once.
 func planOnce(ctx context.Context, c *rebalancer.Controller, cluster *watcher.Cluster, timeout time.Duration) (*rebalancer.Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	defer c.Stop()
+	defer func() { cancel(); c.Stop() }() // the informers stop with ctx; Stop waits for them
 	if err := c.Start(ctx); err != nil {
 		return nil, fmt.Errorf("cluster caches: %w", err)
 	}
