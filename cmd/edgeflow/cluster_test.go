@@ -106,7 +106,7 @@ func TestCommandsOnALiveCluster(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var stderr syncBuffer
 	root := newRootCommand()
-	root.SetArgs(append([]string{"serve", "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0"}, common...))
+	root.SetArgs(append([]string{"serve", "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--rebalance"}, common...))
 	root.SetErr(&stderr)
 	root.SetOut(io.Discard)
 	done := make(chan error, 1)
@@ -137,6 +137,14 @@ func TestCommandsOnALiveCluster(t *testing.T) {
 	}
 	if !strings.Contains(metrics(), `edgeflow_kube_skipped{reason="not_ready"} 1`) {
 		t.Errorf("the not-ready pod is not counted:\n%s", grep(metrics(), "edgeflow_kube_skipped"))
+	}
+	// serve --rebalance: the (dry-run) rebalancer leads and runs once at start.
+	waitFor(t, "a rebalancer run", func() bool { return metricValue(metrics(), "edgeflow_rebalance_leader") == "1" })
+	waitFor(t, "a rebalancer run", func() bool {
+		return strings.Contains(metrics(), `edgeflow_rebalance_runs_total{result="ok"} 1`)
+	})
+	if !strings.Contains(metrics(), `edgeflow_rebalance_moves_skipped_total{reason="bare_pod"} 1`) {
+		t.Errorf("serve --rebalance: the bare pod's move is not counted:\n%s", grep(metrics(), "edgeflow_rebalance"))
 	}
 	cancel()
 	select {
