@@ -545,7 +545,7 @@ func BenchmarkNodeState(b *testing.B) {
 			top := flipTopology(n, benchK, false, "callee")
 			var perNode float64
 			for b.Loop() {
-				srv, err := NewServer(Config{Options: benchOptions, DebounceQuiet: -1, Logger: testLogger(b)})
+				srv, err := NewServer(Config{Options: benchOptions, DebounceQuiet: -1, Damping: -1, Logger: testLogger(b)})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -14,6 +14,7 @@ type metrics struct {
 	streamsOpened prometheus.Counter
 	publications  prometheus.Counter
 	rejected      prometheus.Counter
+	suppressed    prometheus.Counter
 	pushes        *prometheus.CounterVec
 	nacks         *prometheus.CounterVec
 	fallbacks     *prometheus.CounterVec
@@ -44,6 +45,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		publications: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edgeflow_xds_publications_total",
 			Help: "Topologies solved, translated and published to the snapshot cache.",
+		}),
+		suppressed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgeflow_xds_suppressed_publications_total",
+			Help: "Recomputes not pushed by flap damping: the membership was unchanged and they moved less than the damping threshold of the traffic.",
 		}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edgeflow_xds_rejected_topologies_total",
@@ -94,7 +99,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.connected, m.nodes, m.streamsOpened, m.publications, m.rejected,
+	for _, c := range []prometheus.Collector{m.connected, m.nodes, m.streamsOpened, m.publications, m.rejected, m.suppressed,
 		m.pushes, m.nacks, m.fallbacks, m.steps, m.solve, m.translate, m.push, m.convergence} {
 		errs = append(errs, reg.Register(c))
 	}

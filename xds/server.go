@@ -40,6 +40,10 @@ type Config struct {
 	Encoding Encoding
 	// Options are how topologies are compiled.
 	Options optimizer.Options
+	// Damping is the flap-damping threshold (optimizer.Planner): a recompute that moves less
+	// than this fraction of the traffic, with the same pods, services and calls, is not pushed.
+	// Zero means optimizer.DefaultDamping (1 %); negative pushes every recompute.
+	Damping float64
 	// DebounceQuiet is how long the topology must be quiet after an Update before a push, and
 	// DebounceMax the longest a push waits after the first Update of a batch. Zero means the
 	// default (DefaultDebounceQuiet, DefaultDebounceMax); a negative DebounceQuiet pushes right
@@ -118,6 +122,8 @@ type Server struct {
 	signalMu   sync.Mutex
 	signal     chan struct{} // closed and replaced whenever published or converged grows
 
+	planner *optimizer.Planner // used by publish only (one at a time)
+
 	publishHook func(begin bool) // tests: called as each publication attempt begins and ends
 }
 
@@ -161,6 +167,7 @@ func NewServer(cfg Config) (*Server, error) {
 		m:       m,
 		updates: make(chan struct{}, 1),
 		nodes:   map[string]*nodeState{},
+		planner: &optimizer.Planner{Policy: cfg.Policy, Options: cfg.Options, Damping: cfg.Damping},
 		signal:  make(chan struct{}),
 	}
 	// ads=false: a node's snapshot holds every servable service, and each client asks only for
@@ -339,13 +346,18 @@ func (s *Server) publish() {
 		return
 	}
 	t0 := s.clock.Now()
-	m, err := optimizer.Compile(t, s.cfg.Options)
-	var alloc *optimizer.Allocation
-	if err == nil {
-		alloc, err = optimizer.Plan(m, s.cfg.Policy)
-	}
+	res, err := s.planner.Plan(t)
 	t1 := s.clock.Now()
 	s.m.solve.Observe(t1.Sub(t0).Seconds())
+	var alloc *optimizer.Allocation
+	if err == nil {
+		alloc = res.Allocation
+		if !res.Push {
+			s.m.suppressed.Inc()
+			s.log.Debug("xds: recompute not pushed (flap damping)", "moved", res.Moved, "damping", s.cfg.Damping)
+			return
+		}
+	}
 	var tr *Translation
 	t2 := t1
 	if err == nil {
@@ -383,6 +395,7 @@ func (s *Server) publish() {
 	}
 	s.m.push.Observe(s.clock.Now().Sub(changeAt).Seconds())
 	s.m.publications.Inc()
+	s.planner.Pushed(res)
 	s.allocation.Store(alloc)
 	s.published.Store(pub.num)
 	s.notify()

@@ -371,7 +371,7 @@ func TestNodeIdentity(t *testing.T) {
 }
 
 func TestRunEndsStreams(t *testing.T) {
-	srv, err := NewServer(Config{Policy: optimizer.Localization, DebounceQuiet: -1, Logger: testLogger(t)})
+	srv, err := NewServer(Config{Policy: optimizer.Localization, DebounceQuiet: -1, Damping: -1, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,7 +476,7 @@ func TestConvergenceAwaitsOnlySubscribedTypes(t *testing.T) {
 func TestOnePushInFlight(t *testing.T) {
 	// Updates from many goroutines while pushes run: publications never overlap, and the
 	// last topology is the one published in the end.
-	srv, err := NewServer(Config{Policy: optimizer.Localization, DebounceQuiet: -1, Logger: testLogger(t)})
+	srv, err := NewServer(Config{Policy: optimizer.Localization, DebounceQuiet: -1, Damping: -1, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -522,4 +522,42 @@ func TestOnePushInFlight(t *testing.T) {
 		t.Errorf("%d publications ran at once", m)
 	}
 	t.Logf("%d publications for 401 updates", attempts.Load())
+}
+
+// Flap damping in the server: a recompute that moves nothing (here: the same plan under new
+// latencies) is not published and is counted; a new pod is published whatever it moves.
+func TestServerDamping(t *testing.T) {
+	h := startServer(t, Config{DebounceQuiet: -1, Damping: optimizer.DefaultDamping})
+	top := &optimizer.Topology{
+		Nodes:   []optimizer.Node{{Name: "n1"}, {Name: "n2"}},
+		Latency: []optimizer.Latency{{From: "n1", To: "n2", MS: 10}},
+		Services: []optimizer.Service{
+			{Name: "web", Pods: []optimizer.Pod{{Name: "web-0", Node: "n1", Address: "127.0.0.1:9001"}}},
+			{Name: "api", Pods: []optimizer.Pod{{Name: "api-0", Node: "n1", Address: "127.0.0.1:9002"},
+				{Name: "api-1", Node: "n2", Address: "127.0.0.1:9003"}}},
+		},
+		Calls: []optimizer.Call{{From: "web", To: "api"}},
+	}
+	h.srv.Update(top)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.srv.WaitPublished(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	slower := top.Clone()
+	slower.Latency[0].MS = 12 // LATA's equal shares do not move
+	h.srv.Update(slower)
+	eventually(t, 10*time.Second, "the recompute suppressed", func() bool { return counter(t, h.srv.m.suppressed) == 1 })
+	if n := h.srv.Published(); n != 1 {
+		t.Errorf("%d publications, want 1: the recompute that moved nothing was pushed", n)
+	}
+	more := slower.Clone()
+	more.Services[1].Pods = append(more.Services[1].Pods, optimizer.Pod{Name: "api-2", Node: "n2", Address: "127.0.0.1:9004"})
+	h.srv.Update(more)
+	if err := h.srv.WaitPublished(ctx, 2); err != nil {
+		t.Fatalf("a new pod was not published: %v", err)
+	}
+	if got := counter(t, h.srv.m.suppressed); got != 1 {
+		t.Errorf("suppressed %v, want 1", got)
+	}
 }

@@ -44,6 +44,7 @@ type serveFlags struct {
 	encoding       string
 	debounceQuiet  time.Duration
 	debounceMax    time.Duration
+	damping        float64
 	pollInterval   time.Duration
 	logLevel       string
 	tls            xds.TLSFiles
@@ -82,6 +83,7 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.encoding, "encoding", string(xds.EncodingLocality), "wire encoding of the weights: locality (EDS locality weights) or weighted-clusters")
 	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xds.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
 	fl.DurationVar(&f.debounceMax, "debounce-max", xds.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
+	fl.Float64Var(&f.damping, "damping", optimizer.DefaultDamping, "flap damping: a recompute that moves less than this fraction of the traffic (pods, services and calls unchanged) is not pushed; negative pushes every recompute")
 	fl.DurationVar(&f.pollInterval, "poll-interval", watcher.DefaultPollInterval, "how often the topology file is checked for changes")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fl.BoolVar(&f.profiling, "profiling", false, "serve /debug/pprof/ on --metrics-address, with mutex and block profiling on")
@@ -172,7 +174,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}
 	}
 	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts,
-		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Logger: logger, Registerer: reg})
+		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Damping: f.damping, Logger: logger, Registerer: reg})
 	if err != nil {
 		return err
 	}

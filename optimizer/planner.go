@@ -1,0 +1,235 @@
+package optimizer
+
+import (
+	"encoding/binary"
+	"hash/fnv"
+	"math"
+)
+
+// DefaultDamping is Planner's default damping threshold: a recompute that moves less than 1 %
+// of the traffic is not pushed.
+const DefaultDamping = 0.01
+
+// Planner is the stateful side of planning that a server holds: it compiles and solves each new
+// topology, and says whether the result is worth a push compared with the last allocation
+// pushed (flap damping). It is pure: no clock, no I/O.
+//
+// Rule: a new allocation is pushed when the membership changed (the nodes, the services with
+// their ports and pods — name, node, address, IP, service account — or which calls and ingress
+// exist), or when it moves at least Damping of the traffic and the move is worth it; otherwise
+// it is suppressed and the last allocation pushed stays. Exactly:
+//
+//   - moved: Σ over call edges and caller pods of the caller's rps × the total variation
+//     distance between its old and new fractions (½ Σ |f_new − f_old|), over the total rps;
+//   - worth it: the last allocation pushed, applied to the new topology (its fractions, the new
+//     rates and latencies), either costs at least Damping more than the new one (Σ rps ×
+//     latency), or puts the callee pods' loads at least Damping of the traffic away from the
+//     new allocation's (½ Σ |load_old − load_new| / total rps) — so a new optimum that is only
+//     a tie broken the other way (LATA's optimum is often degenerate, and noisy latencies flip
+//     it) is not pushed, while a change of rates or weights that unbalances the old fractions
+//     is.
+//
+// Both are measured against the last allocation pushed, not the last one computed, so slow
+// drift is pushed once it adds up.
+//
+// A Planner is not safe for concurrent use.
+type Planner struct {
+	// Policy and Options as for Compile and Plan.
+	Policy  Policy
+	Options Options
+	// Damping is the least fraction of the traffic a recompute must move to be pushed (0 means
+	// DefaultDamping; negative pushes every recompute).
+	Damping float64
+
+	last       *Allocation
+	membership uint64
+}
+
+// PlanResult is one recompute of a Planner.
+type PlanResult struct {
+	Model      *Model
+	Allocation *Allocation
+	// Push says whether the allocation is worth pushing (see Planner); when false, the last
+	// allocation pushed stays in force.
+	Push bool
+	// Moved is the fraction of the traffic whose route differs from the last allocation pushed
+	// (1 when there is none or the membership changed).
+	Moved float64
+	// MembershipChanged says whether pods, services, nodes or call edges differ from the last
+	// push.
+	MembershipChanged bool
+	// Gain and LoadShift compare the last allocation pushed, applied to the new topology, with
+	// the new one: the relative latency cost saved, and the fraction of the traffic whose callee
+	// pod differs (computed only when Moved reaches the threshold).
+	Gain, LoadShift float64
+
+	membership uint64
+}
+
+// Plan compiles and solves t. It does not record the result: call Pushed once it has been
+// published.
+func (pl *Planner) Plan(t *Topology) (*PlanResult, error) {
+	m, err := Compile(t, pl.Options)
+	if err != nil {
+		return nil, err
+	}
+	policy := pl.Policy
+	if policy == "" {
+		policy = LATA
+	}
+	alloc, err := Plan(m, policy)
+	if err != nil {
+		return nil, err
+	}
+	r := &PlanResult{Model: m, Allocation: alloc, membership: membershipKey(t), Moved: 1, Push: true}
+	r.MembershipChanged = pl.last == nil || r.membership != pl.membership
+	if r.MembershipChanged {
+		return r, nil
+	}
+	r.Moved = moved(pl.last, alloc)
+	damping := pl.Damping
+	if damping == 0 {
+		damping = DefaultDamping
+	}
+	r.Push = damping < 0 || r.Moved >= damping
+	if r.Push && damping > 0 {
+		r.Gain, r.LoadShift = reapplied(m, pl.last, alloc)
+		r.Push = r.Gain >= damping || r.LoadShift >= damping
+	}
+	return r, nil
+}
+
+// reapplied applies the fractions of old to the new model (same membership) and compares the
+// result with alloc: the relative latency cost the new allocation saves, and the fraction of
+// the traffic its callee loads differ by.
+func reapplied(m *Model, old, alloc *Allocation) (gain, shift float64) {
+	node := map[string]int{}
+	for _, s := range m.Services {
+		for _, p := range s.Pods {
+			node[p.Name] = p.Node
+		}
+	}
+	var oldCost, newCost, total, diff float64
+	for i := range alloc.Calls {
+		nc := &alloc.Calls[i]
+		newCost += nc.Cost
+		supply := map[string]float64{}
+		load := map[string]float64{}
+		for _, r := range nc.Routes {
+			supply[r.Caller] += r.RPS
+			load[r.Callee] += r.RPS
+			total += r.RPS
+		}
+		if oc := old.Call(nc.From, nc.To); oc != nil {
+			for _, r := range oc.Routes {
+				rps := supply[r.Caller] * r.Fraction
+				oldCost += rps * m.Latency.At(node[r.Caller], node[r.Callee])
+				load[r.Callee] -= rps
+			}
+		}
+		for _, d := range load {
+			diff += math.Abs(d)
+		}
+	}
+	if oldCost > 0 {
+		gain = (oldCost - newCost) / oldCost
+	}
+	if total > 0 {
+		shift = diff / 2 / total
+	}
+	return gain, shift
+}
+
+// Pushed records r as the allocation in force (the baseline of the next damping decision).
+func (pl *Planner) Pushed(r *PlanResult) {
+	pl.last, pl.membership = r.Allocation, r.membership
+}
+
+// moved is the fraction of the traffic of b whose route differs from a (same call edges and
+// pods: the membership is unchanged).
+func moved(a, b *Allocation) float64 {
+	var total, diff float64
+	for i := range b.Calls {
+		nc := &b.Calls[i]
+		oc := a.Call(nc.From, nc.To)
+		old := map[[2]string]float64{}
+		if oc != nil {
+			for _, r := range oc.Routes {
+				old[[2]string{r.Caller, r.Callee}] = r.Fraction
+			}
+		}
+		supply := map[string]float64{}
+		tv := map[string]float64{} // caller → Σ |Δf|
+		for _, r := range nc.Routes {
+			supply[r.Caller] += r.RPS
+			k := [2]string{r.Caller, r.Callee}
+			tv[r.Caller] += math.Abs(r.Fraction - old[k])
+			delete(old, k)
+		}
+		for k, f := range old { // routes that disappeared
+			tv[k[0]] += f
+		}
+		for c, s := range supply {
+			total += s
+			diff += s * tv[c] / 2
+		}
+	}
+	if !(total > 0) {
+		return 0
+	}
+	return diff / total
+}
+
+// membershipKey hashes what damping never holds back: the nodes, the services with their ports
+// and pods (everything but weight), and the call and ingress edges (without rates).
+func membershipKey(t *Topology) uint64 {
+	h := fnv.New64a()
+	str := func(s string) {
+		var n [8]byte
+		binary.LittleEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	num := func(v int64) {
+		var n [8]byte
+		binary.LittleEndian.PutUint64(n[:], uint64(v))
+		h.Write(n[:])
+	}
+	num(int64(len(t.Nodes)))
+	for _, n := range t.Nodes {
+		str(n.Name)
+		num(n.CPU)
+		num(n.Memory)
+	}
+	num(int64(len(t.Services)))
+	for _, s := range t.Services {
+		str(s.Key())
+		num(s.CPU)
+		num(s.Memory)
+		num(int64(s.Replicas))
+		num(int64(len(s.Ports)))
+		for _, p := range s.Ports {
+			str(p.Name)
+			num(int64(p.Port))
+			num(int64(p.TargetPort))
+		}
+		num(int64(len(s.Pods)))
+		for _, p := range s.Pods {
+			str(p.Name)
+			str(p.Node)
+			str(p.IP)
+			str(p.Address)
+			str(p.ServiceAccount)
+		}
+	}
+	num(int64(len(t.Calls)))
+	for _, c := range t.Calls {
+		str(CanonicalKey(c.From))
+		str(CanonicalKey(c.To))
+	}
+	num(int64(len(t.Ingress)))
+	for _, in := range t.Ingress {
+		str(CanonicalKey(in.Service))
+	}
+	return h.Sum64()
+}
