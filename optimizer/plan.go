@@ -43,8 +43,9 @@ func Plan(m *Model, p Policy) (*Allocation, error) {
 	}
 	alloc := &Allocation{Policy: p, Calls: make([]CallAllocation, len(m.Calls))}
 	errs := make([]error, len(m.Calls))
-	allocators := make([]*edgeAllocator, runtime.GOMAXPROCS(0)) // one per worker, made on first use
-	parallel(len(m.Calls), func(w, k int) {
+	workers := workerCount()
+	allocators := make([]*edgeAllocator, workers) // one per worker, made on first use
+	parallelWorkers(workers, len(m.Calls), func(w, k int) {
 		if allocators[w] == nil {
 			allocators[w] = newEdgeAllocator()
 		}
@@ -67,11 +68,22 @@ func Plan(m *Model, p Policy) (*Allocation, error) {
 	return alloc, nil
 }
 
-// parallel runs f(w, 0) … f(w, n-1) on up to GOMAXPROCS goroutines and waits for them; w is
-// the goroutine's number (< GOMAXPROCS), for per-goroutine scratch. Each f must write only its
-// own results, so the outcome does not depend on the scheduling.
-func parallel(n int, f func(w, i int)) {
-	workers := min(runtime.GOMAXPROCS(0), n)
+// workerCount is the number of goroutines a parallel solve uses: GOMAXPROCS, read once per
+// solve. Go changes GOMAXPROCS at run time (when a container's CPU limit changes), so a caller
+// that sizes per-worker scratch must read it once, here, and pass the same count to
+// parallelWorkers. A variable so that tests can change the count between reads.
+var workerCount = func() int { return runtime.GOMAXPROCS(0) }
+
+// parallel runs f(w, 0) … f(w, n-1) on up to workerCount() goroutines and waits for them. Use
+// it only where f ignores w; a caller with per-worker scratch uses parallelWorkers with the
+// count it sized the scratch by.
+func parallel(n int, f func(w, i int)) { parallelWorkers(workerCount(), n, f) }
+
+// parallelWorkers runs f(w, 0) … f(w, n-1) on up to workers goroutines and waits for them; w is
+// the goroutine's number, 0 ≤ w < workers, for per-goroutine scratch. Each f must write only
+// its own results, so the outcome does not depend on the scheduling.
+func parallelWorkers(workers, n int, f func(w, i int)) {
+	workers = min(max(workers, 1), n)
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {

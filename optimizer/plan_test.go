@@ -215,3 +215,32 @@ func TestPlanDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanWorkerCountChanges raises the worker count between any two reads of it, as Go does
+// when a container's CPU limit rises during a solve: Plan must size its per-worker scratch and
+// run its workers by one reading (it once indexed past the scratch and panicked).
+func TestPlanWorkerCountChanges(t *testing.T) {
+	top := genTopology(3, genConfig{nodes: 6, services: 12, maxPods: 6, extraCalls: 12})
+	m, err := Compile(top, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := Plan(m, LATA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := workerCount
+	defer func() { workerCount = old }()
+	reads := 0
+	workerCount = func() int { reads++; return reads } // 1, then 2, 3, …
+	for _, p := range Policies() {
+		reads = 0
+		got, err := Plan(m, p)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if p == LATA && got.Cost != want.Cost {
+			t.Fatalf("cost %v with a changing worker count, %v without", got.Cost, want.Cost)
+		}
+	}
+}
