@@ -244,3 +244,30 @@ func TestPlanWorkerCountChanges(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanManyReplicasMemory: 2000 caller and 2000 callee pods on 20 nodes. The solve works on
+// nodes, so it allocates O(nodes² + pods), not a pods × pods cost matrix (which was 32 MiB of
+// costs alone, 160 MB per solve in all).
+func TestPlanManyReplicasMemory(t *testing.T) {
+	m, err := Compile(replicaTopology(1, 20, 2000, 2000), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	a, err := Plan(m, LATA)
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
+		t.Fatalf("Plan allocated %d bytes for 2000 × 2000 pods on 20 nodes; want < 16 MiB", got)
+	}
+	for _, v := range edges(m, a) {
+		checkFractions(t, "lata", v)
+		checkBalanced(t, "lata", v)
+		if routes := len(v.call.Routes); routes > len(v.callers)+len(v.callees)-1 {
+			t.Fatalf("%d routes, a basic solution has at most %d", routes, len(v.callers)+len(v.callees)-1)
+		}
+	}
+}
