@@ -42,6 +42,9 @@ func Plan(m *Model, p Policy) (*Allocation, error) {
 	if _, err := ParsePolicy(string(p)); err != nil {
 		return nil, err
 	}
+	if p == LATAQ {
+		return planQueued(m)
+	}
 	alloc := &Allocation{Policy: p, Calls: make([]CallAllocation, len(m.Calls))}
 	errs := make([]error, len(m.Calls))
 	workers := workerCount()
