@@ -20,10 +20,13 @@ const (
 	OptTraffic Policy = "opttraffic"
 	// LATA is the min-cost allocation under the load-balance constraint.
 	LATA Policy = "lata"
+	// LATAQ is load-aware LATA: instead of fixed equal shares, each callee pod with a service
+	// rate μ costs its M/M/1 queueing delay, under a utilisation cap (see lataq.go).
+	LATAQ Policy = "lata-q"
 )
 
 // Policies lists the allocation policies in the order reports show them.
-func Policies() []Policy { return []Policy{RoundRobin, Localization, OptTraffic, LATA} }
+func Policies() []Policy { return []Policy{RoundRobin, Localization, OptTraffic, LATA, LATAQ} }
 
 // ParsePolicy returns the named allocation policy.
 func ParsePolicy(s string) (Policy, error) {
@@ -32,7 +35,7 @@ func ParsePolicy(s string) (Policy, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("optimizer: unknown policy %q (want one of round-robin, localization, opttraffic, lata)", s)
+	return "", fmt.Errorf("optimizer: unknown policy %q (want one of round-robin, localization, opttraffic, lata, lata-q)", s)
 }
 
 // Allocation is the result of a policy: for every call edge, what fraction of each caller pod's
@@ -40,8 +43,12 @@ func ParsePolicy(s string) (Policy, error) {
 type Allocation struct {
 	Policy Policy `json:"policy" yaml:"policy"`
 	// Cost is Σ rps × latency over all routes, in ms·req/s.
-	Cost  float64          `json:"cost" yaml:"cost"`
-	Calls []CallAllocation `json:"calls" yaml:"calls"`
+	Cost float64 `json:"cost" yaml:"cost"`
+	// QueueCost is lata-q's queueing term at the allocation's pod loads ℓ: Σ 1000·ℓ/(μ−ℓ) over
+	// the pods with a service rate μ, in ms·req/s (the M/M/1 delay times the rate, exact, not
+	// linearised; lata-q minimises Cost plus its linearisation). Other policies leave it 0.
+	QueueCost float64          `json:"queue_cost,omitempty" yaml:"queue_cost,omitempty"`
+	Calls     []CallAllocation `json:"calls" yaml:"calls"`
 }
 
 // CallAllocation is the allocation of one call edge. Routes are ordered by caller pod, then

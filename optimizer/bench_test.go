@@ -78,3 +78,35 @@ func BenchmarkPlanMesh(b *testing.B) {
 		}
 	})
 }
+
+// replicaTopology is two services with many replicas on few nodes: callers × callees pods
+// spread over nodes (on random points of a plane, as meshTopology), one call edge.
+func replicaTopology(seed uint64, nodes, callers, callees int) *Topology {
+	r := rand.New(rand.NewPCG(seed, 2))
+	t := meshTopology(seed, nodes, 0, 0, 0)
+	for s, pods := range []int{callers, callees} {
+		svc := Service{Name: fmt.Sprintf("svc-%d", s)}
+		for p := range pods {
+			svc.Pods = append(svc.Pods, Pod{Name: fmt.Sprintf("svc-%d-%d", s, p), Node: t.Nodes[r.IntN(nodes)].Name})
+		}
+		t.Services = append(t.Services, svc)
+	}
+	t.Calls = []Call{{From: "svc-0", To: "svc-1"}}
+	t.Ingress = []Ingress{{Service: "svc-0", RPS: 1000}}
+	return t
+}
+
+// BenchmarkPlanManyReplicas is one call edge between 2000 caller and 2000 callee pods on 20
+// nodes: the solve works on nodes, so its memory does not grow with pods × pods.
+func BenchmarkPlanManyReplicas(b *testing.B) {
+	m, err := Compile(replicaTopology(1, 20, 2000, 2000), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Plan(m, LATA); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -16,7 +16,13 @@ type Options struct {
 	// Unplaced accepts pods without a node and services given only by Replicas (for placement).
 	// When false every pod must name its node (plan, serve).
 	Unplaced bool
+	// UtilizationCap is the highest utilisation ℓ/μ the lata-q policy loads a pod with a
+	// service rate to, in (0, 1); 0 means DefaultUtilizationCap.
+	UtilizationCap float64
 }
+
+// DefaultUtilizationCap is the utilisation cap of lata-q when Options gives none.
+const DefaultUtilizationCap = 0.9
 
 // LatencyMatrix is a dense node-to-node latency matrix in milliseconds, indexed by node index.
 type LatencyMatrix struct {
@@ -41,16 +47,21 @@ type PodRef struct {
 	Name   string
 	Node   int // index into Model.Nodes; -1 when unplaced
 	Weight float64
+	// CapacityRPS is the pod's service rate μ in requests/s (its own capacity_rps, else its
+	// service's times Weight); 0 when the topology gives none.
+	CapacityRPS float64
 }
 
 // ServiceModel is a validated service: its pods, in file order, and its load.
 type ServiceModel struct {
-	Name  string
-	Pods  []PodRef
-	Load  float64 // Λ, requests/s into the service (ingress plus calls)
-	CPU   int64
-	Mem   int64
-	Count int // replicas to place (len(Pods) when placed)
+	Name string
+	Pods []PodRef
+	Load float64 // Λ, requests/s into the service (ingress plus calls)
+	// Ingress is λ⁰, the part of Load that comes from outside (not from call edges).
+	Ingress float64
+	CPU     int64
+	Mem     int64
+	Count   int // replicas to place (len(Pods) when placed)
 }
 
 // TotalWeight is Σ w_p over the service's pods.
@@ -77,9 +88,12 @@ type Model struct {
 	Services []ServiceModel
 	Calls    []CallEdge
 	Order    []int // services in topological order of the call graph
+	// UtilizationCap is lata-q's utilisation cap (Options.UtilizationCap, defaulted).
+	UtilizationCap float64
 
 	nodeIndex    map[string]int
 	serviceIndex map[string]int
+	resolution   int // lata-q's pieces per μ; 0 means QueueResolution (tests set it)
 }
 
 // NodeIndex returns the index of the named node.
@@ -157,6 +171,13 @@ func Compile(t *Topology, opts Options) (*Model, error) {
 		}
 	}
 	m.Latency = compileLatency(t, m.nodeIndex, opts, &bad)
+	m.UtilizationCap = opts.UtilizationCap
+	if m.UtilizationCap == 0 {
+		m.UtilizationCap = DefaultUtilizationCap
+	}
+	if !(m.UtilizationCap > 0 && m.UtilizationCap < 1) {
+		bad.add("utilization cap %v: must be in (0, 1)", opts.UtilizationCap)
+	}
 
 	podNames := map[string]string{} // pod → service
 	for i, s := range t.Services {
@@ -232,6 +253,7 @@ func Compile(t *Topology, opts Options) (*Model, error) {
 	}
 	m.Order = order
 	for _, s := range order {
+		m.Services[s].Ingress = ingress[s]
 		m.Services[s].Load += ingress[s]
 		for _, c := range m.Calls {
 			if c.From == s {
@@ -332,6 +354,15 @@ func compileService(s Service, nodes map[string]int, podNames map[string]string,
 	if s.CPU < 0 || s.Memory < 0 {
 		bad.add("service %q: negative cpu or memory request", s.Name)
 	}
+	svcCapacity := 0.0
+	if c := s.CapacityRPS; c != nil {
+		if !(*c > 0) || math.IsInf(*c, 0) {
+			bad.add("service %q: capacity_rps %v: must be a positive, finite number", s.Name, *c)
+		} else {
+			svcCapacity = *c
+		}
+	}
+	var withCapacity, without []string // pods with and without a service rate
 	if s.Replicas < 0 || s.Replicas > MaxReplicas {
 		bad.add("service %q: replicas %d outside [0, %d]", s.Name, s.Replicas, MaxReplicas)
 		s.Replicas = 0
@@ -370,7 +401,23 @@ func compileService(s Service, nodes map[string]int, podNames map[string]string,
 			bad.add("pod %q (service %q): weight is %s (%v)", p.Name, s.Name, why, ref.Weight)
 			ref.Weight = 0
 		}
+		ref.CapacityRPS = svcCapacity * ref.Weight
+		if c := p.CapacityRPS; c != nil {
+			if !(*c > 0) || math.IsInf(*c, 0) {
+				bad.add("pod %q (service %q): capacity_rps %v: must be a positive, finite number", p.Name, s.Name, *c)
+			} else {
+				ref.CapacityRPS = *c
+			}
+		}
+		if p.CapacityRPS != nil || s.CapacityRPS != nil {
+			withCapacity = append(withCapacity, p.Name)
+		} else {
+			without = append(without, p.Name)
+		}
 		sm.Pods = append(sm.Pods, ref)
+	}
+	if len(withCapacity) > 0 && len(without) > 0 {
+		bad.add("service %q: pod %q has capacity_rps but pod %q has none (give every pod one, or the service)", s.Name, withCapacity[0], without[0])
 	}
 	if !(sm.TotalWeight() > 0) {
 		if len(pods) == 0 {

@@ -11,7 +11,8 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer/mcf"
 )
 
-// Numeric rules of the LATA solve. The transportation problem of an edge is solved exactly in
+// Numeric rules of the LATA solve. The transportation problem of an edge is solved between nodes
+// (nodeflow.go: pods of a node share its flow, north-west corner) exactly in
 // integers: latencies are rounded to CostQuantumMS, and supplies and demands are integer units
 // (exact for integer weights, else apportioned over FlowUnits; see flowUnits).
 //
@@ -41,10 +42,14 @@ func Plan(m *Model, p Policy) (*Allocation, error) {
 	if _, err := ParsePolicy(string(p)); err != nil {
 		return nil, err
 	}
+	if p == LATAQ {
+		return planQueued(m)
+	}
 	alloc := &Allocation{Policy: p, Calls: make([]CallAllocation, len(m.Calls))}
 	errs := make([]error, len(m.Calls))
-	allocators := make([]*edgeAllocator, runtime.GOMAXPROCS(0)) // one per worker, made on first use
-	parallel(len(m.Calls), func(w, k int) {
+	workers := workerCount()
+	allocators := make([]*edgeAllocator, workers) // one per worker, made on first use
+	parallelWorkers(workers, len(m.Calls), func(w, k int) {
 		if allocators[w] == nil {
 			allocators[w] = newEdgeAllocator()
 		}
@@ -67,11 +72,22 @@ func Plan(m *Model, p Policy) (*Allocation, error) {
 	return alloc, nil
 }
 
-// parallel runs f(w, 0) … f(w, n-1) on up to GOMAXPROCS goroutines and waits for them; w is
-// the goroutine's number (< GOMAXPROCS), for per-goroutine scratch. Each f must write only its
-// own results, so the outcome does not depend on the scheduling.
-func parallel(n int, f func(w, i int)) {
-	workers := min(runtime.GOMAXPROCS(0), n)
+// workerCount is the number of goroutines a parallel solve uses: GOMAXPROCS, read once per
+// solve. Go changes GOMAXPROCS at run time (when a container's CPU limit changes), so a caller
+// that sizes per-worker scratch must read it once, here, and pass the same count to
+// parallelWorkers. A variable so that tests can change the count between reads.
+var workerCount = func() int { return runtime.GOMAXPROCS(0) }
+
+// parallel runs f(w, 0) … f(w, n-1) on up to workerCount() goroutines and waits for them. Use
+// it only where f ignores w; a caller with per-worker scratch uses parallelWorkers with the
+// count it sized the scratch by.
+func parallel(n int, f func(w, i int)) { parallelWorkers(workerCount(), n, f) }
+
+// parallelWorkers runs f(w, 0) … f(w, n-1) on up to workers goroutines and waits for them; w is
+// the goroutine's number, 0 ≤ w < workers, for per-goroutine scratch. Each f must write only
+// its own results, so the outcome does not depend on the scheduling.
+func parallelWorkers(workers, n int, f func(w, i int)) {
+	workers = min(max(workers, 1), n)
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
@@ -235,15 +251,19 @@ func optTraffic(callers, callees []PodRef) [][]split {
 	return out
 }
 
-// lata solves the edge's transportation problem exactly in integer units (see FlowUnits).
+// lata solves the edge's transportation problem exactly in integer units (see FlowUnits),
+// between nodes (see nodeflow.go): callers and callees are grouped by node, the node-level
+// problem is solved, and expandFlows derives the pod-level flows, at the same cost. Memory is
+// O(nodes² + pods) whatever the number of replicas.
 func (a *edgeAllocator) lata(callers, callees []PodRef, lat LatencyMatrix) ([][]split, error) {
-	n, k := len(callers), len(callees)
 	supply, demand, exact := flowUnits(weights(callers), weights(callees))
+	srcNode, srcGroups := podGroups(podNodes(callers))
+	dstNode, dstGroups := podGroups(podNodes(callees))
 	cost := a.prob.Cost[:0]
 	var longest int64
-	for _, p := range callers {
-		for _, q := range callees {
-			c := int64(math.Round(lat.At(p.Node, q.Node) / CostQuantumMS))
+	for _, u := range srcNode {
+		for _, v := range dstNode {
+			c := int64(math.Round(lat.At(u, v) / CostQuantumMS))
 			longest = max(longest, c)
 			cost = append(cost, c)
 		}
@@ -257,19 +277,20 @@ func (a *edgeAllocator) lata(callers, callees []PodRef, lat LatencyMatrix) ([][]
 		}
 		cost[i] = c<<TieBreakBits + tie
 	}
-	a.prob = mcf.Transport{Sources: n, Sinks: k, Cost: cost, Supply: supply, Demand: demand}
+	a.prob = mcf.Transport{Sources: len(srcNode), Sinks: len(dstNode), Cost: cost,
+		Supply: groupTotals(a.prob.Supply[:0], srcGroups, supply), Demand: groupTotals(a.prob.Demand[:0], dstGroups, demand)}
 	flows, _, err := a.solver.Solve(&a.prob, a.flows)
 	if err != nil {
 		return nil, err
 	}
 	a.flows = flows
-	out := make([][]split, n)
-	for _, f := range flows {
-		frac := float64(f.Amount) / float64(supply[f.Source])
+	out := make([][]split, len(callers))
+	for _, f := range expandFlows(srcGroups, supply, dstGroups, demand, flows) {
+		frac := float64(f.amount) / float64(supply[f.src])
 		if !exact && frac < dustFraction {
 			continue // an artefact of apportioning, not a route; renormalised below
 		}
-		out[f.Source] = append(out[f.Source], split{callee: f.Sink, fraction: frac})
+		out[f.src] = append(out[f.src], split{callee: f.dst, fraction: frac})
 	}
 	if !exact {
 		for _, row := range out {
@@ -288,6 +309,26 @@ func (a *edgeAllocator) lata(callers, callees []PodRef, lat LatencyMatrix) ([][]
 		}
 	}
 	return out, nil
+}
+
+func podNodes(pods []PodRef) []int {
+	out := make([]int, len(pods))
+	for i, p := range pods {
+		out[i] = p.Node
+	}
+	return out
+}
+
+// groupTotals appends to dst the total amount of each group.
+func groupTotals(dst []int64, groups [][]int, amount []int64) []int64 {
+	for _, members := range groups {
+		var t int64
+		for _, i := range members {
+			t += amount[i]
+		}
+		dst = append(dst, t)
+	}
+	return dst
 }
 
 // dustFraction is the smallest route kept when supplies and demands had to be apportioned:

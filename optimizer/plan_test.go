@@ -215,3 +215,59 @@ func TestPlanDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanWorkerCountChanges raises the worker count between any two reads of it, as Go does
+// when a container's CPU limit rises during a solve: Plan must size its per-worker scratch and
+// run its workers by one reading (it once indexed past the scratch and panicked).
+func TestPlanWorkerCountChanges(t *testing.T) {
+	top := genTopology(3, genConfig{nodes: 6, services: 12, maxPods: 6, extraCalls: 12})
+	m, err := Compile(top, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := Plan(m, LATA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := workerCount
+	defer func() { workerCount = old }()
+	reads := 0
+	workerCount = func() int { reads++; return reads } // 1, then 2, 3, …
+	for _, p := range Policies() {
+		reads = 0
+		got, err := Plan(m, p)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if p == LATA && got.Cost != want.Cost {
+			t.Fatalf("cost %v with a changing worker count, %v without", got.Cost, want.Cost)
+		}
+	}
+}
+
+// TestPlanManyReplicasMemory: 2000 caller and 2000 callee pods on 20 nodes. The solve works on
+// nodes, so it allocates O(nodes² + pods), not a pods × pods cost matrix (which was 32 MiB of
+// costs alone, 160 MB per solve in all).
+func TestPlanManyReplicasMemory(t *testing.T) {
+	m, err := Compile(replicaTopology(1, 20, 2000, 2000), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	a, err := Plan(m, LATA)
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
+		t.Fatalf("Plan allocated %d bytes for 2000 × 2000 pods on 20 nodes; want < 16 MiB", got)
+	}
+	for _, v := range edges(m, a) {
+		checkFractions(t, "lata", v)
+		checkBalanced(t, "lata", v)
+		if routes := len(v.call.Routes); routes > len(v.callers)+len(v.callees)-1 {
+			t.Fatalf("%d routes, a basic solution has at most %d", routes, len(v.callers)+len(v.callees)-1)
+		}
+	}
+}

@@ -62,6 +62,9 @@ type Service struct {
 	Memory    int64  `json:"memory,omitempty" yaml:"memory,omitempty"`
 	Pods      []Pod  `json:"pods,omitempty" yaml:"pods,omitempty"`
 	Replicas  int    `json:"replicas,omitempty" yaml:"replicas,omitempty"`
+	// CapacityRPS, when set, is the service rate μ in requests/s of a pod of weight 1: each pod
+	// serves CapacityRPS × its weight, unless it gives its own. Only the lata-q policy reads it.
+	CapacityRPS *float64 `json:"capacity_rps,omitempty" yaml:"capacity_rps,omitempty"`
 }
 
 // Port is one port of a service: Port is the service port (what callers dial and what Istio's
@@ -86,6 +89,9 @@ type Pod struct {
 	// ServiceAccount is the pod's Kubernetes service account: with mutual TLS on the xDS port,
 	// only a client whose certificate names it may claim the pod's identity.
 	ServiceAccount string `json:"serviceAccount,omitempty" yaml:"serviceAccount,omitempty"`
+	// CapacityRPS, when set, is this pod's service rate μ in requests/s, overriding its
+	// service's. Only the lata-q policy reads it.
+	CapacityRPS *float64 `json:"capacity_rps,omitempty" yaml:"capacity_rps,omitempty"`
 }
 
 // Call is a call edge: each request to From makes Rate requests to To (nil means 1).
@@ -201,11 +207,10 @@ func (t *Topology) Clone() *Topology {
 	for i, s := range t.Services {
 		s.Pods = append([]Pod(nil), s.Pods...)
 		s.Ports = append([]Port(nil), s.Ports...)
+		s.CapacityRPS = cloneFloat(s.CapacityRPS)
 		for j := range s.Pods {
-			if w := s.Pods[j].Weight; w != nil {
-				v := *w
-				s.Pods[j].Weight = &v
-			}
+			s.Pods[j].Weight = cloneFloat(s.Pods[j].Weight)
+			s.Pods[j].CapacityRPS = cloneFloat(s.Pods[j].CapacityRPS)
 		}
 		c.Services[i] = s
 	}
@@ -217,6 +222,14 @@ func (t *Topology) Clone() *Topology {
 		c.Calls[i] = e
 	}
 	return c
+}
+
+func cloneFloat(p *float64) *float64 {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
 }
 
 func invalidf(format string, args ...any) error {

@@ -54,7 +54,7 @@ func newPlanCommand() *cobra.Command {
 		},
 	}
 	tf.register(cmd)
-	cmd.Flags().StringVar(&policy, "policy", string(optimizer.LATA), "allocation policy: round-robin, localization, opttraffic, lata")
+	cmd.Flags().StringVar(&policy, "policy", string(optimizer.LATA), "allocation policy: round-robin, localization, opttraffic, lata, lata-q")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json, yaml")
 	return cmd
 }

@@ -79,7 +79,7 @@ func newServeCommand() *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&f.xdsAddress, "xds-address", "", "HOST:PORT the xDS server listens on (port 0 picks one; the address is logged)")
 	fl.StringVar(&f.metricsAddress, "metrics-address", "", "HOST:PORT for /metrics, /healthz and /readyz (empty: not served)")
-	fl.StringVar(&f.policy, "policy", string(optimizer.LATA), "allocation policy: round-robin, localization, opttraffic, lata")
+	fl.StringVar(&f.policy, "policy", string(optimizer.LATA), "allocation policy: round-robin, localization, opttraffic, lata, lata-q")
 	fl.StringVar(&f.encoding, "encoding", string(xds.EncodingLocality), "wire encoding of the weights: locality (EDS locality weights) or weighted-clusters")
 	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xds.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
 	fl.DurationVar(&f.debounceMax, "debounce-max", xds.DefaultDebounceMax, "push at the latest this long after the first change of a burst")

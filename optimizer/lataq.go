@@ -1,0 +1,407 @@
+package optimizer
+
+import (
+	"fmt"
+	"math"
+	"sort"
+
+	"github.com/edgeflow/edgeflow/optimizer/mcf"
+)
+
+// lata-q, load-aware LATA (DESIGN.md, "Beyond the paper").
+//
+// A callee pod q with a service rate μ_q (capacity_rps) is an M/M/1 queue: at load ℓ it adds
+// 1000·ℓ/(μ_q−ℓ) ms·req/s of queueing (its mean sojourn time in ms times its rate; the same
+// unit as Cost). lata-q minimises Σ rps × latency + Σ_q 1000·ℓ_q/(μ_q−ℓ_q) subject to
+// ℓ_q ≤ cap·μ_q (Model.UtilizationCap), instead of fixing each pod's share.
+//
+// The load on a pod comes from every call edge into its service, so lata-q solves one problem
+// per callee service b with a service rate: the supplies are the caller pods of every edge
+// into b (σ = Λ_a · r_ab · w_p / Σw, as lata), and b's ingress λ⁰_b is a fixed background load
+// bg_q = λ⁰_b · w_q / Σw on each pod (external traffic is balanced by weight, not by edgeflow).
+// Services without a service rate keep lata's fixed shares, edge by edge: without any
+// capacity_rps lata-q is exactly lata.
+//
+// The convex queueing term is linearised: each pod's curve g(ℓ) = 1000·ℓ/(μ−ℓ) is
+// interpolated between bg_q and cap·μ_q at the loads k·μ_q/QueueResolution (every 1 % of μ)
+// and both ends, giving parallel arcs from the pod to a sink, one per segment, with capacity
+// the segment's width and cost its chord's slope 1000·μ/((μ−x₀)(μ−x₁)), increasing. The
+// chords lie above the curve, so the linearised cost bounds the true one from above; the
+// difference is largest near the cap, where the curve bends most. The arcs of equal cost on one
+// node are merged, and callers are grouped by node, so the problem stays a dense node-level
+// transportation problem (mcf), made balanced by a slack source that takes up the unused
+// capacity at cost 0: integral, exact and deterministic. Latencies and slopes are rounded to
+// a quantum of max(CostQuantumMS, largest cost / 2^31) ms, so the result is within
+// quantum × (rps into b) of the linearised optimum; flows are integer units, at most
+// (Σ cap·μ)/2^30 rps each, so a pod's load is within a few units of its segments.
+// The pod-level routes come from the node-level flows by expandFlows (nodeflow.go).
+//
+// Low load fills only the first, cheapest segments: each caller goes to its nearest pod of
+// equal μ (localization). Load near cap·Σμ leaves each pod at its cap: with μ ∝ weight,
+// lata's shares.
+
+// QueueResolution is the number of linear pieces lata-q uses for a pod's queueing curve from
+// 0 to μ: breakpoints every μ/QueueResolution (1 % of μ). A hundred pieces keep the chord above
+// the curve within about 1/QueueResolution of the curve's own slope below 50 % utilisation,
+// while the node-level problem of a service stays small (≈ 90 sinks per distinct pod per node).
+const QueueResolution = 100
+
+func (m *Model) queueResolution() int {
+	if m.resolution > 0 {
+		return m.resolution
+	}
+	return QueueResolution
+}
+
+// queueSegment is one linear piece of a pod's queueing curve.
+type queueSegment struct {
+	pod          int
+	width, slope float64 // rps, ms per rps
+}
+
+// queueSegments returns the linear pieces of 1000·ℓ/(μ−ℓ) from bg to cap·μ.
+// resolution is the number of pieces from 0 to μ (QueueResolution in Plan).
+func queueSegments(pod int, mu, bg, cap float64, resolution int) []queueSegment {
+	res := float64(resolution)
+	hi := cap * mu
+	var out []queueSegment
+	x0 := bg
+	for k := math.Floor(bg/mu*res) + 1; ; k++ {
+		x1 := min(hi, k*mu/res)
+		if x1 > x0 {
+			out = append(out, queueSegment{pod: pod, width: x1 - x0, slope: 1000 * mu / ((mu - x0) * (mu - x1))})
+			x0 = x1
+		}
+		if x1 >= hi {
+			return out
+		}
+	}
+}
+
+// queueCost is 1000·ℓ/(μ−ℓ), the M/M/1 term of one pod.
+func queueCost(load, mu float64) float64 { return 1000 * load / (mu - load) }
+
+// queuedService is the outcome of lata-q for one callee service.
+type queuedService struct {
+	calls     map[int]CallAllocation // by index in Model.Calls
+	queueCost float64
+}
+
+// hasCapacity reports whether lata-q treats s as a set of queues.
+func hasCapacity(s *ServiceModel) bool {
+	for _, p := range s.Pods {
+		if p.CapacityRPS > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// callerPiece is one caller pod of one edge into the service.
+type callerPiece struct {
+	edge, pod, node int
+	rps             float64
+}
+
+// queued solves lata-q for callee service b, fed by the call edges edgeIdx.
+func (a *edgeAllocator) queued(m *Model, b int, edgeIdx []int) (queuedService, error) {
+	svc := &m.Services[b]
+	pods := svc.Pods
+	cap := m.UtilizationCap
+	wb := svc.TotalWeight()
+	var totalMu float64
+	for _, q := range pods {
+		if q.Weight > 0 {
+			totalMu += q.CapacityRPS
+		}
+	}
+	if svc.Load > cap*totalMu*(1+1e-12) {
+		return queuedService{}, invalidf("service %q: load %.6g rps exceeds its utilisation cap %g × capacity %.6g rps (lata-q)", svc.Name, svc.Load, cap, totalMu)
+	}
+	bg := make([]float64, len(pods))
+	var segs []queueSegment
+	for i, q := range pods {
+		if q.Weight == 0 {
+			continue
+		}
+		bg[i] = svc.Ingress * q.Weight / wb
+		if bg[i] > cap*q.CapacityRPS*(1+1e-12) {
+			return queuedService{}, invalidf("pod %q (service %q): its share of the ingress, %.6g rps, exceeds its utilisation cap %g × capacity %.6g rps (lata-q)", q.Name, svc.Name, bg[i], cap, q.CapacityRPS)
+		}
+		segs = append(segs, queueSegments(i, q.CapacityRPS, bg[i], cap, m.queueResolution())...)
+	}
+
+	var pieces []callerPiece
+	var supplyRPS float64
+	for k, ek := range edgeIdx {
+		e := m.Calls[ek]
+		caller := &m.Services[e.From]
+		wa := caller.TotalWeight()
+		for p, pod := range caller.Pods {
+			rps := caller.Load * e.Rate * pod.Weight / wa
+			pieces = append(pieces, callerPiece{edge: k, pod: p, node: pod.Node, rps: rps})
+			supplyRPS += rps
+		}
+	}
+
+	var capacity float64
+	for _, s := range segs {
+		capacity += s.width
+	}
+	pieceSplits := make([][]split, len(pieces))
+	units := make([]int64, len(pieces))
+	if supplyRPS > 0 && capacity > 0 {
+		var err error
+		units, err = a.solveQueued(m, pods, pieces, segs, supplyRPS, capacity, pieceSplits)
+		if err != nil {
+			return queuedService{}, err
+		}
+	}
+	for i, pc := range pieces {
+		if units[i] == 0 {
+			pieceSplits[i] = nearest(m.Services[m.Calls[edgeIdx[pc.edge]].From].Pods[pc.pod], pods, m.Latency)
+		}
+	}
+
+	// Per-edge splits, CallAllocations and the pods' loads.
+	load := append([]float64(nil), bg...)
+	byEdge := make([][][]split, len(edgeIdx))
+	for k, ek := range edgeIdx {
+		byEdge[k] = make([][]split, len(m.Services[m.Calls[ek].From].Pods))
+	}
+	for i, pc := range pieces {
+		byEdge[pc.edge][pc.pod] = pieceSplits[i]
+		for _, s := range pieceSplits[i] {
+			load[s.callee] += s.fraction * pc.rps
+		}
+	}
+	out := queuedService{calls: map[int]CallAllocation{}}
+	for k, ek := range edgeIdx {
+		out.calls[ek] = buildCall(m, m.Calls[ek], byEdge[k])
+	}
+	for i, q := range pods {
+		if q.Weight > 0 {
+			out.queueCost += queueCost(load[i], q.CapacityRPS)
+		}
+	}
+	return out, nil
+}
+
+// solveQueued solves the linearised problem and fills splits; it returns each piece's units
+// (0: the piece sends nothing and gets no route here).
+func (a *edgeAllocator) solveQueued(m *Model, pods []PodRef, pieces []callerPiece, segs []queueSegment, supplyRPS, capacity float64, splits [][]split) ([]int64, error) {
+	// Integer units: the capacity is FlowUnits; each pod's segments get its capacity's units.
+	total := int64(FlowUnits)
+	segUnits := make([]int64, len(segs))
+	{
+		var podW []float64
+		var podSegs [][]int
+		at := map[int]int{}
+		for j, s := range segs {
+			k, ok := at[s.pod]
+			if !ok {
+				k = len(podW)
+				at[s.pod] = k
+				podW = append(podW, 0)
+				podSegs = append(podSegs, nil)
+			}
+			podW[k] += s.width
+			podSegs[k] = append(podSegs[k], j)
+		}
+		podUnits := LargestRemainder(podW, total)
+		for k, js := range podSegs {
+			w := make([]float64, len(js))
+			for i, j := range js {
+				w[i] = segs[j].width
+			}
+			for i, u := range LargestRemainder(w, podUnits[k]) {
+				segUnits[js[i]] = u
+			}
+		}
+	}
+	supplyUnits := min(total, int64(math.Round(supplyRPS/capacity*float64(total))))
+	rps := make([]float64, len(pieces))
+	for i, pc := range pieces {
+		rps[i] = pc.rps
+	}
+	units := LargestRemainder(rps, supplyUnits)
+
+	// The cost quantum: fine, unless the steepest slope needs a coarser one to fit mcf.
+	var steepest, longest float64
+	for _, s := range segs {
+		steepest = max(steepest, s.slope)
+	}
+	for i := range m.Latency.ms {
+		longest = max(longest, m.Latency.ms[i])
+	}
+	quantum := max(CostQuantumMS, (steepest+longest)/(1<<31))
+	return units, a.solveQueuedUnits(m.Latency, pods, pieces, units, segs, segUnits, quantum, splits)
+}
+
+// solveQueuedUnits solves the node-level problem in integer units and fills splits.
+func (a *edgeAllocator) solveQueuedUnits(lat LatencyMatrix, pods []PodRef, pieces []callerPiece, units []int64,
+	segs []queueSegment, segUnits []int64, quantum float64, splits [][]split) error {
+	pieceNode := make([]int, len(pieces))
+	for i, pc := range pieces {
+		pieceNode[i] = pc.node
+	}
+	srcNode, srcGroups := podGroups(pieceNode)
+	// Sinks: the segments, merged when on one node at one (rounded) cost.
+	type sinkKey struct {
+		node  int
+		slope int64
+	}
+	sinkAt := map[sinkKey]int{}
+	var sinkNode []int
+	var sinkSlope, sinkUnits []int64
+	var sinkSegs [][]int
+	for j, sg := range segs {
+		key := sinkKey{pods[sg.pod].Node, int64(math.Round(sg.slope / quantum))}
+		s, ok := sinkAt[key]
+		if !ok {
+			s = len(sinkNode)
+			sinkAt[key] = s
+			sinkNode, sinkSlope = append(sinkNode, key.node), append(sinkSlope, key.slope)
+			sinkUnits, sinkSegs = append(sinkUnits, 0), append(sinkSegs, nil)
+		}
+		sinkUnits[s] += segUnits[j]
+		sinkSegs[s] = append(sinkSegs[s], j)
+	}
+	g := len(srcNode) // the slack source's index
+	cost := a.prob.Cost[:0]
+	for _, u := range srcNode {
+		for s, v := range sinkNode {
+			cost = append(cost, int64(math.Round(lat.At(u, v)/quantum))+sinkSlope[s])
+		}
+	}
+	for range sinkNode {
+		cost = append(cost, 0)
+	}
+	supply := groupTotals(a.prob.Supply[:0], srcGroups, units)
+	var capUnits, shipped int64
+	for _, u := range sinkUnits {
+		capUnits += u
+	}
+	for _, u := range units {
+		shipped += u
+	}
+	supply = append(supply, capUnits-shipped)
+	a.prob = mcf.Transport{Sources: g + 1, Sinks: len(sinkNode), Cost: cost, Supply: supply, Demand: append(a.prob.Demand[:0], sinkUnits...)}
+	flows, _, err := a.solver.Solve(&a.prob, a.flows)
+	if err != nil {
+		return fmt.Errorf("optimizer: lata-q for service %q: %w", pods[0].Name, err)
+	}
+	a.flows = flows
+
+	// Each sink's real inflow, back to its segments (pro rata) and so to pods.
+	inflow := make([]int64, len(sinkNode))
+	for _, f := range flows {
+		if f.Source < g {
+			inflow[f.Sink] += f.Amount
+		}
+	}
+	podUnits := make([]int64, len(pods))
+	for s, js := range sinkSegs {
+		w := make([]float64, len(js))
+		for i, j := range js {
+			w[i] = float64(segUnits[j])
+		}
+		for i, u := range LargestRemainder(w, inflow[s]) {
+			podUnits[segs[js[i]].pod] += u
+		}
+	}
+	// Node-level flows from caller node groups to callee node groups.
+	dstNode, dstGroups := podGroups(podNodes(pods))
+	groupOf := map[int]int{}
+	for h, v := range dstNode {
+		groupOf[v] = h
+	}
+	agg := map[[2]int]int64{}
+	for _, f := range flows {
+		if f.Source < g {
+			agg[[2]int{f.Source, groupOf[sinkNode[f.Sink]]}] += f.Amount
+		}
+	}
+	nodeFlows := make([]mcf.Flow, 0, len(agg))
+	for k, amount := range agg {
+		nodeFlows = append(nodeFlows, mcf.Flow{Source: k[0], Sink: k[1], Amount: amount})
+	}
+	sort.Slice(nodeFlows, func(i, j int) bool {
+		if nodeFlows[i].Source != nodeFlows[j].Source {
+			return nodeFlows[i].Source < nodeFlows[j].Source
+		}
+		return nodeFlows[i].Sink < nodeFlows[j].Sink
+	})
+	for _, f := range expandFlows(srcGroups, units, dstGroups, podUnits, nodeFlows) {
+		splits[f.src] = append(splits[f.src], split{callee: f.dst, fraction: float64(f.amount) / float64(units[f.src])})
+	}
+	for _, row := range splits {
+		var t float64
+		for _, s := range row {
+			t += s.fraction
+		}
+		for i := range row {
+			row[i].fraction /= t
+		}
+	}
+	return nil
+}
+
+// planQueued is Plan for lata-q: one problem per callee service with a service rate, lata per
+// edge into the others.
+func planQueued(m *Model) (*Allocation, error) {
+	alloc := &Allocation{Policy: LATAQ, Calls: make([]CallAllocation, len(m.Calls))}
+	into := make([][]int, len(m.Services))
+	for k, e := range m.Calls {
+		into[e.To] = append(into[e.To], k)
+	}
+	var targets []int
+	for b := range m.Services {
+		if len(into[b]) > 0 || hasCapacity(&m.Services[b]) {
+			targets = append(targets, b)
+		}
+	}
+	errs := make([]error, len(targets))
+	queue := make([]float64, len(targets))
+	workers := workerCount()
+	allocators := make([]*edgeAllocator, workers)
+	parallelWorkers(workers, len(targets), func(w, t int) {
+		if allocators[w] == nil {
+			allocators[w] = newEdgeAllocator()
+		}
+		b := targets[t]
+		if !hasCapacity(&m.Services[b]) {
+			for _, k := range into[b] {
+				e := m.Calls[k]
+				splits, err := allocators[w].allocate(LATA, m, e)
+				if err != nil {
+					errs[t] = fmt.Errorf("optimizer: call %s → %s: %w", m.Services[e.From].Name, m.Services[e.To].Name, err)
+					return
+				}
+				alloc.Calls[k] = buildCall(m, e, splits)
+			}
+			return
+		}
+		res, err := allocators[w].queued(m, b, into[b])
+		if err != nil {
+			errs[t] = err // names the service
+			return
+		}
+		for k, c := range res.calls {
+			alloc.Calls[k] = c
+		}
+		queue[t] = res.queueCost
+	})
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range alloc.Calls {
+		alloc.Cost += c.Cost
+	}
+	for _, q := range queue {
+		alloc.QueueCost += q
+	}
+	return alloc, nil
+}
