@@ -34,7 +34,7 @@ k8s:
 
 # Tests that measure timing or allocations skip under the race detector (it slows them ~10x);
 # they run again without it, so every test runs once.
-NORACE_TESTS := TestInjectedLatency|TestPlaceLargeInstance|TestNoAllocs
+NORACE_TESTS := TestInjectedLatency|TestPlaceLargeInstance|TestPlaceBudgetLargeInstance|TestNoAllocs
 
 unit:
 	$(GO) test -race -count=1 ./...

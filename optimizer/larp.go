@@ -273,13 +273,24 @@ var larpDefault = larpTuning{allStarts: true, searchUnits: 1500, minSearched: 1,
 func (pp *placeProblem) larp() ([]int, error) { return pp.larpWith(larpDefault) }
 
 func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
+	nodes, _, err := pp.larpWithin(tune, larpBudget{})
+	return nodes, err
+}
+
+// larpWithin is larpWith stopped by budget: a start not begun when the deadline passes is
+// skipped (except the k8s spread, always built, so the result is never worse than it), as is a
+// local search not begun; one under way stops at its next look at the budget and keeps what it
+// has. The cut is nil if the budget cut nothing, else what ran.
+func (pp *placeProblem) larpWithin(tune larpTuning, budget larpBudget) ([]int, *PlacementCut, error) {
 	// Starts, in a fixed order: the greedy from every node (or only the most free one), then
 	// the Kubernetes spread. Each is built and costed independently, in parallel.
 	var makers []func(st *placeState) bool
+	always := -1 // the start built whatever the budget
 	if tune.allStarts {
 		for _, u := range pp.startNodes(maxStarts) {
 			makers = append(makers, func(st *placeState) bool { return pp.greedyInto(st, u) })
 		}
+		always = len(makers)
 		makers = append(makers, pp.k8sSpreadInto)
 	} else {
 		makers = append(makers, func(st *placeState) bool { return pp.greedyInto(st, pp.mostFreeNode()) })
@@ -287,7 +298,24 @@ func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 	built := make([][]int, len(makers))
 	builtCost := make([]float64, len(makers))
 	scratch := make([]*placeState, runtime.GOMAXPROCS(0))
-	parallel(len(makers), func(w, i int) {
+	// The start built whatever the budget goes first, so it is never what runs late; results
+	// keep the makers' order, which breaks ties.
+	order := make([]int, 0, len(makers))
+	if always >= 0 {
+		order = append(order, always)
+	}
+	for i := range makers {
+		if i != always {
+			order = append(order, i)
+		}
+	}
+	built0 := make([]bool, len(makers)) // started within the budget
+	parallel(len(makers), func(w, k int) {
+		i := order[k]
+		if k > 0 && budget.startsExpired() {
+			return
+		}
+		built0[i] = true
 		if scratch[w] == nil {
 			scratch[w] = pp.newState()
 		}
@@ -314,7 +342,7 @@ func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 	if len(starts) == 0 {
 		nodes, err := pp.pack()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		starts, costs = append(starts, nodes), append(costs, 0)
 	}
@@ -331,13 +359,26 @@ func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 
 	results := make([][]int, len(rank))
 	resCost := make([]float64, len(rank))
+	finished := make([]bool, len(rank))
+	passes := make([]int, len(rank))
 	parallel(len(rank), func(_, r int) {
+		if tune.searchUnits > 0 && budget.expired() {
+			results[r], resCost[r] = starts[rank[r]], costs[rank[r]]
+			return
+		}
 		st := pp.newState()
 		st.load(starts[rank[r]])
+		spent := &stepsLeft{b: budget}
 		if tune.searchUnits > 0 {
-			st.localSearch(tune)
+			passes[r] = st.localSearchWithin(tune, spent)
 		}
-		st.refresh()
+		finished[r] = !spent.cut
+		if !spent.cut {
+			// Every step the search applied re-solved the edges it changed, so the cached
+			// costs are current; the refresh only re-checks them, which a cut search has no
+			// time for.
+			st.refresh()
+		}
 		results[r], resCost[r] = st.snapshot(), st.cost()
 	})
 	best := 0
@@ -346,7 +387,22 @@ func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 			best = r
 		}
 	}
-	return results[best], nil
+	cut := &PlacementCut{Starts: len(makers), Searches: len(rank)}
+	for _, b := range built0 {
+		if b {
+			cut.StartsBuilt++
+		}
+	}
+	for r := range rank {
+		if finished[r] {
+			cut.SearchesFinished++
+		}
+		cut.Passes += passes[r]
+	}
+	if cut.StartsBuilt == cut.Starts && cut.SearchesFinished == cut.Searches {
+		cut = nil
+	}
+	return results[best], cut, nil
 }
 
 // maxStarts bounds the greedy's start nodes: each run costs O(pods × nodes), so trying every

@@ -26,7 +26,13 @@ import (
 //
 // A service whose neighbourhood has not changed since it was last visited is skipped ("don't
 // look" bits). Deterministic: no randomness, no map iteration.
-func (st *placeState) localSearch(tune larpTuning) {
+func (st *placeState) localSearch(tune larpTuning) { st.localSearchWithin(tune, &stepsLeft{}) }
+
+// localSearchWithin is localSearch, stopped when budget says so (see stepsLeft.spend): every
+// step applied so far lowered the cost and kept the constraints, so the state is then a valid
+// placement no worse than the start. It returns the passes run; budget.cut says whether the
+// budget stopped it.
+func (st *placeState) localSearchWithin(tune larpTuning, budget *stepsLeft) (passes int) {
 	pp := st.pp
 	n := pp.n
 	if st.memo == nil {
@@ -50,7 +56,6 @@ func (st *placeState) localSearch(tune larpTuning) {
 			dirty[pp.edges[e].to] = true
 		}
 	}
-	passes := 0
 	for {
 		for ; passes < tune.maxPasses; passes++ {
 			tol := 1e-9 * max(1, st.cost())
@@ -75,6 +80,9 @@ func (st *placeState) localSearch(tune larpTuning) {
 							if k == tune.candidates || w*(price[v]-price[u]) >= bestDelta {
 								break
 							}
+							if budget.spend() {
+								return passes
+							}
 							d := st.tryMove(p, v, bestDelta)
 							if st.fitsResources(s, v) {
 								if d < bestDelta {
@@ -91,6 +99,9 @@ func (st *placeState) localSearch(tune larpTuning) {
 							}
 							partners = st.swapPartners(p, v, partners[:0])
 							for _, q := range partners {
+								if budget.spend() {
+									return passes
+								}
 								if d := st.trySwap(p, q, bestDelta); d < bestDelta {
 									bestDelta, bestP, bestQ, bestV = d, p, q, v
 								}
@@ -122,8 +133,8 @@ func (st *placeState) localSearch(tune larpTuning) {
 		// Pod steps are exhausted. Exchanging the whole contents of two nodes moves a
 		// co-located group at once, which no single pod step can do without first making
 		// things worse.
-		if passes >= tune.maxPasses || n > tune.exchangeMaxNodes || !st.exchangeNodes(touch) {
-			return
+		if passes >= tune.maxPasses || n > tune.exchangeMaxNodes || !st.exchangeNodes(touch, budget) {
+			return passes
 		}
 		passes++
 	}
@@ -225,8 +236,9 @@ func (st *placeState) candidates(s, u int, w float64, price []float64, limit flo
 
 // exchangeNodes applies the best improving exchange of the contents of two nodes (all their
 // pods), if any, and marks the services it moved with touch. Exchanging keeps every per-node
-// pod count of a service, so spread caps hold; cpu and memory are checked.
-func (st *placeState) exchangeNodes(touch func(s int)) bool {
+// pod count of a service, so spread caps hold; cpu and memory are checked. When budget says
+// stop, it applies nothing.
+func (st *placeState) exchangeNodes(touch func(s int), budget *stepsLeft) bool {
 	pp := st.pp
 	n := pp.n
 	tol := 1e-9 * max(1, st.cost())
@@ -254,6 +266,9 @@ func (st *placeState) exchangeNodes(touch func(s int)) bool {
 			}
 			if len(edges) == 0 {
 				continue
+			}
+			if budget.spend() {
+				return false
 			}
 			sort.Ints(edges)
 			old := st.incident(edges)

@@ -56,6 +56,12 @@ type Placement struct {
 	// Cost is the optimal LATA cost under this placement (what Plan(…, LATA) reports for the
 	// placed topology): Σ rps × latency over all routes, in ms·req/s.
 	Cost float64 `json:"cost" yaml:"cost"`
+	// Truncated says a budget (PlaceOptions) cut the search short: the placement is the best
+	// found by then, valid but possibly not what an unlimited search gives, and, if the
+	// wall-time budget cut it, dependent on the machine and its load.
+	Truncated bool `json:"truncated,omitempty" yaml:"truncated,omitempty"`
+	// Cut says how much of the search ran; set exactly when Truncated.
+	Cut *PlacementCut `json:"cut,omitempty" yaml:"cut,omitempty"`
 }
 
 // Place computes the placement of every pod of m under policy p. m is normally compiled with
@@ -69,10 +75,20 @@ type Placement struct {
 // the pods are packed by an exhaustive search instead; it is bounded (packBudget steps), and
 // an error from a search that gave up says so.
 //
-// The objective is the LATA cost of the placement under the optimal allocation. Place is
-// deterministic: the same model gives the same placement for any GOMAXPROCS. It is safe for
-// concurrent use (m is only read).
+// The objective is the LATA cost of the placement under the optimal allocation. Place bounds
+// larp's search by DefaultPlaceBudget of wall time (see PlaceWithOptions); unless the result
+// says Truncated, Place is deterministic: the same model gives the same placement for any
+// GOMAXPROCS. It is safe for concurrent use (m is only read).
 func Place(m *Model, p PlacementPolicy) (*Placement, error) {
+	return PlaceWithOptions(m, p, PlaceOptions{Budget: DefaultPlaceBudget})
+}
+
+// PlaceWithOptions is Place with the search bounded by opts (the zero value: no bound). Only
+// larp searches; the other policies are single constructive passes and ignore opts. A result
+// cut short by opts.Budget says Truncated and is not deterministic; one cut by opts.Steps
+// alone says Truncated and is.
+func PlaceWithOptions(m *Model, p PlacementPolicy, opts PlaceOptions) (*Placement, error) {
+	budget := newLarpBudget(opts) // the clock starts now: indexing the problem counts
 	if _, err := ParsePlacementPolicy(string(p)); err != nil {
 		return nil, err
 	}
@@ -81,18 +97,24 @@ func Place(m *Model, p PlacementPolicy) (*Placement, error) {
 		return nil, err
 	}
 	var nodes []int
+	var cut *PlacementCut
 	switch p {
 	case K8sSpread:
 		nodes, err = prob.k8sSpreadOrPack()
 	case LARPGreedy:
 		nodes, err = prob.greedyOrPack(prob.mostFreeNode())
 	case LARP:
-		nodes, err = prob.larp()
+		nodes, cut, err = prob.larpWithin(larpDefault, budget)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return prob.placement(p, nodes)
+	pl, err := prob.placement(p, nodes)
+	if err != nil {
+		return nil, err
+	}
+	pl.Truncated, pl.Cut = cut != nil, cut
+	return pl, nil
 }
 
 // Apply returns a copy of t with the pods placed: every service lists its pods (generated from

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -18,9 +19,10 @@ func newPlaceCommand() *cobra.Command {
 		tf     topologyFlags
 		policy string
 		output string
+		budget time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "place -f FILE [--policy P] [-o table|json|yaml|topology]",
+		Use:   "place -f FILE [--policy P] [--budget D] [-o table|json|yaml|topology]",
 		Short: "Compute a replica placement for a topology file",
 		Long: "place reads a topology (nodes with allocatable cpu and memory, latencies, services with their\n" +
 			"requests and replicas, calls, ingress) and decides the node of every pod, within node cpu and\n" +
@@ -29,6 +31,9 @@ func newPlaceCommand() *cobra.Command {
 			"the file gives only replicas; nodes a file gives for pods are ignored.\n\n" +
 			"Policies: larp (default: the paper's greedy from every start node, then local search on the exact\n" +
 			"cost), larp-greedy (the paper's greedy), k8s-spread (what the default scheduler does).\n\n" +
+			"--budget bounds larp's search (default 10s, 0: no limit): when it runs out, place prints the best\n" +
+			"placement found so far and says so on stderr (and \"truncated\": true in json/yaml). Only a run that\n" +
+			"was not cut short is deterministic.\n\n" +
 			"Output: table (each pod's node, per-node use, the cost beside k8s-spread's), json or yaml\n" +
 			"({policy, placement: {pod: node}, cost}), or topology: the input with the pods placed, which\n" +
 			"edgeflow plan reads (edgeflow place -f F -o topology | edgeflow plan -f -).",
@@ -44,15 +49,23 @@ func newPlaceCommand() *cobra.Command {
 			if err := checkOutput(output, "table", "json", "yaml", "topology"); err != nil {
 				return err
 			}
+			if budget < 0 {
+				return usageError{fmt.Errorf("--budget %v: must be >= 0 (0: no limit)", budget)}
+			}
 			opts := tf.options(cmd)
 			opts.Unplaced = true
 			t, m, err := tf.load(cmd, opts)
 			if err != nil {
 				return err
 			}
-			pl, err := optimizer.Place(m, p)
+			pl, err := optimizer.PlaceWithOptions(m, p, optimizer.PlaceOptions{Budget: budget})
 			if err != nil {
 				return err
+			}
+			if c := pl.Cut; pl.Truncated && c != nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow place: the %v budget cut the search short: best placement so far "+
+					"(%d of %d starts built, %d of %d local searches finished, %d passes); not deterministic, raise --budget for the full search\n",
+					budget, c.StartsBuilt, c.Starts, c.SearchesFinished, c.Searches, c.Passes)
 			}
 			switch output {
 			case "json", "yaml":
@@ -74,6 +87,7 @@ func newPlaceCommand() *cobra.Command {
 	tf.register(cmd)
 	cmd.Flags().StringVar(&policy, "policy", string(optimizer.LARP), "placement policy: larp, larp-greedy, k8s-spread")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json, yaml, topology")
+	cmd.Flags().DurationVar(&budget, "budget", optimizer.DefaultPlaceBudget, "wall-time budget of larp's search; when it runs out the best placement so far is printed (0: no limit)")
 	return cmd
 }
 

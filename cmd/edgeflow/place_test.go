@@ -167,6 +167,7 @@ func TestPlaceRejectsBadInput(t *testing.T) {
 		},
 		{name: "policy", args: []string{"-f", good, "--policy", "best"}, stderr: []string{"unknown placement policy"}},
 		{name: "output", args: []string{"-f", good, "-o", "xml"}, stderr: []string{"unknown output format"}},
+		{name: "budget", args: []string{"-f", good, "--budget", "-1s"}, stderr: []string{"--budget"}},
 		{name: "file", args: []string{"-f", filepath.Join(t.TempDir(), "missing.yaml")}, stderr: []string{"missing.yaml"}},
 	}
 	for _, tc := range tests {
@@ -205,5 +206,36 @@ func TestPlaceTable(t *testing.T) {
 	code, yamlOut, stderr := runCLI(t, placeTopology, "place", "-f", "-", "-o", "yaml")
 	if code != 0 || !strings.Contains(yamlOut, "policy: larp") || !strings.Contains(yamlOut, "frontend-0:") {
 		t.Fatalf("yaml: exit %d, stderr %q, stdout:\n%s", code, stderr, yamlOut)
+	}
+}
+
+// TestPlaceBudget checks that a spent budget still gives a placement, says so on stderr, and
+// adds truncated and cut to the json; a run within its budget adds neither.
+func TestPlaceBudget(t *testing.T) {
+	path := writeTopology(t, placeTopology)
+	code, stdout, stderr := runCLI(t, "", "place", "-f", path, "--budget", "1ns", "-o", "json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stderr, "budget cut the search short") {
+		t.Errorf("stderr %q does not say the budget cut the search", stderr)
+	}
+	var got struct {
+		Placement map[string]string `json:"placement"`
+		Truncated bool              `json:"truncated"`
+		Cut       *struct {
+			Starts      int `json:"starts"`
+			StartsBuilt int `json:"startsBuilt"`
+		} `json:"cut"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &got); err != nil {
+		t.Fatalf("stdout is not JSON: %v\n%s", err, stdout)
+	}
+	if !got.Truncated || got.Cut == nil || got.Cut.StartsBuilt >= got.Cut.Starts || len(got.Placement) != 8 {
+		t.Errorf("want a truncated placement of 8 pods with a cut, got %s", stdout)
+	}
+	code, stdout, stderr = runCLI(t, "", "place", "-f", path, "--budget", "0", "-o", "json")
+	if code != 0 || stderr != "" || strings.Contains(stdout, "truncated") {
+		t.Errorf("--budget 0: exit %d, stderr %q, stdout %s", code, stderr, stdout)
 	}
 }

@@ -15,8 +15,12 @@
 // for n < 200 it runs 3R rounds of K*ceil(200/n) solves, since small solves
 // are cheap and the first solves of a round run on cold caches. It checks that both
 // report the same optimal cost and prints, per mode, the medians over all
-// R*K solves. LEMON's time is its solve_ms (construct NetworkSimplex + run on
-// a prebuilt graph); edgeflow's is the whole Solve call.
+// R*K solves. edgeflow's time is the whole Solve call on a warm, reused
+// Solver. LEMON's is given twice, from the same solves: "whole" is
+// lemon_tp's solve_ms (construct NetworkSimplex on the prebuilt graph, which
+// shuffles the arcs, set the maps, run(), totalCost()), the like-for-like
+// figure for a caller solving one instance; "run()" is run() alone (its
+// run_ms), the strictest anchor, as if LEMON too kept a warm solver.
 //
 // With -mem it reports memory instead: what edgeflow allocates on a first
 // and on a warm Solve, this process's peak RSS (the instance plus the
@@ -185,14 +189,16 @@ func buildLemon(src string) (string, error) {
 // row is one line of the result table.
 type row struct {
 	n               int
-	lemon, edgeflow []float64 // ms per solve
+	lemon, lemonRun []float64 // ms per LEMON solve: whole, run() alone
+	edgeflow        []float64 // ms per Solve
 	cost            int64
 }
 
 func run(cfg Config, bin string) error {
 	fmt.Printf("# benchsolver: seed %d, maxcost %d, %d rounds x %d reps per side (n < 200: 3x the rounds, ceil(200/n)x the reps), GOMAXPROCS %d, pinned to CPU %d, %s\n",
 		cfg.Seed, cfg.MaxCost, cfg.Rounds, cfg.Reps, runtime.GOMAXPROCS(0), cfg.CPU, runtime.Version())
-	fmt.Printf("# LEMON: %s solve_ms (construct + run); edgeflow: mcf.Solver.Solve on a prebuilt Transport, reused Solver\n", filepath.Base(bin))
+	fmt.Printf("# LEMON whole: %s solve_ms (construct NetworkSimplex + arc shuffle + run() + totalCost()); LEMON run(): run() alone, same solves\n", filepath.Base(bin))
+	fmt.Printf("# edgeflow: mcf.Solver.Solve on a prebuilt Transport, warm reused Solver; ratios are edgeflow / LEMON\n")
 	failed := false
 	for _, mode := range cfg.Modes {
 		var rows []row
@@ -253,11 +259,12 @@ func measure(cfg Config, bin, mode string, n int) (row, error) {
 		if round%2 == 1 {
 			goSide()
 		}
-		times, lcost, err := lemon.solve(reps)
+		times, runTimes, lcost, err := lemon.solve(reps)
 		if err != nil {
 			return row{}, fmt.Errorf("LEMON %s n=%d: %w", mode, n, err)
 		}
 		r.lemon = append(r.lemon, times...)
+		r.lemonRun = append(r.lemonRun, runTimes...)
 		if lcost != cost {
 			fmt.Fprintf(os.Stderr, "benchsolver: %s n=%d: LEMON cost %d, edgeflow cost %d\n", mode, n, lcost, cost)
 			r.cost = -1
@@ -303,14 +310,15 @@ func startLemon(bin, mode string, n int, cfg Config) (*lemonServer, error) {
 	return ls, nil
 }
 
-// solve runs k solves and returns their times (ms) and the optimal cost.
-func (ls *lemonServer) solve(k int) ([]float64, int64, error) {
+// solve runs k solves and returns their whole times and their run() times
+// (ms) and the optimal cost.
+func (ls *lemonServer) solve(k int) (whole, run []float64, cost int64, err error) {
 	if _, err := fmt.Fprintf(ls.in, "%d\n", k); err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	line, err := ls.out.ReadString('\n')
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	fields := map[string]string{}
 	for _, f := range strings.Fields(line) {
@@ -319,21 +327,34 @@ func (ls *lemonServer) solve(k int) ([]float64, int64, error) {
 		}
 	}
 	if fields["optimal"] != "1" {
-		return nil, 0, fmt.Errorf("not optimal: %s", line)
+		return nil, nil, 0, fmt.Errorf("not optimal: %s", line)
 	}
-	cost, err := strconv.ParseInt(fields["total_cost"], 10, 64)
-	if err != nil {
-		return nil, 0, fmt.Errorf("no total_cost: %s", line)
+	if cost, err = strconv.ParseInt(fields["total_cost"], 10, 64); err != nil {
+		return nil, nil, 0, fmt.Errorf("no total_cost: %s", line)
 	}
+	if whole, err = parseTimes(fields["solve_ms_each"], k); err != nil {
+		return nil, nil, 0, fmt.Errorf("solve_ms_each: %w: %s", err, line)
+	}
+	if run, err = parseTimes(fields["run_ms_each"], k); err != nil {
+		return nil, nil, 0, fmt.Errorf("run_ms_each (harness older than run() timing?): %w: %s", err, line)
+	}
+	return whole, run, cost, nil
+}
+
+// parseTimes parses k comma-separated milliseconds.
+func parseTimes(s string, k int) ([]float64, error) {
 	var times []float64
-	for _, v := range strings.Split(fields["solve_ms_each"], ",") {
+	for _, v := range strings.Split(s, ",") {
 		t, err := strconv.ParseFloat(v, 64)
 		if err != nil {
-			return nil, 0, fmt.Errorf("no solve_ms_each: %s", line)
+			return nil, err
 		}
 		times = append(times, t)
 	}
-	return times, cost, nil
+	if len(times) != k {
+		return nil, fmt.Errorf("%d times, want %d", len(times), k)
+	}
+	return times, nil
 }
 
 func (ls *lemonServer) close() error {
@@ -353,16 +374,18 @@ func median(xs []float64) float64 {
 
 func printTable(mode string, rows []row) {
 	fmt.Printf("\nmode %s\n", mode)
-	fmt.Printf("%6s | %16s | %18s | %6s | %s\n", "n", "LEMON median ms", "edgeflow median ms", "ratio", "cost")
-	fmt.Printf("%s\n", strings.Repeat("-", 66))
+	fmt.Printf("%6s | %14s | %14s | %13s | %11s | %11s | %s\n",
+		"n", "LEMON whole ms", "LEMON run() ms", "edgeflow ms", "vs whole", "vs run()", "cost")
+	fmt.Printf("%s\n", strings.Repeat("-", 98))
 	for _, r := range rows {
-		l, e := median(r.lemon), median(r.edgeflow)
+		l, lr, e := median(r.lemon), median(r.lemonRun), median(r.edgeflow)
 		cost := strconv.FormatInt(r.cost, 10)
 		if r.cost < 0 {
 			cost = "MISMATCH"
 		}
-		fmt.Printf("%6d | %16.4f | %18.4f | %6.2f | %s\n", r.n, l, e, e/l, cost)
+		fmt.Printf("%6d | %14.4f | %14.4f | %13.4f | %11.2f | %11.2f | %s\n", r.n, l, lr, e, e/l, e/lr, cost)
 	}
+	fmt.Println("(medians of every solve; vs whole = edgeflow / LEMON whole, vs run() = edgeflow / LEMON run())")
 }
 
 // memory reports, per (mode, n): the instance's size, what a fresh Solver
