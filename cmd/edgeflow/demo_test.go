@@ -18,7 +18,7 @@ import (
 // and checks the table, LATA's observed split, and that the demo stopped everything it started.
 func TestDemoShort(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs four policies on an emulated cluster (~15 s)")
+		t.Skip("runs every row (four policies and least-request) on an emulated cluster (~20 s)")
 	}
 	ignore := goleak.IgnoreCurrent()
 	code, out, errOut := runCLI(t, "", "demo", "--duration", "2s", "--rounds", "2", "--warmup", "500ms", "--rate", "100")
