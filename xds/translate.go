@@ -69,7 +69,8 @@ const (
 	// LBLeastRequest is the Cluster's LEAST_REQUEST with choice_count 2 (power of two choices:
 	// of two endpoints drawn at random, the one with fewer requests in flight), which grpc-go
 	// runs as least_request_experimental over all endpoints of a priority, locality weights
-	// ignored (gRFC A48; no environment gate since grpc-go 1.59). It is a baseline, not an
+	// ignored (gRFC A48; on by default since grpc-go 1.73, and the gate
+	// GRPC_EXPERIMENTAL_ENABLE_LEAST_REQUEST is gone since 1.74). It is a baseline, not an
 	// allocation: every caller gets the same assignment, ONE locality at priority 0 holding
 	// every pod of the callee, endpoints weighted by capacity (round-robin's weights; grpc-go
 	// ignores endpoint weights, Envoy weighs them). The allocation is still checked against
