@@ -132,6 +132,9 @@ func (b *builder) buildPorts(s *service) error {
 
 // assignment is the port's ClusterLoadAssignment with the given weights of s's pods.
 func (sp *servicePort) assignment(s *service, weights []int64) *endpoint.ClusterLoadAssignment {
+	if s.allPods {
+		return allPodsAssignment(sp.cluster, sp.fallback)
+	}
 	return assignment(sp.cluster, s.locality, sp.lbEps, sp.fallback, weights)
 }
 
@@ -150,7 +153,7 @@ func (b *builder) buildEnvoyShared() error {
 		for k := range s.ports {
 			sp := &s.ports[k]
 			byPort[sp.port] = append(byPort[sp.port], vhostSpec{src: s.src, cluster: sp.cluster})
-			e, err := newEntry(sp.cluster, envoyCluster(sp.cluster))
+			e, err := newEntry(sp.cluster, envoyCluster(sp.cluster, b.lb))
 			if err != nil {
 				return err
 			}

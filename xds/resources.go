@@ -18,7 +18,8 @@ import (
 
 // The proto builders below produce what both kinds of client accept: grpc-go's xDS client
 // (api_listener → RDS → EDS clusters with ROUND_ROBIN, which it runs as
-// xds_wrr_locality{round_robin}, honouring locality weights) and Envoy (the same clusters with
+// xds_wrr_locality{round_robin}, honouring locality weights, or LEAST_REQUEST, which it runs
+// as least_request_experimental over the endpoints of a priority) and Envoy (the same clusters with
 // locality_weighted_lb_config, which gRPC ignores).
 
 // mustAny packs m; it panics only on a proto the binary cannot marshal, a programming error.
@@ -76,10 +77,10 @@ func clusterWeight(name string, w int64) *route.WeightedCluster_ClusterWeight {
 	return &route.WeightedCluster_ClusterWeight{Name: name, Weight: wrapperspb.UInt32(uint32(w))}
 }
 
-// edsCluster is a round-robin cluster whose endpoints come from EDS over ADS, with locality
-// weights enabled for Envoy.
-func edsCluster(name string) *cluster.Cluster {
-	return &cluster.Cluster{
+// edsCluster is a cluster whose endpoints come from EDS over ADS, with locality weights enabled
+// for Envoy, balanced round-robin or, for LBLeastRequest, least-request (choice_count 2).
+func edsCluster(name string, lb LBPolicy) *cluster.Cluster {
+	c := &cluster.Cluster{
 		Name:                 name,
 		ClusterDiscoveryType: &cluster.Cluster_Type{Type: cluster.Cluster_EDS},
 		EdsClusterConfig:     &cluster.Cluster_EdsClusterConfig{EdsConfig: adsSource()},
@@ -90,6 +91,13 @@ func edsCluster(name string) *cluster.Cluster {
 			},
 		},
 	}
+	if lb == LBLeastRequest {
+		c.LbPolicy = cluster.Cluster_LEAST_REQUEST
+		c.LbConfig = &cluster.Cluster_LeastRequestLbConfig_{LeastRequestLbConfig: &cluster.Cluster_LeastRequestLbConfig{
+			ChoiceCount: wrapperspb.UInt32(LeastRequestChoiceCount),
+		}}
+	}
+	return c
 }
 
 func lbEndpoint(host string, port uint32) *endpoint.LbEndpoint {
@@ -209,8 +217,8 @@ func virtualHost(name string, domains []string, cluster string) *route.VirtualHo
 
 // envoyCluster is edsCluster for a plain Envoy node, which proxies HTTP/1.1 and HTTP/2: the
 // upstream speaks what the downstream spoke (gRPC stays HTTP/2).
-func envoyCluster(name string) *cluster.Cluster {
-	c := edsCluster(name)
+func envoyCluster(name string, lb LBPolicy) *cluster.Cluster {
+	c := edsCluster(name, lb)
 	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{
 		httpProtocolOptionsExt: mustAny(&upstreamhttp.HttpProtocolOptions{
 			UpstreamProtocolOptions: &upstreamhttp.HttpProtocolOptions_UseDownstreamProtocolConfig{

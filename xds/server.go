@@ -38,6 +38,10 @@ type Config struct {
 	Policy optimizer.Policy
 	// Encoding is the wire encoding of the weights ("" means locality).
 	Encoding Encoding
+	// LBPolicy is the clusters' load-balancing policy ("" means round-robin). LBLeastRequest
+	// serves every caller the callee's pods as one locality under LEAST_REQUEST: the Policy's
+	// allocation is still planned and checked (Allocation), but its weights are not served.
+	LBPolicy LBPolicy
 	// Options are how topologies are compiled.
 	Options optimizer.Options
 	// Damping is the flap-damping threshold (optimizer.Planner): a recompute that moves less
@@ -136,11 +140,11 @@ func NewServer(cfg Config) (*Server, error) {
 	if _, err := optimizer.ParsePolicy(string(cfg.Policy)); err != nil {
 		return nil, err
 	}
-	enc, err := ParseEncoding(string(cfg.Encoding))
+	wire, err := TranslateConfig{Encoding: cfg.Encoding, LBPolicy: cfg.LBPolicy}.check()
 	if err != nil {
 		return nil, err
 	}
-	cfg.Encoding = enc
+	cfg.Encoding, cfg.LBPolicy = wire.Encoding, wire.LBPolicy
 	if cfg.DebounceQuiet == 0 {
 		cfg.DebounceQuiet = DefaultDebounceQuiet
 	}
@@ -361,7 +365,7 @@ func (s *Server) publish() {
 	var tr *Translation
 	t2 := t1
 	if err == nil {
-		tr, err = Translate(t, alloc, s.cfg.Encoding)
+		tr, err = TranslateWith(t, alloc, TranslateConfig{Encoding: s.cfg.Encoding, LBPolicy: s.cfg.LBPolicy})
 		t2 = s.clock.Now()
 		s.m.translate.Observe(t2.Sub(t1).Seconds())
 	}

@@ -57,6 +57,66 @@ func ParseEncoding(s string) (Encoding, error) {
 	return "", fmt.Errorf("xds: unknown encoding %q (want locality or weighted-clusters)", s)
 }
 
+// LBPolicy is the load-balancing policy a client runs over a callee service's endpoints: the
+// Cluster's lb_policy.
+type LBPolicy string
+
+const (
+	// LBRoundRobin (the default) is the Cluster's ROUND_ROBIN, which grpc-go runs as
+	// xds_wrr_locality{round_robin}: a locality is picked by its weight (the caller's
+	// allocation), then its endpoint round-robin.
+	LBRoundRobin LBPolicy = "round-robin"
+	// LBLeastRequest is the Cluster's LEAST_REQUEST with choice_count 2 (power of two choices:
+	// of two endpoints drawn at random, the one with fewer requests in flight), which grpc-go
+	// runs as least_request_experimental over all endpoints of a priority, locality weights
+	// ignored (gRFC A48; on by default since grpc-go 1.73, and the gate
+	// GRPC_EXPERIMENTAL_ENABLE_LEAST_REQUEST is gone since 1.74). It is a baseline, not an
+	// allocation: every caller gets the same assignment, ONE locality at priority 0 holding
+	// every pod of the callee, endpoints weighted by capacity (round-robin's weights; grpc-go
+	// ignores endpoint weights, Envoy weighs them). The allocation is still checked against
+	// the topology, but its weights do not reach the wire. Locality encoding only.
+	LBLeastRequest LBPolicy = "least-request"
+)
+
+// LeastRequestChoiceCount is LBLeastRequest's choice_count.
+const LeastRequestChoiceCount = 2
+
+// ParseLBPolicy returns the named load-balancing policy; "" is the default (round-robin).
+func ParseLBPolicy(s string) (LBPolicy, error) {
+	switch LBPolicy(s) {
+	case "", LBRoundRobin:
+		return LBRoundRobin, nil
+	case LBLeastRequest:
+		return LBLeastRequest, nil
+	}
+	return "", fmt.Errorf("xds: unknown lb policy %q (want round-robin or least-request)", s)
+}
+
+// TranslateConfig says how TranslateWith writes an allocation on the wire.
+type TranslateConfig struct {
+	// Encoding is the wire encoding of the weights ("" means locality).
+	Encoding Encoding
+	// LBPolicy is the clusters' load-balancing policy ("" means round-robin). LBLeastRequest
+	// needs EncodingLocality.
+	LBPolicy LBPolicy
+}
+
+// check fills in the defaults and rejects unknown or incompatible values.
+func (c TranslateConfig) check() (TranslateConfig, error) {
+	enc, err := ParseEncoding(string(c.Encoding))
+	if err != nil {
+		return c, err
+	}
+	lb, err := ParseLBPolicy(string(c.LBPolicy))
+	if err != nil {
+		return c, err
+	}
+	if lb == LBLeastRequest && enc != EncodingLocality {
+		return c, fmt.Errorf("xds: lb policy %s needs the %s encoding, not %s (weighted clusters pick a pod's cluster by weight first)", lb, EncodingLocality, enc)
+	}
+	return TranslateConfig{Encoding: enc, LBPolicy: lb}, nil
+}
+
 // WeightTotal is the fixed total over which one caller's fractions to one callee service are
 // apportioned into integer weights (largest remainder), so the rounding error of a route is at
 // most 1/WeightTotal.
@@ -106,6 +166,7 @@ type NodeResources struct {
 // entries shared with every other node that has the same weights.
 type Translation struct {
 	Encoding Encoding
+	LBPolicy LBPolicy
 	// Pods maps every pod of the topology to its proxyless gRPC resources. Pods that call
 	// nothing share Default.
 	Pods map[string]*NodeResources
@@ -144,17 +205,25 @@ type Translation struct {
 // and the plain Envoy resources Envoy's rules too (checkEnvoyNode).
 //
 // Complexity O(Σ callers × callee pods); resources shared by many pods are built and hashed once.
+//
+// Translate is TranslateWith(t, a, TranslateConfig{Encoding: enc}): round-robin clusters.
 func Translate(t *optimizer.Topology, a *optimizer.Allocation, enc Encoding) (*Translation, error) {
-	if enc == "" {
-		enc = EncodingLocality
-	}
-	if _, err := ParseEncoding(string(enc)); err != nil {
+	return TranslateWith(t, a, TranslateConfig{Encoding: enc})
+}
+
+// TranslateWith is Translate with the clusters' load-balancing policy chosen by cfg.LBPolicy.
+// With LBLeastRequest every caller pod gets the callee's round-robin assignment as one
+// locality (see LBLeastRequest), whatever its weights in a.
+func TranslateWith(t *optimizer.Topology, a *optimizer.Allocation, cfg TranslateConfig) (*Translation, error) {
+	cfg, err := cfg.check()
+	if err != nil {
 		return nil, err
 	}
+	enc := cfg.Encoding
 	if t == nil || a == nil {
 		return nil, fmt.Errorf("%w: nil topology or allocation", ErrInvalidAllocation)
 	}
-	b := &builder{enc: enc, services: map[string]*service{}, podService: map[string]*service{}}
+	b := &builder{enc: enc, lb: cfg.LBPolicy, services: map[string]*service{}, podService: map[string]*service{}}
 	called := map[string]bool{}
 	for _, c := range t.Calls {
 		called[optimizer.CanonicalKey(c.To)] = true
@@ -197,10 +266,18 @@ func Translate(t *optimizer.Topology, a *optimizer.Allocation, enc Encoding) (*T
 			}
 		}
 	}
+	if b.lb == LBLeastRequest {
+		// Every caller gets the callee's shared round-robin entries (the same derived key).
+		for _, calls := range plans {
+			for i := range calls {
+				calls[i].weights = calls[i].callee.rrWeights
+			}
+		}
+	}
 	if err := b.buildEnvoyShared(); err != nil {
 		return nil, err
 	}
-	tr := &Translation{Encoding: enc, Pods: map[string]*NodeResources{}, Skipped: b.skipped, b: b, plans: plans}
+	tr := &Translation{Encoding: enc, LBPolicy: b.lb, Pods: map[string]*NodeResources{}, Skipped: b.skipped, b: b, plans: plans}
 	if tr.Default, err = b.node(nil); err != nil {
 		return nil, err
 	}
@@ -253,6 +330,7 @@ type service struct {
 	index    map[string]int
 	servable bool
 
+	allPods   bool                     // LBLeastRequest: every assignment is one locality of all pods
 	locality  []*core.Locality         // per pod
 	lbEps     [][]*endpoint.LbEndpoint // per pod, one endpoint
 	fallback  []*endpoint.LbEndpoint   // per pod, for the failover locality: weighted by capacity
@@ -339,6 +417,7 @@ type callPlan struct {
 
 type builder struct {
 	enc        Encoding
+	lb         LBPolicy
 	services   map[string]*service
 	order      []*service
 	podService map[string]*service
@@ -433,8 +512,12 @@ func (b *builder) buildShared(s *service) error {
 	s.lbEps = make([][]*endpoint.LbEndpoint, n)
 	s.fallback = make([]*endpoint.LbEndpoint, n)
 	s.rrWeights = capacityWeights(s.pods)
+	s.allPods = b.lb == LBLeastRequest
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00", b.enc, s.name)
+	if s.allPods { // round-robin versions stay what they were before LBPolicy existed
+		fmt.Fprintf(h, "lb=%s\x00", b.lb)
+	}
 	for i, p := range s.pods {
 		fmt.Fprintf(h, "%s\x00%s\x00%s\x00%d\x00%d\x00", p.name, p.node, p.host, p.port, max(s.rrWeights[i], 1))
 	}
@@ -453,7 +536,7 @@ func (b *builder) buildShared(s *service) error {
 	}
 	switch b.enc {
 	case EncodingLocality:
-		if s.cluster, err = newEntry(s.name, edsCluster(s.name)); err != nil {
+		if s.cluster, err = newEntry(s.name, edsCluster(s.name, b.lb)); err != nil {
 			return err
 		}
 		if s.route, err = newEntry(s.name, routeConfig(s.name, &route.RouteAction{
@@ -468,7 +551,7 @@ func (b *builder) buildShared(s *service) error {
 		s.podCLA = make([]entry, n)
 		for i := range s.pods {
 			name := podClusterName(s.name, s.pods[i].name)
-			if s.podClus[i], err = newEntry(name, edsCluster(name)); err != nil {
+			if s.podClus[i], err = newEntry(name, edsCluster(name, b.lb)); err != nil {
 				return err
 			}
 			one := make([]int64, n)
@@ -499,7 +582,24 @@ var failoverLocality = &core.Locality{SubZone: FailoverSubZone}
 // locality; gRPC round-robins them). One failover locality instead of one per pod keeps the
 // assignment about as small as a plain endpoint list, which is what every push carries.
 func (b *builder) assignment(s *service, name string, weights []int64) *endpoint.ClusterLoadAssignment {
+	if s.allPods {
+		return allPodsAssignment(name, s.fallback)
+	}
 	return assignment(name, s.locality, s.lbEps, s.fallback, weights)
+}
+
+// AllPodsSubZone is the sub_zone of LBLeastRequest's one locality, which holds every pod of
+// the callee. Like FailoverSubZone it cannot collide with a pod's name.
+const AllPodsSubZone = "edgeflow/all"
+
+var allPodsLocality = &core.Locality{SubZone: AllPodsSubZone}
+
+// allPodsAssignment is LBLeastRequest's ClusterLoadAssignment: one locality at priority 0
+// holding eps, every pod's endpoint weighted by capacity.
+func allPodsAssignment(name string, eps []*endpoint.LbEndpoint) *endpoint.ClusterLoadAssignment {
+	return &endpoint.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpoint.LocalityLbEndpoints{
+		localityEndpoints(allPodsLocality, eps, 1, 0),
+	}}
 }
 
 // assignment is the ClusterLoadAssignment name of pods with localities locs, endpoints eps

@@ -341,7 +341,7 @@ func TestTranslateWeights(t *testing.T) {
 			&endpoint.ClusterLoadAssignment{ClusterName: "b", Endpoints: []*endpoint.LocalityLbEndpoints{b2(0, 10000), failover(fo("127.0.0.1", 1001, 2500), fo("127.0.0.1", 1002, 5000))}}},
 		{"locality unknown node", EncodingLocality, "", func(n *NodeResources) proto.Message { return n.Assignment("b") },
 			&endpoint.ClusterLoadAssignment{ClusterName: "b", Endpoints: []*endpoint.LocalityLbEndpoints{b0(0, 2500), b1(0, 5000), b2(0, 2500)}}},
-		{"locality cluster", EncodingLocality, "a-0", func(n *NodeResources) proto.Message { return n.Cluster("b") }, edsCluster("b")},
+		{"locality cluster", EncodingLocality, "a-0", func(n *NodeResources) proto.Message { return n.Cluster("b") }, edsCluster("b", LBRoundRobin)},
 		{"locality route", EncodingLocality, "a-0", func(n *NodeResources) proto.Message { return n.Route("b") },
 			routeConfig("b", &route.RouteAction{ClusterSpecifier: &route.RouteAction_Cluster{Cluster: "b"}})},
 		{"locality listener", EncodingLocality, "a-0", func(n *NodeResources) proto.Message { return n.Listener("b") }, apiListener("b")},
@@ -353,7 +353,7 @@ func TestTranslateWeights(t *testing.T) {
 			wc("b/b-0", 2500, "b/b-1", 5000, "b/b-2", 2500)},
 		{"weighted pod cluster assignment", EncodingWeightedClusters, "a-0", func(n *NodeResources) proto.Message { return n.Assignment("b/b-1") },
 			&endpoint.ClusterLoadAssignment{ClusterName: "b/b-1", Endpoints: []*endpoint.LocalityLbEndpoints{b1(0, 1), failover(fo("127.0.0.1", 1001, 2500), fo("127.0.0.1", 1003, 2500))}}},
-		{"weighted pod cluster", EncodingWeightedClusters, "a-1", func(n *NodeResources) proto.Message { return n.Cluster("b/b-0") }, edsCluster("b/b-0")},
+		{"weighted pod cluster", EncodingWeightedClusters, "a-1", func(n *NodeResources) proto.Message { return n.Cluster("b/b-0") }, edsCluster("b/b-0", LBRoundRobin)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -20,6 +22,7 @@ import (
 	"github.com/edgeflow/edgeflow/e2e/loopback"
 	"github.com/edgeflow/edgeflow/examples"
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 func init() { subcommands = append(subcommands, newDemoCommand) }
@@ -38,13 +41,21 @@ func init() { subcommands = append(subcommands, newDemoCommand) }
 //     120 % of its capacity) and half of ratings' to one pod (150 req/s, 90 %): it overloads,
 //     as the paper measured. Round-robin, OptTraffic and LATA keep every pod at its share.
 //   - 10 s per policy gives 3,000 measured requests each (P99 rests on the slowest 30) and
-//     keeps the whole demo under a minute. It is measured in 4 rounds of 2.5 s, the policies
+//     keeps one rate of the demo at about a minute: rows × (10 s + 4 × 0.3 s) plus a few
+//     seconds of start-up, with five rows (four policies and least-request; lata-q adds a
+//     sixth once the optimizer has it). --rates 150,300,450 runs three of those, 3–3.5
+//     minutes; the defaults are not cut for it, because at 150 req/s the P99 already rests on
+//     the slowest 15 requests. It is measured in 4 rounds of 2.5 s, the policies
 //     taking turns, so that a stall of this shared 2-core machine does not land on one policy
 //     only; each slice follows 0.3 s of unrecorded load, 2–3 times what a pod's queue at 60 %
 //     needs to reach its steady state (its relaxation time is ~0.1 s). An overloaded pod's queue grows for as long as
 //     the overload lasts, so Localization's latencies grow with the slice length.
 //   - A 5 s timeout is far above any healthy latency here: overload shows as latency (and a
 //     lower achieved rate), not as errors that would drop out of the percentiles.
+//   - least-request is the baseline users run when round-robin hurts: round-robin's equal
+//     shares, but every caller's gRPC client balances LEAST_REQUEST (power of two choices)
+//     over all pods of the callee, steering away from pods with requests in flight. It is
+//     not an allocation, so it has no plan cost.
 const (
 	demoRate        = 300
 	demoWorkers     = 1
@@ -64,16 +75,76 @@ type demoFlags struct {
 	serviceTime  time.Duration
 	latencyScale float64
 	timeout      time.Duration
+	rates        []string // --rates: one table per rate; replaces rate
+	rateSet      bool     // --rate was given
 	policies     []string
 	rounds       int
 	seed         uint64
 }
 
+// leastRequest is the demo's row for the least-request baseline (demoMode).
+const leastRequest = "least-request"
+
+// demoMode is one row of the demo: an allocation policy and how the callers balance within it.
+type demoMode struct {
+	name   string
+	policy optimizer.Policy
+	lb     xds.LBPolicy
+}
+
+// modeNames are the demo's rows by default, in order: every optimizer policy, least-request
+// right after round-robin (the two baselines side by side).
+func modeNames() []string {
+	var out []string
+	for _, p := range optimizer.Policies() {
+		out = append(out, string(p))
+		if p == optimizer.RoundRobin {
+			out = append(out, leastRequest)
+		}
+	}
+	if !slices.Contains(out, leastRequest) {
+		out = append(out, leastRequest)
+	}
+	return out
+}
+
+// parseMode returns the named row: an optimizer policy, or least-request (round-robin's
+// allocation with the clients' least-request balancing).
+func parseMode(name string) (demoMode, error) {
+	if name == leastRequest {
+		return demoMode{name: leastRequest, policy: optimizer.RoundRobin, lb: xds.LBLeastRequest}, nil
+	}
+	p, err := optimizer.ParsePolicy(name)
+	if err != nil {
+		return demoMode{}, badInput("--policies: unknown policy %q (want one of %s)", name, strings.Join(modeNames(), ", "))
+	}
+	return demoMode{name: string(p), policy: p, lb: xds.LBRoundRobin}, nil
+}
+
+// parseRates parses --rates: every value a number in (0, 100000].
+func parseRates(values []string) ([]float64, error) {
+	if len(values) == 0 {
+		return nil, badInput("--rates is empty")
+	}
+	out := make([]float64, 0, len(values))
+	for _, v := range values {
+		r, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			return nil, badInput("--rates: %q is not a number", v)
+		}
+		if !(r > 0) || r > 1e5 {
+			return nil, badInput("--rates: %q is not in (0, 100000]", v)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
 func newDemoCommand() *cobra.Command {
 	var f demoFlags
 	cmd := &cobra.Command{
-		Use:   "demo [--duration D] [--rate RPS] [--topology FILE]",
-		Short: "Run every allocation policy on an emulated cluster on loopback and compare tail latency",
+		Use:   "demo [--duration D] [--rate RPS | --rates RPS,RPS,…] [--topology FILE]",
+		Short: "Run every allocation policy and least-request on an emulated cluster on loopback and compare tail latency",
 		Long: "demo runs the whole loop in one process on 127.0.0.1: a gRPC server per pod of the topology\n" +
 			"(default: the bundled Bookinfo on 4 emulated nodes, latency scenario A) whose work is simulated\n" +
 			"service time (workers × exponential service time, sleeping), the round-trip time between the\n" +
@@ -82,10 +153,20 @@ func newDemoCommand() *cobra.Command {
 			"Each policy gets its own xDS server and cluster; the policies take turns under load for\n" +
 			"--rounds rounds (progress on stderr). Then it prints one table: end-to-end latency (measured\n" +
 			"from the intended send time), errors, achieved rate, the deepest queue at any pod, and the\n" +
-			"largest deviation of the observed per-route split from the planned one.",
-		Example: "  edgeflow demo\n  edgeflow demo --duration 5s --rate 200\n  edgeflow demo --latency-scale 2   # scenario B",
-		Args:    noArgs,
+			"largest deviation of the observed per-route split from the planned one.\n\n" +
+			"Besides the allocation policies, the row least-request is the baseline users run: round-robin's\n" +
+			"equal shares with every caller's gRPC client balancing LEAST_REQUEST (power of two choices)\n" +
+			"over all pods of the callee (the xDS cluster's lb_policy).\n\n" +
+			"--rates runs several loads one after another, each on fresh stacks planned for it, and prints\n" +
+			"one table per rate, in the order given. One rate takes about rows × (--duration + --rounds ×\n" +
+			"--warmup) plus a few seconds of start-up: with the defaults ~11 s a row, ~1 min for the five\n" +
+			"rows of today (lata-q adds a sixth), so --rates 150,300,450 takes 3–3.5 min (--duration 5s\n" +
+			"nearly halves that, with half the samples).",
+		Example: "  edgeflow demo\n  edgeflow demo --duration 5s --rate 200\n  edgeflow demo --rates 150,300,450   # low, middle and high load, one table each\n" +
+			"  edgeflow demo --policies round-robin,least-request,lata\n  edgeflow demo --latency-scale 2   # scenario B",
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.rateSet = cmd.Flags().Changed("rate")
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			_, err := runDemo(ctx, cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
@@ -98,30 +179,24 @@ func newDemoCommand() *cobra.Command {
 	fl.IntVar(&f.rounds, "rounds", demoRounds, "rounds: each gives every policy duration/rounds of load in turn")
 	fl.DurationVar(&f.warmup, "warmup", demoWarmup, "load before each slice of measurement, not recorded")
 	fl.Float64Var(&f.rate, "rate", demoRate, "requests per second into the ingress services (replaces the topology's ingress rates, in proportion)")
+	fl.StringSliceVar(&f.rates, "rates", nil, "several --rate values, run one after another with one table each (instead of --rate; ~1 min per rate with the defaults)")
 	fl.IntVar(&f.workers, "workers", demoWorkers, "workers per pod (requests worked on at once)")
 	fl.DurationVar(&f.serviceTime, "service-time", demoServiceTime, "mean service time per request per pod (exponential)")
 	fl.Float64Var(&f.latencyScale, "latency-scale", 1, "multiply every node-to-node latency (2 = the paper's scenario B)")
 	fl.DurationVar(&f.timeout, "timeout", demoTimeout, "end-to-end request timeout (a timed-out request counts as an error)")
-	fl.StringSliceVar(&f.policies, "policies", policyNames(), "policies to run, in order")
+	fl.StringSliceVar(&f.policies, "policies", modeNames(), "policies to run, in order (the optimizer's, and least-request)")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the pods' service-time draws")
 	return cmd
-}
-
-func policyNames() []string {
-	var out []string
-	for _, p := range optimizer.Policies() {
-		out = append(out, string(p))
-	}
-	return out
 }
 
 // demoInput is the validated input of a demo run.
 type demoInput struct {
 	name     string
 	topology *optimizer.Topology
-	policies []optimizer.Policy
-	scenario loopback.Scenario
-	slice    loadgen.Config // one round's load of one policy
+	modes    []demoMode
+	rates    []float64         // one table each, in order
+	scenario loopback.Scenario // Load.Rate is set per rate
+	slice    loadgen.Config    // one round's load of one policy; Rate is set per rate
 }
 
 func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) {
@@ -132,6 +207,8 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 		return nil, badInput("--warmup must not be negative, got %v", f.warmup)
 	case !(f.rate > 0) || f.rate > 1e5:
 		return nil, badInput("--rate must be in (0, 100000], got %v", f.rate)
+	case f.rateSet && f.rates != nil:
+		return nil, badInput("--rate and --rates are mutually exclusive: put every rate in --rates")
 	case f.workers < 1:
 		return nil, badInput("--workers must be ≥ 1, got %d", f.workers)
 	case f.serviceTime < 0:
@@ -145,13 +222,24 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 	case f.rounds < 1 || time.Duration(f.rounds) > f.duration/time.Millisecond:
 		return nil, badInput("--rounds must be between 1 and --duration in ms, got %d", f.rounds)
 	}
-	in := &demoInput{}
-	for _, s := range f.policies {
-		p, err := optimizer.ParsePolicy(strings.TrimSpace(s))
-		if err != nil {
-			return nil, usageError{err}
+	in := &demoInput{rates: []float64{f.rate}}
+	if f.rates != nil {
+		var err error
+		if in.rates, err = parseRates(f.rates); err != nil {
+			return nil, err
 		}
-		in.policies = append(in.policies, p)
+	}
+	seen := map[string]bool{}
+	for _, s := range f.policies {
+		m, err := parseMode(strings.TrimSpace(s))
+		if err != nil {
+			return nil, err
+		}
+		if seen[m.name] {
+			return nil, badInput("--policies: %s is listed twice", m.name)
+		}
+		seen[m.name] = true
+		in.modes = append(in.modes, m)
 	}
 	var err error
 	if f.topology == "" {
@@ -164,7 +252,7 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 	if err != nil {
 		return nil, err
 	}
-	if in.topology, err = loopback.WithIngressRate(in.topology, f.rate); err != nil {
+	if in.topology, err = loopback.WithIngressRate(in.topology, in.rates[0]); err != nil {
 		return nil, err
 	}
 	for _, s := range in.topology.Services {
@@ -188,7 +276,7 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 			LatencyScale: f.latencyScale,
 			Seed:         f.seed,
 		},
-		Load: loadgen.Config{Rate: f.rate, Warmup: f.warmup, Duration: f.duration, Timeout: f.timeout},
+		Load: loadgen.Config{Rate: in.rates[0], Warmup: f.warmup, Duration: f.duration, Timeout: f.timeout},
 		// The xDS server's warnings (NACKs, rejected topologies) are worth seeing.
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
@@ -197,13 +285,9 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 	return in, nil
 }
 
-// runDemo runs the demo and returns the outcomes it printed.
-//
-// Every policy gets its own stack (xDS server + cluster), all started up front and idle while
-// not under load. The measured time is cut into rounds, and each round gives every policy one
-// slice of load in turn, so a stall of this shared machine (other processes, a GC) is as likely
-// to hit one policy as another instead of spoiling one policy's whole run.
-func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f demoFlags) (_ []*loopback.Outcome, err error) {
+// runDemo runs the demo, one rate after another, and returns the outcomes it printed: per
+// rate, one per row, in the order of the rows.
+func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f demoFlags) ([][]*loopback.Outcome, error) {
 	in, err := f.input(stdin, stderr)
 	if err != nil {
 		return nil, err
@@ -213,16 +297,52 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 	for _, s := range in.topology.Services {
 		pods += len(s.Pods)
 	}
-	fmt.Fprintf(stderr, "edgeflow demo: %s, %d pods on %d nodes, %g req/s, %d worker(s)/pod, service time exp(mean %v), latency ×%g\n",
-		in.name, pods, len(in.topology.Nodes), f.rate, f.workers, f.serviceTime, f.latencyScale)
-	fmt.Fprintf(stderr, "edgeflow demo: %v per policy in %d rounds of %v, each after a %v warm-up\n",
-		f.duration, f.rounds, in.slice.Duration, in.slice.Warmup)
+	rates := make([]string, len(in.rates))
+	for i, r := range in.rates {
+		rates[i] = strconv.FormatFloat(r, 'g', -1, 64)
+	}
+	fmt.Fprintf(stderr, "edgeflow demo: %s, %d pods on %d nodes, %s req/s, %d worker(s)/pod, service time exp(mean %v), latency ×%g\n",
+		in.name, pods, len(in.topology.Nodes), strings.Join(rates, ", "), f.workers, f.serviceTime, f.latencyScale)
+	load := time.Duration(len(in.rates)*len(in.modes)) * (f.duration + time.Duration(f.rounds)*in.slice.Warmup)
+	fmt.Fprintf(stderr, "edgeflow demo: %v per policy in %d rounds of %v, each after a %v warm-up: %v of load in all\n",
+		f.duration, f.rounds, in.slice.Duration, in.slice.Warmup, load)
+	var all [][]*loopback.Outcome
+	for k, rate := range in.rates {
+		if len(in.rates) > 1 {
+			if k > 0 {
+				fmt.Fprintln(stdout)
+			}
+			fmt.Fprintf(stdout, "== %g req/s (%d of %d) ==\n", rate, k+1, len(in.rates))
+			fmt.Fprintf(stderr, "edgeflow demo: %g req/s (%d of %d)\n", rate, k+1, len(in.rates))
+		}
+		outcomes, err := runDemoRate(ctx, stdout, stderr, in, f, rate)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, outcomes)
+	}
+	fmt.Fprintf(stderr, "edgeflow demo: done in %.1fs\n", time.Since(start).Seconds())
+	return all, nil
+}
 
-	stacks := make([]*loopback.Stack, 0, len(in.policies))
+// runDemoRate runs every row at one rate and prints its table.
+//
+// Every row gets its own stack (xDS server + cluster), all started up front and idle while
+// not under load. The measured time is cut into rounds, and each round gives every row one
+// slice of load in turn, so a stall of this shared machine (other processes, a GC) is as likely
+// to hit one row as another instead of spoiling one row's whole run. The stacks are closed
+// before it returns.
+func runDemoRate(ctx context.Context, stdout, stderr io.Writer, in *demoInput, f demoFlags, rate float64) (_ []*loopback.Outcome, err error) {
+	start := time.Now()
+	sc := in.scenario
+	sc.Load.Rate = rate
+	slice := in.slice
+	slice.Rate = rate
+	stacks := make([]*loopback.Stack, 0, len(in.modes))
 	defer func() {
-		for _, s := range stacks {
+		for i, s := range stacks {
 			if cerr := s.Close(); cerr != nil && err == nil {
-				err = fmt.Errorf("demo: %s: %w", s.Policy(), cerr)
+				err = fmt.Errorf("demo: %s: %w", in.modes[i].name, cerr)
 			}
 		}
 	}()
@@ -232,12 +352,18 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 		}
 		return fmt.Errorf("demo: %s: %w", what, err)
 	}
-	for _, p := range in.policies {
-		s, err := loopback.StartStack(ctx, in.scenario, p)
+	for _, m := range in.modes {
+		msc := sc
+		msc.LBPolicy = m.lb
+		s, err := loopback.StartStack(ctx, msc, m.policy)
 		if err != nil {
-			return nil, interrupted("starting "+string(p), err)
+			return nil, interrupted("starting "+m.name, err)
 		}
 		stacks = append(stacks, s)
+	}
+	pods := 0
+	for _, s := range in.topology.Services {
+		pods += len(s.Pods)
 	}
 	fmt.Fprintf(stderr, "edgeflow demo: %d xDS servers and %d pods with their xDS clients ready in %.1fs\n",
 		len(stacks), pods*len(stacks), time.Since(start).Seconds())
@@ -245,12 +371,12 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 	results := make([][]*loadgen.Result, len(stacks))
 	for r := 0; r < f.rounds; r++ {
 		for i, s := range stacks {
-			res, err := s.Load(ctx, in.slice)
+			res, err := s.Load(ctx, slice)
 			if err != nil {
-				return nil, interrupted(fmt.Sprintf("loading %s", s.Policy()), err)
+				return nil, interrupted(fmt.Sprintf("loading %s", in.modes[i].name), err)
 			}
 			results[i] = append(results[i], res)
-			fmt.Fprintf(stderr, "[round %d/%d] %-12s p50 %8s  p99 %8s  errors %d  generator lag ≤ %s\n", r+1, f.rounds, s.Policy(),
+			fmt.Fprintf(stderr, "[round %d/%d] %-13s p50 %8s  p99 %8s  errors %d  generator lag ≤ %s\n", r+1, f.rounds, in.modes[i].name,
 				fmtMS(res.Latency.Quantile(0.5)), fmtMS(res.Latency.Quantile(0.99)), res.Errors, fmtMS(res.MaxSendLag))
 		}
 	}
@@ -258,10 +384,9 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 	for i, s := range stacks {
 		outcomes[i] = s.Outcome(loadgen.Merge(results[i]...))
 	}
-	if err := writeDemoTable(stdout, in, f, outcomes, roundsBelowRR(in.policies, results)); err != nil {
+	if err := writeDemoTable(stdout, in, f, rate, outcomes, roundsBelowRR(in.modes, results)); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(stderr, "edgeflow demo: done in %.1fs\n", time.Since(start).Seconds())
 	return outcomes, nil
 }
 
@@ -270,21 +395,27 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 // machine's, not the policy's).
 const lagWarning = 50 * time.Millisecond
 
-// roundsBelowRR returns, per policy, in how many rounds its P99 was below round-robin's in the
-// same round ("" for round-robin itself, or when round-robin did not run). Policies in one round
-// run back to back, so this paired count is robust to a machine stall that spoils one slice.
-func roundsBelowRR(policies []optimizer.Policy, results [][]*loadgen.Result) []string {
-	out := make([]string, len(policies))
-	base := -1
-	for i, p := range policies {
-		if p == optimizer.RoundRobin {
-			base = i
+// baselineRow is the index of the round-robin row (round-robin allocation, round-robin
+// balancing), or -1.
+func baselineRow(modes []demoMode) int {
+	for i, m := range modes {
+		if m.policy == optimizer.RoundRobin && m.lb == xds.LBRoundRobin {
+			return i
 		}
 	}
+	return -1
+}
+
+// roundsBelowRR returns, per row, in how many rounds its P99 was below round-robin's in the
+// same round ("" for round-robin itself, or when round-robin did not run). Rows in one round
+// run back to back, so this paired count is robust to a machine stall that spoils one slice.
+func roundsBelowRR(modes []demoMode, results [][]*loadgen.Result) []string {
+	out := make([]string, len(modes))
+	base := baselineRow(modes)
 	if base < 0 {
 		return out
 	}
-	for i := range policies {
+	for i := range modes {
 		if i == base {
 			continue
 		}
@@ -299,12 +430,10 @@ func roundsBelowRR(policies []optimizer.Policy, results [][]*loadgen.Result) []s
 	return out
 }
 
-func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopback.Outcome, belowRR []string) error {
+func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, rate float64, outcomes []*loopback.Outcome, belowRR []string) error {
 	var base *loopback.Outcome
-	for _, o := range outcomes {
-		if o.Policy == optimizer.RoundRobin {
-			base = o
-		}
+	if i := baselineRow(in.modes); i >= 0 {
+		base = outcomes[i]
 	}
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
@@ -323,15 +452,19 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopbac
 		if d.Requests > 0 {
 			worst = fmt.Sprintf("%s→%s %.1f%% → %.1f%%", d.Caller, d.Callee, 100*d.Planned, 100*d.Observed)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.1f\t%s\t%.1f\t%s\t%.0f\n", o.Policy,
+		cost := fmt.Sprintf("%.0f", o.Plan.Cost)
+		if in.modes[i].lb != xds.LBRoundRobin {
+			cost = "—" // not an allocation: its flows are decided request by request
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.1f\t%s\t%.1f\t%s\t%s\n", in.modes[i].name,
 			fmtMS(r.Latency.Mean()), fmtMS(r.Latency.Quantile(0.5)), fmtMS(r.Latency.Quantile(0.9)), fmtMS(r.Latency.Quantile(0.99)),
-			vs, rounds, r.Errors, r.Achieved(), deepestQueue(o), d.PP, worst, o.Plan.Cost)
+			vs, rounds, r.Errors, r.Achieved(), deepestQueue(o), d.PP, worst, cost)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	fmt.Fprintf(&buf, "\n%s on %d emulated nodes (latency ×%g), %g req/s open-loop, %v per policy in %d rounds of %v\n",
-		in.name, len(in.topology.Nodes), f.latencyScale, f.rate, f.duration, f.rounds, in.slice.Duration)
+		in.name, len(in.topology.Nodes), f.latencyScale, rate, f.duration, f.rounds, in.slice.Duration)
 	fmt.Fprintf(&buf, "(policies taking turns, each slice after %v of unrecorded load); %d worker(s)/pod, exponential\n", in.slice.Warmup, f.workers)
 	fmt.Fprintf(&buf, "service time mean %v (simulated: sleeping, not CPU); node RTT injected by the callee.\n", f.serviceTime)
 	fmt.Fprintf(&buf, "Latency from the intended send time, errors excluded; RATE = successful responses per second from\n")
@@ -339,17 +472,25 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, outcomes []*loopbac
 	fmt.Fprintf(&buf, "ROUNDS P99<RR = rounds in which the policy's P99 beat round-robin's of the same round;\n")
 	fmt.Fprintf(&buf, "MAX QUEUE = most requests waiting for a worker at one pod; SPLIT DEV = largest |observed − planned|\n")
 	fmt.Fprintf(&buf, "route share of any caller pod, counted at the callees; PLAN COST = Σ rps × latency, ms·req/s.\n")
+	for _, m := range in.modes {
+		if m.lb == xds.LBLeastRequest {
+			fmt.Fprintf(&buf, "%s: round-robin's shares served as one locality of all pods under the xDS cluster's lb_policy\n", m.name)
+			fmt.Fprintf(&buf, "LEAST_REQUEST (choice_count 2); its SPLIT DEV is from round-robin's equal shares, and it has no plan.\n")
+			break
+		}
+	}
 	busy := false
-	for _, o := range outcomes {
+	for i, o := range outcomes {
+		name := in.modes[i].name
 		if len(o.Load.ErrorKinds) > 0 {
-			fmt.Fprintf(&buf, "%s: errors: %s\n", o.Policy, errorKinds(o.Load.ErrorKinds))
+			fmt.Fprintf(&buf, "%s: errors: %s\n", name, errorKinds(o.Load.ErrorKinds))
 		}
 		if o.NACKs > 0 {
-			fmt.Fprintf(&buf, "%s: the xDS clients rejected %.0f responses (NACK; see the log above)\n", o.Policy, o.NACKs)
+			fmt.Fprintf(&buf, "%s: the xDS clients rejected %.0f responses (NACK; see the log above)\n", name, o.NACKs)
 		}
 		if o.Load.MaxSendLag > lagWarning {
 			fmt.Fprintf(&buf, "%s: the machine was busy: the load generator fell up to %s behind schedule (in the latencies)\n",
-				o.Policy, fmtMS(o.Load.MaxSendLag))
+				name, fmtMS(o.Load.MaxSendLag))
 			busy = true
 		}
 	}

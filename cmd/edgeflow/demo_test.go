@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,7 +18,7 @@ import (
 // and checks the table, LATA's observed split, and that the demo stopped everything it started.
 func TestDemoShort(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs four policies on an emulated cluster (~15 s)")
+		t.Skip("runs every row (four policies and least-request) on an emulated cluster (~20 s)")
 	}
 	ignore := goleak.IgnoreCurrent()
 	code, out, errOut := runCLI(t, "", "demo", "--duration", "2s", "--rounds", "2", "--warmup", "500ms", "--rate", "100")
@@ -25,8 +26,8 @@ func TestDemoShort(t *testing.T) {
 		t.Fatalf("exit %d\nstderr:\n%s", code, errOut)
 	}
 	table := parseTable(t, out)
-	for _, p := range optimizer.Policies() {
-		row := table[string(p)]
+	for _, p := range modeNames() {
+		row := table[p]
 		if row == nil {
 			t.Errorf("no row for %s in\n%s", p, out)
 			continue
@@ -39,7 +40,7 @@ func TestDemoShort(t *testing.T) {
 		if _, err := strconv.Atoi(row["ERRORS"]); err != nil {
 			t.Errorf("%s: errors %q", p, row["ERRORS"])
 		}
-		if want := "—"; p != optimizer.RoundRobin {
+		if want := "—"; p != string(optimizer.RoundRobin) {
 			if got := row["ROUNDS P99<RR"]; !strings.HasSuffix(got, "/2") {
 				t.Errorf("%s: rounds below round-robin %q, want k/2", p, got)
 			}
@@ -117,6 +118,81 @@ func parseTable(t *testing.T, out string) map[string]map[string]string {
 	return rows
 }
 
+func TestParseRates(t *testing.T) {
+	tests := []struct {
+		in   []string
+		want []float64
+	}{
+		{[]string{"150", "300", "450"}, []float64{150, 300, 450}},
+		{[]string{" 450", "150 "}, []float64{450, 150}}, // in the order given
+		{[]string{"2.5e2"}, []float64{250}},
+		{[]string{"100000"}, []float64{100000}},
+	}
+	for _, tc := range tests {
+		got, err := parseRates(tc.in)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("parseRates(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+// TestDemoLeastRequestRates runs a tiny demo of round-robin and least-request at two rates and
+// checks one table per rate, in order, each with both rows (least-request compared with
+// round-robin round by round, and without a plan cost).
+func TestDemoLeastRequestRates(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two rows at two rates on an emulated cluster (~8 s)")
+	}
+	ignore := goleak.IgnoreCurrent()
+	code, out, errOut := runCLI(t, "", "demo", "--policies", "round-robin,least-request", "--rates", "100,200",
+		"--duration", "1s", "--rounds", "2", "--warmup", "200ms")
+	if code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", code, errOut)
+	}
+	parts := strings.Split(out, "== ")
+	if len(parts) != 3 || parts[0] != "" {
+		t.Fatalf("want two tables, each after a \"== RATE req/s\" line, got\n%s", out)
+	}
+	for k, rate := range []string{"100", "200"} {
+		head, body, _ := strings.Cut(parts[k+1], "\n")
+		if want := fmt.Sprintf("%s req/s (%d of 2) ==", rate, k+1); head != want {
+			t.Errorf("table %d: heading %q, want %q", k+1, head, want)
+		}
+		table := parseTable(t, body)
+		if len(table) != 2 {
+			t.Errorf("%s req/s: %d rows, want round-robin and least-request:\n%s", rate, len(table), body)
+		}
+		lr := table["least-request"]
+		if lr == nil {
+			t.Fatalf("%s req/s: no least-request row in\n%s", rate, body)
+		}
+		if table["round-robin"] == nil {
+			t.Errorf("%s req/s: no round-robin row in\n%s", rate, body)
+		}
+		if got := lr["ROUNDS P99<RR"]; !strings.HasSuffix(got, "/2") {
+			t.Errorf("%s req/s: least-request rounds below round-robin %q, want k/2", rate, got)
+		}
+		if !strings.HasSuffix(lr["P99"], "ms") || lr["PLAN COST"] != "—" {
+			t.Errorf("%s req/s: least-request P99 %q, plan cost %q (want a latency and —)", rate, lr["P99"], lr["PLAN COST"])
+		}
+		if n, err := strconv.Atoi(lr["ERRORS"]); err != nil || n != 0 {
+			t.Errorf("%s req/s: least-request errors %q", rate, lr["ERRORS"])
+		}
+		if !strings.Contains(body, fmt.Sprintf(", %s req/s open-loop", rate)) || !strings.Contains(body, "LEAST_REQUEST (choice_count 2)") {
+			t.Errorf("%s req/s: footer does not name the rate and least-request:\n%s", rate, body)
+		}
+	}
+	for _, want := range []string{"[round 1/2] least-request", "[round 2/2] least-request", "100 req/s (1 of 2)", "200 req/s (2 of 2)"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errOut)
+		}
+	}
+	if strings.Contains(out, "NACK") {
+		t.Errorf("xDS NACKs reported:\n%s", out)
+	}
+	goleak.VerifyNone(t, ignore, goleak.IgnoreAnyFunction("os/signal.loop"))
+}
+
 func TestDemoBadInput(t *testing.T) {
 	dir := t.TempDir()
 	unplaced := filepath.Join(dir, "unplaced.yaml")
@@ -137,6 +213,14 @@ func TestDemoBadInput(t *testing.T) {
 		{"no workers", []string{"--workers", "0"}, "--workers"},
 		{"no rounds", []string{"--rounds", "0"}, "--rounds"},
 		{"unknown policy", []string{"--policies", "lata,fastest"}, "fastest"},
+		{"policy twice", []string{"--policies", "least-request,lata,least-request"}, "least-request is listed twice"},
+		{"rates: not a number", []string{"--rates", "150,abc,450"}, `--rates: "abc" is not a number`},
+		{"rates: empty value", []string{"--rates", "150,,450"}, `--rates: "" is not a number`},
+		{"rates: zero", []string{"--rates", "150,0"}, `--rates: "0" is not in (0, 100000]`},
+		{"rates: negative", []string{"--rates=-5,150"}, `--rates: "-5" is not in (0, 100000]`},
+		{"rates: too high", []string{"--rates", "150,1e6"}, `--rates: "1e6" is not in (0, 100000]`},
+		{"rates: empty", []string{"--rates="}, "--rates is empty"},
+		{"rate and rates", []string{"--rate", "200", "--rates", "150,300"}, "mutually exclusive"},
 		{"missing file", []string{"--topology", filepath.Join(dir, "nope.yaml")}, "nope.yaml"},
 		{"unplaced pods", []string{"--topology", unplaced}, "no placed pods"},
 		{"no ingress", []string{"--topology", noIngress}, "ingress"},

@@ -24,6 +24,10 @@ type Scenario struct {
 	// Load is the load into the topology's ingress services. Its Rate replaces the topology's
 	// ingress rates (scaled in proportion), so the plan and the offered load agree.
 	Load loadgen.Config
+	// LBPolicy is the callers' load-balancing policy (xds.Config.LBPolicy; "" means
+	// round-robin over the policy's weights). With xds.LBLeastRequest the policy's allocation
+	// is planned (Outcome.Plan) but every caller balances least-request over all callee pods.
+	LBPolicy xds.LBPolicy
 	// Logger receives the xDS server's logs (nil: discarded).
 	Logger *slog.Logger
 }
@@ -31,6 +35,8 @@ type Scenario struct {
 // Outcome is the result of one policy run.
 type Outcome struct {
 	Policy optimizer.Policy
+	// LBPolicy is the callers' load-balancing policy (Scenario.LBPolicy, default filled in).
+	LBPolicy xds.LBPolicy
 	// Load is the load generator's measurement of the end-to-end latency.
 	Load *loadgen.Result
 	// Plan is the allocation the xDS server published.
@@ -115,8 +121,11 @@ func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack,
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	if sc.LBPolicy, err = xds.ParseLBPolicy(string(sc.LBPolicy)); err != nil {
+		return nil, err
+	}
 	s := &Stack{policy: p, scn: sc, reg: prometheus.NewRegistry(), started: time.Now()}
-	s.srv, err = xds.NewServer(xds.Config{Policy: p, Options: opts, DebounceQuiet: -1, Logger: logger, Registerer: s.reg})
+	s.srv, err = xds.NewServer(xds.Config{Policy: p, LBPolicy: sc.LBPolicy, Options: opts, DebounceQuiet: -1, Logger: logger, Registerer: s.reg})
 	if err != nil {
 		return nil, err
 	}
@@ -194,6 +203,7 @@ func (s *Stack) Outcome(load *loadgen.Result) *Outcome {
 	routes := s.cluster.Observed(nil, s.cluster.Received())
 	return &Outcome{
 		Policy:    s.policy,
+		LBPolicy:  s.scn.LBPolicy,
 		Load:      load,
 		Plan:      plan,
 		Routes:    routes,
