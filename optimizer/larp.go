@@ -2,7 +2,6 @@ package optimizer
 
 import (
 	"math"
-	"runtime"
 	"sort"
 )
 
@@ -297,7 +296,8 @@ func (pp *placeProblem) larpWithin(tune larpTuning, budget larpBudget) ([]int, *
 	}
 	built := make([][]int, len(makers))
 	builtCost := make([]float64, len(makers))
-	scratch := make([]*placeState, runtime.GOMAXPROCS(0))
+	workers := workerCount() // read once: GOMAXPROCS may change between reads
+	scratch := make([]*placeState, workers)
 	// The start built whatever the budget goes first, so it is never what runs late; results
 	// keep the makers' order, which breaks ties.
 	order := make([]int, 0, len(makers))
@@ -310,7 +310,7 @@ func (pp *placeProblem) larpWithin(tune larpTuning, budget larpBudget) ([]int, *
 		}
 	}
 	built0 := make([]bool, len(makers)) // started within the budget
-	parallel(len(makers), func(w, k int) {
+	parallelWorkers(workers, len(makers), func(w, k int) {
 		i := order[k]
 		if k > 0 && budget.startsExpired() {
 			return

@@ -243,6 +243,15 @@ func TestPlanWorkerCountChanges(t *testing.T) {
 			t.Fatalf("cost %v with a changing worker count, %v without", got.Cost, want.Cost)
 		}
 	}
+	// LARP's starts use per-worker scratch too.
+	pm, err := Compile(top, Options{Unplaced: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reads = 0
+	if _, err := Place(pm, LARP); err != nil {
+		t.Fatalf("place: %v", err)
+	}
 }
 
 // TestPlanManyReplicasMemory: 2000 caller and 2000 callee pods on 20 nodes. The solve works on
