@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 )
 
 // DefaultRebalanceTolerance is the relative cost margin within which PlanRebalance prefers the
@@ -16,6 +17,10 @@ type RebalanceOptions struct {
 	// of the cheapest, the one reachable in the fewest moves wins. 0 means
 	// DefaultRebalanceTolerance; it must be finite and not negative.
 	Tolerance float64
+	// Budget bounds the wall time of the two searches (the local search from the current
+	// placement and LARP from scratch), as PlaceOptions.Budget does (0: no limit). When it
+	// cuts either short, Rebalance.Truncated says so and the best found so far is used.
+	Budget time.Duration
 }
 
 // Move relocates one pod.
@@ -46,6 +51,9 @@ type Rebalance struct {
 	// a swap between two full nodes (CostAfter 0). The controller may leave them, or free room
 	// by other means and plan again.
 	Blocked []Move `json:"blocked,omitempty"`
+	// Truncated says the budget (RebalanceOptions.Budget) cut a search short: the target is the
+	// best found in time, and the result depends on the machine and its load.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // Placement returns the target as a Placement (policy LARP, cost CostTarget), whose Apply
@@ -120,17 +128,22 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 	var fromCurrent, fromScratch []int
 	var scratchErr error
 	curOK := pp.feasible(cur) == ""
+	budget := newLarpBudget(PlaceOptions{Budget: opt.Budget})
+	var cutCurrent bool
+	var cutScratch *PlacementCut
 	parallel(2, func(_, i int) {
 		if i == 0 {
 			st := pp.newState()
 			st.load(cur)
 			if curOK || st.repair() {
-				st.localSearch(larpDefault)
+				left := &stepsLeft{b: budget}
+				st.localSearchWithin(larpDefault, left)
+				cutCurrent = left.cut
 				fromCurrent = st.snapshot()
 			}
 			return
 		}
-		fromScratch, scratchErr = pp.larp()
+		fromScratch, cutScratch, scratchErr = pp.larpWithin(larpDefault, budget)
 	})
 	type candidate struct {
 		nodes []int
@@ -172,7 +185,7 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 		}
 	}
 
-	out := &Rebalance{CostBefore: before}
+	out := &Rebalance{CostBefore: before, Truncated: cutCurrent || cutScratch != nil}
 	final, err := rb.order(cands[chosen].nodes, out)
 	if err != nil {
 		return nil, err

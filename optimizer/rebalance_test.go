@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // rebalanceWorld builds a placed topology: nodes with cpu (0 = unlimited), symmetric latencies
@@ -529,5 +530,22 @@ func TestRebalanceNamespaced(t *testing.T) {
 	applied := rb.Placement().Apply(top)
 	if a, b := applied.Services[0].Pods[0].Node, applied.Services[1].Pods[0].Node; a != b {
 		t.Fatalf("applied target: x-0 on %s, y-0 on %s", a, b)
+	}
+}
+
+// A budget that runs out at once still gives a valid plan (never worse than staying), and
+// says it was cut short; without a budget nothing is cut.
+func TestRebalanceBudget(t *testing.T) {
+	m := compilePlaced(t, farWorld())
+	if rb := mustRebalance(t, m, RebalanceOptions{}); rb.Truncated {
+		t.Errorf("no budget, yet truncated")
+	}
+	rb := mustRebalance(t, m, RebalanceOptions{Budget: time.Nanosecond})
+	checkRebalance(t, "budget 1ns", m, rb)
+	if !rb.Truncated {
+		t.Errorf("a 1 ns budget did not cut the search")
+	}
+	if rb.CostTarget > rb.CostBefore*(1+1e-9) {
+		t.Errorf("cut plan %v is worse than staying (%v)", rb.CostTarget, rb.CostBefore)
 	}
 }

@@ -100,6 +100,9 @@ type Config struct {
 	GateTimeout time.Duration
 	// Tolerance is optimizer.RebalanceOptions.Tolerance.
 	Tolerance float64
+	// Budget bounds the planning search (optimizer.RebalanceOptions.Budget; 0:
+	// optimizer.DefaultPlaceBudget, negative: no limit).
+	Budget time.Duration
 
 	// Identity names this replica in the Lease and in Events (default: the hostname).
 	Identity string
@@ -135,6 +138,9 @@ func (cfg *Config) defaults() {
 	if cfg.GateTimeout <= 0 {
 		cfg.GateTimeout = DefaultGateTimeout
 	}
+	if cfg.Budget == 0 {
+		cfg.Budget = optimizer.DefaultPlaceBudget
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
@@ -167,7 +173,9 @@ type Report struct {
 	// Gain is the relative fall of the predicted cost, (before − target) / before.
 	Gain      float64 `json:"gain"`
 	Threshold float64 `json:"threshold"`
-	Moves     []Move  `json:"moves"`
+	// Truncated says the planning budget cut the search: the target is the best found in time.
+	Truncated bool   `json:"truncated,omitempty"`
+	Moves     []Move `json:"moves"`
 }
 
 // Evictions counts the moves the report carries out (or would, in dry-run).
@@ -373,12 +381,12 @@ func (c *Controller) Plan() (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rebalancer: %w", err)
 	}
-	plan, err := optimizer.PlanRebalance(m, optimizer.RebalanceOptions{Tolerance: c.cfg.Tolerance})
+	plan, err := optimizer.PlanRebalance(m, optimizer.RebalanceOptions{Tolerance: c.cfg.Tolerance, Budget: max(0, c.cfg.Budget)})
 	if err != nil {
 		return nil, fmt.Errorf("rebalancer: %w", err)
 	}
 	r := &Report{Time: now, DryRun: c.cfg.DryRun, CostBefore: plan.CostBefore, CostTarget: plan.CostTarget,
-		Threshold: c.cfg.Threshold}
+		Threshold: c.cfg.Threshold, Truncated: plan.Truncated}
 	if plan.CostBefore > 0 {
 		r.Gain = (plan.CostBefore - plan.CostTarget) / plan.CostBefore
 	}

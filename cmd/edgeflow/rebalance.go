@@ -35,7 +35,7 @@ type rebalanceFlags struct {
 	period                                  time.Duration
 	threshold                               float64
 	maxMoves, maxPerNode, maxPerNS          int
-	minAge, cooldown, gateTimeout           time.Duration
+	minAge, cooldown, gateTimeout, budget   time.Duration
 	leaseNamespace, leaseName               string
 	webhookAddress, webhookCert, webhookKey string
 }
@@ -51,6 +51,7 @@ func (f *rebalanceFlags) register(cmd *cobra.Command, prefix string) {
 	fl.DurationVar(&f.minAge, prefix+"min-age", rebalancer.DefaultMinAge, "never move a pod younger than this")
 	fl.DurationVar(&f.cooldown, prefix+"cooldown", rebalancer.DefaultCooldown, "a pod placed by a move is not moved again, and its service does not move back, within this")
 	fl.DurationVar(&f.gateTimeout, prefix+"gate-timeout", rebalancer.DefaultGateTimeout, "a gated pod not placed within this is released without affinity")
+	fl.DurationVar(&f.budget, prefix+"budget", optimizer.DefaultPlaceBudget, "bound on the planning search (0: none); a plan cut short says so")
 	fl.StringVar(&f.leaseNamespace, prefix+"lease-namespace", "", "namespace of the leader-election Lease (default: the pod's namespace, else default)")
 	fl.StringVar(&f.leaseName, prefix+"lease-name", rebalancer.DefaultLeaseName, "name of the leader-election Lease")
 	fl.StringVar(&f.webhookAddress, "webhook-address", "", "HOST:PORT to serve the placement webhook on (HTTPS, path "+rebalancer.WebhookPath+"); empty: not served")
@@ -64,6 +65,8 @@ func (f *rebalanceFlags) check() error {
 		return badInput("the threshold is a fraction below 1, not %v", f.threshold)
 	case f.maxMoves < 1 || f.maxPerNode < 1 || f.maxPerNS < 1:
 		return badInput("the move limits must be at least 1")
+	case f.budget < 0:
+		return badInput("the planning budget must not be negative (0: no limit)")
 	case f.period <= 0 || f.gateTimeout <= 0:
 		return badInput("the period and the gate timeout must be positive")
 	case (f.webhookCert == "") != (f.webhookKey == ""):
@@ -92,7 +95,8 @@ func (f *rebalanceFlags) controller(cs kubernetes.Interface, cf *clusterFlags, c
 	c, err := rebalancer.New(rebalancer.Config{Client: cs, Topology: cluster.Current, Namespaces: cf.namespaces,
 		Selector: cf.selector, DefaultLatencyMS: defaultLatency, DryRun: f.dryRun, Period: f.period,
 		Threshold: f.threshold, MaxMoves: f.maxMoves, MaxMovesPerNode: f.maxPerNode, MaxMovesPerNamespace: f.maxPerNS,
-		MinAge: f.minAge, Cooldown: f.cooldown, GateTimeout: f.gateTimeout, Logger: logger, Registerer: reg})
+		MinAge: f.minAge, Cooldown: f.cooldown, GateTimeout: f.gateTimeout, Budget: budgetOrNone(f.budget),
+		Logger: logger, Registerer: reg})
 	if err != nil {
 		return nil, usageError{err}
 	}
@@ -266,6 +270,14 @@ func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, outp
 	return nil
 }
 
+// budgetOrNone maps the flag's 0 ("none") to the Config's negative.
+func budgetOrNone(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
 func orNone(s string) string {
 	if s == "" {
 		return "not served"
@@ -304,6 +316,9 @@ func writeRebalanceTable(w io.Writer, r *rebalancer.Report) error {
 	}
 	fmt.Fprintf(&buf, "Predicted LATA cost: %.1f now, %.1f at the target (gain %.1f%%, threshold %.1f%%; %s)\n",
 		r.CostBefore, r.CostTarget, 100*r.Gain, 100*r.Threshold, mode)
+	if r.Truncated {
+		fmt.Fprintln(&buf, "The planning budget cut the search short: the target is the best found in time (--budget).")
+	}
 	if len(r.Moves) == 0 {
 		fmt.Fprintln(&buf, "No moves: the pods already run where the plan wants them.")
 		_, err := w.Write(buf.Bytes())
