@@ -348,21 +348,30 @@ func (a *edgeAllocator) solveQueuedUnits(lat LatencyMatrix, pods []PodRef, piece
 }
 
 // planQueued is Plan for lata-q: one problem per callee service with a service rate, lata per
-// edge into the others.
-func planQueued(m *Model) (*Allocation, error) {
+// edge into the others. It keeps what r allows (see reuse) and returns the queueing cost per
+// callee service and the number of callee services it solved.
+func planQueued(m *Model, r *reuse) (*Allocation, []float64, int, error) {
 	alloc := &Allocation{Policy: LATAQ, Calls: make([]CallAllocation, len(m.Calls))}
 	into := make([][]int, len(m.Services))
 	for k, e := range m.Calls {
 		into[e.To] = append(into[e.To], k)
 	}
+	queue := make([]float64, len(m.Services))
 	var targets []int
 	for b := range m.Services {
-		if len(into[b]) > 0 || hasCapacity(&m.Services[b]) {
-			targets = append(targets, b)
+		if len(into[b]) == 0 && !hasCapacity(&m.Services[b]) {
+			continue
 		}
+		if r != nil && r.keepService(b) {
+			for _, k := range into[b] {
+				alloc.Calls[k] = r.alloc.Calls[k]
+			}
+			queue[b] = r.queue[b]
+			continue
+		}
+		targets = append(targets, b)
 	}
 	errs := make([]error, len(targets))
-	queue := make([]float64, len(targets))
 	workers := workerCount()
 	allocators := make([]*edgeAllocator, workers)
 	parallelWorkers(workers, len(targets), func(w, t int) {
@@ -390,11 +399,11 @@ func planQueued(m *Model) (*Allocation, error) {
 		for k, c := range res.calls {
 			alloc.Calls[k] = c
 		}
-		queue[t] = res.queueCost
+		queue[b] = res.queueCost
 	})
 	for _, err := range errs {
 		if err != nil {
-			return nil, err
+			return nil, nil, 0, err
 		}
 	}
 	for _, c := range alloc.Calls {
@@ -403,5 +412,5 @@ func planQueued(m *Model) (*Allocation, error) {
 	for _, q := range queue {
 		alloc.QueueCost += q
 	}
-	return alloc, nil
+	return alloc, queue, len(targets), nil
 }

@@ -42,34 +42,67 @@ func Plan(m *Model, p Policy) (*Allocation, error) {
 	if _, err := ParsePolicy(string(p)); err != nil {
 		return nil, err
 	}
+	a, _, _, err := planFrom(m, p, nil)
+	return a, err
+}
+
+// reuse says which parts of a previous allocation a solve may keep (incremental recompute): a
+// call edge k with keepEdge(k), and under lata-q a callee service b with keepService(b) (its
+// queueing cost from queue[b]). nil keeps nothing.
+type reuse struct {
+	alloc       *Allocation
+	queue       []float64
+	keepEdge    func(k int) bool
+	keepService func(b int) bool
+	// keepSplits(k): edge k's pods and latencies are unchanged, only its caller's load or its
+	// rate differ. Every policy but lata-q splits a caller's requests independently of the
+	// load, so the previous fractions stand and only the rps and cost are rebuilt.
+	keepSplits func(k int) bool
+}
+
+// planFrom is Plan, keeping what r allows; it returns the queueing cost per callee service
+// (lata-q) and the number of units (edges, or lata-q callee services) it solved.
+func planFrom(m *Model, p Policy, r *reuse) (*Allocation, []float64, int, error) {
 	if p == LATAQ {
-		return planQueued(m)
+		return planQueued(m, r)
 	}
 	alloc := &Allocation{Policy: p, Calls: make([]CallAllocation, len(m.Calls))}
-	errs := make([]error, len(m.Calls))
+	var todo []int
+	for k := range m.Calls {
+		switch {
+		case r != nil && r.keepEdge(k):
+			alloc.Calls[k] = r.alloc.Calls[k]
+		case r != nil && r.keepSplits(k):
+			alloc.Calls[k] = buildCall(m, m.Calls[k], splitsOf(m, m.Calls[k], &r.alloc.Calls[k]))
+		default:
+			todo = append(todo, k)
+		}
+	}
+	errs := make([]error, len(todo))
 	workers := workerCount()
 	allocators := make([]*edgeAllocator, workers) // one per worker, made on first use
-	parallelWorkers(workers, len(m.Calls), func(w, k int) {
+	parallelWorkers(workers, len(todo), func(w, i int) {
 		if allocators[w] == nil {
 			allocators[w] = newEdgeAllocator()
 		}
+		k := todo[i]
 		e := m.Calls[k]
 		splits, err := allocators[w].allocate(p, m, e)
 		if err != nil {
-			errs[k] = fmt.Errorf("optimizer: call %s → %s: %w", m.Services[e.From].Name, m.Services[e.To].Name, err)
+			errs[i] = fmt.Errorf("optimizer: call %s → %s: %w", m.Services[e.From].Name, m.Services[e.To].Name, err)
 			return
 		}
 		alloc.Calls[k] = buildCall(m, e, splits)
 	})
 	for _, err := range errs {
 		if err != nil {
-			return nil, err
+			return nil, nil, 0, err
 		}
 	}
 	for _, c := range alloc.Calls {
 		alloc.Cost += c.Cost
 	}
-	return alloc, nil
+	return alloc, nil, len(todo), nil
 }
 
 // workerCount is the number of goroutines a parallel solve uses: GOMAXPROCS, read once per

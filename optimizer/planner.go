@@ -43,6 +43,7 @@ type Planner struct {
 
 	last       *Allocation
 	membership uint64
+	inc        incremental // the last recompute (see incremental.go)
 }
 
 // PlanResult is one recompute of a Planner.
@@ -53,11 +54,15 @@ type PlanResult struct {
 	// allocation pushed stays in force.
 	Push bool
 	// Moved is the fraction of the traffic whose route differs from the last allocation pushed
-	// (1 when there is none or the membership changed).
+	// (1 when there is none, the membership changed, or damping is off).
 	Moved float64
 	// MembershipChanged says whether pods, services, nodes or call edges differ from the last
 	// push.
 	MembershipChanged bool
+	// Solved is the number of units re-solved (call edges; under lata-q, callee services);
+	// Recompiled says the model came from the previous one (only numbers changed).
+	Solved     int
+	Recompiled bool
 	// Gain and LoadShift compare the last allocation pushed, applied to the new topology, with
 	// the new one: the relative latency cost saved, and the fraction of the traffic whose callee
 	// pod differs (computed only when Moved reaches the threshold).
@@ -66,33 +71,82 @@ type PlanResult struct {
 	membership uint64
 }
 
-// Plan compiles and solves t. It does not record the result: call Pushed once it has been
-// published.
+// Plan compiles and solves t, incrementally where it can (see incremental.go: the result is
+// what Compile and Plan give). It remembers this recompute for the next one, but not as
+// pushed: call Pushed once the result has been published.
 func (pl *Planner) Plan(t *Topology) (*PlanResult, error) {
-	m, err := Compile(t, pl.Options)
-	if err != nil {
-		return nil, err
-	}
 	policy := pl.Policy
 	if policy == "" {
 		policy = LATA
 	}
-	alloc, err := Plan(m, policy)
+	if _, err := ParsePolicy(string(policy)); err != nil {
+		return nil, err
+	}
+	var m *Model
+	recompiled := false
+	var podsChanged []int
+	if pl.inc.top != nil {
+		var same bool
+		if same, podsChanged = sameStructure(pl.inc.top, t); same {
+			m, recompiled = pl.inc.recompile(t, podsChanged, pl.Options)
+		}
+	}
+	if !recompiled {
+		var err error
+		if m, err = Compile(t, pl.Options); err != nil {
+			return nil, err
+		}
+	}
+	var re *reuse
+	if prev := pl.inc.model; prev != nil && sameShape(prev, m) {
+		change := make([]int, len(m.Calls))
+		into := make([][]int, len(m.Services))
+		nodes := serviceNodes(m)
+		for k := range m.Calls {
+			change[k] = edgeChange(prev, m, k, nodes)
+			into[m.Calls[k].To] = append(into[m.Calls[k].To], k)
+		}
+		re = &reuse{alloc: pl.inc.alloc, queue: pl.inc.queue,
+			keepEdge:   func(k int) bool { return change[k] == edgeSame },
+			keepSplits: func(k int) bool { return change[k] == edgeLoad },
+			keepService: func(b int) bool {
+				if m.Services[b].Ingress != prev.Services[b].Ingress || !samePods(m.Services[b].Pods, prev.Services[b].Pods) {
+					return false
+				}
+				for _, k := range into[b] {
+					if change[k] != edgeSame {
+						return false
+					}
+				}
+				return true
+			}}
+	}
+	alloc, queue, solved, err := planFrom(m, policy, re)
 	if err != nil {
 		return nil, err
 	}
-	r := &PlanResult{Model: m, Allocation: alloc, membership: membershipKey(t), Moved: 1, Push: true}
+	pl.inc.remember(t, m, alloc, queue, !recompiled, podsChanged)
+	key := pl.inc.key
+	if !recompiled || len(podsChanged) > 0 {
+		key = membershipKey(t) // a recompile with the same pods has the same membership
+	}
+	pl.inc.key = key
+	r := &PlanResult{Model: m, Allocation: alloc, membership: key, Moved: 1, Push: true,
+		Solved: solved, Recompiled: recompiled}
 	r.MembershipChanged = pl.last == nil || r.membership != pl.membership
 	if r.MembershipChanged {
 		return r, nil
 	}
-	r.Moved = moved(pl.last, alloc)
 	damping := pl.Damping
 	if damping == 0 {
 		damping = DefaultDamping
 	}
-	r.Push = damping < 0 || r.Moved >= damping
-	if r.Push && damping > 0 {
+	if damping < 0 {
+		return r, nil // every recompute is pushed; Moved stays 1 (not measured)
+	}
+	r.Moved = moved(pl.last, alloc)
+	r.Push = r.Moved >= damping
+	if r.Push {
 		r.Gain, r.LoadShift = reapplied(m, pl.last, alloc)
 		r.Push = r.Gain >= damping || r.LoadShift >= damping
 	}
