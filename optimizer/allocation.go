@@ -47,7 +47,11 @@ type Allocation struct {
 	// QueueCost is lata-q's queueing term at the allocation's pod loads ℓ: Σ 1000·ℓ/(μ−ℓ) over
 	// the pods with a service rate μ, in ms·req/s (the M/M/1 delay times the rate, exact, not
 	// linearised; lata-q minimises Cost plus its linearisation). Other policies leave it 0.
-	QueueCost float64          `json:"queue_cost,omitempty" yaml:"queue_cost,omitempty"`
+	QueueCost float64 `json:"queue_cost,omitempty" yaml:"queue_cost,omitempty"`
+	// Saturated (lata-q) says, for each callee service whose load the utilisation cap cannot
+	// hold, why: such a service is served as lata (equal shares by weight, lata-q's saturated
+	// limit) and its queueing term is left out of QueueCost.
+	Saturated []string         `json:"saturated,omitempty" yaml:"saturated,omitempty"`
 	Calls     []CallAllocation `json:"calls" yaml:"calls"`
 }
 

@@ -25,7 +25,7 @@ type incremental struct {
 	top   *Topology
 	model *Model
 	alloc *Allocation
-	queue []float64 // lata-q: queueing cost per callee service (by index)
+	queue *queueState // lata-q: per callee service (by index)
 	// latIdx[i] is (u, v) of top.Latency[i]; mirror[i] says it also sets (v, u) (the reverse is
 	// not given).
 	latIdx [][2]int
@@ -37,7 +37,7 @@ type incremental struct {
 
 // remember records a recompute for the next one: after a full compile, the latency layout and
 // every pod's service; after a recompile, the pods of the services it compiled again.
-func (inc *incremental) remember(t *Topology, m *Model, alloc *Allocation, queue []float64, full bool, podsChanged []int) {
+func (inc *incremental) remember(t *Topology, m *Model, alloc *Allocation, queue *queueState, full bool, podsChanged []int) {
 	prev := inc.model
 	inc.top, inc.model, inc.alloc, inc.queue = t, m, alloc, queue
 	if !full {

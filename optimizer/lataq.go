@@ -1,6 +1,7 @@
 package optimizer
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -97,6 +98,20 @@ func hasCapacity(s *ServiceModel) bool {
 	return false
 }
 
+// queueState is what lata-q leaves per callee service for an incremental recompute: its
+// queueing cost and, if saturated, why.
+type queueState struct {
+	queue     []float64
+	saturated []string
+}
+
+// overCap says a service's load cannot be kept under its pods' utilisation cap: lata-q serves
+// it as lata (equal shares by weight, the saturated limit) and lists it in
+// Allocation.Saturated.
+type overCap struct{ why string }
+
+func (e overCap) Error() string { return e.why }
+
 // callerPiece is one caller pod of one edge into the service.
 type callerPiece struct {
 	edge, pod, node int
@@ -116,7 +131,7 @@ func (a *edgeAllocator) queued(m *Model, b int, edgeIdx []int) (queuedService, e
 		}
 	}
 	if svc.Load > cap*totalMu*(1+1e-12) {
-		return queuedService{}, invalidf("service %q: load %.6g rps exceeds its utilisation cap %g × capacity %.6g rps (lata-q)", svc.Name, svc.Load, cap, totalMu)
+		return queuedService{}, overCap{fmt.Sprintf("service %q: load %.6g rps exceeds its utilisation cap %g × capacity %.6g rps", svc.Name, svc.Load, cap, totalMu)}
 	}
 	bg := make([]float64, len(pods))
 	var segs []queueSegment
@@ -126,7 +141,7 @@ func (a *edgeAllocator) queued(m *Model, b int, edgeIdx []int) (queuedService, e
 		}
 		bg[i] = svc.Ingress * q.Weight / wb
 		if bg[i] > cap*q.CapacityRPS*(1+1e-12) {
-			return queuedService{}, invalidf("pod %q (service %q): its share of the ingress, %.6g rps, exceeds its utilisation cap %g × capacity %.6g rps (lata-q)", q.Name, svc.Name, bg[i], cap, q.CapacityRPS)
+			return queuedService{}, overCap{fmt.Sprintf("pod %q (service %q): its share of the ingress, %.6g rps, exceeds its utilisation cap %g × capacity %.6g rps", q.Name, svc.Name, bg[i], cap, q.CapacityRPS)}
 		}
 		segs = append(segs, queueSegments(i, q.CapacityRPS, bg[i], cap, m.queueResolution())...)
 	}
@@ -350,13 +365,14 @@ func (a *edgeAllocator) solveQueuedUnits(lat LatencyMatrix, pods []PodRef, piece
 // planQueued is Plan for lata-q: one problem per callee service with a service rate, lata per
 // edge into the others. It keeps what r allows (see reuse) and returns the queueing cost per
 // callee service and the number of callee services it solved.
-func planQueued(m *Model, r *reuse) (*Allocation, []float64, int, error) {
+func planQueued(m *Model, r *reuse) (*Allocation, *queueState, int, error) {
 	alloc := &Allocation{Policy: LATAQ, Calls: make([]CallAllocation, len(m.Calls))}
 	into := make([][]int, len(m.Services))
 	for k, e := range m.Calls {
 		into[e.To] = append(into[e.To], k)
 	}
 	queue := make([]float64, len(m.Services))
+	saturated := make([]string, len(m.Services))
 	var targets []int
 	for b := range m.Services {
 		if len(into[b]) == 0 && !hasCapacity(&m.Services[b]) {
@@ -366,7 +382,7 @@ func planQueued(m *Model, r *reuse) (*Allocation, []float64, int, error) {
 			for _, k := range into[b] {
 				alloc.Calls[k] = r.alloc.Calls[k]
 			}
-			queue[b] = r.queue[b]
+			queue[b], saturated[b] = r.queue[b], r.saturated[b]
 			continue
 		}
 		targets = append(targets, b)
@@ -379,7 +395,24 @@ func planQueued(m *Model, r *reuse) (*Allocation, []float64, int, error) {
 			allocators[w] = newEdgeAllocator()
 		}
 		b := targets[t]
-		if !hasCapacity(&m.Services[b]) {
+		lata := !hasCapacity(&m.Services[b])
+		if !lata {
+			res, err := allocators[w].queued(m, b, into[b])
+			var over overCap
+			switch {
+			case errors.As(err, &over):
+				saturated[b], lata = over.why, true
+			case err != nil:
+				errs[t] = err // names the service
+				return
+			default:
+				for k, c := range res.calls {
+					alloc.Calls[k] = c
+				}
+				queue[b] = res.queueCost
+			}
+		}
+		if lata {
 			for _, k := range into[b] {
 				e := m.Calls[k]
 				splits, err := allocators[w].allocate(LATA, m, e)
@@ -389,17 +422,7 @@ func planQueued(m *Model, r *reuse) (*Allocation, []float64, int, error) {
 				}
 				alloc.Calls[k] = buildCall(m, e, splits)
 			}
-			return
 		}
-		res, err := allocators[w].queued(m, b, into[b])
-		if err != nil {
-			errs[t] = err // names the service
-			return
-		}
-		for k, c := range res.calls {
-			alloc.Calls[k] = c
-		}
-		queue[b] = res.queueCost
 	})
 	for _, err := range errs {
 		if err != nil {
@@ -412,5 +435,10 @@ func planQueued(m *Model, r *reuse) (*Allocation, []float64, int, error) {
 	for _, q := range queue {
 		alloc.QueueCost += q
 	}
-	return alloc, queue, len(targets), nil
+	for _, why := range saturated {
+		if why != "" {
+			alloc.Saturated = append(alloc.Saturated, why)
+		}
+	}
+	return alloc, &queueState{queue: queue, saturated: saturated}, len(targets), nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -366,9 +367,21 @@ func TestLATAQCap(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = Plan(m, LATAQ)
-		if !errors.Is(err, ErrInvalidTopology) || !strings.Contains(err.Error(), `service "s1"`) {
-			t.Fatalf("cap %v, load past it: error %v, want ErrInvalidTopology naming service s1", capU, err)
+		// Past the cap lata-q cannot keep every pod under it: the service is served as lata
+		// (its saturated limit) and named in Saturated.
+		got, err := Plan(m, LATAQ)
+		if err != nil {
+			t.Fatalf("cap %v, load past it: %v", capU, err)
+		}
+		if len(got.Saturated) != 1 || !strings.Contains(got.Saturated[0], `service "s1"`) {
+			t.Fatalf("cap %v, load past it: saturated %q, want service s1", capU, got.Saturated)
+		}
+		lata, err := Plan(m, LATA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got.Calls, lata.Calls) {
+			t.Fatalf("cap %v, load past it: the saturated service is not served as lata", capU)
 		}
 	}
 }

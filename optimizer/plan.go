@@ -50,8 +50,8 @@ func Plan(m *Model, p Policy) (*Allocation, error) {
 // call edge k with keepEdge(k), and under lata-q a callee service b with keepService(b) (its
 // queueing cost from queue[b]). nil keeps nothing.
 type reuse struct {
-	alloc       *Allocation
-	queue       []float64
+	alloc *Allocation
+	*queueState
 	keepEdge    func(k int) bool
 	keepService func(b int) bool
 	// keepSplits(k): edge k's pods and latencies are unchanged, only its caller's load or its
@@ -62,7 +62,7 @@ type reuse struct {
 
 // planFrom is Plan, keeping what r allows; it returns the queueing cost per callee service
 // (lata-q) and the number of units (edges, or lata-q callee services) it solved.
-func planFrom(m *Model, p Policy, r *reuse) (*Allocation, []float64, int, error) {
+func planFrom(m *Model, p Policy, r *reuse) (*Allocation, *queueState, int, error) {
 	if p == LATAQ {
 		return planQueued(m, r)
 	}

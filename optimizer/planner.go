@@ -106,7 +106,7 @@ func (pl *Planner) Plan(t *Topology) (*PlanResult, error) {
 			change[k] = edgeChange(prev, m, k, nodes)
 			into[m.Calls[k].To] = append(into[m.Calls[k].To], k)
 		}
-		re = &reuse{alloc: pl.inc.alloc, queue: pl.inc.queue,
+		re = &reuse{alloc: pl.inc.alloc, queueState: pl.inc.queue,
 			keepEdge:   func(k int) bool { return change[k] == edgeSame },
 			keepSplits: func(k int) bool { return change[k] == edgeLoad },
 			keepService: func(b int) bool {

@@ -67,19 +67,20 @@ const (
 )
 
 type demoFlags struct {
-	topology     string
-	duration     time.Duration
-	warmup       time.Duration
-	rate         float64
-	workers      int
-	serviceTime  time.Duration
-	latencyScale float64
-	timeout      time.Duration
-	rates        []string // --rates: one table per rate; replaces rate
-	rateSet      bool     // --rate was given
-	policies     []string
-	rounds       int
-	seed         uint64
+	topology       string
+	duration       time.Duration
+	warmup         time.Duration
+	rate           float64
+	workers        int
+	serviceTime    time.Duration
+	latencyScale   float64
+	timeout        time.Duration
+	rates          []string // --rates: one table per rate; replaces rate
+	rateSet        bool     // --rate was given
+	policies       []string
+	rounds         int
+	seed           uint64
+	utilizationCap float64
 }
 
 // leastRequest is the demo's row for the least-request baseline (demoMode).
@@ -186,6 +187,7 @@ func newDemoCommand() *cobra.Command {
 	fl.DurationVar(&f.timeout, "timeout", demoTimeout, "end-to-end request timeout (a timed-out request counts as an error)")
 	fl.StringSliceVar(&f.policies, "policies", modeNames(), "policies to run, in order (the optimizer's, and least-request)")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the pods' service-time draws")
+	fl.Float64Var(&f.utilizationCap, "utilization-cap", optimizer.DefaultUtilizationCap, "lata-q: the most of a pod's service rate it is loaded to, in (0, 1)")
 	return cmd
 }
 
@@ -255,6 +257,7 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 	if in.topology, err = loopback.WithIngressRate(in.topology, in.rates[0]); err != nil {
 		return nil, err
 	}
+	in.topology = withServiceRates(in.topology, f.workers, f.serviceTime)
 	for _, s := range in.topology.Services {
 		if len(s.Pods) == 0 {
 			return nil, badInput("%s: service %s has no placed pods (the demo needs pods on nodes; see edgeflow place -o topology)", in.name, s.Name)
@@ -265,12 +268,17 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 			}
 		}
 	}
-	if _, err := optimizer.Compile(in.topology, optimizer.Options{}); err != nil {
+	if !(f.utilizationCap > 0 && f.utilizationCap < 1) {
+		return nil, badInput("--utilization-cap must be in (0, 1), got %v", f.utilizationCap)
+	}
+	opts := optimizer.Options{UtilizationCap: f.utilizationCap}
+	if _, err := optimizer.Compile(in.topology, opts); err != nil {
 		return nil, err
 	}
 	in.scenario = loopback.Scenario{
 		Cluster: loopback.Config{
 			Topology:     in.topology,
+			Options:      opts,
 			Workers:      f.workers,
 			ServiceTime:  f.serviceTime,
 			LatencyScale: f.latencyScale,
@@ -283,6 +291,31 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 	in.slice = in.scenario.Load
 	in.slice.Duration = f.duration / time.Duration(f.rounds)
 	return in, nil
+}
+
+// withServiceRates gives lata-q the pods' real service rate when the topology gives none: a
+// demo pod works on `workers` requests at once, each taking serviceTime on average, so it
+// serves workers / serviceTime requests per second (times its weight).
+func withServiceRates(t *optimizer.Topology, workers int, serviceTime time.Duration) *optimizer.Topology {
+	for _, s := range t.Services {
+		if s.CapacityRPS != nil {
+			return t
+		}
+		for _, p := range s.Pods {
+			if p.CapacityRPS != nil {
+				return t
+			}
+		}
+	}
+	if serviceTime <= 0 {
+		return t // no queueing: lata-q is lata
+	}
+	c := t.Clone()
+	mu := float64(workers) / serviceTime.Seconds()
+	for i := range c.Services {
+		c.Services[i].CapacityRPS = &mu
+	}
+	return c
 }
 
 // runDemo runs the demo, one rate after another, and returns the outcomes it printed: per

@@ -19,6 +19,7 @@ import (
 type topologyFlags struct {
 	file           string
 	defaultLatency float64
+	utilizationCap float64
 	clusterFlags
 }
 
@@ -26,6 +27,7 @@ func (f *topologyFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVarP(&f.file, "filename", "f", "", "topology file (YAML or JSON); - reads standard input")
 	cmd.Flags().Float64Var(&f.defaultLatency, "default-latency", -1, "latency in ms for node pairs the file does not give (default: a missing pair is an error)")
 	cmd.Flags().Lookup("default-latency").DefValue = "0" // not set: the usage text says what happens
+	cmd.Flags().Float64Var(&f.utilizationCap, "utilization-cap", optimizer.DefaultUtilizationCap, "lata-q: the most of a pod's service rate (capacity_rps) it is loaded to, in (0, 1)")
 	f.clusterFlags.register(cmd)
 }
 
@@ -41,7 +43,7 @@ func (f *topologyFlags) source() error {
 }
 
 func (f *topologyFlags) options(cmd *cobra.Command) optimizer.Options {
-	var opts optimizer.Options
+	opts := optimizer.Options{UtilizationCap: f.utilizationCap}
 	if cmd.Flags().Changed("default-latency") {
 		d := f.defaultLatency
 		opts.DefaultLatencyMS = &d
