@@ -417,7 +417,7 @@ func runDemoRate(ctx context.Context, stdout, stderr io.Writer, in *demoInput, f
 	for i, s := range stacks {
 		outcomes[i] = s.Outcome(loadgen.Merge(results[i]...))
 	}
-	if err := writeDemoTable(stdout, in, f, rate, outcomes, roundsBelowRR(in.modes, results)); err != nil {
+	if err := writeDemoTable(stdout, in, f, rate, outcomes, roundsBelowRR(in.modes, results), pairedVsLATA(in.modes, outcomes, results)); err != nil {
 		return nil, err
 	}
 	return outcomes, nil
@@ -463,7 +463,38 @@ func roundsBelowRR(modes []demoMode, results [][]*loadgen.Result) []string {
 	return out
 }
 
-func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, rate float64, outcomes []*loopback.Outcome, belowRR []string) error {
+// pairedVsLATA compares lata-q and least-request with lata, paired by round: the change of
+// the P99 over the whole run, and the rounds in which the row's P99 was at or below lata's.
+func pairedVsLATA(modes []demoMode, outcomes []*loopback.Outcome, results [][]*loadgen.Result) []string {
+	lata := -1
+	for i, m := range modes {
+		if m.name == string(optimizer.LATA) {
+			lata = i
+		}
+	}
+	if lata < 0 {
+		return nil
+	}
+	var out []string
+	for i, m := range modes {
+		if m.name != string(optimizer.LATAQ) && m.name != "least-request" {
+			continue
+		}
+		atOrBelow := 0
+		for r := range results[i] {
+			if results[i][r].Latency.Quantile(0.99) <= results[lata][r].Latency.Quantile(0.99) {
+				atOrBelow++
+			}
+		}
+		out = append(out, fmt.Sprintf("%s vs lata: P99 %s vs %s (%s); P99 at or below lata's in %d/%d rounds", m.name,
+			fmtMS(outcomes[i].Load.Latency.Quantile(0.99)), fmtMS(outcomes[lata].Load.Latency.Quantile(0.99)),
+			change(float64(outcomes[i].Load.Latency.Quantile(0.99)), float64(outcomes[lata].Load.Latency.Quantile(0.99))),
+			atOrBelow, len(results[i])))
+	}
+	return out
+}
+
+func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, rate float64, outcomes []*loopback.Outcome, belowRR, vsLATA []string) error {
 	var base *loopback.Outcome
 	if i := baselineRow(in.modes); i >= 0 {
 		base = outcomes[i]
@@ -505,6 +536,9 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, rate float64, outco
 	fmt.Fprintf(&buf, "ROUNDS P99<RR = rounds in which the policy's P99 beat round-robin's of the same round;\n")
 	fmt.Fprintf(&buf, "MAX QUEUE = most requests waiting for a worker at one pod; SPLIT DEV = largest |observed − planned|\n")
 	fmt.Fprintf(&buf, "route share of any caller pod, counted at the callees; PLAN COST = Σ rps × latency, ms·req/s.\n")
+	for _, l := range vsLATA {
+		fmt.Fprintln(&buf, l)
+	}
 	for _, m := range in.modes {
 		if m.lb == xds.LBLeastRequest {
 			fmt.Fprintf(&buf, "%s: round-robin's shares served as one locality of all pods under the xDS cluster's lb_policy\n", m.name)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +27,11 @@ func TestDemoShort(t *testing.T) {
 		t.Fatalf("exit %d\nstderr:\n%s", code, errOut)
 	}
 	table := parseTable(t, out)
+	for _, p := range []string{"lata-q", "least-request"} {
+		if !regexp.MustCompile(p + ` vs lata: P99 \S+ vs \S+ \([+-]\d+\.\d%\); P99 at or below lata's in [0-2]/2 rounds`).MatchString(out) {
+			t.Errorf("no paired comparison of %s with lata in\n%s", p, out)
+		}
+	}
 	for _, p := range modeNames() {
 		row := table[p]
 		if row == nil {
