@@ -264,13 +264,11 @@ type larpTuning struct {
 
 var larpDefault = larpTuning{allStarts: true, searchUnits: 1500, minSearched: 1, candidates: 30, maxPasses: 200, exchangeMaxNodes: 40}
 
-// larp is the shipped placement. Starts: the greedy from every start node (at most maxStarts,
+// larpWith is the shipped placement (tuned by larpDefault) without a budget. Starts: the greedy from every start node (at most maxStarts,
 // see startNodes) and the Kubernetes spread, or the packing search's placement when none of
 // those fits. The best distinct starts by cost — as many as larpDefault's searchUnits allow:
 // all of them on small inputs, one on 1000 pods — are each improved by local search (see
 // localSearch); the cheapest result wins (ties: the better start).
-func (pp *placeProblem) larp() ([]int, error) { return pp.larpWith(larpDefault) }
-
 func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 	nodes, _, err := pp.larpWithin(tune, larpBudget{})
 	return nodes, err

@@ -7,7 +7,7 @@ import (
 	"sort"
 )
 
-// localSearch improves the placement by moving a pod to another node or swapping two pods of
+// localSearchWithin improves the placement by moving a pod to another node or swapping two pods of
 // different services, within the constraints, until no such step lowers the cost (or
 // tune.maxPasses passes); then, on clusters of at most tune.exchangeMaxNodes nodes, it
 // exchanges the contents of two nodes if that helps, and starts over.
@@ -26,9 +26,8 @@ import (
 //
 // A service whose neighbourhood has not changed since it was last visited is skipped ("don't
 // look" bits). Deterministic: no randomness, no map iteration.
-func (st *placeState) localSearch(tune larpTuning) { st.localSearchWithin(tune, &stepsLeft{}) }
-
-// localSearchWithin is localSearch, stopped when budget says so (see stepsLeft.spend): every
+//
+// It stops when budget says so (see stepsLeft.spend): every
 // step applied so far lowered the cost and kept the constraints, so the state is then a valid
 // placement no worse than the start. It returns the passes run; budget.cut says whether the
 // budget stopped it.
