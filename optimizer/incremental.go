@@ -31,8 +31,11 @@ type incremental struct {
 	latIdx [][2]int
 	mirror []bool
 	// owner maps every pod name of model to its service's name (for duplicate checks).
-	owner map[string]string
-	key   uint64 // membershipKey(top)
+	owner   map[string]string
+	key     uint64   // membershipKey(top), from the parts below
+	head    uint64   // headKey(top)
+	svcKeys []uint64 // serviceKey of each service of top
+	out     [][]int  // call edges by caller service (the calls never change on a recompile)
 }
 
 // remember records a recompute for the next one: after a full compile, the latency layout and
@@ -51,6 +54,7 @@ func (inc *incremental) remember(t *Topology, m *Model, alloc *Allocation, queue
 		}
 		return // the latency layout is the previous one
 	}
+	inc.out = nil // rebuilt on the next recompile
 	inc.owner = map[string]string{}
 	for _, s := range m.Services {
 		for _, p := range s.Pods {
@@ -206,13 +210,19 @@ func (inc *incremental) recompile(t *Topology, podsChanged []int, opts Options) 
 	for i := range m.Services {
 		m.Services[i].Load = 0
 	}
+	if inc.out == nil {
+		inc.out = make([][]int, len(m.Services))
+		for k, c := range m.Calls {
+			inc.out[c.From] = append(inc.out[c.From], k)
+		}
+	}
+	// As Compile: in topological order, each service's calls in the order given.
 	for _, s := range m.Order {
 		m.Services[s].Ingress = ingress[s]
 		m.Services[s].Load += ingress[s]
-		for _, c := range m.Calls {
-			if c.From == s {
-				m.Services[c.To].Load += m.Services[s].Load * c.Rate
-			}
+		for _, k := range inc.out[s] {
+			c := m.Calls[k]
+			m.Services[c.To].Load += m.Services[s].Load * c.Rate
 		}
 	}
 	for i := range m.Services {
@@ -278,21 +288,20 @@ func edgeChange(prev, m *Model, k int, nodes [][]int) int {
 }
 
 // splitsOf turns an edge's previous routes back into per-caller splits on m's pod indices
-// (the pods are unchanged).
+// (the pods are unchanged). Routes are ordered by caller, then callee, in pod order (see
+// CallAllocation), so one walk matches them.
 func splitsOf(m *Model, e CallEdge, prev *CallAllocation) [][]split {
 	callers, callees := m.Services[e.From].Pods, m.Services[e.To].Pods
-	ci := make(map[string]int, len(callers))
-	for i, p := range callers {
-		ci[p.Name] = i
-	}
-	bi := make(map[string]int, len(callees))
-	for i, p := range callees {
-		bi[p.Name] = i
-	}
 	out := make([][]split, len(callers))
-	for _, r := range prev.Routes {
-		c := ci[r.Caller]
-		out[c] = append(out[c], split{callee: bi[r.Callee], fraction: r.Fraction})
+	j := 0
+	for i := range callers {
+		c := 0
+		for ; j < len(prev.Routes) && prev.Routes[j].Caller == callers[i].Name; j++ {
+			for callees[c].Name != prev.Routes[j].Callee {
+				c++
+			}
+			out[i] = append(out[i], split{callee: c, fraction: prev.Routes[j].Fraction})
+		}
 	}
 	return out
 }

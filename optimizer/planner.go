@@ -1,8 +1,7 @@
 package optimizer
 
 import (
-	"encoding/binary"
-	"hash/fnv"
+	"hash/maphash"
 	"math"
 )
 
@@ -126,9 +125,21 @@ func (pl *Planner) Plan(t *Topology) (*PlanResult, error) {
 		return nil, err
 	}
 	pl.inc.remember(t, m, alloc, queue, !recompiled, podsChanged)
+	// The membership key, kept by part: a recompile changes at most some services' pods.
+	if !recompiled {
+		pl.inc.head = headKey(t)
+		pl.inc.svcKeys = make([]uint64, len(t.Services))
+		for i := range t.Services {
+			pl.inc.svcKeys[i] = serviceKey(&t.Services[i])
+		}
+	} else {
+		for _, i := range podsChanged {
+			pl.inc.svcKeys[i] = serviceKey(&t.Services[i])
+		}
+	}
 	key := pl.inc.key
 	if !recompiled || len(podsChanged) > 0 {
-		key = membershipKey(t) // a recompile with the same pods has the same membership
+		key = combineKey(pl.inc.head, pl.inc.svcKeys)
 	}
 	pl.inc.key = key
 	r := &PlanResult{Model: m, Allocation: alloc, membership: key, Moved: 1, Push: true,
@@ -237,53 +248,74 @@ func moved(a, b *Allocation) float64 {
 // membershipKey hashes what damping never holds back: the nodes, the services with their ports
 // and pods (everything but weight), and the call and ingress edges (without rates).
 func membershipKey(t *Topology) uint64 {
-	h := fnv.New64a()
-	str := func(s string) {
-		var n [8]byte
-		binary.LittleEndian.PutUint64(n[:], uint64(len(s)))
-		h.Write(n[:])
-		h.Write([]byte(s))
+	svcs := make([]uint64, len(t.Services))
+	for i := range t.Services {
+		svcs[i] = serviceKey(&t.Services[i])
 	}
-	num := func(v int64) {
-		var n [8]byte
-		binary.LittleEndian.PutUint64(n[:], uint64(v))
-		h.Write(n[:])
-	}
-	num(int64(len(t.Nodes)))
+	return combineKey(headKey(t), svcs)
+}
+
+// headKey hashes the nodes, the call edges and the ingress services.
+func headKey(t *Topology) uint64 {
+	var h maphash.Hash
+	h.SetSeed(membershipSeed)
+	maphash.WriteComparable(&h, len(t.Nodes))
 	for _, n := range t.Nodes {
-		str(n.Name)
-		num(n.CPU)
-		num(n.Memory)
+		writeString(&h, n.Name)
+		maphash.WriteComparable(&h, n.CPU)
+		maphash.WriteComparable(&h, n.Memory)
 	}
-	num(int64(len(t.Services)))
-	for _, s := range t.Services {
-		str(s.Key())
-		num(s.CPU)
-		num(s.Memory)
-		num(int64(s.Replicas))
-		num(int64(len(s.Ports)))
-		for _, p := range s.Ports {
-			str(p.Name)
-			num(int64(p.Port))
-			num(int64(p.TargetPort))
-		}
-		num(int64(len(s.Pods)))
-		for _, p := range s.Pods {
-			str(p.Name)
-			str(p.Node)
-			str(p.IP)
-			str(p.Address)
-			str(p.ServiceAccount)
-		}
-	}
-	num(int64(len(t.Calls)))
+	maphash.WriteComparable(&h, len(t.Calls))
 	for _, c := range t.Calls {
-		str(CanonicalKey(c.From))
-		str(CanonicalKey(c.To))
+		writeString(&h, CanonicalKey(c.From))
+		writeString(&h, CanonicalKey(c.To))
 	}
-	num(int64(len(t.Ingress)))
+	maphash.WriteComparable(&h, len(t.Ingress))
 	for _, in := range t.Ingress {
-		str(CanonicalKey(in.Service))
+		writeString(&h, CanonicalKey(in.Service))
 	}
 	return h.Sum64()
 }
+
+// serviceKey hashes a service with its ports and pods (everything but weights).
+func serviceKey(s *Service) uint64 {
+	var h maphash.Hash
+	h.SetSeed(membershipSeed)
+	writeString(&h, s.Key())
+	maphash.WriteComparable(&h, s.CPU)
+	maphash.WriteComparable(&h, s.Memory)
+	maphash.WriteComparable(&h, s.Replicas)
+	maphash.WriteComparable(&h, len(s.Ports))
+	for _, p := range s.Ports {
+		writeString(&h, p.Name)
+		maphash.WriteComparable(&h, p.Port)
+		maphash.WriteComparable(&h, p.TargetPort)
+	}
+	maphash.WriteComparable(&h, len(s.Pods))
+	for _, p := range s.Pods {
+		writeString(&h, p.Name)
+		writeString(&h, p.Node)
+		writeString(&h, p.IP)
+		writeString(&h, p.Address)
+		writeString(&h, p.ServiceAccount)
+	}
+	return h.Sum64()
+}
+
+func combineKey(head uint64, svcs []uint64) uint64 {
+	var h maphash.Hash
+	h.SetSeed(membershipSeed)
+	maphash.WriteComparable(&h, head)
+	for _, k := range svcs {
+		maphash.WriteComparable(&h, k)
+	}
+	return h.Sum64()
+}
+
+func writeString(h *maphash.Hash, s string) {
+	maphash.WriteComparable(h, len(s))
+	h.WriteString(s)
+}
+
+// membershipSeed makes membershipKey stable within the process (keys are never stored).
+var membershipSeed = maphash.MakeSeed()
