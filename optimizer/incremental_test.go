@@ -84,6 +84,9 @@ func TestPlannerIncrementalEqualsFull(t *testing.T) {
 				if werr != nil {
 					break
 				}
+				if pl.inc.key != membershipKey(top) {
+					t.Fatalf("seed %d %s step %d (%s): the membership key kept by part differs from one computed afresh", seed, p, step, what)
+				}
 				if !reflect.DeepEqual(got.Allocation, want) {
 					t.Fatalf("seed %d %s step %d (%s): incremental allocation differs from a full one (solved %d, recompiled %v)",
 						seed, p, step, what, got.Solved, got.Recompiled)

@@ -247,6 +247,8 @@ func moved(a, b *Allocation) float64 {
 
 // membershipKey hashes what damping never holds back: the nodes, the services with their ports
 // and pods (everything but weight), and the call and ingress edges (without rates).
+//
+// It is computed here afresh; the Planner keeps it by part (the tests compare the two).
 func membershipKey(t *Topology) uint64 {
 	svcs := make([]uint64, len(t.Services))
 	for i := range t.Services {
