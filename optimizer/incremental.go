@@ -36,6 +36,8 @@ type incremental struct {
 	head    uint64   // headKey(top)
 	svcKeys []uint64 // serviceKey of each service of top
 	out     [][]int  // call edges by caller service (the calls never change on a recompile)
+	// latencyChanged says the last recompile changed a latency (else the matrix is shared).
+	latencyChanged bool
 }
 
 // remember records a recompute for the next one: after a full compile, the latency layout and
@@ -156,13 +158,17 @@ func (inc *incremental) recompile(t *Topology, podsChanged []int, opts Options) 
 	prev := inc.model
 	m := *prev
 	m.Topology = t
-	m.Latency = LatencyMatrix{n: prev.Latency.n, ms: append([]float64(nil), prev.Latency.ms...)}
+	inc.latencyChanged = false
 	for i, l := range t.Latency {
 		if badNumber(l.MS) != "" || l.MS > MaxLatencyMS {
 			return nil, false
 		}
 		if l.MS == inc.top.Latency[i].MS {
 			continue
+		}
+		if !inc.latencyChanged { // copy on first write: the previous model stays intact
+			inc.latencyChanged = true
+			m.Latency = LatencyMatrix{n: prev.Latency.n, ms: append([]float64(nil), prev.Latency.ms...)}
 		}
 		u, v := inc.latIdx[i][0], inc.latIdx[i][1]
 		m.Latency.Set(u, v, l.MS)
@@ -306,7 +312,8 @@ func splitsOf(m *Model, e CallEdge, prev *CallAllocation) [][]split {
 	return out
 }
 
-// edgeChanged says whether call edge k's pods or latencies differ in m from prev.
+// edgeChanged says whether call edge k's pods or latencies differ in m from prev; nodes nil
+// means no latency changed.
 func edgeChanged(prev, m *Model, k int, nodes [][]int) bool {
 	e := m.Calls[k]
 	a, b := m.Services[e.From].Pods, m.Services[e.To].Pods
@@ -315,6 +322,9 @@ func edgeChanged(prev, m *Model, k int, nodes [][]int) bool {
 	}
 	// The latency between every caller node and every callee node (pods are unchanged, so the
 	// nodes are the same in both models).
+	if nodes == nil {
+		return false
+	}
 	for _, u := range nodes[e.From] {
 		for _, v := range nodes[e.To] {
 			if m.Latency.At(u, v) != prev.Latency.At(u, v) {
@@ -328,6 +338,9 @@ func edgeChanged(prev, m *Model, k int, nodes [][]int) bool {
 func samePods(a, b []PodRef) bool {
 	if len(a) != len(b) {
 		return false
+	}
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true // the same slice: a recompile keeps the pods of services it did not touch
 	}
 	for i := range a {
 		if a[i] != b[i] {

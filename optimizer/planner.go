@@ -100,7 +100,10 @@ func (pl *Planner) Plan(t *Topology) (*PlanResult, error) {
 	if prev := pl.inc.model; prev != nil && sameShape(prev, m) {
 		change := make([]int, len(m.Calls))
 		into := make([][]int, len(m.Services))
-		nodes := serviceNodes(m)
+		var nodes [][]int // nil: no latency changed, none to compare
+		if !recompiled || pl.inc.latencyChanged {
+			nodes = serviceNodes(m)
+		}
 		for k := range m.Calls {
 			change[k] = edgeChange(prev, m, k, nodes)
 			into[m.Calls[k].To] = append(into[m.Calls[k].To], k)
