@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"bytes"
 	"context"
 	"net/netip"
 	"strconv"
@@ -15,6 +16,8 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	gcpserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 )
@@ -54,14 +57,15 @@ type publication struct {
 	pending  atomic.Int64 // nodes still expected to answer (+1 while nodes are being visited)
 
 	internMu sync.Mutex
-	interned map[string]cache.Resources // by set index and version
+	interned map[string]cache.Resources        // by set index and version
+	wire     map[types.Resource]types.Resource // resource → its wire form (wireForm)
 
 	refs sync.Map // types.Resource (a Listener) → []string, the clusters it names
 }
 
 func newPublication(num uint64, t *optimizer.Topology, a *optimizer.Allocation, tr *Translation, changeAt time.Time) *publication {
 	p := &publication{num: num, topology: t, alloc: a, tr: tr, byIP: map[string]string{}, changeAt: changeAt,
-		interned: map[string]cache.Resources{}}
+		interned: map[string]cache.Resources{}, wire: map[types.Resource]types.Resource{}}
 	for i := range t.Services {
 		s := &t.Services[i]
 		for j := range s.Pods {
@@ -134,9 +138,51 @@ func (p *publication) intern(i int, s Set) cache.Resources {
 	if r, ok := p.interned[key]; ok {
 		return r
 	}
-	r := cache.NewResources(s.Version, s.Items)
+	items := make(map[string]types.ResourceWithTTL, len(s.Items))
+	for _, res := range s.Items {
+		w, ok := p.wire[res]
+		if !ok {
+			w = wireForm(res)
+			p.wire[res] = w
+		}
+		items[cache.GetResourceName(res)] = types.ResourceWithTTL{Resource: w}
+	}
+	r := cache.Resources{Version: s.Version, Items: items}
 	p.interned[key] = r
 	return r
+}
+
+// wireForm returns r ready to be sent many times: a message of r's type with r's name field
+// (field 1 of a Listener, RouteConfiguration, Cluster and ClusterLoadAssignment) and, as
+// unknown fields, the rest of r's deterministic encoding. The snapshot cache marshals every
+// resource of every response it sends; marshalling the wire form copies bytes instead of
+// encoding r again (which dominated the server's CPU at thousands of streams), and one wire
+// form serves every node that holds r. The bytes on the wire, and the resource versions delta
+// streams compare, are r's own: wireForm checks that they are, and returns r itself otherwise.
+func wireForm(r types.Resource) types.Resource {
+	det := proto.MarshalOptions{Deterministic: true}
+	full, err := det.Marshal(r)
+	if err != nil {
+		return r
+	}
+	src := r.ProtoReflect()
+	fd := src.Descriptor().Fields().ByNumber(1)
+	if fd == nil || fd.Kind() != protoreflect.StringKind || fd.Cardinality() == protoreflect.Repeated {
+		return r
+	}
+	w := src.New()
+	if src.Has(fd) {
+		w.Set(fd, src.Get(fd))
+	}
+	prefix, err := det.Marshal(w.Interface())
+	if err != nil || !bytes.HasPrefix(full, prefix) {
+		return r
+	}
+	w.SetUnknown(protoreflect.RawFields(full[len(prefix):]))
+	if again, err := det.Marshal(w.Interface()); err != nil || !bytes.Equal(again, full) {
+		return r
+	}
+	return w.Interface()
 }
 
 // nodeState is one xDS node id with open streams: where its publication wants it (target),
