@@ -3,7 +3,9 @@ package xds
 import (
 	"bytes"
 	"context"
+	"maps"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,7 +59,7 @@ type publication struct {
 	pending  atomic.Int64 // nodes still expected to answer (+1 while nodes are being visited)
 
 	internMu sync.Mutex
-	interned map[string]cache.Resources        // by set index and version
+	interned map[internKey]cache.Resources     // see intern
 	wire     map[types.Resource]types.Resource // resource → its wire form (wireForm)
 
 	refs sync.Map // types.Resource (a Listener) → []string, the clusters it names
@@ -65,7 +67,7 @@ type publication struct {
 
 func newPublication(num uint64, t *optimizer.Topology, a *optimizer.Allocation, tr *Translation, changeAt time.Time) *publication {
 	p := &publication{num: num, topology: t, alloc: a, tr: tr, byIP: map[string]string{}, changeAt: changeAt,
-		interned: map[string]cache.Resources{}, wire: map[types.Resource]types.Resource{}}
+		interned: map[internKey]cache.Resources{}, wire: map[types.Resource]types.Resource{}}
 	for i := range t.Services {
 		s := &t.Services[i]
 		for j := range s.Pods {
@@ -128,11 +130,19 @@ func sidecarNamespace(id string) string {
 	return ns
 }
 
+// internKey is a set's index (ListenerSet … EndpointSet) and version.
+type internKey struct {
+	set     int
+	version string
+}
+
+// intern returns the cache's form of set i, made once per publication and version, with its
+// resources in wire form: every node given that set shares it.
 func (p *publication) intern(i int, s Set) cache.Resources {
 	if s.Version == "" {
 		return cache.Resources{}
 	}
-	key := typeLabels[i] + s.Version
+	key := internKey{i, s.Version}
 	p.internMu.Lock()
 	defer p.internMu.Unlock()
 	if r, ok := p.interned[key]; ok {
@@ -348,15 +358,33 @@ type deltaSent struct {
 }
 
 // subscription mirrors go-control-plane's view of what a stream asked for (stream.Subscription),
-// including the legacy wildcard (a first request without names).
+// including the legacy wildcard (a first request without names). A SOTW stream's names are a
+// sorted list (usually a few, and the same list again in every ACK: a map per stream and type
+// cost more memory than the rest of the stream's state); a delta stream's, which its requests
+// change name by name, a set.
 type subscription struct {
 	started  bool
 	legacy   bool
 	wildcard bool
-	names    map[string]bool
+	list     []string        // SOTW: sorted, without duplicates and "*"
+	set      map[string]bool // delta
 }
 
-func (s *subscription) has(name string) bool { return s.wildcard || s.names[name] }
+func (s *subscription) has(name string) bool {
+	if s.wildcard || s.set[name] {
+		return true
+	}
+	_, found := slices.BinarySearch(s.list, name)
+	return found
+}
+
+// subscribedNames returns the names subscribed to besides the wildcard, sorted.
+func (s *subscription) subscribedNames() []string {
+	if s.set == nil {
+		return slices.Clone(s.list)
+	}
+	return slices.Sorted(maps.Keys(s.set))
+}
 
 // setSOTW applies a SOTW request's resource_names (the full list).
 func (s *subscription) setSOTW(names []string) {
@@ -369,10 +397,10 @@ func (s *subscription) setSOTW(names []string) {
 		}
 		s.legacy = false
 	}
-	if !s.wildcard && len(names) == len(s.names) {
-		same := true // an ACK repeats the names: no map per request
+	if !s.wildcard && len(names) == len(s.list) {
+		same := true // an ACK repeats the names: nothing to allocate
 		for _, r := range names {
-			if !s.names[r] {
+			if _, found := slices.BinarySearch(s.list, r); !found {
 				same = false
 				break
 			}
@@ -382,21 +410,23 @@ func (s *subscription) setSOTW(names []string) {
 		}
 	}
 	s.wildcard = false
-	s.names = make(map[string]bool, len(names))
+	list := make([]string, 0, len(names))
 	for _, r := range names {
 		if r == "*" {
 			s.wildcard = true
 		} else {
-			s.names[r] = true
+			list = append(list, r)
 		}
 	}
+	slices.Sort(list)
+	s.list = slices.Clip(slices.Compact(list))
 }
 
 // updateDelta applies a delta request's subscribe and unsubscribe lists.
 func (s *subscription) updateDelta(subscribe, unsubscribe []string) {
 	if !s.started {
 		s.started, s.legacy, s.wildcard = true, true, len(subscribe) == 0
-		s.names = map[string]bool{}
+		s.set = map[string]bool{}
 	}
 	if s.legacy {
 		if len(subscribe) == 0 {
@@ -408,14 +438,14 @@ func (s *subscription) updateDelta(subscribe, unsubscribe []string) {
 		if r == "*" {
 			s.wildcard = true
 		} else {
-			s.names[r] = true
+			s.set[r] = true
 		}
 	}
 	for _, r := range unsubscribe {
 		if r == "*" {
 			s.wildcard = false
 		} else {
-			delete(s.names, r)
+			delete(s.set, r)
 		}
 	}
 }
