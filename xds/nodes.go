@@ -205,10 +205,10 @@ type nodeState struct {
 
 	mu     sync.Mutex
 	closed bool
-	pub    *publication // the publication target was built from
-	pod    string       // the pod the id resolved to ("" = round-robin default)
-	target [numSets]Set // the publication's sets for the node: where its steps lead
-	sets   [numSets]Set // what the cache holds for the node
+	pub    *publication  // the publication target was built from
+	pod    string        // the pod the id resolved to ("" = round-robin default)
+	target *[numSets]Set // the publication's sets for the node (shared): where its steps lead
+	sets   [numSets]Set  // what the cache holds for the node
 	// relabeled marks a set kept after a NACK under the version its client named (no
 	// fallback existed): not interned, not remembered.
 	relabeled [numSets]bool
@@ -252,7 +252,13 @@ func (n *nodeState) rememberLocked(before [numSets]Set) {
 		if n.relabeled[i] {
 			continue
 		}
-		h := append(n.history[i], past{set: set, seq: n.writes[i]})
+		h := n.history[i]
+		if len(h) == cap(h) && len(h) > 0 && len(h) <= historyLen {
+			// A type written more than once is usually written again: room for historyLen
+			// and the newest at once, instead of growing by doubling past it.
+			h = append(make([]past, 0, historyLen+1), h...)
+		}
+		h = append(h, past{set: set, seq: n.writes[i]})
 		oldest := n.writes[i]
 		for _, st := range n.live {
 			if st.sub[i].started {
@@ -463,10 +469,10 @@ func (s *Server) refreshLocked(n *nodeState, pub *publication, fromPublication b
 	}
 	first := n.pub == nil
 	n.pub, n.pod = pub, pod
-	if !first && sameVersions(res.Sets, n.target) {
+	if !first && sameVersions(res.Sets, *n.target) {
 		return false
 	}
-	n.target = res.Sets
+	n.target = &res.Sets
 	if fromPublication {
 		if n.awaitPub != nil && n.awaitPub != pub {
 			s.settleLocked(n) // superseded: the old publication no longer waits for this node
@@ -518,7 +524,7 @@ func (s *Server) advanceLocked(n *nodeState) {
 // writeLocked sets next in the cache. Every stream subscribed to a changed type must answer
 // it, unless it already holds it; when counted, the changed types are counted as pushes.
 func (s *Server) writeLocked(n *nodeState, next [numSets]Set, counted bool) {
-	if !sameVersions(next, n.target) {
+	if !sameVersions(next, *n.target) {
 		s.m.steps.Inc()
 	}
 	before := n.sets
