@@ -204,7 +204,6 @@ type nodeState struct {
 	streams int
 
 	mu     sync.Mutex
-	closed bool
 	pub    *publication  // the publication target was built from
 	pod    string        // the pod the id resolved to ("" = round-robin default)
 	target *[numSets]Set // the publication's sets for the node (shared): where its steps lead
@@ -212,6 +211,7 @@ type nodeState struct {
 	// relabeled marks a set kept after a NACK under the version its client named (no
 	// fallback existed): not interned, not remembered.
 	relabeled [numSets]bool
+	closed    bool            // the node's last stream closed (next to relabeled: one word for both)
 	snap      *cache.Snapshot // the snapshot last set
 	writes    [numSets]uint64 // sets written so far, per type
 	history   [numSets][]past // sets written, oldest first (see rememberLocked)
