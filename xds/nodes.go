@@ -3,6 +3,7 @@ package xds
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
@@ -59,7 +60,7 @@ type publication struct {
 	pending  atomic.Int64 // nodes still expected to answer (+1 while nodes are being visited)
 
 	internMu sync.Mutex
-	interned map[internKey]cache.Resources     // see intern
+	interned map[internKey]*internedSet        // see intern
 	wire     map[types.Resource]types.Resource // resource → its wire form (wireForm)
 
 	refs sync.Map // types.Resource (a Listener) → []string, the clusters it names
@@ -67,7 +68,7 @@ type publication struct {
 
 func newPublication(num uint64, t *optimizer.Topology, a *optimizer.Allocation, tr *Translation, changeAt time.Time) *publication {
 	p := &publication{num: num, topology: t, alloc: a, tr: tr, byIP: map[string]string{}, changeAt: changeAt,
-		interned: map[internKey]cache.Resources{}, wire: map[types.Resource]types.Resource{}}
+		interned: map[internKey]*internedSet{}, wire: map[types.Resource]types.Resource{}}
 	for i := range t.Services {
 		s := &t.Services[i]
 		for j := range s.Pods {
@@ -146,7 +147,7 @@ func (p *publication) intern(i int, s Set) cache.Resources {
 	p.internMu.Lock()
 	defer p.internMu.Unlock()
 	if r, ok := p.interned[key]; ok {
-		return r
+		return r.res
 	}
 	items := make(map[string]types.ResourceWithTTL, len(s.Items))
 	for _, res := range s.Items {
@@ -158,8 +159,41 @@ func (p *publication) intern(i int, s Set) cache.Resources {
 		items[cache.GetResourceName(res)] = types.ResourceWithTTL{Resource: w}
 	}
 	r := cache.Resources{Version: s.Version, Items: items}
-	p.interned[key] = r
+	p.interned[key] = &internedSet{res: r}
 	return r
+}
+
+// internedSet is a set in the cache's form and, once a node with delta streams holds it, its
+// resources' versions.
+type internedSet struct {
+	res      cache.Resources
+	versions map[string]string
+}
+
+// versions returns go-control-plane's per-resource versions (what Snapshot.ConstructVersionMap
+// computes) of res; when res is what intern returned for set i, they are computed once per
+// publication and shared, read-only, by every node that holds it.
+func (p *publication) versions(i int, res cache.Resources, interned bool) (map[string]string, error) {
+	var in *internedSet
+	if interned && res.Version != "" {
+		p.internMu.Lock()
+		defer p.internMu.Unlock()
+		if in = p.interned[internKey{i, res.Version}]; in != nil && in.versions != nil {
+			return in.versions, nil
+		}
+	}
+	vm := make(map[string]string, len(res.Items))
+	for name, r := range res.Items {
+		b, err := cache.MarshalResource(r.Resource)
+		if err != nil {
+			return nil, fmt.Errorf("xds: resource %q: %w", name, err)
+		}
+		vm[name] = cache.HashResource(b)
+	}
+	if in != nil {
+		in.versions = vm
+	}
+	return vm, nil
 }
 
 // wireForm returns r ready to be sent many times: a message of r's type with r's name field
@@ -580,18 +614,31 @@ func (n *nodeState) waiting() bool {
 func (s *Server) setSnapshotLocked(n *nodeState, before [numSets]Set) {
 	n.rememberLocked(before)
 	snap := &cache.Snapshot{}
+	var interned [numSets]bool
 	for i, set := range n.sets {
 		if n.relabeled[i] || (set.Version == "" && len(set.Items) > 0) {
 			snap.Resources[typeSlots[i]] = cache.NewResources(set.Version, set.Items)
 		} else {
 			snap.Resources[typeSlots[i]] = n.pub.intern(i, set)
+			interned[i] = true
 		}
 	}
 	if n.deltas > 0 {
 		// Delta streams compare per-resource versions; computed before the cache has the
-		// snapshot, so the cache and the server only ever read them.
-		if err := snap.ConstructVersionMap(); err != nil {
-			s.log.Error("xds: resource versions", "node", n.id, "error", err)
+		// snapshot, so the cache and the server only ever read them, and shared by the nodes
+		// that hold the same interned set.
+		snap.VersionMap = make(map[string]map[string]string, numSets)
+		for i := range n.sets {
+			vm, err := n.pub.versions(i, snap.Resources[typeSlots[i]], interned[i])
+			if err != nil {
+				s.log.Error("xds: resource versions", "node", n.id, "error", err)
+				snap.VersionMap = nil
+				if err := snap.ConstructVersionMap(); err != nil {
+					s.log.Error("xds: resource versions", "node", n.id, "error", err)
+				}
+				break
+			}
+			snap.VersionMap[typeURLs[i]] = vm
 		}
 	}
 	n.snap = snap
