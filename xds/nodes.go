@@ -1,8 +1,12 @@
 package xds
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +19,8 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	gcpserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 )
@@ -54,14 +60,15 @@ type publication struct {
 	pending  atomic.Int64 // nodes still expected to answer (+1 while nodes are being visited)
 
 	internMu sync.Mutex
-	interned map[string]cache.Resources // by set index and version
+	interned map[internKey]*internedSet        // see intern
+	wire     map[types.Resource]types.Resource // resource → its wire form (wireForm)
 
 	refs sync.Map // types.Resource (a Listener) → []string, the clusters it names
 }
 
 func newPublication(num uint64, t *optimizer.Topology, a *optimizer.Allocation, tr *Translation, changeAt time.Time) *publication {
 	p := &publication{num: num, topology: t, alloc: a, tr: tr, byIP: map[string]string{}, changeAt: changeAt,
-		interned: map[string]cache.Resources{}}
+		interned: map[internKey]*internedSet{}, wire: map[types.Resource]types.Resource{}}
 	for i := range t.Services {
 		s := &t.Services[i]
 		for j := range s.Pods {
@@ -124,19 +131,102 @@ func sidecarNamespace(id string) string {
 	return ns
 }
 
+// internKey is a set's index (ListenerSet … EndpointSet) and version.
+type internKey struct {
+	set     int
+	version string
+}
+
+// intern returns the cache's form of set i, made once per publication and version, with its
+// resources in wire form: every node given that set shares it.
 func (p *publication) intern(i int, s Set) cache.Resources {
 	if s.Version == "" {
 		return cache.Resources{}
 	}
-	key := typeLabels[i] + s.Version
+	key := internKey{i, s.Version}
 	p.internMu.Lock()
 	defer p.internMu.Unlock()
 	if r, ok := p.interned[key]; ok {
+		return r.res
+	}
+	items := make(map[string]types.ResourceWithTTL, len(s.Items))
+	for _, res := range s.Items {
+		w, ok := p.wire[res]
+		if !ok {
+			w = wireForm(res)
+			p.wire[res] = w
+		}
+		items[cache.GetResourceName(res)] = types.ResourceWithTTL{Resource: w}
+	}
+	r := cache.Resources{Version: s.Version, Items: items}
+	p.interned[key] = &internedSet{res: r}
+	return r
+}
+
+// internedSet is a set in the cache's form and, once a node with delta streams holds it, its
+// resources' versions.
+type internedSet struct {
+	res      cache.Resources
+	versions map[string]string
+}
+
+// versions returns go-control-plane's per-resource versions (what Snapshot.ConstructVersionMap
+// computes) of res; when res is what intern returned for set i, they are computed once per
+// publication and shared, read-only, by every node that holds it.
+func (p *publication) versions(i int, res cache.Resources, interned bool) (map[string]string, error) {
+	var in *internedSet
+	if interned && res.Version != "" {
+		p.internMu.Lock()
+		defer p.internMu.Unlock()
+		if in = p.interned[internKey{i, res.Version}]; in != nil && in.versions != nil {
+			return in.versions, nil
+		}
+	}
+	vm := make(map[string]string, len(res.Items))
+	for name, r := range res.Items {
+		b, err := cache.MarshalResource(r.Resource)
+		if err != nil {
+			return nil, fmt.Errorf("xds: resource %q: %w", name, err)
+		}
+		vm[name] = cache.HashResource(b)
+	}
+	if in != nil {
+		in.versions = vm
+	}
+	return vm, nil
+}
+
+// wireForm returns r ready to be sent many times: a message of r's type with r's name field
+// (field 1 of a Listener, RouteConfiguration, Cluster and ClusterLoadAssignment) and, as
+// unknown fields, the rest of r's deterministic encoding. The snapshot cache marshals every
+// resource of every response it sends; marshalling the wire form copies bytes instead of
+// encoding r again (which dominated the server's CPU at thousands of streams), and one wire
+// form serves every node that holds r. The bytes on the wire, and the resource versions delta
+// streams compare, are r's own: wireForm checks that they are, and returns r itself otherwise.
+func wireForm(r types.Resource) types.Resource {
+	det := proto.MarshalOptions{Deterministic: true}
+	full, err := det.Marshal(r)
+	if err != nil {
 		return r
 	}
-	r := cache.NewResources(s.Version, s.Items)
-	p.interned[key] = r
-	return r
+	src := r.ProtoReflect()
+	fd := src.Descriptor().Fields().ByNumber(1)
+	if fd == nil || fd.Kind() != protoreflect.StringKind || fd.Cardinality() == protoreflect.Repeated {
+		return r
+	}
+	w := src.New()
+	if src.Has(fd) {
+		w.Set(fd, src.Get(fd))
+	}
+	prefix, err := det.Marshal(w.Interface())
+	if err != nil || !bytes.HasPrefix(full, prefix) {
+		return r
+	}
+	w.SetUnknown(protoreflect.RawFields(full[len(prefix):]))
+	if again, err := det.Marshal(w.Interface()); err != nil || !bytes.Equal(again, full) {
+		return r
+	}
+	return w.Interface()
 }
 
 // nodeState is one xDS node id with open streams: where its publication wants it (target),
@@ -148,14 +238,14 @@ type nodeState struct {
 	streams int
 
 	mu     sync.Mutex
-	closed bool
-	pub    *publication // the publication target was built from
-	pod    string       // the pod the id resolved to ("" = round-robin default)
-	target [numSets]Set // the publication's sets for the node: where its steps lead
-	sets   [numSets]Set // what the cache holds for the node
+	pub    *publication  // the publication target was built from
+	pod    string        // the pod the id resolved to ("" = round-robin default)
+	target *[numSets]Set // the publication's sets for the node (shared): where its steps lead
+	sets   [numSets]Set  // what the cache holds for the node
 	// relabeled marks a set kept after a NACK under the version its client named (no
 	// fallback existed): not interned, not remembered.
 	relabeled [numSets]bool
+	closed    bool            // the node's last stream closed (next to relabeled: one word for both)
 	snap      *cache.Snapshot // the snapshot last set
 	writes    [numSets]uint64 // sets written so far, per type
 	history   [numSets][]past // sets written, oldest first (see rememberLocked)
@@ -196,7 +286,13 @@ func (n *nodeState) rememberLocked(before [numSets]Set) {
 		if n.relabeled[i] {
 			continue
 		}
-		h := append(n.history[i], past{set: set, seq: n.writes[i]})
+		h := n.history[i]
+		if len(h) == cap(h) && len(h) > 0 && len(h) <= historyLen {
+			// A type written more than once is usually written again: room for historyLen
+			// and the newest at once, instead of growing by doubling past it.
+			h = append(make([]past, 0, historyLen+1), h...)
+		}
+		h = append(h, past{set: set, seq: n.writes[i]})
 		oldest := n.writes[i]
 		for _, st := range n.live {
 			if st.sub[i].started {
@@ -302,15 +398,33 @@ type deltaSent struct {
 }
 
 // subscription mirrors go-control-plane's view of what a stream asked for (stream.Subscription),
-// including the legacy wildcard (a first request without names).
+// including the legacy wildcard (a first request without names). A SOTW stream's names are a
+// sorted list (usually a few, and the same list again in every ACK: a map per stream and type
+// cost more memory than the rest of the stream's state); a delta stream's, which its requests
+// change name by name, a set.
 type subscription struct {
 	started  bool
 	legacy   bool
 	wildcard bool
-	names    map[string]bool
+	list     []string        // SOTW: sorted, without duplicates and "*"
+	set      map[string]bool // delta
 }
 
-func (s *subscription) has(name string) bool { return s.wildcard || s.names[name] }
+func (s *subscription) has(name string) bool {
+	if s.wildcard || s.set[name] {
+		return true
+	}
+	_, found := slices.BinarySearch(s.list, name)
+	return found
+}
+
+// subscribedNames returns the names subscribed to besides the wildcard, sorted.
+func (s *subscription) subscribedNames() []string {
+	if s.set == nil {
+		return slices.Clone(s.list)
+	}
+	return slices.Sorted(maps.Keys(s.set))
+}
 
 // setSOTW applies a SOTW request's resource_names (the full list).
 func (s *subscription) setSOTW(names []string) {
@@ -323,10 +437,10 @@ func (s *subscription) setSOTW(names []string) {
 		}
 		s.legacy = false
 	}
-	if !s.wildcard && len(names) == len(s.names) {
-		same := true // an ACK repeats the names: no map per request
+	if !s.wildcard && len(names) == len(s.list) {
+		same := true // an ACK repeats the names: nothing to allocate
 		for _, r := range names {
-			if !s.names[r] {
+			if _, found := slices.BinarySearch(s.list, r); !found {
 				same = false
 				break
 			}
@@ -336,21 +450,23 @@ func (s *subscription) setSOTW(names []string) {
 		}
 	}
 	s.wildcard = false
-	s.names = make(map[string]bool, len(names))
+	list := make([]string, 0, len(names))
 	for _, r := range names {
 		if r == "*" {
 			s.wildcard = true
 		} else {
-			s.names[r] = true
+			list = append(list, r)
 		}
 	}
+	slices.Sort(list)
+	s.list = slices.Clip(slices.Compact(list))
 }
 
 // updateDelta applies a delta request's subscribe and unsubscribe lists.
 func (s *subscription) updateDelta(subscribe, unsubscribe []string) {
 	if !s.started {
 		s.started, s.legacy, s.wildcard = true, true, len(subscribe) == 0
-		s.names = map[string]bool{}
+		s.set = map[string]bool{}
 	}
 	if s.legacy {
 		if len(subscribe) == 0 {
@@ -362,14 +478,14 @@ func (s *subscription) updateDelta(subscribe, unsubscribe []string) {
 		if r == "*" {
 			s.wildcard = true
 		} else {
-			s.names[r] = true
+			s.set[r] = true
 		}
 	}
 	for _, r := range unsubscribe {
 		if r == "*" {
 			s.wildcard = false
 		} else {
-			delete(s.names, r)
+			delete(s.set, r)
 		}
 	}
 }
@@ -387,10 +503,10 @@ func (s *Server) refreshLocked(n *nodeState, pub *publication, fromPublication b
 	}
 	first := n.pub == nil
 	n.pub, n.pod = pub, pod
-	if !first && sameVersions(res.Sets, n.target) {
+	if !first && sameVersions(res.Sets, *n.target) {
 		return false
 	}
-	n.target = res.Sets
+	n.target = &res.Sets
 	if fromPublication {
 		if n.awaitPub != nil && n.awaitPub != pub {
 			s.settleLocked(n) // superseded: the old publication no longer waits for this node
@@ -442,7 +558,7 @@ func (s *Server) advanceLocked(n *nodeState) {
 // writeLocked sets next in the cache. Every stream subscribed to a changed type must answer
 // it, unless it already holds it; when counted, the changed types are counted as pushes.
 func (s *Server) writeLocked(n *nodeState, next [numSets]Set, counted bool) {
-	if !sameVersions(next, n.target) {
+	if !sameVersions(next, *n.target) {
 		s.m.steps.Inc()
 	}
 	before := n.sets
@@ -498,18 +614,31 @@ func (n *nodeState) waiting() bool {
 func (s *Server) setSnapshotLocked(n *nodeState, before [numSets]Set) {
 	n.rememberLocked(before)
 	snap := &cache.Snapshot{}
+	var interned [numSets]bool
 	for i, set := range n.sets {
 		if n.relabeled[i] || (set.Version == "" && len(set.Items) > 0) {
 			snap.Resources[typeSlots[i]] = cache.NewResources(set.Version, set.Items)
 		} else {
 			snap.Resources[typeSlots[i]] = n.pub.intern(i, set)
+			interned[i] = true
 		}
 	}
 	if n.deltas > 0 {
 		// Delta streams compare per-resource versions; computed before the cache has the
-		// snapshot, so the cache and the server only ever read them.
-		if err := snap.ConstructVersionMap(); err != nil {
-			s.log.Error("xds: resource versions", "node", n.id, "error", err)
+		// snapshot, so the cache and the server only ever read them, and shared by the nodes
+		// that hold the same interned set.
+		snap.VersionMap = make(map[string]map[string]string, numSets)
+		for i := range n.sets {
+			vm, err := n.pub.versions(i, snap.Resources[typeSlots[i]], interned[i])
+			if err != nil {
+				s.log.Error("xds: resource versions", "node", n.id, "error", err)
+				snap.VersionMap = nil
+				if err := snap.ConstructVersionMap(); err != nil {
+					s.log.Error("xds: resource versions", "node", n.id, "error", err)
+				}
+				break
+			}
+			snap.VersionMap[typeURLs[i]] = vm
 		}
 	}
 	n.snap = snap

@@ -36,7 +36,7 @@ import (
 // every type the client rejected kept as it is). It equals n.sets when there is nothing to do
 // until a client answers. n.mu is held.
 func (s *Server) nextLocked(n *nodeState) [numSets]Set {
-	want := n.target
+	want := *n.target
 	for i := range want {
 		if want[i].Version != "" && want[i].Version == n.rejected[i] {
 			want[i] = n.sets[i]

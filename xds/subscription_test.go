@@ -31,16 +31,7 @@ func TestSubscriptionMirrorsGoControlPlane(t *testing.T) {
 		sort.Strings(out)
 		return fmt.Sprint(out)
 	}
-	ours := func(s *subscription) string {
-		var out []string
-		for k, ok := range s.names {
-			if ok {
-				out = append(out, k)
-			}
-		}
-		sort.Strings(out)
-		return fmt.Sprint(out)
-	}
+	ours := func(s *subscription) string { return fmt.Sprint(s.subscribedNames()) }
 	for run := range 500 {
 		delta := run%2 == 1
 		var mine subscription

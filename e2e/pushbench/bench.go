@@ -151,7 +151,7 @@ func runSize(ctx context.Context, cfg Config, n int, dir string, progress io.Wri
 			return res, err
 		}
 		t0 := time.Now()
-		s.fl = newFleet(s.name, n, cfg.Verify)
+		s.fl = newFleet(s.name, n, cfg.Verify, cfg.Delta)
 		done, _ := s.fl.expect(want[0])
 		if err := s.fl.connect(ctx, s.addr, ids, cfg.StreamsPerConn); err != nil {
 			return res, err

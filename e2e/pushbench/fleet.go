@@ -45,6 +45,7 @@ func typeIndex(url string) int { return slices.Index(typeURLs[:], url) }
 type fleet struct {
 	side      string
 	verify    bool // unmarshal every ClusterLoadAssignment and check it has calleePods endpoints
+	delta     bool // delta ADS streams (startDelta) instead of SOTW
 	conns     []*grpc.ClientConn
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -61,8 +62,8 @@ type fleet struct {
 	failed  chan struct{} // closed on the first stream failure (err)
 }
 
-func newFleet(side string, n int, verify bool) *fleet {
-	return &fleet{side: side, verify: verify, targets: make([]atomic.Pointer[string], n), arrivals: make([]atomic.Int64, n),
+func newFleet(side string, n int, verify, delta bool) *fleet {
+	return &fleet{side: side, verify: verify, delta: delta, targets: make([]atomic.Pointer[string], n), arrivals: make([]atomic.Int64, n),
 		current: make([]atomic.Pointer[string], n), failed: make(chan struct{}), cancel: func() {}}
 }
 
@@ -153,7 +154,11 @@ func (f *fleet) connect(ctx context.Context, addr string, ids []string, perConn 
 		go func() {
 			defer starters.Done()
 			for i := range work {
-				if err := f.start(sctx, f.conns[i/perConn], i, ids[i]); err != nil {
+				start := f.start
+				if f.delta {
+					start = f.startDelta
+				}
+				if err := start(sctx, f.conns[i/perConn], i, ids[i]); err != nil {
 					errs <- err
 					return
 				}

@@ -4,8 +4,9 @@
 //
 // Per size N it generates a topology file (N caller pods on 10 nodes, a callee service of 50
 // pods on 10 other nodes, caller → callee), starts both servers on it, connects N clients to
-// each (one SOTW ADS stream per caller pod, node id = pod name, following LDS → RDS → CDS → EDS
-// and ACKing everything; both fleets stay connected for the whole run), then runs interleaved
+// each (one SOTW ADS stream per caller pod — delta ADS with -delta —, node id = pod name,
+// following LDS → RDS → CDS → EDS and ACKing everything; both fleets stay connected for the
+// whole run), then runs interleaved
 // rounds — edgeflow, bare, edgeflow, … — in which a new topology (latencies rotated, so LATA
 // moves every caller's weights) is renamed over the side's file and the server gets SIGHUP.
 // A round is timed from the rename until every stream whose EDS version changed holds the new
@@ -59,6 +60,9 @@ type Config struct {
 	// Verify makes every client unmarshal and check every ClusterLoadAssignment it receives
 	// (more client CPU in the measured rounds).
 	Verify bool
+	// Delta makes the clients open delta ADS streams (DeltaAggregatedResources) instead of
+	// SOTW ones: a weight change then sends each stream only the assignments that changed.
+	Delta bool
 }
 
 func main() {
@@ -77,6 +81,7 @@ func main() {
 	flag.StringVar(&cfg.ProfileDir, "profile", "", "folder for CPU, mutex and block profiles of the servers during the measured rounds")
 	flag.StringVar(&cfg.WorkDir, "workdir", "", "folder for topology files and server logs (default: a temporary folder)")
 	flag.BoolVar(&cfg.Verify, "verify", false, "clients unmarshal and check every ClusterLoadAssignment")
+	flag.BoolVar(&cfg.Delta, "delta", false, "delta ADS streams (DeltaAggregatedResources) instead of SOTW")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintln(os.Stderr, "pushbench: unexpected arguments:", flag.Args())

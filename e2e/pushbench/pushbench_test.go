@@ -16,54 +16,62 @@ import (
 )
 
 // TestPushBench runs the whole harness small (N=50, 1 warm-up + 2 measured rounds per side)
-// against the real binaries: every client of both servers converges on every round's EDS
-// version, each changed stream gets exactly one EDS response, the table prints, and no
-// process or goroutine outlives the run.
+// against the real binaries, over SOTW and over delta streams: every client of both servers
+// converges on every round's EDS version, each changed stream gets exactly one EDS response,
+// the table prints, and no process or goroutine outlives the run.
 func TestPushBench(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts edgeflow serve and the bare server; skipped with -short")
 	}
 	defer goleak.VerifyNone(t)
 	edgeflow, bare := buildServers(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var out, progress bytes.Buffer
-	cfg := Config{Sizes: []int{50}, Warmup: 1, Rounds: 2, Edgeflow: edgeflow, Bare: bare,
-		DebounceQuiet: time.Millisecond, DebounceMax: 5 * time.Millisecond, PollInterval: time.Hour,
-		StreamsPerConn: 0, RoundTimeout: time.Minute, Verify: true}
-	results, err := run(ctx, cfg, &out, &progress)
-	t.Log("progress:\n" + progress.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log("report:\n" + out.String())
-	if kids := testbed.Children(); len(kids) > 0 {
-		t.Errorf("processes left running: %v", kids)
-	}
-	if len(results) != 1 || results[0].N != 50 {
-		t.Fatalf("results %+v, want one for N=50", results)
-	}
-	for name, s := range map[string]sideResult{"edgeflow": results[0].Edgeflow, "bare": results[0].Bare} {
-		if len(s.Rounds) != 2 || len(s.PerStream) != 100 {
-			t.Errorf("%s: %d rounds, %d stream arrivals; want 2 and 100", name, len(s.Rounds), len(s.PerStream))
+	for _, delta := range []bool{false, true} {
+		name := "sotw"
+		if delta {
+			name = "delta"
 		}
-		for i := range s.Awaited {
-			if s.Awaited[i] != 50 || s.Responses[i] != 1 {
-				t.Errorf("%s round %d: %d of 50 streams changed, %.2f responses per stream; want 50 and 1",
-					name, i+1, s.Awaited[i], s.Responses[i])
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			var out, progress bytes.Buffer
+			cfg := Config{Sizes: []int{50}, Warmup: 1, Rounds: 2, Edgeflow: edgeflow, Bare: bare,
+				DebounceQuiet: time.Millisecond, DebounceMax: 5 * time.Millisecond, PollInterval: time.Hour,
+				StreamsPerConn: 0, RoundTimeout: time.Minute, Verify: true, Delta: delta}
+			results, err := run(ctx, cfg, &out, &progress)
+			t.Log("progress:\n" + progress.String())
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		if s.RSSAfter <= 0 || s.RSSBefore <= 0 {
-			t.Errorf("%s: RSS %d → %d", name, s.RSSBefore, s.RSSAfter)
-		}
-	}
-	for _, want := range []string{
-		"| streams | edgeflow median | bare median | ratio | edgeflow p50/p99 per stream | bare p50/p99 | RSS/stream edgeflow | bare |",
-		"\n| 50 | ",
-	} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("report lacks %q", want)
-		}
+			t.Log("report:\n" + out.String())
+			if kids := testbed.Children(); len(kids) > 0 {
+				t.Errorf("processes left running: %v", kids)
+			}
+			if len(results) != 1 || results[0].N != 50 {
+				t.Fatalf("results %+v, want one for N=50", results)
+			}
+			for name, s := range map[string]sideResult{"edgeflow": results[0].Edgeflow, "bare": results[0].Bare} {
+				if len(s.Rounds) != 2 || len(s.PerStream) != 100 {
+					t.Errorf("%s: %d rounds, %d stream arrivals; want 2 and 100", name, len(s.Rounds), len(s.PerStream))
+				}
+				for i := range s.Awaited {
+					if s.Awaited[i] != 50 || s.Responses[i] != 1 {
+						t.Errorf("%s round %d: %d of 50 streams changed, %.2f responses per stream; want 50 and 1",
+							name, i+1, s.Awaited[i], s.Responses[i])
+					}
+				}
+				if s.RSSAfter <= 0 || s.RSSBefore <= 0 {
+					t.Errorf("%s: RSS %d → %d", name, s.RSSBefore, s.RSSAfter)
+				}
+			}
+			for _, want := range []string{
+				"| streams | edgeflow median | bare median | ratio | edgeflow p50/p99 per stream | bare p50/p99 | RSS/stream edgeflow | bare |",
+				"\n| 50 | ",
+			} {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("report lacks %q", want)
+				}
+			}
+		})
 	}
 }
 
