@@ -66,16 +66,26 @@ func CreateNode(ctx context.Context, cs kubernetes.Interface, spec NodeSpec) (*c
 	now := metav1.Now()
 	res := corev1.ResourceList{corev1.ResourceCPU: cpu, corev1.ResourceMemory: mem,
 		corev1.ResourcePods: *resource.NewQuantity(spec.Pods, resource.DecimalSI)}
-	n.Status.Capacity, n.Status.Allocatable = res, res.DeepCopy()
-	n.Status.Phase = corev1.NodeRunning
-	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
-		Reason: "KubeletReady", Message: "kubelet is posting ready status (edgeflow test)",
-		LastHeartbeatTime: now, LastTransitionTime: now}}
-	if spec.Address != "" {
-		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: spec.Address},
-			{Type: corev1.NodeHostName, Address: spec.Name}}
-	}
-	if n, err = cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+	// kube-controller-manager may touch the new node between Create and this update (taints,
+	// node lifecycle): read it again and retry on conflict.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := cs.CoreV1().Nodes().Get(ctx, spec.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Status.Capacity, cur.Status.Allocatable = res, res.DeepCopy()
+		cur.Status.Phase = corev1.NodeRunning
+		cur.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+			Reason: "KubeletReady", Message: "kubelet is posting ready status (edgeflow test)",
+			LastHeartbeatTime: now, LastTransitionTime: now}}
+		if spec.Address != "" {
+			cur.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: spec.Address},
+				{Type: corev1.NodeHostName, Address: spec.Name}}
+		}
+		n, err = cs.CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	// Remove the not-ready taint as the node-lifecycle controller would once it sees Ready

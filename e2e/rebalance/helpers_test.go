@@ -222,12 +222,17 @@ func (w *world) deployment(app string, replicas int32, cpu string) {
 }
 
 func (w *world) scale(app string, replicas int32) {
-	s, err := w.cs.AppsV1().Deployments(ns).GetScale(w.ctx, app, metav1.GetOptions{})
+	// The Deployment controller writes its status meanwhile: retry on conflict.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := w.cs.AppsV1().Deployments(ns).GetScale(w.ctx, app, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		s.Spec.Replicas = replicas
+		_, err = w.cs.AppsV1().Deployments(ns).UpdateScale(w.ctx, app, s, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		w.t.Fatal(err)
-	}
-	s.Spec.Replicas = replicas
-	if _, err := w.cs.AppsV1().Deployments(ns).UpdateScale(w.ctx, app, s, metav1.UpdateOptions{}); err != nil {
 		w.t.Fatal(err)
 	}
 }
