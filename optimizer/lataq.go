@@ -414,13 +414,11 @@ func planQueued(m *Model, r *reuse) (*Allocation, *queueState, int, error) {
 		}
 		if lata {
 			for _, k := range into[b] {
-				e := m.Calls[k]
-				splits, err := allocators[w].allocate(LATA, m, e)
-				if err != nil {
-					errs[t] = fmt.Errorf("optimizer: call %s → %s: %w", m.Services[e.From].Name, m.Services[e.To].Name, err)
+				var err error
+				if alloc.Calls[k], err = allocators[w].call(LATA, m, m.Calls[k]); err != nil {
+					errs[t] = err
 					return
 				}
-				alloc.Calls[k] = buildCall(m, e, splits)
 			}
 		}
 	})

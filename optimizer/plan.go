@@ -86,13 +86,7 @@ func planFrom(m *Model, p Policy, r *reuse) (*Allocation, *queueState, int, erro
 			allocators[w] = newEdgeAllocator()
 		}
 		k := todo[i]
-		e := m.Calls[k]
-		splits, err := allocators[w].allocate(p, m, e)
-		if err != nil {
-			errs[i] = fmt.Errorf("optimizer: call %s → %s: %w", m.Services[e.From].Name, m.Services[e.To].Name, err)
-			return
-		}
-		alloc.Calls[k] = buildCall(m, e, splits)
+		alloc.Calls[k], errs[i] = allocators[w].call(p, m, m.Calls[k])
 	})
 	for _, err := range errs {
 		if err != nil {
@@ -147,6 +141,15 @@ type edgeAllocator struct {
 }
 
 func newEdgeAllocator() *edgeAllocator { return &edgeAllocator{solver: mcf.NewSolver()} }
+
+// call allocates edge e under policy p; the error names the edge.
+func (a *edgeAllocator) call(p Policy, m *Model, e CallEdge) (CallAllocation, error) {
+	splits, err := a.allocate(p, m, e)
+	if err != nil {
+		return CallAllocation{}, fmt.Errorf("optimizer: call %s → %s: %w", m.Services[e.From].Name, m.Services[e.To].Name, err)
+	}
+	return buildCall(m, e, splits), nil
+}
 
 func (a *edgeAllocator) allocate(p Policy, m *Model, e CallEdge) ([][]split, error) {
 	callers, callees := m.Services[e.From].Pods, m.Services[e.To].Pods
