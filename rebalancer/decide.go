@@ -84,12 +84,16 @@ func (d *decider) one(pm optimizer.Move, gain float64, chosen *int, perNode, per
 		return m
 	}
 	p := d.world.pods[podKey{m.Namespace, m.Pod}]
+	var owner *metav1.OwnerReference
+	if p != nil {
+		owner = metav1.GetControllerOf(p)
+	}
 	switch {
 	case p == nil || p.DeletionTimestamp != nil || p.Spec.NodeName != m.From:
 		m.Reason = ReasonGone
-	case controllerOf(p) == nil:
+	case owner == nil:
 		m.Reason = ReasonBarePod
-	case controllerOf(p).Kind == "DaemonSet":
+	case owner.Kind == "DaemonSet":
 		m.Reason = ReasonDaemonSet
 	case d.cfg.MinAge > 0 && d.now.Sub(p.CreationTimestamp.Time) < d.cfg.MinAge:
 		m.Reason = ReasonTooYoung
@@ -159,9 +163,4 @@ func (d *decider) fits(p *corev1.Pod, node string) bool {
 		}
 	}
 	return probe.fits(cpu, mem)
-}
-
-// controllerOf returns the pod's controlling owner (nil for a bare pod).
-func controllerOf(p *corev1.Pod) *metav1.OwnerReference {
-	return metav1.GetControllerOf(p)
 }

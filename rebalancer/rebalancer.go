@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/watcher/kube"
 )
 
 // GateName is the scheduling gate the webhook puts on new pods of managed workloads; the
@@ -273,7 +274,7 @@ func (c *Controller) setupInformers() {
 		AddFunc:    func(obj any) { c.podEvent(obj) },
 		UpdateFunc: func(_, obj any) { c.podEvent(obj) },
 	})
-	namespaces := uniqueNamespaces(c.cfg.Namespaces)
+	namespaces := kube.UniqueNamespaces(c.cfg.Namespaces)
 	if len(namespaces) == 0 {
 		namespaces = []string{""}
 	}
@@ -287,19 +288,6 @@ func (c *Controller) setupInformers() {
 		c.services = append(c.services, svcs.Lister())
 		c.hasSynced = append(c.hasSynced, svcs.Informer().HasSynced)
 	}
-}
-
-func uniqueNamespaces(nss []string) []string {
-	var out []string
-	for _, ns := range nss {
-		if ns == "" {
-			return nil
-		}
-		if !slices.Contains(out, ns) {
-			out = append(out, ns)
-		}
-	}
-	return out
 }
 
 func (c *Controller) podEvent(obj any) {

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"slices"
 	"sync"
 	"time"
 
@@ -18,7 +17,6 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 )
 
 // WebhookPath is where Webhook is served.
@@ -92,21 +90,8 @@ func (c *Controller) gates(p *corev1.Pod) bool {
 	if owner == nil || owner.Kind == "DaemonSet" {
 		return false
 	}
-	if ns := uniqueNamespaces(c.cfg.Namespaces); len(ns) > 0 && !slices.Contains(ns, p.Namespace) {
-		return false
-	}
-	for _, l := range c.services {
-		svcs, err := l.Services(p.Namespace).List(c.selector)
-		if err != nil {
-			continue
-		}
-		for _, s := range svcs {
-			if len(s.Spec.Selector) > 0 && labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(p.Labels)) {
-				return true
-			}
-		}
-	}
-	return false
+	// The Service listers hold only the managed namespaces.
+	return c.serviceOf(p) != ""
 }
 
 // MutatingWebhookConfiguration returns the webhook's registration for the given client

@@ -112,7 +112,7 @@ func NewSource(cfg Config) (*Source, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	cfg.Namespaces = uniqueNamespaces(cfg.Namespaces)
+	cfg.Namespaces = UniqueNamespaces(cfg.Namespaces)
 	s := &Source{cfg: cfg, log: cfg.Logger, selector: sel, dirty: make(chan struct{}, 1),
 		events: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_kube_events_total",
 			Help: "Informer events received (nodes, pods, services, endpointslices)."}),
@@ -303,9 +303,9 @@ func (s *Source) build(ls *listers) (*State, error) {
 	return st, nil
 }
 
-// uniqueNamespaces returns namespaces without repeats (each would get its own informers and
+// UniqueNamespaces returns namespaces without repeats (each would get its own informers and
 // list every Service twice), or nil (all) when one of them is "".
-func uniqueNamespaces(namespaces []string) []string {
+func UniqueNamespaces(namespaces []string) []string {
 	var out []string
 	for _, ns := range namespaces {
 		if ns == "" {
