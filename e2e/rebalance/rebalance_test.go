@@ -5,13 +5,10 @@ package rebalance
 
 import (
 	"fmt"
-	"os"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -21,24 +18,7 @@ import (
 )
 
 // Every goroutine a test starts ends with it, and every process is stopped and reaped.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if kids := testbed.Children(); len(kids) > 0 {
-			fmt.Fprintf(os.Stderr, "rebalance: processes left running: %s\n", strings.Join(kids, ", "))
-			code = 1
-		}
-	}
-	if code == 0 {
-		goleak.VerifyTestMain(exited(code))
-		return
-	}
-	os.Exit(code)
-}
-
-type exited int
-
-func (e exited) Run() int { return int(e) }
+func TestMain(m *testing.M) { testbed.VerifyMain(m, "rebalance") }
 
 // badLayout creates frontend (3 pods) and backend (3 pods), frontend calling backend, with
 // every frontend pod on n1 and the backend pods on n2 and n3: all 300 req/s cross nodes. The

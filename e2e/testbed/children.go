@@ -1,10 +1,14 @@
 package testbed
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // Children lists this process's child processes still running (pid and command), so a test's
@@ -30,3 +34,26 @@ func Children() []string {
 	}
 	return out
 }
+
+// VerifyMain is a TestMain for packages that start processes and goroutines: it runs the
+// tests, then fails the run if a child process is still running or (goleak) a goroutine is
+// left, and exits with the result.
+func VerifyMain(m *testing.M, pkg string) {
+	code := m.Run()
+	if code == 0 {
+		if kids := Children(); len(kids) > 0 {
+			fmt.Fprintf(os.Stderr, "%s: processes left running: %s\n", pkg, strings.Join(kids, ", "))
+			code = 1
+		}
+	}
+	if code == 0 {
+		goleak.VerifyTestMain(exited(code))
+		return
+	}
+	os.Exit(code)
+}
+
+// exited is a goleak.TestingM whose tests already ran.
+type exited int
+
+func (e exited) Run() int { return int(e) }
