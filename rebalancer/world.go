@@ -56,11 +56,15 @@ func (c *Controller) world() (*world, error) {
 		a := n.Status.Allocatable
 		w.nodes[n.Name] = &nodeUse{cpu: a.Cpu().MilliValue(), mem: a.Memory().Value() >> 20, slots: a.Pods().Value()}
 	}
+	byNS := map[string][]*corev1.Pod{} // live pods (not terminating, not finished) by namespace
 	for _, p := range pods {
 		w.pods[podKey{p.Namespace, p.Name}] = p
 		if n := w.nodes[p.Spec.NodeName]; n != nil && !terminal(p) {
 			cpu, mem := podRequests(p)
 			n.reserve(cpu, mem)
+		}
+		if p.DeletionTimestamp == nil && !terminal(p) {
+			byNS[p.Namespace] = append(byNS[p.Namespace], p)
 		}
 	}
 	for _, l := range c.services {
@@ -75,8 +79,8 @@ func (c *Controller) world() (*world, error) {
 			sel := labels.SelectorFromSet(s.Spec.Selector)
 			key := optimizer.QualifiedName(s.Name, s.Namespace)
 			w.selected[key] = nil
-			for _, p := range pods {
-				if p.Namespace == s.Namespace && p.DeletionTimestamp == nil && !terminal(p) && sel.Matches(labels.Set(p.Labels)) {
+			for _, p := range byNS[s.Namespace] {
+				if sel.Matches(labels.Set(p.Labels)) {
 					w.selected[key] = append(w.selected[key], p)
 				}
 			}
