@@ -102,14 +102,24 @@ type split struct {
 	fraction float64
 }
 
-// buildCall turns per-caller splits into a CallAllocation with rps and cost.
+// buildCall turns per-caller splits into a CallAllocation with rps and cost, each caller pod
+// sending its share of the caller service's load by weight.
 func buildCall(m *Model, e CallEdge, splits [][]split) CallAllocation {
+	return buildCallFrom(m, e, splits, nil)
+}
+
+// buildCallFrom is buildCall with each caller pod p receiving load[p] requests/s (lata-q,
+// where upstream loads follow the plan, not the weights); load nil means by weight.
+func buildCallFrom(m *Model, e CallEdge, splits [][]split, load []float64) CallAllocation {
 	a, b := &m.Services[e.From], &m.Services[e.To]
 	ca := CallAllocation{From: a.Name, To: b.Name}
 	wa := a.TotalWeight()
 	for p, row := range splits {
 		caller := a.Pods[p]
 		supply := a.Load * e.Rate * caller.Weight / wa
+		if load != nil {
+			supply = load[p] * e.Rate
+		}
 		sort.Slice(row, func(i, j int) bool { return row[i].callee < row[j].callee })
 		for _, s := range row {
 			if !(s.fraction > 0) {

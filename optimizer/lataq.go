@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 
 	"github.com/edgeflow/edgeflow/optimizer/mcf"
@@ -18,10 +19,18 @@ import (
 //
 // The load on a pod comes from every call edge into its service, so lata-q solves one problem
 // per callee service b with a service rate: the supplies are the caller pods of every edge
-// into b (σ = Λ_a · r_ab · w_p / Σw, as lata), and b's ingress λ⁰_b is a fixed background load
-// bg_q = λ⁰_b · w_q / Σw on each pod (external traffic is balanced by weight, not by edgeflow).
-// Services without a service rate keep lata's fixed shares, edge by edge: without any
-// capacity_rps lata-q is exactly lata.
+// into b, and b's ingress λ⁰_b is a fixed background load bg_q = λ⁰_b · w_q / Σw on each pod
+// (external traffic is balanced by weight, not by edgeflow). Services without a service rate
+// keep lata's fixed shares, edge by edge: without any capacity_rps lata-q is exactly lata.
+//
+// A caller pod sends what it receives times the edge's rate. Under lata every pod receives its
+// share by weight, σ = Λ_a · r_ab · w_p / Σw; under lata-q a service it solved receives what
+// the plan sends it, which is not its share by weight (that is the point). So lata-q solves the
+// callee services in topological order of the call graph, level by level (the services of one
+// level in parallel), and each problem's supplies are its callers' planned loads: the loads the
+// proxies will really see, so the cap holds for them and the costs are what the plan causes.
+// The lata edges into services without a service rate (or saturated) use the same supplies;
+// their callees still receive exactly their shares by weight.
 //
 // The convex queueing term is linearised: each pod's curve g(ℓ) = 1000·ℓ/(μ−ℓ) is
 // interpolated between bg_q and cap·μ_q at the loads k·μ_q/QueueResolution (every 1 % of μ)
@@ -86,6 +95,7 @@ func queueCost(load, mu float64) float64 { return 1000 * load / (mu - load) }
 type queuedService struct {
 	calls     map[int]CallAllocation // by index in Model.Calls
 	queueCost float64
+	load      []float64 // each pod's planned load: background plus what the callers send it
 }
 
 // hasCapacity reports whether lata-q treats s as a set of queues.
@@ -99,10 +109,11 @@ func hasCapacity(s *ServiceModel) bool {
 }
 
 // queueState is what lata-q leaves per callee service for an incremental recompute: its
-// queueing cost and, if saturated, why.
+// queueing cost, if saturated, why, and its pods' planned loads (nil: by weight).
 type queueState struct {
 	queue     []float64
 	saturated []string
+	load      [][]float64
 }
 
 // overCap says a service's load cannot be kept under its pods' utilisation cap: lata-q serves
@@ -118,8 +129,9 @@ type callerPiece struct {
 	rps             float64
 }
 
-// queued solves lata-q for callee service b, fed by the call edges edgeIdx.
-func (a *edgeAllocator) queued(m *Model, b int, edgeIdx []int) (queuedService, error) {
+// queued solves lata-q for callee service b, fed by the call edges edgeIdx; load[s] are the
+// planned loads of service s's pods (nil: by weight).
+func (a *edgeAllocator) queued(m *Model, b int, edgeIdx []int, load [][]float64) (queuedService, error) {
 	svc := &m.Services[b]
 	pods := svc.Pods
 	cap := m.UtilizationCap
@@ -154,6 +166,9 @@ func (a *edgeAllocator) queued(m *Model, b int, edgeIdx []int) (queuedService, e
 		wa := caller.TotalWeight()
 		for p, pod := range caller.Pods {
 			rps := caller.Load * e.Rate * pod.Weight / wa
+			if load[e.From] != nil {
+				rps = load[e.From][p] * e.Rate
+			}
 			pieces = append(pieces, callerPiece{edge: k, pod: p, node: pod.Node, rps: rps})
 			supplyRPS += rps
 		}
@@ -179,7 +194,7 @@ func (a *edgeAllocator) queued(m *Model, b int, edgeIdx []int) (queuedService, e
 	}
 
 	// Per-edge splits, CallAllocations and the pods' loads.
-	load := append([]float64(nil), bg...)
+	planned := append([]float64(nil), bg...)
 	byEdge := make([][][]split, len(edgeIdx))
 	for k, ek := range edgeIdx {
 		byEdge[k] = make([][]split, len(m.Services[m.Calls[ek].From].Pods))
@@ -187,16 +202,17 @@ func (a *edgeAllocator) queued(m *Model, b int, edgeIdx []int) (queuedService, e
 	for i, pc := range pieces {
 		byEdge[pc.edge][pc.pod] = pieceSplits[i]
 		for _, s := range pieceSplits[i] {
-			load[s.callee] += s.fraction * pc.rps
+			planned[s.callee] += s.fraction * pc.rps
 		}
 	}
-	out := queuedService{calls: map[int]CallAllocation{}}
+	out := queuedService{calls: map[int]CallAllocation{}, load: planned}
 	for k, ek := range edgeIdx {
-		out.calls[ek] = buildCall(m, m.Calls[ek], byEdge[k])
+		e := m.Calls[ek]
+		out.calls[ek] = buildCallFrom(m, e, byEdge[k], load[e.From])
 	}
 	for i, q := range pods {
 		if q.Weight > 0 {
-			out.queueCost += queueCost(load[i], q.CapacityRPS)
+			out.queueCost += queueCost(planned[i], q.CapacityRPS)
 		}
 	}
 	return out, nil
@@ -363,80 +379,160 @@ func (a *edgeAllocator) solveQueuedUnits(lat LatencyMatrix, pods []PodRef, piece
 }
 
 // planQueued is Plan for lata-q: one problem per callee service with a service rate, lata per
-// edge into the others. It keeps what r allows (see reuse) and returns the queueing cost per
-// callee service and the number of callee services it solved.
+// edge into the others, level by level of the call graph (see above). It keeps what r allows
+// (see reuse: a callee service whose inputs, its callers' planned loads among them, are
+// unchanged) and returns the per-service state and the number of callee services it solved.
 func planQueued(m *Model, r *reuse) (*Allocation, *queueState, int, error) {
 	alloc := &Allocation{Policy: LATAQ, Calls: make([]CallAllocation, len(m.Calls))}
 	into := make([][]int, len(m.Services))
 	for k, e := range m.Calls {
 		into[e.To] = append(into[e.To], k)
 	}
-	queue := make([]float64, len(m.Services))
-	saturated := make([]string, len(m.Services))
-	var targets []int
-	for b := range m.Services {
-		if len(into[b]) == 0 && !hasCapacity(&m.Services[b]) {
-			continue
-		}
-		if r != nil && r.keepService(b) {
-			for _, k := range into[b] {
-				alloc.Calls[k] = r.alloc.Calls[k]
-			}
-			queue[b], saturated[b] = r.queue[b], r.saturated[b]
-			continue
-		}
-		targets = append(targets, b)
-	}
-	errs := make([]error, len(targets))
+	st := &queueState{queue: make([]float64, len(m.Services)), saturated: make([]string, len(m.Services)),
+		load: make([][]float64, len(m.Services))}
 	workers := workerCount()
 	allocators := make([]*edgeAllocator, workers)
-	parallelWorkers(workers, len(targets), func(w, t int) {
-		if allocators[w] == nil {
-			allocators[w] = newEdgeAllocator()
-		}
-		b := targets[t]
-		lata := !hasCapacity(&m.Services[b])
-		if !lata {
-			res, err := allocators[w].queued(m, b, into[b])
-			var over overCap
-			switch {
-			case errors.As(err, &over):
-				saturated[b], lata = over.why, true
-			case err != nil:
-				errs[t] = err // names the service
-				return
-			default:
-				for k, c := range res.calls {
-					alloc.Calls[k] = c
-				}
-				queue[b] = res.queueCost
+	var solved int
+	for _, level := range callLevels(m, into) {
+		var targets []int
+		for _, b := range level {
+			if len(into[b]) == 0 && !hasCapacity(&m.Services[b]) {
+				continue // no edge to allocate; its pods receive their shares by weight
 			}
-		}
-		if lata {
-			for _, k := range into[b] {
-				var err error
-				if alloc.Calls[k], err = allocators[w].call(LATA, m, m.Calls[k]); err != nil {
-					errs[t] = err
-					return
+			if r != nil && r.keepService(b) && sameCallerLoads(m, into[b], r.load, st.load) {
+				for _, k := range into[b] {
+					alloc.Calls[k] = r.alloc.Calls[k]
 				}
+				st.queue[b], st.saturated[b], st.load[b] = r.queue[b], r.saturated[b], r.load[b]
+				continue
 			}
+			targets = append(targets, b)
 		}
-	})
-	for _, err := range errs {
-		if err != nil {
-			return nil, nil, 0, err
+		solved += len(targets)
+		errs := make([]error, len(targets))
+		parallelWorkers(workers, len(targets), func(w, t int) {
+			if allocators[w] == nil {
+				allocators[w] = newEdgeAllocator()
+			}
+			errs[t] = allocators[w].queuedService(m, targets[t], into[targets[t]], alloc, st)
+		})
+		for _, err := range errs {
+			if err != nil {
+				return nil, nil, 0, err
+			}
 		}
 	}
 	for _, c := range alloc.Calls {
 		alloc.Cost += c.Cost
 	}
-	for _, q := range queue {
+	for _, q := range st.queue {
 		alloc.QueueCost += q
 	}
-	for _, why := range saturated {
+	for _, why := range st.saturated {
 		if why != "" {
 			alloc.Saturated = append(alloc.Saturated, why)
 		}
 	}
-	return alloc, &queueState{queue: queue, saturated: saturated}, len(targets), nil
+	return alloc, st, solved, nil
+}
+
+// queuedService allocates every edge into callee service b (edges) and records b's state in
+// st: queued if b has a service rate and its load fits under the cap, else lata. The error
+// names the service or edge.
+func (a *edgeAllocator) queuedService(m *Model, b int, edges []int, alloc *Allocation, st *queueState) error {
+	if hasCapacity(&m.Services[b]) {
+		res, err := a.queued(m, b, edges, st.load)
+		var over overCap
+		switch {
+		case errors.As(err, &over):
+			st.saturated[b] = over.why
+		case err != nil:
+			return err
+		default:
+			for k, c := range res.calls {
+				alloc.Calls[k] = c
+			}
+			st.queue[b], st.load[b] = res.queueCost, res.load
+			if len(edges) == 0 {
+				st.load[b] = nil // only its ingress: by weight
+			}
+			return nil
+		}
+	}
+	// lata: b's pods receive their shares by weight, whatever the callers' loads; exactly so
+	// (st.load[b] stays nil) when every caller's are by weight, else within lata's rounding,
+	// and then b's loads are what the routes send.
+	var planned []float64
+	for _, k := range edges {
+		from := m.Calls[k].From
+		var err error
+		if alloc.Calls[k], err = a.callFrom(m, m.Calls[k], st.load[from]); err != nil {
+			return err
+		}
+		if st.load[from] != nil && planned == nil {
+			planned = make([]float64, len(m.Services[b].Pods))
+		}
+	}
+	if planned != nil {
+		svc := &m.Services[b]
+		at := make(map[string]int, len(svc.Pods))
+		for i, q := range svc.Pods {
+			at[q.Name] = i
+			planned[i] = svc.Ingress * q.Weight / svc.TotalWeight()
+		}
+		for _, k := range edges {
+			for _, r := range alloc.Calls[k].Routes {
+				planned[at[r.Callee]] += r.RPS
+			}
+		}
+		st.load[b] = planned
+	}
+	return nil
+}
+
+// callFrom is call(LATA, …) for callers whose pods receive load[p] requests/s (nil: by
+// weight): their supplies are those loads times the edge's rate.
+func (a *edgeAllocator) callFrom(m *Model, e CallEdge, load []float64) (CallAllocation, error) {
+	if load == nil {
+		return a.call(LATA, m, e)
+	}
+	callers := append([]PodRef(nil), m.Services[e.From].Pods...)
+	for p := range callers {
+		callers[p].Weight = load[p]
+	}
+	splits, err := a.lata(callers, m.Services[e.To].Pods, m.Latency)
+	if err != nil {
+		return CallAllocation{}, fmt.Errorf("optimizer: call %s → %s: %w", m.Services[e.From].Name, m.Services[e.To].Name, err)
+	}
+	return buildCallFrom(m, e, splits, load), nil
+}
+
+// callLevels groups the services by level of the call graph: a service's level is one more
+// than its callers' highest (0 without callers), so every service's callers are in earlier
+// levels. Services keep their topological order within a level.
+func callLevels(m *Model, into [][]int) [][]int {
+	level := make([]int, len(m.Services))
+	var out [][]int
+	for _, s := range m.Order {
+		for _, k := range into[s] {
+			level[s] = max(level[s], level[m.Calls[k].From]+1)
+		}
+		for len(out) <= level[s] {
+			out = append(out, nil)
+		}
+		out[level[s]] = append(out[level[s]], s)
+	}
+	return out
+}
+
+// sameCallerLoads says whether every caller service of the edges has the same planned pod
+// loads in prev (the last recompute) as in now.
+func sameCallerLoads(m *Model, edges []int, prev, now [][]float64) bool {
+	for _, k := range edges {
+		from := m.Calls[k].From
+		if !slices.Equal(prev[from], now[from]) || (prev[from] == nil) != (now[from] == nil) {
+			return false
+		}
+	}
+	return true
 }

@@ -1,12 +1,15 @@
 package optimizer
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/edgeflow/edgeflow/examples"
 
 	"gonum.org/v1/gonum/mat"
 	"gonum.org/v1/gonum/optimize/convex/lp"
@@ -32,7 +35,10 @@ func withCapacities(t *testing.T, top *Topology, seed uint64, headroom func(r *r
 	if err != nil {
 		t.Fatal(err)
 	}
-	for s := range chosen {
+	for s := range len(top.Services) { // in order: the draws below make the instance
+		if !chosen[s] {
+			continue
+		}
 		sm := &m.Services[s]
 		base := sm.Load / (DefaultUtilizationCap * sm.TotalWeight()) * headroom(r)
 		if !perPod {
@@ -58,6 +64,45 @@ func withCapacities(t *testing.T, top *Topology, seed uint64, headroom func(r *r
 		}
 	}
 	return top
+}
+
+// flowLoads returns every pod's load when the requests follow a's fractions: ingress by
+// weight, and each caller pod sends what it receives times the edge's rate, in topological
+// order (independently of the routes' rps).
+func flowLoads(m *Model, a *Allocation) map[string]float64 {
+	load := map[string]float64{}
+	for _, s := range m.Order {
+		svc := &m.Services[s]
+		for _, p := range svc.Pods {
+			load[p.Name] += svc.Ingress * p.Weight / svc.TotalWeight()
+		}
+		for k, e := range m.Calls {
+			if e.From != s {
+				continue
+			}
+			for _, r := range a.Calls[k].Routes {
+				load[r.Callee] += load[r.Caller] * e.Rate * r.Fraction
+			}
+		}
+	}
+	return load
+}
+
+// queuedEdges is edges for a lata-q allocation: each caller pod supplies what the requests
+// following the fractions load it with (flowLoads), not its share by weight. lata-q takes a
+// service that lata serves from callers loaded by weight at its shares by weight, which lata
+// meets within its rounding (1e-6 relative, see checkBalanced): the rps are held to that.
+func queuedEdges(m *Model, a *Allocation) []edgeView {
+	load := flowLoads(m, a)
+	vs := edges(m, a)
+	for i := range vs {
+		v := &vs[i]
+		v.rpsTol = 1e-6
+		for _, p := range v.callers {
+			v.supply[p.Name] = load[p.Name] * v.e.Rate
+		}
+	}
+	return vs
 }
 
 // podLoads returns every callee pod's load under a: ingress by weight plus its routes' rps.
@@ -89,7 +134,7 @@ func linearQueue(p PodRef, bg, load float64, cap float64, res int) float64 {
 
 // queuedOptimum solves service b's linearised lata-q problem with gonum's dense simplex: flows
 // f(piece, pod), segment loads y ≤ width (slack z), each pod's inflow = Σ its y.
-func queuedOptimum(t *testing.T, m *Model, b int) (opt, rps float64) {
+func queuedOptimum(t *testing.T, m *Model, b int, load map[string]float64) (opt, rps float64) {
 	t.Helper()
 	svc := &m.Services[b]
 	type piece struct {
@@ -103,7 +148,7 @@ func queuedOptimum(t *testing.T, m *Model, b int) (opt, rps float64) {
 		}
 		a := &m.Services[e.From]
 		for _, p := range a.Pods {
-			if x := a.Load * e.Rate * p.Weight / a.TotalWeight(); x > 0 {
+			if x := load[p.Name] * e.Rate; x > 0 {
 				pieces = append(pieces, piece{p.Node, x})
 				rps += x
 			}
@@ -155,8 +200,10 @@ func queuedOptimum(t *testing.T, m *Model, b int) (opt, rps float64) {
 	return opt, rps
 }
 
-// TestLATAQOptimal checks lata-q on random instances against an LP of the linearised problem,
-// and that every caller's fractions sum to 1 and no pod is loaded past its cap.
+// TestLATAQOptimal checks lata-q on random instances against an LP of the linearised problem
+// (each callee service's, fed by its callers' planned loads), and that every caller's
+// fractions sum to 1, the routes' rps are what the requests following the fractions really
+// send, and no pod is loaded past its cap.
 func TestLATAQOptimal(t *testing.T) {
 	shapes := []genConfig{
 		{nodes: 3, services: 3, maxPods: 3},
@@ -183,10 +230,15 @@ func TestLATAQOptimal(t *testing.T) {
 		if err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
-		for _, v := range edges(m, a) {
+		for _, v := range queuedEdges(m, a) {
 			checkFractions(t, "lata-q", v)
 		}
-		load := podLoads(m, a)
+		load := flowLoads(m, a)
+		for name, l := range podLoads(m, a) {
+			if math.Abs(l-load[name]) > 1e-6*(1+load[name]) {
+				t.Fatalf("seed %d: pod %s: the routes' rps load it with %v, the requests following the fractions with %v", seed, name, l, load[name])
+			}
+		}
 		for b := range m.Services {
 			svc := &m.Services[b]
 			if !hasCapacity(svc) {
@@ -208,7 +260,7 @@ func TestLATAQOptimal(t *testing.T) {
 				}
 				queue += linearQueue(p, svc.Ingress*p.Weight/svc.TotalWeight(), load[p.Name], m.UtilizationCap, m.queueResolution())
 			}
-			opt, rps := queuedOptimum(t, m, b)
+			opt, rps := queuedOptimum(t, m, b, load)
 			if rps == 0 {
 				continue
 			}
@@ -256,7 +308,7 @@ func TestLATAQIdle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, v := range edges(m, a) {
+		for _, v := range queuedEdges(m, a) {
 			checkFractions(t, "lata-q", v)
 			for _, r := range v.call.Routes {
 				best := math.Inf(1)
@@ -297,7 +349,7 @@ func TestLATAQSaturated(t *testing.T) {
 			t.Fatal(err)
 		}
 		var rps float64
-		for _, v := range edges(m, q) {
+		for _, v := range queuedEdges(m, q) {
 			checkFractions(t, "lata-q", v)
 			checkBalanced(t, "lata-q", v) // lata's shares, within 1e-6
 			for _, s := range v.supply {
@@ -354,7 +406,7 @@ func TestLATAQCap(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for name, l := range podLoads(m, a) {
+		for name, l := range flowLoads(m, a) {
 			if strings.HasPrefix(name, "b-") && l > capU*100*(1+1e-6) {
 				t.Fatalf("cap %v: pod %s at %v rps, past %v", capU, name, l, capU*100)
 			}
@@ -431,5 +483,47 @@ func TestCompileCapacity(t *testing.T) {
 	}
 	if _, err := Compile(twoTier(1, 3, 2, 1, 1), Options{UtilizationCap: 1}); !errors.Is(err, ErrInvalidTopology) {
 		t.Fatalf("utilization cap 1: error %v", err)
+	}
+}
+
+// TestLATAQChainCap: on Bookinfo's chain productpage → reviews → ratings, with every pod at
+// μ = 1000/6 rps (the demo's pods), the requests that follow the plan load no pod past its cap
+// at any load up to the cap, and the routes' rps are those loads. Solving each callee service
+// from its callers' shares by weight (not their planned loads) puts ratings-0 at 153 rps
+// against a cap of 150 at 450 rps in.
+func TestLATAQChainCap(t *testing.T) {
+	top, err := ParseTopology(bytes.NewReader(examples.Bookinfo()), "bookinfo.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range top.Services {
+		top.Services[i].CapacityRPS = ptr(1000.0 / 6)
+	}
+	for _, rps := range []float64{50, 150, 300, 450} {
+		top.Ingress[0].RPS = rps
+		m, err := Compile(top, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := Plan(m, LATAQ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(a.Saturated) > 0 {
+			t.Fatalf("%v rps: saturated %q", rps, a.Saturated)
+		}
+		load := flowLoads(m, a)
+		for name, l := range podLoads(m, a) {
+			if math.Abs(l-load[name]) > 1e-6*(1+load[name]) {
+				t.Fatalf("%v rps: pod %s: the routes' rps load it with %v, the requests following the fractions with %v", rps, name, l, load[name])
+			}
+		}
+		for _, s := range m.Services {
+			for _, p := range s.Pods {
+				if capLoad := m.UtilizationCap * p.CapacityRPS; load[p.Name] > capLoad*(1+1e-6) {
+					t.Fatalf("%v rps: pod %s at %.2f rps, past its cap %.2f", rps, p.Name, load[p.Name], capLoad)
+				}
+			}
+		}
 	}
 }
