@@ -41,10 +41,15 @@ import (
 // node are merged, and callers are grouped by node, so the problem stays a dense node-level
 // transportation problem (mcf), made balanced by a slack source that takes up the unused
 // capacity at cost 0: integral, exact and deterministic. Latencies and slopes are rounded to
-// a quantum of max(CostQuantumMS, largest cost / 2^31) ms, so the result is within
-// quantum × (rps into b) of the linearised optimum; flows are integer units, at most
-// (Σ cap·μ)/2^30 rps each, so a pod's load is within a few units of its segments.
-// The pod-level routes come from the node-level flows by expandFlows (nodeflow.go).
+// a quantum of max(CostQuantumMS, largest cost / 2^23) ms, and among allocations of equal
+// cost the one with the fewest long paths wins, by lata's tie-break (see TieBreakBits), so
+// the result is within 1.5 × quantum × (rps into b) of the linearised optimum. That matters
+// where pods sit at their cap, whose queueing is then fixed: lata's unsplit routes rather than
+// any split of equal cost (a caller pod split over several callees sends each a random, so
+// burstier, stream). Flows are integer units, at most (Σ cap·μ)/2^30 rps each, so a pod's load
+// is within a few units of its segments, and shares under 10⁻⁶ of a caller's are dropped as
+// dust, as in lata. The pod-level routes come from the node-level flows by expandFlows
+// (nodeflow.go).
 //
 // Low load fills only the first, cheapest segments: each caller goes to its nearest pod of
 // equal μ (localization). Load near cap·Σμ leaves each pod at its cap: with μ ∝ weight,
@@ -265,7 +270,7 @@ func (a *edgeAllocator) solveQueued(m *Model, pods []PodRef, pieces []callerPiec
 	for i := range m.Latency.ms {
 		longest = max(longest, m.Latency.ms[i])
 	}
-	quantum := max(CostQuantumMS, (steepest+longest)/(1<<31))
+	quantum := max(CostQuantumMS, (steepest+longest)/(1<<(31-TieBreakBits)))
 	return units, a.solveQueuedUnits(m.Latency, pods, pieces, units, segs, segUnits, quantum, splits)
 }
 
@@ -300,9 +305,16 @@ func (a *edgeAllocator) solveQueuedUnits(lat LatencyMatrix, pods []PodRef, piece
 	}
 	g := len(srcNode) // the slack source's index
 	cost := a.prob.Cost[:0]
+	var longest int64
+	for _, u := range srcNode {
+		for _, v := range sinkNode {
+			longest = max(longest, int64(math.Round(lat.At(u, v)/quantum)))
+		}
+	}
 	for _, u := range srcNode {
 		for s, v := range sinkNode {
-			cost = append(cost, int64(math.Round(lat.At(u, v)/quantum))+sinkSlope[s])
+			c := int64(math.Round(lat.At(u, v) / quantum))
+			cost = append(cost, (c+sinkSlope[s])<<TieBreakBits+tieBreak(c, longest))
 		}
 	}
 	for range sinkNode {
@@ -364,7 +376,9 @@ func (a *edgeAllocator) solveQueuedUnits(lat LatencyMatrix, pods []PodRef, piece
 		return nodeFlows[i].Sink < nodeFlows[j].Sink
 	})
 	for _, f := range expandFlows(srcGroups, units, dstGroups, podUnits, nodeFlows) {
-		splits[f.src] = append(splits[f.src], split{callee: f.dst, fraction: float64(f.amount) / float64(units[f.src])})
+		if frac := float64(f.amount) / float64(units[f.src]); frac >= dustFraction {
+			splits[f.src] = append(splits[f.src], split{callee: f.dst, fraction: frac})
+		}
 	}
 	for _, row := range splits {
 		var t float64

@@ -304,14 +304,8 @@ func (a *edgeAllocator) lata(callers, callees []PodRef, lat LatencyMatrix) ([][]
 			cost = append(cost, c)
 		}
 	}
-	const tieMax = 1<<TieBreakBits - 1
 	for i, c := range cost {
-		tie := int64(0)
-		if longest > 0 {
-			r := float64(c) / float64(longest)
-			tie = int64(math.Round(tieMax * r * r))
-		}
-		cost[i] = c<<TieBreakBits + tie
+		cost[i] = c<<TieBreakBits + tieBreak(c, longest)
 	}
 	a.prob = mcf.Transport{Sources: len(srcNode), Sinks: len(dstNode), Cost: cost,
 		Supply: groupTotals(a.prob.Supply[:0], srcGroups, supply), Demand: groupTotals(a.prob.Demand[:0], dstGroups, demand)}
@@ -345,6 +339,18 @@ func (a *edgeAllocator) lata(callers, callees []PodRef, lat LatencyMatrix) ([][]
 		}
 	}
 	return out, nil
+}
+
+// tieBreak is the tie-break t(c) < 2^TieBreakBits of a path of c quanta when the longest is
+// longest: it grows with the square of c/longest, so that of two allocations of equal cost the
+// one with fewer long paths is cheaper.
+func tieBreak(c, longest int64) int64 {
+	if longest <= 0 {
+		return 0
+	}
+	const tieMax = 1<<TieBreakBits - 1
+	r := float64(c) / float64(longest)
+	return int64(math.Round(tieMax * r * r))
 }
 
 func podNodes(pods []PodRef) []int {

@@ -14,7 +14,8 @@ import (
 // profiler collects, for -profile, a CPU profile of every measured round of each server that
 // serves net/http/pprof (the bare server does when profiling; edgeflow serve would on its
 // metrics address), and the mutex and block profiles before and after the measured rounds
-// (compare with `go tool pprof -base …-before.pb.gz …-after.pb.gz`).
+// (compare with `go tool pprof -base …-before.pb.gz …-after.pb.gz`), and the heap profile with
+// every stream connected (when the RSS per stream is measured).
 type profiler struct {
 	dir      string
 	progress io.Writer
@@ -51,6 +52,10 @@ func (p *profiler) begin(ctx context.Context, sides ...*side) error {
 			if err := p.save(ctx, s.pprof+kind, filepath.Join(p.dir, s.name+"-"+kind+"-before.pb.gz")); err != nil {
 				return err
 			}
+		}
+		// The heap as the RSS per stream was measured: every stream connected, before any round.
+		if err := p.save(ctx, s.pprof+"heap", filepath.Join(p.dir, s.name+"-heap-connected.pb.gz")); err != nil {
+			return err
 		}
 	}
 	return nil
