@@ -54,7 +54,11 @@ func (p *profiler) begin(ctx context.Context, sides ...*side) error {
 			}
 		}
 		// The heap as the RSS per stream was measured: every stream connected, before any round.
+		// In text too: its footer is runtime.MemStats (heap, stacks, released to the OS).
 		if err := p.save(ctx, s.pprof+"heap", filepath.Join(p.dir, s.name+"-heap-connected.pb.gz")); err != nil {
+			return err
+		}
+		if err := p.save(ctx, s.pprof+"heap?debug=1", filepath.Join(p.dir, s.name+"-heap-connected.txt")); err != nil {
 			return err
 		}
 	}
