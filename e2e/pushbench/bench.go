@@ -38,6 +38,10 @@ type sideResult struct {
 	RSSBefore  int64                      // server VmRSS, topology published, before clients connect
 	RSSAfter   int64                      // server VmRSS, every client converged on the first version
 	Unquiet    int                        // rounds that started before the servers were quiet (limit reached)
+	// RetainedBefore and RetainedAfter are, at the moments of RSSBefore and RSSAfter, the
+	// server's live heap and goroutine stacks after a forced GC (runtime.MemStats HeapAlloc +
+	// StackInuse, from /debug/pprof/heap?gc=1); 0 without -profile.
+	RetainedBefore, RetainedAfter int64
 }
 
 // sizeResult is one size's measurements.
@@ -147,6 +151,14 @@ func runSize(ctx context.Context, cfg Config, n int, dir string, progress io.Wri
 		ids[i] = callerPod(i)
 	}
 	for _, s := range sides {
+		if cfg.ProfileDir != "" && s.pprof != "" {
+			if s.res.RetainedBefore, err = retainedBytes(ctx, s.pprof); err != nil {
+				return res, err
+			}
+			waitQuiet(ctx, 10*time.Second, pids...)
+		}
+	}
+	for _, s := range sides {
 		if s.res.RSSBefore, err = rssBytes(s.srv.pid()); err != nil {
 			return res, err
 		}
@@ -168,6 +180,13 @@ func runSize(ctx context.Context, cfg Config, n int, dir string, progress io.Wri
 	for _, s := range sides {
 		if s.res.RSSAfter, err = rssBytes(s.srv.pid()); err != nil {
 			return res, err
+		}
+	}
+	for _, s := range sides { // after every RSS: the forced GC frees the garbage RSS still holds
+		if cfg.ProfileDir != "" && s.pprof != "" {
+			if s.res.RetainedAfter, err = retainedBytes(ctx, s.pprof); err != nil {
+				return res, err
+			}
 		}
 	}
 	if res.HarnessRSSAfter, err = rssBytes(os.Getpid()); err != nil {

@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -134,4 +137,56 @@ func (p *profiler) save(ctx context.Context, url, file string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// retainedBytes forces a GC in the server behind pprof (a /debug/pprof/ base URL) and returns
+// its live heap plus goroutine stacks then: runtime.MemStats HeapAlloc + StackInuse, from the
+// footer of /debug/pprof/heap?gc=1&debug=1. It is what the server's memory comes down to,
+// without the garbage a Go heap holds between collections (up to GOGC % of the live heap and
+// stacks), which VmRSS includes at whatever point of its cycle the heap happens to be.
+func retainedBytes(ctx context.Context, pprof string) (int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, pprof+"heap?gc=1&debug=1", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("pushbench: retained memory: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("pushbench: retained memory: GET %s: HTTP %d", req.URL, resp.StatusCode)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("pushbench: retained memory: %w", err)
+	}
+	return parseRetained(string(body))
+}
+
+// parseRetained reads HeapAlloc and the in-use stack bytes from a debug=1 heap profile's
+// runtime.MemStats footer ("# HeapAlloc = N", "# Stack = INUSE / SYS").
+func parseRetained(profile string) (int64, error) {
+	var heap, stack int64 = -1, -1
+	for _, line := range strings.Split(profile, "\n") {
+		if v, ok := strings.CutPrefix(line, "# HeapAlloc = "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("pushbench: retained memory: %q: %w", line, err)
+			}
+			heap = n
+		}
+		if v, ok := strings.CutPrefix(line, "# Stack = "); ok {
+			inuse, _, _ := strings.Cut(v, "/")
+			n, err := strconv.ParseInt(strings.TrimSpace(inuse), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("pushbench: retained memory: %q: %w", line, err)
+			}
+			stack = n
+		}
+	}
+	if heap < 0 || stack < 0 {
+		return 0, errors.New("pushbench: retained memory: no \"# HeapAlloc\" and \"# Stack\" in the heap profile")
+	}
+	return heap + stack, nil
 }

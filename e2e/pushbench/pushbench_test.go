@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/http/pprof"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +21,8 @@ import (
 // TestPushBench runs the whole harness small (N=50, 1 warm-up + 2 measured rounds per side)
 // against the real binaries, over SOTW and over delta streams: every client of both servers
 // converges on every round's EDS version, each changed stream gets exactly one EDS response,
-// the table prints, and no process or goroutine outlives the run.
+// the table prints, and no process or goroutine outlives the run. The delta run profiles
+// (-profile): it saves the profiles and reports each server's retained memory.
 func TestPushBench(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts edgeflow serve and the bare server; skipped with -short")
@@ -37,6 +41,9 @@ func TestPushBench(t *testing.T) {
 			cfg := Config{Sizes: []int{50}, Warmup: 1, Rounds: 2, Edgeflow: edgeflow, Bare: bare,
 				DebounceQuiet: time.Millisecond, DebounceMax: 5 * time.Millisecond, PollInterval: time.Hour,
 				StreamsPerConn: 0, RoundTimeout: time.Minute, Verify: true, Delta: delta}
+			if delta {
+				cfg.ProfileDir = t.TempDir()
+			}
 			results, err := run(ctx, cfg, &out, &progress)
 			t.Log("progress:\n" + progress.String())
 			if err != nil {
@@ -61,6 +68,20 @@ func TestPushBench(t *testing.T) {
 				}
 				if s.RSSAfter <= 0 || s.RSSBefore <= 0 {
 					t.Errorf("%s: RSS %d → %d", name, s.RSSBefore, s.RSSAfter)
+				}
+				// 50 streams hold at least their goroutines' stacks.
+				if delta && !(s.RetainedBefore > 0 && s.RetainedAfter > s.RetainedBefore) {
+					t.Errorf("%s: retained memory %d → %d with 50 streams", name, s.RetainedBefore, s.RetainedAfter)
+				}
+			}
+			if delta {
+				for _, f := range []string{"edgeflow-heap-connected.pb.gz", "bare-heap-connected.txt", "edgeflow-cpu-round2.pb.gz", "bare-mutex-after.pb.gz"} {
+					if _, err := os.Stat(filepath.Join(cfg.ProfileDir, "50", f)); err != nil {
+						t.Errorf("profile: %v", err)
+					}
+				}
+				if !strings.Contains(out.String(), "- N=50 retained after a forced GC") {
+					t.Error("report lacks the retained memory")
 				}
 			}
 			for _, want := range []string{
@@ -104,4 +125,32 @@ func buildServers(t *testing.T) (edgeflow, bare string) {
 		}
 	}
 	return edgeflow, bare
+}
+
+// TestRetainedBytes reads this process's own heap profile through net/http/pprof: the figure
+// is HeapAlloc + StackInuse right after the forced GC, so it lies between this process's
+// figures read just before (with garbage) and the stacks alone.
+func TestRetainedBytes(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	garbage := make([][]byte, 0, 1000)
+	for range 1000 {
+		garbage = append(garbage, make([]byte, 64<<10)) // 64 MiB, dropped below: freed by the forced GC
+	}
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	garbage = nil
+	_ = garbage
+	got, err := retainedBytes(context.Background(), srv.URL+"/debug/pprof/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hi := int64(before.HeapAlloc + before.StackInuse); got <= int64(before.StackInuse) || got >= hi-32<<20 {
+		t.Fatalf("retained %d bytes; want above the stacks (%d) and at least 32 MiB below the heap with its garbage (%d)", got, before.StackInuse, hi)
+	}
+	if _, err := parseRetained("# HeapAlloc = 12\n"); err == nil {
+		t.Error("a profile without its stack line parsed")
+	}
 }

@@ -79,6 +79,11 @@ func report(w io.Writer, cfg Config, results []sizeResult, load0, load1 string, 
 		fmt.Fprintf(w, "- N=%d: %d gRPC connections per side; harness (both fleets) VmRSS %.0f → %.0f MiB, %s per stream\n",
 			r.N, r.Conns, float64(r.HarnessRSSBefore)/(1<<20), float64(r.HarnessRSSAfter)/(1<<20),
 			kib(float64(r.HarnessRSSAfter-r.HarnessRSSBefore)/float64(2*r.N)))
+		if e, b := r.Edgeflow, r.Bare; e.RetainedAfter > 0 && b.RetainedAfter > 0 {
+			fmt.Fprintf(w, "- N=%d retained after a forced GC (live heap + goroutine stacks): edgeflow %.1f → %.1f MiB, %s per stream; bare %.1f → %.1f MiB, %s per stream\n",
+				r.N, float64(e.RetainedBefore)/(1<<20), float64(e.RetainedAfter)/(1<<20), kib(float64(e.RetainedAfter-e.RetainedBefore)/float64(r.N)),
+				float64(b.RetainedBefore)/(1<<20), float64(b.RetainedAfter)/(1<<20), kib(float64(b.RetainedAfter-b.RetainedBefore)/float64(r.N)))
+		}
 	}
 }
 
