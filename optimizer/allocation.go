@@ -51,8 +51,11 @@ type Allocation struct {
 	// Saturated (lata-q) says, for each callee service whose load the utilisation cap cannot
 	// hold, why: such a service is served as lata (equal shares by weight, lata-q's saturated
 	// limit) and its queueing term is left out of QueueCost.
-	Saturated []string         `json:"saturated,omitempty" yaml:"saturated,omitempty"`
-	Calls     []CallAllocation `json:"calls" yaml:"calls"`
+	Saturated []string `json:"saturated,omitempty" yaml:"saturated,omitempty"`
+	// ServedAsLATA (lata-q) says lata-q's own plan was no cheaper than lata's in its objective,
+	// so these are lata's routes, with QueueCost at lata's loads.
+	ServedAsLATA bool             `json:"served_as_lata,omitempty" yaml:"served_as_lata,omitempty"`
+	Calls        []CallAllocation `json:"calls" yaml:"calls"`
 }
 
 // CallAllocation is the allocation of one call edge. Routes are ordered by caller pod, then

@@ -114,11 +114,13 @@ func hasCapacity(s *ServiceModel) bool {
 }
 
 // queueState is what lata-q leaves per callee service for an incremental recompute: its
-// queueing cost, if saturated, why, and its pods' planned loads (nil: by weight).
+// queueing cost, if saturated, why, and its pods' planned loads (nil: by weight); and per call
+// edge lata-q's own allocation (raw), whether or not lata's was served instead.
 type queueState struct {
 	queue     []float64
 	saturated []string
 	load      [][]float64
+	raw       []CallAllocation
 }
 
 // overCap says a service's load cannot be kept under its pods' utilisation cap: lata-q serves
@@ -415,7 +417,7 @@ func planQueued(m *Model, r *reuse) (*Allocation, *queueState, int, error) {
 			}
 			if r != nil && r.keepService(b) && sameCallerLoads(m, into[b], r.load, st.load) {
 				for _, k := range into[b] {
-					alloc.Calls[k] = r.alloc.Calls[k]
+					alloc.Calls[k] = r.raw[k]
 				}
 				st.queue[b], st.saturated[b], st.load[b] = r.queue[b], r.saturated[b], r.load[b]
 				continue
@@ -447,7 +449,55 @@ func planQueued(m *Model, r *reuse) (*Allocation, *queueState, int, error) {
 			alloc.Saturated = append(alloc.Saturated, why)
 		}
 	}
-	return alloc, st, solved, nil
+	st.raw = alloc.Calls
+	lata, err := lataUnlessBeaten(m, alloc, st)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	return lata, st, solved, nil
+}
+
+// lataUnlessBeaten returns lata's allocation, as lata-q's (ServedAsLATA), when it costs no more
+// than lata-q's own, alloc, in lata-q's objective: Σ rps × latency plus, for the pods of the
+// services lata-q solved as queues, 1000·ℓ/(μ−ℓ), exactly (not linearised), at the loads each
+// allocation really puts on them. Otherwise it returns alloc.
+//
+// lata-q solves one callee service at a time, top down: each solve takes its callers' loads
+// as given and cannot see what its own choice costs the services below (a pod loaded more
+// calls more from its node). Where lata-q's gain is small (loads near the cap, or little to
+// localise) that blindness can make its plan a little worse than lata's equal shares, and lata's
+// is then served: lata-q's plan is never worse than lata's in the objective it minimises.
+func lataUnlessBeaten(m *Model, alloc *Allocation, st *queueState) (*Allocation, error) {
+	if alloc.QueueCost == 0 {
+		return alloc, nil // no service solved as queues: alloc is lata's already
+	}
+	lata, _, _, err := planFrom(m, LATA, nil)
+	if err != nil {
+		return nil, err
+	}
+	var queue float64
+	for b := range m.Services {
+		svc := &m.Services[b]
+		if !hasCapacity(svc) || st.saturated[b] != "" {
+			continue
+		}
+		wb := svc.TotalWeight()
+		for _, q := range svc.Pods {
+			if q.Weight == 0 {
+				continue
+			}
+			l := svc.Load * q.Weight / wb
+			if l >= q.CapacityRPS {
+				return alloc, nil // lata overloads a pod lata-q does not
+			}
+			queue += queueCost(l, q.CapacityRPS)
+		}
+	}
+	if lata.Cost+queue > alloc.Cost+alloc.QueueCost {
+		return alloc, nil
+	}
+	lata.Policy, lata.QueueCost, lata.Saturated, lata.ServedAsLATA = LATAQ, queue, alloc.Saturated, true
+	return lata, nil
 }
 
 // queuedService allocates every edge into callee service b (edges) and records b's state in

@@ -89,7 +89,8 @@ func modelLatency(t *testing.T, m *Model, a *Allocation, n int) modelled {
 
 // TestLATAQModelledLatency: on the demo's Bookinfo (every pod μ = 1000/6 rps), the mean
 // end-to-end latency of lata-q's plan in the model it optimises is below lata's at low load
-// and not above it at any load. It logs both and their modelled P99.
+// and not above it at any load (where its own plan is not better, lata's is served). It logs
+// both and their modelled P99.
 func TestLATAQModelledLatency(t *testing.T) {
 	top, err := ParseTopology(bytes.NewReader(examples.Bookinfo()), "bookinfo.yaml")
 	if err != nil {
@@ -119,7 +120,7 @@ func TestLATAQModelledLatency(t *testing.T) {
 		l, q := got[0], got[1]
 		t.Logf("%v rps: mean lata %.2f ms, lata-q %.2f ms (%+.1f %%); P99 lata %.1f ms, lata-q %.1f ms (%+.1f %%)",
 			rps, l.mean, q.mean, 100*(q.mean/l.mean-1), l.p99, q.p99, 100*(q.p99/l.p99-1))
-		if q.mean > l.mean*(1+1e-3) {
+		if q.mean > l.mean*(1+1e-9) {
 			t.Errorf("%v rps: lata-q's modelled mean %.3f ms is above lata's %.3f ms", rps, q.mean, l.mean)
 		}
 		if rps == 150 && !(q.mean < l.mean*0.99) {
