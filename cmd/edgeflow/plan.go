@@ -98,8 +98,24 @@ func writePlanTable(w io.Writer, alloc, rr *optimizer.Allocation) error {
 		return err
 	}
 	fmt.Fprintf(&buf, "\ncost = Σ rps × latency over all routes, in ms·req/s\n")
+	if alloc.Policy == optimizer.LATAQ {
+		writeQueued(&buf, alloc)
+	}
 	_, err := w.Write(buf.Bytes())
 	return err
+}
+
+// writeQueued prints what lata-q adds to the cost: the queueing term, the services it served as
+// lata because the cap cannot hold their load, and whether lata's plan was served instead.
+func writeQueued(buf *bytes.Buffer, alloc *optimizer.Allocation) {
+	fmt.Fprintf(buf, "queue cost = Σ 1000·ℓ/(μ−ℓ) over the pods with a service rate: %.1f ms·req/s (cost + queue cost = %.1f)\n",
+		alloc.QueueCost, alloc.Cost+alloc.QueueCost)
+	for _, why := range alloc.Saturated {
+		fmt.Fprintf(buf, "saturated, served as lata: %s\n", why)
+	}
+	if alloc.ServedAsLATA {
+		fmt.Fprintln(buf, "lata's routes are served: lata-q's own plan cost no less in its objective")
+	}
 }
 
 func change(v, base float64) string {

@@ -145,3 +145,32 @@ services: [{name: a, pods: [{name: a-0, node: n1}]}]
 		t.Errorf("with --default-latency: exit %d: %s", code, errOut)
 	}
 }
+
+// TestPlanTableLATAQ: the table of a lata-q plan adds its queueing cost, and says when lata's
+// routes are served (Bookinfo with the demo's pods, μ = 1000/6 rps: lata-q's own plan at 150
+// req/s, lata's at 300).
+func TestPlanTableLATAQ(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("..", "..", "examples", "bookinfo.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		rps     string
+		asLATA  bool
+		queueAt string
+	}{{"150", false, "5215.4"}, {"300", true, "16772.7"}} {
+		top := strings.Replace(string(src), "rps: 100}", "rps: "+c.rps+"}", 1)
+		top = strings.ReplaceAll(top, "    cpu: 500\n", "    cpu: 500\n    capacity_rps: 166.66666666666666\n")
+		top = strings.ReplaceAll(top, "    cpu: 250\n", "    cpu: 250\n    capacity_rps: 166.66666666666666\n")
+		code, out, errOut := runCLI(t, top, "plan", "-f", "-", "--policy", "lata-q")
+		if code != 0 {
+			t.Fatalf("%s rps: exit %d: %s", c.rps, code, errOut)
+		}
+		if want := "over the pods with a service rate: " + c.queueAt + " ms·req/s"; !strings.Contains(out, want) {
+			t.Errorf("%s rps: no %q in\n%s", c.rps, want, out)
+		}
+		if got := strings.Contains(out, "lata's routes are served"); got != c.asLATA {
+			t.Errorf("%s rps: lata's routes served %v, want %v:\n%s", c.rps, got, c.asLATA, out)
+		}
+	}
+}
