@@ -9,9 +9,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/edgeflow/edgeflow/e2e/loadgen"
+	"github.com/edgeflow/edgeflow/e2e/loopback"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -245,5 +248,35 @@ func TestDemoBadInput(t *testing.T) {
 				t.Errorf("stderr %q does not name %q", errOut, tc.want)
 			}
 		})
+	}
+}
+
+// TestPairedVsLATA: the comparison with lata counts the rounds at or below lata's P99, and
+// says so when lata-q serves lata's own routes (its difference is then the testbed's noise).
+func TestPairedVsLATA(t *testing.T) {
+	ms := func(v ...int) loadgen.Samples {
+		var s loadgen.Samples
+		for _, x := range v {
+			s = append(s, time.Duration(x)*time.Millisecond)
+		}
+		return s
+	}
+	modes := []demoMode{{name: "lata", policy: optimizer.LATA}, {name: "lata-q", policy: optimizer.LATAQ}}
+	results := [][]*loadgen.Result{
+		{{Latency: ms(10)}, {Latency: ms(20)}},
+		{{Latency: ms(10)}, {Latency: ms(30)}},
+	}
+	for _, asLATA := range []bool{false, true} {
+		outcomes := []*loopback.Outcome{
+			{Load: &loadgen.Result{Latency: ms(10, 20)}, Plan: &optimizer.Allocation{Policy: optimizer.LATA}},
+			{Load: &loadgen.Result{Latency: ms(10, 30)}, Plan: &optimizer.Allocation{Policy: optimizer.LATAQ, ServedAsLATA: asLATA}},
+		}
+		got := pairedVsLATA(modes, outcomes, results)
+		if len(got) != 1 || !strings.HasPrefix(got[0], "lata-q vs lata: P99 30.00ms vs 20.00ms (+50.0%); P99 at or below lata's in 1/2 rounds") {
+			t.Fatalf("served as lata %v: %q", asLATA, got)
+		}
+		if strings.Contains(got[0], "the same routes") != asLATA {
+			t.Errorf("served as lata %v: %q", asLATA, got[0])
+		}
 	}
 }
