@@ -1,12 +1,9 @@
 package optimizer
 
 import (
-	"bytes"
 	"math/rand/v2"
 	"slices"
 	"testing"
-
-	"github.com/edgeflow/edgeflow/examples"
 )
 
 // modelled is an allocation's end-to-end latency per request in the network of M/M/1 pods
@@ -92,13 +89,7 @@ func modelLatency(t *testing.T, m *Model, a *Allocation, n int) modelled {
 // and not above it at any load (where its own plan is not better, lata's is served). It logs
 // both and their modelled P99.
 func TestLATAQModelledLatency(t *testing.T) {
-	top, err := ParseTopology(bytes.NewReader(examples.Bookinfo()), "bookinfo.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range top.Services {
-		top.Services[i].CapacityRPS = ptr(1000.0 / 6)
-	}
+	top := demoBookinfo(t)
 	n := 400_000
 	if testing.Short() {
 		n = 20_000

@@ -537,12 +537,10 @@ func TestCompileCapacity(t *testing.T) {
 	}
 }
 
-// TestLATAQChainCap: on Bookinfo's chain productpage → reviews → ratings, with every pod at
-// μ = 1000/6 rps (the demo's pods), the requests that follow the plan load no pod past its cap
-// at any load up to the cap, and the routes' rps are those loads. Solving each callee service
-// from its callers' shares by weight (not their planned loads) puts ratings-0 at 153 rps
-// against a cap of 150 at 450 rps in.
-func TestLATAQChainCap(t *testing.T) {
+// demoBookinfo is the bundled Bookinfo with the demo's pods: one worker, 6 ms mean service
+// time, so μ = 1000/6 rps each.
+func demoBookinfo(t *testing.T) *Topology {
+	t.Helper()
 	top, err := ParseTopology(bytes.NewReader(examples.Bookinfo()), "bookinfo.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -550,6 +548,16 @@ func TestLATAQChainCap(t *testing.T) {
 	for i := range top.Services {
 		top.Services[i].CapacityRPS = ptr(1000.0 / 6)
 	}
+	return top
+}
+
+// TestLATAQChainCap: on Bookinfo's chain productpage → reviews → ratings, with every pod at
+// μ = 1000/6 rps (the demo's pods), the requests that follow the plan load no pod past its cap
+// at any load up to the cap, and the routes' rps are those loads. Solving each callee service
+// from its callers' shares by weight (not their planned loads) puts ratings-0 at 153 rps
+// against a cap of 150 at 450 rps in.
+func TestLATAQChainCap(t *testing.T) {
+	top := demoBookinfo(t)
 	for _, rps := range []float64{50, 150, 300, 450} {
 		top.Ingress[0].RPS = rps
 		m, err := Compile(top, Options{})
