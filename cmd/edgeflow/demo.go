@@ -42,8 +42,8 @@ func init() { subcommands = append(subcommands, newDemoCommand) }
 //     as the paper measured. Round-robin, OptTraffic and LATA keep every pod at its share.
 //   - 10 s per policy gives 3,000 measured requests each (P99 rests on the slowest 30) and
 //     keeps one rate of the demo at about a minute: rows × (10 s + 4 × 0.3 s) plus a few
-//     seconds of start-up, with five rows (four policies and least-request; lata-q adds a
-//     sixth once the optimizer has it). --rates 150,300,450 runs three of those, 3–3.5
+//     seconds of start-up, with six rows (five policies and least-request). --rates
+//     150,300,450 runs three of those, 3–3.5
 //     minutes; the defaults are not cut for it, because at 150 req/s the P99 already rests on
 //     the slowest 15 requests. It is measured in 4 rounds of 2.5 s, the policies
 //     taking turns, so that a stall of this shared 2-core machine does not land on one policy
@@ -160,8 +160,8 @@ func newDemoCommand() *cobra.Command {
 			"over all pods of the callee (the xDS cluster's lb_policy).\n\n" +
 			"--rates runs several loads one after another, each on fresh stacks planned for it, and prints\n" +
 			"one table per rate, in the order given. One rate takes about rows × (--duration + --rounds ×\n" +
-			"--warmup) plus a few seconds of start-up: with the defaults ~11 s a row, ~1 min for the five\n" +
-			"rows of today (lata-q adds a sixth), so --rates 150,300,450 takes 3–3.5 min (--duration 5s\n" +
+			"--warmup) plus a few seconds of start-up: with the defaults ~11 s a row, ~1.2 min for the six\n" +
+			"rows, so --rates 150,300,450 takes 3.5–4 min (--duration 5s\n" +
 			"nearly halves that, with half the samples).",
 		Example: "  edgeflow demo\n  edgeflow demo --duration 5s --rate 200\n  edgeflow demo --rates 150,300,450   # low, middle and high load, one table each\n" +
 			"  edgeflow demo --policies round-robin,least-request,lata\n  edgeflow demo --latency-scale 2   # scenario B",
