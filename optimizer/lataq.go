@@ -115,12 +115,14 @@ func hasCapacity(s *ServiceModel) bool {
 
 // queueState is what lata-q leaves per callee service for an incremental recompute: its
 // queueing cost, if saturated, why, and its pods' planned loads (nil: by weight); and per call
-// edge lata-q's own allocation (raw), whether or not lata's was served instead.
+// edge lata-q's own allocation (raw), whether or not lata's was served instead, and the lata
+// plan it was compared with (nil: none).
 type queueState struct {
 	queue     []float64
 	saturated []string
 	load      [][]float64
 	raw       []CallAllocation
+	lata      *Allocation
 }
 
 // overCap says a service's load cannot be kept under its pods' utilisation cap: lata-q serves
@@ -450,7 +452,7 @@ func planQueued(m *Model, r *reuse) (*Allocation, *queueState, int, error) {
 		}
 	}
 	st.raw = alloc.Calls
-	lata, err := lataUnlessBeaten(m, alloc, st)
+	lata, err := lataUnlessBeaten(m, alloc, st, r)
 	if err != nil {
 		return nil, nil, 0, err
 	}
@@ -460,21 +462,27 @@ func planQueued(m *Model, r *reuse) (*Allocation, *queueState, int, error) {
 // lataUnlessBeaten returns lata's allocation, as lata-q's (ServedAsLATA), when it costs no more
 // than lata-q's own, alloc, in lata-q's objective: Σ rps × latency plus, for the pods of the
 // services lata-q solved as queues, 1000·ℓ/(μ−ℓ), exactly (not linearised), at the loads each
-// allocation really puts on them. Otherwise it returns alloc.
+// allocation really puts on them. Otherwise it returns alloc. The lata plan is kept in st; r
+// lets it keep what the previous one allows, edge by edge, as Plan under lata does.
 //
 // lata-q solves one callee service at a time, top down: each solve takes its callers' loads
 // as given and cannot see what its own choice costs the services below (a pod loaded more
 // calls more from its node). Where lata-q's gain is small (loads near the cap, or little to
 // localise) that blindness can make its plan a little worse than lata's equal shares, and lata's
 // is then served: lata-q's plan is never worse than lata's in the objective it minimises.
-func lataUnlessBeaten(m *Model, alloc *Allocation, st *queueState) (*Allocation, error) {
+func lataUnlessBeaten(m *Model, alloc *Allocation, st *queueState, r *reuse) (*Allocation, error) {
 	if alloc.QueueCost == 0 {
 		return alloc, nil // no service solved as queues: alloc is lata's already
 	}
-	lata, _, _, err := planFrom(m, LATA, nil)
+	var prev *reuse
+	if r != nil && r.queueState != nil && r.lata != nil {
+		prev = &reuse{alloc: r.lata, keepEdge: r.keepEdge, keepSplits: r.keepSplits}
+	}
+	lata, _, _, err := planFrom(m, LATA, prev)
 	if err != nil {
 		return nil, err
 	}
+	st.lata = lata
 	var queue float64
 	for b := range m.Services {
 		svc := &m.Services[b]
@@ -496,8 +504,9 @@ func lataUnlessBeaten(m *Model, alloc *Allocation, st *queueState) (*Allocation,
 	if lata.Cost+queue > alloc.Cost+alloc.QueueCost {
 		return alloc, nil
 	}
-	lata.Policy, lata.QueueCost, lata.Saturated, lata.ServedAsLATA = LATAQ, queue, alloc.Saturated, true
-	return lata, nil
+	served := *lata
+	served.Policy, served.QueueCost, served.Saturated, served.ServedAsLATA = LATAQ, queue, alloc.Saturated, true
+	return &served, nil
 }
 
 // queuedService allocates every edge into callee service b (edges) and records b's state in
