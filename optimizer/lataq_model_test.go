@@ -13,8 +13,9 @@ type modelled struct {
 	mean, p99 float64 // ms
 }
 
-// modelLatency returns a's modelled latency: the mean exactly, by Little's law (every pod's
-// ℓ·1000/(μ−ℓ) plus every route's rps × latency, over the ingress), and the P99 from n requests
+// modelLatency returns a's modelled latency: the mean exactly, by Little's law (lata-q's
+// objective, every route's rps × latency plus every pod's ℓ·1000/(μ−ℓ), over the ingress; every
+// pod of Bookinfo has a service rate and none is saturated), and the P99 from n requests
 // drawn with independent exponential sojourns of rate μ−ℓ per pod (Jackson's approximation).
 func modelLatency(t *testing.T, m *Model, a *Allocation, n int) modelled {
 	t.Helper()
@@ -29,18 +30,11 @@ func modelLatency(t *testing.T, m *Model, a *Allocation, n int) modelled {
 			}
 		}
 	}
-	var total, ingress float64
+	var ingress float64
 	for _, svc := range m.Services {
 		ingress += svc.Ingress
-		for _, q := range svc.Pods {
-			total += queueCost(load[q.Name], q.CapacityRPS)
-		}
 	}
-	for k, c := range a.Calls {
-		for _, r := range c.Routes {
-			total += load[r.Caller] * m.Calls[k].Rate * r.Fraction * r.LatencyMS
-		}
-	}
+	total := objective(m, a)
 	routes := map[[2]int][]Route{} // by edge and caller pod index in its service
 	for k, c := range a.Calls {
 		for _, r := range c.Routes {
