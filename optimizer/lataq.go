@@ -308,18 +308,18 @@ func (a *edgeAllocator) solveQueuedUnits(lat LatencyMatrix, pods []PodRef, piece
 		sinkSegs[s] = append(sinkSegs[s], j)
 	}
 	g := len(srcNode) // the slack source's index
+	// Latency quanta first (the tie-break needs the longest), then each arc's cost.
 	cost := a.prob.Cost[:0]
 	var longest int64
 	for _, u := range srcNode {
 		for _, v := range sinkNode {
-			longest = max(longest, int64(math.Round(lat.At(u, v)/quantum)))
+			c := int64(math.Round(lat.At(u, v) / quantum))
+			longest = max(longest, c)
+			cost = append(cost, c)
 		}
 	}
-	for _, u := range srcNode {
-		for s, v := range sinkNode {
-			c := int64(math.Round(lat.At(u, v) / quantum))
-			cost = append(cost, (c+sinkSlope[s])<<TieBreakBits+tieBreak(c, longest))
-		}
+	for i, c := range cost {
+		cost[i] = (c+sinkSlope[i%len(sinkNode)])<<TieBreakBits + tieBreak(c, longest)
 	}
 	for range sinkNode {
 		cost = append(cost, 0)
