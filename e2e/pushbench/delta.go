@@ -27,20 +27,13 @@ func (f *fleet) startDelta(ctx context.Context, conn *grpc.ClientConn, i int, id
 		ResourceNamesSubscribe: c.names[lds]}); err != nil {
 		return fmt.Errorf("pushbench: %s delta stream %s: %w", f.side, id, err)
 	}
-	f.wg.Add(1)
-	go func() {
-		defer f.wg.Done()
-		for {
-			resp, err := st.Recv()
-			if err == nil {
-				err = c.handle(resp)
-			}
-			if err != nil {
-				f.fail(fmt.Errorf("delta stream %s: %w", id, err))
-				return
-			}
+	f.follow("delta stream "+id, func() error {
+		resp, err := st.Recv()
+		if err == nil {
+			err = c.handle(resp)
 		}
-	}()
+		return err
+	})
 	return nil
 }
 

@@ -199,21 +199,29 @@ func (f *fleet) start(ctx context.Context, conn *grpc.ClientConn, i int, id stri
 	if err := c.send(lds, "", ""); err != nil {
 		return fmt.Errorf("pushbench: %s stream %s: %w", f.side, id, err)
 	}
+	f.follow("stream "+id, func() error {
+		resp, err := st.Recv()
+		if err == nil {
+			err = c.handle(resp)
+		}
+		return err
+	})
+	return nil
+}
+
+// follow runs next, which receives and handles one response of the stream named name, on a
+// goroutine of the fleet until it fails; a failure fails the fleet.
+func (f *fleet) follow(name string, next func() error) {
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
 		for {
-			resp, err := st.Recv()
-			if err == nil {
-				err = c.handle(resp)
-			}
-			if err != nil {
-				f.fail(fmt.Errorf("stream %s: %w", id, err))
+			if err := next(); err != nil {
+				f.fail(fmt.Errorf("%s: %w", name, err))
 				return
 			}
 		}
 	}()
-	return nil
 }
 
 // close ends every stream and connection and waits for the streams' goroutines.

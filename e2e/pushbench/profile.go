@@ -100,14 +100,37 @@ func (p *profiler) end(ctx context.Context, sides ...*side) error {
 	return nil
 }
 
-func (p *profiler) status(ctx context.Context, url string) (int, error) {
+// get GETs url; the caller closes the body.
+func get(ctx context.Context, client *http.Client, url string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	resp, err := p.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("pushbench: profile: %w", err)
+		return nil, fmt.Errorf("pushbench: profile: %w", err)
+	}
+	return resp, nil
+}
+
+// getOK is get failing, with the start of the body, on any answer but 200 OK.
+func getOK(ctx context.Context, client *http.Client, url string) (*http.Response, error) {
+	resp, err := get(ctx, client, url)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		resp.Body.Close()
+		return nil, fmt.Errorf("pushbench: profile: GET %s: HTTP %d: %s", url, resp.StatusCode, msg)
+	}
+	return resp, nil
+}
+
+func (p *profiler) status(ctx context.Context, url string) (int, error) {
+	resp, err := get(ctx, p.client, url)
+	if err != nil {
+		return 0, err
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, resp.Body)
@@ -115,19 +138,11 @@ func (p *profiler) status(ctx context.Context, url string) (int, error) {
 }
 
 func (p *profiler) save(ctx context.Context, url, file string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := getOK(ctx, p.client, url)
 	if err != nil {
 		return err
 	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("pushbench: profile: %w", err)
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("pushbench: profile: GET %s: HTTP %d: %s", url, resp.StatusCode, msg)
-	}
 	out, err := os.Create(file)
 	if err != nil {
 		return err
@@ -145,18 +160,11 @@ func (p *profiler) save(ctx context.Context, url, file string) error {
 // without the garbage a Go heap holds between collections (up to GOGC % of the live heap and
 // stacks), which VmRSS includes at whatever point of its cycle the heap happens to be.
 func retainedBytes(ctx context.Context, pprof string) (int64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, pprof+"heap?gc=1&debug=1", nil)
+	resp, err := getOK(ctx, http.DefaultClient, pprof+"heap?gc=1&debug=1")
 	if err != nil {
 		return 0, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("pushbench: retained memory: %w", err)
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("pushbench: retained memory: GET %s: HTTP %d", req.URL, resp.StatusCode)
-	}
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return 0, fmt.Errorf("pushbench: retained memory: %w", err)
