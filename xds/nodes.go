@@ -21,6 +21,7 @@ import (
 	gcpserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 )
@@ -168,6 +169,7 @@ func (p *publication) intern(i int, s Set) cache.Resources {
 type internedSet struct {
 	res      cache.Resources
 	versions map[string]string
+	anys     []*anypb.Any // the resources marshalled, in the set's order (see anys)
 }
 
 // versions returns go-control-plane's per-resource versions (what Snapshot.ConstructVersionMap
@@ -370,10 +372,20 @@ type streamState struct {
 	// publication converges ("" = none).
 	awaiting [numSets]string
 
-	// SOTW: the last response per type, and whether the client answered it.
+	// SOTW: the last response per type, whether the client answered it, and what it returned.
 	nonce    [numSets]string
 	sent     [numSets]Set
 	answered [numSets]bool
+	// open: a response of the type was sent since its last accepted request; go-control-plane
+	// then ignores a request (stale) unless it names that response's nonce.
+	open     [numSets]bool
+	returned [numSets]returned
+
+	// SOTW watches (sotw.go): per type, the open watch's responder (nil = none) and the
+	// version its request named; and the request onRequest hands to CreateWatch.
+	watch        [numSets]chan cache.Response
+	watchVersion [numSets]string
+	req          *discovery.DiscoveryRequest
 
 	// Delta: per type, the resources the client ACKed (name → resource), and the responses
 	// sent and not answered yet, by nonce.
@@ -645,6 +657,7 @@ func (s *Server) setSnapshotLocked(n *nodeState, before [numSets]Set) {
 	if err := s.cacheFor(n.id).SetSnapshot(context.Background(), n.id, snap); err != nil {
 		s.log.Error("xds: setting snapshot", "node", n.id, "error", err)
 	}
+	s.respondSOTWLocked(n)
 }
 
 // callbacks hooks the server into go-control-plane's stream lifecycle.
@@ -775,7 +788,9 @@ func (s *Server) onResponse(key streamKey, resp *discovery.DiscoveryResponse) {
 	defer n.mu.Unlock()
 	st.nonce[i] = resp.GetNonce()
 	st.sent[i], _ = n.find(st, i, resp.GetVersionInfo())
+	st.returned[i] = returnedOf(st.sent[i], &st.sub[i])
 	st.answered[i] = false
+	st.open[i] = true
 	st.since[i] = n.writes[i] + 1
 }
 
@@ -791,16 +806,20 @@ func (s *Server) onRequest(key streamKey, req *discovery.DiscoveryRequest) {
 	n := st.node
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	st.sub[i].setSOTW(req.GetResourceNames())
 	held, known := n.find(st, i, req.GetVersionInfo())
 	if known {
 		st.acked[i] = held
 	}
 	nonce := req.GetResponseNonce()
-	if st.nonce[i] == "" || nonce == st.nonce[i] {
+	if !st.open[i] || nonce == st.nonce[i] {
 		// Not stale: the cache drops the type's old watch (and a response queued on it) and
-		// answers from the set current then: this one or a later one.
+		// answers from the set current then: this one or a later one. A stale request
+		// changes nothing in go-control-plane, its subscription included.
+		st.open[i] = false
+		st.sub[i].setSOTW(req.GetResourceNames())
 		st.since[i] = n.writes[i]
+		st.returned[i] = st.returned[i].unsubscribed(st.sent[i], &st.sub[i])
+		st.req = req // for CreateWatch, which go-control-plane calls next
 	}
 	if nonce != "" && nonce == st.nonce[i] {
 		if known {

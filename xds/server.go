@@ -193,7 +193,7 @@ func NewServer(cfg Config) (*Server, error) {
 	// The streams' context is cancelled when Run returns, so a graceful gRPC stop completes.
 	streamCtx, stop := context.WithCancel(context.Background())
 	s.stopStreams = stop
-	s.xds = gcpserver.NewServer(streamCtx, mux, s.callbacks(), func(o *config.Opts) { o.Logger = gcpLogger{s.log} })
+	s.xds = gcpserver.NewServer(streamCtx, sotwCache{s: s, Cache: mux}, s.callbacks(), func(o *config.Opts) { o.Logger = gcpLogger{s.log} })
 	return s, nil
 }
 

@@ -1,0 +1,299 @@
+package xds
+
+import (
+	"context"
+	"slices"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// sotwCache is the cache behind go-control-plane's server: SOTW watches are the Server's own
+// (below), delta watches and fetches go to the snapshot caches.
+//
+// go-control-plane's snapshot cache keeps, for every open SOTW watch, the request that opened
+// it, a map entry, and, per response, a map of the names it returned; at one stream per
+// sidecar those cost more memory than the rest of the stream's state. The Server already
+// holds what a watch needs (the node's sets, the stream's subscription, what it was sent), so
+// a watch here is the responder channel and the version its request named, on the stream.
+//
+// The rules are the snapshot cache's (ads=false): a request naming a version other than the
+// node's current one for its type, or subscribing to a resource of the current set that the
+// stream was not returned, is answered at once; any other waits until the node's set of that
+// type changes to a version other than the one it named. Nothing is answered before the node
+// has its first snapshot. A response carries the set's resources that the stream subscribes
+// to (all of them for a wildcard subscription), each marshalled once per publication and
+// shared by every stream sent it.
+type sotwCache struct {
+	s *Server
+	cache.Cache
+}
+
+// noCancel is the cancel function of a watch answered at once.
+func noCancel() {}
+
+// CreateWatch opens a SOTW watch for req, which onRequest has just seen on its stream.
+func (w sotwCache) CreateWatch(req *cache.Request, _ cache.Subscription, ch chan cache.Response) (func(), error) {
+	s := w.s
+	i := setIndex(req.GetTypeUrl())
+	if i < 0 {
+		return noCancel, nil // a type edgeflow does not serve: never answered
+	}
+	s.nodesMu.Lock()
+	n := s.nodes[req.GetNode().GetId()]
+	s.nodesMu.Unlock()
+	if n == nil {
+		return noCancel, nil // the stream is closing
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var st *streamState
+	for _, x := range n.live {
+		if x.req == req {
+			st = x
+			break
+		}
+	}
+	if st == nil {
+		return noCancel, nil
+	}
+	st.req = nil
+	version := req.GetVersionInfo()
+	if n.snap != nil && s.unheldLocked(n, st, i, version) {
+		s.respondLocked(n, st, i, ch, req)
+		return noCancel, nil
+	}
+	st.watch[i], st.watchVersion[i] = ch, version
+	return func() { s.cancelWatch(st, i) }, nil
+}
+
+// cancelWatch closes st's watch of type i (go-control-plane closes a type's watch before it
+// opens the next, and every watch when the stream ends).
+func (s *Server) cancelWatch(st *streamState, i int) {
+	n := st.node
+	n.mu.Lock()
+	st.watch[i], st.watchVersion[i] = nil, ""
+	n.mu.Unlock()
+}
+
+// unheldLocked reports whether a SOTW request of type i naming version is answered at once:
+// the node's set has another version, or holds a resource that st subscribes to and was not
+// returned. n.mu is held.
+func (s *Server) unheldLocked(n *nodeState, st *streamState, i int, version string) bool {
+	set := n.sets[i]
+	if version != set.Version {
+		return true
+	}
+	ret := &st.returned[i]
+	if ret.all && st.sent[i].Version == set.Version && st.sub[i].wildcard {
+		return false
+	}
+	for _, r := range set.Items {
+		name := cache.GetResourceName(r)
+		if st.sub[i].has(name) && !ret.has(name, st.sent[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// respondSOTWLocked answers the node's open SOTW watches whose type's set changed to a
+// version other than the one their request named. n.mu is held.
+func (s *Server) respondSOTWLocked(n *nodeState) {
+	for _, st := range n.live {
+		for i, ch := range st.watch {
+			if ch != nil && st.watchVersion[i] != n.sets[i].Version {
+				s.respondLocked(n, st, i, ch, nil)
+			}
+		}
+	}
+}
+
+// typeRequests name each type; a response to a watch that waited carries its type's (the
+// request that opened the watch is not kept).
+var typeRequests = func() (r [numSets]*discovery.DiscoveryRequest) {
+	for i := range r {
+		r[i] = &discovery.DiscoveryRequest{TypeUrl: typeURLs[i]}
+	}
+	return r
+}()
+
+// respondLocked sends st the node's set of type i on ch, which has room for it (a watch is
+// answered once), and closes st's watch of that type. n.mu is held.
+func (s *Server) respondLocked(n *nodeState, st *streamState, i int, ch chan cache.Response, req *discovery.DiscoveryRequest) {
+	if st.watch[i] == ch {
+		st.watch[i], st.watchVersion[i] = nil, ""
+	}
+	set := n.sets[i]
+	all, err := n.pub.anys(i, set, n.relabeled[i])
+	if err != nil {
+		s.log.Error("xds: marshalling a response", "node", n.id, "type", typeLabels[i], "version", set.Version, "error", err)
+		return
+	}
+	resources := all
+	if sub := &st.sub[i]; !sendsAll(sub) {
+		resources = nil
+		for j, r := range set.Items {
+			if sub.has(cache.GetResourceName(r)) {
+				resources = append(resources, all[j])
+			}
+		}
+		if len(resources) == len(all) {
+			resources = all
+		}
+	}
+	if req == nil {
+		req = typeRequests[i]
+	}
+
+	select {
+	case ch <- &response{req: req, version: set.Version, resources: resources}:
+	default:
+		s.log.Error("xds: a watch was answered twice", "node", n.id, "type", typeLabels[i])
+	}
+}
+
+// response is a SOTW response (cache.Response). Its resources are shared with every stream
+// sent the same set.
+type response struct {
+	req       *discovery.DiscoveryRequest
+	version   string
+	resources []*anypb.Any
+}
+
+// GetDiscoveryResponse returns a new message each time: go-control-plane sets its nonce.
+func (r *response) GetDiscoveryResponse() (*discovery.DiscoveryResponse, error) {
+	return &discovery.DiscoveryResponse{VersionInfo: r.version, Resources: r.resources, TypeUrl: r.req.GetTypeUrl()}, nil
+}
+
+func (r *response) GetRequest() *discovery.DiscoveryRequest { return r.req }
+func (r *response) GetVersion() (string, error)             { return r.version, nil }
+func (r *response) GetResponseVersion() string              { return r.version }
+func (r *response) GetContext() context.Context             { return context.Background() }
+
+// GetReturnedResources returns nil: the Server keeps what each stream was returned
+// (streamState.returned), and go-control-plane only stores this and hands it back to the
+// cache.
+func (r *response) GetReturnedResources() map[string]string { return nil }
+
+// returned is what the last SOTW response of a type returned to a stream, less the names the
+// stream unsubscribed from since (go-control-plane's returned resources): every item of the
+// set sent (all), or the sorted names.
+type returned struct {
+	all   bool
+	names []string
+}
+
+func (r *returned) has(name string, sent Set) bool {
+	if r.all {
+		return slices.ContainsFunc(sent.Items, func(x types.Resource) bool { return cache.GetResourceName(x) == name })
+	}
+	_, found := slices.BinarySearch(r.names, name)
+	return found
+}
+
+// sendsAll reports whether a response to a stream subscribed as sub carries every resource
+// of the set: a wildcard subscription, or (as go-control-plane's snapshot cache, which
+// filters only by a request's non-empty names) one that names nothing.
+func sendsAll(sub *subscription) bool { return sub.wildcard || len(sub.list) == 0 }
+
+// returnedOf is what a response of set to a stream subscribed as sub returns. The names are
+// sub's own list when the set has every one of them (no allocation).
+func returnedOf(set Set, sub *subscription) returned {
+	if sendsAll(sub) {
+		return returned{all: true}
+	}
+	matched := 0
+	for _, r := range set.Items {
+		if sub.has(cache.GetResourceName(r)) {
+			matched++
+		}
+	}
+	if matched == len(sub.list) {
+		return returned{names: sub.list}
+	}
+	names := make([]string, 0, matched)
+	for _, r := range set.Items {
+		if name := cache.GetResourceName(r); sub.has(name) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return returned{names: names}
+}
+
+// unsubscribed drops from r the names sub no longer subscribes to (as go-control-plane does
+// on every request that names resources without the wildcard); sent is the set r refers to.
+func (r returned) unsubscribed(sent Set, sub *subscription) returned {
+	if sub.wildcard {
+		return r
+	}
+	if r.all {
+		r = returned{names: make([]string, 0, len(sent.Items))}
+		for _, x := range sent.Items {
+			r.names = append(r.names, cache.GetResourceName(x))
+		}
+		slices.Sort(r.names)
+	}
+	keep := 0
+	for _, name := range r.names {
+		if sub.has(name) {
+			keep++
+		}
+	}
+	if keep == len(r.names) {
+		return r
+	}
+	names := make([]string, 0, keep)
+	for _, name := range r.names {
+		if sub.has(name) {
+			names = append(names, name)
+		}
+	}
+	return returned{names: names}
+}
+
+// anys returns set i's resources marshalled, in the set's order: made once per publication
+// and version and shared, unless the set is relabeled or unversioned.
+func (p *publication) anys(i int, s Set, relabeled bool) ([]*anypb.Any, error) {
+	if relabeled || s.Version == "" {
+		return marshalAnys(i, s.Items)
+	}
+	p.intern(i, s)
+	key := internKey{i, s.Version}
+	p.internMu.Lock()
+	defer p.internMu.Unlock()
+	in := p.interned[key]
+	if in.anys != nil {
+		return in.anys, nil
+	}
+	// The interned set may have been made from another Set of the same version (the same
+	// content): its resources are found by name.
+	items := make([]types.Resource, len(s.Items))
+	for j, r := range s.Items {
+		items[j] = in.res.Items[cache.GetResourceName(r)].Resource
+		if items[j] == nil {
+			items[j] = r
+		}
+	}
+	a, err := marshalAnys(i, items)
+	if err != nil {
+		return nil, err
+	}
+	in.anys = a
+	return a, nil
+}
+
+func marshalAnys(i int, items []types.Resource) ([]*anypb.Any, error) {
+	out := make([]*anypb.Any, len(items))
+	for j, r := range items {
+		b, err := cache.MarshalResource(r)
+		if err != nil {
+			return nil, err
+		}
+		out[j] = &anypb.Any{TypeUrl: typeURLs[i], Value: b}
+	}
+	return out, nil
+}
