@@ -15,6 +15,7 @@ import (
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
@@ -411,4 +412,24 @@ func (c *deltaClient) pendingOne() *discovery.DeltaDiscoveryResponse {
 	default:
 		return nil
 	}
+}
+
+// cached returns what the server serves node id (its current sets), as a snapshot.
+func (s *Server) cached(id string) (*cache.Snapshot, error) {
+	s.nodesMu.Lock()
+	n := s.nodes[id]
+	s.nodesMu.Unlock()
+	if n == nil {
+		return nil, fmt.Errorf("no node %q", id)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.served {
+		return nil, fmt.Errorf("node %q is served nothing yet", id)
+	}
+	snap := &cache.Snapshot{}
+	for i, set := range n.sets {
+		snap.Resources[typeSlots[i]] = cache.NewResources(set.Version, set.Items)
+	}
+	return snap, nil
 }

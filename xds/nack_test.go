@@ -14,7 +14,7 @@ import (
 // version.
 func cachedCount(t testing.TB, h *harness, id, typeURL string) (int, string) {
 	t.Helper()
-	snap, err := h.srv.cacheFor(id).GetSnapshot(id)
+	snap, err := h.srv.cached(id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -200,8 +200,8 @@ func (p *publication) versions(i int, res cache.Resources, interned bool) (map[s
 
 // wireForm returns r ready to be sent many times: a message of r's type with r's name field
 // (field 1 of a Listener, RouteConfiguration, Cluster and ClusterLoadAssignment) and, as
-// unknown fields, the rest of r's deterministic encoding. The snapshot cache marshals every
-// resource of every response it sends; marshalling the wire form copies bytes instead of
+// unknown fields, the rest of r's deterministic encoding. Every resource of every delta
+// response, and of every SOTW set once per publication, is marshalled; marshalling the wire form copies bytes instead of
 // encoding r again (which dominated the server's CPU at thousands of streams), and one wire
 // form serves every node that holds r. The bytes on the wire, and the resource versions delta
 // streams compare, are r's own: wireForm checks that they are, and returns r itself otherwise.
@@ -248,7 +248,8 @@ type nodeState struct {
 	// fallback existed): not interned, not remembered.
 	relabeled [numSets]bool
 	closed    bool            // the node's last stream closed (next to relabeled: one word for both)
-	snap      *cache.Snapshot // the snapshot last set
+	served    bool            // the node has been given its sets (SOTW watches wait until then)
+	snap      *cache.Snapshot // the snapshot last set in the snapshot cache, while the node has delta streams
 	writes    [numSets]uint64 // sets written so far, per type
 	history   [numSets][]past // sets written, oldest first (see rememberLocked)
 	acked     [numSets]Set    // the set a stream of the node last ACKed, per type
@@ -622,9 +623,20 @@ func (n *nodeState) waiting() bool {
 	return false
 }
 
-// setSnapshotLocked writes n.sets into the cache; before is what the cache held. n.mu is held.
+// setSnapshotLocked makes n.sets what the node is served and answers its SOTW watches; before
+// is what it was served. A node with delta streams also gets the sets as a snapshot in the
+// snapshot cache, which serves those streams. n.mu is held.
 func (s *Server) setSnapshotLocked(n *nodeState, before [numSets]Set) {
 	n.rememberLocked(before)
+	n.served = true
+	if n.deltas == 0 {
+		if n.snap != nil {
+			n.snap = nil
+			s.cacheFor(n.id).ClearSnapshot(n.id)
+		}
+		s.respondSOTWLocked(n)
+		return
+	}
 	snap := &cache.Snapshot{}
 	var interned [numSets]bool
 	for i, set := range n.sets {
@@ -727,7 +739,7 @@ func (s *Server) openStream(key streamKey, node *core.Node) *streamState {
 	n.live = append(n.live, st)
 	if key.delta {
 		st.pending = map[int64]deltaSent{}
-		if n.deltas++; n.deltas == 1 && n.snap != nil {
+		if n.deltas++; n.deltas == 1 && n.served {
 			// The first delta stream: the same sets again, now with resource versions.
 			s.setSnapshotLocked(n, n.sets)
 		}
@@ -771,7 +783,10 @@ func (s *Server) closeStream(key streamKey) {
 		}
 	}
 	if key.delta {
-		n.deltas--
+		if n.deltas--; n.deltas == 0 && n.snap != nil {
+			n.snap = nil // the snapshot cache served only the delta streams
+			s.cacheFor(n.id).ClearSnapshot(n.id)
+		}
 	}
 	s.advanceLocked(n) // the stream no longer holds anything back
 }

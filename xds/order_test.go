@@ -205,7 +205,7 @@ func waitSubscribed(t *testing.T, h *harness, id string) {
 
 func cachedNames(t testing.TB, h *harness, id, typeURL string) map[string]bool {
 	t.Helper()
-	snap, err := h.srv.cacheFor(id).GetSnapshot(id)
+	snap, err := h.srv.cached(id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -174,13 +174,17 @@ func NewServer(cfg Config) (*Server, error) {
 		planner: &optimizer.Planner{Policy: cfg.Policy, Options: cfg.Options, Damping: cfg.Damping},
 		signal:  make(chan struct{}),
 	}
+	// SOTW streams are answered by the server's own watches (sotw.go); delta streams by
+	// go-control-plane's snapshot caches, which hold a snapshot for each node with a delta
+	// stream.
+	//
 	// ads=false: a node's snapshot holds every servable service, and each client asks only for
 	// the ones it uses; in ADS mode the cache would hold responses until a request named every
 	// resource of the type (reference/README.md). Responses are filtered to the requested names.
 	//
 	// The snapshot cache is sharded by node id: one cache serialises every SetSnapshot of a
-	// publication with every client's ACK (CreateWatch) on a single mutex, which dominated
-	// fan-out time at thousands of nodes.
+	// publication with every client's request (CreateDeltaWatch) on a single mutex, which
+	// dominated fan-out time at thousands of nodes.
 	mux := &cache.MuxCache{
 		Classify:      func(r *cache.Request) string { return shardKey(r.GetNode().GetId()) },
 		ClassifyDelta: func(r *cache.DeltaRequest) string { return shardKey(r.GetNode().GetId()) },
@@ -215,7 +219,7 @@ func shardOf(nodeID string) int {
 
 func shardKey(nodeID string) string { return shardNames[shardOf(nodeID)] }
 
-// cacheFor returns the snapshot cache that holds the node.
+// cacheFor returns the snapshot cache that holds the node's snapshot (delta streams).
 func (s *Server) cacheFor(nodeID string) cache.SnapshotCache { return s.shards[shardOf(nodeID)] }
 
 // Register registers the aggregated discovery service (ADS) and the per-type LDS, RDS, CDS and

@@ -92,7 +92,7 @@ func TestOnlyChangedNodesArePushed(t *testing.T) {
 			}
 
 			cached := func(id string) [numSets]string {
-				snap, err := h.srv.cacheFor(id).GetSnapshot(id)
+				snap, err := h.srv.cached(id)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -246,7 +246,7 @@ func TestNothingServedBeforeFirstCompleteTopology(t *testing.T) {
 	if h.srv.Published() != 1 || h.srv.Allocation() == nil {
 		t.Errorf("published = %d after a rejected topology", h.srv.Published())
 	}
-	snap, err := h.srv.cacheFor("x-0").GetSnapshot("x-0")
+	snap, err := h.srv.cached("x-0")
 	if err != nil || snap.GetVersion(resource.EndpointType) != first.GetVersionInfo() {
 		t.Errorf("the previous snapshot did not stay: %v", err)
 	}
@@ -268,7 +268,7 @@ func TestNACKKeepsPreviousVersion(t *testing.T) {
 	c.nack(v2, v1.GetVersionInfo())
 	eventually(t, 5*time.Second, "NACK counted", func() bool { return counter(t, h.srv.m.nacks.WithLabelValues("eds")) == 1 })
 	eventually(t, 5*time.Second, "snapshot set back", func() bool {
-		snap, err := h.srv.cacheFor("x-0").GetSnapshot("x-0")
+		snap, err := h.srv.cached("x-0")
 		return err == nil && snap.GetVersion(resource.EndpointType) == v1.GetVersionInfo()
 	})
 
@@ -306,7 +306,7 @@ func TestNACKOfFirstResponse(t *testing.T) {
 	// Nothing to fall back to: the cache keeps the assignments under the version the client
 	// holds (""), so it neither resends v1 in a loop nor answers with nothing.
 	eventually(t, 5*time.Second, "NACK handled", func() bool {
-		snap, err := h.srv.cacheFor("x-0").GetSnapshot("x-0")
+		snap, err := h.srv.cached("x-0")
 		return err == nil && snap.GetVersion(resource.EndpointType) == ""
 	})
 	if n, _ := cachedCount(t, h, "x-0", resource.EndpointType); n != 2 {

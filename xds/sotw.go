@@ -2,6 +2,7 @@ package xds
 
 import (
 	"context"
+	"fmt"
 	"slices"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -29,6 +30,57 @@ import (
 type sotwCache struct {
 	s *Server
 	cache.Cache
+}
+
+// Fetch answers a fetch (the per-type services' unary Fetch methods): what the node is
+// served, when it has streams, else what the last publication has for a node of that id and
+// kind; only the named resources when the request names any. A request naming the version it
+// would get is told to skip (types.SkipFetchError), as by the snapshot cache.
+func (w sotwCache) Fetch(_ context.Context, req *cache.Request) (cache.Response, error) {
+	s := w.s
+	i := setIndex(req.GetTypeUrl())
+	if i < 0 {
+		return nil, fmt.Errorf("xds: fetch of type %q: edgeflow serves %v", req.GetTypeUrl(), typeURLs)
+	}
+	id := req.GetNode().GetId()
+	s.nodesMu.Lock()
+	pub, n := s.pub, s.nodes[id]
+	s.nodesMu.Unlock()
+	var (
+		set       Set
+		relabeled bool
+	)
+	if n != nil {
+		n.mu.Lock()
+		if n.served {
+			pub, set, relabeled = n.pub, n.sets[i], n.relabeled[i]
+		}
+		n.mu.Unlock()
+	}
+	if pub == nil {
+		return nil, fmt.Errorf("xds: fetch of %s by node %q: nothing is published yet", typeLabels[i], id)
+	}
+	if set.Version == "" && !relabeled {
+		res, _ := pub.resourcesFor(id, ClassifyNode(req.GetNode()))
+		set = res.Sets[i]
+	}
+	if req.GetVersionInfo() == set.Version {
+		return nil, &types.SkipFetchError{}
+	}
+	all, err := pub.anys(i, set, relabeled)
+	if err != nil {
+		return nil, fmt.Errorf("xds: fetch of %s by node %q: %w", typeLabels[i], id, err)
+	}
+	resources := all
+	if names := req.GetResourceNames(); len(names) > 0 {
+		resources = nil
+		for j, r := range set.Items {
+			if slices.Contains(names, cache.GetResourceName(r)) {
+				resources = append(resources, all[j])
+			}
+		}
+	}
+	return &response{req: req, version: set.Version, resources: resources}, nil
 }
 
 // noCancel is the cancel function of a watch answered at once.
@@ -61,7 +113,7 @@ func (w sotwCache) CreateWatch(req *cache.Request, _ cache.Subscription, ch chan
 	}
 	st.req = nil
 	version := req.GetVersionInfo()
-	if n.snap != nil && s.unheldLocked(n, st, i, version) {
+	if n.served && s.unheldLocked(n, st, i, version) {
 		s.respondLocked(n, st, i, ch, req)
 		return noCancel, nil
 	}

@@ -11,10 +11,13 @@ import (
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/edgeflow/edgeflow/optimizer"
@@ -131,16 +134,8 @@ func TestSOTWWatchesMirrorSnapshotCache(t *testing.T) {
 			onRequest:  func(req *discovery.DiscoveryRequest) { s.onRequest(key, req) },
 			onResponse: func(resp *discovery.DiscoveryResponse) { s.onResponse(key, resp) }}
 		b := &sotwDriver{c: ref, node: node, watches: map[string]*driverWatch{}}
-		var mirrored *cache.Snapshot
-		mirror := func() {
-			s.nodesMu.Lock()
-			n := s.nodes[id]
-			s.nodesMu.Unlock()
-			n.mu.Lock()
-			snap := n.snap
-			n.mu.Unlock()
-			if snap != mirrored && snap != nil {
-				mirrored = snap
+		mirror := func() { // a snapshot that did not change answers no watch
+			if snap, err := s.cached(id); err == nil {
 				if err := ref.SetSnapshot(ctx, id, snap); err != nil {
 					t.Fatal(err)
 				}
@@ -246,6 +241,50 @@ func TestSOTWExplicitWildcard(t *testing.T) {
 		slices.Sort(got)
 		if fmt.Sprint(got) != "[v y]" {
 			t.Errorf("names %v: got clusters %v, want [v y]", names, got)
+		}
+	}
+}
+
+// TestFetch: the per-type services' Fetch answers, over gRPC, what a node is served, also for
+// a node with no stream; a request naming that version is told there is nothing new.
+func TestFetch(t *testing.T) {
+	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
+	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	eds := endpointservice.NewEndpointDiscoveryServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := eds.FetchEndpoints(ctx, &discovery.DiscoveryRequest{Node: &core.Node{Id: "x-0"}}); err == nil {
+		t.Error("a fetch before the first publication succeeded")
+	}
+	h.srv.Update(two(5))
+	if err := h.srv.WaitPublished(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	streamed := dialADS(t, h.addr, "x-1")
+	streamed.subscribe(resource.EndpointType, "y")
+	pushed := streamed.next()
+	for _, tc := range []struct {
+		node  string
+		names []string
+		want  string
+	}{
+		// x-0 (on n1) calls y: y-0 on n2 is nearest; it does not call v: round robin.
+		{"x-0", nil, "v: v-0@0:5000 v-1@0:5000;y: y-0@0:10000 edgeflow/failover@1:1;"},
+		{"x-0", []string{"y"}, "y: y-0@0:10000 edgeflow/failover@1:1;"}, {"x-1", []string{"y"}, weights(t, pushed)}} {
+		r, err := eds.FetchEndpoints(ctx, &discovery.DiscoveryRequest{Node: &core.Node{Id: tc.node}, ResourceNames: tc.names})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := weights(t, r); got != tc.want {
+			t.Errorf("fetch by %s of %v = %q, want %q", tc.node, tc.names, got, tc.want)
+		}
+		_, err = eds.FetchEndpoints(ctx, &discovery.DiscoveryRequest{Node: &core.Node{Id: tc.node}, VersionInfo: r.GetVersionInfo()})
+		if err == nil {
+			t.Errorf("fetch by %s naming the current version %s succeeded", tc.node, r.GetVersionInfo())
 		}
 	}
 }
