@@ -388,10 +388,11 @@ type streamState struct {
 	watchVersion [numSets]string
 	req          *discovery.DiscoveryRequest
 
-	// Delta: per type, the resources the client ACKed (name → resource), and the responses
-	// sent and not answered yet, by nonce.
-	held    [numSets]map[string]heldResource
-	pending map[int64]deltaSent
+	// Delta: per type, the resources the client ACKed, and the responses sent and not
+	// answered yet, oldest first (nil when none: a stream holds on to neither a map nor
+	// an empty slice's array between pushes).
+	held    [numSets]heldSet
+	pending []deltaSent
 }
 
 // heldResource is a resource a delta client holds: its version (go-control-plane's content
@@ -401,12 +402,47 @@ type heldResource struct {
 	res     types.Resource
 }
 
+// heldSet is what a delta client holds of one type, sorted by name. A slice: a stream holds a
+// few resources of each type, and a map per stream and type cost more than the rest of the
+// stream's state.
+type heldSet []heldEntry
+
+type heldEntry struct {
+	name string
+	heldResource
+}
+
+func (h heldSet) search(name string) (int, bool) {
+	return slices.BinarySearchFunc(h, name, func(e heldEntry, name string) int { return strings.Compare(e.name, name) })
+}
+
+func (h heldSet) get(name string) (heldResource, bool) {
+	if j, ok := h.search(name); ok {
+		return h[j].heldResource, true
+	}
+	return heldResource{}, false
+}
+
+func (h *heldSet) put(e heldEntry) {
+	if j, ok := h.search(e.name); ok {
+		(*h)[j] = e
+	} else {
+		*h = slices.Insert(*h, j, e)
+	}
+}
+
+func (h *heldSet) remove(name string) {
+	if j, ok := h.search(name); ok {
+		*h = slices.Delete(*h, j, j+1)
+	}
+}
+
 // deltaSent is a delta response the client has not answered.
 type deltaSent struct {
+	nonce     int64
 	typ       int
 	set       Set // the set the response was computed from (SystemVersionInfo)
-	resources []heldResource
-	names     []string
+	resources []heldEntry
 	removed   []string
 }
 
@@ -738,7 +774,6 @@ func (s *Server) openStream(key streamKey, node *core.Node) *streamState {
 	defer n.mu.Unlock()
 	n.live = append(n.live, st)
 	if key.delta {
-		st.pending = map[int64]deltaSent{}
 		if n.deltas++; n.deltas == 1 && n.served {
 			// The first delta stream: the same sets again, now with resource versions.
 			s.setSnapshotLocked(n, n.sets)
@@ -869,18 +904,19 @@ func (s *Server) onDeltaResponse(key streamKey, resp *discovery.DeltaDiscoveryRe
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	set, _ := n.find(st, i, resp.GetSystemVersionInfo())
-	sent := deltaSent{typ: i, set: set, removed: resp.GetRemovedResources()}
+	sent := deltaSent{nonce: nonce, typ: i, set: set, removed: resp.GetRemovedResources()}
 	for _, r := range resp.GetResources() {
-		sent.names = append(sent.names, r.GetName())
-		sent.resources = append(sent.resources, heldResource{version: r.GetVersion(), res: setItem(set, r.GetName())})
+		sent.resources = append(sent.resources, heldEntry{r.GetName(), heldResource{version: r.GetVersion(), res: setItem(set, r.GetName())}})
 	}
-	st.pending[nonce] = sent
+	st.pending = append(st.pending, sent)
 	if len(st.pending) > maxPending { // a client that never answers: forget the oldest
-		oldest := nonce
-		for k := range st.pending {
-			oldest = min(oldest, k)
+		oldest := 0
+		for j, p := range st.pending {
+			if p.nonce < st.pending[oldest].nonce {
+				oldest = j
+			}
 		}
-		delete(st.pending, oldest)
+		st.pending = slices.Delete(st.pending, oldest, oldest+1)
 	}
 	st.since[i] = n.writes[i] + 1
 }
@@ -907,12 +943,9 @@ func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequ
 	// Responses queued before this request were sent before it was handed over; the cache
 	// answers it from the set current then: this one or a later one.
 	st.since[i] = n.writes[i]
-	if st.held[i] == nil {
-		st.held[i] = map[string]heldResource{}
-	}
 	if !st.sub[i].wildcard {
 		for _, r := range req.GetResourceNamesUnsubscribe() {
-			delete(st.held[i], r)
+			st.held[i].remove(r)
 		}
 	}
 	if first {
@@ -923,24 +956,24 @@ func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequ
 			if vm[name] == v {
 				h.res = setItem(n.sets[i], name)
 			}
-			st.held[i][name] = h
+			st.held[i].put(heldEntry{name, h})
 		}
 	}
 	if nonce, err := strconv.ParseInt(req.GetResponseNonce(), 10, 64); err == nil {
-		if sent, ok := st.pending[nonce]; ok && sent.typ == i {
-			for k, p := range st.pending {
-				if k <= nonce && p.typ == i {
-					delete(st.pending, k)
-				}
+		if j := slices.IndexFunc(st.pending, func(p deltaSent) bool { return p.nonce == nonce && p.typ == i }); j >= 0 {
+			sent := st.pending[j]
+			st.pending = slices.DeleteFunc(st.pending, func(p deltaSent) bool { return p.nonce <= nonce && p.typ == i })
+			if len(st.pending) == 0 {
+				st.pending = nil
 			}
 			if d := req.GetErrorDetail(); d != nil {
 				s.nackLocked(n, st, i, sent.set.Version, "", d.GetMessage())
 			} else {
-				for j, name := range sent.names {
-					st.held[i][name] = sent.resources[j]
+				for _, e := range sent.resources {
+					st.held[i].put(e)
 				}
 				for _, name := range sent.removed {
-					delete(st.held[i], name)
+					st.held[i].remove(name)
 				}
 				st.acked[i] = sent.set
 				n.acked[i] = sent.set
@@ -988,12 +1021,12 @@ func (s *Server) checkHeldLocked(n *nodeState, st *streamState, i int) {
 	}
 	sub, held := &st.sub[i], st.held[i]
 	for name, v := range vm {
-		if sub.has(name) && held[name].version != v {
+		if h, _ := held.get(name); sub.has(name) && h.version != v {
 			return
 		}
 	}
-	for name := range held {
-		if _, ok := vm[name]; !ok && sub.has(name) {
+	for _, e := range held {
+		if _, ok := vm[e.name]; !ok && sub.has(e.name) {
 			return
 		}
 	}

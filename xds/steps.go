@@ -137,7 +137,7 @@ func (n *nodeState) holds(st *streamState, i int, names []string) bool {
 			if !st.sub[i].has(name) {
 				continue
 			}
-			if _, ok := st.held[i][name]; !ok {
+			if _, ok := st.held[i].get(name); !ok {
 				return false
 			}
 		} else if setItem(st.acked[i], name) == nil {
