@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -447,20 +446,19 @@ type deltaSent struct {
 }
 
 // subscription mirrors go-control-plane's view of what a stream asked for (stream.Subscription),
-// including the legacy wildcard (a first request without names). A SOTW stream's names are a
-// sorted list (usually a few, and the same list again in every ACK: a map per stream and type
-// cost more memory than the rest of the stream's state); a delta stream's, which its requests
-// change name by name, a set.
+// including the legacy wildcard (a first request without names). The names are a sorted list:
+// usually a few, the same list again in every SOTW ACK, and a map per stream and type cost more
+// memory than the rest of the stream's state. A SOTW request replaces the list (a new one, so
+// a list once handed out is never changed); a delta request edits a copy name by name.
 type subscription struct {
+	list     []string // sorted, without duplicates and "*"
 	started  bool
 	legacy   bool
 	wildcard bool
-	list     []string        // SOTW: sorted, without duplicates and "*"
-	set      map[string]bool // delta
 }
 
 func (s *subscription) has(name string) bool {
-	if s.wildcard || s.set[name] {
+	if s.wildcard {
 		return true
 	}
 	_, found := slices.BinarySearch(s.list, name)
@@ -468,12 +466,7 @@ func (s *subscription) has(name string) bool {
 }
 
 // subscribedNames returns the names subscribed to besides the wildcard, sorted.
-func (s *subscription) subscribedNames() []string {
-	if s.set == nil {
-		return slices.Clone(s.list)
-	}
-	return slices.Sorted(maps.Keys(s.set))
-}
+func (s *subscription) subscribedNames() []string { return slices.Clone(s.list) }
 
 // setSOTW applies a SOTW request's resource_names (the full list).
 func (s *subscription) setSOTW(names []string) {
@@ -515,7 +508,6 @@ func (s *subscription) setSOTW(names []string) {
 func (s *subscription) updateDelta(subscribe, unsubscribe []string) {
 	if !s.started {
 		s.started, s.legacy, s.wildcard = true, true, len(subscribe) == 0
-		s.set = map[string]bool{}
 	}
 	if s.legacy {
 		if len(subscribe) == 0 {
@@ -526,15 +518,15 @@ func (s *subscription) updateDelta(subscribe, unsubscribe []string) {
 	for _, r := range subscribe {
 		if r == "*" {
 			s.wildcard = true
-		} else {
-			s.set[r] = true
+		} else if j, found := slices.BinarySearch(s.list, r); !found {
+			s.list = slices.Insert(slices.Clip(s.list), j, r) // a new array
 		}
 	}
 	for _, r := range unsubscribe {
 		if r == "*" {
 			s.wildcard = false
-		} else {
-			delete(s.set, r)
+		} else if j, found := slices.BinarySearch(s.list, r); found {
+			s.list = slices.Delete(slices.Clone(s.list), j, j+1)
 		}
 	}
 }
