@@ -236,7 +236,7 @@ func wireForm(r types.Resource) types.Resource {
 type nodeState struct {
 	id      string
 	kind    NodeKind // classified from the node of its first stream
-	streams int
+	streams int32
 
 	mu     sync.Mutex
 	pub    *publication  // the publication target was built from
@@ -246,16 +246,24 @@ type nodeState struct {
 	// relabeled marks a set kept after a NACK under the version its client named (no
 	// fallback existed): not interned, not remembered.
 	relabeled [numSets]bool
-	closed    bool            // the node's last stream closed (next to relabeled: one word for both)
-	served    bool            // the node has been given its sets (SOTW watches wait until then)
-	snap      *cache.Snapshot // the snapshot last set in the snapshot cache, while the node has delta streams
-	writes    [numSets]uint64 // sets written so far, per type
-	history   [numSets][]past // sets written, oldest first (see rememberLocked)
-	acked     [numSets]Set    // the set a stream of the node last ACKed, per type
-	rejected  [numSets]string // the version last NACKed, per type: never set again
-	live      []*streamState  // streams that sent a request, in arrival order
-	deltas    int             // how many of live are delta streams
-	awaitPub  *publication    // the publication waiting for this node's answers
+	closed    bool             // the node's last stream closed (next to relabeled: one word for both)
+	served    bool             // the node has been given its sets (SOTW watches wait until then)
+	snap      *cache.Snapshot  // the snapshot last set in the snapshot cache, while the node has delta streams
+	writes    [numSets]uint64  // sets written so far, per type
+	history   [numSets][]past  // sets written, oldest first (see rememberLocked)
+	acked     [numSets]Set     // the set a stream of the node last ACKed, per type
+	rejected  *[numSets]string // the version last NACKed, per type: never set again (nil until a NACK)
+	live      []*streamState   // streams that sent a request, in arrival order
+	deltas    int              // how many of live are delta streams
+	awaitPub  *publication     // the publication waiting for this node's answers
+}
+
+// rejectedVersion is the version of type i the node's clients last NACKed ("" = none).
+func (n *nodeState) rejectedVersion(i int) string {
+	if n.rejected == nil {
+		return ""
+	}
+	return n.rejected[i]
 }
 
 // past is a set the node was given, with its write number.
@@ -339,9 +347,11 @@ func (n *nodeState) find(st *streamState, i int, version string) (Set, bool) {
 	case st.acked[i].Version == version:
 		return st.acked[i], true
 	}
-	for _, p := range st.pending {
-		if p.typ == i && p.set.Version == version {
-			return p.set, true
+	if st.delta != nil {
+		for _, p := range st.delta.pending {
+			if p.typ == i && p.set.Version == version {
+				return p.set, true
+			}
 		}
 	}
 	return n.lookup(i, version)
@@ -351,6 +361,22 @@ func (n *nodeState) find(st *streamState, i int, version string) (Set, bool) {
 type streamKey struct {
 	delta bool
 	id    int64
+}
+
+// parseNonce reads a SOTW nonce as go-control-plane writes it (a counter from 1, in decimal):
+// "" is 0, and anything it does not write is -1, which equals no nonce it sent.
+func parseNonce(s string) int64 {
+	if s == "" {
+		return 0
+	}
+	if s[0] < '1' || s[0] > '9' {
+		return -1
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
 }
 
 // streamState is one xDS stream: what it subscribed to, what its client holds, what it was
@@ -372,14 +398,16 @@ type streamState struct {
 	// publication converges ("" = none).
 	awaiting [numSets]string
 
-	// SOTW: the last response per type, whether the client answered it, and what it returned.
-	nonce    [numSets]string
+	// SOTW: the last response per type (its nonce, 0 = none), whether the client answered it,
+	// and what it returned.
+	nonce    [numSets]int64
 	sent     [numSets]Set
 	answered [numSets]bool
 	// open: a response of the type was sent since its last accepted request; go-control-plane
 	// then ignores a request (stale) unless it names that response's nonce.
-	open     [numSets]bool
-	returned [numSets]returned
+	open        [numSets]bool
+	returnedAll [numSets]bool // see returnedHas
+	returned    [numSets][]string
 
 	// SOTW watches (sotw.go): per type, the open watch's responder (nil = none) and the
 	// version its request named; and the request onRequest hands to CreateWatch.
@@ -387,10 +415,15 @@ type streamState struct {
 	watchVersion [numSets]string
 	req          *discovery.DiscoveryRequest
 
-	// Delta: per type, the resources the client ACKed, and the responses sent and not
-	// answered yet, oldest first (nil when none: a stream holds on to neither a map nor
-	// an empty slice's array between pushes).
-	held    [numSets]heldSet
+	delta *deltaStream // delta streams only
+}
+
+// deltaStream is what a delta stream's client holds and has not answered.
+type deltaStream struct {
+	// held is, per type, the resources the client ACKed.
+	held [numSets]heldSet
+	// pending is the responses sent and not answered yet, oldest first (nil when none: a
+	// stream keeps no array between pushes).
 	pending []deltaSent
 }
 
@@ -758,6 +791,9 @@ func (s *Server) openStream(key streamKey, node *core.Node) *streamState {
 	}
 	n.streams++
 	st := &streamState{node: n, key: key}
+	if key.delta {
+		st.delta = &deltaStream{}
+	}
 	s.streams.Store(key, st)
 	pub := s.pub
 	s.nodesMu.Unlock()
@@ -828,9 +864,9 @@ func (s *Server) onResponse(key streamKey, resp *discovery.DiscoveryResponse) {
 	n := st.node
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	st.nonce[i] = resp.GetNonce()
+	st.nonce[i] = parseNonce(resp.GetNonce())
 	st.sent[i], _ = n.find(st, i, resp.GetVersionInfo())
-	st.returned[i] = returnedOf(st.sent[i], &st.sub[i])
+	st.setReturned(i)
 	st.answered[i] = false
 	st.open[i] = true
 	st.since[i] = n.writes[i] + 1
@@ -852,7 +888,7 @@ func (s *Server) onRequest(key streamKey, req *discovery.DiscoveryRequest) {
 	if known {
 		st.acked[i] = held
 	}
-	nonce := req.GetResponseNonce()
+	nonce := parseNonce(req.GetResponseNonce())
 	if !st.open[i] || nonce == st.nonce[i] {
 		// Not stale: the cache drops the type's old watch (and a response queued on it) and
 		// answers from the set current then: this one or a later one. A stale request
@@ -860,10 +896,10 @@ func (s *Server) onRequest(key streamKey, req *discovery.DiscoveryRequest) {
 		st.open[i] = false
 		st.sub[i].setSOTW(req.GetResourceNames())
 		st.since[i] = n.writes[i]
-		st.returned[i] = st.returned[i].unsubscribed(st.sent[i], &st.sub[i])
+		st.dropUnsubscribed(i)
 		st.req = req // for CreateWatch, which go-control-plane calls next
 	}
-	if nonce != "" && nonce == st.nonce[i] {
+	if nonce > 0 && nonce == st.nonce[i] {
 		if known {
 			n.acked[i] = held
 		}
@@ -900,15 +936,15 @@ func (s *Server) onDeltaResponse(key streamKey, resp *discovery.DeltaDiscoveryRe
 	for _, r := range resp.GetResources() {
 		sent.resources = append(sent.resources, heldEntry{r.GetName(), heldResource{version: r.GetVersion(), res: setItem(set, r.GetName())}})
 	}
-	st.pending = append(st.pending, sent)
-	if len(st.pending) > maxPending { // a client that never answers: forget the oldest
+	st.delta.pending = append(st.delta.pending, sent)
+	if len(st.delta.pending) > maxPending { // a client that never answers: forget the oldest
 		oldest := 0
-		for j, p := range st.pending {
-			if p.nonce < st.pending[oldest].nonce {
+		for j, p := range st.delta.pending {
+			if p.nonce < st.delta.pending[oldest].nonce {
 				oldest = j
 			}
 		}
-		st.pending = slices.Delete(st.pending, oldest, oldest+1)
+		st.delta.pending = slices.Delete(st.delta.pending, oldest, oldest+1)
 	}
 	st.since[i] = n.writes[i] + 1
 }
@@ -937,7 +973,7 @@ func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequ
 	st.since[i] = n.writes[i]
 	if !st.sub[i].wildcard {
 		for _, r := range req.GetResourceNamesUnsubscribe() {
-			st.held[i].remove(r)
+			st.delta.held[i].remove(r)
 		}
 	}
 	if first {
@@ -948,24 +984,24 @@ func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequ
 			if vm[name] == v {
 				h.res = setItem(n.sets[i], name)
 			}
-			st.held[i].put(heldEntry{name, h})
+			st.delta.held[i].put(heldEntry{name, h})
 		}
 	}
 	if nonce, err := strconv.ParseInt(req.GetResponseNonce(), 10, 64); err == nil {
-		if j := slices.IndexFunc(st.pending, func(p deltaSent) bool { return p.nonce == nonce && p.typ == i }); j >= 0 {
-			sent := st.pending[j]
-			st.pending = slices.DeleteFunc(st.pending, func(p deltaSent) bool { return p.nonce <= nonce && p.typ == i })
-			if len(st.pending) == 0 {
-				st.pending = nil
+		if j := slices.IndexFunc(st.delta.pending, func(p deltaSent) bool { return p.nonce == nonce && p.typ == i }); j >= 0 {
+			sent := st.delta.pending[j]
+			st.delta.pending = slices.DeleteFunc(st.delta.pending, func(p deltaSent) bool { return p.nonce <= nonce && p.typ == i })
+			if len(st.delta.pending) == 0 {
+				st.delta.pending = nil
 			}
 			if d := req.GetErrorDetail(); d != nil {
 				s.nackLocked(n, st, i, sent.set.Version, "", d.GetMessage())
 			} else {
 				for _, e := range sent.resources {
-					st.held[i].put(e)
+					st.delta.held[i].put(e)
 				}
 				for _, name := range sent.removed {
-					st.held[i].remove(name)
+					st.delta.held[i].remove(name)
 				}
 				st.acked[i] = sent.set
 				n.acked[i] = sent.set
@@ -997,12 +1033,12 @@ func (s *Server) checkHeldLocked(n *nodeState, st *streamState, i int) {
 		return
 	}
 	if !st.key.delta {
-		if (st.nonce[i] == "" || st.answered[i]) && st.acked[i].Version == n.sets[i].Version {
+		if (st.nonce[i] == 0 || st.answered[i]) && st.acked[i].Version == n.sets[i].Version {
 			st.awaiting[i] = ""
 		}
 		return
 	}
-	for _, p := range st.pending {
+	for _, p := range st.delta.pending {
 		if p.typ == i {
 			return
 		}
@@ -1011,7 +1047,7 @@ func (s *Server) checkHeldLocked(n *nodeState, st *streamState, i int) {
 	if vm == nil && len(n.sets[i].Items) > 0 {
 		return
 	}
-	sub, held := &st.sub[i], st.held[i]
+	sub, held := &st.sub[i], st.delta.held[i]
 	for name, v := range vm {
 		if h, _ := held.get(name); sub.has(name) && h.version != v {
 			return
@@ -1038,6 +1074,9 @@ func (s *Server) nackLocked(n *nodeState, st *streamState, i int, version, holds
 		s.log.Warn("xds: client rejected a response", "node", n.id, "type", typeLabels[i], "version", version,
 			"kept", n.sets[i].Version, "error", message)
 		return
+	}
+	if n.rejected == nil {
+		n.rejected = new([numSets]string)
 	}
 	n.rejected[i] = version
 	fallback, kind := n.fallback(i, version)

@@ -138,13 +138,12 @@ func (s *Server) unheldLocked(n *nodeState, st *streamState, i int, version stri
 	if version != set.Version {
 		return true
 	}
-	ret := &st.returned[i]
-	if ret.all && st.sent[i].Version == set.Version && st.sub[i].wildcard {
-		return false
+	if st.returnedAll[i] && st.sent[i].Version == set.Version {
+		return false // every item of this very set was returned
 	}
 	for _, r := range set.Items {
 		name := cache.GetResourceName(r)
-		if st.sub[i].has(name) && !ret.has(name, st.sent[i]) {
+		if st.sub[i].has(name) && !st.returnedHas(i, name) {
 			return true
 		}
 	}
@@ -230,19 +229,16 @@ func (r *response) GetContext() context.Context             { return context.Bac
 // cache.
 func (r *response) GetReturnedResources() map[string]string { return nil }
 
-// returned is what the last SOTW response of a type returned to a stream, less the names the
-// stream unsubscribed from since (go-control-plane's returned resources): every item of the
-// set sent (all), or the sorted names.
-type returned struct {
-	all   bool
-	names []string
-}
+// What the last SOTW response of type i returned to a stream, less the names the stream
+// unsubscribed from since, is go-control-plane's returned resources: every item of st.sent[i]
+// (st.returnedAll[i]), or the sorted names st.returned[i].
 
-func (r *returned) has(name string, sent Set) bool {
-	if r.all {
-		return slices.ContainsFunc(sent.Items, func(x types.Resource) bool { return cache.GetResourceName(x) == name })
+// returnedHas reports whether name is among the resources returned to st of type i.
+func (st *streamState) returnedHas(i int, name string) bool {
+	if st.returnedAll[i] {
+		return setItem(st.sent[i], name) != nil
 	}
-	_, found := slices.BinarySearch(r.names, name)
+	_, found := slices.BinarySearch(st.returned[i], name)
 	return found
 }
 
@@ -251,11 +247,13 @@ func (r *returned) has(name string, sent Set) bool {
 // filters only by a request's non-empty names) one that names nothing.
 func sendsAll(sub *subscription) bool { return sub.wildcard || len(sub.list) == 0 }
 
-// returnedOf is what a response of set to a stream subscribed as sub returns. The names are
-// sub's own list when the set has every one of them (no allocation).
-func returnedOf(set Set, sub *subscription) returned {
-	if sendsAll(sub) {
-		return returned{all: true}
+// setReturned records what the response of st.sent[i] just sent returned. The names are the
+// subscription's own list when the set has every one of them (no allocation).
+func (st *streamState) setReturned(i int) {
+	set, sub := st.sent[i], &st.sub[i]
+	st.returnedAll[i], st.returned[i] = sendsAll(sub), nil
+	if st.returnedAll[i] {
+		return
 	}
 	matched := 0
 	for _, r := range set.Items {
@@ -264,7 +262,8 @@ func returnedOf(set Set, sub *subscription) returned {
 		}
 	}
 	if matched == len(sub.list) {
-		return returned{names: sub.list}
+		st.returned[i] = sub.list
+		return
 	}
 	names := make([]string, 0, matched)
 	for _, r := range set.Items {
@@ -273,38 +272,31 @@ func returnedOf(set Set, sub *subscription) returned {
 		}
 	}
 	slices.Sort(names)
-	return returned{names: names}
+	st.returned[i] = names
 }
 
-// unsubscribed drops from r the names sub no longer subscribes to (as go-control-plane does
-// on every request that names resources without the wildcard); sent is the set r refers to.
-func (r returned) unsubscribed(sent Set, sub *subscription) returned {
+// dropUnsubscribed drops from what was returned to st of type i the names its subscription
+// no longer has, as go-control-plane does on every accepted request that names resources
+// without the wildcard.
+func (st *streamState) dropUnsubscribed(i int) {
+	sub := &st.sub[i]
 	if sub.wildcard {
-		return r
+		return
 	}
-	if r.all {
-		r = returned{names: make([]string, 0, len(sent.Items))}
-		for _, x := range sent.Items {
-			r.names = append(r.names, cache.GetResourceName(x))
+	names := st.returned[i]
+	if st.returnedAll[i] {
+		st.returnedAll[i] = false
+		names = make([]string, 0, len(st.sent[i].Items))
+		for _, x := range st.sent[i].Items {
+			names = append(names, cache.GetResourceName(x))
 		}
-		slices.Sort(r.names)
+		slices.Sort(names)
 	}
-	keep := 0
-	for _, name := range r.names {
-		if sub.has(name) {
-			keep++
-		}
+	if !slices.ContainsFunc(names, func(name string) bool { return !sub.has(name) }) {
+		st.returned[i] = names
+		return
 	}
-	if keep == len(r.names) {
-		return r
-	}
-	names := make([]string, 0, keep)
-	for _, name := range r.names {
-		if sub.has(name) {
-			names = append(names, name)
-		}
-	}
-	return returned{names: names}
+	st.returned[i] = slices.DeleteFunc(slices.Clone(names), func(name string) bool { return !sub.has(name) })
 }
 
 // anys returns set i's resources marshalled, in the set's order: made once per publication

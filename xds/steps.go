@@ -38,7 +38,7 @@ import (
 func (s *Server) nextLocked(n *nodeState) [numSets]Set {
 	want := *n.target
 	for i := range want {
-		if want[i].Version != "" && want[i].Version == n.rejected[i] {
+		if want[i].Version != "" && want[i].Version == n.rejectedVersion(i) {
 			want[i] = n.sets[i]
 		}
 	}
@@ -64,7 +64,7 @@ func (s *Server) nextLocked(n *nodeState) [numSets]Set {
 		next[EndpointSet] = merged(next[EndpointSet], cur[EndpointSet], keep)
 	}
 	for _, i := range []int{ClusterSet, EndpointSet} {
-		if next[i].Version != "" && next[i].Version == n.rejected[i] {
+		if next[i].Version != "" && next[i].Version == n.rejectedVersion(i) {
 			next[i] = cur[i]
 		}
 	}
@@ -137,7 +137,7 @@ func (n *nodeState) holds(st *streamState, i int, names []string) bool {
 			if !st.sub[i].has(name) {
 				continue
 			}
-			if _, ok := st.held[i].get(name); !ok {
+			if _, ok := st.delta.held[i].get(name); !ok {
 				return false
 			}
 		} else if setItem(st.acked[i], name) == nil {
@@ -158,12 +158,12 @@ func (n *nodeState) holds(st *streamState, i int, names []string) bool {
 func (n *nodeState) onTheWay(st *streamState, i int) []Set {
 	var out []Set
 	if st.key.delta {
-		for _, p := range st.pending {
+		for _, p := range st.delta.pending {
 			if p.typ == i {
 				out = append(out, p.set)
 			}
 		}
-	} else if st.nonce[i] != "" && !st.answered[i] {
+	} else if st.nonce[i] != 0 && !st.answered[i] {
 		out = append(out, st.sent[i])
 	}
 	for _, p := range n.history[i] {
@@ -195,7 +195,7 @@ func (s *Server) namedLocked(n *nodeState, next *[numSets]Set) map[string]bool {
 				continue
 			}
 			if st.key.delta {
-				for _, h := range st.held[i] {
+				for _, h := range st.delta.held[i] {
 					if h.res != nil {
 						s.addRefs(n.pub, h.res, named)
 					}
