@@ -248,7 +248,7 @@ type nodeState struct {
 	relabeled [numSets]bool
 	closed    bool             // the node's last stream closed (next to relabeled: one word for both)
 	served    bool             // the node has been given its sets (SOTW watches wait until then)
-	snap      *cache.Snapshot  // the snapshot last set in the snapshot cache, while the node has delta streams
+	snap      *nodeSnapshot    // the snapshot last set in the snapshot cache, while the node has delta streams
 	writes    [numSets]uint64  // sets written so far, per type
 	history   [numSets][]past  // sets written, oldest first (see rememberLocked)
 	acked     [numSets]Set     // the set a stream of the node last ACKed, per type
@@ -698,39 +698,74 @@ func (s *Server) setSnapshotLocked(n *nodeState, before [numSets]Set) {
 		s.respondSOTWLocked(n)
 		return
 	}
-	snap := &cache.Snapshot{}
-	var interned [numSets]bool
+	snap := &nodeSnapshot{}
 	for i, set := range n.sets {
-		if n.relabeled[i] || (set.Version == "" && len(set.Items) > 0) {
-			snap.Resources[typeSlots[i]] = cache.NewResources(set.Version, set.Items)
+		interned := !n.relabeled[i] && (set.Version != "" || len(set.Items) == 0)
+		if interned {
+			snap.res[i] = n.pub.intern(i, set)
 		} else {
-			snap.Resources[typeSlots[i]] = n.pub.intern(i, set)
-			interned[i] = true
+			snap.res[i] = cache.NewResources(set.Version, set.Items)
 		}
-	}
-	if n.deltas > 0 {
 		// Delta streams compare per-resource versions; computed before the cache has the
 		// snapshot, so the cache and the server only ever read them, and shared by the nodes
 		// that hold the same interned set.
-		snap.VersionMap = make(map[string]map[string]string, numSets)
-		for i := range n.sets {
-			vm, err := n.pub.versions(i, snap.Resources[typeSlots[i]], interned[i])
-			if err != nil {
-				s.log.Error("xds: resource versions", "node", n.id, "error", err)
-				snap.VersionMap = nil
-				if err := snap.ConstructVersionMap(); err != nil {
-					s.log.Error("xds: resource versions", "node", n.id, "error", err)
-				}
-				break
-			}
-			snap.VersionMap[typeURLs[i]] = vm
+		vm, err := n.pub.versions(i, snap.res[i], interned)
+		if err != nil {
+			s.log.Error("xds: resource versions", "node", n.id, "type", typeLabels[i], "error", err)
 		}
+		snap.vm[i] = vm
 	}
 	n.snap = snap
 	if err := s.cacheFor(n.id).SetSnapshot(context.Background(), n.id, snap); err != nil {
 		s.log.Error("xds: setting snapshot", "node", n.id, "error", err)
 	}
 	s.respondSOTWLocked(n)
+}
+
+// nodeSnapshot is a node's sets as the snapshot cache reads them (cache.ResourceSnapshot) for
+// its delta streams: the publication's resources and per-resource versions, shared with every
+// node that holds the same set, instead of a cache.Snapshot and a version map per node.
+type nodeSnapshot struct {
+	res [numSets]cache.Resources
+	vm  [numSets]map[string]string
+}
+
+var _ cache.ResourceSnapshot = (*nodeSnapshot)(nil)
+
+func (s *nodeSnapshot) GetVersion(typeURL string) string {
+	if i := setIndex(typeURL); i >= 0 {
+		return s.res[i].Version
+	}
+	return ""
+}
+
+func (s *nodeSnapshot) GetResourcesAndTTL(typeURL string) map[string]types.ResourceWithTTL {
+	if i := setIndex(typeURL); i >= 0 {
+		return s.res[i].Items
+	}
+	return nil
+}
+
+func (s *nodeSnapshot) GetResources(typeURL string) map[string]types.Resource {
+	items := s.GetResourcesAndTTL(typeURL)
+	if items == nil {
+		return nil
+	}
+	out := make(map[string]types.Resource, len(items))
+	for name, r := range items {
+		out[name] = r.Resource
+	}
+	return out
+}
+
+// ConstructVersionMap does nothing: the versions are computed when the snapshot is made.
+func (s *nodeSnapshot) ConstructVersionMap() error { return nil }
+
+func (s *nodeSnapshot) GetVersionMap(typeURL string) map[string]string {
+	if i := setIndex(typeURL); i >= 0 {
+		return s.vm[i]
+	}
+	return nil
 }
 
 // callbacks hooks the server into go-control-plane's stream lifecycle.
@@ -1018,10 +1053,10 @@ func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequ
 // versionMap returns go-control-plane's per-resource versions of the cached set of type i
 // (computed only for nodes with delta streams).
 func (n *nodeState) versionMap(i int) map[string]string {
-	if n.snap == nil || n.snap.VersionMap == nil {
+	if n.snap == nil {
 		return nil
 	}
-	return n.snap.VersionMap[typeURLs[i]]
+	return n.snap.vm[i]
 }
 
 // checkHeldLocked stops st from being awaited for type i when nothing of that type is on the
