@@ -318,7 +318,8 @@ type deltaClient struct {
 	node   *core.Node
 	stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
 	resp   chan *discovery.DeltaDiscoveryResponse
-	sent   bool // the node went out with the first request
+	sent   bool   // the node went out with the first request
+	close  func() // ends the stream (also at cleanup)
 }
 
 func dialDelta(t testing.TB, addr, nodeID string) *deltaClient {
@@ -345,11 +346,15 @@ func dialDelta(t testing.TB, addr, nodeID string) *deltaClient {
 			c.resp <- r
 		}
 	}()
-	t.Cleanup(func() {
-		cancel()
-		conn.Close()
-		<-done
-	})
+	var once sync.Once
+	c.close = func() {
+		once.Do(func() {
+			cancel()
+			conn.Close()
+			<-done
+		})
+	}
+	t.Cleanup(c.close)
 	return c
 }
 

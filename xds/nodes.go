@@ -342,8 +342,8 @@ func (n *nodeState) find(st *streamState, i int, version string) (Set, bool) {
 	switch {
 	case version == "":
 		return Set{}, true
-	case st.sent[i].Version == version:
-		return st.sent[i], true
+	case st.sotw != nil && st.sotw.sent[i].Version == version:
+		return st.sotw.sent[i], true
 	case st.acked[i].Version == version:
 		return st.acked[i], true
 	}
@@ -398,8 +398,14 @@ type streamState struct {
 	// publication converges ("" = none).
 	awaiting [numSets]string
 
-	// SOTW: the last response per type (its nonce, 0 = none), whether the client answered it,
-	// and what it returned.
+	sotw  *sotwStream  // SOTW streams only
+	delta *deltaStream // delta streams only
+}
+
+// sotwStream is what a SOTW stream was sent, and its watches.
+type sotwStream struct {
+	// The last response per type (its nonce, 0 = none), whether the client answered it, and
+	// what it returned.
 	nonce    [numSets]int64
 	sent     [numSets]Set
 	answered [numSets]bool
@@ -414,8 +420,6 @@ type streamState struct {
 	watch        [numSets]chan cache.Response
 	watchVersion [numSets]string
 	req          *discovery.DiscoveryRequest
-
-	delta *deltaStream // delta streams only
 }
 
 // deltaStream is what a delta stream's client holds and has not answered.
@@ -828,6 +832,8 @@ func (s *Server) openStream(key streamKey, node *core.Node) *streamState {
 	st := &streamState{node: n, key: key}
 	if key.delta {
 		st.delta = &deltaStream{}
+	} else {
+		st.sotw = &sotwStream{}
 	}
 	s.streams.Store(key, st)
 	pub := s.pub
@@ -899,11 +905,11 @@ func (s *Server) onResponse(key streamKey, resp *discovery.DiscoveryResponse) {
 	n := st.node
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	st.nonce[i] = parseNonce(resp.GetNonce())
-	st.sent[i], _ = n.find(st, i, resp.GetVersionInfo())
+	st.sotw.nonce[i] = parseNonce(resp.GetNonce())
+	st.sotw.sent[i], _ = n.find(st, i, resp.GetVersionInfo())
 	st.setReturned(i)
-	st.answered[i] = false
-	st.open[i] = true
+	st.sotw.answered[i] = false
+	st.sotw.open[i] = true
 	st.since[i] = n.writes[i] + 1
 }
 
@@ -924,22 +930,22 @@ func (s *Server) onRequest(key streamKey, req *discovery.DiscoveryRequest) {
 		st.acked[i] = held
 	}
 	nonce := parseNonce(req.GetResponseNonce())
-	if !st.open[i] || nonce == st.nonce[i] {
+	if !st.sotw.open[i] || nonce == st.sotw.nonce[i] {
 		// Not stale: the cache drops the type's old watch (and a response queued on it) and
 		// answers from the set current then: this one or a later one. A stale request
 		// changes nothing in go-control-plane, its subscription included.
-		st.open[i] = false
+		st.sotw.open[i] = false
 		st.sub[i].setSOTW(req.GetResourceNames())
 		st.since[i] = n.writes[i]
 		st.dropUnsubscribed(i)
-		st.req = req // for CreateWatch, which go-control-plane calls next
+		st.sotw.req = req // for CreateWatch, which go-control-plane calls next
 	}
-	if nonce > 0 && nonce == st.nonce[i] {
+	if nonce > 0 && nonce == st.sotw.nonce[i] {
 		if known {
 			n.acked[i] = held
 		}
-		st.answered[i] = true
-		answered := st.sent[i].Version
+		st.sotw.answered[i] = true
+		answered := st.sotw.sent[i].Version
 		if d := req.GetErrorDetail(); d != nil {
 			s.nackLocked(n, st, i, answered, req.GetVersionInfo(), d.GetMessage())
 		}
@@ -1068,7 +1074,7 @@ func (s *Server) checkHeldLocked(n *nodeState, st *streamState, i int) {
 		return
 	}
 	if !st.key.delta {
-		if (st.nonce[i] == 0 || st.answered[i]) && st.acked[i].Version == n.sets[i].Version {
+		if (st.sotw.nonce[i] == 0 || st.sotw.answered[i]) && st.acked[i].Version == n.sets[i].Version {
 			st.awaiting[i] = ""
 		}
 		return

@@ -103,7 +103,7 @@ func (w sotwCache) CreateWatch(req *cache.Request, _ cache.Subscription, ch chan
 	defer n.mu.Unlock()
 	var st *streamState
 	for _, x := range n.live {
-		if x.req == req {
+		if x.sotw != nil && x.sotw.req == req {
 			st = x
 			break
 		}
@@ -111,13 +111,13 @@ func (w sotwCache) CreateWatch(req *cache.Request, _ cache.Subscription, ch chan
 	if st == nil {
 		return noCancel, nil
 	}
-	st.req = nil
+	st.sotw.req = nil
 	version := req.GetVersionInfo()
 	if n.served && s.unheldLocked(n, st, i, version) {
 		s.respondLocked(n, st, i, ch, req)
 		return noCancel, nil
 	}
-	st.watch[i], st.watchVersion[i] = ch, version
+	st.sotw.watch[i], st.sotw.watchVersion[i] = ch, version
 	return func() { s.cancelWatch(st, i) }, nil
 }
 
@@ -126,7 +126,7 @@ func (w sotwCache) CreateWatch(req *cache.Request, _ cache.Subscription, ch chan
 func (s *Server) cancelWatch(st *streamState, i int) {
 	n := st.node
 	n.mu.Lock()
-	st.watch[i], st.watchVersion[i] = nil, ""
+	st.sotw.watch[i], st.sotw.watchVersion[i] = nil, ""
 	n.mu.Unlock()
 }
 
@@ -138,7 +138,7 @@ func (s *Server) unheldLocked(n *nodeState, st *streamState, i int, version stri
 	if version != set.Version {
 		return true
 	}
-	if st.returnedAll[i] && st.sent[i].Version == set.Version {
+	if st.sotw.returnedAll[i] && st.sotw.sent[i].Version == set.Version {
 		return false // every item of this very set was returned
 	}
 	for _, r := range set.Items {
@@ -154,8 +154,11 @@ func (s *Server) unheldLocked(n *nodeState, st *streamState, i int, version stri
 // version other than the one their request named. n.mu is held.
 func (s *Server) respondSOTWLocked(n *nodeState) {
 	for _, st := range n.live {
-		for i, ch := range st.watch {
-			if ch != nil && st.watchVersion[i] != n.sets[i].Version {
+		if st.sotw == nil {
+			continue
+		}
+		for i, ch := range st.sotw.watch {
+			if ch != nil && st.sotw.watchVersion[i] != n.sets[i].Version {
 				s.respondLocked(n, st, i, ch, nil)
 			}
 		}
@@ -174,8 +177,8 @@ var typeRequests = func() (r [numSets]*discovery.DiscoveryRequest) {
 // respondLocked sends st the node's set of type i on ch, which has room for it (a watch is
 // answered once), and closes st's watch of that type. n.mu is held.
 func (s *Server) respondLocked(n *nodeState, st *streamState, i int, ch chan cache.Response, req *discovery.DiscoveryRequest) {
-	if st.watch[i] == ch {
-		st.watch[i], st.watchVersion[i] = nil, ""
+	if st.sotw.watch[i] == ch {
+		st.sotw.watch[i], st.sotw.watchVersion[i] = nil, ""
 	}
 	set := n.sets[i]
 	all, err := n.pub.anys(i, set, n.relabeled[i])
@@ -230,15 +233,15 @@ func (r *response) GetContext() context.Context             { return context.Bac
 func (r *response) GetReturnedResources() map[string]string { return nil }
 
 // What the last SOTW response of type i returned to a stream, less the names the stream
-// unsubscribed from since, is go-control-plane's returned resources: every item of st.sent[i]
-// (st.returnedAll[i]), or the sorted names st.returned[i].
+// unsubscribed from since, is go-control-plane's returned resources: every item of st.sotw.sent[i]
+// (st.sotw.returnedAll[i]), or the sorted names st.sotw.returned[i].
 
 // returnedHas reports whether name is among the resources returned to st of type i.
 func (st *streamState) returnedHas(i int, name string) bool {
-	if st.returnedAll[i] {
-		return setItem(st.sent[i], name) != nil
+	if st.sotw.returnedAll[i] {
+		return setItem(st.sotw.sent[i], name) != nil
 	}
-	_, found := slices.BinarySearch(st.returned[i], name)
+	_, found := slices.BinarySearch(st.sotw.returned[i], name)
 	return found
 }
 
@@ -247,12 +250,12 @@ func (st *streamState) returnedHas(i int, name string) bool {
 // filters only by a request's non-empty names) one that names nothing.
 func sendsAll(sub *subscription) bool { return sub.wildcard || len(sub.list) == 0 }
 
-// setReturned records what the response of st.sent[i] just sent returned. The names are the
+// setReturned records what the response of st.sotw.sent[i] just sent returned. The names are the
 // subscription's own list when the set has every one of them (no allocation).
 func (st *streamState) setReturned(i int) {
-	set, sub := st.sent[i], &st.sub[i]
-	st.returnedAll[i], st.returned[i] = sendsAll(sub), nil
-	if st.returnedAll[i] {
+	set, sub := st.sotw.sent[i], &st.sub[i]
+	st.sotw.returnedAll[i], st.sotw.returned[i] = sendsAll(sub), nil
+	if st.sotw.returnedAll[i] {
 		return
 	}
 	matched := 0
@@ -262,7 +265,7 @@ func (st *streamState) setReturned(i int) {
 		}
 	}
 	if matched == len(sub.list) {
-		st.returned[i] = sub.list
+		st.sotw.returned[i] = sub.list
 		return
 	}
 	names := make([]string, 0, matched)
@@ -272,7 +275,7 @@ func (st *streamState) setReturned(i int) {
 		}
 	}
 	slices.Sort(names)
-	st.returned[i] = names
+	st.sotw.returned[i] = names
 }
 
 // dropUnsubscribed drops from what was returned to st of type i the names its subscription
@@ -283,20 +286,20 @@ func (st *streamState) dropUnsubscribed(i int) {
 	if sub.wildcard {
 		return
 	}
-	names := st.returned[i]
-	if st.returnedAll[i] {
-		st.returnedAll[i] = false
-		names = make([]string, 0, len(st.sent[i].Items))
-		for _, x := range st.sent[i].Items {
+	names := st.sotw.returned[i]
+	if st.sotw.returnedAll[i] {
+		st.sotw.returnedAll[i] = false
+		names = make([]string, 0, len(st.sotw.sent[i].Items))
+		for _, x := range st.sotw.sent[i].Items {
 			names = append(names, cache.GetResourceName(x))
 		}
 		slices.Sort(names)
 	}
 	if !slices.ContainsFunc(names, func(name string) bool { return !sub.has(name) }) {
-		st.returned[i] = names
+		st.sotw.returned[i] = names
 		return
 	}
-	st.returned[i] = slices.DeleteFunc(slices.Clone(names), func(name string) bool { return !sub.has(name) })
+	st.sotw.returned[i] = slices.DeleteFunc(slices.Clone(names), func(name string) bool { return !sub.has(name) })
 }
 
 // anys returns set i's resources marshalled, in the set's order: made once per publication

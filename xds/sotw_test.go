@@ -288,3 +288,53 @@ func TestFetch(t *testing.T) {
 		}
 	}
 }
+
+// TestSOTWAndDeltaStreamsOfOneNode: a node with a SOTW and a delta stream gets every change on
+// both, converges once both ACKed, and keeps getting changes on the SOTW stream after its delta
+// stream (and with it the node's snapshot in the snapshot cache) is gone.
+func TestSOTWAndDeltaStreamsOfOneNode(t *testing.T) {
+	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sotw, delta := dialADS(t, h.addr, "x-0"), dialDelta(t, h.addr, "x-0")
+	h.srv.Update(two(5))
+	sotw.subscribe(resource.EndpointType, "y")
+	delta.subscribe(resource.EndpointType, "y")
+	s1, d1 := sotw.next(), delta.next()
+	sotw.ack(s1)
+	delta.ack(d1)
+	if err := h.srv.WaitConverged(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	h.srv.Update(two(15)) // x-0 moves from y-0 to y-1
+	s2, d2 := sotw.next(), delta.next()
+	if s2.GetVersionInfo() == s1.GetVersionInfo() || len(d2.GetResources()) != 1 {
+		t.Fatalf("after the change: SOTW version %s (was %s), delta resources %d", s2.GetVersionInfo(), s1.GetVersionInfo(), len(d2.GetResources()))
+	}
+	sotw.ack(s2)
+	delta.ack(d2)
+	if err := h.srv.WaitConverged(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	delta.close()
+	eventually(t, 5*time.Second, "the delta stream closed", func() bool {
+		h.srv.nodesMu.Lock()
+		n := h.srv.nodes["x-0"]
+		h.srv.nodesMu.Unlock()
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.deltas == 0 && n.snap == nil
+	})
+	if _, err := h.srv.cacheFor("x-0").GetSnapshot("x-0"); err == nil {
+		t.Error("the snapshot cache still holds x-0's snapshot with no delta stream left")
+	}
+	h.srv.Update(two(5))
+	s3 := sotw.next()
+	if s3.GetVersionInfo() != s1.GetVersionInfo() {
+		t.Errorf("back to two(5): SOTW version %s, want %s", s3.GetVersionInfo(), s1.GetVersionInfo())
+	}
+	sotw.ack(s3)
+	if err := h.srv.WaitConverged(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -163,8 +163,8 @@ func (n *nodeState) onTheWay(st *streamState, i int) []Set {
 				out = append(out, p.set)
 			}
 		}
-	} else if st.nonce[i] != 0 && !st.answered[i] {
-		out = append(out, st.sent[i])
+	} else if st.sotw.nonce[i] != 0 && !st.sotw.answered[i] {
+		out = append(out, st.sotw.sent[i])
 	}
 	for _, p := range n.history[i] {
 		if p.seq >= st.since[i] && p.seq != n.writes[i] { // the cache's set is added below
