@@ -200,8 +200,9 @@ func (p *publication) versions(i int, res cache.Resources, interned bool) (map[s
 // wireForm returns r ready to be sent many times: a message of r's type with r's name field
 // (field 1 of a Listener, RouteConfiguration, Cluster and ClusterLoadAssignment) and, as
 // unknown fields, the rest of r's deterministic encoding. Every resource of every delta
-// response, and of every SOTW set once per publication, is marshalled; marshalling the wire form copies bytes instead of
-// encoding r again (which dominated the server's CPU at thousands of streams), and one wire
+// response, and of every SOTW set once per publication, is marshalled; marshalling the wire
+// form copies bytes instead of encoding r again (which dominated the server's CPU at thousands
+// of streams), and one wire
 // form serves every node that holds r. The bytes on the wire, and the resource versions delta
 // streams compare, are r's own: wireForm checks that they are, and returns r itself otherwise.
 func wireForm(r types.Resource) types.Resource {
@@ -402,7 +403,7 @@ type streamState struct {
 	delta *deltaStream // delta streams only
 }
 
-// sotwStream is what a SOTW stream was sent, and its watches.
+// sotwStream is what a SOTW stream was sent, and its watches (guarded by node.mu).
 type sotwStream struct {
 	// The last response per type (its nonce, 0 = none), whether the client answered it, and
 	// what it returned.
@@ -422,7 +423,7 @@ type sotwStream struct {
 	req          *discovery.DiscoveryRequest
 }
 
-// deltaStream is what a delta stream's client holds and has not answered.
+// deltaStream is what a delta stream's client holds and has not answered (guarded by node.mu).
 type deltaStream struct {
 	// held is, per type, the resources the client ACKed.
 	held [numSets]heldSet

@@ -47,20 +47,20 @@ func (w sotwCache) Fetch(_ context.Context, req *cache.Request) (cache.Response,
 	pub, n := s.pub, s.nodes[id]
 	s.nodesMu.Unlock()
 	var (
-		set       Set
-		relabeled bool
+		set              Set
+		relabeled, found bool
 	)
 	if n != nil {
 		n.mu.Lock()
 		if n.served {
-			pub, set, relabeled = n.pub, n.sets[i], n.relabeled[i]
+			pub, set, relabeled, found = n.pub, n.sets[i], n.relabeled[i], true
 		}
 		n.mu.Unlock()
 	}
-	if pub == nil {
-		return nil, fmt.Errorf("xds: fetch of %s by node %q: nothing is published yet", typeLabels[i], id)
-	}
-	if set.Version == "" && !relabeled {
+	if !found {
+		if pub == nil {
+			return nil, fmt.Errorf("xds: fetch of %s by node %q: nothing is published yet", typeLabels[i], id)
+		}
 		res, _ := pub.resourcesFor(id, ClassifyNode(req.GetNode()))
 		set = res.Sets[i]
 	}
@@ -165,8 +165,8 @@ func (s *Server) respondSOTWLocked(n *nodeState) {
 	}
 }
 
-// typeRequests name each type; a response to a watch that waited carries its type's (the
-// request that opened the watch is not kept).
+// typeRequests name each type. A response to a watch that waited carries its type's as its
+// request: the request that opened the watch is not kept.
 var typeRequests = func() (r [numSets]*discovery.DiscoveryRequest) {
 	for i := range r {
 		r[i] = &discovery.DiscoveryRequest{TypeUrl: typeURLs[i]}
@@ -201,7 +201,6 @@ func (s *Server) respondLocked(n *nodeState, st *streamState, i int, ch chan cac
 	if req == nil {
 		req = typeRequests[i]
 	}
-
 	select {
 	case ch <- &response{req: req, version: set.Version, resources: resources}:
 	default:
@@ -228,13 +227,12 @@ func (r *response) GetResponseVersion() string              { return r.version }
 func (r *response) GetContext() context.Context             { return context.Background() }
 
 // GetReturnedResources returns nil: the Server keeps what each stream was returned
-// (streamState.returned), and go-control-plane only stores this and hands it back to the
-// cache.
+// (sotwStream.returned), and go-control-plane only stores this and hands it back to the cache.
 func (r *response) GetReturnedResources() map[string]string { return nil }
 
 // What the last SOTW response of type i returned to a stream, less the names the stream
-// unsubscribed from since, is go-control-plane's returned resources: every item of st.sotw.sent[i]
-// (st.sotw.returnedAll[i]), or the sorted names st.sotw.returned[i].
+// unsubscribed from since, is go-control-plane's returned resources: every item of
+// st.sotw.sent[i] (st.sotw.returnedAll[i]), or the sorted names st.sotw.returned[i].
 
 // returnedHas reports whether name is among the resources returned to st of type i.
 func (st *streamState) returnedHas(i int, name string) bool {
@@ -250,8 +248,8 @@ func (st *streamState) returnedHas(i int, name string) bool {
 // filters only by a request's non-empty names) one that names nothing.
 func sendsAll(sub *subscription) bool { return sub.wildcard || len(sub.list) == 0 }
 
-// setReturned records what the response of st.sotw.sent[i] just sent returned. The names are the
-// subscription's own list when the set has every one of them (no allocation).
+// setReturned records what the response of st.sotw.sent[i], just sent, returned. The names are
+// the subscription's own list when the set has every one of them (no allocation).
 func (st *streamState) setReturned(i int) {
 	set, sub := st.sotw.sent[i], &st.sub[i]
 	st.sotw.returnedAll[i], st.sotw.returned[i] = sendsAll(sub), nil
