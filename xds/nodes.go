@@ -137,38 +137,53 @@ type internKey struct {
 	version string
 }
 
-// intern returns the cache's form of set i, made once per publication and version, with its
-// resources in wire form: every node given that set shares it.
+// intern returns the snapshot cache's form of set i, made once per publication and version,
+// with its resources in wire form: every node with delta streams given that set shares it.
 func (p *publication) intern(i int, s Set) cache.Resources {
 	if s.Version == "" {
 		return cache.Resources{}
 	}
-	key := internKey{i, s.Version}
 	p.internMu.Lock()
 	defer p.internMu.Unlock()
-	if r, ok := p.interned[key]; ok {
-		return r.res
-	}
-	items := make(map[string]types.ResourceWithTTL, len(s.Items))
-	for _, res := range s.Items {
-		w, ok := p.wire[res]
-		if !ok {
-			w = wireForm(res)
-			p.wire[res] = w
+	in := p.internedLocked(i, s)
+	if in.res.Items == nil {
+		items := make(map[string]types.ResourceWithTTL, len(s.Items))
+		for _, res := range s.Items {
+			items[cache.GetResourceName(res)] = types.ResourceWithTTL{Resource: p.wireLocked(res)}
 		}
-		items[cache.GetResourceName(res)] = types.ResourceWithTTL{Resource: w}
+		in.res = cache.Resources{Version: s.Version, Items: items}
 	}
-	r := cache.Resources{Version: s.Version, Items: items}
-	p.interned[key] = &internedSet{res: r}
-	return r
+	return in.res
 }
 
-// internedSet is a set in the cache's form and, once a node with delta streams holds it, its
-// resources' versions.
+// internedSet is what a publication made once for a set (index and version) and shares between
+// the nodes given it, each part when first needed: the snapshot cache's form and the
+// resources' versions (delta streams), the resources marshalled in the set's order (SOTW).
 type internedSet struct {
 	res      cache.Resources
 	versions map[string]string
-	anys     []*anypb.Any // the resources marshalled, in the set's order (see anys)
+	anys     []*anypb.Any
+}
+
+// internedLocked returns set i's entry, made empty if there is none. p.internMu is held.
+func (p *publication) internedLocked(i int, s Set) *internedSet {
+	key := internKey{i, s.Version}
+	in := p.interned[key]
+	if in == nil {
+		in = &internedSet{}
+		p.interned[key] = in
+	}
+	return in
+}
+
+// wireLocked returns res's wire form, made once per publication. p.internMu is held.
+func (p *publication) wireLocked(res types.Resource) types.Resource {
+	w, ok := p.wire[res]
+	if !ok {
+		w = wireForm(res)
+		p.wire[res] = w
+	}
+	return w
 }
 
 // versions returns go-control-plane's per-resource versions (what Snapshot.ConstructVersionMap
@@ -487,7 +502,7 @@ type deltaSent struct {
 // including the legacy wildcard (a first request without names). The names are a sorted list:
 // usually a few, the same list again in every SOTW ACK, and a map per stream and type cost more
 // memory than the rest of the stream's state. A SOTW request replaces the list (a new one, so
-// a list once handed out is never changed); a delta request edits a copy name by name.
+// a list once handed out is never changed); a delta request edits a copy.
 type subscription struct {
 	list     []string // sorted, without duplicates and "*"
 	started  bool
@@ -553,20 +568,27 @@ func (s *subscription) updateDelta(subscribe, unsubscribe []string) {
 		}
 		s.legacy = false
 	}
+	if len(subscribe) == 0 && len(unsubscribe) == 0 {
+		return // an ACK: nothing to copy
+	}
+	list := slices.Clone(s.list) // edited as a whole: a list handed out stays as it was
 	for _, r := range subscribe {
 		if r == "*" {
 			s.wildcard = true
-		} else if j, found := slices.BinarySearch(s.list, r); !found {
-			s.list = slices.Insert(slices.Clip(s.list), j, r) // a new array
+		} else {
+			list = append(list, r)
 		}
 	}
+	slices.Sort(list)
+	list = slices.Compact(list)
 	for _, r := range unsubscribe {
 		if r == "*" {
 			s.wildcard = false
-		} else if j, found := slices.BinarySearch(s.list, r); found {
-			s.list = slices.Delete(slices.Clone(s.list), j, j+1)
+		} else if j, found := slices.BinarySearch(list, r); found {
+			list = slices.Delete(list, j, j+1)
 		}
 	}
+	s.list = slices.Clip(list)
 }
 
 // refreshLocked points n at pub. When the node's target changes it moves towards it (see

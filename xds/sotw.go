@@ -73,12 +73,7 @@ func (w sotwCache) Fetch(_ context.Context, req *cache.Request) (cache.Response,
 	}
 	resources := all
 	if names := req.GetResourceNames(); len(names) > 0 {
-		resources = nil
-		for j, r := range set.Items {
-			if slices.Contains(names, cache.GetResourceName(r)) {
-				resources = append(resources, all[j])
-			}
-		}
+		resources = pick(set, all, func(name string) bool { return slices.Contains(names, name) })
 	}
 	return &response{req: req, version: set.Version, resources: resources}, nil
 }
@@ -183,15 +178,7 @@ func (s *Server) respondLocked(n *nodeState, st *streamState, i int, ch chan cac
 	}
 	resources := all
 	if sub := &st.sub[i]; !sendsAll(sub) {
-		resources = nil
-		for j, r := range set.Items {
-			if sub.has(cache.GetResourceName(r)) {
-				resources = append(resources, all[j])
-			}
-		}
-		if len(resources) == len(all) {
-			resources = all
-		}
+		resources = pick(set, all, sub.has)
 	}
 	if req == nil {
 		req = typeRequests[i]
@@ -201,6 +188,21 @@ func (s *Server) respondLocked(n *nodeState, st *streamState, i int, ch chan cac
 	default:
 		s.log.Error("xds: a watch was answered twice", "node", n.id, "type", typeLabels[i])
 	}
+}
+
+// pick returns the marshalled resources all (of set, in its order) whose names keep holds:
+// all itself when it holds for every one.
+func pick(set Set, all []*anypb.Any, keep func(name string) bool) []*anypb.Any {
+	var out []*anypb.Any
+	for j, r := range set.Items {
+		if keep(cache.GetResourceName(r)) {
+			out = append(out, all[j])
+		}
+	}
+	if len(out) == len(all) {
+		return all
+	}
+	return out
 }
 
 // response is a SOTW response (cache.Response). Its resources are shared with every stream
@@ -301,22 +303,15 @@ func (p *publication) anys(i int, s Set, relabeled bool) ([]*anypb.Any, error) {
 	if relabeled || s.Version == "" {
 		return marshalAnys(i, s.Items)
 	}
-	p.intern(i, s)
-	key := internKey{i, s.Version}
 	p.internMu.Lock()
 	defer p.internMu.Unlock()
-	in := p.interned[key]
+	in := p.internedLocked(i, s)
 	if in.anys != nil {
 		return in.anys, nil
 	}
-	// The interned set may have been made from another Set of the same version (the same
-	// content): its resources are found by name.
 	items := make([]types.Resource, len(s.Items))
 	for j, r := range s.Items {
-		items[j] = in.res.Items[cache.GetResourceName(r)].Resource
-		if items[j] == nil {
-			items[j] = r
-		}
+		items[j] = p.wireLocked(r)
 	}
 	a, err := marshalAnys(i, items)
 	if err != nil {
