@@ -108,8 +108,15 @@ func main() {
 // run runs the benchmark and prints the report on out, progress on progress. Every process it
 // starts is stopped before it returns.
 func run(ctx context.Context, cfg Config, out, progress io.Writer) ([]sizeResult, error) {
-	if len(cfg.Sizes) == 0 || cfg.Rounds < 1 || cfg.Warmup < 0 || cfg.StreamsPerConn < 0 {
-		return nil, errors.New("pushbench: need sizes, rounds ≥ 1, warmup ≥ 0, streams-per-conn ≥ 0")
+	switch {
+	case len(cfg.Sizes) == 0:
+		return nil, errors.New("pushbench: -sizes: no size given")
+	case cfg.Rounds < 1:
+		return nil, fmt.Errorf("pushbench: -rounds %d: need at least 1", cfg.Rounds)
+	case cfg.Warmup < 0:
+		return nil, fmt.Errorf("pushbench: -warmup %d: need 0 or more", cfg.Warmup)
+	case cfg.StreamsPerConn < 0:
+		return nil, fmt.Errorf("pushbench: -streams-per-conn %d: need 0 or more", cfg.StreamsPerConn)
 	}
 	for _, bin := range []string{cfg.Edgeflow, cfg.Bare} {
 		if _, err := os.Stat(bin); err != nil {

@@ -155,3 +155,27 @@ func TestRetainedBytes(t *testing.T) {
 		t.Error("a profile without its stack line parsed")
 	}
 }
+
+// TestRunRejectsBadConfig: a bad setting is refused before anything starts, naming its flag.
+func TestRunRejectsBadConfig(t *testing.T) {
+	good := Config{Sizes: []int{10}, Rounds: 1, Edgeflow: "/nonexistent", Bare: "/nonexistent"}
+	for _, tc := range []struct {
+		edit func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Sizes = nil }, "-sizes"},
+		{func(c *Config) { c.Rounds = 0 }, "-rounds 0"},
+		{func(c *Config) { c.Warmup = -1 }, "-warmup -1"},
+		{func(c *Config) { c.StreamsPerConn = -2 }, "-streams-per-conn -2"},
+	} {
+		cfg := good
+		tc.edit(&cfg)
+		var out, progress bytes.Buffer
+		if _, err := run(context.Background(), cfg, &out, &progress); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("run: %v, want an error naming %q", err, tc.want)
+		}
+		if out.Len() != 0 {
+			t.Errorf("run printed a report for a bad config: %q", out.String())
+		}
+	}
+}
