@@ -6,6 +6,7 @@ package optimizer
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"strconv"
 	"strings"
@@ -37,6 +38,10 @@ type Node struct {
 	Name   string `json:"name" yaml:"name"`
 	CPU    int64  `json:"cpu,omitempty" yaml:"cpu,omitempty"`
 	Memory int64  `json:"memory,omitempty" yaml:"memory,omitempty"`
+	// Locality is the node's "region/zone/subzone" as Istio reads it from the node's labels
+	// (topology.kubernetes.io/region, topology.kubernetes.io/zone, topology.istio.io/subzone);
+	// "" when the node has none. Only the Istio DestinationRule mode reads it (GroupByLocality).
+	Locality string `json:"locality,omitempty" yaml:"locality,omitempty"`
 }
 
 // Latency is a measured latency in milliseconds from one node to another. One direction given
@@ -62,6 +67,10 @@ type Service struct {
 	Memory    int64  `json:"memory,omitempty" yaml:"memory,omitempty"`
 	Pods      []Pod  `json:"pods,omitempty" yaml:"pods,omitempty"`
 	Replicas  int    `json:"replicas,omitempty" yaml:"replicas,omitempty"`
+	// Selector is the label selector of the service's pods (a Kubernetes Service's
+	// spec.selector). The Istio DestinationRule mode selects a caller's sidecars with it; a
+	// topology file that gives none means {app: NAME}, Istio's and Bookinfo's convention.
+	Selector map[string]string `json:"selector,omitempty" yaml:"selector,omitempty"`
 	// CapacityRPS, when set, is the service rate μ in requests/s of a pod of weight 1: each pod
 	// serves CapacityRPS × its weight, unless it gives its own. Only the lata-q policy reads it.
 	CapacityRPS *float64 `json:"capacity_rps,omitempty" yaml:"capacity_rps,omitempty"`
@@ -207,6 +216,7 @@ func (t *Topology) Clone() *Topology {
 	for i, s := range t.Services {
 		s.Pods = append([]Pod(nil), s.Pods...)
 		s.Ports = append([]Port(nil), s.Ports...)
+		s.Selector = maps.Clone(s.Selector)
 		s.CapacityRPS = cloneFloat(s.CapacityRPS)
 		for j := range s.Pods {
 			s.Pods[j].Weight = cloneFloat(s.Pods[j].Weight)

@@ -45,24 +45,69 @@ type clusterFlags struct {
 	istio istioFlags
 }
 
-// istioFlags configure the EnvoyFilters edgeflow manages in an Istio mesh (serve, uninstall).
+// istioFlags configure edgeflow's Istio integration (serve, plan -o istio, uninstall).
 type istioFlags struct {
+	mode             string
 	xdsAddress       string
 	namespace        string
 	bootstrapCluster bool
+	rootNamespace    string
+	clusterDomain    string
+	labelNodes       bool
 }
+
+// Istio modes (--istio-mode).
+const (
+	istioModeOff             = "off"
+	istioModeDestinationRule = "destinationrule"
+	istioModeEnvoyFilter     = "envoyfilter"
+)
 
 func (f *istioFlags) register(cmd *cobra.Command, withAddress bool) {
 	fl := cmd.Flags()
 	if withAddress {
-		fl.StringVar(&f.xdsAddress, "istio-xds-address", "", "Istio mode: manage EnvoyFilters that make sidecars take the managed services' EDS from edgeflow at this HOST:PORT (e.g. edgeflow.edgeflow.svc.cluster.local:18000)")
-		fl.BoolVar(&f.bootstrapCluster, "istio-bootstrap-cluster", false, "Istio mode: the edgeflow-xds cluster comes from the sidecars' bootstrap (sidecar.istio.io/bootstrapOverride), not from an EnvoyFilter")
+		fl.StringVar(&f.mode, "istio-mode", istioModeOff, "Istio integration: off; destinationrule (stock Istio: the plan as DestinationRules with locality weights, per caller workload and callee host); envoyfilter (per-pod weights: sidecars take managed services' EDS from edgeflow, needs --istio-xds-address and the bootstrap override)")
+		fl.StringVar(&f.xdsAddress, "istio-xds-address", "", "--istio-mode=envoyfilter: HOST:PORT at which sidecars reach edgeflow's xDS server (e.g. edgeflow.edgeflow.svc.cluster.local:18000)")
+		fl.BoolVar(&f.bootstrapCluster, "istio-bootstrap-cluster", false, "--istio-mode=envoyfilter: the edgeflow-xds cluster comes from the sidecars' bootstrap (sidecar.istio.io/bootstrapOverride), not from an EnvoyFilter")
+		fl.BoolVar(&f.labelNodes, "istio-label-nodes", false, "--istio-mode=destinationrule: give each node with a region and zone its own subzone (label "+istio.SubzoneLabel+"=NODE), so the mesh can weigh nodes apart (a write to Nodes)")
 	}
 	fl.StringVar(&f.namespace, "istio-namespace", istio.DefaultNamespace, "namespace of the EnvoyFilters (Istio's root namespace applies them to every sidecar)")
+	f.registerRules(cmd)
+}
+
+// registerRules registers the flags DestinationRules are written by (serve, plan).
+func (f *istioFlags) registerRules(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.rootNamespace, "istio-root-namespace", istio.DefaultRootNamespace, "Istio's root namespace, whose exported DestinationRules apply mesh-wide (a user's rule there is carried into edgeflow's)")
+	fl.StringVar(&f.clusterDomain, "cluster-domain", optimizer.ClusterDomain, "the cluster's DNS domain (service hosts are NAME.NAMESPACE.svc.DOMAIN)")
+}
+
+// checkMode validates --istio-mode and the flags that go with it.
+func (f *istioFlags) checkMode() error {
+	switch f.mode {
+	case istioModeOff, istioModeDestinationRule:
+		if f.xdsAddress != "" {
+			return badInput("--istio-xds-address is for --istio-mode=%s (got --istio-mode=%s)", istioModeEnvoyFilter, f.mode)
+		}
+	case istioModeEnvoyFilter:
+		if f.xdsAddress == "" {
+			return badInput("--istio-mode=%s needs --istio-xds-address HOST:PORT", istioModeEnvoyFilter)
+		}
+	default:
+		return badInput("--istio-mode %q: want %s, %s or %s", f.mode, istioModeOff, istioModeDestinationRule, istioModeEnvoyFilter)
+	}
+	if f.labelNodes && f.mode != istioModeDestinationRule {
+		return badInput("--istio-label-nodes is for --istio-mode=%s", istioModeDestinationRule)
+	}
+	return nil
 }
 
 func (f *istioFlags) config() istio.Config {
 	return istio.Config{Namespace: f.namespace, XDSAddress: f.xdsAddress, BootstrapCluster: f.bootstrapCluster}
+}
+
+func (f *istioFlags) rulesConfig() istio.RulesConfig {
+	return istio.RulesConfig{ClusterDomain: f.clusterDomain, RootNamespace: f.rootNamespace}
 }
 
 // istioClient is the istio client-go clientset for the cluster of the flags.

@@ -20,10 +20,11 @@ func newUninstallCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "uninstall --kubeconfig PATH [--istio-namespace NS]",
-		Short: "Remove every EnvoyFilter edgeflow manages from the cluster",
-		Long: "uninstall deletes the EnvoyFilters that serve --istio-xds-address created (those labelled\n" +
-			istio.ManagedByLabel + "=" + istio.ManagedByValue + " in --istio-namespace); Istio's sidecars then take every\n" +
-			"service's endpoints from istiod again. Filters edgeflow does not own are never touched.",
+		Short: "Remove every Istio object edgeflow manages from the cluster",
+		Long: "uninstall deletes the EnvoyFilters (in --istio-namespace) and the DestinationRules (in every namespace)\n" +
+			"that serve --istio-mode created, those labelled " + istio.ManagedByLabel + "=" + istio.ManagedByValue + "; Istio's sidecars then\n" +
+			"take every service's endpoints and load balancing from istiod and the user's own rules again. Objects edgeflow\n" +
+			"does not own are never touched. Running it twice is harmless.",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ic, err := cf.istioClient()
@@ -42,6 +43,14 @@ func newUninstallCommand() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "edgeflow's EnvoyFilters removed from namespace %s\n", flags.namespace)
+			rules, err := istio.NewRulesReconciler(istio.RulesReconcilerConfig{Client: ic})
+			if err != nil {
+				return usageError{err}
+			}
+			if err := rules.Uninstall(ctx); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "edgeflow's DestinationRules removed from every namespace")
 			return nil
 		},
 	}
