@@ -427,7 +427,9 @@ func TestSidecarsFollowTheDestinationRules(t *testing.T) {
 			after = dr
 		}
 	}
-	before := rules[slices.IndexFunc(rules, func(dr *clientnetworkingv1.DestinationRule) bool { return dr.Name == "edgeflow.productpage.reviews.default" })]
+	before := rules[slices.IndexFunc(rules, func(dr *clientnetworkingv1.DestinationRule) bool {
+		return dr.Name == "edgeflow.productpage.reviews.default"
+	})]
 	if after == nil || proto.Equal(&after.Spec, &before.Spec) {
 		t.Fatal("the latency change did not change productpage → reviews' rule")
 	}
