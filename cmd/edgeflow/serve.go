@@ -125,6 +125,12 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	}
 	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 	opts := f.options(cmd)
+	if err := f.istio.checkMode(); err != nil {
+		return err
+	}
+	if f.istio.mode != istioModeOff && f.file != "" {
+		return badInput("--istio-mode=%s needs the cluster flags (--kubeconfig or in-cluster), not -f", f.istio.mode)
+	}
 
 	if err := f.source(); err != nil {
 		return err
@@ -150,18 +156,12 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}
 		source = cluster
 	}
-	if err := f.istio.checkMode(); err != nil {
-		return err
-	}
 	var istioRun interface {
 		watcher.Listener
 		Run(context.Context) error
 	}
 	var rules *istio.RulesReconciler
 	if f.istio.mode != istioModeOff {
-		if cluster == nil {
-			return badInput("--istio-mode=%s needs the cluster flags (--kubeconfig or in-cluster), not -f", f.istio.mode)
-		}
 		ic, err := f.istioClient()
 		if err != nil {
 			return err
