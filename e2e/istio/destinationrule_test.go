@@ -280,6 +280,9 @@ func checkFollows(t *testing.T, s *xdsfake.FakeDiscoveryServer, managed *optimiz
 				}
 				got := localityWeights(cla)
 				want := ruleFor(dr, from)
+				if len(want) == 0 {
+					t.Fatalf("%s: edgeflow's rule %s has no entry for the caller's locality %q", pod.Name, dr.Name, from)
+				}
 				if !maps.Equal(got, want) {
 					t.Errorf("%s (locality %s) → %s: pilot's locality weights %v, edgeflow's rule %v", pod.Name, from, callee, got, want)
 				}
@@ -378,6 +381,10 @@ func TestSidecarsFollowTheDestinationRules(t *testing.T) {
 	// details is not managed: what every sidecar gets for it is byte-identical to a mesh
 	// without edgeflow's rules.
 	bare := newPilot(t, topo, user)
+	// The check is not vacuous: without edgeflow's rules pilot's weights are not the rule's.
+	if got := localityWeights(sidecar(t, bare, managed, "productpage", pp.Pods[0]).GetEndpoints()[clusterName("reviews")]); maps.Equal(got, ruleFor(rules[0], p.Grouping.GroupOf(pp.Pods[0].Node))) {
+		t.Fatalf("without edgeflow's rules pilot already gives %v", got)
+	}
 	for _, svc := range []string{"productpage", "reviews"} {
 		si := slices.IndexFunc(topo.Services, func(s optimizer.Service) bool { return s.Name == svc })
 		for _, pod := range topo.Services[si].Pods {
