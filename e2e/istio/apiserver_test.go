@@ -301,10 +301,12 @@ func TestRulesReconcilerLabelsNodes(t *testing.T) {
 		t.Error("a node without region and zone was given a subzone (Istio would refuse the locality)")
 	}
 	// With the labels, a watcher reports per-node localities and the rules plan per node.
+	topo = topo.Clone() // an updated topology is a new one: the last stays the reconciler's
 	for i := range topo.Nodes[:len(topo.Nodes)-1] {
 		topo.Nodes[i].Locality += "/" + topo.Nodes[i].Name
 	}
 	r.Update(topo)
+	deadline = time.Now().Add(30 * time.Second)
 	for {
 		if rep := r.Report(); rep != nil && rep.Granularity == "node" && strings.Contains(r.Granularity(), "1 unlocated") {
 			break
