@@ -45,24 +45,48 @@ type clusterFlags struct {
 	istio istioFlags
 }
 
-// istioFlags configure the EnvoyFilters edgeflow manages in an Istio mesh (serve, uninstall).
+// istioFlags configure the objects edgeflow manages in an Istio mesh (serve, uninstall).
 type istioFlags struct {
-	xdsAddress       string
-	namespace        string
-	bootstrapCluster bool
+	xdsAddress    string
+	namespace     string
+	clusterDomain string
+	xdsTLS        bool
+	xdsServerSANs []string
 }
 
 func (f *istioFlags) register(cmd *cobra.Command, withAddress bool) {
 	fl := cmd.Flags()
 	if withAddress {
-		fl.StringVar(&f.xdsAddress, "istio-xds-address", "", "Istio mode: manage EnvoyFilters that make sidecars take the managed services' EDS from edgeflow at this HOST:PORT (e.g. edgeflow.edgeflow.svc.cluster.local:18000)")
-		fl.BoolVar(&f.bootstrapCluster, "istio-bootstrap-cluster", false, "Istio mode: the edgeflow-xds cluster comes from the sidecars' bootstrap (sidecar.istio.io/bootstrapOverride), not from an EnvoyFilter")
+		fl.StringVar(&f.xdsAddress, "istio-xds-address", "", "Istio per-pod mode: manage EnvoyFilters and bootstrap ConfigMaps that make the sidecars of pods labelled "+istio.EDSLabel+"="+istio.EDSLabelValue+" take the managed services' EDS from edgeflow at this HOST:PORT (e.g. edgeflow.edgeflow.svc.cluster.local:18000)")
+		fl.StringSliceVar(&f.xdsServerSANs, "istio-xds-server-san", nil, "Istio per-pod mode with --xds-tls-cert: a subject alternative name edgeflow's certificate carries (e.g. its SPIFFE id), checked by the sidecars (default: any certificate the mesh root signed)")
+		fl.StringVar(&f.clusterDomain, "cluster-domain", optimizer.DefaultClusterDomain, "the Kubernetes cluster's DNS domain, in Istio's cluster names and service host names")
 	}
-	fl.StringVar(&f.namespace, "istio-namespace", istio.DefaultNamespace, "namespace of the EnvoyFilters (Istio's root namespace applies them to every sidecar)")
+	fl.StringVar(&f.namespace, "istio-namespace", istio.DefaultNamespace, "namespace of the EnvoyFilters (Istio's root namespace applies them in every namespace)")
 }
 
+// config is the per-pod mode's configuration; xdsTLS is set by the caller when the xDS port
+// serves TLS (serve: --xds-tls-cert).
 func (f *istioFlags) config() istio.Config {
-	return istio.Config{Namespace: f.namespace, XDSAddress: f.xdsAddress, BootstrapCluster: f.bootstrapCluster}
+	return istio.Config{Namespace: f.namespace, XDSAddress: f.xdsAddress, ClusterDomain: f.clusterDomain,
+		TLS: f.xdsTLS, TLSServerSANs: f.xdsServerSANs}
+}
+
+// envoyFilterReconciler is the per-pod mode's reconciler (EnvoyFilters and bootstrap
+// ConfigMaps) for the cluster of the flags.
+func (f *clusterFlags) envoyFilterReconciler(cfg istio.Config, logger *slog.Logger) (*istio.Reconciler, error) {
+	ic, err := f.istioClient()
+	if err != nil {
+		return nil, err
+	}
+	kc, err := f.clientset()
+	if err != nil {
+		return nil, err
+	}
+	r, err := istio.NewReconciler(istio.ReconcilerConfig{Filters: cfg, Client: ic, Kube: kc, Logger: logger})
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return r, nil
 }
 
 // istioClient is the istio client-go clientset for the cluster of the flags.

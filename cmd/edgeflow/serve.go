@@ -155,12 +155,9 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		if cluster == nil {
 			return badInput("--istio-xds-address needs the cluster flags (--kubeconfig or in-cluster), not -f")
 		}
-		ic, err := f.istioClient()
-		if err != nil {
+		f.istio.xdsTLS = f.tls.CertFile != ""
+		if reconciler, err = f.envoyFilterReconciler(f.istio.config(), logger); err != nil {
 			return err
-		}
-		if reconciler, err = istio.NewReconciler(istio.ReconcilerConfig{Filters: f.istio.config(), Client: ic, Logger: logger}); err != nil {
-			return usageError{err}
 		}
 	}
 	var rb *rebalancer.Controller
@@ -173,7 +170,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			return err
 		}
 	}
-	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts,
+	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts, ClusterDomain: f.istio.clusterDomain,
 		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Damping: f.damping, Logger: logger, Registerer: reg})
 	if err != nil {
 		return err

@@ -20,28 +20,26 @@ func newUninstallCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "uninstall --kubeconfig PATH [--istio-namespace NS]",
-		Short: "Remove every EnvoyFilter edgeflow manages from the cluster",
+		Short: "Remove every EnvoyFilter and bootstrap ConfigMap edgeflow manages from the cluster",
 		Long: "uninstall deletes the EnvoyFilters that serve --istio-xds-address created (those labelled\n" +
-			istio.ManagedByLabel + "=" + istio.ManagedByValue + " in --istio-namespace); Istio's sidecars then take every\n" +
-			"service's endpoints from istiod again. Filters edgeflow does not own are never touched.",
+			istio.ManagedByLabel + "=" + istio.ManagedByValue + " in --istio-namespace), then the ConfigMaps " + istio.BootstrapConfigMapName + "\n" +
+			"it owns in every namespace; Istio's sidecars then take every service's endpoints from istiod again.\n" +
+			"Objects edgeflow does not own are never touched. Remove the pods' " + istio.BootstrapAnnotation + "\n" +
+			"annotation first: a pod that still names a deleted ConfigMap cannot restart.",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ic, err := cf.istioClient()
-			if err != nil {
-				return err
-			}
 			filters := flags.config()
 			filters.XDSAddress = "uninstall.invalid:1" // not used: uninstall only deletes by label
-			r, err := istio.NewReconciler(istio.ReconcilerConfig{Filters: filters, Client: ic})
+			r, err := cf.envoyFilterReconciler(filters, nil)
 			if err != nil {
-				return usageError{err}
+				return err
 			}
 			ctx, cancel := contextWithTimeout(cmd, timeout)
 			defer cancel()
 			if err := r.Uninstall(ctx); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "edgeflow's EnvoyFilters removed from namespace %s\n", flags.namespace)
+			fmt.Fprintf(cmd.OutOrStdout(), "edgeflow's EnvoyFilters removed from namespace %s, its %s ConfigMaps from every namespace\n", flags.namespace, istio.BootstrapConfigMapName)
 			return nil
 		},
 	}
