@@ -129,9 +129,9 @@ type Config struct {
 	// TLSServerName is the SNI the sidecar sends; "" means XDSAddress's host when it is a
 	// name (none for an IP).
 	TLSServerName string
-	// TLSServerSANs, when set, are the subject alternative names (exact) one of which
-	// edgeflow's certificate must carry, e.g. its SPIFFE id; empty accepts any certificate
-	// the mesh root signed.
+	// TLSServerSANs, when set, are the subject alternative names (exact; a URI SAN when the
+	// name has "://", as a SPIFFE id, else a DNS SAN) one of which edgeflow's certificate must
+	// carry; empty accepts any certificate the mesh root signed.
 	TLSServerSANs []string
 }
 
@@ -319,9 +319,14 @@ func XDSCluster(cfg Config) *clusterv3.Cluster {
 // ISTIO_MUTUAL TLS (istio/istio pkg/bootstrap/option/convert.go tlsContextConvert, and
 // pkg/model/authentication.go ConstructSdsSecretConfig for the SDS config source).
 func xdsTLS(cfg Config) *tlsv3.UpstreamTlsContext {
-	var sans []*matcherv3.StringMatcher
+	var sans []*tlsv3.SubjectAltNameMatcher
 	for _, san := range cfg.TLSServerSANs {
-		sans = append(sans, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: san}})
+		typ := tlsv3.SubjectAltNameMatcher_DNS
+		if strings.Contains(san, "://") {
+			typ = tlsv3.SubjectAltNameMatcher_URI // a SPIFFE id
+		}
+		sans = append(sans, &tlsv3.SubjectAltNameMatcher{SanType: typ,
+			Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: san}}})
 	}
 	return &tlsv3.UpstreamTlsContext{
 		Sni: cfg.serverName(),
@@ -330,7 +335,7 @@ func xdsTLS(cfg Config) *tlsv3.UpstreamTlsContext {
 			TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{sdsSecret(SDSCertName)},
 			ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{
 				CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
-					DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchSubjectAltNames: sans},
+					DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: sans},
 					ValidationContextSdsSecretConfig: sdsSecret(SDSRootName),
 				},
 			},

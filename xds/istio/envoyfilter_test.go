@@ -187,8 +187,8 @@ func TestXDSCluster(t *testing.T) {
 			t.Errorf("secret %s: SDS source %v, want gRPC to the bootstrap's sds-grpc", sds.GetName(), src)
 		}
 	}
-	sans := tc.GetCommonTlsContext().GetCombinedValidationContext().GetDefaultValidationContext().GetMatchSubjectAltNames()
-	if len(sans) != 1 || sans[0].GetExact() != "spiffe://cluster.local/ns/edgeflow/sa/edgeflow" {
+	sans := tc.GetCommonTlsContext().GetCombinedValidationContext().GetDefaultValidationContext().GetMatchTypedSubjectAltNames()
+	if len(sans) != 1 || sans[0].GetSanType() != tlsv3.SubjectAltNameMatcher_URI || sans[0].GetMatcher().GetExact() != "spiffe://cluster.local/ns/edgeflow/sa/edgeflow" {
 		t.Errorf("SAN match %v", sans)
 	}
 	if ip := XDSCluster(Config{XDSAddress: "10.0.0.1:1", TLS: true}); ip.GetTransportSocket() == nil {
