@@ -755,6 +755,14 @@ func TestKindsClusterDomain(t *testing.T) {
 			}
 		}
 	}
+	for _, bad := range []string{"Cluster.Local", "a..b", "-x.local", "x_y"} {
+		if _, err := TranslateWith(top, bookinfoAllocation(t, top), TranslateConfig{ClusterDomain: bad}); err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("cluster domain %q: err %v, want one naming it", bad, err)
+		}
+		if _, err := NewServer(Config{ClusterDomain: bad}); err == nil {
+			t.Errorf("NewServer accepts cluster domain %q", bad)
+		}
+	}
 	rc := setItem(envoy.Sets[RouteSet], RouteName(9080)).(*route.RouteConfiguration)
 	found := false
 	for _, vh := range rc.GetVirtualHosts() {

@@ -143,11 +143,11 @@ func NewServer(cfg Config) (*Server, error) {
 	if _, err := optimizer.ParsePolicy(string(cfg.Policy)); err != nil {
 		return nil, err
 	}
-	wire, err := TranslateConfig{Encoding: cfg.Encoding, LBPolicy: cfg.LBPolicy}.check()
+	wire, err := TranslateConfig{Encoding: cfg.Encoding, LBPolicy: cfg.LBPolicy, ClusterDomain: cfg.ClusterDomain}.check()
 	if err != nil {
 		return nil, err
 	}
-	cfg.Encoding, cfg.LBPolicy = wire.Encoding, wire.LBPolicy
+	cfg.Encoding, cfg.LBPolicy, cfg.ClusterDomain = wire.Encoding, wire.LBPolicy, wire.ClusterDomain
 	if cfg.DebounceQuiet == 0 {
 		cfg.DebounceQuiet = DefaultDebounceQuiet
 	}

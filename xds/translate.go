@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"regexp"
 	"sort"
 	"strconv"
 	"sync"
@@ -106,6 +107,9 @@ type TranslateConfig struct {
 	ClusterDomain string
 }
 
+// dnsName matches a DNS name of lowercase RFC 1123 labels, as a Kubernetes cluster domain is.
+var dnsName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$`)
+
 // check fills in the defaults and rejects unknown or incompatible values.
 func (c TranslateConfig) check() (TranslateConfig, error) {
 	enc, err := ParseEncoding(string(c.Encoding))
@@ -115,6 +119,9 @@ func (c TranslateConfig) check() (TranslateConfig, error) {
 	lb, err := ParseLBPolicy(string(c.LBPolicy))
 	if err != nil {
 		return c, err
+	}
+	if c.ClusterDomain != "" && !dnsName.MatchString(c.ClusterDomain) {
+		return c, fmt.Errorf("xds: cluster domain %q is not a DNS name (lowercase labels of a-z, 0-9 and '-', separated by dots)", c.ClusterDomain)
 	}
 	if lb == LBLeastRequest && enc != EncodingLocality {
 		return c, fmt.Errorf("xds: lb policy %s needs the %s encoding, not %s (weighted clusters pick a pod's cluster by weight first)", lb, EncodingLocality, enc)
