@@ -47,13 +47,14 @@ type clusterFlags struct {
 
 // istioFlags configure edgeflow's Istio integration (serve, plan -o istio, uninstall).
 type istioFlags struct {
-	mode             string
-	xdsAddress       string
-	namespace        string
-	bootstrapCluster bool
-	rootNamespace    string
-	clusterDomain    string
-	labelNodes       bool
+	mode          string
+	xdsAddress    string
+	namespace     string
+	rootNamespace string
+	clusterDomain string
+	labelNodes    bool
+	xdsTLS        bool
+	xdsServerSANs []string
 }
 
 // Istio modes (--istio-mode).
@@ -66,20 +67,21 @@ const (
 func (f *istioFlags) register(cmd *cobra.Command, withAddress bool) {
 	fl := cmd.Flags()
 	if withAddress {
-		fl.StringVar(&f.mode, "istio-mode", istioModeOff, "Istio integration: off; destinationrule (stock Istio: the plan as DestinationRules with locality weights, per caller workload and callee host); envoyfilter (per-pod weights: sidecars take managed services' EDS from edgeflow, needs --istio-xds-address and the bootstrap override)")
-		fl.StringVar(&f.xdsAddress, "istio-xds-address", "", "--istio-mode=envoyfilter: HOST:PORT at which sidecars reach edgeflow's xDS server (e.g. edgeflow.edgeflow.svc.cluster.local:18000)")
-		fl.BoolVar(&f.bootstrapCluster, "istio-bootstrap-cluster", false, "--istio-mode=envoyfilter: the edgeflow-xds cluster comes from the sidecars' bootstrap (sidecar.istio.io/bootstrapOverride), not from an EnvoyFilter")
+		fl.StringVar(&f.mode, "istio-mode", istioModeOff, "Istio integration: off; destinationrule (stock Istio: the plan as DestinationRules with locality weights, per caller workload and callee host); envoyfilter (per-pod weights: the sidecars of pods labelled "+istio.EDSLabel+"="+istio.EDSLabelValue+" take the managed services' EDS from edgeflow; needs --istio-xds-address and the bootstrap override)")
+		fl.StringVar(&f.xdsAddress, "istio-xds-address", "", "--istio-mode=envoyfilter: HOST:PORT at which sidecars reach edgeflow's xDS server (e.g. edgeflow.edgeflow.svc.cluster.local:18000); edgeflow manages the EnvoyFilters and bootstrap ConfigMaps")
+		fl.StringSliceVar(&f.xdsServerSANs, "istio-xds-server-san", nil, "--istio-mode=envoyfilter with --xds-tls-cert: a subject alternative name edgeflow's certificate carries (e.g. its SPIFFE id), checked by the sidecars (default: any certificate the mesh root signed)")
 		fl.BoolVar(&f.labelNodes, "istio-label-nodes", false, "--istio-mode=destinationrule: give each node with a region and zone its own subzone (label "+istio.SubzoneLabel+"=NODE), so the mesh can weigh nodes apart (a write to Nodes)")
 	}
-	fl.StringVar(&f.namespace, "istio-namespace", istio.DefaultNamespace, "namespace of the EnvoyFilters (Istio's root namespace applies them to every sidecar)")
+	fl.StringVar(&f.namespace, "istio-namespace", istio.DefaultNamespace, "namespace of the EnvoyFilters (Istio's root namespace applies them in every namespace)")
 	f.registerRules(cmd)
 }
 
-// registerRules registers the flags DestinationRules are written by (serve, plan).
+// registerRules registers the flags Istio's host names and DestinationRules depend on (serve,
+// plan).
 func (f *istioFlags) registerRules(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.rootNamespace, "istio-root-namespace", istio.DefaultRootNamespace, "Istio's root namespace, whose exported DestinationRules apply mesh-wide (a user's rule there is carried into edgeflow's)")
-	fl.StringVar(&f.clusterDomain, "cluster-domain", optimizer.ClusterDomain, "the cluster's DNS domain (service hosts are NAME.NAMESPACE.svc.DOMAIN)")
+	fl.StringVar(&f.clusterDomain, "cluster-domain", optimizer.DefaultClusterDomain, "the Kubernetes cluster's DNS domain, in Istio's cluster names and service host names")
 }
 
 // checkMode validates --istio-mode and the flags that go with it.
@@ -102,8 +104,29 @@ func (f *istioFlags) checkMode() error {
 	return nil
 }
 
+// config is the per-pod mode's configuration; xdsTLS is set by the caller when the xDS port
+// serves TLS (serve: --xds-tls-cert).
 func (f *istioFlags) config() istio.Config {
-	return istio.Config{Namespace: f.namespace, XDSAddress: f.xdsAddress, BootstrapCluster: f.bootstrapCluster}
+	return istio.Config{Namespace: f.namespace, XDSAddress: f.xdsAddress, ClusterDomain: f.clusterDomain,
+		TLS: f.xdsTLS, TLSServerSANs: f.xdsServerSANs}
+}
+
+// envoyFilterReconciler is the per-pod mode's reconciler (EnvoyFilters and bootstrap
+// ConfigMaps) for the cluster of the flags.
+func (f *clusterFlags) envoyFilterReconciler(cfg istio.Config, logger *slog.Logger) (*istio.Reconciler, error) {
+	ic, err := f.istioClient()
+	if err != nil {
+		return nil, err
+	}
+	kc, err := f.clientset()
+	if err != nil {
+		return nil, err
+	}
+	r, err := istio.NewReconciler(istio.ReconcilerConfig{Filters: cfg, Client: ic, Kube: kc, Logger: logger})
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return r, nil
 }
 
 func (f *istioFlags) rulesConfig() istio.RulesConfig {

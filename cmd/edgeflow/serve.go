@@ -161,29 +161,28 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		Run(context.Context) error
 	}
 	var rules *istio.RulesReconciler
-	if f.istio.mode != istioModeOff {
+	switch f.istio.mode {
+	case istioModeEnvoyFilter:
+		f.istio.xdsTLS = f.tls.CertFile != ""
+		if istioRun, err = f.envoyFilterReconciler(f.istio.config(), logger); err != nil {
+			return err
+		}
+	case istioModeDestinationRule:
 		ic, err := f.istioClient()
 		if err != nil {
 			return err
 		}
-		switch f.istio.mode {
-		case istioModeEnvoyFilter:
-			if istioRun, err = istio.NewReconciler(istio.ReconcilerConfig{Filters: f.istio.config(), Client: ic, Logger: logger}); err != nil {
-				return usageError{err}
+		cfg := istio.RulesReconcilerConfig{Rules: f.istio.rulesConfig(), Policy: policy, Options: opts,
+			Damping: f.damping, Client: ic, Logger: logger, Registerer: reg}
+		if f.istio.labelNodes {
+			if cfg.Nodes, err = f.clientset(); err != nil {
+				return err
 			}
-		case istioModeDestinationRule:
-			cfg := istio.RulesReconcilerConfig{Rules: f.istio.rulesConfig(), Policy: policy, Options: opts,
-				Damping: f.damping, Client: ic, Logger: logger, Registerer: reg}
-			if f.istio.labelNodes {
-				if cfg.Nodes, err = f.clientset(); err != nil {
-					return err
-				}
-			}
-			if rules, err = istio.NewRulesReconciler(cfg); err != nil {
-				return usageError{err}
-			}
-			istioRun = rules
 		}
+		if rules, err = istio.NewRulesReconciler(cfg); err != nil {
+			return usageError{err}
+		}
+		istioRun = rules
 	}
 	var rb *rebalancer.Controller
 	if f.rebalance {
@@ -195,7 +194,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			return err
 		}
 	}
-	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts,
+	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts, ClusterDomain: f.istio.clusterDomain,
 		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Damping: f.damping, Logger: logger, Registerer: reg})
 	if err != nil {
 		return err

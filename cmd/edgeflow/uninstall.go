@@ -21,28 +21,30 @@ func newUninstallCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "uninstall --kubeconfig PATH [--istio-namespace NS]",
 		Short: "Remove every Istio object edgeflow manages from the cluster",
-		Long: "uninstall deletes the EnvoyFilters (in --istio-namespace) and the DestinationRules (in every namespace)\n" +
-			"that serve --istio-mode created, those labelled " + istio.ManagedByLabel + "=" + istio.ManagedByValue + "; Istio's sidecars then\n" +
-			"take every service's endpoints and load balancing from istiod and the user's own rules again. Objects edgeflow\n" +
-			"does not own are never touched. Running it twice is harmless.",
+		Long: "uninstall deletes what serve --istio-mode created, the objects labelled " + istio.ManagedByLabel + "=" + istio.ManagedByValue + ":\n" +
+			"the EnvoyFilters in --istio-namespace, then the ConfigMaps " + istio.BootstrapConfigMapName + " in every namespace, and the\n" +
+			"DestinationRules in every namespace; Istio's sidecars then take every service's endpoints and load balancing\n" +
+			"from istiod and the user's own rules again. Objects edgeflow does not own are never touched; running it twice\n" +
+			"is harmless. Remove the pods' " + istio.BootstrapAnnotation + " annotation first: a pod that still names a\n" +
+			"deleted ConfigMap cannot restart.",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ic, err := cf.istioClient()
-			if err != nil {
-				return err
-			}
 			filters := flags.config()
 			filters.XDSAddress = "uninstall.invalid:1" // not used: uninstall only deletes by label
-			r, err := istio.NewReconciler(istio.ReconcilerConfig{Filters: filters, Client: ic})
+			r, err := cf.envoyFilterReconciler(filters, nil)
 			if err != nil {
-				return usageError{err}
+				return err
 			}
 			ctx, cancel := contextWithTimeout(cmd, timeout)
 			defer cancel()
 			if err := r.Uninstall(ctx); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "edgeflow's EnvoyFilters removed from namespace %s\n", flags.namespace)
+			fmt.Fprintf(cmd.OutOrStdout(), "edgeflow's EnvoyFilters removed from namespace %s, its %s ConfigMaps from every namespace\n", flags.namespace, istio.BootstrapConfigMapName)
+			ic, err := cf.istioClient()
+			if err != nil {
+				return err
+			}
 			rules, err := istio.NewRulesReconciler(istio.RulesReconcilerConfig{Client: ic})
 			if err != nil {
 				return usageError{err}

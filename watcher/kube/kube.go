@@ -401,7 +401,8 @@ func (s *Source) service(ls *listers, i int, svc *corev1.Service, known map[stri
 				continue
 			}
 			seen[name] = true
-			pi := podInfo{pod: optimizer.Pod{Name: name, Node: node, IP: ip}}
+			sidecar := pod != nil && pod.Labels[optimizer.SidecarLabel] == optimizer.SidecarLabelValue
+			pi := podInfo{pod: optimizer.Pod{Name: name, Node: node, IP: ip, Sidecar: &sidecar}}
 			if pod != nil {
 				pi.pod.ServiceAccount = pod.Spec.ServiceAccountName
 				for _, c := range pod.Spec.Containers {

@@ -55,19 +55,19 @@ const (
 // RulesConfig says how DestinationRules are written.
 type RulesConfig struct {
 	// ClusterDomain is the cluster's DNS domain (hosts are NAME.NAMESPACE.svc.DOMAIN); "" means
-	// optimizer.ClusterDomain.
+	// optimizer.DefaultClusterDomain.
 	ClusterDomain string
 	// RootNamespace is Istio's root namespace, whose exported rules apply mesh-wide; "" means
 	// DefaultRootNamespace.
 	RootNamespace string
 }
 
-func (c RulesConfig) domain() string { return cmp.Or(c.ClusterDomain, optimizer.ClusterDomain) }
+func (c RulesConfig) domain() string { return cmp.Or(c.ClusterDomain, optimizer.DefaultClusterDomain) }
 func (c RulesConfig) root() string   { return cmp.Or(c.RootNamespace, DefaultRootNamespace) }
 
 // Host is the FQDN of service s in the mesh: NAME.NAMESPACE.svc.DOMAIN.
 func (c RulesConfig) Host(s *optimizer.Service) string {
-	return s.Name + "." + s.NamespaceOrDefault() + ".svc." + c.domain()
+	return s.FQDN(c.domain())
 }
 
 // LocalityPlan is a plan made at the granularity the mesh can express: the grouped topology
