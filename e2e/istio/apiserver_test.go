@@ -324,3 +324,81 @@ func mustCreateNamespace(t *testing.T, c *kubeapi.Cluster, name string) {
 		t.Fatal(err)
 	}
 }
+
+// The per-pod mode's reconciler on the same real apiserver: EnvoyFilters in the root namespace
+// and the bootstrap ConfigMap in each managed service's namespace are created, rewritten only
+// on change, and removed by Uninstall (twice); a user's ConfigMap of the same name is never
+// written.
+func TestEnvoyFilterReconcilerOnARealAPIServer(t *testing.T) {
+	c := kubeapi.Start(t, kubeapi.Options{})
+	ic := installIstioCRDs(t, c)
+	ctx := kubeapi.Context(t)
+	mustCreateNamespace(t, c, efistio.DefaultNamespace)
+	mustCreateNamespace(t, c, "shop")
+	// The user's own ConfigMap named like edgeflow's, in shop.
+	mine := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: efistio.BootstrapConfigMapName, Namespace: "shop"}, Data: map[string]string{"k": "v"}}
+	mine, err := c.Client.CoreV1().ConfigMaps("shop").Create(ctx, mine, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := efistio.NewReconciler(efistio.ReconcilerConfig{
+		Filters: efistio.Config{XDSAddress: "edgeflow.edgeflow.svc.cluster.local:18000"}, Client: ic, Kube: c.Client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	services := []optimizer.Service{
+		{Name: "reviews", Ports: []optimizer.Port{{Port: 9080}}},
+		{Name: "cart", Namespace: "shop", Ports: []optimizer.Port{{Port: 80}}},
+	}
+	owned := func() (filters, cms map[string]string) {
+		sel := metav1.ListOptions{LabelSelector: efistio.ManagedByLabel + "=" + efistio.ManagedByValue}
+		fl, err := ic.NetworkingV1alpha3().EnvoyFilters(efistio.DefaultNamespace).List(ctx, sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl, err := c.Client.CoreV1().ConfigMaps(metav1.NamespaceAll).List(ctx, sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		filters, cms = map[string]string{}, map[string]string{}
+		for _, f := range fl.Items {
+			filters[f.Name] = f.ResourceVersion
+		}
+		for _, cm := range cl.Items {
+			cms[cm.Namespace+"/"+cm.Name] = cm.ResourceVersion
+		}
+		return filters, cms
+	}
+	err = r.Reconcile(ctx, services)
+	filters, cms := owned()
+	if len(filters) != 2 || len(cms) != 1 || cms["default/"+efistio.BootstrapConfigMapName] == "" {
+		t.Fatalf("after the first pass: filters %v, ConfigMaps %v", filters, cms)
+	}
+	if err == nil || !strings.Contains(err.Error(), "shop") {
+		t.Errorf("the user's ConfigMap in shop was not reported: %v", err)
+	}
+	_ = r.Reconcile(ctx, services)
+	f2, c2 := owned()
+	for k, v := range filters {
+		if f2[k] != v {
+			t.Errorf("filter %s rewritten for an unchanged set (%s → %s)", k, v, f2[k])
+		}
+	}
+	for k, v := range cms {
+		if c2[k] != v {
+			t.Errorf("ConfigMap %s rewritten for an unchanged set", k)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		if err := r.Uninstall(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f, cm := owned(); len(f)+len(cm) != 0 {
+		t.Errorf("left after Uninstall: filters %v, ConfigMaps %v", f, cm)
+	}
+	got, err := c.Client.CoreV1().ConfigMaps("shop").Get(ctx, efistio.BootstrapConfigMapName, metav1.GetOptions{})
+	if err != nil || got.ResourceVersion != mine.ResourceVersion {
+		t.Errorf("the user's ConfigMap was written or removed: %v, %v", got, err)
+	}
+}
