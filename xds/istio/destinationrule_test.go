@@ -285,9 +285,7 @@ func TestRulesReconciler(t *testing.T) {
 			if a.GetVerb() != "list" && a.GetVerb() != "get" {
 				name := ""
 				switch a := a.(type) {
-				case k8stesting.CreateAction:
-					name = a.GetObject().(metav1.Object).GetName()
-				case k8stesting.UpdateAction:
+				case k8stesting.CreateAction: // an UpdateAction too: both have GetObject
 					name = a.GetObject().(metav1.Object).GetName()
 				case k8stesting.DeleteAction:
 					name = a.GetName()
