@@ -2,6 +2,8 @@ module github.com/edgeflow/edgeflow
 
 go 1.26.0
 
+toolchain go1.26.8
+
 require (
 	github.com/envoyproxy/go-control-plane v0.14.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0

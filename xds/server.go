@@ -59,6 +59,13 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the server's metrics (nil means they are not registered).
 	Registerer prometheus.Registerer
+	// Limits bound what clients may make the server do (zero fields: the defaults).
+	Limits Limits
+	// RequireIdentity turns on the node identity check (identity.go), for a port that serves
+	// mutual TLS: a node may claim only a pod whose identity its client certificate proves, in
+	// TrustDomain ("" means DefaultTrustDomain).
+	RequireIdentity bool
+	TrustDomain     string
 }
 
 // Server serves edgeflow's allocations over xDS: one snapshot per connected xDS node, built
@@ -116,9 +123,14 @@ type Server struct {
 
 	nodesMu    sync.Mutex // guards pub, nodes, streams
 	pub        *publication
-	nodes      map[string]*nodeState // by node id, nodes with ≥ 1 open stream
+	nodes      map[string]*nodeState // by node id and owner (nodeState.key), nodes with ≥ 1 open stream
 	streams    sync.Map              // streamKey → *streamState; written under nodesMu
 	deltaTypes sync.Map              // delta stream id → type URL, for the per-type (non-ADS) services
+
+	opened      sync.Map     // streamKey → *streamOpen, streams admitted (streamOpened) and not closed
+	openStreams atomic.Int64 // streams admitted and not closed
+	refusedMu   sync.Mutex   // guards refusedAt
+	refusedAt   map[string]time.Time
 
 	allocation atomic.Pointer[optimizer.Allocation]
 	published  atomic.Uint64
@@ -159,6 +171,10 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	cfg.Limits = cfg.Limits.withDefaults()
+	if cfg.TrustDomain == "" {
+		cfg.TrustDomain = DefaultTrustDomain
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
