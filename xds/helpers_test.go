@@ -420,6 +420,17 @@ func (c *deltaClient) pendingOne() *discovery.DeltaDiscoveryResponse {
 }
 
 // cached returns what the server serves node id (its current sets), as a snapshot.
+// nodeByIDLocked returns a node whose client sent id (nil: none); s.nodesMu is held. The
+// tests that use it have one client per id.
+func (s *Server) nodeByIDLocked(id string) *nodeState {
+	for _, n := range s.nodes {
+		if n.id == id {
+			return n
+		}
+	}
+	return nil
+}
+
 func (s *Server) cached(id string) (*cache.Snapshot, error) {
 	s.nodesMu.Lock()
 	var n *nodeState

@@ -326,7 +326,7 @@ func TestSOTWAndDeltaStreamsOfOneNode(t *testing.T) {
 	delta.close()
 	eventually(t, 5*time.Second, "the delta stream closed", func() bool {
 		h.srv.nodesMu.Lock()
-		n := h.srv.nodes["x-0"]
+		n := h.srv.nodeByIDLocked("x-0")
 		h.srv.nodesMu.Unlock()
 		n.mu.Lock()
 		defer n.mu.Unlock()
