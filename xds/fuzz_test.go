@@ -66,9 +66,17 @@ func FuzzStreamRequests(f *testing.F) {
 	h.srv.Update(two(5))
 	control := dialADS(f, h.addr, "x-0")
 	control.subscribe(resource.EndpointType, "y")
+	first := control.next()
+	control.ack(first)
+	// A second publication with other weights: the control client's node has an earlier set
+	// to be rolled back to.
+	ctx := context.Background()
+	h.srv.Update(two(15))
 	held := control.next()
 	control.ack(held)
-	ctx := context.Background()
+	if held.GetVersionInfo() == first.GetVersionInfo() {
+		f.Fatal("the second publication did not change x-0's weights")
+	}
 	eventually(f, 10*time.Second, "the control client's ACK", func() bool {
 		snap, err := h.srv.cached("x-0")
 		return err == nil && snap.GetVersion(resource.EndpointType) == held.GetVersionInfo()
@@ -77,7 +85,7 @@ func FuzzStreamRequests(f *testing.F) {
 	nodeIDs := []string{"x-0", "x-1", "u-0", "", "sidecar~127.0.0.1~x-0~default.svc.cluster.local", "x-0\x00c1"}
 	types := []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType, "", "type.googleapis.com/garbage"}
 	pool := []string{"y", "v", "*", "zz", "x", ""}
-	versions := []string{"", held.GetVersionInfo(), "garbage", "0"}
+	versions := []string{"", held.GetVersionInfo(), "garbage", first.GetVersionInfo()}
 	nonces := []string{"", "1", "2", "3", "x", "-1"}
 
 	f.Fuzz(func(t *testing.T, data []byte) {

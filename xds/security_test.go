@@ -483,4 +483,3 @@ func TestStreamClosedWhenItsPodAppearsUnderAnotherAccount(t *testing.T) {
 		t.Fatal("late-1 was sent no assignment")
 	}
 }
-
