@@ -79,6 +79,17 @@ type Config struct {
 //     for an Istio sidecar id "sidecar~IP~POD.NS~NS.svc.cluster.local", by POD, else by IP when
 //     exactly one pod has that IP. Any other id gets the round-robin resources, never nothing.
 //     Matching happens when the node's first stream opens and again at every publication.
+//   - One stream, one node, one owner: a stream serves the node its first request names (a
+//     request naming another id ends it with InvalidArgument), and a node's state is its id's
+//     and its client connection's (nodeState.key): a client claiming another's id gets a
+//     state of its own, so its NACKs and silence affect only itself. Everything kept for a
+//     node, its snapshot cache entry included, goes with its last stream. Under
+//     Config.RequireIdentity the claim is checked at the first request, at every publication
+//     and on Fetch (identity.go).
+//   - Bounds (Config.Limits, limits.go): connections, streams in all and per connection,
+//     names per request, requests per stream per second; over one the stream (connection)
+//     ends with ResourceExhausted and edgeflow_xds_refused_total{reason} counts it. Client
+//     strings are clipped in logs, and a NACK is logged once per node and version.
 //   - Pushes are debounced (Config.DebounceQuiet/DebounceMax) and one runs at a time. A
 //     publication sets the snapshot only of nodes whose resources changed, and versions are
 //     per type and content-addressed, so a weight-only change reaches only the affected nodes
@@ -144,7 +155,7 @@ type Server struct {
 }
 
 // NewServer returns a server; it starts no goroutine. Serve it with Register on a grpc.Server
-// and Run; feed it with Update.
+// built with ServerOptions, over Listener, and Run; feed it with Update.
 func NewServer(cfg Config) (*Server, error) {
 	if cfg.Policy == "" {
 		cfg.Policy = optimizer.LATA

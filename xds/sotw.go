@@ -33,9 +33,10 @@ type sotwCache struct {
 	cache.Cache
 }
 
-// Fetch answers a fetch (the per-type services' unary Fetch methods): what the node is
-// served, when it has streams, else what the last publication has for a node of that id and
-// kind; only the named resources when the request names any. A request naming the version it
+// Fetch answers a fetch (the per-type services' unary Fetch methods): what the last
+// publication has for a node of that id and kind (a fetch has no stream: nothing it sends
+// changes a node's state), only the named resources when the request names any (filtered by
+// a set; at most Limits.MaxResourceNames). A request naming the version it
 // would get is told to skip (types.SkipFetchError), as by the snapshot cache.
 func (w sotwCache) Fetch(_ context.Context, req *cache.Request) (cache.Response, error) {
 	s := w.s
