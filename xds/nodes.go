@@ -494,14 +494,6 @@ func (h heldSet) get(name string) (heldResource, bool) {
 	return heldResource{}, false
 }
 
-func (h *heldSet) put(e heldEntry) {
-	if j, ok := h.search(e.name); ok {
-		(*h)[j] = e
-	} else {
-		*h = slices.Insert(*h, j, e)
-	}
-}
-
 func (h *heldSet) remove(name string) {
 	if j, ok := h.search(name); ok {
 		*h = slices.Delete(*h, j, j+1)
