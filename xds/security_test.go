@@ -483,3 +483,93 @@ func TestStreamClosedWhenItsPodAppearsUnderAnotherAccount(t *testing.T) {
 		t.Fatal("late-1 was sent no assignment")
 	}
 }
+
+// TestBounds: each bound of Limits, when hit, ends the stream (or connection) with a clear
+// status and counts it in edgeflow_xds_refused_total{reason}.
+func TestBounds(t *testing.T) {
+	// openADS opens an ADS stream on a connection of its own, sends a first request and
+	// returns the stream and the error of its first answer (nil: a response).
+	openADS := func(t *testing.T, addr, id string) (discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient, error) {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		t.Cleanup(func() { cancel(); conn.Close() })
+		st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := st.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: id}, TypeUrl: resource.ClusterType}); err != nil && !errors.Is(err, io.EOF) {
+			return nil, err
+		}
+		_, err = st.Recv()
+		return st, err
+	}
+
+	t.Run("requests per second", func(t *testing.T) {
+		// The clock stands still: the stream has its burst and nothing more.
+		h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1, Clock: newFakeClock(),
+			Limits: Limits{RequestsPerSecond: 1, RequestBurst: 5}})
+		h.srv.Update(two(5))
+		st, err := openADS(t, h.addr, "x-0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 10 {
+			_ = st.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, ResourceNames: []string{"y"}})
+		}
+		for err == nil {
+			_, err = st.Recv()
+		}
+		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "requests per second") {
+			t.Fatalf("10 requests at once, burst 5: %v, want ResourceExhausted naming the rate", err)
+		}
+		if got := counter(t, h.srv.m.refused.WithLabelValues("request_rate")); got != 1 {
+			t.Fatalf("refused{request_rate} = %v, want 1", got)
+		}
+	})
+
+	t.Run("streams in all", func(t *testing.T) {
+		h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1, Limits: Limits{MaxStreams: 2}})
+		h.srv.Update(two(5))
+		for k := range 2 {
+			if _, err := openADS(t, h.addr, fmt.Sprintf("p-%d", k)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := openADS(t, h.addr, "p-2"); status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("a third stream with a bound of 2: %v, want ResourceExhausted", err)
+		}
+		if got := counter(t, h.srv.m.refused.WithLabelValues("streams")); got != 1 {
+			t.Fatalf("refused{streams} = %v, want 1", got)
+		}
+	})
+
+	t.Run("connections", func(t *testing.T) {
+		h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1, Limits: Limits{MaxConnections: 2}})
+		h.srv.Update(two(5))
+		for k := range 2 {
+			if _, err := openADS(t, h.addr, fmt.Sprintf("p-%d", k)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := openADS(t, h.addr, "p-2"); status.Code(err) != codes.Unavailable {
+			t.Fatalf("a third connection with a bound of 2: %v, want Unavailable (closed)", err)
+		}
+		if got := counter(t, h.srv.m.refused.WithLabelValues("connections")); got < 1 {
+			t.Fatalf("refused{connections} = %v, want ≥ 1 (the client may retry)", got)
+		}
+		if got := counter(t, h.srv.m.connections); got != 2 {
+			t.Fatalf("edgeflow_xds_connections = %v, want 2", got)
+		}
+	})
+
+	t.Run("message size", func(t *testing.T) {
+		h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
+		h.srv.Update(two(5))
+		if _, err := openADS(t, h.addr, strings.Repeat("x", DefaultMaxMessageBytes+1)); status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("a request over 4 MiB: %v, want ResourceExhausted", err)
+		}
+	})
+}
