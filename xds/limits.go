@@ -89,9 +89,8 @@ func over(n, bound int) bool { return bound >= 0 && n > bound }
 
 // ServerOptions returns the gRPC server options the xDS port needs: the message size bound,
 // keepalives and MaxConnectionAge, the connection tagging that gives each client connection
-// its own node state and stream count, the interceptor that closes a stream with the status
-// the server decided (PermissionDenied when its claim no longer holds), and, with
-// Config.RequireIdentity, the identity check of the unary Fetch methods. Use them with
+// its own node state and stream count, and, with Config.RequireIdentity, the identity check
+// of the unary Fetch methods (streams are checked in the server's stream callbacks). Use them with
 // Register, and Listener around the listener:
 //
 //	g := grpc.NewServer(append(srv.ServerOptions(), grpc.Creds(creds))...)
@@ -115,7 +114,6 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 			MaxConnectionAge: age, MaxConnectionAgeGrace: grace}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.StatsHandler(connTagger{}),
-		grpc.ChainStreamInterceptor(s.streamInterceptor),
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
 	}
 	if l.MaxMessageBytes > 0 {
@@ -164,46 +162,6 @@ func owner(ctx context.Context, key streamKey) (string, *conn) {
 	}
 	return fmt.Sprintf("s%d", key.id), nil
 }
-
-// streamTagKey carries a *streamTag in a stream's context.
-type streamTagKey struct{}
-
-// streamTag is where the server leaves the status a stream is to end with when it closes the
-// stream itself (go-control-plane's SOTW server turns every send error into Unavailable).
-type streamTag struct {
-	mu    sync.Mutex
-	cause error
-}
-
-func (t *streamTag) set(err error) {
-	t.mu.Lock()
-	if t.cause == nil {
-		t.cause = err
-	}
-	t.mu.Unlock()
-}
-
-func (t *streamTag) get() error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.cause
-}
-
-func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	tag := &streamTag{}
-	err := handler(srv, &taggedStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), streamTagKey{}, tag)})
-	if cause := tag.get(); cause != nil {
-		return cause
-	}
-	return err
-}
-
-type taggedStream struct {
-	grpc.ServerStream
-	ctx context.Context
-}
-
-func (t *taggedStream) Context() context.Context { return t.ctx }
 
 // unaryInterceptor checks the identity of the unary Fetch methods' callers
 // (Config.RequireIdentity) as the streams' first requests are checked.

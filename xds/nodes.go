@@ -414,7 +414,6 @@ func parseNonce(s string) int64 {
 type streamState struct {
 	node *nodeState
 	key  streamKey
-	tag  *streamTag // where the status it is closed with is left (nil without ServerOptions)
 
 	sub [numSets]subscription
 	// acked is what the client holds, as far as the server knows: for SOTW the set its
@@ -762,9 +761,6 @@ func (s *Server) revokeLocked(n *nodeState, err error) {
 	n.revoked = err
 	s.m.refused.WithLabelValues("identity").Inc()
 	for _, st := range n.live {
-		if st.tag != nil {
-			st.tag.set(err)
-		}
 		k := &kickResponse{err: err}
 		if st.sotw != nil {
 			for i, ch := range st.sotw.watch {
@@ -790,7 +786,8 @@ func (s *Server) revokeLocked(n *nodeState, err error) {
 }
 
 // kickResponse ends the stream it is sent on with err: go-control-plane ends a stream whose
-// response fails to build.
+// response fails to build with that error (its ordered-ADS mode, which edgeflow does not use,
+// would turn it into Unavailable).
 type kickResponse struct {
 	err error
 	typ int
@@ -963,12 +960,11 @@ func (s *Server) callbacks() gcpserver.Callbacks {
 }
 
 // streamOpen is what the server knows of a stream from its opening: who owns its node state
-// (owner), its connection, the tag its final status is left on, the identities its
-// connection's certificate proves, and its request budget.
+// (owner), its connection, the identities its connection's certificate proves, and its
+// request budget.
 type streamOpen struct {
 	owner   string
 	conn    *conn
-	tag     *streamTag
 	uris    []string
 	limiter *rate.Limiter
 }
@@ -988,7 +984,6 @@ func (s *Server) streamOpened(ctx context.Context, key streamKey) error {
 			"xds: too many xDS streams on one connection (%d, the server's bound)", l.MaxStreamsPerConnection)
 	}
 	o := &streamOpen{owner: owner, conn: c}
-	o.tag, _ = ctx.Value(streamTagKey{}).(*streamTag)
 	if s.cfg.RequireIdentity {
 		o.uris = peerIdentities(ctx)
 	}
@@ -1069,7 +1064,7 @@ func (s *Server) openStream(key streamKey, o *streamOpen, node *core.Node) (*str
 		s.m.nodes.Inc()
 	}
 	n.streams++
-	st := &streamState{node: n, key: key, tag: o.tag}
+	st := &streamState{node: n, key: key}
 	if key.delta {
 		st.delta = &deltaStream{}
 	} else {
