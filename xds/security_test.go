@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -573,3 +574,55 @@ func TestBounds(t *testing.T) {
 		}
 	})
 }
+
+// TestNACKLoggedOncePerVersion: ten NACKs of one version, each with a 512 KiB error_detail,
+// are logged once, clipped; every one is counted. Before: each was logged in full (5.2 MB).
+func TestNACKLoggedOncePerVersion(t *testing.T) {
+	var logs strings.Builder
+	var mu sync.Mutex
+	s, err := NewServer(Config{Policy: optimizer.Localization, DebounceQuiet: -1,
+		Logger: slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return logs.Write(p)
+		}), nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Update(two(5))
+	s.publish()
+	key := streamKey{id: 1}
+	if err := s.streamOpened(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	defer s.closeStream(key)
+	if err := s.onRequest(key, &discovery.DiscoveryRequest{Node: &core.Node{Id: "x-0"}, TypeUrl: resource.EndpointType}); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := s.streams.Load(key)
+	st := v.(*streamState)
+	n := st.node
+	detail := strings.Repeat("e", 512<<10)
+	n.mu.Lock()
+	version := n.sets[EndpointSet].Version
+	for range 10 {
+		s.nackLocked(n, st, EndpointSet, version, "", detail)
+	}
+	n.mu.Unlock()
+	mu.Lock()
+	out := logs.String()
+	mu.Unlock()
+	if got := strings.Count(out, "client rejected a response"); got != 1 {
+		t.Fatalf("ten NACKs of version %s logged %d times, want once", version, got)
+	}
+	if len(out) > 8<<10 {
+		t.Fatalf("ten NACKs with 512 KiB messages wrote %d bytes of log", len(out))
+	}
+	if got := counter(t, s.m.nacks.WithLabelValues("eds")); got != 10 {
+		t.Fatalf("edgeflow_xds_nacks_total{type=eds} = %v, want 10", got)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
