@@ -551,7 +551,9 @@ func BenchmarkNodeState(b *testing.B) {
 				}
 				mem0 := heapInUse()
 				for i := 0; i < n; i++ {
-					srv.openStream(streamKey{id: int64(i + 1)}, &core.Node{Id: fmt.Sprintf("caller-%d", i)})
+					if _, err := srv.openStream(streamKey{id: int64(i + 1)}, &streamOpen{owner: "bench"}, &core.Node{Id: fmt.Sprintf("caller-%d", i)}); err != nil {
+						b.Fatal(err)
+					}
 				}
 				srv.Update(top)
 				srv.publish()

@@ -159,7 +159,7 @@ func TestPerTypeStreams(t *testing.T) {
 // awaits reports whether the server still waits for an answer from a stream of the node.
 func awaits(h *harness, id string) bool {
 	h.srv.nodesMu.Lock()
-	n := h.srv.nodes[id]
+	n := h.srv.nodeByIDLocked(id)
 	h.srv.nodesMu.Unlock()
 	if n == nil {
 		return false

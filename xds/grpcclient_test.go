@@ -497,9 +497,9 @@ func TestRealClientsServerRestart(t *testing.T) {
 		h.srv.nodesMu.Lock()
 		defer h.srv.nodesMu.Unlock()
 		out := map[string]string{}
-		for id, n := range h.srv.nodes {
+		for _, n := range h.srv.nodes {
 			n.mu.Lock()
-			out[id] = n.acked[EndpointSet].Version
+			out[n.id] = n.acked[EndpointSet].Version
 			n.mu.Unlock()
 		}
 		return out

@@ -159,12 +159,12 @@ func startServerOn(t testing.TB, cfg Config, addr string) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer(grpc.MaxConcurrentStreams(1 << 20))
+	g := grpc.NewServer(srv.ServerOptions()...)
 	srv.Register(g)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); _ = g.Serve(lis) }()
+	go func() { defer wg.Done(); _ = g.Serve(srv.Listener(lis)) }()
 	go func() { defer wg.Done(); _ = srv.Run(ctx) }()
 	var once sync.Once
 	h := &harness{srv: srv, addr: lis.Addr().String(), reg: reg}
@@ -420,9 +420,30 @@ func (c *deltaClient) pendingOne() *discovery.DeltaDiscoveryResponse {
 }
 
 // cached returns what the server serves node id (its current sets), as a snapshot.
+// nodeByIDLocked returns a node whose client sent id (nil: none); s.nodesMu is held. The
+// tests that use it have one client per id.
+func (s *Server) nodeByIDLocked(id string) *nodeState {
+	for _, n := range s.nodes {
+		if n.id == id {
+			return n
+		}
+	}
+	return nil
+}
+
 func (s *Server) cached(id string) (*cache.Snapshot, error) {
 	s.nodesMu.Lock()
-	n := s.nodes[id]
+	var n *nodeState
+	for _, x := range s.nodes {
+		if x.id != id {
+			continue
+		}
+		if n != nil {
+			s.nodesMu.Unlock()
+			return nil, fmt.Errorf("node %q has several owners", id)
+		}
+		n = x
+	}
 	s.nodesMu.Unlock()
 	if n == nil {
 		return nil, fmt.Errorf("no node %q", id)

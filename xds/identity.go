@@ -10,19 +10,13 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/grpc"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-
-	"github.com/edgeflow/edgeflow/optimizer"
 )
 
 // TLSFiles names the xDS port's certificate files (PEM).
@@ -141,122 +135,104 @@ type PodIdentity struct{ Namespace, ServiceAccount string }
 // (spiffe://TRUST-DOMAIN/ns/NS/sa/SA), without the trust domain.
 func (id PodIdentity) SPIFFE() string { return "/ns/" + id.Namespace + "/sa/" + id.ServiceAccount }
 
+// DefaultTrustDomain is Istio's default trust domain.
+const DefaultTrustDomain = "cluster.local"
+
 // ClaimedIdentity resolves an xDS node id as the server does (a pod key, an Istio sidecar id by
 // pod, else by IP) against the last publication and returns the identity of the pod it claims.
 // ok is false when the id claims no pod of the topology (it is served round-robin weights) or
 // nothing is published yet.
 func (s *Server) ClaimedIdentity(nodeID string) (id PodIdentity, pod string, ok bool) {
+	return s.currentPub().claimed(nodeID)
+}
+
+func (s *Server) currentPub() *publication {
 	s.nodesMu.Lock()
-	pub := s.pub
-	s.nodesMu.Unlock()
-	if pub == nil {
+	defer s.nodesMu.Unlock()
+	return s.pub
+}
+
+// claimed is ClaimedIdentity against p (nil: nothing published).
+func (p *publication) claimed(nodeID string) (id PodIdentity, pod string, ok bool) {
+	if p == nil {
 		return PodIdentity{}, "", false
 	}
-	_, pod = pub.resourcesFor(nodeID, ProxylessGRPC) // the pod only; proxyless resources are prebuilt
+	_, pod = p.resourcesFor(nodeID, ProxylessGRPC) // the pod only; proxyless resources are prebuilt
 	if pod == "" {
 		return PodIdentity{}, "", false
 	}
-	id, ok = identities(pub.topology)[pod]
+	id, ok = p.identities()[pod]
 	return id, pod, ok
 }
 
-// identities indexes a topology's pods by key. The index of the last topology asked for is
-// kept (a publication's topology is immutable), so streams opening in a burst share it.
-func identities(t *optimizer.Topology) map[string]PodIdentity {
-	if c := lastIdentities.Load(); c != nil && c.t == t {
-		return c.ids
-	}
-	m := map[string]PodIdentity{}
-	for i := range t.Services {
-		s := &t.Services[i]
-		for j := range s.Pods {
-			p := &s.Pods[j]
-			m[s.PodKey(p)] = PodIdentity{Namespace: s.NamespaceOrDefault(), ServiceAccount: p.ServiceAccount}
+// identities indexes the publication's pods by key, once (the topology is immutable).
+func (p *publication) identities() map[string]PodIdentity {
+	p.idsOnce.Do(func() {
+		t := p.topology
+		m := map[string]PodIdentity{}
+		for i := range t.Services {
+			s := &t.Services[i]
+			for j := range s.Pods {
+				pd := &s.Pods[j]
+				m[s.PodKey(pd)] = PodIdentity{Namespace: s.NamespaceOrDefault(), ServiceAccount: pd.ServiceAccount}
+			}
 		}
-	}
-	lastIdentities.Store(&identityIndex{t: t, ids: m})
-	return m
+		p.ids = m
+	})
+	return p.ids
 }
 
-type identityIndex struct {
-	t   *optimizer.Topology
-	ids map[string]PodIdentity
-}
+// Mutual TLS and node identity (Config.RequireIdentity): the pod a node id claims
+// (ClaimedIdentity) must run as an identity the client's certificate proves — a URI SAN
+// spiffe://TRUST-DOMAIN/ns/NS/sa/SA (Istio's form) in Config.TrustDomain — else the stream
+// ends with PermissionDenied naming the node and the identity before anything is served, and a
+// unary Fetch is refused the same way. The check runs at a stream's first request and again at
+// every publication for every open stream: a stream whose claim no longer holds (its pod now
+// runs as another account, or an id that claimed no pod now claims one the certificate does
+// not prove) is closed with PermissionDenied and is sent nothing of the new publication. An id
+// that claims no pod gets round-robin weights; a pod without a known service account may be
+// claimed by any certificate of its namespace.
 
-var lastIdentities atomic.Pointer[identityIndex]
-
-// IdentityCheck returns a stream interceptor for the xDS port under mutual TLS: a stream's
-// first request must name a node, and the pod that node id claims (ClaimedIdentity) must run
-// as an identity the client's certificate proves — a URI SAN ending in /ns/NS/sa/SA (Istio's
-// SPIFFE form) — else the stream ends with PermissionDenied naming the node and the identity,
-// before anything is served. A node id that claims no pod gets round-robin weights and is
-// allowed; a pod without a known service account may be claimed by any certificate of its
-// namespace.
-func (s *Server) IdentityCheck() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		var first proto.Message = &discovery.DiscoveryRequest{}
-		if strings.Contains(info.FullMethod, "Delta") {
-			first = &discovery.DeltaDiscoveryRequest{}
-		}
-		if err := ss.RecvMsg(first); err != nil {
-			return err
-		}
-		if err := s.checkIdentity(ss.Context(), first); err != nil {
-			return err
-		}
-		return handler(srv, &replayStream{ServerStream: ss, first: first})
-	}
-}
-
-func (s *Server) checkIdentity(ctx context.Context, req proto.Message) error {
-	var node *core.Node
-	switch r := req.(type) {
-	case *discovery.DiscoveryRequest:
-		node = r.GetNode()
-	case *discovery.DeltaDiscoveryRequest:
-		node = r.GetNode()
-	}
-	if node == nil {
-		return status.Error(codes.InvalidArgument, "xds: the first request of a stream must name its node")
-	}
-	want, pod, ok := s.ClaimedIdentity(node.GetId())
+// checkClaim checks that the certificate identities uris prove the pod nodeID claims in pub.
+func (s *Server) checkClaim(uris []string, nodeID string, pub *publication) error {
+	want, pod, ok := pub.claimed(nodeID)
 	if !ok {
 		return nil
 	}
-	uris := peerURIs(ctx)
 	for _, u := range uris {
-		if want.ServiceAccount == "" && strings.Contains(u, "/ns/"+want.Namespace+"/sa/") || strings.HasSuffix(u, want.SPIFFE()) {
+		ns, sa, ok := parseSPIFFE(u, s.cfg.TrustDomain)
+		if ok && ns == want.Namespace && (want.ServiceAccount == "" || sa == want.ServiceAccount) {
 			return nil
 		}
 	}
-	s.log.Warn("xds: client certificate does not allow the pod identity its node id claims", "node", node.GetId(), "pod", pod, "want", want.SPIFFE(), "certificate", uris)
-	return status.Errorf(codes.PermissionDenied, "xds: node %q claims pod %s, which runs as %s; the client certificate proves %v",
-		node.GetId(), pod, want.SPIFFE(), uris)
+	s.log.Warn("xds: client certificate does not prove the pod identity its node id claims", "node", clip(nodeID), "pod", pod,
+		"want", "spiffe://"+s.cfg.TrustDomain+want.SPIFFE(), "certificate", uris)
+	return status.Errorf(codes.PermissionDenied, "xds: node %q claims pod %s, which runs as spiffe://%s%s; the client certificate proves %v",
+		clip(nodeID), pod, s.cfg.TrustDomain, want.SPIFFE(), uris)
 }
 
-// replayStream hands the handler the first request again, then the stream's own.
-type replayStream struct {
-	grpc.ServerStream
-	first proto.Message
-}
-
-func (st *replayStream) RecvMsg(m any) error {
-	if st.first != nil {
-		proto.Merge(m.(proto.Message), st.first)
-		st.first = nil
-		return nil
+// parseSPIFFE parses a SPIFFE id (go-spiffe's rules) and returns the namespace and service
+// account of its path /ns/NS/sa/SA; ok is false for another trust domain or path.
+func parseSPIFFE(uri, trustDomain string) (ns, sa string, ok bool) {
+	id, err := spiffeid.FromString(uri)
+	if err != nil || id.TrustDomain().Name() != trustDomain {
+		return "", "", false
 	}
-	return st.ServerStream.RecvMsg(m)
+	parts := strings.Split(id.Path(), "/")
+	if len(parts) != 5 || parts[0] != "" || parts[1] != "ns" || parts[3] != "sa" || parts[2] == "" || parts[4] == "" {
+		return "", "", false
+	}
+	return parts[2], parts[4], true
 }
 
-// peerURIs returns the URI SANs of the client's verified certificate.
-func peerURIs(ctx context.Context) []string {
+// peerIdentities returns the URI SANs of the client's verified certificate.
+func peerIdentities(ctx context.Context) []string {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
 		return nil
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(ti.State.PeerCertificates) == 0 {
+	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.PeerCertificates) == 0 {
 		return nil
 	}
 	var out []string

@@ -113,7 +113,7 @@ func identityTopology() *optimizer.Topology {
 // startTLSServer runs a Server behind mutual TLS with the identity check.
 func startTLSServer(t *testing.T, files TLSFiles) (*Server, string) {
 	t.Helper()
-	srv, err := NewServer(Config{Logger: testLogger(t), DebounceQuiet: -1})
+	srv, err := NewServer(Config{Logger: testLogger(t), DebounceQuiet: -1, RequireIdentity: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,12 +125,12 @@ func startTLSServer(t *testing.T, files TLSFiles) (*Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)), grpc.StreamInterceptor(srv.IdentityCheck()))
+	g := grpc.NewServer(append(srv.ServerOptions(), grpc.Creds(credentials.NewTLS(tlsCfg)))...)
 	srv.Register(g)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); _ = g.Serve(lis) }()
+	go func() { defer wg.Done(); _ = g.Serve(srv.Listener(lis)) }()
 	go func() { defer wg.Done(); _ = srv.Run(ctx) }()
 	t.Cleanup(func() { cancel(); g.Stop(); wg.Wait() })
 	srv.Update(identityTopology())

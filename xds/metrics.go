@@ -10,6 +10,8 @@ import (
 // edgeflow_xds_ prefix, base units (_seconds), _total for counters.
 type metrics struct {
 	connected     prometheus.Gauge
+	connections   prometheus.Gauge
+	refused       *prometheus.CounterVec
 	nodes         prometheus.Gauge
 	streamsOpened prometheus.Counter
 	publications  prometheus.Counter
@@ -34,6 +36,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "edgeflow_xds_connected_clients",
 			Help: "xDS streams currently open (an ADS client holds one).",
 		}),
+		connections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edgeflow_xds_connections",
+			Help: "Client connections open on the xDS port (Server.Listener).",
+		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgeflow_xds_refused_total",
+			Help: "Connections, streams and requests refused or closed at a bound or check, by reason: connections, streams, streams_per_connection, resource_names, request_rate, node_switch, no_node, identity.",
+		}, []string{"reason"}),
 		nodes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "edgeflow_xds_nodes",
 			Help: "Distinct xDS node ids with at least one open stream.",
@@ -91,6 +101,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: latencyBuckets,
 		}),
 	}
+	for _, r := range []string{"connections", "streams", "streams_per_connection", "resource_names", "request_rate", "node_switch", "no_node", "identity"} {
+		m.refused.WithLabelValues(r)
+	}
 	for _, t := range typeLabels {
 		m.pushes.WithLabelValues(t)
 		m.nacks.WithLabelValues(t)
@@ -99,7 +112,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.connected, m.nodes, m.streamsOpened, m.publications, m.rejected, m.suppressed,
+	for _, c := range []prometheus.Collector{m.connected, m.connections, m.refused, m.nodes, m.streamsOpened, m.publications, m.rejected, m.suppressed,
 		m.pushes, m.nacks, m.fallbacks, m.steps, m.solve, m.translate, m.push, m.convergence} {
 		errs = append(errs, reg.Register(c))
 	}

@@ -18,6 +18,9 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	gcpserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -64,6 +67,9 @@ type publication struct {
 	wire     map[types.Resource]types.Resource // resource → its wire form (wireForm)
 
 	refs sync.Map // types.Resource (a Listener) → []string, the clusters it names
+
+	idsOnce sync.Once
+	ids     map[string]PodIdentity // pod key → identity (identities)
 }
 
 func newPublication(num uint64, t *optimizer.Topology, a *optimizer.Allocation, tr *Translation, changeAt time.Time) *publication {
@@ -250,9 +256,15 @@ func wireForm(r types.Resource) types.Resource {
 // what the cache holds for it (sets), and what its streams hold. Fields below mu are guarded
 // by mu; streams by Server.nodesMu.
 type nodeState struct {
-	id      string
+	id      string   // the node id its client sent
+	key     string   // id and owner: the key of s.nodes and of the snapshot cache (cacheNode.Id)
 	kind    NodeKind // classified from the node of its first stream
 	streams int32
+	// cacheNode stands for the client's node in every request handed to go-control-plane:
+	// it carries key as its id, so the snapshot cache keys the node by id and owner, and
+	// keeps no copy of the client's metadata.
+	cacheNode *core.Node
+	uris      []string // the identities its connection's certificate proves (RequireIdentity)
 
 	mu     sync.Mutex
 	pub    *publication  // the publication target was built from
@@ -272,6 +284,8 @@ type nodeState struct {
 	live      []*streamState   // streams that sent a request, in arrival order
 	deltas    int              // how many of live are delta streams
 	awaitPub  *publication     // the publication waiting for this node's answers
+	revoked   error            // its claim no longer holds (RequireIdentity): served nothing more
+	nackLog   [numSets]string  // the version whose NACK was last logged, per type
 }
 
 // rejectedVersion is the version of type i the node's clients last NACKed ("" = none).
@@ -445,6 +459,10 @@ type deltaStream struct {
 	// pending is the responses sent and not answered yet, oldest first (nil when none: a
 	// stream keeps no array between pushes).
 	pending []deltaSent
+	// req is the request onDeltaRequest last saw, until CreateDeltaWatch takes its channel:
+	// ch, the stream's responses, where revokeLocked leaves the stream's end.
+	req *discovery.DeltaDiscoveryRequest
+	ch  chan cache.DeltaResponse
 }
 
 // heldResource is a resource a delta client holds: its version (go-control-plane's content
@@ -475,18 +493,55 @@ func (h heldSet) get(name string) (heldResource, bool) {
 	return heldResource{}, false
 }
 
-func (h *heldSet) put(e heldEntry) {
-	if j, ok := h.search(e.name); ok {
-		(*h)[j] = e
-	} else {
-		*h = slices.Insert(*h, j, e)
-	}
-}
-
 func (h *heldSet) remove(name string) {
 	if j, ok := h.search(name); ok {
 		*h = slices.Delete(*h, j, j+1)
 	}
+}
+
+// putAll puts every entry of es, whose names are distinct (es is sorted in place), in one
+// merge: O(n + m log m) for m entries, where putting them one at a time moved n entries each.
+func (h *heldSet) putAll(es []heldEntry) {
+	if len(es) == 0 {
+		return
+	}
+	slices.SortFunc(es, func(a, b heldEntry) int { return strings.Compare(a.name, b.name) })
+	es = slices.CompactFunc(es, func(a, b heldEntry) bool { return a.name == b.name })
+	old := *h
+	out := make(heldSet, 0, len(old)+len(es))
+	a, b := 0, 0
+	for a < len(old) || b < len(es) {
+		switch {
+		case b == len(es) || (a < len(old) && old[a].name < es[b].name):
+			out = append(out, old[a])
+			a++
+		case a == len(old) || es[b].name < old[a].name:
+			out = append(out, es[b])
+			b++
+		default: // same name: the new entry
+			out = append(out, es[b])
+			a++
+			b++
+		}
+	}
+	*h = out
+}
+
+// removeAll removes every name of names in one pass: O(n + m log m).
+func (h *heldSet) removeAll(names []string) {
+	if len(names) == 0 || len(*h) == 0 {
+		return
+	}
+	if len(names) == 1 {
+		h.remove(names[0])
+		return
+	}
+	drop := slices.Clone(names)
+	slices.Sort(drop)
+	*h = slices.DeleteFunc(*h, func(e heldEntry) bool {
+		_, found := slices.BinarySearch(drop, e.name)
+		return found
+	})
 }
 
 // deltaSent is a delta response the client has not answered.
@@ -581,12 +636,16 @@ func (s *subscription) updateDelta(subscribe, unsubscribe []string) {
 	}
 	slices.Sort(list)
 	list = slices.Compact(list)
-	for _, r := range unsubscribe {
-		if r == "*" {
+	if len(unsubscribe) > 0 {
+		drop := slices.Clone(unsubscribe)
+		slices.Sort(drop)
+		if _, found := slices.BinarySearch(drop, "*"); found {
 			s.wildcard = false
-		} else if j, found := slices.BinarySearch(list, r); found {
-			list = slices.Delete(list, j, j+1)
 		}
+		list = slices.DeleteFunc(list, func(r string) bool {
+			_, found := slices.BinarySearch(drop, r)
+			return found
+		})
 	}
 	s.list = slices.Clip(list)
 }
@@ -595,12 +654,18 @@ func (s *subscription) updateDelta(subscribe, unsubscribe []string) {
 // advanceLocked); when fromPublication, pub waits for the node's answers. n.mu is held. It
 // reports whether the snapshot changed.
 func (s *Server) refreshLocked(n *nodeState, pub *publication, fromPublication bool) bool {
-	if n.closed || (n.pub != nil && n.pub.num > pub.num) {
+	if n.closed || n.revoked != nil || (n.pub != nil && n.pub.num > pub.num) {
 		return false
+	}
+	if s.cfg.RequireIdentity {
+		if err := s.checkClaim(n.uris, n.id, pub); err != nil {
+			s.revokeLocked(n, err)
+			return false
+		}
 	}
 	res, pod := pub.resourcesFor(n.id, n.kind)
 	if n.pub == nil && pod == "" {
-		s.log.Info("xds: node id matches no pod, serving round-robin", "node", n.id)
+		s.log.Info("xds: node id matches no pod, serving round-robin", "node", clip(n.id))
 	}
 	first := n.pub == nil
 	n.pub, n.pod = pub, pod
@@ -638,7 +703,7 @@ const maxSteps = 4
 // cache holds and no stream has an answer outstanding; when nothing is left to do and nothing
 // is awaited, the node's publication stops waiting for it. n.mu is held.
 func (s *Server) advanceLocked(n *nodeState) {
-	if n.closed || n.pub == nil {
+	if n.closed || n.pub == nil || n.revoked != nil {
 		return
 	}
 	for range maxSteps {
@@ -689,6 +754,67 @@ func (s *Server) writeLocked(n *nodeState, next [numSets]Set, counted bool) {
 	}
 }
 
+// revokeLocked closes every stream of n, whose claim no longer holds, with err, and serves it
+// nothing more: each stream's next response is err (a SOTW stream's open watch, a delta
+// stream's response channel), and so is its next request. n.mu is held.
+func (s *Server) revokeLocked(n *nodeState, err error) {
+	n.revoked = err
+	s.m.refused.WithLabelValues("identity").Inc()
+	for _, st := range n.live {
+		k := &kickResponse{err: err}
+		if st.sotw != nil {
+			for i, ch := range st.sotw.watch {
+				if ch == nil {
+					continue
+				}
+				st.sotw.watch[i], st.sotw.watchVersion[i] = nil, ""
+				k.typ = i
+				select {
+				case ch <- k: // a watch's channel has room for its one answer
+				default:
+				}
+				break
+			}
+		} else if st.delta.ch != nil {
+			select {
+			case st.delta.ch <- k:
+			default: // full: the responses queued go first, then the next request is refused
+			}
+		}
+	}
+	s.settleLocked(n)
+}
+
+// kickResponse ends the stream it is sent on with err: go-control-plane ends a stream whose
+// response fails to build with that error (its ordered-ADS mode, which edgeflow does not use,
+// would turn it into Unavailable).
+type kickResponse struct {
+	err error
+	typ int
+}
+
+func (k *kickResponse) GetDiscoveryResponse() (*discovery.DiscoveryResponse, error) {
+	return nil, k.err
+}
+func (k *kickResponse) GetRequest() *discovery.DiscoveryRequest { return typeRequests[k.typ] }
+func (k *kickResponse) GetVersion() (string, error)             { return "", k.err }
+func (k *kickResponse) GetResponseVersion() string              { return "" }
+func (k *kickResponse) GetReturnedResources() map[string]string { return nil }
+func (k *kickResponse) GetContext() context.Context             { return context.Background() }
+func (k *kickResponse) GetDeltaDiscoveryResponse() (*discovery.DeltaDiscoveryResponse, error) {
+	return nil, k.err
+}
+func (k *kickResponse) GetDeltaRequest() *discovery.DeltaDiscoveryRequest {
+	return &discovery.DeltaDiscoveryRequest{TypeUrl: typeURLs[k.typ]}
+}
+func (k *kickResponse) GetSystemVersion() (string, error)    { return "", k.err }
+func (k *kickResponse) GetNextVersionMap() map[string]string { return nil }
+
+var (
+	_ cache.Response      = (*kickResponse)(nil)
+	_ cache.DeltaResponse = (*kickResponse)(nil)
+)
+
 // settleLocked stops n's publication from waiting for it and drops the reference, so an old
 // publication is not kept alive by a node that is never pushed again. n.mu is held.
 func (s *Server) settleLocked(n *nodeState) {
@@ -720,7 +846,7 @@ func (s *Server) setSnapshotLocked(n *nodeState, before [numSets]Set) {
 	if n.deltas == 0 {
 		if n.snap != nil {
 			n.snap = nil
-			s.cacheFor(n.id).ClearSnapshot(n.id)
+			s.cacheFor(n.key).ClearSnapshot(n.key)
 		}
 		s.respondSOTWLocked(n)
 		return
@@ -738,13 +864,13 @@ func (s *Server) setSnapshotLocked(n *nodeState, before [numSets]Set) {
 		// that hold the same interned set.
 		vm, err := n.pub.versions(i, snap.res[i], interned)
 		if err != nil {
-			s.log.Error("xds: resource versions", "node", n.id, "type", typeLabels[i], "error", err)
+			s.log.Error("xds: resource versions", "node", clip(n.id), "type", typeLabels[i], "error", err)
 		}
 		snap.vm[i] = vm
 	}
 	n.snap = snap
-	if err := s.cacheFor(n.id).SetSnapshot(context.Background(), n.id, snap); err != nil {
-		s.log.Error("xds: setting snapshot", "node", n.id, "error", err)
+	if err := s.cacheFor(n.key).SetSnapshot(context.Background(), n.key, snap); err != nil {
+		s.log.Error("xds: setting snapshot", "node", clip(n.id), "error", err)
 	}
 	s.respondSOTWLocked(n)
 }
@@ -795,41 +921,37 @@ func (s *nodeSnapshot) GetVersionMap(typeURL string) map[string]string {
 	return nil
 }
 
-// callbacks hooks the server into go-control-plane's stream lifecycle.
+// callbacks hooks the server into go-control-plane's stream lifecycle. An error a callback
+// returns ends the stream with that status, before go-control-plane acts on the request.
 func (s *Server) callbacks() gcpserver.Callbacks {
 	return gcpserver.CallbackFuncs{
-		StreamOpenFunc: func(context.Context, int64, string) error {
-			s.m.connected.Inc()
-			s.m.streamsOpened.Inc()
-			return nil
+		StreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
+			return s.streamOpened(ctx, streamKey{id: id})
 		},
 		StreamClosedFunc: func(id int64, _ *core.Node) {
-			s.m.connected.Dec()
 			s.closeStream(streamKey{id: id})
 		},
 		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
-			s.onRequest(streamKey{id: id}, req)
-			return nil
+			return s.onRequest(streamKey{id: id}, req)
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, _ *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
 			s.onResponse(streamKey{id: id}, resp)
 		},
-		DeltaStreamOpenFunc: func(_ context.Context, id int64, typeURL string) error {
-			s.m.connected.Inc()
-			s.m.streamsOpened.Inc()
+		DeltaStreamOpenFunc: func(ctx context.Context, id int64, typeURL string) error {
+			if err := s.streamOpened(ctx, streamKey{delta: true, id: id}); err != nil {
+				return err
+			}
 			if typeURL != resource.AnyType {
 				s.deltaTypes.Store(id, typeURL)
 			}
 			return nil
 		},
 		DeltaStreamClosedFunc: func(id int64, _ *core.Node) {
-			s.m.connected.Dec()
 			s.deltaTypes.Delete(id)
 			s.closeStream(streamKey{delta: true, id: id})
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
-			s.onDeltaRequest(streamKey{delta: true, id: id}, req)
-			return nil
+			return s.onDeltaRequest(streamKey{delta: true, id: id}, req)
 		},
 		StreamDeltaResponseFunc: func(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
 			s.onDeltaResponse(streamKey{delta: true, id: id}, resp)
@@ -837,18 +959,108 @@ func (s *Server) callbacks() gcpserver.Callbacks {
 	}
 }
 
+// streamOpen is what the server knows of a stream from its opening: who owns its node state
+// (owner), its connection, the identities its connection's certificate proves, and its
+// request budget.
+type streamOpen struct {
+	owner   string
+	conn    *conn
+	uris    []string
+	limiter *rate.Limiter
+}
+
+// streamOpened admits a new stream within the stream bounds (Limits).
+func (s *Server) streamOpened(ctx context.Context, key streamKey) error {
+	l := s.cfg.Limits
+	owner, c := owner(ctx, key)
+	if over(int(s.openStreams.Add(1)), l.MaxStreams) {
+		s.openStreams.Add(-1)
+		return s.refuse("streams", codes.ResourceExhausted, "xds: too many xDS streams (%d, the server's bound)", l.MaxStreams)
+	}
+	if c != nil && over(int(c.streams.Add(1)), l.MaxStreamsPerConnection) {
+		c.streams.Add(-1)
+		s.openStreams.Add(-1)
+		return s.refuse("streams_per_connection", codes.ResourceExhausted,
+			"xds: too many xDS streams on one connection (%d, the server's bound)", l.MaxStreamsPerConnection)
+	}
+	o := &streamOpen{owner: owner, conn: c}
+	if s.cfg.RequireIdentity {
+		o.uris = peerIdentities(ctx)
+	}
+	if l.RequestsPerSecond > 0 && l.RequestBurst > 0 {
+		o.limiter = rate.NewLimiter(rate.Limit(l.RequestsPerSecond), l.RequestBurst)
+	}
+	s.opened.Store(key, o)
+	s.m.connected.Inc()
+	s.m.streamsOpened.Inc()
+	return nil
+}
+
+// refuse counts and logs a refusal (reason is the metric's label) and returns its status.
+func (s *Server) refuse(reason string, code codes.Code, format string, args ...any) error {
+	s.m.refused.WithLabelValues(reason).Inc()
+	err := status.Errorf(code, format, args...)
+	s.refusedLog(reason, "xds: stream refused or closed", "error", err)
+	return err
+}
+
+// admit checks a request against its stream's bounds: the names it carries, the stream's
+// request rate. It returns the stream's opening record (nil if go-control-plane opened the
+// stream without the callbacks: never).
+func (s *Server) admit(key streamKey, names int) (*streamOpen, error) {
+	v, ok := s.opened.Load(key)
+	if !ok {
+		return nil, status.Error(codes.Internal, "xds: request on a stream that is not open")
+	}
+	o := v.(*streamOpen)
+	l := s.cfg.Limits
+	if over(names, l.MaxResourceNames) {
+		return nil, s.refuse("resource_names", codes.ResourceExhausted,
+			"xds: a request names %d resources; the server's bound is %d", names, l.MaxResourceNames)
+	}
+	if o.limiter != nil && !o.limiter.AllowN(s.clock.Now(), 1) {
+		return nil, s.refuse("request_rate", codes.ResourceExhausted,
+			"xds: more than %g requests per second (burst %d) on one stream, the server's bound", l.RequestsPerSecond, l.RequestBurst)
+	}
+	return o, nil
+}
+
 // openStream returns the stream's state, registering the stream and its node on the first
-// request; a new node gets its snapshot before the request is served.
-func (s *Server) openStream(key streamKey, node *core.Node) *streamState {
-	if st, ok := s.streams.Load(key); ok {
-		return st.(*streamState)
+// request; a new node gets its snapshot before the request is served. A stream serves one
+// node: a later request naming another node id is refused (InvalidArgument), as is a first
+// request without a node, or one whose id claims a pod the stream's certificate does not
+// prove (PermissionDenied, RequireIdentity). The node state is the id's and the owner's (the
+// client connection): another client claiming the same id has its own.
+func (s *Server) openStream(key streamKey, o *streamOpen, node *core.Node) (*streamState, error) {
+	if v, ok := s.streams.Load(key); ok {
+		st := v.(*streamState)
+		if node != nil && node != st.node.cacheNode && node.GetId() != st.node.id {
+			return nil, s.refuse("node_switch", codes.InvalidArgument,
+				"xds: the stream serves node %q; a request named node %q (one stream, one node)", clip(st.node.id), clip(node.GetId()))
+		}
+		st.node.mu.Lock()
+		err := st.node.revoked
+		st.node.mu.Unlock()
+		return st, err
+	}
+	if node == nil {
+		return nil, s.refuse("no_node", codes.InvalidArgument, "xds: the first request of a stream must name its node")
 	}
 	nodeID := node.GetId()
+	nodeKey := nodeID + "\x00" + o.owner
 	s.nodesMu.Lock()
-	n, ok := s.nodes[nodeID]
+	pub := s.pub
+	n, ok := s.nodes[nodeKey]
+	if !ok && s.cfg.RequireIdentity {
+		if err := s.checkClaim(o.uris, nodeID, pub); err != nil {
+			s.nodesMu.Unlock()
+			s.m.refused.WithLabelValues("identity").Inc()
+			return nil, err
+		}
+	}
 	if !ok {
-		n = &nodeState{id: nodeID, kind: ClassifyNode(node)}
-		s.nodes[nodeID] = n
+		n = &nodeState{id: nodeID, key: nodeKey, kind: ClassifyNode(node), cacheNode: &core.Node{Id: nodeKey}, uris: o.uris}
+		s.nodes[nodeKey] = n
 		s.m.nodes.Inc()
 	}
 	n.streams++
@@ -859,7 +1071,6 @@ func (s *Server) openStream(key streamKey, node *core.Node) *streamState {
 		st.sotw = &sotwStream{}
 	}
 	s.streams.Store(key, st)
-	pub := s.pub
 	s.nodesMu.Unlock()
 
 	n.mu.Lock()
@@ -874,10 +1085,19 @@ func (s *Server) openStream(key streamKey, node *core.Node) *streamState {
 	if pub != nil {
 		s.refreshLocked(n, pub, false)
 	}
-	return st
+	return st, n.revoked
 }
 
+// closeStream forgets a stream; its node's state goes with its last stream, the node's
+// snapshot cache entry included.
 func (s *Server) closeStream(key streamKey) {
+	if v, ok := s.opened.LoadAndDelete(key); ok {
+		if c := v.(*streamOpen).conn; c != nil {
+			c.streams.Add(-1)
+		}
+		s.openStreams.Add(-1)
+		s.m.connected.Dec()
+	}
 	s.nodesMu.Lock()
 	v, ok := s.streams.LoadAndDelete(key)
 	if !ok {
@@ -888,12 +1108,12 @@ func (s *Server) closeStream(key streamKey) {
 	n := st.node
 	if n.streams--; n.streams == 0 {
 		// Under nodesMu, so a new node with the same id cannot set its snapshot in between.
-		delete(s.nodes, n.id)
+		delete(s.nodes, n.key)
 		s.m.nodes.Dec()
 		n.mu.Lock()
 		n.closed = true
 		n.live = nil
-		s.cacheFor(n.id).ClearSnapshot(n.id)
+		s.cacheFor(n.key).ClearSnapshot(n.key)
 		s.settleLocked(n)
 		n.mu.Unlock()
 		s.nodesMu.Unlock()
@@ -912,7 +1132,7 @@ func (s *Server) closeStream(key streamKey) {
 	if key.delta {
 		if n.deltas--; n.deltas == 0 && n.snap != nil {
 			n.snap = nil // the snapshot cache served only the delta streams
-			s.cacheFor(n.id).ClearSnapshot(n.id)
+			s.cacheFor(n.key).ClearSnapshot(n.key)
 		}
 	}
 	s.advanceLocked(n) // the stream no longer holds anything back
@@ -939,11 +1159,19 @@ func (s *Server) onResponse(key streamKey, resp *discovery.DiscoveryResponse) {
 // onRequest registers new streams and handles SOTW ACKs and NACKs. The version a request names
 // (version_info) is the one the client holds, ACK or NACK; the version an ACK or NACK answers
 // is the one sent with its nonce.
-func (s *Server) onRequest(key streamKey, req *discovery.DiscoveryRequest) {
-	st := s.openStream(key, req.GetNode())
+func (s *Server) onRequest(key streamKey, req *discovery.DiscoveryRequest) error {
+	o, err := s.admit(key, len(req.GetResourceNames()))
+	if err != nil {
+		return err
+	}
+	st, err := s.openStream(key, o, req.GetNode())
+	if err != nil {
+		return err
+	}
+	req.Node = st.node.cacheNode
 	i := setIndex(req.GetTypeUrl())
 	if i < 0 {
-		return
+		return nil
 	}
 	n := st.node
 	n.mu.Lock()
@@ -978,6 +1206,7 @@ func (s *Server) onRequest(key streamKey, req *discovery.DiscoveryRequest) {
 	}
 	s.checkHeldLocked(n, st, i)
 	s.advanceLocked(n)
+	return nil
 }
 
 // onDeltaResponse records what a delta response carries, to be applied when it is ACKed.
@@ -1015,8 +1244,16 @@ func (s *Server) onDeltaResponse(key streamKey, resp *discovery.DeltaDiscoveryRe
 
 // onDeltaRequest handles a delta stream's subscriptions, ACKs and NACKs. Delta has no
 // version_info per type: the answered response is found by its nonce.
-func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequest) {
-	st := s.openStream(key, req.GetNode())
+func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequest) error {
+	o, err := s.admit(key, len(req.GetResourceNamesSubscribe())+len(req.GetResourceNamesUnsubscribe())+len(req.GetInitialResourceVersions()))
+	if err != nil {
+		return err
+	}
+	st, err := s.openStream(key, o, req.GetNode())
+	if err != nil {
+		return err
+	}
+	req.Node = st.node.cacheNode
 	typeURL := req.GetTypeUrl()
 	if typeURL == "" {
 		if t, ok := s.deltaTypes.Load(key.id); ok {
@@ -1025,31 +1262,34 @@ func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequ
 	}
 	i := setIndex(typeURL)
 	if i < 0 {
-		return
+		return nil
 	}
 	n := st.node
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if st.delta.req = req; n.revoked != nil {
+		return n.revoked
+	}
 	first := !st.sub[i].started
 	st.sub[i].updateDelta(req.GetResourceNamesSubscribe(), req.GetResourceNamesUnsubscribe())
 	// Responses queued before this request were sent before it was handed over; the cache
 	// answers it from the set current then: this one or a later one.
 	st.since[i] = n.writes[i]
 	if !st.sub[i].wildcard {
-		for _, r := range req.GetResourceNamesUnsubscribe() {
-			st.delta.held[i].remove(r)
-		}
+		st.delta.held[i].removeAll(req.GetResourceNamesUnsubscribe())
 	}
-	if first {
+	if first && len(req.GetInitialResourceVersions()) > 0 {
 		// A reconnecting client says what it holds; the content is known when it matches.
 		vm := n.versionMap(i)
+		entries := make([]heldEntry, 0, len(req.GetInitialResourceVersions()))
 		for name, v := range req.GetInitialResourceVersions() {
 			h := heldResource{version: v}
 			if vm[name] == v {
 				h.res = setItem(n.sets[i], name)
 			}
-			st.delta.held[i].put(heldEntry{name, h})
+			entries = append(entries, heldEntry{name, h})
 		}
+		st.delta.held[i].putAll(entries)
 	}
 	if nonce, err := strconv.ParseInt(req.GetResponseNonce(), 10, 64); err == nil {
 		if j := slices.IndexFunc(st.delta.pending, func(p deltaSent) bool { return p.nonce == nonce && p.typ == i }); j >= 0 {
@@ -1061,12 +1301,8 @@ func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequ
 			if d := req.GetErrorDetail(); d != nil {
 				s.nackLocked(n, st, i, sent.set.Version, "", d.GetMessage())
 			} else {
-				for _, e := range sent.resources {
-					st.delta.held[i].put(e)
-				}
-				for _, name := range sent.removed {
-					st.delta.held[i].remove(name)
-				}
+				st.delta.held[i].putAll(slices.Clone(sent.resources))
+				st.delta.held[i].removeAll(sent.removed)
 				st.acked[i] = sent.set
 				n.acked[i] = sent.set
 			}
@@ -1077,6 +1313,7 @@ func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequ
 	}
 	s.checkHeldLocked(n, st, i)
 	s.advanceLocked(n)
+	return nil
 }
 
 // versionMap returns go-control-plane's per-resource versions of the cached set of type i
@@ -1134,9 +1371,13 @@ func (s *Server) checkHeldLocked(n *nodeState, st *streamState, i int) {
 // Publications that produce the rejected version again keep the fallback. n.mu is held.
 func (s *Server) nackLocked(n *nodeState, st *streamState, i int, version, holds, message string) {
 	s.m.nacks.WithLabelValues(typeLabels[i]).Inc()
+	logIt := n.nackLog[i] != version || version == ""
+	n.nackLog[i] = version // each version's NACK is logged once per node
 	if n.closed || version != n.sets[i].Version || n.pub == nil || version == "" {
-		s.log.Warn("xds: client rejected a response", "node", n.id, "type", typeLabels[i], "version", version,
-			"kept", n.sets[i].Version, "error", message)
+		if logIt {
+			s.log.Warn("xds: client rejected a response", "node", clip(n.id), "type", typeLabels[i], "version", version,
+				"kept", n.sets[i].Version, "error", clip(message))
+		}
 		return
 	}
 	if n.rejected == nil {
@@ -1154,8 +1395,10 @@ func (s *Server) nackLocked(n *nodeState, st *streamState, i int, version, holds
 		}
 	}
 	s.m.fallbacks.WithLabelValues(kind).Inc()
-	s.log.Warn("xds: client rejected a response", "node", n.id, "type", typeLabels[i], "version", version,
-		"fallback", kind, "kept", fallback.Version, "error", message)
+	if logIt {
+		s.log.Warn("xds: client rejected a response", "node", clip(n.id), "type", typeLabels[i], "version", version,
+			"fallback", kind, "kept", fallback.Version, "error", clip(message))
+	}
 	if fallback.Version == n.sets[i].Version {
 		return
 	}

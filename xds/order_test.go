@@ -183,7 +183,7 @@ func waitSubscribed(t *testing.T, h *harness, id string) {
 	t.Helper()
 	eventually(t, 5*time.Second, "all four types subscribed", func() bool {
 		h.srv.nodesMu.Lock()
-		n := h.srv.nodes[id]
+		n := h.srv.nodeByIDLocked(id)
 		h.srv.nodesMu.Unlock()
 		if n == nil {
 			return false

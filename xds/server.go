@@ -62,6 +62,13 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the server's metrics (nil means they are not registered).
 	Registerer prometheus.Registerer
+	// Limits bound what clients may make the server do (zero fields: the defaults).
+	Limits Limits
+	// RequireIdentity turns on the node identity check (identity.go), for a port that serves
+	// mutual TLS: a node may claim only a pod whose identity its client certificate proves, in
+	// TrustDomain ("" means DefaultTrustDomain).
+	RequireIdentity bool
+	TrustDomain     string
 }
 
 // Server serves edgeflow's allocations over xDS: one snapshot per connected xDS node, built
@@ -75,6 +82,17 @@ type Config struct {
 //     for an Istio sidecar id "sidecar~IP~POD.NS~NS.svc.cluster.local", by POD, else by IP when
 //     exactly one pod has that IP. Any other id gets the round-robin resources, never nothing.
 //     Matching happens when the node's first stream opens and again at every publication.
+//   - One stream, one node, one owner: a stream serves the node its first request names (a
+//     request naming another id ends it with InvalidArgument), and a node's state is its id's
+//     and its client connection's (nodeState.key): a client claiming another's id gets a
+//     state of its own, so its NACKs and silence affect only itself. Everything kept for a
+//     node, its snapshot cache entry included, goes with its last stream. Under
+//     Config.RequireIdentity the claim is checked at the first request, at every publication
+//     and on Fetch (identity.go).
+//   - Bounds (Config.Limits, limits.go): connections, streams in all and per connection,
+//     names per request, requests per stream per second; over one the stream (connection)
+//     ends with ResourceExhausted and edgeflow_xds_refused_total{reason} counts it. Client
+//     strings are clipped in logs, and a NACK is logged once per node and version.
 //   - Pushes are debounced (Config.DebounceQuiet/DebounceMax) and one runs at a time. A
 //     publication sets the snapshot only of nodes whose resources changed, and versions are
 //     per type and content-addressed, so a weight-only change reaches only the affected nodes
@@ -119,9 +137,14 @@ type Server struct {
 
 	nodesMu    sync.Mutex // guards pub, nodes, streams
 	pub        *publication
-	nodes      map[string]*nodeState // by node id, nodes with ≥ 1 open stream
+	nodes      map[string]*nodeState // by node id and owner (nodeState.key), nodes with ≥ 1 open stream
 	streams    sync.Map              // streamKey → *streamState; written under nodesMu
 	deltaTypes sync.Map              // delta stream id → type URL, for the per-type (non-ADS) services
+
+	opened      sync.Map     // streamKey → *streamOpen, streams admitted (streamOpened) and not closed
+	openStreams atomic.Int64 // streams admitted and not closed
+	refusedMu   sync.Mutex   // guards refusedAt
+	refusedAt   map[string]time.Time
 
 	allocation atomic.Pointer[optimizer.Allocation]
 	published  atomic.Uint64
@@ -135,7 +158,7 @@ type Server struct {
 }
 
 // NewServer returns a server; it starts no goroutine. Serve it with Register on a grpc.Server
-// and Run; feed it with Update.
+// built with ServerOptions, over Listener, and Run; feed it with Update.
 func NewServer(cfg Config) (*Server, error) {
 	if cfg.Policy == "" {
 		cfg.Policy = optimizer.LATA
@@ -162,6 +185,10 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	cfg.Limits = cfg.Limits.withDefaults()
+	if cfg.TrustDomain == "" {
+		cfg.TrustDomain = DefaultTrustDomain
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {

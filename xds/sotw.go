@@ -8,6 +8,7 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -32,50 +33,64 @@ type sotwCache struct {
 	cache.Cache
 }
 
-// Fetch answers a fetch (the per-type services' unary Fetch methods): what the node is
-// served, when it has streams, else what the last publication has for a node of that id and
-// kind; only the named resources when the request names any. A request naming the version it
+// Fetch answers a fetch (the per-type services' unary Fetch methods): what the last
+// publication has for a node of that id and kind (a fetch has no stream: nothing it sends
+// changes a node's state), only the named resources when the request names any (filtered by
+// a set; at most Limits.MaxResourceNames). A request naming the version it
 // would get is told to skip (types.SkipFetchError), as by the snapshot cache.
 func (w sotwCache) Fetch(_ context.Context, req *cache.Request) (cache.Response, error) {
 	s := w.s
 	i := setIndex(req.GetTypeUrl())
 	if i < 0 {
-		return nil, fmt.Errorf("xds: fetch of type %q: edgeflow serves %v", req.GetTypeUrl(), typeURLs)
+		return nil, fmt.Errorf("xds: fetch of type %q: edgeflow serves %v", clip(req.GetTypeUrl()), typeURLs)
 	}
 	id := req.GetNode().GetId()
-	s.nodesMu.Lock()
-	pub, n := s.pub, s.nodes[id]
-	s.nodesMu.Unlock()
-	var (
-		set              Set
-		relabeled, found bool
-	)
-	if n != nil {
-		n.mu.Lock()
-		if n.served {
-			pub, set, relabeled, found = n.pub, n.sets[i], n.relabeled[i], true
-		}
-		n.mu.Unlock()
+	if names := len(req.GetResourceNames()); over(names, s.cfg.Limits.MaxResourceNames) {
+		return nil, s.refuse("resource_names", codes.ResourceExhausted,
+			"xds: a fetch names %d resources; the server's bound is %d", names, s.cfg.Limits.MaxResourceNames)
 	}
-	if !found {
-		if pub == nil {
-			return nil, fmt.Errorf("xds: fetch of %s by node %q: nothing is published yet", typeLabels[i], id)
-		}
-		res, _ := pub.resourcesFor(id, ClassifyNode(req.GetNode()))
-		set = res.Sets[i]
+	pub := s.currentPub()
+	if pub == nil {
+		return nil, fmt.Errorf("xds: fetch of %s by node %q: nothing is published yet", typeLabels[i], clip(id))
 	}
+	res, _ := pub.resourcesFor(id, ClassifyNode(req.GetNode()))
+	set := res.Sets[i]
 	if req.GetVersionInfo() == set.Version {
 		return nil, &types.SkipFetchError{}
 	}
-	all, err := pub.anys(i, set, relabeled)
+	all, err := pub.anys(i, set, false)
 	if err != nil {
-		return nil, fmt.Errorf("xds: fetch of %s by node %q: %w", typeLabels[i], id, err)
+		return nil, fmt.Errorf("xds: fetch of %s by node %q: %w", typeLabels[i], clip(id), err)
 	}
 	resources := all
 	if names := req.GetResourceNames(); len(names) > 0 {
-		resources = pick(set, all, func(name string) bool { return slices.Contains(names, name) })
+		want := make(map[string]struct{}, len(names))
+		for _, name := range names {
+			want[name] = struct{}{}
+		}
+		resources = pick(set, all, func(name string) bool { _, ok := want[name]; return ok })
 	}
 	return &response{req: req, version: set.Version, resources: resources}, nil
+}
+
+// CreateDeltaWatch opens a delta watch in the snapshot cache, first noting the stream's
+// response channel (see revokeLocked).
+func (w sotwCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, ch chan cache.DeltaResponse) (func(), error) {
+	s := w.s
+	s.nodesMu.Lock()
+	n := s.nodes[req.GetNode().GetId()]
+	s.nodesMu.Unlock()
+	if n != nil {
+		n.mu.Lock()
+		for _, x := range n.live {
+			if x.delta != nil && x.delta.req == req {
+				x.delta.req, x.delta.ch = nil, ch
+				break
+			}
+		}
+		n.mu.Unlock()
+	}
+	return w.Cache.CreateDeltaWatch(req, sub, ch)
 }
 
 // noCancel is every watch's cancel function. A watch needs no cancelling: go-control-plane

@@ -129,9 +129,16 @@ func TestSOTWWatchesMirrorSnapshotCache(t *testing.T) {
 		id := fmt.Sprintf("x-%d", run%2)
 		node := &core.Node{Id: id}
 		key := streamKey{id: int64(1_000_000 + run)}
+		if err := s.streamOpened(ctx, key); err != nil {
+			t.Fatal(err)
+		}
 		ref := cache.NewSnapshotCache(false, nodeIDHash{}, nil)
 		a := &sotwDriver{c: ours, node: node, watches: map[string]*driverWatch{},
-			onRequest:  func(req *discovery.DiscoveryRequest) { s.onRequest(key, req) },
+			onRequest: func(req *discovery.DiscoveryRequest) {
+				if err := s.onRequest(key, req); err != nil {
+					t.Fatal(err)
+				}
+			},
 			onResponse: func(resp *discovery.DiscoveryResponse) { s.onResponse(key, resp) }}
 		b := &sotwDriver{c: ref, node: node, watches: map[string]*driverWatch{}}
 		mirror := func() { // a snapshot that did not change answers no watch
@@ -319,7 +326,7 @@ func TestSOTWAndDeltaStreamsOfOneNode(t *testing.T) {
 	delta.close()
 	eventually(t, 5*time.Second, "the delta stream closed", func() bool {
 		h.srv.nodesMu.Lock()
-		n := h.srv.nodes["x-0"]
+		n := h.srv.nodeByIDLocked("x-0")
 		h.srv.nodesMu.Unlock()
 		n.mu.Lock()
 		defer n.mu.Unlock()

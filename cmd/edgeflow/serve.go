@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"os"
 	"os/signal"
 	"runtime"
@@ -22,7 +23,6 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/keepalive"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
@@ -48,7 +48,10 @@ type serveFlags struct {
 	pollInterval   time.Duration
 	logLevel       string
 	tls            xds.TLSFiles
-	profiling      bool
+	insecureXDS    bool
+	trustDomain    string
+	limits         xds.Limits
+	profilingAddr  string
 	rebalance      bool
 	rebalancer     rebalanceFlags
 }
@@ -86,10 +89,20 @@ func newServeCommand() *cobra.Command {
 	fl.Float64Var(&f.damping, "damping", optimizer.DefaultDamping, "flap damping: a recompute that moves less than this fraction of the traffic (pods, services and calls unchanged) is not pushed; negative pushes every recompute")
 	fl.DurationVar(&f.pollInterval, "poll-interval", watcher.DefaultPollInterval, "how often the topology file is checked for changes")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	fl.BoolVar(&f.profiling, "profiling", false, "serve /debug/pprof/ on --metrics-address, with mutex and block profiling on")
+	fl.StringVar(&f.profilingAddr, "profiling-address", "", "loopback HOST:PORT for /debug/pprof/ on its own listener, with mutex and block profiling on (empty: not served)")
 	fl.StringVar(&f.tls.CertFile, "xds-tls-cert", "", "serve xDS over TLS with this certificate (PEM; reloaded when the file changes)")
 	fl.StringVar(&f.tls.KeyFile, "xds-tls-key", "", "the key of --xds-tls-cert (PEM)")
-	fl.StringVar(&f.tls.ClientCAFile, "xds-tls-client-ca", "", "mutual TLS: clients need a certificate from these CAs, and a node may claim only a pod whose service account its certificate names (spiffe://…/ns/NS/sa/SA)")
+	fl.StringVar(&f.tls.ClientCAFile, "xds-tls-client-ca", "", "mutual TLS: clients need a certificate from these CAs, and a node may claim only a pod whose service account its certificate names (spiffe://TRUST-DOMAIN/ns/NS/sa/SA)")
+	fl.StringVar(&f.trustDomain, "trust-domain", xds.DefaultTrustDomain, "with --xds-tls-client-ca: the SPIFFE trust domain client certificates must be in")
+	fl.BoolVar(&f.insecureXDS, "insecure-xds", false, "allow plaintext, unauthenticated xDS on a non-loopback --xds-address (anyone who reaches the port can read every service's endpoints and weights and claim any pod)")
+	fl.IntVar(&f.limits.MaxMessageBytes, "xds-max-message-size", xds.DefaultMaxMessageBytes, "largest xDS request message in bytes (negative: gRPC's limit is lifted)")
+	fl.IntVar(&f.limits.MaxConnections, "xds-max-connections", xds.DefaultMaxConnections, "open xDS client connections at most; more are closed at once (negative: no bound)")
+	fl.IntVar(&f.limits.MaxStreams, "xds-max-streams", xds.DefaultMaxStreams, "open xDS streams at most, in all (negative: no bound)")
+	fl.IntVar(&f.limits.MaxStreamsPerConnection, "xds-max-streams-per-connection", xds.DefaultMaxStreamsPerConnection, "open xDS streams at most on one connection (negative: no bound)")
+	fl.IntVar(&f.limits.MaxResourceNames, "xds-max-resource-names", xds.DefaultMaxResourceNames, "resource names one xDS request may carry (delta: subscribe, unsubscribe and initial versions together; negative: no bound)")
+	fl.Float64Var(&f.limits.RequestsPerSecond, "xds-requests-per-second", xds.DefaultRequestsPerSecond, "xDS requests per second one stream may send on average; a faster stream is closed (negative: no bound)")
+	fl.IntVar(&f.limits.RequestBurst, "xds-request-burst", xds.DefaultRequestBurst, "xDS requests one stream may send at once above --xds-requests-per-second")
+	fl.DurationVar(&f.limits.MaxConnectionAge, "xds-max-connection-age", xds.DefaultMaxConnectionAge, "ask a client connection to go away after this long (±10 %), so clients spread over replicas again (negative: never)")
 	fl.BoolVar(&f.rebalance, "rebalance", false, "also run the LARP rebalancer (see edgeflow rebalance; its flags here are prefixed rebalance-, and it is dry-run unless --rebalance-dry-run=false)")
 	f.rebalancer.register(cmd, "rebalance-")
 	_ = cmd.MarkFlagRequired("xds-address")
@@ -115,6 +128,9 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		if err := f.rebalancer.check(); err != nil {
 			return err
 		}
+	}
+	if err := f.checkSecurity(); err != nil {
+		return err
 	}
 	if f.debounceQuiet == 0 || f.debounceMax <= 0 || f.pollInterval <= 0 {
 		return badInput("--debounce-quiet must be non-zero, --debounce-max and --poll-interval positive")
@@ -195,7 +211,8 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}
 	}
 	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts, ClusterDomain: f.istio.clusterDomain,
-		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Damping: f.damping, Logger: logger, Registerer: reg})
+		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Damping: f.damping, Logger: logger, Registerer: reg,
+		Limits: f.limits, RequireIdentity: f.tls.ClientCAFile != "", TrustDomain: f.trustDomain})
 	if err != nil {
 		return err
 	}
@@ -204,12 +221,9 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	if err != nil {
 		return fmt.Errorf("xDS listener: %w", err)
 	}
-	// Sidecars hold one long-lived stream each; keepalives notice dead peers.
-	gopts := []grpc.ServerOption{
-		grpc.MaxConcurrentStreams(1 << 20),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	}
+	// Sidecars hold one long-lived stream each; keepalives notice dead peers. The server's
+	// options bound what a client may make it do (xds.Limits).
+	gopts := srv.ServerOptions()
 	if f.tls.CertFile != "" || f.tls.KeyFile != "" || f.tls.ClientCAFile != "" {
 		tlsCfg, err := xds.NewTLSConfig(f.tls, logger)
 		if err != nil {
@@ -217,30 +231,35 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			return usageError{err}
 		}
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
-		if f.tls.ClientCAFile != "" {
-			gopts = append(gopts, grpc.StreamInterceptor(srv.IdentityCheck()))
-		}
 	}
 	g := grpc.NewServer(gopts...)
 	srv.Register(g)
-	var httpSrv *http.Server
-	var metricsLis net.Listener
+	var httpSrv, profSrv *http.Server
+	var metricsLis, profLis net.Listener
 	if f.metricsAddress != "" {
 		if metricsLis, err = net.Listen("tcp", f.metricsAddress); err != nil {
 			xdsLis.Close()
 			return fmt.Errorf("metrics listener: %w", err)
 		}
-		mux := serveMux(reg, srv, cluster, rules)
-		if f.profiling {
-			runtime.SetMutexProfileFraction(10)
-			runtime.SetBlockProfileRate(int(time.Millisecond))
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		httpSrv = newHTTPServer(serveMux(reg, srv, cluster, rules), time.Minute)
+	}
+	if f.profilingAddr != "" {
+		if profLis, err = net.Listen("tcp", f.profilingAddr); err != nil {
+			xdsLis.Close()
+			if metricsLis != nil {
+				metricsLis.Close()
+			}
+			return fmt.Errorf("profiling listener: %w", err)
 		}
-		httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		runtime.SetMutexProfileFraction(10)
+		runtime.SetBlockProfileRate(int(time.Millisecond))
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		profSrv = newHTTPServer(mux, 10*time.Minute) // a CPU profile or trace writes for its whole duration
 	}
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
@@ -276,7 +295,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}
 	}
 	start("xDS server", func() error {
-		if err := g.Serve(xdsLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := g.Serve(srv.Listener(xdsLis)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return err
 		}
 		return nil
@@ -284,6 +303,14 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	if httpSrv != nil {
 		start("metrics server", func() error {
 			if err := httpSrv.Serve(metricsLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	if profSrv != nil {
+		start("profiling server", func() error {
+			if err := profSrv.Serve(profLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
 			return nil
@@ -315,10 +342,13 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	}
 	fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow serve: xDS on %s, metrics %s, policy %s, encoding %s, topology from %s\n",
 		xdsLis.Addr(), metricsAt, policy, enc, from)
+	if profLis != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow serve: profiling on http://%s/debug/pprof/\n", profLis.Addr())
+	}
 
 	<-ctx.Done()
 	logger.Info("edgeflow serve: shutting down", "reason", context.Cause(ctx))
-	shutdown(g, httpSrv, logger)
+	shutdown(g, logger, httpSrv, profSrv)
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err // run maps bad input to exit 2
@@ -328,12 +358,15 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 
 // shutdown stops the servers: Run has ended the xDS streams, so the gRPC server drains
 // quickly; a hard stop follows after a grace period.
-func shutdown(g *grpc.Server, httpSrv *http.Server, logger *slog.Logger) {
+func shutdown(g *grpc.Server, logger *slog.Logger, httpSrvs ...*http.Server) {
 	const grace = 5 * time.Second
-	if httpSrv != nil {
+	for _, h := range httpSrvs {
+		if h == nil {
+			continue
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), grace)
-		if err := httpSrv.Shutdown(ctx); err != nil {
-			logger.Warn("metrics server shutdown", "error", err)
+		if err := h.Shutdown(ctx); err != nil {
+			logger.Warn("HTTP server shutdown", "error", err)
 		}
 		cancel()
 	}
@@ -345,6 +378,55 @@ func shutdown(g *grpc.Server, httpSrv *http.Server, logger *slog.Logger) {
 		g.Stop()
 		<-done
 	}
+}
+
+// HTTP server timeouts: a client gets 10 s to send its headers and 30 s for its whole request,
+// an idle keep-alive connection is closed after 2 minutes, and a response must be written
+// within write (a scrape of /metrics: one minute).
+const (
+	httpReadHeaderTimeout = 10 * time.Second
+	httpReadTimeout       = 30 * time.Second
+	httpIdleTimeout       = 2 * time.Minute
+)
+
+// newHTTPServer returns an HTTP server with read, write and idle timeouts.
+func newHTTPServer(h http.Handler, write time.Duration) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, ReadTimeout: httpReadTimeout,
+		WriteTimeout: write, IdleTimeout: httpIdleTimeout}
+}
+
+// checkSecurity refuses what would expose the xDS port or the profiles beyond loopback
+// without protection, saying why and which flag relaxes it.
+func (f *serveFlags) checkSecurity() error {
+	tls := f.tls.CertFile != "" || f.tls.KeyFile != ""
+	if f.xdsAddress != "" && !tls && !f.insecureXDS && !isLoopback(f.xdsAddress) {
+		return badInput("--xds-address %s is not a loopback address and xDS would be plaintext and unauthenticated: "+
+			"anyone who reaches it could read every service's pods, addresses and weights and claim any pod's weights. "+
+			"Serve TLS (--xds-tls-cert, --xds-tls-key; with --xds-tls-client-ca, mutual TLS and the pod identity check), "+
+			"or accept the exposure with --insecure-xds", f.xdsAddress)
+	}
+	if f.profilingAddr != "" && !isLoopback(f.profilingAddr) {
+		return badInput("--profiling-address %s is not a loopback address: profiles (and the command line) are served "+
+			"without authentication, so only on loopback (reach it with kubectl port-forward)", f.profilingAddr)
+	}
+	if f.limits.RequestBurst < 0 {
+		return badInput("--xds-request-burst %d: need 0 or more", f.limits.RequestBurst)
+	}
+	return nil
+}
+
+// isLoopback reports whether a HOST:PORT listens on loopback only: a loopback IP or
+// "localhost". An empty host, an unspecified address or any other name is not.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }
 
 // fanout hands every topology to several listeners.

@@ -134,7 +134,7 @@ func TestServeFollowsTheFile(t *testing.T) {
 	var stderr syncBuffer
 	root := newRootCommand()
 	root.SetArgs([]string{"serve", "-f", path, "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
-		"--policy", "localization", "--debounce-quiet", "5ms", "--poll-interval", "10ms"})
+		"--policy", "localization", "--debounce-quiet", "5ms", "--poll-interval", "10ms", "--profiling-address", "127.0.0.1:0"})
 	root.SetErr(&stderr)
 	root.SetOut(io.Discard)
 	done := make(chan error, 1)
@@ -159,6 +159,22 @@ func TestServeFollowsTheFile(t *testing.T) {
 	waitFor(t, "/readyz", func() bool { code, _ := httpGet(metricsURL + "/readyz"); return code == 200 })
 	if code, body := httpGet(metricsURL + "/healthz"); code != 200 {
 		t.Errorf("/healthz: %d %s", code, body)
+	}
+	// pprof is served on its own loopback listener, never on the metrics one.
+	var profURL string
+	reProf := regexp.MustCompile(`profiling on (http://\S+)/debug/pprof/`)
+	waitFor(t, "the profiling line", func() bool {
+		m := reProf.FindStringSubmatch(stderr.String())
+		if m != nil {
+			profURL = m[1]
+		}
+		return m != nil
+	})
+	if code, _ := httpGet(metricsURL + "/debug/pprof/cmdline"); code != 404 {
+		t.Errorf("/debug/pprof/cmdline on the metrics listener: HTTP %d, want 404", code)
+	}
+	if code, _ := httpGet(profURL + "/debug/pprof/cmdline"); code != 200 {
+		t.Errorf("/debug/pprof/cmdline on --profiling-address: HTTP %d, want 200", code)
 	}
 	metrics := func() string { _, body := httpGet(metricsURL + "/metrics"); return body }
 	if v := metricValue(metrics(), "edgeflow_xds_publications_total"); v != "1" {
@@ -252,6 +268,10 @@ func TestServeBadInput(t *testing.T) {
 		{"stdin", []string{"-f", "-", "--xds-address", ":0"}, "standard input"},
 		{"missing TLS certificate", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--xds-tls-cert", filepath.Join(dir, "absent.crt"), "--xds-tls-key", filepath.Join(dir, "absent.key")}, "absent.crt"},
 		{"Istio mode with a file", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--istio-mode", "envoyfilter", "--istio-xds-address", "edgeflow:18000"}, "needs the cluster flags"},
+		{"plaintext xDS on every interface", []string{"-f", serveGood, "--xds-address", "0.0.0.0:0"}, "--insecure-xds"},
+		{"plaintext xDS on an empty host", []string{"-f", serveGood, "--xds-address", ":0"}, "not a loopback address"},
+		{"plaintext xDS on a host name", []string{"-f", serveGood, "--xds-address", "edgeflow.example:18000"}, "--insecure-xds"},
+		{"profiling beyond loopback", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--profiling-address", "0.0.0.0:0"}, "--profiling-address 0.0.0.0:0 is not a loopback address"},
 		{"TLS key without certificate", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--xds-tls-key", filepath.Join(dir, "absent.key")}, "both a certificate and a key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -260,5 +280,38 @@ func TestServeBadInput(t *testing.T) {
 				t.Errorf("exit %d, stdout %q, stderr %q; want exit 2 naming %q", code, stdout, stderr, tc.msg)
 			}
 		})
+	}
+}
+
+// TestServeSecurityChecks: plaintext xDS beyond loopback needs --insecure-xds, or TLS; loopback
+// (IPv4, IPv6, localhost) needs neither.
+func TestServeSecurityChecks(t *testing.T) {
+	for _, tc := range []struct {
+		addr, cert string
+		insecure   bool
+		ok         bool
+	}{
+		{"127.0.0.1:18000", "", false, true},
+		{"[::1]:18000", "", false, true},
+		{"localhost:18000", "", false, true},
+		{"0.0.0.0:18000", "", false, false},
+		{"0.0.0.0:18000", "", true, true},
+		{"10.1.2.3:18000", "", false, false},
+		{"[::]:18000", "", false, false},
+		{"0.0.0.0:18000", "tls.crt", false, true},
+	} {
+		f := &serveFlags{xdsAddress: tc.addr, insecureXDS: tc.insecure}
+		f.tls.CertFile, f.tls.KeyFile = tc.cert, tc.cert
+		if err := f.checkSecurity(); (err == nil) != tc.ok {
+			t.Errorf("--xds-address %s, TLS %q, --insecure-xds=%v: %v, want ok=%v", tc.addr, tc.cert, tc.insecure, err, tc.ok)
+		}
+	}
+}
+
+// TestHTTPServerTimeouts: edgeflow's HTTP servers time out slow clients at every stage.
+func TestHTTPServerTimeouts(t *testing.T) {
+	s := newHTTPServer(http.NewServeMux(), time.Minute)
+	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout <= 0 || s.IdleTimeout <= 0 {
+		t.Fatalf("timeouts: read header %v, read %v, write %v, idle %v; want all set", s.ReadHeaderTimeout, s.ReadTimeout, s.WriteTimeout, s.IdleTimeout)
 	}
 }

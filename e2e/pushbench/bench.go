@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // side is one server under test: its process, the file it follows, its clients and results.
@@ -98,11 +100,14 @@ func runSize(ctx context.Context, cfg Config, n int, dir string, progress io.Wri
 	// Start both servers and wait for their first publication.
 	efArgs := []string{cfg.Edgeflow, "serve", "-f", ef.file, "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
 		"--debounce-quiet", cfg.DebounceQuiet.String(), "--debounce-max", cfg.DebounceMax.String(),
-		"--poll-interval", cfg.PollInterval.String()}
+		"--poll-interval", cfg.PollInterval.String(),
+		// the fleet's streams share connections when open files are short; the server's bound
+		// on streams per connection must admit them
+		"--xds-max-streams-per-connection", strconv.Itoa(max(cfg.StreamsPerConn, xds.DefaultMaxStreamsPerConnection))}
 	efArgs = append(efArgs, cfg.EdgeflowArgs...)
 	bareArgs := []string{cfg.Bare, "-f", bare.file, "-xds-address", "127.0.0.1:0"}
 	if cfg.ProfileDir != "" {
-		efArgs = append(efArgs, "--profiling")
+		efArgs = append(efArgs, "--profiling-address", "127.0.0.1:0")
 		bareArgs = append(bareArgs, "-pprof-address", "127.0.0.1:0")
 	}
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -122,8 +127,12 @@ func runSize(ctx context.Context, cfg Config, n int, dir string, progress io.Wri
 		return res, fmt.Errorf("pushbench: cannot read edgeflow's addresses from %q: %w", line, err)
 	}
 	ef.addr = strings.TrimSuffix(ef.addr, ",")
-	if m := strings.TrimSuffix(metrics, ","); strings.HasPrefix(m, "http://") {
-		ef.pprof = strings.TrimSuffix(m, "/metrics") + "/debug/pprof/"
+	if cfg.ProfileDir != "" {
+		line, err := ef.srv.waitLine(startCtx, 0, "its profiling address", func(l string) bool { return strings.HasPrefix(l, "edgeflow serve: profiling on ") })
+		if err != nil {
+			return res, err
+		}
+		ef.pprof = strings.TrimSpace(strings.TrimPrefix(line, "edgeflow serve: profiling on "))
 	}
 	if _, err := ef.srv.waitLine(startCtx, 0, "publication 1", func(l string) bool { return ef.published(l, 1) }); err != nil {
 		return res, err

@@ -15,8 +15,7 @@ import (
 )
 
 // profiler collects, for -profile, a CPU profile of every measured round of each server that
-// serves net/http/pprof (the bare server does when profiling; edgeflow serve would on its
-// metrics address), and the mutex and block profiles before and after the measured rounds
+// serves net/http/pprof (both do when profiling: edgeflow serve on --profiling-address), and the mutex and block profiles before and after the measured rounds
 // (compare with `go tool pprof -base …-before.pb.gz …-after.pb.gz`), and the heap profile with
 // every stream connected (when the RSS per stream is measured).
 type profiler struct {
@@ -46,8 +45,8 @@ func (p *profiler) begin(ctx context.Context, sides ...*side) error {
 		}
 		if status != http.StatusOK {
 			fmt.Fprintf(p.progress, "pushbench: profile: %s answers %s with HTTP %d: it serves no net/http/pprof there, no profiles "+
-				"(edgeflow serve needs /debug/pprof/ on --metrics-address, behind a flag that also sets runtime.SetMutexProfileFraction "+
-				"and SetBlockProfileRate; pass that flag with -edgeflow-args)\n", s.name, s.pprof, status)
+				"(edgeflow serve serves /debug/pprof/ on --profiling-address, which also sets runtime.SetMutexProfileFraction "+
+				"and SetBlockProfileRate)\n", s.name, s.pprof, status)
 			s.pprof = ""
 			continue
 		}
