@@ -26,6 +26,10 @@ func newUninstallCommand() *cobra.Command {
 			"service's endpoints from istiod again. Filters edgeflow does not own are never touched.",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The rebalancer first: its webhook registration, its gates, its state.
+			if err := uninstallRebalancer(cmd, &cf, timeout); err != nil {
+				return err
+			}
 			ic, err := cf.istioClient()
 			if err != nil {
 				return err
@@ -47,6 +51,7 @@ func newUninstallCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cf.kubeconfig, "kubeconfig", "", "the cluster (else $KUBECONFIG; in a pod, the in-cluster config)")
 	flags.register(cmd, false)
+	cf.registerKubeLimits(cmd)
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "give up after this long")
 	return cmd
 }
