@@ -241,7 +241,7 @@ type Controller struct {
 	hasSynced []cache.InformerSynced
 	factories []informers.SharedInformerFactory
 	// queue holds the keys (NAMESPACE/NAME) of gated pods and of replacements not yet bound,
-	// for the gate worker (gates.go).
+	// for the gate worker (gates.go); Run makes it (acting only) before the informers start.
 	queue    workqueue.TypedRateLimitingInterface[string]
 	synced   chan struct{} // closed once the caches synced
 	syncOnce sync.Once
@@ -274,9 +274,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger, cs: cfg.Client, selector: sel, metrics: m,
 		trigger: make(chan struct{}, 1), synced: make(chan struct{}), st: newState(),
-		stateDirty: make(chan struct{}, 1),
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "edgeflow-rebalancer-gates"})}
+		stateDirty: make(chan struct{}, 1)}
 	if err := c.setupInformers(); err != nil {
 		return nil, err
 	}
@@ -321,7 +319,7 @@ func (c *Controller) setupInformers() error {
 // gate worker; it never blocks.
 func (c *Controller) podEvent(obj any) {
 	p, ok := obj.(*corev1.Pod)
-	if !ok || p.DeletionTimestamp != nil || !(hasGate(p) || placing(p)) {
+	if !ok || p.DeletionTimestamp != nil || !(hasGate(p) || placing(p)) || c.queue == nil {
 		return
 	}
 	c.queue.Add(p.Namespace + "/" + p.Name)
@@ -369,7 +367,9 @@ func (c *Controller) Stop() {
 	for _, f := range c.factories {
 		f.Shutdown()
 	}
-	c.queue.ShutDown()
+	if c.queue != nil {
+		c.queue.ShutDown()
+	}
 }
 
 // Trigger asks for a run now (on demand); it never blocks.

@@ -100,7 +100,7 @@ func review(t *testing.T, p *corev1.Pod) []byte {
 	raw, _ := json.Marshal(p)
 	r := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
 		Request: &admissionv1.AdmissionRequest{UID: "u1", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
-			Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+			Resource:  metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
 			Namespace: "shop", Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: raw}}}
 	body, _ := json.Marshal(r)
 	return body

@@ -2,6 +2,7 @@ package rebalancer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/util/workqueue"
 )
 
 // LeaderConfig is the Lease the replicas elect their leader on; only the leader acts.
@@ -62,6 +64,12 @@ func (c *Controller) Run(ctx context.Context, le LeaderConfig) error {
 	}
 	c.store = stateStore{namespace: le.Namespace, name: le.Name + stateSuffix}
 	id := c.identity()
+	if c.Synced() {
+		return errors.New("rebalancer: Run after Start: Run starts the informers itself")
+	}
+	// Before the informers start: their handlers queue gated pods.
+	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "edgeflow-rebalancer-gates"})
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer c.Stop()

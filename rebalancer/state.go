@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -144,11 +145,14 @@ func (s *state) clone() state {
 // stateStore reads and writes the state ConfigMap.
 type stateStore struct {
 	namespace, name string
-	rv              string // resourceVersion last read or written; "" when it does not exist
+	mu              sync.Mutex // one read or write at a time (the leader loop's and the writer's)
+	rv              string     // resourceVersion last read or written; "" when it does not exist
 }
 
 // load reads the state (an empty one when the ConfigMap does not exist).
 func (c *Controller) loadState(ctx context.Context) (state, error) {
+	c.store.mu.Lock()
+	defer c.store.mu.Unlock()
 	st := newState()
 	cm, err := c.cs.CoreV1().ConfigMaps(c.store.namespace).Get(ctx, c.store.name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -176,6 +180,8 @@ func (c *Controller) loadState(ctx context.Context) (state, error) {
 // saveState writes the state; only the leader calls it. A conflict (a write by a leader
 // before it) is resolved by this leader's state, which read that one first.
 func (c *Controller) saveState(ctx context.Context) error {
+	c.store.mu.Lock()
+	defer c.store.mu.Unlock()
 	c.mu.Lock()
 	data, err := json.Marshal(&c.st)
 	c.mu.Unlock()
