@@ -129,19 +129,6 @@ func (s *state) expire(now time.Time, cfg *Config) {
 	})
 }
 
-func (s *state) clone() state {
-	data, _ := json.Marshal(s)
-	out := newState()
-	_ = json.Unmarshal(data, &out)
-	if out.Placed == nil {
-		out.Placed = map[types.UID]time.Time{}
-	}
-	if out.Backoff == nil {
-		out.Backoff = map[types.UID]backoffState{}
-	}
-	return out
-}
-
 // stateStore reads and writes the state ConfigMap.
 type stateStore struct {
 	namespace, name string
