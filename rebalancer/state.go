@@ -133,7 +133,8 @@ func (s *state) expire(now time.Time, cfg *Config) {
 type stateStore struct {
 	namespace, name string
 	mu              sync.Mutex // one read or write at a time (the leader loop's and the writer's)
-	rv              string     // resourceVersion last read or written; "" when it does not exist
+	rv              string     // resourceVersion last read or written
+	exists          bool       // the ConfigMap existed at the last read or write
 }
 
 // load reads the state (an empty one when the ConfigMap does not exist).
@@ -143,13 +144,13 @@ func (c *Controller) loadState(ctx context.Context) (state, error) {
 	st := newState()
 	cm, err := c.cs.CoreV1().ConfigMaps(c.store.namespace).Get(ctx, c.store.name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		c.store.rv = ""
+		c.store.rv, c.store.exists = "", false
 		return st, nil
 	}
 	if err != nil {
 		return st, fmt.Errorf("rebalancer: reading the state %s/%s: %w", c.store.namespace, c.store.name, err)
 	}
-	c.store.rv = cm.ResourceVersion
+	c.store.rv, c.store.exists = cm.ResourceVersion, true
 	if data := cm.Data[stateKey]; data != "" {
 		if err := json.Unmarshal([]byte(data), &st); err != nil {
 			return newState(), fmt.Errorf("rebalancer: the state %s/%s is not readable: %w", c.store.namespace, c.store.name, err)
@@ -180,13 +181,13 @@ func (c *Controller) saveState(ctx context.Context) error {
 			ResourceVersion: c.store.rv, Labels: map[string]string{ManagedByLabel: ManagedByValue, ComponentLabel: ComponentValue}},
 			Data: map[string]string{stateKey: string(data)}}
 		var out *corev1.ConfigMap
-		if c.store.rv == "" {
+		if !c.store.exists {
 			out, err = c.cs.CoreV1().ConfigMaps(c.store.namespace).Create(ctx, cm, metav1.CreateOptions{})
 		} else {
 			out, err = c.cs.CoreV1().ConfigMaps(c.store.namespace).Update(ctx, cm, metav1.UpdateOptions{})
 		}
 		if err == nil {
-			c.store.rv = out.ResourceVersion
+			c.store.rv, c.store.exists = out.ResourceVersion, true
 			return nil
 		}
 		if attempt > 0 || !(apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err)) {
@@ -195,11 +196,11 @@ func (c *Controller) saveState(ctx context.Context) error {
 		cur, gerr := c.cs.CoreV1().ConfigMaps(c.store.namespace).Get(ctx, c.store.name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(gerr):
-			c.store.rv = ""
+			c.store.rv, c.store.exists = "", false
 		case gerr != nil:
 			return fmt.Errorf("rebalancer: writing the state %s/%s: %w", c.store.namespace, c.store.name, gerr)
 		default:
-			c.store.rv = cur.ResourceVersion
+			c.store.rv, c.store.exists = cur.ResourceVersion, true
 		}
 	}
 }
