@@ -163,7 +163,11 @@ func newRebalanceCommand() *cobra.Command {
 			"would be skipped — and exits. With --dry-run=false it runs as a controller: only the holder of the Lease\n" +
 			"acts; every --period (and on SIGUSR1) it evicts through the Eviction API (PodDisruptionBudgets hold) and\n" +
 			"lifts the edgeflow.io/placement scheduling gate of each replacement with a required node affinity to\n" +
-			"its planned node. --webhook-address serves the mutating webhook that adds that gate.",
+			"its planned node. --webhook-address serves the mutating webhook that adds that gate, to the replacements\n" +
+			"of the leader's moves only (with no leader, nothing is gated). Any replica lifts a gate older than\n" +
+			"--gate-timeout; a replacement not scheduled within --placement-timeout is deleted once and recreated\n" +
+			"ungated. The leader keeps its moves, cool-downs and back-offs in the ConfigMap LEASE-NAME-state, which\n" +
+			"the next leader reads before it acts; it moves nothing in its first period.",
 		Example: "  edgeflow rebalance --calls calls.yaml --default-latency 10\n" +
 			"  edgeflow rebalance --prometheus-url http://prometheus:9090 -o json\n" +
 			"  edgeflow rebalance --dry-run=false --webhook-address :8443 --webhook-tls-cert tls.crt --webhook-tls-key tls.key",
