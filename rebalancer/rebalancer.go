@@ -4,6 +4,16 @@
 // PodDisruptionBudgets hold — while a scheduling gate makes each replacement land on its
 // planned node. It is dry-run by default, acts only as the leader of a Lease, and never imports
 // xds: it talks to the Kubernetes API and uses the optimizer.
+//
+// Rules (what keeps it safe when things go wrong):
+//   - Only a leader's replacements are gated (the webhook, run.go expects); with no leader
+//     nothing is gated, and any acting replica lifts a gate older than GateTimeout (gates.go).
+//   - A target node is checked as kube-scheduler would (fit.go); a replacement that still does
+//     not bind within PlacementTimeout is deleted once and recreated ungated.
+//   - Dry-run writes nothing: no Lease, no eviction, no gate lifted, no event, no state.
+//   - What a leader must hand over lives in one ConfigMap (state.go), written before every
+//     eviction and read by the next leader before it acts; limits count over the last period.
+//   - Lock order: stateStore.mu before Controller.mu; no API call is made holding Controller.mu.
 package rebalancer
 
 import (
