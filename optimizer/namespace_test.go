@@ -47,11 +47,14 @@ func TestNamespaces(t *testing.T) {
 		t.Error(`"web.default" does not name the default-namespace service web`)
 	}
 	shop := &top.Services[1]
-	if got, want := shop.IstioClusterName(9080), "outbound|9080||reviews.shop.svc.cluster.local"; got != want {
+	if got, want := shop.IstioClusterName(9080, ""), "outbound|9080||reviews.shop.svc.cluster.local"; got != want {
 		t.Errorf("IstioClusterName = %q, want %q", got, want)
 	}
-	if got, want := top.Services[0].IstioClusterName(80), "outbound|80||web.default.svc.cluster.local"; got != want {
+	if got, want := top.Services[0].IstioClusterName(80, ""), "outbound|80||web.default.svc.cluster.local"; got != want {
 		t.Errorf("IstioClusterName = %q, want %q", got, want)
+	}
+	if got, want := shop.IstioClusterName(9080, "edge.example"), "outbound|9080||reviews.shop.svc.edge.example"; got != want {
+		t.Errorf("IstioClusterName with a cluster domain = %q, want %q", got, want)
 	}
 	if got := shop.Endpoint(&shop.Pods[0]); got != "10.1.0.1:8080" {
 		t.Errorf("Endpoint = %q, want the target port 10.1.0.1:8080", got)

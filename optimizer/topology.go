@@ -6,6 +6,7 @@ package optimizer
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"strconv"
 	"strings"
@@ -37,6 +38,10 @@ type Node struct {
 	Name   string `json:"name" yaml:"name"`
 	CPU    int64  `json:"cpu,omitempty" yaml:"cpu,omitempty"`
 	Memory int64  `json:"memory,omitempty" yaml:"memory,omitempty"`
+	// Locality is the node's "region/zone/subzone" as Istio reads it from the node's labels
+	// (topology.kubernetes.io/region, topology.kubernetes.io/zone, topology.istio.io/subzone);
+	// "" when the node has none. Only the Istio DestinationRule mode reads it (GroupByLocality).
+	Locality string `json:"locality,omitempty" yaml:"locality,omitempty"`
 }
 
 // Latency is a measured latency in milliseconds from one node to another. One direction given
@@ -62,6 +67,10 @@ type Service struct {
 	Memory    int64  `json:"memory,omitempty" yaml:"memory,omitempty"`
 	Pods      []Pod  `json:"pods,omitempty" yaml:"pods,omitempty"`
 	Replicas  int    `json:"replicas,omitempty" yaml:"replicas,omitempty"`
+	// Selector is the label selector of the service's pods (a Kubernetes Service's
+	// spec.selector). The Istio DestinationRule mode selects a caller's sidecars with it; a
+	// topology file that gives none means {app: NAME}, Istio's and Bookinfo's convention.
+	Selector map[string]string `json:"selector,omitempty" yaml:"selector,omitempty"`
 	// CapacityRPS, when set, is the service rate μ in requests/s of a pod of weight 1: each pod
 	// serves CapacityRPS × its weight, unless it gives its own. Only the lata-q policy reads it.
 	CapacityRPS *float64 `json:"capacity_rps,omitempty" yaml:"capacity_rps,omitempty"`
@@ -92,7 +101,26 @@ type Pod struct {
 	// CapacityRPS, when set, is this pod's service rate μ in requests/s, overriding its
 	// service's. Only the lata-q policy reads it.
 	CapacityRPS *float64 `json:"capacity_rps,omitempty" yaml:"capacity_rps,omitempty"`
+	// Sidecar says whether the pod runs an Istio sidecar that terminates Istio mTLS (HasSidecar):
+	// only such a pod's endpoints carry Istio's tlsMode metadata, so a caller's sidecar sends it
+	// mTLS and sends plain text to the others, as istiod does. The cluster watcher sets it from
+	// the pod's label SidecarLabel=SidecarLabelValue; nil (a topology file that does not say)
+	// means true, since a file describing an Istio mesh lists injected pods.
+	Sidecar *bool `json:"sidecar,omitempty" yaml:"sidecar,omitempty"`
 }
+
+// SidecarLabel and SidecarLabelValue are the pod label Istio's injector sets on a pod whose
+// sidecar takes Istio mTLS; istiod reads the endpoint's tlsMode from this label only, absent
+// meaning "disabled" (istio/istio pilot/pkg/model/service.go GetTLSModeFromEndpointLabels,
+// label.SecurityTlsMode of istio.io/api), and writes tlsMode metadata for the endpoints of such
+// pods only.
+const (
+	SidecarLabel      = "security.istio.io/tlsMode"
+	SidecarLabelValue = "istio"
+)
+
+// HasSidecar reports whether the pod runs an Istio sidecar: Sidecar, true when unset.
+func (p *Pod) HasSidecar() bool { return p.Sidecar == nil || *p.Sidecar }
 
 // Call is a call edge: each request to From makes Rate requests to To (nil means 1).
 type Call struct {
@@ -110,8 +138,9 @@ type Ingress struct {
 // DefaultNamespace is the namespace of a service that names none.
 const DefaultNamespace = "default"
 
-// ClusterDomain is the DNS domain of Istio's cluster names.
-const ClusterDomain = "cluster.local"
+// DefaultClusterDomain is the Kubernetes cluster's DNS domain when none is given: the suffix
+// of a service's FQDN NAME.NAMESPACE.svc.DOMAIN, which Istio's cluster names carry.
+const DefaultClusterDomain = "cluster.local"
 
 // NamespaceOrDefault returns the service's namespace, DefaultNamespace when empty.
 func (s *Service) NamespaceOrDefault() string {
@@ -148,10 +177,20 @@ func QualifiedName(name, namespace string) string {
 	return name + "." + namespace
 }
 
+// FQDN is the service's host name in a cluster whose DNS domain is domain ("" means
+// DefaultClusterDomain): "NAME.NAMESPACE.svc.DOMAIN".
+func (s *Service) FQDN(domain string) string {
+	if domain == "" {
+		domain = DefaultClusterDomain
+	}
+	return s.Name + "." + s.NamespaceOrDefault() + ".svc." + domain
+}
+
 // IstioClusterName is the name of the outbound cluster an Istio sidecar has for the service's
-// port: "outbound|PORT||NAME.NAMESPACE.svc.cluster.local".
-func (s *Service) IstioClusterName(port int32) string {
-	return fmt.Sprintf("outbound|%d||%s.%s.svc.%s", port, s.Name, s.NamespaceOrDefault(), ClusterDomain)
+// port in a cluster whose DNS domain is domain ("" means DefaultClusterDomain):
+// "outbound|PORT||NAME.NAMESPACE.svc.DOMAIN".
+func (s *Service) IstioClusterName(port int32, domain string) string {
+	return fmt.Sprintf("outbound|%d||%s", port, s.FQDN(domain))
 }
 
 // Endpoint is the HOST:PORT the pod is served at: Address when given, else IP with the
@@ -207,6 +246,7 @@ func (t *Topology) Clone() *Topology {
 	for i, s := range t.Services {
 		s.Pods = append([]Pod(nil), s.Pods...)
 		s.Ports = append([]Port(nil), s.Ports...)
+		s.Selector = maps.Clone(s.Selector)
 		s.CapacityRPS = cloneFloat(s.CapacityRPS)
 		for j := range s.Pods {
 			s.Pods[j].Weight = cloneFloat(s.Pods[j].Weight)

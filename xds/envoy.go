@@ -17,11 +17,12 @@ import (
 // This file builds what plain Envoy and Istio nodes get (NodeKind Envoy and IstioSidecar).
 //
 // Both get, per service port, a ClusterLoadAssignment named as Istio names the port's outbound
-// cluster ("outbound|PORT||NAME.NS.svc.cluster.local"), holding the caller's weights in the
-// locality encoding whatever the Translation's Encoding (which is about gRPC clients): one
-// locality per callee pod with a positive weight at priority 0, the others in the priority-1
-// failover locality; endpoints on the port's target port, with Istio's mTLS metadata. An Istio
-// node and an Envoy node of the same pod share these entries.
+// cluster ("outbound|PORT||NAME.NS.svc.DOMAIN", DOMAIN the TranslateConfig's ClusterDomain),
+// holding the caller's weights in the locality encoding whatever the Translation's Encoding
+// (which is about gRPC clients): one locality per callee pod with a positive weight at priority
+// 0, the others in the priority-1 failover locality; endpoints on the port's target port, with
+// Istio's mTLS metadata when the pod has a sidecar (optimizer.Pod.HasSidecar). An Istio node
+// and an Envoy node of the same pod share these entries.
 //
 // Listener layout of plain Envoy nodes. An app reaches service NAME.NS on port P by dialling
 // EnvoyListenerAddress:P with NAME (or NAME.NS, NAME.NS.svc, NAME.NS.svc.cluster.local, each
@@ -88,13 +89,16 @@ func (b *builder) buildPorts(s *service) error {
 		}
 		sp := servicePort{
 			port:     uint32(p.Port),
-			cluster:  src.IstioClusterName(p.Port),
+			cluster:  src.IstioClusterName(p.Port, b.domain),
 			kind:     "port|" + strconv.Itoa(int(p.Port)) + "|",
 			lbEps:    make([][]*endpoint.LbEndpoint, len(s.pods)),
 			fallback: make([]*endpoint.LbEndpoint, len(s.pods)),
 		}
 		h := sha256.New()
 		fmt.Fprintf(h, "%x\x00%s\x00%s=%s\x00", s.sum, sp.cluster, tlsModeKey, tlsModeIstio)
+		for _, pd := range s.pods {
+			fmt.Fprintf(h, "%t\x00", pd.sidecar)
+		}
 		owner := map[string]string{}
 		clash := ""
 		for i, pd := range s.pods {
@@ -112,8 +116,8 @@ func (b *builder) buildPorts(s *service) error {
 			}
 			owner[key] = pd.name
 			fmt.Fprintf(h, "%d\x00", port)
-			sp.lbEps[i] = []*endpoint.LbEndpoint{istioLbEndpoint(pd.host, port)}
-			sp.fallback[i] = istioLbEndpoint(pd.host, port)
+			sp.lbEps[i] = []*endpoint.LbEndpoint{istioLbEndpoint(pd.host, port, pd.sidecar)}
+			sp.fallback[i] = istioLbEndpoint(pd.host, port, pd.sidecar)
 			sp.fallback[i].LoadBalancingWeight = wrapperspb.UInt32(uint32(max(s.rrWeights[i], 1)))
 		}
 		if clash != "" {
@@ -173,7 +177,7 @@ func (b *builder) buildEnvoyShared() error {
 		if err != nil {
 			return err
 		}
-		r, err := newEntry(RouteName(p), portRouteConfig(p, byPort[p]))
+		r, err := newEntry(RouteName(p), portRouteConfig(p, byPort[p], b.domain))
 		if err != nil {
 			return err
 		}
@@ -204,7 +208,7 @@ type vhostSpec struct {
 // portRouteConfig is the RouteConfiguration of port's listener: one virtual host per service
 // (named FQDN:PORT, as Istio names them), sorted by name, matched by the service's names with
 // and without ":PORT"; a name two of the services share is left out of both.
-func portRouteConfig(port uint32, svcs []vhostSpec) *route.RouteConfiguration {
+func portRouteConfig(port uint32, svcs []vhostSpec, domain string) *route.RouteConfiguration {
 	ps := ":" + strconv.FormatUint(uint64(port), 10)
 	type vh struct {
 		name, cluster string
@@ -214,7 +218,7 @@ func portRouteConfig(port uint32, svcs []vhostSpec) *route.RouteConfiguration {
 	count := map[string]int{}
 	for i, s := range svcs {
 		ns := s.src.NamespaceOrDefault()
-		fqdn := s.src.Name + "." + ns + ".svc." + optimizer.ClusterDomain
+		fqdn := s.src.FQDN(domain)
 		v := vh{name: fqdn + ps, cluster: s.cluster}
 		seen := map[string]bool{}
 		for _, d := range []string{s.src.Name, s.src.Name + "." + ns, s.src.Name + "." + ns + ".svc", fqdn} {

@@ -418,7 +418,7 @@ func expectedAssignments(t testing.TB, top *optimizer.Topology, a *optimizer.All
 			if len(failover) > 0 {
 				parts = append(parts, fmt.Sprintf("%s@1:1%v", FailoverSubZone, failover))
 			}
-			out[s.IstioClusterName(p.Port)] = strings.Join(parts, " ")
+			out[s.IstioClusterName(p.Port, "")] = strings.Join(parts, " ")
 		}
 	}
 	return out

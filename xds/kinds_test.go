@@ -18,6 +18,7 @@ import (
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -150,9 +151,9 @@ func checkKinds(t *testing.T, top *optimizer.Topology, alloc *optimizer.Allocati
 				}
 				for k, p := range s.Ports {
 					want++
-					cla := n.Assignment(s.IstioClusterName(p.Port))
+					cla := n.Assignment(s.IstioClusterName(p.Port, ""))
 					if cla == nil {
-						t.Errorf("%s: no assignment %s", name, s.IstioClusterName(p.Port))
+						t.Errorf("%s: no assignment %s", name, s.IstioClusterName(p.Port, ""))
 						continue
 					}
 					if got, w := localityWeights(cla), localityWeights(base); got != w {
@@ -235,11 +236,11 @@ func TestKindsIstioNames(t *testing.T) {
 	want9090 := &endpoint.ClusterLoadAssignment{ // the frozen plan splits reviews-1's calls evenly
 		ClusterName: "outbound|9090||ratings.default.svc.cluster.local",
 		Endpoints: []*endpoint.LocalityLbEndpoints{
-			{Locality: &core.Locality{Zone: "n1", SubZone: "ratings-0"}, LbEndpoints: []*endpoint.LbEndpoint{istioLbEndpoint("10.0.0.11", 19090)},
+			{Locality: &core.Locality{Zone: "n1", SubZone: "ratings-0"}, LbEndpoints: []*endpoint.LbEndpoint{istioLbEndpoint("10.0.0.11", 19090, true)},
 				LoadBalancingWeight: wrapperspb.UInt32(3334)},
-			{Locality: &core.Locality{Zone: "n3", SubZone: "ratings-1"}, LbEndpoints: []*endpoint.LbEndpoint{istioLbEndpoint("10.0.0.12", 19090)},
+			{Locality: &core.Locality{Zone: "n3", SubZone: "ratings-1"}, LbEndpoints: []*endpoint.LbEndpoint{istioLbEndpoint("10.0.0.12", 19090, true)},
 				LoadBalancingWeight: wrapperspb.UInt32(3333)},
-			{Locality: &core.Locality{Zone: "n4", SubZone: "ratings-2"}, LbEndpoints: []*endpoint.LbEndpoint{istioLbEndpoint("10.0.0.13", 19090)},
+			{Locality: &core.Locality{Zone: "n4", SubZone: "ratings-2"}, LbEndpoints: []*endpoint.LbEndpoint{istioLbEndpoint("10.0.0.13", 19090, true)},
 				LoadBalancingWeight: wrapperspb.UInt32(3333)},
 		},
 	}
@@ -664,5 +665,112 @@ func BenchmarkKindResources(b *testing.B) {
 				b.ReportMetric(float64(int64(mem1)-int64(mem0))/float64(n), "heap-B/node")
 			})
 		}
+	}
+}
+
+// TestKindsTLSModeOnlyForSidecarPods: as istiod, only the endpoints of pods with a sidecar
+// carry tlsMode "istio" (a pod without one could not answer the mTLS handshake the metadata
+// selects); a topology file that does not say means a sidecar.
+func TestKindsTLSModeOnlyForSidecarPods(t *testing.T) {
+	top := loadTopology(t, "testdata/bookinfo.yaml")
+	no, yes := false, true
+	ratings := -1
+	for i := range top.Services {
+		if top.Services[i].Name == "ratings" {
+			ratings = i
+		}
+	}
+	if ratings < 0 || len(top.Services[ratings].Pods) != 3 {
+		t.Fatal("bookinfo.yaml: want ratings with 3 pods")
+	}
+	pods := top.Services[ratings].Pods
+	pods[0].Sidecar, pods[1].Sidecar = &no, &yes // pods[2] says nothing
+	tr, err := Translate(top, bookinfoAllocation(t, top), EncodingLocality)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"ratings-0": false, "ratings-1": true, "ratings-2": true}
+	for _, kind := range []NodeKind{IstioSidecar, Envoy} {
+		for _, caller := range []string{"reviews-1", ""} { // planned and round-robin assignments
+			for _, name := range []string{"outbound|9080||ratings.default.svc.cluster.local", "outbound|9090||ratings.default.svc.cluster.local"} {
+				cla := tr.Resources(caller, kind).Assignment(name)
+				if cla == nil {
+					t.Fatalf("%v %q: no assignment %s", kind, caller, name)
+				}
+				seen := 0
+				for _, l := range cla.GetEndpoints() {
+					for _, e := range l.GetLbEndpoints() {
+						pod := l.GetLocality().GetSubZone()
+						if l.GetPriority() > 0 {
+							continue // the failover locality: checked below by address
+						}
+						seen++
+						if got := hasIstioMTLSMetadata(e); got != want[pod] {
+							t.Errorf("%v %q %s: pod %s tlsMode metadata %v, want %v", kind, caller, name, pod, got, want[pod])
+						}
+						if !want[pod] && e.GetMetadata() != nil {
+							t.Errorf("%v %q %s: pod %s without a sidecar has metadata %v", kind, caller, name, pod, e.GetMetadata())
+						}
+					}
+				}
+				if seen == 0 {
+					t.Errorf("%v %q %s: no priority-0 endpoint", kind, caller, name)
+				}
+			}
+		}
+	}
+	// The change reaches the wire: the same topology with every pod a sidecar pod gives other
+	// assignment versions (content-addressed), so a node is pushed the change.
+	top2 := loadTopology(t, "testdata/bookinfo.yaml")
+	tr2, err := Translate(top2, bookinfoAllocation(t, top2), EncodingLocality)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Resources("reviews-1", IstioSidecar).Sets[EndpointSet].Version == tr2.Resources("reviews-1", IstioSidecar).Sets[EndpointSet].Version {
+		t.Error("a pod losing its sidecar does not change the assignments' version")
+	}
+}
+
+// TestKindsClusterDomain: the cluster's DNS domain names Istio's clusters and plain Envoy's
+// virtual hosts; nothing says cluster.local when another domain is given.
+func TestKindsClusterDomain(t *testing.T) {
+	top := loadTopology(t, "testdata/bookinfo.yaml")
+	tr, err := TranslateWith(top, bookinfoAllocation(t, top), TranslateConfig{ClusterDomain: "edge.example"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	istio := tr.Resources("reviews-1", IstioSidecar)
+	if cla := istio.Assignment("outbound|9080||ratings.default.svc.edge.example"); cla == nil {
+		t.Error("no assignment outbound|9080||ratings.default.svc.edge.example")
+	}
+	envoy := tr.Resources("reviews-1", Envoy)
+	for _, set := range envoy.Sets {
+		for _, r := range set.Items {
+			b, err := protojson.Marshal(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(b), "cluster.local") {
+				t.Errorf("%s says cluster.local with ClusterDomain edge.example", cache.GetResourceName(r))
+			}
+		}
+	}
+	for _, bad := range []string{"Cluster.Local", "a..b", "-x.local", "x_y"} {
+		if _, err := TranslateWith(top, bookinfoAllocation(t, top), TranslateConfig{ClusterDomain: bad}); err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("cluster domain %q: err %v, want one naming it", bad, err)
+		}
+		if _, err := NewServer(Config{ClusterDomain: bad}); err == nil {
+			t.Errorf("NewServer accepts cluster domain %q", bad)
+		}
+	}
+	rc := setItem(envoy.Sets[RouteSet], RouteName(9080)).(*route.RouteConfiguration)
+	found := false
+	for _, vh := range rc.GetVirtualHosts() {
+		if slices.Contains(vh.GetDomains(), "ratings.default.svc.edge.example:9080") {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("no virtual host matches ratings.default.svc.edge.example:9080")
 	}
 }

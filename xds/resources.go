@@ -152,10 +152,16 @@ var istioEndpointMetadata = &core.Metadata{FilterMetadata: map[string]*structpb.
 	transportSocketMatchKey: {Fields: map[string]*structpb.Value{tlsModeKey: structpb.NewStringValue(tlsModeIstio)}},
 }}
 
-// istioLbEndpoint is lbEndpoint with Istio's mTLS metadata.
-func istioLbEndpoint(host string, port uint32) *endpoint.LbEndpoint {
+// istioLbEndpoint is lbEndpoint with Istio's mTLS metadata when the pod has a sidecar. istiod
+// writes the metadata only for an endpoint whose pod is labelled security.istio.io/tlsMode=istio
+// (AppendLbEndpointMetadata skips tlsMode "" and "disabled", and GetTLSModeFromEndpointLabels
+// gives "disabled" without the label): a pod without a sidecar cannot answer the mTLS handshake
+// the metadata would select.
+func istioLbEndpoint(host string, port uint32, sidecar bool) *endpoint.LbEndpoint {
 	e := lbEndpoint(host, port)
-	e.Metadata = istioEndpointMetadata
+	if sidecar {
+		e.Metadata = istioEndpointMetadata
+	}
 	return e
 }
 

@@ -44,6 +44,9 @@ type Config struct {
 	LBPolicy LBPolicy
 	// Options are how topologies are compiled.
 	Options optimizer.Options
+	// ClusterDomain is the Kubernetes cluster's DNS domain in Istio's cluster names and plain
+	// Envoy's virtual hosts ("" means optimizer.DefaultClusterDomain); see TranslateConfig.
+	ClusterDomain string
 	// Damping is the flap-damping threshold (optimizer.Planner): a recompute that moves less
 	// than this fraction of the traffic, with the same pods, services and calls, is not pushed.
 	// Zero means optimizer.DefaultDamping (1 %); negative pushes every recompute.
@@ -140,11 +143,11 @@ func NewServer(cfg Config) (*Server, error) {
 	if _, err := optimizer.ParsePolicy(string(cfg.Policy)); err != nil {
 		return nil, err
 	}
-	wire, err := TranslateConfig{Encoding: cfg.Encoding, LBPolicy: cfg.LBPolicy}.check()
+	wire, err := TranslateConfig{Encoding: cfg.Encoding, LBPolicy: cfg.LBPolicy, ClusterDomain: cfg.ClusterDomain}.check()
 	if err != nil {
 		return nil, err
 	}
-	cfg.Encoding, cfg.LBPolicy = wire.Encoding, wire.LBPolicy
+	cfg.Encoding, cfg.LBPolicy, cfg.ClusterDomain = wire.Encoding, wire.LBPolicy, wire.ClusterDomain
 	if cfg.DebounceQuiet == 0 {
 		cfg.DebounceQuiet = DefaultDebounceQuiet
 	}
@@ -369,7 +372,7 @@ func (s *Server) publish() {
 	var tr *Translation
 	t2 := t1
 	if err == nil {
-		tr, err = TranslateWith(t, alloc, TranslateConfig{Encoding: s.cfg.Encoding, LBPolicy: s.cfg.LBPolicy})
+		tr, err = TranslateWith(t, alloc, TranslateConfig{Encoding: s.cfg.Encoding, LBPolicy: s.cfg.LBPolicy, ClusterDomain: s.cfg.ClusterDomain})
 		t2 = s.clock.Now()
 		s.m.translate.Observe(t2.Sub(t1).Seconds())
 	}

@@ -20,9 +20,11 @@ package xds
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
 	"sort"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -52,7 +54,13 @@ func (s *Server) nextLocked(n *nodeState) [numSets]Set {
 		next[ListenerSet], next[RouteSet] = cur[ListenerSet], cur[RouteSet]
 	}
 	if !namesSubset(cur[ClusterSet], next[ClusterSet]) {
-		next[ClusterSet] = merged(next[ClusterSet], cur[ClusterSet], s.namedLocked(n, &next))
+		named := s.namedLocked(n, &next)
+		next[ClusterSet] = merged(next[ClusterSet], cur[ClusterSet], func(r types.Resource) types.Resource {
+			if named[cache.GetResourceName(r)] {
+				return r
+			}
+			return nil
+		})
 	}
 	if !namesSubset(cur[EndpointSet], next[EndpointSet]) {
 		keep := map[string]bool{}
@@ -61,7 +69,16 @@ func (s *Server) nextLocked(n *nodeState) [numSets]Set {
 				keep[name] = true
 			}
 		}
-		next[EndpointSet] = merged(next[EndpointSet], cur[EndpointSet], keep)
+		next[EndpointSet] = merged(next[EndpointSet], cur[EndpointSet], func(r types.Resource) types.Resource {
+			name := cache.GetResourceName(r)
+			switch {
+			case keep[name]:
+				return r
+			case n.subscribesByName(EndpointSet, name):
+				return emptyAssignment(r)
+			}
+			return nil
+		})
 	}
 	for _, i := range []int{ClusterSet, EndpointSet} {
 		if next[i].Version != "" && next[i].Version == n.rejectedVersion(i) {
@@ -338,14 +355,56 @@ func namesSubset(a, b Set) bool {
 	return true
 }
 
-// merged is want plus the resources of cur that want lacks and keep names. Its version is a
-// function of the two versions and the names kept, so the same inputs give the same version;
-// when the result is cur's content, it is cur.
-func merged(want, cur Set, keep map[string]bool) Set {
+// Dropped assignments. A ClusterLoadAssignment the node held that its target no longer has
+// (its service left the topology, or stopped being servable) and that no cluster of the next
+// set names is not simply left out: a SOTW EDS response carries only the requested names it
+// has, and Envoy ignores an EDS update without its cluster's assignment and keeps the stale
+// endpoints (source/extensions/clusters/eds/eds.cc, EdsClusterImpl::onConfigUpdate: "if
+// (resources.empty()) { … update_empty_.inc(); onPreInitComplete(); return …; }"; the delta
+// onConfigUpdate ignores removed_resources and calls it with the added ones only). So, as
+// istiod does for a requested cluster without a service (pilot/pkg/xds/eds.go answers every
+// watched name), the node gets an empty assignment of that name (cluster_name set, no
+// endpoints) for as long as one of its streams subscribes to the name explicitly. A cluster
+// the next set still has keeps its assignment (make before break).
+
+// subscribesByName reports whether a stream of n subscribes to name of type i by name (a
+// wildcard subscription does not count), or n has no stream that took type i yet (a
+// reconnecting client will ask again for what it held). n.mu is held.
+func (n *nodeState) subscribesByName(i int, name string) bool {
+	started := false
+	for _, st := range n.live {
+		sub := &st.sub[i]
+		if !sub.started {
+			continue
+		}
+		started = true
+		if _, found := slices.BinarySearch(sub.list, name); found {
+			return true
+		}
+	}
+	return !started
+}
+
+// emptyAssignment is r's name as an assignment without endpoints; r itself when it is one.
+func emptyAssignment(r types.Resource) types.Resource {
+	if cla, ok := r.(*endpoint.ClusterLoadAssignment); ok && len(cla.Endpoints) == 0 && cla.Policy == nil {
+		return r
+	}
+	return &endpoint.ClusterLoadAssignment{ClusterName: cache.GetResourceName(r)}
+}
+
+// merged is want plus, for each resource of cur that want lacks, what keep makes of it (nil:
+// left out). Its version is a function of the two versions and of the names kept and their
+// kind (cur's resource or another), so the same inputs give the same version; when the result
+// is cur's content, it is cur.
+func merged(want, cur Set, keep func(types.Resource) types.Resource) Set {
 	var extra []types.Resource
 	for _, r := range cur.Items {
-		if name := cache.GetResourceName(r); keep[name] && setItem(want, name) == nil {
-			extra = append(extra, r)
+		if setItem(want, cache.GetResourceName(r)) != nil {
+			continue
+		}
+		if k := keep(r); k != nil {
+			extra = append(extra, k)
 		}
 	}
 	if len(extra) == 0 {
@@ -377,6 +436,9 @@ func merged(want, cur Set, keep map[string]bool) Set {
 	h.Write([]byte("keep\x00" + want.Version + "\x00" + cur.Version))
 	for _, r := range extra {
 		h.Write([]byte("\x00" + cache.GetResourceName(r)))
+		if setItem(cur, cache.GetResourceName(r)) != r {
+			h.Write([]byte("\x00replaced"))
+		}
 	}
 	return Set{Version: hex.EncodeToString(h.Sum(nil)[:8]), Items: items}
 }

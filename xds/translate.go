@@ -5,6 +5,7 @@
 package xds
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"regexp"
 	"sort"
 	"strconv"
 	"sync"
@@ -99,7 +101,14 @@ type TranslateConfig struct {
 	// LBPolicy is the clusters' load-balancing policy ("" means round-robin). LBLeastRequest
 	// needs EncodingLocality.
 	LBPolicy LBPolicy
+	// ClusterDomain is the Kubernetes cluster's DNS domain, the suffix of the service FQDNs in
+	// Istio's cluster names and plain Envoy's virtual hosts ("" means
+	// optimizer.DefaultClusterDomain).
+	ClusterDomain string
 }
+
+// dnsName matches a DNS name of lowercase RFC 1123 labels, as a Kubernetes cluster domain is.
+var dnsName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$`)
 
 // check fills in the defaults and rejects unknown or incompatible values.
 func (c TranslateConfig) check() (TranslateConfig, error) {
@@ -111,10 +120,13 @@ func (c TranslateConfig) check() (TranslateConfig, error) {
 	if err != nil {
 		return c, err
 	}
+	if c.ClusterDomain != "" && !dnsName.MatchString(c.ClusterDomain) {
+		return c, fmt.Errorf("xds: cluster domain %q is not a DNS name (lowercase labels of a-z, 0-9 and '-', separated by dots)", c.ClusterDomain)
+	}
 	if lb == LBLeastRequest && enc != EncodingLocality {
 		return c, fmt.Errorf("xds: lb policy %s needs the %s encoding, not %s (weighted clusters pick a pod's cluster by weight first)", lb, EncodingLocality, enc)
 	}
-	return TranslateConfig{Encoding: enc, LBPolicy: lb}, nil
+	return TranslateConfig{Encoding: enc, LBPolicy: lb, ClusterDomain: cmp.Or(c.ClusterDomain, optimizer.DefaultClusterDomain)}, nil
 }
 
 // WeightTotal is the fixed total over which one caller's fractions to one callee service are
@@ -223,7 +235,7 @@ func TranslateWith(t *optimizer.Topology, a *optimizer.Allocation, cfg Translate
 	if t == nil || a == nil {
 		return nil, fmt.Errorf("%w: nil topology or allocation", ErrInvalidAllocation)
 	}
-	b := &builder{enc: enc, lb: cfg.LBPolicy, services: map[string]*service{}, podService: map[string]*service{}}
+	b := &builder{enc: enc, lb: cfg.LBPolicy, domain: cfg.ClusterDomain, services: map[string]*service{}, podService: map[string]*service{}}
 	called := map[string]bool{}
 	for _, c := range t.Calls {
 		called[optimizer.CanonicalKey(c.To)] = true
@@ -320,6 +332,7 @@ type pod struct {
 	host       string
 	port       uint32
 	hasAddress bool
+	sidecar    bool // an Istio sidecar takes mTLS for it (optimizer.Pod.HasSidecar)
 }
 
 // service holds a service's pods and the resources every caller shares.
@@ -356,7 +369,7 @@ func newService(s *optimizer.Service, called bool) (*service, error) {
 		p := s.Pods[i]
 		p.Name, p.Address = s.PodKey(&p), s.Endpoint(&p)
 		sv.index[p.Name] = i
-		ep := pod{name: p.Name, node: p.Node, capacity: p.CapacityWeight()}
+		ep := pod{name: p.Name, node: p.Node, capacity: p.CapacityWeight(), sidecar: p.HasSidecar()}
 		err := func() error {
 			if p.Address == "" {
 				return fmt.Errorf("%w: pod %q (service %q) has no address", ErrIncompleteTopology, p.Name, svcKey)
@@ -418,6 +431,7 @@ type callPlan struct {
 type builder struct {
 	enc        Encoding
 	lb         LBPolicy
+	domain     string // the cluster's DNS domain
 	services   map[string]*service
 	order      []*service
 	podService map[string]*service

@@ -48,24 +48,92 @@ type clusterFlags struct {
 	istio istioFlags
 }
 
-// istioFlags configure the EnvoyFilters edgeflow manages in an Istio mesh (serve, uninstall).
+// istioFlags configure edgeflow's Istio integration (serve, plan -o istio, uninstall).
 type istioFlags struct {
-	xdsAddress       string
-	namespace        string
-	bootstrapCluster bool
+	mode          string
+	xdsAddress    string
+	namespace     string
+	rootNamespace string
+	clusterDomain string
+	labelNodes    bool
+	xdsTLS        bool
+	xdsServerSANs []string
 }
+
+// Istio modes (--istio-mode).
+const (
+	istioModeOff             = "off"
+	istioModeDestinationRule = "destinationrule"
+	istioModeEnvoyFilter     = "envoyfilter"
+)
 
 func (f *istioFlags) register(cmd *cobra.Command, withAddress bool) {
 	fl := cmd.Flags()
 	if withAddress {
-		fl.StringVar(&f.xdsAddress, "istio-xds-address", "", "Istio mode: manage EnvoyFilters that make sidecars take the managed services' EDS from edgeflow at this HOST:PORT (e.g. edgeflow.edgeflow.svc.cluster.local:18000)")
-		fl.BoolVar(&f.bootstrapCluster, "istio-bootstrap-cluster", false, "Istio mode: the edgeflow-xds cluster comes from the sidecars' bootstrap (sidecar.istio.io/bootstrapOverride), not from an EnvoyFilter")
+		fl.StringVar(&f.mode, "istio-mode", istioModeOff, "Istio integration: off; destinationrule (stock Istio: the plan as DestinationRules with locality weights, per caller workload and callee host); envoyfilter (per-pod weights: the sidecars of pods labelled "+istio.EDSLabel+"="+istio.EDSLabelValue+" take the managed services' EDS from edgeflow; needs --istio-xds-address and the bootstrap override)")
+		fl.StringVar(&f.xdsAddress, "istio-xds-address", "", "--istio-mode=envoyfilter: HOST:PORT at which sidecars reach edgeflow's xDS server (e.g. edgeflow.edgeflow.svc.cluster.local:18000); edgeflow manages the EnvoyFilters and bootstrap ConfigMaps")
+		fl.StringSliceVar(&f.xdsServerSANs, "istio-xds-server-san", nil, "--istio-mode=envoyfilter with --xds-tls-cert: a subject alternative name edgeflow's certificate carries (e.g. its SPIFFE id), checked by the sidecars (default: any certificate the mesh root signed)")
+		fl.BoolVar(&f.labelNodes, "istio-label-nodes", false, "--istio-mode=destinationrule: give each node with a region and zone its own subzone (label "+istio.SubzoneLabel+"=NODE), so the mesh can weigh nodes apart (a write to Nodes)")
 	}
-	fl.StringVar(&f.namespace, "istio-namespace", istio.DefaultNamespace, "namespace of the EnvoyFilters (Istio's root namespace applies them to every sidecar)")
+	fl.StringVar(&f.namespace, "istio-namespace", istio.DefaultNamespace, "namespace of the EnvoyFilters (Istio's root namespace applies them in every namespace)")
+	f.registerRules(cmd)
 }
 
+// registerRules registers the flags Istio's host names and DestinationRules depend on (serve,
+// plan).
+func (f *istioFlags) registerRules(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.rootNamespace, "istio-root-namespace", istio.DefaultRootNamespace, "Istio's root namespace, whose exported DestinationRules apply mesh-wide (a user's rule there is carried into edgeflow's)")
+	fl.StringVar(&f.clusterDomain, "cluster-domain", optimizer.DefaultClusterDomain, "the Kubernetes cluster's DNS domain, in Istio's cluster names and service host names")
+}
+
+// checkMode validates --istio-mode and the flags that go with it.
+func (f *istioFlags) checkMode() error {
+	switch f.mode {
+	case istioModeOff, istioModeDestinationRule:
+		if f.xdsAddress != "" {
+			return badInput("--istio-xds-address is for --istio-mode=%s (got --istio-mode=%s)", istioModeEnvoyFilter, f.mode)
+		}
+	case istioModeEnvoyFilter:
+		if f.xdsAddress == "" {
+			return badInput("--istio-mode=%s needs --istio-xds-address HOST:PORT", istioModeEnvoyFilter)
+		}
+	default:
+		return badInput("--istio-mode %q: want %s, %s or %s", f.mode, istioModeOff, istioModeDestinationRule, istioModeEnvoyFilter)
+	}
+	if f.labelNodes && f.mode != istioModeDestinationRule {
+		return badInput("--istio-label-nodes is for --istio-mode=%s", istioModeDestinationRule)
+	}
+	return nil
+}
+
+// config is the per-pod mode's configuration; xdsTLS is set by the caller when the xDS port
+// serves TLS (serve: --xds-tls-cert).
 func (f *istioFlags) config() istio.Config {
-	return istio.Config{Namespace: f.namespace, XDSAddress: f.xdsAddress, BootstrapCluster: f.bootstrapCluster}
+	return istio.Config{Namespace: f.namespace, XDSAddress: f.xdsAddress, ClusterDomain: f.clusterDomain,
+		TLS: f.xdsTLS, TLSServerSANs: f.xdsServerSANs}
+}
+
+// envoyFilterReconciler is the per-pod mode's reconciler (EnvoyFilters and bootstrap
+// ConfigMaps) for the cluster of the flags.
+func (f *clusterFlags) envoyFilterReconciler(cfg istio.Config, logger *slog.Logger) (*istio.Reconciler, error) {
+	ic, err := f.istioClient()
+	if err != nil {
+		return nil, err
+	}
+	kc, err := f.clientset()
+	if err != nil {
+		return nil, err
+	}
+	r, err := istio.NewReconciler(istio.ReconcilerConfig{Filters: cfg, Client: ic, Kube: kc, Logger: logger})
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return r, nil
+}
+
+func (f *istioFlags) rulesConfig() istio.RulesConfig {
+	return istio.RulesConfig{ClusterDomain: f.clusterDomain, RootNamespace: f.rootNamespace}
 }
 
 // istioClient is the istio client-go clientset for the cluster of the flags.

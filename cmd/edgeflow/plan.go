@@ -8,7 +8,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	clientnetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds/istio"
 )
 
 func init() { subcommands = append(subcommands, newPlanCommand) }
@@ -18,26 +22,35 @@ func newPlanCommand() *cobra.Command {
 		tf     topologyFlags
 		policy string
 		output string
+		istioF istioFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "plan -f FILE [--policy P] [-o table|json|yaml]",
+		Use:   "plan -f FILE [--policy P] [-o table|json|yaml|istio]",
 		Short: "Compute the traffic allocation of a topology file",
 		Long: "plan reads a topology (nodes, latencies, services with placed pods, calls, ingress) and prints,\n" +
 			"for every call edge and caller pod, the fraction of its requests to send to each callee pod.\n" +
-			"The table shows the total cost (Σ rps × latency) beside what round-robin would cost.",
-		Example: "  edgeflow plan -f examples/bookinfo.yaml\n  edgeflow plan -f examples/dag.yaml --policy opttraffic -o json",
-		Args:    noArgs,
+			"The table shows the total cost (Σ rps × latency) beside what round-robin would cost.\n\n" +
+			"-o istio prints the DestinationRules serve --istio-mode=destinationrule would apply (networking.istio.io/v1,\n" +
+			"multi-document YAML for kubectl apply or GitOps): the plan made between localities (nodes' locality, or a\n" +
+			"topology file's `locality: region/zone/subzone`), one rule per caller service and callee host. From a live\n" +
+			"cluster the user's own DestinationRules are read and carried over, as serve does.",
+		Example: "  edgeflow plan -f examples/bookinfo.yaml\n  edgeflow plan -f examples/dag.yaml --policy opttraffic -o json\n" +
+			"  edgeflow plan -f examples/bookinfo-localities.yaml -o istio | kubectl apply -f -",
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := optimizer.ParsePolicy(policy)
 			if err != nil {
 				return usageError{err}
 			}
-			if err := checkOutput(output, "table", "json", "yaml"); err != nil {
+			if err := checkOutput(output, "table", "json", "yaml", "istio"); err != nil {
 				return err
 			}
-			_, m, err := tf.load(cmd, tf.options(cmd))
+			t, m, err := tf.load(cmd, tf.options(cmd))
 			if err != nil {
 				return err
+			}
+			if output == "istio" {
+				return writeIstioRules(cmd, &tf, &istioF, t, p)
 			}
 			alloc, err := optimizer.Plan(m, p)
 			if err != nil {
@@ -55,8 +68,37 @@ func newPlanCommand() *cobra.Command {
 	}
 	tf.register(cmd)
 	cmd.Flags().StringVar(&policy, "policy", string(optimizer.LATA), "allocation policy: round-robin, localization, opttraffic, lata, lata-q")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json, yaml")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json, yaml, istio (the DestinationRules serve --istio-mode=destinationrule applies)")
+	istioF.registerRules(cmd)
 	return cmd
+}
+
+// writeIstioRules prints the DestinationRules of t's locality plan, with the user's rules read
+// from the cluster when the topology came from one.
+func writeIstioRules(cmd *cobra.Command, tf *topologyFlags, f *istioFlags, t *optimizer.Topology, p optimizer.Policy) error {
+	plan, err := istio.PlanLocalities(t, p, tf.options(cmd))
+	if err != nil {
+		return err
+	}
+	var user []*clientnetworkingv1.DestinationRule
+	if tf.file == "" {
+		ic, err := tf.istioClient()
+		if err != nil {
+			return err
+		}
+		list, err := ic.NetworkingV1().DestinationRules(metav1.NamespaceAll).List(cmd.Context(), metav1.ListOptions{})
+		if err != nil {
+			return fmt.Errorf("reading the cluster's DestinationRules: %w", err)
+		}
+		user = list.Items
+	}
+	rules, rep := istio.DestinationRules(f.rulesConfig(), plan, user)
+	out, err := istio.MarshalRulesYAML(rules, rep)
+	if err != nil {
+		return err
+	}
+	_, err = cmd.OutOrStdout().Write(out)
+	return err
 }
 
 func noArgs(cmd *cobra.Command, args []string) error {

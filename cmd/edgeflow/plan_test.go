@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"gopkg.in/yaml.v3"
+
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -171,6 +173,100 @@ func TestPlanTableLATAQ(t *testing.T) {
 		}
 		if got := strings.Contains(out, "lata's routes are served"); got != c.asLATA {
 			t.Errorf("%s rps: lata's routes served %v, want %v:\n%s", c.rps, got, c.asLATA, out)
+		}
+	}
+}
+
+// plan -o istio prints DestinationRules that parse back, one per call edge of the example,
+// each selecting its caller's pods, with weights of every from-locality summing to 100.
+func TestPlanIstio(t *testing.T) {
+	code, out, errOut := runCLI(t, "", "plan", "-f", "../../examples/bookinfo.yaml", "-o", "istio")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.HasPrefix(out, "# edgeflow: planned per node (4 localities)") {
+		t.Errorf("output does not start by saying the granularity:\n%s", out)
+	}
+	docs := strings.Split(out, "---\n")
+	if len(docs) != 3 {
+		t.Fatalf("%d documents, want 3 (one per call edge)", len(docs))
+	}
+	for _, doc := range docs {
+		var dr struct {
+			APIVersion string `yaml:"apiVersion"`
+			Kind       string `yaml:"kind"`
+			Metadata   struct {
+				Name, Namespace string
+				Labels          map[string]string
+			}
+			Spec struct {
+				Host             string
+				WorkloadSelector struct {
+					MatchLabels map[string]string `yaml:"matchLabels"`
+				} `yaml:"workloadSelector"`
+				TrafficPolicy struct {
+					LoadBalancer struct {
+						LocalityLbSetting struct {
+							Distribute []struct {
+								From string
+								To   map[string]int
+							}
+						} `yaml:"localityLbSetting"`
+					} `yaml:"loadBalancer"`
+				} `yaml:"trafficPolicy"`
+			}
+		}
+		if err := yaml.Unmarshal([]byte(doc), &dr); err != nil {
+			t.Fatalf("%v in:\n%s", err, doc)
+		}
+		if dr.APIVersion != "networking.istio.io/v1" || dr.Kind != "DestinationRule" || dr.Metadata.Labels["app.kubernetes.io/managed-by"] != "edgeflow" {
+			t.Errorf("%s: apiVersion %s kind %s labels %v", dr.Metadata.Name, dr.APIVersion, dr.Kind, dr.Metadata.Labels)
+		}
+		caller := strings.Split(dr.Metadata.Name, ".")[1]
+		if dr.Spec.WorkloadSelector.MatchLabels["app"] != caller || !strings.HasSuffix(dr.Spec.Host, ".default.svc.cluster.local") {
+			t.Errorf("%s: selector %v host %s", dr.Metadata.Name, dr.Spec.WorkloadSelector.MatchLabels, dr.Spec.Host)
+		}
+		d := dr.Spec.TrafficPolicy.LoadBalancer.LocalityLbSetting.Distribute
+		if len(d) == 0 {
+			t.Errorf("%s: no distribute entries", dr.Metadata.Name)
+		}
+		for _, e := range d {
+			sum := 0
+			for _, w := range e.To {
+				sum += w
+			}
+			if sum != 100 {
+				t.Errorf("%s from %s: weights %v sum to %d", dr.Metadata.Name, e.From, e.To, sum)
+			}
+		}
+	}
+	// --cluster-domain names the hosts.
+	_, out, _ = runCLI(t, "", "plan", "-f", "../../examples/bookinfo.yaml", "-o", "istio", "--cluster-domain", "corp.internal")
+	if !strings.Contains(out, "host: reviews.default.svc.corp.internal") {
+		t.Errorf("--cluster-domain not in the hosts:\n%s", out)
+	}
+	// A file without localities: a clear error, nothing on stdout.
+	code, out, errOut = runCLI(t, "", "plan", "-f", "../../examples/dag.yaml", "-o", "istio")
+	if code != 2 || out != "" || !strings.Contains(errOut, "locality") {
+		t.Errorf("no localities: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+func TestServeIstioModeFlags(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--istio-mode", "sidecar"}, `--istio-mode "sidecar"`},
+		{[]string{"--istio-xds-address", "x:1"}, "--istio-xds-address is for --istio-mode=envoyfilter"},
+		{[]string{"--istio-mode", "envoyfilter"}, "needs --istio-xds-address"},
+		{[]string{"--istio-mode", "envoyfilter", "--istio-xds-address", "x:1", "--istio-label-nodes"}, "--istio-label-nodes is for --istio-mode=destinationrule"},
+		{[]string{"--istio-mode", "destinationrule"}, "needs the cluster flags"},
+	} {
+		args := append([]string{"serve", "-f", "../../examples/bookinfo.yaml", "--xds-address", "127.0.0.1:0"}, tt.args...)
+		code, out, errOut := runCLI(t, "", args...)
+		if code != 2 || out != "" || !strings.Contains(errOut, tt.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tt.args, code, errOut, tt.want)
 		}
 	}
 }

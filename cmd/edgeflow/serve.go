@@ -125,6 +125,12 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	}
 	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 	opts := f.options(cmd)
+	if err := f.istio.checkMode(); err != nil {
+		return err
+	}
+	if f.istio.mode != istioModeOff && f.file != "" {
+		return badInput("--istio-mode=%s needs the cluster flags (--kubeconfig or in-cluster), not -f", f.istio.mode)
+	}
 
 	if err := f.source(); err != nil {
 		return err
@@ -150,18 +156,33 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}
 		source = cluster
 	}
-	var reconciler *istio.Reconciler
-	if f.istio.xdsAddress != "" {
-		if cluster == nil {
-			return badInput("--istio-xds-address needs the cluster flags (--kubeconfig or in-cluster), not -f")
+	var istioRun interface {
+		watcher.Listener
+		Run(context.Context) error
+	}
+	var rules *istio.RulesReconciler
+	switch f.istio.mode {
+	case istioModeEnvoyFilter:
+		f.istio.xdsTLS = f.tls.CertFile != ""
+		if istioRun, err = f.envoyFilterReconciler(f.istio.config(), logger); err != nil {
+			return err
 		}
+	case istioModeDestinationRule:
 		ic, err := f.istioClient()
 		if err != nil {
 			return err
 		}
-		if reconciler, err = istio.NewReconciler(istio.ReconcilerConfig{Filters: f.istio.config(), Client: ic, Logger: logger}); err != nil {
+		cfg := istio.RulesReconcilerConfig{Rules: f.istio.rulesConfig(), Policy: policy, Options: opts,
+			Damping: f.damping, Client: ic, Logger: logger, Registerer: reg}
+		if f.istio.labelNodes {
+			if cfg.Nodes, err = f.clientset(); err != nil {
+				return err
+			}
+		}
+		if rules, err = istio.NewRulesReconciler(cfg); err != nil {
 			return usageError{err}
 		}
+		istioRun = rules
 	}
 	var rb *rebalancer.Controller
 	if f.rebalance {
@@ -173,7 +194,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			return err
 		}
 	}
-	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts,
+	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts, ClusterDomain: f.istio.clusterDomain,
 		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Damping: f.damping, Logger: logger, Registerer: reg})
 	if err != nil {
 		return err
@@ -209,7 +230,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			xdsLis.Close()
 			return fmt.Errorf("metrics listener: %w", err)
 		}
-		mux := serveMux(reg, srv, cluster)
+		mux := serveMux(reg, srv, cluster, rules)
 		if f.profiling {
 			runtime.SetMutexProfileFraction(10)
 			runtime.SetBlockProfileRate(int(time.Millisecond))
@@ -244,9 +265,9 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	}
 	start("xDS push loop", func() error { return srv.Run(ctx) })
 	var listener watcher.Listener = srv
-	if reconciler != nil {
-		listener = fanout{srv, reconciler}
-		start("Istio EnvoyFilters", func() error { return reconciler.Run(ctx) })
+	if istioRun != nil {
+		listener = fanout{srv, istioRun}
+		start("Istio "+f.istio.mode, func() error { return istioRun.Run(ctx) })
 	}
 	start("topology source", func() error { return source.Run(ctx, listener) })
 	if rb != nil {
@@ -341,13 +362,23 @@ type topologySource interface {
 }
 
 // serveMux serves /metrics, /healthz and /readyz (watcher.ReadyHandler).
-func serveMux(reg *prometheus.Registry, srv *xds.Server, cluster *watcher.Cluster) *http.ServeMux {
+// With Istio DestinationRules, /readyz also says at which granularity they plan.
+func serveMux(reg *prometheus.Registry, srv *xds.Server, cluster *watcher.Cluster, rules *istio.RulesReconciler) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	var checks func() []watcher.Check
 	if cluster != nil {
 		checks = cluster.Checks
+		if rules != nil {
+			checks = func() []watcher.Check {
+				c := watcher.Check{Name: "istio-destinationrules", OK: true, Message: "planned per " + rules.Granularity()}
+				if rules.Granularity() == "" {
+					c.Message = "no plan yet"
+				}
+				return append(cluster.Checks(), c)
+			}
+		}
 	}
 	mux.Handle("/readyz", watcher.ReadyHandler(srv.Published, checks))
 	return mux

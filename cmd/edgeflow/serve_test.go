@@ -251,7 +251,7 @@ func TestServeBadInput(t *testing.T) {
 		{"bad encoding", []string{"-f", invalid, "--xds-address", ":0", "--encoding", "endpoint"}, "unknown encoding"},
 		{"stdin", []string{"-f", "-", "--xds-address", ":0"}, "standard input"},
 		{"missing TLS certificate", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--xds-tls-cert", filepath.Join(dir, "absent.crt"), "--xds-tls-key", filepath.Join(dir, "absent.key")}, "absent.crt"},
-		{"Istio mode with a file", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--istio-xds-address", "edgeflow:18000"}, "needs the cluster flags"},
+		{"Istio mode with a file", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--istio-mode", "envoyfilter", "--istio-xds-address", "edgeflow:18000"}, "needs the cluster flags"},
 		{"TLS key without certificate", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--xds-tls-key", filepath.Join(dir, "absent.key")}, "both a certificate and a key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

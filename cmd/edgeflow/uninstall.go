@@ -20,32 +20,45 @@ func newUninstallCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "uninstall --kubeconfig PATH [--istio-namespace NS]",
-		Short: "Remove every EnvoyFilter edgeflow manages from the cluster",
-		Long: "uninstall deletes the EnvoyFilters that serve --istio-xds-address created (those labelled\n" +
-			istio.ManagedByLabel + "=" + istio.ManagedByValue + " in --istio-namespace); Istio's sidecars then take every\n" +
-			"service's endpoints from istiod again. Filters edgeflow does not own are never touched.",
+		Short: "Remove every Istio object edgeflow manages from the cluster",
+		Long: "uninstall first removes the rebalancer's placement webhook registration (when edgeflow's), lifts the\n" +
+			"edgeflow.io/placement scheduling gate from every pod and deletes the rebalancer's state ConfigMaps.\n" +
+			"Then it deletes what serve --istio-mode created, the objects labelled " + istio.ManagedByLabel + "=" + istio.ManagedByValue + ":\n" +
+			"the EnvoyFilters in --istio-namespace, then the ConfigMaps " + istio.BootstrapConfigMapName + " in every namespace, and the\n" +
+			"DestinationRules in every namespace; Istio's sidecars then take every service's endpoints and load balancing\n" +
+			"from istiod and the user's own rules again. Objects edgeflow does not own are never touched; running it twice\n" +
+			"is harmless. Remove the pods' " + istio.BootstrapAnnotation + " annotation first: a pod that still names a\n" +
+			"deleted ConfigMap cannot restart.",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// The rebalancer first: its webhook registration, its gates, its state.
 			if err := uninstallRebalancer(cmd, &cf, timeout); err != nil {
 				return err
 			}
-			ic, err := cf.istioClient()
-			if err != nil {
-				return err
-			}
 			filters := flags.config()
 			filters.XDSAddress = "uninstall.invalid:1" // not used: uninstall only deletes by label
-			r, err := istio.NewReconciler(istio.ReconcilerConfig{Filters: filters, Client: ic})
+			r, err := cf.envoyFilterReconciler(filters, nil)
 			if err != nil {
-				return usageError{err}
+				return err
 			}
 			ctx, cancel := contextWithTimeout(cmd, timeout)
 			defer cancel()
 			if err := r.Uninstall(ctx); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "edgeflow's EnvoyFilters removed from namespace %s\n", flags.namespace)
+			fmt.Fprintf(cmd.OutOrStdout(), "edgeflow's EnvoyFilters removed from namespace %s, its %s ConfigMaps from every namespace\n", flags.namespace, istio.BootstrapConfigMapName)
+			ic, err := cf.istioClient()
+			if err != nil {
+				return err
+			}
+			rules, err := istio.NewRulesReconciler(istio.RulesReconcilerConfig{Client: ic})
+			if err != nil {
+				return usageError{err}
+			}
+			if err := rules.Uninstall(ctx); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "edgeflow's DestinationRules removed from every namespace")
 			return nil
 		},
 	}

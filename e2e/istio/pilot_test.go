@@ -1,22 +1,29 @@
-// Package istio checks edgeflow's EnvoyFilters against Istio's own control plane: istiod's
-// pilot runs in-process (istio.io/istio/pilot/test/xds), takes the filters as the YAML a person
-// would apply, and a sidecar asks it for its clusters over a real ADS stream. It is a module of
-// its own because Istio is a large dependency (a cold build of the test takes ~10 min on 2
-// cores): run it with `cd e2e/istio && go test -count=1 ./...`.
+// Package istio checks edgeflow's per-pod Istio mode against Istio's own control plane:
+// istiod's pilot runs in-process (istio.io/istio/pilot/test/xds), takes the EnvoyFilters as the
+// YAML a person would apply, and a sidecar asks it for its clusters over a real ADS stream;
+// what pilot sends is then checked against Envoy's rules that pilot does not check
+// (envoyrules_test.go), with the bootstrap pilot-agent renders from Istio's own template plus
+// edgeflow's bootstrap override. It is a module of its own because Istio is a large
+// dependency (a cold build of the test takes ~10 min on 2 cores): run it with
+// `cd e2e/istio && go test -count=1 ./...`.
 package istio
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/structpb"
+	networking "istio.io/api/networking/v1alpha3"
 	clientnetworking "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	istiofake "istio.io/client-go/pkg/clientset/versioned/fake"
 	"istio.io/istio/pilot/pkg/model"
@@ -27,6 +34,7 @@ import (
 	"istio.io/istio/pkg/config/schema/gvk"
 	"istio.io/istio/pkg/config/validation/envoyfilter"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubefake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 	efistio "github.com/edgeflow/edgeflow/xds/istio"
@@ -34,7 +42,9 @@ import (
 
 const (
 	// sidecarID is productpage-0's sidecar, as istio-agent names it: sidecar~IP~POD.NS~NS.svc.cluster.local.
-	sidecarID = "sidecar~10.0.0.1~productpage-0.default~default.svc.cluster.local"
+	// The pod carries edgeflow's label (EDSLabel); productpage-1 (plainSidecarID) does not.
+	sidecarID      = "sidecar~10.0.0.1~productpage-0.default~default.svc.cluster.local"
+	plainSidecarID = "sidecar~10.0.0.4~productpage-1.default~default.svc.cluster.local"
 
 	reviewsCluster = "outbound|9080||reviews.default.svc.cluster.local"
 	ratingsCluster = "outbound|9080||ratings.default.svc.cluster.local"
@@ -42,9 +52,31 @@ const (
 
 // kubeObjects is Bookinfo's corner: productpage calls reviews (managed by edgeflow) and ratings
 // (not managed). Each service has a ready pod and an EndpointSlice, as the kubelet and the
-// EndpointSlice controller would leave them.
-var kubeObjects = service("productpage", "10.0.0.1", "10.96.0.1") +
-	"---\n" + service("reviews", "10.0.0.2", "10.96.0.2") +
+// EndpointSlice controller would leave them. productpage-0 opted in to edgeflow's EDS (the label
+// pilot matches the EnvoyFilters' workloadSelector against: it takes a proxy's labels from its
+// pod); productpage-1 did not.
+var kubeObjects = strings.Replace(service("productpage", "10.0.0.1", "10.96.0.1"), "    app: productpage\nspec:\n  containers",
+	"    app: productpage\n    "+efistio.EDSLabel+": \""+efistio.EDSLabelValue+"\"\nspec:\n  containers", 1) + `---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: productpage-1
+  namespace: default
+  labels:
+    app: productpage
+spec:
+  containers:
+  - name: productpage
+    image: productpage
+status:
+  phase: Running
+  conditions:
+  - status: "True"
+    type: Ready
+  podIP: 10.0.0.4
+  podIPs:
+  - ip: 10.0.0.4
+` + "---\n" + service("reviews", "10.0.0.2", "10.96.0.2") +
 	"---\n" + service("ratings", "10.0.0.3", "10.96.0.3")
 
 func service(name, podIP, clusterIP string) string {
@@ -117,12 +149,18 @@ var managed = []optimizer.Service{{
 }}
 
 // connectSidecar opens an ADS stream to pilot as productpage-0's sidecar would, asking for
-// clusters.
-func connectSidecar(s *xdsfake.FakeDiscoveryServer) *xds.AdsTest {
-	return s.ConnectADS().WithType(v3.ClusterType).WithID(sidecarID).WithTimeout(10 * time.Second).
+// clusters; opted says the pod carries edgeflow's label (EDSLabel: it has the bootstrap
+// override and takes EDS from edgeflow).
+func connectSidecar(s *xdsfake.FakeDiscoveryServer, opted bool) *xds.AdsTest {
+	labels, id := map[string]string{"app": "productpage"}, plainSidecarID
+	if opted {
+		labels[efistio.EDSLabel] = efistio.EDSLabelValue
+		id = sidecarID
+	}
+	return s.ConnectADS().WithType(v3.ClusterType).WithID(id).WithTimeout(10 * time.Second).
 		WithMetadata(model.NodeMetadata{
 			Namespace:    "default",
-			Labels:       map[string]string{"app": "productpage"},
+			Labels:       labels,
 			WorkloadName: "productpage",
 			ClusterID:    "Kubernetes",
 			IstioVersion: "1.31.0",
@@ -131,9 +169,9 @@ func connectSidecar(s *xdsfake.FakeDiscoveryServer) *xds.AdsTest {
 
 // sidecarClusters connects to pilot as productpage-0's sidecar and returns the clusters of its
 // CDS response, which it ACKs, by name.
-func sidecarClusters(t *testing.T, s *xdsfake.FakeDiscoveryServer) map[string]*clusterv3.Cluster {
+func sidecarClusters(t *testing.T, s *xdsfake.FakeDiscoveryServer, opted bool) map[string]*clusterv3.Cluster {
 	t.Helper()
-	return decodeClusters(t, connectSidecar(s).RequestResponseAck(t, nil))
+	return decodeClusters(t, connectSidecar(s, opted).RequestResponseAck(t, nil))
 }
 
 func decodeClusters(t *testing.T, resp *discovery.DiscoveryResponse) map[string]*clusterv3.Cluster {
@@ -177,7 +215,7 @@ func asConfig(f *clientnetworking.EnvoyFilter) config.Config {
 func TestIstioValidatesTheFilters(t *testing.T) {
 	for _, cfg := range []efistio.Config{
 		{XDSAddress: "edgeflow.edgeflow.svc.cluster.local:18000"},
-		{XDSAddress: "10.96.0.100:18000", BootstrapCluster: true},
+		{XDSAddress: "10.96.0.100:18000", ClusterDomain: "edge.example", TLS: true},
 	} {
 		for _, f := range efistio.EnvoyFilters(cfg, managed) {
 			// What istiod's validating webhook and istioctl validate run on an EnvoyFilter.
@@ -192,21 +230,28 @@ func TestIstioValidatesTheFilters(t *testing.T) {
 	}
 }
 
+// TestSidecarTakesManagedEDSFromEdgeflow: with the per-pod filters in pilot, a sidecar of a
+// pod labelled edgeflow.io/eds=true takes the managed service's endpoints from edgeflow (and
+// nothing else changes), one without the label keeps istiod's; for both, pilot's clusters
+// with the bootstrap that sidecar has (Istio's, plus edgeflow's override for the labelled one)
+// pass Envoy's config-source rule.
 func TestSidecarTakesManagedEDSFromEdgeflow(t *testing.T) {
-	tests := []struct {
-		name string
-		cfg  efistio.Config
-		// addsCluster: the edgeflow-xds cluster comes over CDS (an EnvoyFilter ADD), not from
-		// the sidecar's bootstrap.
-		addsCluster bool
-	}{
-		{"cds-cluster", efistio.Config{XDSAddress: "edgeflow.edgeflow.svc.cluster.local:18000"}, true},
-		{"bootstrap-cluster", efistio.Config{XDSAddress: "10.96.0.100:18000", BootstrapCluster: true}, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			generated := efistio.EnvoyFilters(tt.cfg, managed)
+	istioBootstrap := istioBootstrapJSON(t)
+	for _, cfg := range []efistio.Config{
+		{XDSAddress: "edgeflow.edgeflow.svc.cluster.local:18000"},
+		{XDSAddress: "10.96.0.100:18000", TLS: true, TLSServerSANs: []string{"spiffe://cluster.local/ns/edgeflow/sa/edgeflow"}},
+	} {
+		name := "plaintext"
+		if cfg.TLS {
+			name = "tls"
+		}
+		t.Run(name, func(t *testing.T) {
+			generated := efistio.EnvoyFilters(cfg, managed)
 			filters, err := efistio.MarshalYAML(generated)
+			if err != nil {
+				t.Fatal(err)
+			}
+			override, err := efistio.BootstrapOverride(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -217,65 +262,147 @@ func TestSidecarTakesManagedEDSFromEdgeflow(t *testing.T) {
 			if got := len(s.Store().List(gvk.EnvoyFilter, efistio.DefaultNamespace)); got != len(generated) {
 				t.Fatalf("pilot holds %d EnvoyFilters, want %d, from:\n%s", got, len(generated), filters)
 			}
-			clusters := sidecarClusters(t, s)
 
-			// The edgeflow-xds cluster: added exactly as generated, or absent when the
-			// bootstrap defines it.
-			xdsCluster, ok := clusters[efistio.XDSClusterName]
-			if ok != tt.addsCluster {
-				t.Fatalf("edgeflow-xds cluster present = %v, want %v", ok, tt.addsCluster)
-			}
-			if ok {
-				if diff := cmp.Diff(efistio.XDSCluster(tt.cfg), xdsCluster, protocmp.Transform()); diff != "" {
-					t.Errorf("edgeflow-xds cluster from pilot (-generated +pilot):\n%s", diff)
+			t.Run("labelled sidecar", func(t *testing.T) {
+				clusters := sidecarClusters(t, s, true)
+				if _, ok := clusters[efistio.XDSClusterName]; ok {
+					t.Error("pilot sends an edgeflow-xds cluster over CDS; it must come from the bootstrap only")
 				}
-			}
-
-			// reviews: EDS from edgeflow, not from istiod's ADS, with locality weights.
-			reviews := clusters[reviewsCluster]
-			if reviews == nil {
-				t.Fatalf("no %s among %d clusters", reviewsCluster, len(clusters))
-			}
-			t.Logf("%s from pilot:\n%s", reviewsCluster, protojson.Format(reviews))
-			if reviews.GetType() != clusterv3.Cluster_EDS {
-				t.Errorf("%s: type %v, want EDS", reviewsCluster, reviews.GetType())
-			}
-			eds := reviews.GetEdsClusterConfig()
-			if eds.GetServiceName() != reviewsCluster {
-				t.Errorf("%s: EDS service_name %q, want the cluster's name", reviewsCluster, eds.GetServiceName())
-			}
-			if diff := cmp.Diff(efistio.EDSConfig(), eds.GetEdsConfig(), protocmp.Transform()); diff != "" {
-				t.Errorf("%s: eds_config (-edgeflow's +pilot's):\n%s", reviewsCluster, diff)
-			}
-			if eds.GetEdsConfig().GetAds() != nil {
-				t.Errorf("%s: EDS still from istiod's ADS", reviewsCluster)
-			}
-			if reviews.GetCommonLbConfig().GetLocalityWeightedLbConfig() == nil {
-				t.Errorf("%s: no common_lb_config.locality_weighted_lb_config", reviewsCluster)
-			}
-			if err := reviews.Validate(); err != nil {
-				t.Errorf("%s does not validate: %v", reviewsCluster, err)
-			}
-
-			// ratings is not managed: istiod's cluster, untouched.
-			ratings := clusters[ratingsCluster]
-			if ratings == nil {
-				t.Fatalf("no %s among %d clusters", ratingsCluster, len(clusters))
-			}
-			t.Logf("%s eds_cluster_config from pilot: %s", ratingsCluster, protojson.Format(ratings.GetEdsClusterConfig()))
-			if ratings.GetEdsClusterConfig().GetEdsConfig().GetAds() == nil {
-				t.Errorf("%s: EDS not from ADS: %v", ratingsCluster, ratings.GetEdsClusterConfig())
-			}
-			if ratings.GetCommonLbConfig().GetLocalityWeightedLbConfig() != nil {
-				t.Errorf("%s: has locality_weighted_lb_config", ratingsCluster)
-			}
-			// Apart from EDS source and locality weighting, reviews is built like ratings:
-			// the filter changed nothing else (mTLS transport sockets, circuit breakers, …).
-			if diff := cmp.Diff(normalised(ratings, "ratings"), normalised(reviews, "reviews"), protocmp.Transform()); diff != "" {
-				t.Errorf("reviews differs from ratings beyond EDS and locality weighting (-ratings +reviews):\n%s", diff)
-			}
+				checkManaged(t, clusters)
+				static := staticClusters(t, istioBootstrap, override)
+				if problems := apiConfigSourceProblems(clustersOf(clusters), primaryClusters(static)); len(problems) > 0 {
+					t.Errorf("a sidecar with Istio's bootstrap and edgeflow's override would reject pilot's clusters:\n%s", strings.Join(problems, "\n"))
+				}
+				// The override is what makes them acceptable: without it, the same clusters fail.
+				without := apiConfigSourceProblems(clustersOf(clusters), primaryClusters(staticClusters(t, istioBootstrap)))
+				if len(without) != 1 || !strings.Contains(without[0], "'edgeflow-xds' does not exist") {
+					t.Errorf("without the bootstrap override: problems %v, want one naming edgeflow-xds", without)
+				}
+				// The bootstrap cluster's own SDS sources (with TLS) name sds-grpc, a static
+				// cluster of Istio's bootstrap.
+				if !slices.ContainsFunc(static, func(c staticCluster) bool { return c.Name == "sds-grpc" }) {
+					t.Errorf("Istio's rendered bootstrap has no sds-grpc cluster: %v", static)
+				}
+				t.Logf("static clusters of the sidecar's bootstrap: %v", static)
+				overrideClusters := decodeBootstrapClusters(t, override)
+				if problems := apiConfigSourceProblems(overrideClusters, primaryClusters(static)); len(problems) > 0 {
+					t.Errorf("the bootstrap override's own config sources break Envoy's rule:\n%s", strings.Join(problems, "\n"))
+				}
+			})
+			t.Run("unlabelled sidecar", func(t *testing.T) {
+				clusters := sidecarClusters(t, s, false)
+				for _, name := range []string{reviewsCluster, ratingsCluster} {
+					if c := clusters[name]; c == nil || !edsFromIstiod(c) {
+						t.Errorf("%s of a sidecar without edgeflow's label does not take EDS from istiod: %v", name, c.GetEdsClusterConfig())
+					}
+				}
+				if problems := apiConfigSourceProblems(clustersOf(clusters), primaryClusters(staticClusters(t, istioBootstrap))); len(problems) > 0 {
+					t.Errorf("a sidecar with Istio's bootstrap would reject pilot's clusters:\n%s", strings.Join(problems, "\n"))
+				}
+			})
 		})
 	}
+}
+
+// decodeBootstrapClusters is the static clusters of a bootstrap override, decoded strictly.
+func decodeBootstrapClusters(t *testing.T, override []byte) []*clusterv3.Cluster {
+	t.Helper()
+	b := &bootstrapv3.Bootstrap{}
+	if err := protojson.Unmarshal(override, b); err != nil {
+		t.Fatal(err)
+	}
+	return b.GetStaticResources().GetClusters()
+}
+
+// checkManaged checks a labelled sidecar's clusters: reviews from edgeflow, ratings istiod's,
+// and reviews otherwise built exactly like ratings.
+func checkManaged(t *testing.T, clusters map[string]*clusterv3.Cluster) {
+	t.Helper()
+	// reviews: EDS from edgeflow, not from istiod's ADS, with locality weights.
+	reviews := clusters[reviewsCluster]
+	if reviews == nil {
+		t.Fatalf("no %s among %d clusters", reviewsCluster, len(clusters))
+	}
+	t.Logf("%s from pilot:\n%s", reviewsCluster, protojson.Format(reviews))
+	if reviews.GetType() != clusterv3.Cluster_EDS {
+		t.Errorf("%s: type %v, want EDS", reviewsCluster, reviews.GetType())
+	}
+	eds := reviews.GetEdsClusterConfig()
+	if eds.GetServiceName() != reviewsCluster {
+		t.Errorf("%s: EDS service_name %q, want the cluster's name", reviewsCluster, eds.GetServiceName())
+	}
+	if diff := cmp.Diff(efistio.EDSConfig(), eds.GetEdsConfig(), protocmp.Transform()); diff != "" {
+		t.Errorf("%s: eds_config (-edgeflow's +pilot's):\n%s", reviewsCluster, diff)
+	}
+	if reviews.GetCommonLbConfig().GetLocalityWeightedLbConfig() == nil {
+		t.Errorf("%s: no common_lb_config.locality_weighted_lb_config", reviewsCluster)
+	}
+	if err := reviews.Validate(); err != nil {
+		t.Errorf("%s does not validate: %v", reviewsCluster, err)
+	}
+
+	// ratings is not managed: istiod's cluster, untouched.
+	ratings := clusters[ratingsCluster]
+	if ratings == nil {
+		t.Fatalf("no %s among %d clusters", ratingsCluster, len(clusters))
+	}
+	if !edsFromIstiod(ratings) {
+		t.Errorf("%s: EDS not from istiod: %v", ratingsCluster, ratings.GetEdsClusterConfig())
+	}
+	// Apart from EDS source and locality weighting, reviews is built like ratings: the filter
+	// changed nothing else (mTLS transport sockets, circuit breakers, …).
+	if diff := cmp.Diff(normalised(ratings, "ratings"), normalised(reviews, "reviews"), protocmp.Transform()); diff != "" {
+		t.Errorf("reviews differs from ratings beyond EDS and locality weighting (-ratings +reviews):\n%s", diff)
+	}
+}
+
+// TestEnvoyRulesRejectTheOldDefault keeps the config-source check from becoming vacuous: the
+// old default mode — an EnvoyFilter ADDing the edgeflow-xds cluster over CDS, the EDS patches
+// for every sidecar, no bootstrap override — must fail it, with Envoy's error naming
+// edgeflow-xds for the managed cluster, while istiod's own clusters pass.
+func TestEnvoyRulesRejectTheOldDefault(t *testing.T) {
+	cfg := efistio.Config{XDSAddress: "edgeflow.edgeflow.svc.cluster.local:18000"}
+	old := efistio.EnvoyFilters(cfg, managed)
+	for _, f := range old {
+		f.Spec.WorkloadSelector = nil // the old filters applied to every sidecar
+	}
+	add := efistio.EnvoyFilters(cfg, managed)[0].DeepCopy()
+	add.Name = "edgeflow-xds"
+	add.Spec.WorkloadSelector = nil
+	add.Spec.ConfigPatches = []*networking.EnvoyFilter_EnvoyConfigObjectPatch{{
+		ApplyTo: networking.EnvoyFilter_CLUSTER,
+		Match:   &networking.EnvoyFilter_EnvoyConfigObjectMatch{Context: networking.EnvoyFilter_SIDECAR_OUTBOUND},
+		Patch:   &networking.EnvoyFilter_Patch{Operation: networking.EnvoyFilter_Patch_ADD, Value: asStruct(t, efistio.XDSCluster(cfg))},
+	}}
+	filters, err := efistio.MarshalYAML(append(old, add))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := xdsfake.NewFakeDiscoveryServer(t, xdsfake.FakeOptions{KubernetesObjectString: kubeObjects, ConfigString: string(filters)})
+	clusters := sidecarClusters(t, s, false)
+	if _, ok := clusters[efistio.XDSClusterName]; !ok {
+		t.Fatal("the old default's edgeflow-xds cluster did not reach the sidecar over CDS")
+	}
+	problems := apiConfigSourceProblems(clustersOf(clusters), primaryClusters(staticClusters(t, istioBootstrapJSON(t))))
+	want := reviewsCluster + ": envoy.config.core.v3.ApiConfigSource must have a statically defined non-EDS cluster: 'edgeflow-xds' does not exist, was added via api, or is an EDS cluster"
+	if !slices.Equal(problems, []string{want}) {
+		t.Errorf("the old default's clusters: problems\n%s\nwant exactly\n%s", strings.Join(problems, "\n"), want)
+	}
+	t.Logf("old default, as Envoy would reject it: %s", strings.Join(problems, "; "))
+}
+
+// asStruct is m as an EnvoyFilter patch value (proto field names).
+func asStruct(t *testing.T, m proto.Message) *structpb.Struct {
+	t.Helper()
+	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &structpb.Struct{}
+	if err := protojson.Unmarshal(b, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // normalised is c without its name, EDS config and locality weighting, with the service name
@@ -305,14 +432,15 @@ func normalised(c *clusterv3.Cluster, svc string) *clusterv3.Cluster {
 // connected sidecar as a CDS push, without reconnecting.
 func TestSidecarFollowsTheReconciler(t *testing.T) {
 	ctx := context.Background()
-	cfg := efistio.Config{XDSAddress: "10.96.0.100:18000", BootstrapCluster: true}
+	cfg := efistio.Config{XDSAddress: "10.96.0.100:18000"}
 	client := istiofake.NewSimpleClientset()
-	r, err := efistio.NewReconciler(efistio.ReconcilerConfig{Filters: cfg, Client: client})
+	kube := kubefake.NewClientset()
+	r, err := efistio.NewReconciler(efistio.ReconcilerConfig{Filters: cfg, Client: client, Kube: kube})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := xdsfake.NewFakeDiscoveryServer(t, xdsfake.FakeOptions{KubernetesObjectString: kubeObjects})
-	ads := connectSidecar(s)
+	ads := connectSidecar(s, true)
 	clusters := decodeClusters(t, ads.RequestResponseAck(t, nil))
 	if !edsFromIstiod(clusters[reviewsCluster]) || !edsFromIstiod(clusters[ratingsCluster]) {
 		t.Fatal("before any filter, a cluster does not take EDS from istiod")
@@ -356,6 +484,9 @@ func TestSidecarFollowsTheReconciler(t *testing.T) {
 	}
 	if n := len(mirrorList(t, client, efistio.DefaultNamespace)); n != 0 {
 		t.Errorf("%d filters left after Uninstall", n)
+	}
+	if cms, err := kube.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{}); err != nil || len(cms.Items) != 0 {
+		t.Errorf("ConfigMaps left after Uninstall: %v (%v)", cms, err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"reflect"
 	"slices"
 	"sort"
@@ -271,7 +272,7 @@ func (s *Source) build(ls *listers) (*State, error) {
 	for _, n := range nodes {
 		a := n.Status.Allocatable
 		st.Nodes = append(st.Nodes, optimizer.Node{Name: n.Name,
-			CPU: a.Cpu().MilliValue(), Memory: a.Memory().Value() >> 20})
+			CPU: a.Cpu().MilliValue(), Memory: a.Memory().Value() >> 20, Locality: nodeLocality(n.Labels)})
 		known[n.Name] = true
 	}
 	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].Name < st.Nodes[j].Name })
@@ -338,7 +339,10 @@ func (s *Source) service(ls *listers, i int, svc *corev1.Service, known map[stri
 		return nil, nil
 	}
 	sort.Slice(slices, func(a, b int) bool { return slices[a].Name < slices[b].Name })
-	out := &optimizer.Service{Name: svc.Name, Namespace: svc.Namespace}
+	out := &optimizer.Service{Name: svc.Name, Namespace: svc.Namespace, Selector: maps.Clone(svc.Spec.Selector)}
+	if out.Selector == nil {
+		out.Selector = map[string]string{} // selects no pods: no default (optimizer.Service.Selector)
+	}
 	for _, p := range svc.Spec.Ports {
 		port := optimizer.Port{Name: p.Name, Port: p.Port}
 		if p.TargetPort.IntVal > 0 {
@@ -397,7 +401,8 @@ func (s *Source) service(ls *listers, i int, svc *corev1.Service, known map[stri
 				continue
 			}
 			seen[name] = true
-			pi := podInfo{pod: optimizer.Pod{Name: name, Node: node, IP: ip}}
+			sidecar := pod != nil && pod.Labels[optimizer.SidecarLabel] == optimizer.SidecarLabelValue
+			pi := podInfo{pod: optimizer.Pod{Name: name, Node: node, IP: ip, Sidecar: &sidecar}}
 			if pod != nil {
 				pi.pod.ServiceAccount = pod.Spec.ServiceAccountName
 				for _, c := range pod.Spec.Containers {
@@ -473,4 +478,15 @@ func (s *Source) WaitSynced(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// IstioSubzoneLabel is the node label Istio reads a node's subzone from (the region and zone
+// come from the well-known topology labels).
+const IstioSubzoneLabel = "topology.istio.io/subzone"
+
+// nodeLocality is the locality Istio gives pods on a node with these labels:
+// "region/zone/subzone", trailing empty parts dropped ("" when the node has none).
+func nodeLocality(labels map[string]string) string {
+	l := labels[corev1.LabelTopologyRegion] + "/" + labels[corev1.LabelTopologyZone] + "/" + labels[IstioSubzoneLabel]
+	return strings.TrimRight(l, "/")
 }

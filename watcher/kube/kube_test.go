@@ -504,7 +504,8 @@ func TestStateFromCluster(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			h := start(t, tt.cfg, append(append([]runtime.Object(nil), nodes...), tt.objs...)...)
 			got := h.first()
-			if diff := cmp.Diff(tt.want, got, cmpopts.EquateEmpty(), cmpopts.EquateApprox(1e-12, 0)); diff != "" {
+			// Sidecar (the pod label) is checked in TestSourceFollowsChanges.
+			if diff := cmp.Diff(tt.want, got, cmpopts.EquateEmpty(), cmpopts.EquateApprox(1e-12, 0), cmpopts.IgnoreFields(optimizer.Pod{}, "Sidecar")); diff != "" {
 				t.Errorf("State (-want +got):\n%s", diff)
 			}
 			for _, r := range []string{SkipNotReady, SkipNoAddress, SkipNoNode, SkipUnknownNode, SkipNoReadyPods} {
@@ -526,8 +527,10 @@ func TestStateFromCluster(t *testing.T) {
 func TestSourceFollowsChanges(t *testing.T) {
 	ctx := context.Background()
 	sl := slice("default", "a", "a-x1", nil, endpoint("10.0.0.1", "a-1", "n1"), notReady(endpoint("10.0.0.2", "a-2", "n2")))
+	a2 := deployed("default", "a", "a-2", "n2")
+	a2.Labels[optimizer.SidecarLabel] = optimizer.SidecarLabelValue // Istio's injector labels a sidecar pod so
 	h := start(t, Config{Selector: DefaultSelector}, append(append([]runtime.Object(nil), nodes...),
-		managed("default", "a"), deployed("default", "a", "a-1", "n1"), deployed("default", "a", "a-2", "n2"), sl)...)
+		managed("default", "a"), deployed("default", "a", "a-1", "n1"), a2, sl)...)
 	st := h.first()
 	if n := len(st.Services[0].Pods); n != 1 || st.Skipped[SkipNotReady] != 1 {
 		t.Fatalf("first State: %d pods, skipped %v; want 1 pod, a-2 not ready", n, st.Skipped)
@@ -540,7 +543,8 @@ func TestSourceFollowsChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	st = h.nth(2)
-	if diff := cmp.Diff([]optimizer.Pod{{Name: "a-1", Node: "n1", IP: "10.0.0.1"}, {Name: "a-2", Node: "n2", IP: "10.0.0.2"}}, st.Services[0].Pods); diff != "" {
+	no, yes := false, true
+	if diff := cmp.Diff([]optimizer.Pod{{Name: "a-1", Node: "n1", IP: "10.0.0.1", Sidecar: &no}, {Name: "a-2", Node: "n2", IP: "10.0.0.2", Sidecar: &yes}}, st.Services[0].Pods); diff != "" {
 		t.Errorf("pods after a-2 became ready (-want +got):\n%s", diff)
 	}
 	if len(st.Skipped) != 0 {

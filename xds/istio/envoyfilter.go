@@ -1,7 +1,23 @@
 // Package istio makes Istio sidecars take the endpoints of edgeflow's managed services from
-// edgeflow instead of istiod. EnvoyFilters generates the EnvoyFilters that point the EDS of
-// those services' outbound clusters at edgeflow's xDS server; Reconciler keeps them in a cluster
-// through Istio's client-go. Istio keeps everything else (listeners, routes, mTLS).
+// edgeflow instead of istiod (per-pod mode, opt-in). EnvoyFilters generates the EnvoyFilters
+// that point the EDS of those services' outbound clusters at edgeflow's xDS server, for the
+// sidecars of pods labelled EDSLabel=EDSLabelValue; BootstrapConfigMaps the ConfigMaps whose
+// bootstrap override (sidecar.istio.io/bootstrapOverride) gives those sidecars the static
+// edgeflow-xds cluster; Reconciler keeps both in a cluster through Istio's and Kubernetes'
+// client-go. Istio keeps everything else (listeners, routes, mTLS).
+//
+// Rules (Envoy's, read from its source; no Envoy binary was run):
+//   - An EDS cluster's api_config_source must name a cluster the bootstrap defines statically
+//     and that is not itself EDS: Envoy's SubscriptionFactoryImpl::subscriptionFromConfigSource
+//     (source/common/config/subscription_factory_impl.cc) calls
+//     Utility::checkApiConfigSourceSubscriptionBackingCluster(cm_.primaryClusters(), …)
+//     (source/common/config/utility.cc), which throws "… must have a statically defined
+//     non-EDS cluster: 'edgeflow-xds' does not exist, was added via api, or is an EDS
+//     cluster". So the edgeflow-xds cluster comes only from the bootstrap override, never over
+//     CDS, and only sidecars that have it (the pod label) get the EDS patches.
+//   - Subset clusters (outbound|PORT|SUBSET|HOST) are not patched: their endpoints are the pods
+//     matching the DestinationRule subset's labels, which edgeflow's topology does not hold, so
+//     edgeflow cannot serve a correct per-subset assignment. They keep istiod's EDS.
 package istio
 
 import (
@@ -13,13 +29,16 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -27,7 +46,9 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	networking "istio.io/api/networking/v1alpha3"
 	clientnetworking "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"github.com/edgeflow/edgeflow/optimizer"
@@ -37,12 +58,35 @@ import (
 var ErrInvalidConfig = errors.New("xds/istio: invalid config")
 
 const (
-	// XDSClusterName is the sidecar cluster that reaches edgeflow's xDS server.
+	// XDSClusterName is the sidecar cluster that reaches edgeflow's xDS server; it is defined
+	// in the sidecar's bootstrap (BootstrapOverride).
 	XDSClusterName = "edgeflow-xds"
-	// ManagedByLabel and ManagedByValue mark every EnvoyFilter edgeflow owns; Reconciler lists,
-	// updates and deletes only filters carrying them.
+	// ManagedByLabel and ManagedByValue mark every object edgeflow owns; Reconciler lists,
+	// updates and deletes only objects carrying them.
 	ManagedByLabel = "app.kubernetes.io/managed-by"
 	ManagedByValue = "edgeflow"
+	// EDSLabel and EDSLabelValue are the pod label that opts a pod's sidecar into taking the
+	// managed services' endpoints from edgeflow: the EnvoyFilters' workloadSelector (which
+	// matches labels, not annotations). Set it together with BootstrapAnnotation, never
+	// alone: a sidecar with the patches but without the bootstrap cluster would reject them.
+	EDSLabel      = "edgeflow.io/eds"
+	EDSLabelValue = "true"
+	// BootstrapAnnotation is the pod annotation by which Istio's injector mounts a ConfigMap's
+	// BootstrapOverrideKey and has istio-agent pass it to Envoy (--config-yaml, merged into
+	// the bootstrap); its value is BootstrapConfigMapName.
+	BootstrapAnnotation = "sidecar.istio.io/bootstrapOverride"
+	// BootstrapConfigMapName is the ConfigMap edgeflow manages in every namespace holding a
+	// managed service.
+	BootstrapConfigMapName = "edgeflow-bootstrap"
+	// SDSClusterName, SDSCertName and SDSRootName are the bootstrap cluster of istio-agent's
+	// SDS server and the names of the workload certificate and the mesh root it serves, as
+	// Istio's own bootstrap template uses them (istio/istio
+	// tools/packaging/common/envoy_bootstrap.json, cluster "sds-grpc"; pkg/model/
+	// authentication.go SDSClusterName, SDSDefaultResourceName "default",
+	// SDSRootResourceName "ROOTCA").
+	SDSClusterName = "sds-grpc"
+	SDSCertName    = "default"
+	SDSRootName    = "ROOTCA"
 	// DefaultNamespace is Istio's default root namespace: a filter there without a workload
 	// selector applies to every sidecar of the mesh.
 	DefaultNamespace = "istio-system"
@@ -58,14 +102,14 @@ const (
 	BootstrapOverrideKey = "custom_bootstrap.json"
 
 	httpProtocolOptionsKey = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-	clusterFilterName      = XDSClusterName
+	tlsTransportSocketName = "envoy.transport_sockets.tls"
 	serviceFilterPrefix    = "edgeflow-eds."
 )
 
 // Config says where the filters live and how sidecars reach edgeflow.
 type Config struct {
 	// Namespace holds the filters; "" means DefaultNamespace. Use Istio's root namespace so the
-	// filters apply to every sidecar.
+	// filters apply to the labelled pods of every namespace.
 	Namespace string
 	// XDSAddress is HOST:PORT of edgeflow's xDS server as sidecars reach it, e.g.
 	// "edgeflow.edgeflow.svc.cluster.local:18000". An IP host gives a STATIC cluster, a name a
@@ -73,18 +117,22 @@ type Config struct {
 	XDSAddress string
 	// ConnectTimeout of the edgeflow-xds cluster; 0 means DefaultConnectTimeout.
 	ConnectTimeout time.Duration
-	// BootstrapCluster says the sidecars define the edgeflow-xds cluster in their bootstrap
-	// (BootstrapOverride through the sidecar.istio.io/bootstrapOverride annotation), so the
-	// filters do not ADD it over CDS.
-	//
-	// Real Envoy needs this: it accepts an api_config_source only on a cluster its bootstrap
-	// defines (SubscriptionFactoryImpl::subscriptionFromConfigSource checks the cluster
-	// manager's primary clusters, which are the bootstrap's static non-EDS clusters: "must have
-	// a statically defined non-EDS cluster: … does not exist, was added via api, or is an EDS
-	// cluster"). istiod accepts and sends an edgeflow-xds cluster ADDed over CDS, but by Envoy's
-	// source a sidecar would then reject each managed cluster naming it. (Read from Envoy's
-	// source; no Envoy binary was run.)
-	BootstrapCluster bool
+	// ClusterDomain is the Kubernetes cluster's DNS domain in the names of Istio's clusters
+	// ("" means optimizer.DefaultClusterDomain): the same value as the xDS server's.
+	ClusterDomain string
+	// TLS says the xDS port serves TLS: the edgeflow-xds cluster then gets a TLS transport
+	// socket that presents the sidecar's own workload certificate (mutual TLS) and verifies
+	// edgeflow's against the mesh root, both from istio-agent's SDS (SDSClusterName,
+	// SDSCertName, SDSRootName), as Istio's bootstrap does for its own clusters. edgeflow's
+	// serving certificate must then chain to the mesh's root CA.
+	TLS bool
+	// TLSServerName is the SNI the sidecar sends; "" means XDSAddress's host when it is a
+	// name (none for an IP).
+	TLSServerName string
+	// TLSServerSANs, when set, are the subject alternative names (exact; a URI SAN when the
+	// name has "://", as a SPIFFE id, else a DNS SAN) one of which edgeflow's certificate must
+	// carry; empty accepts any certificate the mesh root signed.
+	TLSServerSANs []string
 }
 
 func (c Config) namespace() string { return cmp.Or(c.Namespace, DefaultNamespace) }
@@ -93,8 +141,8 @@ func (c Config) connectTimeout() time.Duration {
 	return cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
 }
 
-// Validate checks XDSAddress (HOST:PORT with a port in 1..65535) and ConnectTimeout (not
-// negative).
+// Validate checks XDSAddress (HOST:PORT with a port in 1..65535), ConnectTimeout (not
+// negative), ClusterDomain (a DNS name) and the TLS fields (only with TLS).
 func (c Config) Validate() error {
 	host, port, err := net.SplitHostPort(c.XDSAddress)
 	if err != nil {
@@ -106,26 +154,46 @@ func (c Config) Validate() error {
 	if c.ConnectTimeout < 0 {
 		return fmt.Errorf("%w: ConnectTimeout %v is negative", ErrInvalidConfig, c.ConnectTimeout)
 	}
+	if c.ClusterDomain != "" {
+		if errs := validation.IsDNS1123Subdomain(c.ClusterDomain); len(errs) > 0 {
+			return fmt.Errorf("%w: ClusterDomain %q: %s", ErrInvalidConfig, c.ClusterDomain, strings.Join(errs, "; "))
+		}
+	}
+	if !c.TLS && (c.TLSServerName != "" || len(c.TLSServerSANs) > 0) {
+		return fmt.Errorf("%w: TLSServerName or TLSServerSANs without TLS", ErrInvalidConfig)
+	}
 	return nil
 }
 
-// EnvoyFilters returns the EnvoyFilters that make sidecars take the EDS of services' outbound
-// clusters from edgeflow, sorted by name. They apply to every sidecar's outbound clusters
-// (context SIDECAR_OUTBOUND, no workload selector) in cfg's namespace:
+// serverName is the SNI of the edgeflow-xds cluster's TLS.
+func (c Config) serverName() string {
+	if c.TLSServerName != "" {
+		return c.TLSServerName
+	}
+	host, _, _ := net.SplitHostPort(c.XDSAddress)
+	if net.ParseIP(host) != nil {
+		return ""
+	}
+	return host
+}
+
+// EnvoyFilters returns the EnvoyFilters that make the sidecars of pods labelled
+// EDSLabel=EDSLabelValue take the EDS of services' outbound clusters from edgeflow, sorted by
+// name: "edgeflow-eds.NAME.NAMESPACE", one per service with ports, in cfg's namespace, each
+// with that workloadSelector, MERGEs into each port's cluster
+// outbound|PORT||NAME.NAMESPACE.svc.DOMAIN (context SIDECAR_OUTBOUND) an EDS config of its own
+// (an api_config_source over gRPC to the bootstrap's edgeflow-xds cluster, not istiod's ADS),
+// service_name = the cluster's name (the ClusterLoadAssignment edgeflow serves), and
+// common_lb_config.locality_weighted_lb_config.
 //
-//   - "edgeflow-xds" ADDs the edgeflow-xds cluster (HTTP/2 to cfg.XDSAddress); it is left out
-//     when cfg.BootstrapCluster is set.
-//   - "edgeflow-eds.NAME.NAMESPACE", one per service with ports, MERGEs into each port's
-//     cluster outbound|PORT||NAME.NAMESPACE.svc.cluster.local an EDS config of its own (an
-//     api_config_source over gRPC to edgeflow-xds, not istiod's ADS), service_name = the
-//     cluster's name (the ClusterLoadAssignment edgeflow serves), and
-//     common_lb_config.locality_weighted_lb_config.
+// No filter ADDs the edgeflow-xds cluster: Envoy would reject every cluster naming a cluster
+// that came over CDS (see the package doc); the sidecars take it from BootstrapOverride.
 //
 // One filter per service rather than one for all: adding or removing a managed service creates
 // or deletes its own object and leaves the others' resourceVersions alone, so an update touches
 // only what changed, a conflict or a rejected write affects one service, and `kubectl get
 // envoyfilters` shows which services are managed. Subset clusters
-// (outbound|PORT|SUBSET|HOST) are matched by exact name, so they stay istiod's.
+// (outbound|PORT|SUBSET|HOST) are matched by exact name, so they stay istiod's (package doc).
 //
 // Services without ports get no filter; ports repeated in a service count once. cfg must be
 // valid (Validate); EnvoyFilters panics otherwise. It is pure and deterministic.
@@ -134,16 +202,6 @@ func EnvoyFilters(cfg Config, services []optimizer.Service) []*clientnetworking.
 		panic(err)
 	}
 	var out []*clientnetworking.EnvoyFilter
-	if !cfg.BootstrapCluster {
-		out = append(out, newFilter(cfg, clusterFilterName, []*networking.EnvoyFilter_EnvoyConfigObjectPatch{{
-			ApplyTo: networking.EnvoyFilter_CLUSTER,
-			Match:   &networking.EnvoyFilter_EnvoyConfigObjectMatch{Context: networking.EnvoyFilter_SIDECAR_OUTBOUND},
-			Patch: &networking.EnvoyFilter_Patch{
-				Operation: networking.EnvoyFilter_Patch_ADD,
-				Value:     toStruct(XDSCluster(cfg)),
-			},
-		}}))
-	}
 	for _, s := range services {
 		ports := servicePorts(s)
 		if len(ports) == 0 {
@@ -151,7 +209,7 @@ func EnvoyFilters(cfg Config, services []optimizer.Service) []*clientnetworking.
 		}
 		patches := make([]*networking.EnvoyFilter_EnvoyConfigObjectPatch, len(ports))
 		for i, port := range ports {
-			name := s.IstioClusterName(port)
+			name := s.IstioClusterName(port, cfg.ClusterDomain)
 			patches[i] = &networking.EnvoyFilter_EnvoyConfigObjectPatch{
 				ApplyTo: networking.EnvoyFilter_CLUSTER,
 				Match: &networking.EnvoyFilter_EnvoyConfigObjectMatch{
@@ -198,12 +256,16 @@ func newFilter(cfg Config, name string, patches []*networking.EnvoyFilter_EnvoyC
 			Namespace: cfg.namespace(),
 			Labels:    map[string]string{ManagedByLabel: ManagedByValue},
 		},
-		Spec: networking.EnvoyFilter{ConfigPatches: patches},
+		Spec: networking.EnvoyFilter{
+			WorkloadSelector: &networking.WorkloadSelector{Labels: map[string]string{EDSLabel: EDSLabelValue}},
+			ConfigPatches:    patches,
+		},
 	}
 }
 
-// XDSCluster is the edgeflow-xds cluster: cfg.XDSAddress over HTTP/2 (gRPC), STATIC for an IP
-// and STRICT_DNS for a name. cfg must be valid.
+// XDSCluster is the edgeflow-xds cluster of the sidecars' bootstrap: cfg.XDSAddress over
+// HTTP/2 (gRPC), STATIC for an IP and STRICT_DNS for a name, with a TLS transport socket when
+// cfg.TLS (xdsTLS). cfg must be valid.
 func XDSCluster(cfg Config) *clusterv3.Cluster {
 	host, portStr, _ := net.SplitHostPort(cfg.XDSAddress)
 	port, _ := strconv.ParseUint(portStr, 10, 16)
@@ -211,7 +273,7 @@ func XDSCluster(cfg Config) *clusterv3.Cluster {
 	if net.ParseIP(host) != nil {
 		discovery = clusterv3.Cluster_STATIC
 	}
-	http2, err := anypb.New(&httpv3.HttpProtocolOptions{
+	http2 := mustAny(&httpv3.HttpProtocolOptions{
 		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
 			ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
 				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
@@ -220,10 +282,7 @@ func XDSCluster(cfg Config) *clusterv3.Cluster {
 			},
 		},
 	})
-	if err != nil {
-		panic(err) // a message of a linked type always marshals
-	}
-	return &clusterv3.Cluster{
+	c := &clusterv3.Cluster{
 		Name:                 XDSClusterName,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: discovery},
 		ConnectTimeout:       durationpb.New(cfg.connectTimeout()),
@@ -244,10 +303,78 @@ func XDSCluster(cfg Config) *clusterv3.Cluster {
 			}},
 		},
 	}
+	if cfg.TLS {
+		c.TransportSocket = &corev3.TransportSocket{
+			Name:       tlsTransportSocketName,
+			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(xdsTLS(cfg))},
+		}
+	}
+	return c
+}
+
+// xdsTLS is the edgeflow-xds cluster's TLS: the sidecar's workload certificate (SDS secret
+// SDSCertName) as its client certificate, edgeflow's verified against the mesh root (SDS
+// secret SDSRootName), both from istio-agent's SDS server through the bootstrap's
+// SDSClusterName cluster, ALPN h2 — what Istio builds for a bootstrap cluster with
+// ISTIO_MUTUAL TLS (istio/istio pkg/bootstrap/option/convert.go tlsContextConvert, and
+// pkg/model/authentication.go ConstructSdsSecretConfig for the SDS config source).
+func xdsTLS(cfg Config) *tlsv3.UpstreamTlsContext {
+	var sans []*tlsv3.SubjectAltNameMatcher
+	for _, san := range cfg.TLSServerSANs {
+		typ := tlsv3.SubjectAltNameMatcher_DNS
+		if strings.Contains(san, "://") {
+			typ = tlsv3.SubjectAltNameMatcher_URI // a SPIFFE id
+		}
+		sans = append(sans, &tlsv3.SubjectAltNameMatcher{SanType: typ,
+			Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: san}}})
+	}
+	return &tlsv3.UpstreamTlsContext{
+		Sni: cfg.serverName(),
+		CommonTlsContext: &tlsv3.CommonTlsContext{
+			AlpnProtocols:                  []string{"h2"},
+			TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{sdsSecret(SDSCertName)},
+			ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{
+				CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+					DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: sans},
+					ValidationContextSdsSecretConfig: sdsSecret(SDSRootName),
+				},
+			},
+		},
+	}
+}
+
+// sdsSecret is secret name from istio-agent's SDS server, as Istio's
+// ConstructSdsSecretConfig writes it.
+func sdsSecret(name string) *tlsv3.SdsSecretConfig {
+	return &tlsv3.SdsSecretConfig{
+		Name: name,
+		SdsConfig: &corev3.ConfigSource{
+			ResourceApiVersion: corev3.ApiVersion_V3,
+			ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
+				ApiType:                   corev3.ApiConfigSource_GRPC,
+				TransportApiVersion:       corev3.ApiVersion_V3,
+				SetNodeOnFirstMessageOnly: true,
+				GrpcServices: []*corev3.GrpcService{{
+					TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
+						EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: SDSClusterName},
+					},
+				}},
+			}},
+		},
+	}
+}
+
+// mustAny packs m, a message of a linked type (which always marshals).
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		panic(err)
+	}
+	return a
 }
 
 // EDSConfig is the EDS config source of a managed cluster: edgeflow's xDS server over gRPC
-// through the edgeflow-xds cluster, xDS v3, EDSInitialFetchTimeout.
+// through the bootstrap's edgeflow-xds cluster, xDS v3, EDSInitialFetchTimeout.
 func EDSConfig() *corev3.ConfigSource {
 	return &corev3.ConfigSource{
 		ResourceApiVersion:  corev3.ApiVersion_V3,
@@ -294,9 +421,10 @@ func toStruct(m proto.Message) *structpb.Struct {
 }
 
 // BootstrapOverride is the Envoy bootstrap fragment that defines the edgeflow-xds cluster
-// statically, as JSON for a ConfigMap's BootstrapOverrideKey. Pods annotated
-// sidecar.istio.io/bootstrapOverride: CONFIGMAP get it merged into their sidecar's bootstrap;
-// use it with Config.BootstrapCluster.
+// statically (XDSCluster), as JSON for a ConfigMap's BootstrapOverrideKey. istio-agent passes
+// it to Envoy with --config-yaml, which Envoy merges into the bootstrap Istio generated (a
+// repeated field such as static_resources.clusters is appended to), so the sidecar keeps
+// Istio's own static clusters (xds-grpc, sds-grpc, …) and gains edgeflow-xds.
 func BootstrapOverride(cfg Config) ([]byte, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -314,6 +442,60 @@ func BootstrapOverride(cfg Config) ([]byte, error) {
 	}
 	out.WriteByte('\n')
 	return out.Bytes(), nil
+}
+
+// BootstrapConfigMap is the ConfigMap BootstrapConfigMapName in namespace, holding
+// BootstrapOverride(cfg) under BootstrapOverrideKey, labelled ManagedByLabel=ManagedByValue.
+// Pods of namespace annotated BootstrapAnnotation: BootstrapConfigMapName get it.
+func BootstrapConfigMap(cfg Config, namespace string) (*corev1.ConfigMap, error) {
+	b, err := BootstrapOverride(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &corev1.ConfigMap{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      BootstrapConfigMapName,
+			Namespace: namespace,
+			Labels:    map[string]string{ManagedByLabel: ManagedByValue},
+		},
+		Data: map[string]string{BootstrapOverrideKey: string(b)},
+	}, nil
+}
+
+// BootstrapConfigMaps returns BootstrapConfigMap for every namespace holding one of services
+// (with ports or not: a caller's namespace needs it whatever it serves), sorted by namespace.
+// cfg must be valid; it panics otherwise.
+func BootstrapConfigMaps(cfg Config, services []optimizer.Service) []*corev1.ConfigMap {
+	var namespaces []string
+	for _, s := range services {
+		namespaces = append(namespaces, s.NamespaceOrDefault())
+	}
+	slices.Sort(namespaces)
+	namespaces = slices.Compact(namespaces)
+	out := make([]*corev1.ConfigMap, len(namespaces))
+	for i, ns := range namespaces {
+		cm, err := BootstrapConfigMap(cfg, ns)
+		if err != nil {
+			panic(err)
+		}
+		out[i] = cm
+	}
+	return out
+}
+
+// PodTemplatePatch is what a caller workload's pod template needs for its sidecar to take the
+// managed services' endpoints from edgeflow: the BootstrapAnnotation and the EDSLabel, as a
+// strategic-merge patch of a Deployment (kubectl patch deployment NAME --patch-file …).
+func PodTemplatePatch() []byte {
+	return []byte(`spec:
+  template:
+    metadata:
+      annotations:
+        ` + BootstrapAnnotation + `: ` + BootstrapConfigMapName + `
+      labels:
+        ` + EDSLabel + `: "` + EDSLabelValue + `"
+`)
 }
 
 // MarshalYAML renders filters as a multi-document YAML stream (kubectl apply -f, or the

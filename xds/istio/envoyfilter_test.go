@@ -7,9 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -56,7 +60,7 @@ func TestEnvoyFiltersGolden(t *testing.T) {
 		cfg  Config
 	}{
 		{"envoyfilters.yaml", testConfig},
-		{"envoyfilters-bootstrap.yaml", Config{Namespace: "mesh-root", XDSAddress: "10.96.0.20:18000", BootstrapCluster: true}},
+		{"envoyfilters-domain.yaml", Config{Namespace: "mesh-root", XDSAddress: "10.96.0.20:18000", ClusterDomain: "edge.example"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -74,6 +78,14 @@ func TestEnvoyFiltersGolden(t *testing.T) {
 		}
 		golden(t, "bootstrap-override.json", got)
 	})
+	t.Run("bootstrap-override-tls.json", func(t *testing.T) {
+		got, err := BootstrapOverride(Config{XDSAddress: "edgeflow.edgeflow.svc.cluster.local:18000", TLS: true,
+			TLSServerSANs: []string{"spiffe://cluster.local/ns/edgeflow/sa/edgeflow"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		golden(t, "bootstrap-override-tls.json", got)
+	})
 }
 
 func TestEnvoyFiltersShape(t *testing.T) {
@@ -84,29 +96,20 @@ func TestEnvoyFiltersShape(t *testing.T) {
 		if f.Namespace != DefaultNamespace || f.Labels[ManagedByLabel] != ManagedByValue {
 			t.Errorf("%s: namespace %q labels %v", f.Name, f.Namespace, f.Labels)
 		}
-		if f.Spec.WorkloadSelector != nil || len(f.Spec.TargetRefs) > 0 {
-			t.Errorf("%s: selects workloads; it must apply to every sidecar", f.Name)
+		// Only sidecars that have the bootstrap cluster (the pods labelled to use it) get the
+		// patches: any other sidecar would reject a cluster naming edgeflow-xds.
+		if diff := cmp.Diff(map[string]string{EDSLabel: EDSLabelValue}, f.Spec.GetWorkloadSelector().GetLabels()); diff != "" {
+			t.Errorf("%s: workload selector (-want +got):\n%s", f.Name, diff)
+		}
+		for _, p := range f.Spec.ConfigPatches {
+			if p.Patch.Operation != networking.EnvoyFilter_Patch_MERGE {
+				t.Errorf("%s: %v patch; only MERGEs (the edgeflow-xds cluster is never ADDed over CDS)", f.Name, p.Patch.Operation)
+			}
 		}
 	}
-	wantNames := []string{"edgeflow-eds.ratings.shop", "edgeflow-eds.reviews.default", "edgeflow-xds"}
+	wantNames := []string{"edgeflow-eds.ratings.shop", "edgeflow-eds.reviews.default"}
 	if diff := cmp.Diff(wantNames, names); diff != "" {
 		t.Fatalf("filter names (-want +got):\n%s", diff)
-	}
-
-	// The ADD is a valid Envoy cluster, as Istio decodes it (strict protojson).
-	add := filters[2].Spec.ConfigPatches[0]
-	if add.Patch.Operation != networking.EnvoyFilter_Patch_ADD || add.Match.Context != networking.EnvoyFilter_SIDECAR_OUTBOUND {
-		t.Fatalf("edgeflow-xds patch: %v", add)
-	}
-	added := decodeCluster(t, add)
-	if err := added.Validate(); err != nil {
-		t.Errorf("edgeflow-xds cluster does not validate: %v", err)
-	}
-	if diff := cmp.Diff(XDSCluster(testConfig), added, protocmp.Transform()); diff != "" {
-		t.Errorf("edgeflow-xds cluster after the EnvoyFilter round trip (-want +got):\n%s", diff)
-	}
-	if added.GetType() != clusterv3.Cluster_STRICT_DNS {
-		t.Errorf("cluster type %v for a DNS name, want STRICT_DNS", added.GetType())
 	}
 
 	// ratings.shop: one MERGE per port, sorted, matched by exact cluster name.
@@ -116,6 +119,9 @@ func TestEnvoyFiltersShape(t *testing.T) {
 		merged = append(merged, name)
 		if p.Patch.Operation != networking.EnvoyFilter_Patch_MERGE || p.Match.Context != networking.EnvoyFilter_SIDECAR_OUTBOUND {
 			t.Errorf("%s: patch %v", name, p)
+		}
+		if p.Match.GetCluster().GetSubset() != "" || p.Match.GetCluster().GetService() != "" {
+			t.Errorf("%s: matched by more than the exact name: %v", name, p.Match.GetCluster())
 		}
 		want := edsPatch(name)
 		if diff := cmp.Diff(want, decodeCluster(t, p), protocmp.Transform()); diff != "" {
@@ -128,6 +134,113 @@ func TestEnvoyFiltersShape(t *testing.T) {
 	}
 	if got := len(filters[1].Spec.ConfigPatches); got != 1 {
 		t.Errorf("reviews: %d patches for one distinct port, want 1", got)
+	}
+
+	// The cluster domain names the clusters.
+	for _, f := range EnvoyFilters(Config{XDSAddress: "1.2.3.4:1", ClusterDomain: "edge.example"}, bookinfo()) {
+		for _, p := range f.Spec.ConfigPatches {
+			if name := p.Match.GetCluster().GetName(); !strings.HasSuffix(name, ".svc.edge.example") {
+				t.Errorf("cluster %s with ClusterDomain edge.example", name)
+			}
+		}
+	}
+}
+
+// TestXDSCluster: the bootstrap's edgeflow-xds cluster is a valid Envoy cluster; with TLS it
+// presents the sidecar's workload certificate and checks edgeflow's against the mesh root,
+// both from istio-agent's SDS cluster, exactly as Istio's bootstrap names them.
+func TestXDSCluster(t *testing.T) {
+	plain := XDSCluster(testConfig)
+	if err := plain.ValidateAll(); err != nil {
+		t.Errorf("edgeflow-xds cluster does not validate: %v", err)
+	}
+	if plain.GetType() != clusterv3.Cluster_STRICT_DNS || plain.TransportSocket != nil {
+		t.Errorf("plain cluster: type %v, transport socket %v; want STRICT_DNS and none", plain.GetType(), plain.TransportSocket)
+	}
+	c := XDSCluster(Config{XDSAddress: testConfig.XDSAddress, TLS: true, TLSServerSANs: []string{"spiffe://cluster.local/ns/edgeflow/sa/edgeflow"}})
+	if err := c.ValidateAll(); err != nil {
+		t.Errorf("TLS edgeflow-xds cluster does not validate: %v", err)
+	}
+	ts := c.GetTransportSocket()
+	if ts.GetName() != "envoy.transport_sockets.tls" {
+		t.Fatalf("transport socket %q, want envoy.transport_sockets.tls", ts.GetName())
+	}
+	tc := &tlsv3.UpstreamTlsContext{}
+	if err := ts.GetTypedConfig().UnmarshalTo(tc); err != nil {
+		t.Fatal(err)
+	}
+	if err := tc.ValidateAll(); err != nil {
+		t.Errorf("UpstreamTlsContext does not validate: %v", err)
+	}
+	if tc.GetSni() != "edgeflow.edgeflow.svc.cluster.local" {
+		t.Errorf("SNI %q, want the address's host", tc.GetSni())
+	}
+	certs := tc.GetCommonTlsContext().GetTlsCertificateSdsSecretConfigs()
+	root := tc.GetCommonTlsContext().GetCombinedValidationContext().GetValidationContextSdsSecretConfig()
+	if len(certs) != 1 || certs[0].GetName() != "default" || root.GetName() != "ROOTCA" {
+		t.Fatalf("SDS secrets %v / %v, want default and ROOTCA", certs, root)
+	}
+	for _, sds := range []*tlsv3.SdsSecretConfig{certs[0], root} {
+		src := sds.GetSdsConfig().GetApiConfigSource()
+		if src.GetApiType() != corev3.ApiConfigSource_GRPC || len(src.GetGrpcServices()) != 1 ||
+			src.GetGrpcServices()[0].GetEnvoyGrpc().GetClusterName() != "sds-grpc" {
+			t.Errorf("secret %s: SDS source %v, want gRPC to the bootstrap's sds-grpc", sds.GetName(), src)
+		}
+	}
+	sans := tc.GetCommonTlsContext().GetCombinedValidationContext().GetDefaultValidationContext().GetMatchTypedSubjectAltNames()
+	if len(sans) != 1 || sans[0].GetSanType() != tlsv3.SubjectAltNameMatcher_URI || sans[0].GetMatcher().GetExact() != "spiffe://cluster.local/ns/edgeflow/sa/edgeflow" {
+		t.Errorf("SAN match %v", sans)
+	}
+	if ip := XDSCluster(Config{XDSAddress: "10.0.0.1:1", TLS: true}); ip.GetTransportSocket() == nil {
+		t.Error("no transport socket for an IP address with TLS")
+	} else {
+		tc := &tlsv3.UpstreamTlsContext{}
+		if err := ip.GetTransportSocket().GetTypedConfig().UnmarshalTo(tc); err != nil || tc.GetSni() != "" {
+			t.Errorf("IP address: SNI %q (err %v), want none", tc.GetSni(), err)
+		}
+	}
+}
+
+// TestBootstrapConfigMaps: one ConfigMap per namespace of a managed service, owned, holding
+// the bootstrap override under the key Istio's injector mounts.
+func TestBootstrapConfigMaps(t *testing.T) {
+	cms := BootstrapConfigMaps(testConfig, bookinfo())
+	var namespaces []string
+	want, err := BootstrapOverride(testConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cm := range cms {
+		namespaces = append(namespaces, cm.Namespace)
+		if cm.Name != BootstrapConfigMapName || cm.Labels[ManagedByLabel] != ManagedByValue {
+			t.Errorf("%s/%s: labels %v", cm.Namespace, cm.Name, cm.Labels)
+		}
+		if diff := cmp.Diff(map[string]string{"custom_bootstrap.json": string(want)}, cm.Data); diff != "" {
+			t.Errorf("%s: data (-want +got):\n%s", cm.Namespace, diff)
+		}
+	}
+	if diff := cmp.Diff([]string{"default", "shop"}, namespaces); diff != "" {
+		t.Errorf("namespaces (-want +got):\n%s", diff)
+	}
+	if got := BootstrapConfigMaps(testConfig, nil); len(got) != 0 {
+		t.Errorf("%d ConfigMaps for no services", len(got))
+	}
+	// The override is an Envoy bootstrap (strict protojson), with edgeflow-xds static.
+	b := &bootstrapv3.Bootstrap{}
+	if err := protojson.Unmarshal(want, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ValidateAll(); err != nil {
+		t.Error(err)
+	}
+	if cs := b.GetStaticResources().GetClusters(); len(cs) != 1 || cs[0].GetName() != XDSClusterName || cs[0].GetType() == clusterv3.Cluster_EDS {
+		t.Errorf("static clusters %v, want the non-EDS edgeflow-xds", cs)
+	}
+	patch := string(PodTemplatePatch())
+	for _, want := range []string{"sidecar.istio.io/bootstrapOverride: edgeflow-bootstrap", `edgeflow.io/eds: "true"`} {
+		if !strings.Contains(patch, want) {
+			t.Errorf("pod template patch lacks %q:\n%s", want, patch)
+		}
 	}
 }
 
@@ -170,12 +283,8 @@ func TestEnvoyFiltersDeterministic(t *testing.T) {
 
 func TestEnvoyFiltersEdgeCases(t *testing.T) {
 	t.Run("no services", func(t *testing.T) {
-		got := EnvoyFilters(testConfig, nil)
-		if len(got) != 1 || got[0].Name != XDSClusterName {
-			t.Errorf("got %d filters, want only the edgeflow-xds one", len(got))
-		}
-		if got := EnvoyFilters(Config{XDSAddress: "1.2.3.4:1", BootstrapCluster: true}, nil); len(got) != 0 {
-			t.Errorf("bootstrap cluster, no services: got %d filters, want 0", len(got))
+		if got := EnvoyFilters(testConfig, nil); len(got) != 0 {
+			t.Errorf("no services: got %d filters, want 0", len(got))
 		}
 	})
 	t.Run("duplicate service", func(t *testing.T) {
@@ -183,7 +292,7 @@ func TestEnvoyFiltersEdgeCases(t *testing.T) {
 			{Name: "a", Namespace: "default", Ports: []optimizer.Port{{Port: 1}}},
 			{Name: "a", Ports: []optimizer.Port{{Port: 2}}},
 		}
-		got := EnvoyFilters(Config{XDSAddress: "1.2.3.4:1", BootstrapCluster: true}, s)
+		got := EnvoyFilters(Config{XDSAddress: "1.2.3.4:1"}, s)
 		if len(got) != 1 {
 			t.Errorf("got %d filters for one service named twice, want 1", len(got))
 		}
@@ -222,6 +331,11 @@ func TestConfigValidate(t *testing.T) {
 		{Config{XDSAddress: "edgeflow:65536"}, false},
 		{Config{XDSAddress: "edgeflow:http"}, false},
 		{Config{XDSAddress: "edgeflow:1", ConnectTimeout: -1}, false},
+		{Config{XDSAddress: "edgeflow:1", ClusterDomain: "edge.example"}, true},
+		{Config{XDSAddress: "edgeflow:1", ClusterDomain: "Not A Domain"}, false},
+		{Config{XDSAddress: "edgeflow:1", TLS: true, TLSServerName: "x", TLSServerSANs: []string{"y"}}, true},
+		{Config{XDSAddress: "edgeflow:1", TLSServerName: "x"}, false},
+		{Config{XDSAddress: "edgeflow:1", TLSServerSANs: []string{"y"}}, false},
 	}
 	for _, tt := range tests {
 		err := tt.cfg.Validate()

@@ -15,8 +15,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	clientnetworking "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	"istio.io/client-go/pkg/clientset/versioned"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
@@ -30,10 +33,12 @@ const (
 
 // ReconcilerConfig configures a Reconciler.
 type ReconcilerConfig struct {
-	// Filters says what to generate (EnvoyFilters); it must be valid.
+	// Filters says what to generate (EnvoyFilters, BootstrapConfigMaps); it must be valid.
 	Filters Config
-	// Client reaches the cluster's Istio API.
+	// Client reaches the cluster's Istio API (the EnvoyFilters).
 	Client versioned.Interface
+	// Kube reaches the cluster's Kubernetes API (the bootstrap ConfigMaps).
+	Kube kubernetes.Interface
 	// Resync is how long Run waits, after a successful pass with no Update since, before the
 	// next pass (which repairs filters edited or deleted by hand); 0 means DefaultResync.
 	Resync time.Duration
@@ -46,15 +51,27 @@ type ReconcilerConfig struct {
 	Logger *slog.Logger
 }
 
-// Reconciler keeps the EnvoyFilters edgeflow owns (labelled ManagedByLabel=ManagedByValue in
-// Filters.Namespace) equal to EnvoyFilters(Filters, managed services): it creates the missing
-// ones, updates those whose spec differs and deletes those no longer wanted. It never touches
-// a filter without the label. Each pass lists what exists and recomputes (level-triggered), so
-// a lost event or a hand edit is repaired by the next pass.
+// Reconciler keeps the objects edgeflow owns (labelled ManagedByLabel=ManagedByValue) equal to
+// what the managed services need: the EnvoyFilters in Filters.Namespace equal to
+// EnvoyFilters(Filters, services), and the ConfigMaps named BootstrapConfigMapName equal to
+// BootstrapConfigMaps(Filters, services), one per namespace holding a managed service. It
+// creates the missing ones, updates those whose content differs and deletes those no longer
+// wanted. It never touches an object without the label, nor a labelled ConfigMap of another
+// name.
+//
+// Rules:
+//   - Each pass lists what exists and recomputes (level-triggered), so a lost event or a hand
+//     edit is repaired by the next pass.
+//   - ConfigMaps are written before the filters and deleted after them, so a sidecar the
+//     filters select can have the bootstrap cluster they name.
+//   - A namespace that no longer holds a managed service loses its ConfigMap: a pod there that
+//     still carries BootstrapAnnotation cannot start (its volume is gone) until the annotation
+//     is removed. Remove the annotation and the label before un-managing a namespace's last
+//     service or uninstalling.
 //
 // It is a watcher.Listener: Update records the latest topology and never blocks; Run does the
 // passes. Nothing happens before the first Update, so a restarting edgeflow does not delete
-// the filters of services it has not heard of yet; a topology with no services does delete
+// the objects of services it has not heard of yet; a topology with no services does delete
 // them all. Update and Run are safe to call concurrently; Reconcile and Uninstall must not run
 // while Run does.
 type Reconciler struct {
@@ -74,8 +91,8 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if err := cfg.Filters.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Client == nil {
-		return nil, fmt.Errorf("%w: no Client", ErrInvalidConfig)
+	if cfg.Client == nil || cfg.Kube == nil {
+		return nil, fmt.Errorf("%w: no Client (Istio) or no Kube (Kubernetes) clientset", ErrInvalidConfig)
 	}
 	if cfg.Resync < 0 || cfg.RetryInterval < 0 {
 		return nil, fmt.Errorf("%w: negative Resync %v or RetryInterval %v", ErrInvalidConfig, cfg.Resync, cfg.RetryInterval)
@@ -155,49 +172,80 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			r.log.Warn("EnvoyFilter pass failed; retrying", "err", err, "retry_in", r.cfg.RetryInterval)
+			r.log.Warn("EnvoyFilter/ConfigMap pass failed; retrying", "err", err, "retry_in", r.cfg.RetryInterval)
 			wait = r.cfg.RetryInterval
 		}
 		timer = r.cfg.Clock.NewTimer(wait)
 	}
 }
 
-// Reconcile makes one pass: it lists the filters edgeflow owns and creates, updates (only when
-// the spec changed) and deletes so that they equal EnvoyFilters(Filters, services). It goes on
-// past a failing filter and returns every failure, each naming its filter. The edgeflow-xds
-// cluster's filter is written before, and deleted after, the filters that use it. A pass costs
-// one List and one write per filter that changes.
+// Reconcile makes one pass: it lists the EnvoyFilters and bootstrap ConfigMaps edgeflow owns
+// and creates, updates (only when the content changed) and deletes so that they equal what
+// services need. It goes on past a failing object and returns every failure, each naming its
+// object. ConfigMaps are written first and deleted last (see Reconciler). A pass costs two
+// Lists and one write per object that changes.
 func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service) error {
-	api := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace())
-	list, err := api.List(ctx, metav1.ListOptions{LabelSelector: ManagedByLabel + "=" + ManagedByValue})
+	filters := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace())
+	flist, err := filters.List(ctx, metav1.ListOptions{LabelSelector: managedSelector})
 	if err != nil {
 		return fmt.Errorf("xds/istio: list EnvoyFilters in %s: %w", r.cfg.Filters.namespace(), err)
 	}
-	have := make(map[string]*clientnetworking.EnvoyFilter, len(list.Items))
-	for _, f := range list.Items {
-		have[f.Name] = f
+	cms, err := r.ownedConfigMaps(ctx)
+	if err != nil {
+		return err
 	}
-	want := EnvoyFilters(r.cfg.Filters, services)
-	slices.SortStableFunc(want, clusterFilterFirst)
 
 	var errs []error
-	for _, f := range want {
+	haveCM := make(map[string]*corev1.ConfigMap, len(cms))
+	for _, cm := range cms {
+		haveCM[cm.Namespace] = cm
+	}
+	for _, cm := range BootstrapConfigMaps(r.cfg.Filters, services) {
+		old, ok := haveCM[cm.Namespace]
+		delete(haveCM, cm.Namespace)
+		api := r.cfg.Kube.CoreV1().ConfigMaps(cm.Namespace)
+		switch {
+		case !ok:
+			_, err = api.Create(ctx, cm, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				err = fmt.Errorf("exists without label %s=%s; not touching it: %w", ManagedByLabel, ManagedByValue, err)
+			}
+			r.logWrite(err, "created", "ConfigMap", cm.Namespace, cm.Name)
+		case !maps.Equal(old.Data, cm.Data) || len(old.BinaryData) > 0:
+			cm.ResourceVersion = old.ResourceVersion
+			cm.Labels = mergeMaps(old.Labels, cm.Labels)
+			cm.Annotations = old.Annotations
+			_, err = api.Update(ctx, cm, metav1.UpdateOptions{})
+			r.logWrite(err, "updated", "ConfigMap", cm.Namespace, cm.Name)
+		default:
+			err = nil
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("xds/istio: ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err))
+		}
+	}
+
+	have := make(map[string]*clientnetworking.EnvoyFilter, len(flist.Items))
+	for _, f := range flist.Items {
+		have[f.Name] = f
+	}
+	for _, f := range EnvoyFilters(r.cfg.Filters, services) {
 		old, ok := have[f.Name]
 		delete(have, f.Name)
 		switch {
 		case !ok:
-			_, err = api.Create(ctx, f, metav1.CreateOptions{})
+			_, err = filters.Create(ctx, f, metav1.CreateOptions{})
 			if apierrors.IsAlreadyExists(err) {
 				err = fmt.Errorf("exists without label %s=%s; not touching it: %w", ManagedByLabel, ManagedByValue, err)
 			}
-			r.logWrite(err, "created", f)
+			r.logWrite(err, "created", "EnvoyFilter", f.Namespace, f.Name)
 		case !proto.Equal(&old.Spec, &f.Spec):
 			// Keep what others put on the object; replace the spec.
 			f.ResourceVersion = old.ResourceVersion
 			f.Labels = mergeMaps(old.Labels, f.Labels)
 			f.Annotations = old.Annotations
-			_, err = api.Update(ctx, f, metav1.UpdateOptions{})
-			r.logWrite(err, "updated", f)
+			_, err = filters.Update(ctx, f, metav1.UpdateOptions{})
+			r.logWrite(err, "updated", "EnvoyFilter", f.Namespace, f.Name)
 		default:
 			err = nil
 		}
@@ -205,37 +253,61 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 			errs = append(errs, fmt.Errorf("xds/istio: EnvoyFilter %s/%s: %w", f.Namespace, f.Name, err))
 		}
 	}
-	errs = append(errs, r.deleteAll(ctx, slices.Collect(maps.Values(have)))...)
+	errs = append(errs, r.deleteFilters(ctx, slices.Collect(maps.Values(have)))...)
+	errs = append(errs, r.deleteConfigMaps(ctx, slices.Collect(maps.Values(haveCM)))...)
 	return errors.Join(errs...)
 }
 
-// Uninstall deletes every EnvoyFilter edgeflow owns in Filters.Namespace, so sidecars take
-// their endpoints from istiod again. Call it after Run has returned.
+// managedSelector selects the objects edgeflow owns.
+const managedSelector = ManagedByLabel + "=" + ManagedByValue
+
+// ownedConfigMaps lists the bootstrap ConfigMaps edgeflow owns, in every namespace.
+func (r *Reconciler) ownedConfigMaps(ctx context.Context) ([]*corev1.ConfigMap, error) {
+	list, err := r.cfg.Kube.CoreV1().ConfigMaps(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		LabelSelector: managedSelector,
+		FieldSelector: "metadata.name=" + BootstrapConfigMapName,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("xds/istio: list ConfigMaps %s: %w", BootstrapConfigMapName, err)
+	}
+	var out []*corev1.ConfigMap
+	for i := range list.Items {
+		if list.Items[i].Name == BootstrapConfigMapName { // a fake clientset ignores field selectors
+			out = append(out, &list.Items[i])
+		}
+	}
+	return out, nil
+}
+
+// Uninstall deletes every EnvoyFilter edgeflow owns in Filters.Namespace, then every bootstrap
+// ConfigMap it owns, so sidecars take their endpoints from istiod again. Call it after Run has
+// returned. Pods still annotated BootstrapAnnotation keep running but cannot restart until
+// the annotation is removed.
 func (r *Reconciler) Uninstall(ctx context.Context) error {
 	api := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace())
-	list, err := api.List(ctx, metav1.ListOptions{LabelSelector: ManagedByLabel + "=" + ManagedByValue})
+	list, err := api.List(ctx, metav1.ListOptions{LabelSelector: managedSelector})
 	if err != nil {
 		return fmt.Errorf("xds/istio: list EnvoyFilters in %s: %w", r.cfg.Filters.namespace(), err)
 	}
-	return errors.Join(r.deleteAll(ctx, list.Items)...)
+	errs := r.deleteFilters(ctx, list.Items)
+	cms, err := r.ownedConfigMaps(ctx)
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	return errors.Join(append(errs, r.deleteConfigMaps(ctx, cms)...)...)
 }
 
-// deleteAll deletes filters, the edgeflow-xds cluster's last; one already gone is no error.
-func (r *Reconciler) deleteAll(ctx context.Context, filters []*clientnetworking.EnvoyFilter) []error {
-	slices.SortFunc(filters, func(a, b *clientnetworking.EnvoyFilter) int { return -clusterFilterFirst(a, b) })
+// deleteFilters deletes filters, by name; one already gone is no error.
+func (r *Reconciler) deleteFilters(ctx context.Context, filters []*clientnetworking.EnvoyFilter) []error {
+	slices.SortFunc(filters, func(a, b *clientnetworking.EnvoyFilter) int { return strings.Compare(a.Name, b.Name) })
 	api := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace())
 	var errs []error
 	for _, f := range filters {
-		var opts metav1.DeleteOptions
-		if f.UID != "" {
-			// Not a filter someone re-created since the list.
-			opts.Preconditions = &metav1.Preconditions{UID: &f.UID}
-		}
-		err := api.Delete(ctx, f.Name, opts)
+		err := api.Delete(ctx, f.Name, deleteOptions(f.UID))
 		if apierrors.IsNotFound(err) {
 			continue
 		}
-		r.logWrite(err, "deleted", f)
+		r.logWrite(err, "deleted", "EnvoyFilter", f.Namespace, f.Name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("xds/istio: delete EnvoyFilter %s/%s: %w", f.Namespace, f.Name, err))
 		}
@@ -243,23 +315,37 @@ func (r *Reconciler) deleteAll(ctx context.Context, filters []*clientnetworking.
 	return errs
 }
 
-// logWrite logs a write that succeeded (failures are returned).
-func (r *Reconciler) logWrite(err error, what string, f *clientnetworking.EnvoyFilter) {
-	if err == nil {
-		r.log.Info("EnvoyFilter "+what, "namespace", f.Namespace, "name", f.Name)
+// deleteConfigMaps deletes cms, by namespace; one already gone is no error.
+func (r *Reconciler) deleteConfigMaps(ctx context.Context, cms []*corev1.ConfigMap) []error {
+	slices.SortFunc(cms, func(a, b *corev1.ConfigMap) int { return strings.Compare(a.Namespace, b.Namespace) })
+	var errs []error
+	for _, cm := range cms {
+		err := r.cfg.Kube.CoreV1().ConfigMaps(cm.Namespace).Delete(ctx, cm.Name, deleteOptions(cm.UID))
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		r.logWrite(err, "deleted", "ConfigMap", cm.Namespace, cm.Name)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("xds/istio: delete ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err))
+		}
 	}
+	return errs
 }
 
-// clusterFilterFirst orders the edgeflow-xds cluster's filter before the others, the others by
-// name.
-func clusterFilterFirst(a, b *clientnetworking.EnvoyFilter) int {
-	if (a.Name == clusterFilterName) != (b.Name == clusterFilterName) {
-		if a.Name == clusterFilterName {
-			return -1
-		}
-		return 1
+// deleteOptions deletes the object of uid only, not one someone re-created since the list.
+func deleteOptions(uid types.UID) metav1.DeleteOptions {
+	var opts metav1.DeleteOptions
+	if uid != "" {
+		opts.Preconditions = &metav1.Preconditions{UID: &uid}
 	}
-	return strings.Compare(a.Name, b.Name)
+	return opts
+}
+
+// logWrite logs a write that succeeded (failures are returned).
+func (r *Reconciler) logWrite(err error, what, kind, namespace, name string) {
+	if err == nil {
+		r.log.Info(kind+" "+what, "namespace", namespace, "name", name)
+	}
 }
 
 func mergeMaps(base, over map[string]string) map[string]string {

@@ -16,8 +16,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	clientnetworking "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	"istio.io/client-go/pkg/clientset/versioned/fake"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/edgeflow/edgeflow/optimizer"
@@ -30,18 +33,66 @@ var _ watcher.Listener = (*Reconciler)(nil)
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func newTestReconciler(t *testing.T, client *fake.Clientset, clock xds.Clock) *Reconciler {
+// testEnv is a Reconciler on fake Istio and Kubernetes clientsets that records, in one
+// ordered log, every write to either.
+type testEnv struct {
+	istio *fake.Clientset
+	kube  *kubefake.Clientset
+	mu    sync.Mutex
+	log   []string
+}
+
+func newTestEnv(t *testing.T, clock xds.Clock, objs ...runtime.Object) (*testEnv, *Reconciler) {
 	t.Helper()
+	var iobjs, kobjs []runtime.Object
+	for _, o := range objs {
+		if _, ok := o.(*corev1.ConfigMap); ok {
+			kobjs = append(kobjs, o)
+		} else {
+			iobjs = append(iobjs, o)
+		}
+	}
+	e := &testEnv{istio: fake.NewSimpleClientset(iobjs...), kube: kubefake.NewClientset(kobjs...)}
+	record := func(a k8stesting.Action) (bool, runtime.Object, error) {
+		var what string
+		switch a := a.(type) {
+		case k8stesting.DeleteAction:
+			what = "delete " + a.GetResource().Resource + " " + a.GetNamespace() + "/" + a.GetName()
+		case k8stesting.CreateAction: // also matches an UpdateAction: same methods
+			if v := a.GetVerb(); v == "create" || v == "update" {
+				m, _ := meta.Accessor(a.GetObject())
+				what = v + " " + a.GetResource().Resource + " " + a.GetNamespace() + "/" + m.GetName()
+			}
+		}
+		if what != "" {
+			e.mu.Lock()
+			e.log = append(e.log, what)
+			e.mu.Unlock()
+		}
+		return false, nil, nil
+	}
+	e.istio.PrependReactor("*", "*", record)
+	e.kube.PrependReactor("*", "*", record)
 	r, err := NewReconciler(ReconcilerConfig{
 		Filters: testConfig,
-		Client:  client,
+		Client:  e.istio,
+		Kube:    e.kube,
 		Clock:   clock,
 		Logger:  slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r
+	return e, r
+}
+
+// writes returns the writes since the last call, in order, as "VERB RESOURCE NS/NAME".
+func (e *testEnv) writes() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := e.log
+	e.log = nil
+	return out
 }
 
 // foreign returns an EnvoyFilter edgeflow does not own.
@@ -49,21 +100,9 @@ func foreign(name, namespace string, labels map[string]string) *clientnetworking
 	return &clientnetworking.EnvoyFilter{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels}}
 }
 
-// writes returns the create, update and delete actions since the last call, as "VERB NAME".
-func writes(c *fake.Clientset) []string {
-	var out []string
-	for _, a := range c.Actions() {
-		switch a := a.(type) {
-		case k8stesting.DeleteAction:
-			out = append(out, "delete "+a.GetName())
-		case k8stesting.CreateAction: // also matches an UpdateAction: same methods
-			if v := a.GetVerb(); v == "create" || v == "update" {
-				out = append(out, v+" "+a.GetObject().(*clientnetworking.EnvoyFilter).Name)
-			}
-		}
-	}
-	c.ClearActions()
-	return out
+// configMap returns a ConfigMap with the given labels and data.
+func configMap(name, namespace string, labels, data map[string]string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels}, Data: data}
 }
 
 // inCluster returns the filters in namespace ns by name.
@@ -73,7 +112,6 @@ func inCluster(t *testing.T, c *fake.Clientset, ns string) map[string]*clientnet
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.ClearActions()
 	out := map[string]*clientnetworking.EnvoyFilter{}
 	for _, f := range list.Items {
 		out[f.Name] = f
@@ -81,10 +119,25 @@ func inCluster(t *testing.T, c *fake.Clientset, ns string) map[string]*clientnet
 	return out
 }
 
-// checkOwned fails unless the owned filters in the cluster are exactly EnvoyFilters(services).
-func checkOwned(t *testing.T, c *fake.Clientset, services []optimizer.Service) {
+// configMaps returns every ConfigMap in the cluster as "NS/NAME".
+func configMaps(t *testing.T, c *kubefake.Clientset) map[string]*corev1.ConfigMap {
 	t.Helper()
-	got := inCluster(t, c, DefaultNamespace)
+	list, err := c.CoreV1().ConfigMaps("").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*corev1.ConfigMap{}
+	for i := range list.Items {
+		out[list.Items[i].Namespace+"/"+list.Items[i].Name] = &list.Items[i]
+	}
+	return out
+}
+
+// checkOwned fails unless the owned filters and ConfigMaps in the cluster are exactly
+// EnvoyFilters(services) and BootstrapConfigMaps(services).
+func checkOwned(t *testing.T, e *testEnv, services []optimizer.Service) {
+	t.Helper()
+	got := inCluster(t, e.istio, DefaultNamespace)
 	for _, want := range EnvoyFilters(testConfig, services) {
 		f, ok := got[want.Name]
 		if !ok {
@@ -101,125 +154,176 @@ func checkOwned(t *testing.T, c *fake.Clientset, services []optimizer.Service) {
 			t.Errorf("owned filter %s should not exist", name)
 		}
 	}
+	cms := configMaps(t, e.kube)
+	for _, want := range BootstrapConfigMaps(testConfig, services) {
+		key := want.Namespace + "/" + want.Name
+		cm, ok := cms[key]
+		if !ok {
+			t.Errorf("ConfigMap %s missing", key)
+			continue
+		}
+		if !maps.Equal(cm.Data, want.Data) || cm.Labels[ManagedByLabel] != ManagedByValue {
+			t.Errorf("ConfigMap %s: data or labels differ from BootstrapConfigMaps", key)
+		}
+		delete(cms, key)
+	}
+	for key, cm := range cms {
+		if cm.Labels[ManagedByLabel] == ManagedByValue && cm.Name == BootstrapConfigMapName {
+			t.Errorf("owned ConfigMap %s should not exist", key)
+		}
+	}
 }
 
 func TestReconcile(t *testing.T) {
 	ctx := context.Background()
-	client := fake.NewSimpleClientset(
+	owned := map[string]string{ManagedByLabel: ManagedByValue}
+	e, r := newTestEnv(t, nil,
 		foreign("someone-elses", DefaultNamespace, nil),
-		foreign("edgeflow-eds.old.default", "other-namespace", map[string]string{ManagedByLabel: ManagedByValue}),
+		foreign("edgeflow-eds.old.default", "other-namespace", owned),
+		configMap("app-config", "default", owned, map[string]string{"k": "v"}), // labelled, another name: not ours
+		configMap(BootstrapConfigMapName, "stale", owned, map[string]string{"k": "v"}),
 	)
-	r := newTestReconciler(t, client, nil)
 	services := bookinfo()
 
-	// Create: everything is missing.
+	// Create: everything is missing; ConfigMaps first; the stale namespace's goes last.
 	if err := r.Reconcile(ctx, services); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"create edgeflow-xds", "create edgeflow-eds.ratings.shop", "create edgeflow-eds.reviews.default"}
-	if diff := cmp.Diff(want, writes(client)); diff != "" {
+	want := []string{
+		"create configmaps default/edgeflow-bootstrap", "create configmaps shop/edgeflow-bootstrap",
+		"create envoyfilters istio-system/edgeflow-eds.ratings.shop", "create envoyfilters istio-system/edgeflow-eds.reviews.default",
+		"delete configmaps stale/edgeflow-bootstrap",
+	}
+	if diff := cmp.Diff(want, e.writes()); diff != "" {
 		t.Errorf("create pass (-want +got):\n%s", diff)
 	}
-	checkOwned(t, client, services)
+	checkOwned(t, e, services)
 
 	// No-op: nothing changed, nothing is written.
 	if err := r.Reconcile(ctx, bookinfo()); err != nil {
 		t.Fatal(err)
 	}
-	if got := writes(client); len(got) != 0 {
+	if got := e.writes(); len(got) != 0 {
 		t.Errorf("unchanged pass wrote %v", got)
 	}
 
 	// Update: a new port on reviews rewrites its filter only, keeping others' labels.
-	f := inCluster(t, client, DefaultNamespace)["edgeflow-eds.reviews.default"]
+	f := inCluster(t, e.istio, DefaultNamespace)["edgeflow-eds.reviews.default"]
 	f.Labels["team"] = "bookinfo"
-	if _, err := client.NetworkingV1alpha3().EnvoyFilters(DefaultNamespace).Update(ctx, f, metav1.UpdateOptions{}); err != nil {
+	if _, err := e.istio.NetworkingV1alpha3().EnvoyFilters(DefaultNamespace).Update(ctx, f, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	client.ClearActions()
+	e.writes()
 	services[0].Ports = append(services[0].Ports, optimizer.Port{Port: 9081})
 	if err := r.Reconcile(ctx, services); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]string{"update edgeflow-eds.reviews.default"}, writes(client)); diff != "" {
+	if diff := cmp.Diff([]string{"update envoyfilters istio-system/edgeflow-eds.reviews.default"}, e.writes()); diff != "" {
 		t.Errorf("update pass (-want +got):\n%s", diff)
 	}
-	checkOwned(t, client, services)
-	reviews := inCluster(t, client, DefaultNamespace)["edgeflow-eds.reviews.default"]
+	checkOwned(t, e, services)
+	reviews := inCluster(t, e.istio, DefaultNamespace)["edgeflow-eds.reviews.default"]
 	if reviews.Labels["team"] != "bookinfo" || len(reviews.Spec.ConfigPatches) != 2 {
 		t.Errorf("updated reviews filter: labels %v, %d patches", reviews.Labels, len(reviews.Spec.ConfigPatches))
 	}
 
-	// Repair: a filter deleted by hand comes back.
-	if err := client.NetworkingV1alpha3().EnvoyFilters(DefaultNamespace).Delete(ctx, XDSClusterName, metav1.DeleteOptions{}); err != nil {
+	// Repair: a filter deleted by hand comes back; a ConfigMap edited by hand is set back,
+	// keeping the labels and annotations others added.
+	if err := e.istio.NetworkingV1alpha3().EnvoyFilters(DefaultNamespace).Delete(ctx, "edgeflow-eds.ratings.shop", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	client.ClearActions()
+	cm := configMaps(t, e.kube)["shop/"+BootstrapConfigMapName]
+	cm.Data[BootstrapOverrideKey] = "{}"
+	cm.Annotations = map[string]string{"note": "kept"}
+	if _, err := e.kube.CoreV1().ConfigMaps("shop").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.writes()
 	if err := r.Reconcile(ctx, services); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]string{"create edgeflow-xds"}, writes(client)); diff != "" {
+	want = []string{"update configmaps shop/edgeflow-bootstrap", "create envoyfilters istio-system/edgeflow-eds.ratings.shop"}
+	if diff := cmp.Diff(want, e.writes()); diff != "" {
 		t.Errorf("repair pass (-want +got):\n%s", diff)
 	}
+	checkOwned(t, e, services)
+	if got := configMaps(t, e.kube)["shop/"+BootstrapConfigMapName].Annotations["note"]; got != "kept" {
+		t.Error("the ConfigMap update dropped another writer's annotation")
+	}
 
-	// Delete: ratings is no longer managed; filters edgeflow does not own stay.
+	// Delete: ratings is no longer managed: its filter, then its namespace's ConfigMap go;
+	// objects edgeflow does not own stay.
 	services = services[:1]
 	if err := r.Reconcile(ctx, services); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]string{"delete edgeflow-eds.ratings.shop"}, writes(client)); diff != "" {
+	want = []string{"delete envoyfilters istio-system/edgeflow-eds.ratings.shop", "delete configmaps shop/edgeflow-bootstrap"}
+	if diff := cmp.Diff(want, e.writes()); diff != "" {
 		t.Errorf("delete pass (-want +got):\n%s", diff)
 	}
-	checkOwned(t, client, services)
-	if _, ok := inCluster(t, client, DefaultNamespace)["someone-elses"]; !ok {
+	checkOwned(t, e, services)
+	if _, ok := inCluster(t, e.istio, DefaultNamespace)["someone-elses"]; !ok {
 		t.Error("a filter edgeflow does not own was deleted")
 	}
 
-	// No managed services: the service filters go, the edgeflow-xds one last.
+	// A ConfigMap of edgeflow's name that edgeflow does not own is reported, never touched.
+	if _, err := e.kube.CoreV1().ConfigMaps("shop").Create(ctx, configMap(BootstrapConfigMapName, "shop", nil, map[string]string{"mine": "yes"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.writes()
+	err := r.Reconcile(ctx, bookinfo())
+	if err == nil || !strings.Contains(err.Error(), "ConfigMap shop/edgeflow-bootstrap") || !strings.Contains(err.Error(), "without label") {
+		t.Errorf("err = %v, want one naming ConfigMap shop/edgeflow-bootstrap", err)
+	}
+	if got := configMaps(t, e.kube)["shop/"+BootstrapConfigMapName].Data; got["mine"] != "yes" {
+		t.Errorf("the user's ConfigMap was modified: %v", got)
+	}
+
+	// No managed services: everything edgeflow owns goes, the others stay.
 	if err := r.Reconcile(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]string{"delete edgeflow-eds.reviews.default"}, writes(client)); diff != "" {
-		t.Errorf("empty pass (-want +got):\n%s", diff)
-	}
-	checkOwned(t, client, nil)
+	checkOwned(t, e, nil)
 
-	// Uninstall: every owned filter in the namespace goes, the others stay.
-	if err := r.Reconcile(ctx, bookinfo()); err != nil {
+	// Uninstall: every owned object goes, filters first, the others stay.
+	if err := r.Reconcile(ctx, services); err != nil {
 		t.Fatal(err)
 	}
-	client.ClearActions()
+	e.writes()
 	if err := r.Uninstall(ctx); err != nil {
 		t.Fatal(err)
 	}
-	want = []string{"delete edgeflow-eds.reviews.default", "delete edgeflow-eds.ratings.shop", "delete edgeflow-xds"}
-	if diff := cmp.Diff(want, writes(client)); diff != "" {
+	want = []string{"delete envoyfilters istio-system/edgeflow-eds.reviews.default", "delete configmaps default/edgeflow-bootstrap"}
+	if diff := cmp.Diff(want, e.writes()); diff != "" {
 		t.Errorf("uninstall (-want +got):\n%s", diff)
 	}
-	left := inCluster(t, client, DefaultNamespace)
+	left := inCluster(t, e.istio, DefaultNamespace)
 	if len(left) != 1 || left["someone-elses"] == nil {
 		t.Errorf("after Uninstall: %v, want only someone-elses", slices.Collect(maps.Keys(left)))
 	}
-	if len(inCluster(t, client, "other-namespace")) != 1 {
-		t.Error("Uninstall touched another namespace")
+	if len(inCluster(t, e.istio, "other-namespace")) != 1 {
+		t.Error("Uninstall touched another namespace's filter")
+	}
+	cms := configMaps(t, e.kube)
+	if len(cms) != 2 || cms["default/app-config"] == nil || cms["shop/"+BootstrapConfigMapName] == nil {
+		t.Errorf("after Uninstall ConfigMaps %v, want only the user's two", slices.Collect(maps.Keys(cms)))
 	}
 	if err := r.Uninstall(ctx); err != nil {
 		t.Errorf("second Uninstall: %v", err)
 	}
 }
 
-func TestReconcileErrorsNameTheFilter(t *testing.T) {
+func TestReconcileErrorsNameTheObject(t *testing.T) {
 	ctx := context.Background()
 	t.Run("unlabelled filter of the same name", func(t *testing.T) {
-		client := fake.NewSimpleClientset(foreign("edgeflow-eds.reviews.default", DefaultNamespace, nil))
-		r := newTestReconciler(t, client, nil)
+		e, r := newTestEnv(t, nil, foreign("edgeflow-eds.reviews.default", DefaultNamespace, nil))
 		err := r.Reconcile(ctx, bookinfo())
 		if err == nil || !strings.Contains(err.Error(), "EnvoyFilter istio-system/edgeflow-eds.reviews.default") ||
 			!strings.Contains(err.Error(), "without label") {
 			t.Fatalf("err = %v, want one naming edgeflow-eds.reviews.default", err)
 		}
-		got := inCluster(t, client, DefaultNamespace)
-		if got[XDSClusterName] == nil || got["edgeflow-eds.ratings.shop"] == nil {
+		got := inCluster(t, e.istio, DefaultNamespace)
+		if got["edgeflow-eds.ratings.shop"] == nil {
 			t.Error("one failing filter stopped the others")
 		}
 		if got["edgeflow-eds.reviews.default"].Spec.ConfigPatches != nil {
@@ -227,27 +331,29 @@ func TestReconcileErrorsNameTheFilter(t *testing.T) {
 		}
 	})
 	t.Run("api errors", func(t *testing.T) {
-		client := fake.NewSimpleClientset()
-		r := newTestReconciler(t, client, nil)
+		e, r := newTestEnv(t, nil)
 		if err := r.Reconcile(ctx, bookinfo()); err != nil {
 			t.Fatal(err)
 		}
 		boom := errors.New("boom")
-		client.PrependReactor("*", "envoyfilters", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		fail := func(a k8stesting.Action) (bool, runtime.Object, error) {
 			if a.GetVerb() == "update" || a.GetVerb() == "delete" {
 				return true, nil, boom
 			}
 			return false, nil, nil
-		})
+		}
+		e.istio.PrependReactor("*", "envoyfilters", fail)
+		e.kube.PrependReactor("*", "configmaps", fail)
 		services := bookinfo()[:1]
 		services[0].Ports = []optimizer.Port{{Port: 1}}
 		err := r.Reconcile(ctx, services)
-		for _, want := range []string{"EnvoyFilter istio-system/edgeflow-eds.reviews.default", "delete EnvoyFilter istio-system/edgeflow-eds.ratings.shop"} {
+		for _, want := range []string{"EnvoyFilter istio-system/edgeflow-eds.reviews.default", "delete EnvoyFilter istio-system/edgeflow-eds.ratings.shop",
+			"delete ConfigMap shop/edgeflow-bootstrap"} {
 			if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, boom) {
 				t.Errorf("err = %v, want one containing %q wrapping boom", err, want)
 			}
 		}
-		client.PrependReactor("list", "envoyfilters", func(k8stesting.Action) (bool, runtime.Object, error) {
+		e.istio.PrependReactor("list", "envoyfilters", func(k8stesting.Action) (bool, runtime.Object, error) {
 			return true, nil, boom
 		})
 		if err := r.Uninstall(ctx); err == nil || !strings.Contains(err.Error(), "list EnvoyFilters in istio-system") {
@@ -257,11 +363,13 @@ func TestReconcileErrorsNameTheFilter(t *testing.T) {
 }
 
 func TestNewReconcilerRejects(t *testing.T) {
-	client := fake.NewSimpleClientset()
+	client, kube := fake.NewSimpleClientset(), kubefake.NewClientset()
 	for _, cfg := range []ReconcilerConfig{
-		{Client: client},
+		{Client: client, Kube: kube},
 		{Filters: testConfig},
-		{Filters: testConfig, Client: client, Resync: -1},
+		{Filters: testConfig, Client: client},
+		{Filters: testConfig, Kube: kube},
+		{Filters: testConfig, Client: client, Kube: kube, Resync: -1},
 	} {
 		if _, err := NewReconciler(cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("NewReconciler(%+v) = %v, want ErrInvalidConfig", cfg, err)
@@ -271,9 +379,9 @@ func TestNewReconcilerRejects(t *testing.T) {
 
 func TestRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	client := fake.NewSimpleClientset()
 	clock := newFakeClock()
-	r := newTestReconciler(t, client, clock)
+	e, r := newTestEnv(t, clock)
+	client := e.istio
 
 	// The first creates fail once: the pass is retried after RetryInterval.
 	var mu sync.Mutex
@@ -295,7 +403,7 @@ func TestRun(t *testing.T) {
 	r.Update(topo)
 	waitFor(t, "a retry timer after the failed pass", func() bool { return clock.pending() == DefaultRetryInterval })
 	clock.Advance(DefaultRetryInterval)
-	waitFor(t, "the filters after the retry", func() bool { return len(listOwned(client)) == 3 })
+	waitFor(t, "the filters after the retry", func() bool { return len(listOwned(client)) == 2 })
 	waitFor(t, "a resync timer after the good pass", func() bool { return clock.pending() == DefaultResync })
 
 	// A resync repairs a filter deleted by hand.
@@ -303,11 +411,15 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock.Advance(DefaultResync)
-	waitFor(t, "the repaired filter", func() bool { return len(listOwned(client)) == 3 })
+	waitFor(t, "the repaired filter", func() bool { return len(listOwned(client)) == 2 })
 
-	// An Update with no services removes theirs; the edgeflow-xds cluster's stays.
+	// An Update with no services removes every owned object.
 	r.Update(&optimizer.Topology{})
-	waitFor(t, "only the edgeflow-xds filter", func() bool { return slices.Equal(listOwned(client), []string{XDSClusterName}) })
+	waitFor(t, "no owned filter", func() bool { return len(listOwned(client)) == 0 })
+	waitFor(t, "no owned ConfigMap", func() bool {
+		l, err := e.kube.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{LabelSelector: managedSelector})
+		return err == nil && len(l.Items) == 0
+	})
 
 	if err := r.Run(ctx); err == nil {
 		t.Error("a second Run did not fail")
@@ -320,9 +432,8 @@ func TestRun(t *testing.T) {
 
 func TestRunWaitsForTheFirstUpdate(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	client := fake.NewSimpleClientset(foreign(XDSClusterName, DefaultNamespace, map[string]string{ManagedByLabel: ManagedByValue}))
 	clock := newFakeClock()
-	r := newTestReconciler(t, client, clock)
+	e, r := newTestEnv(t, clock, foreign("edgeflow-eds.gone.default", DefaultNamespace, map[string]string{ManagedByLabel: ManagedByValue}))
 	done := make(chan error)
 	go func() { done <- r.Run(ctx) }()
 	r.wake <- struct{}{} // a spurious wake-up before any Update (buffered)
@@ -331,7 +442,7 @@ func TestRunWaitsForTheFirstUpdate(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if got := writes(client); len(got) != 0 || clock.pending() != 0 {
+	if got := e.writes(); len(got) != 0 || clock.pending() != 0 {
 		t.Errorf("before any Update Run wrote %v and set a timer of %v", got, clock.pending())
 	}
 }

@@ -1,0 +1,360 @@
+package istio
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+	networking "istio.io/api/networking/v1alpha3"
+	typev1beta1 "istio.io/api/type/v1beta1"
+	clientnetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	istiofake "istio.io/client-go/pkg/clientset/versioned/fake"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+func TestRoundWeights(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 2000; i++ {
+		n := 1 + rng.IntN(12)
+		locs := make([]string, n)
+		raw := make([]float64, n)
+		var sum float64
+		for j := range locs {
+			locs[j] = string(rune('a' + j))
+			if rng.IntN(3) > 0 { // some localities get nothing
+				raw[j] = rng.Float64()
+				sum += raw[j]
+			}
+		}
+		if sum == 0 {
+			raw[0], sum = 1, 1
+		}
+		shares := map[string]float64{}
+		floored := 0
+		for j, l := range locs {
+			shares[l] = raw[j] / sum
+			if shares[l]*DistributeTotal < 1 {
+				floored++
+			}
+		}
+		w, maxDev, tv := roundWeights(locs, shares)
+		total := 0
+		var dev, tvWant float64
+		for _, l := range locs {
+			if w[l] < 1 {
+				t.Fatalf("case %d: locality %s weight %d < 1", i, l, w[l])
+			}
+			total += int(w[l])
+			d := math.Abs(float64(w[l]) - shares[l]*DistributeTotal)
+			dev = max(dev, d)
+			tvWant += d / DistributeTotal / 2
+			// Largest remainder: within a point, plus a point per floored locality.
+			if d >= 1+float64(floored) {
+				t.Errorf("case %d: locality %s weight %d for share %.4f (%d floored)", i, l, w[l], shares[l], floored)
+			}
+		}
+		if total != DistributeTotal || len(w) != n {
+			t.Fatalf("case %d: weights %v sum to %d over %d localities", i, w, total, len(w))
+		}
+		if math.Abs(dev-maxDev) > 1e-9 || math.Abs(tv-tvWant) > 1e-9 {
+			t.Errorf("case %d: reported deviation %v / %v, measured %v / %v", i, maxDev, tv, dev, tvWant)
+		}
+	}
+}
+
+// shop: web (namespace front) calls api (namespace shop) on two localities, api calls db.
+func shopTopology() *optimizer.Topology {
+	return &optimizer.Topology{
+		Nodes:   []optimizer.Node{{Name: "a", Locality: "r/z1"}, {Name: "b", Locality: "r/z2"}},
+		Latency: []optimizer.Latency{{From: "a", To: "b", MS: 10}},
+		Services: []optimizer.Service{
+			{Name: "web", Namespace: "front", Selector: map[string]string{"app": "web", "tier": "front"},
+				Pods: []optimizer.Pod{{Name: "web-0", Node: "a"}, {Name: "web-1", Node: "b"}}},
+			// api's Service selects no pods: its sidecars cannot be selected (api → db gets no rule).
+			{Name: "api", Namespace: "shop", Selector: map[string]string{}, Pods: []optimizer.Pod{{Name: "api-0", Node: "a"}, {Name: "api-1", Node: "b"}}},
+			{Name: "db", Namespace: "shop", Pods: []optimizer.Pod{{Name: "db-0", Node: "a"}, {Name: "db-1", Node: "b"}}},
+		},
+		Calls:   []optimizer.Call{{From: "web.front", To: "api.shop"}, {From: "api.shop", To: "db.shop"}},
+		Ingress: []optimizer.Ingress{{Service: "web.front", RPS: 100}},
+	}
+}
+
+func userRule(ns, name, host string, mutate func(*networking.DestinationRule)) *clientnetworkingv1.DestinationRule {
+	dr := &clientnetworkingv1.DestinationRule{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	dr.Spec.Host = host
+	dr.Spec.TrafficPolicy = &networking.TrafficPolicy{Tls: &networking.ClientTLSSettings{Mode: networking.ClientTLSSettings_ISTIO_MUTUAL}}
+	if mutate != nil {
+		mutate(&dr.Spec)
+	}
+	return dr
+}
+
+func planShop(t *testing.T) *LocalityPlan {
+	t.Helper()
+	p, err := PlanLocalities(shopTopology(), optimizer.LATA, optimizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDestinationRulesShape(t *testing.T) {
+	p := planShop(t)
+	rules, rep := DestinationRules(RulesConfig{ClusterDomain: "corp.local"}, p, nil)
+	if len(rules) != 1 {
+		t.Fatalf("%d rules, want 1 (web → api; api's empty selector cannot select its sidecars): %+v", len(rules), rep.Edges)
+	}
+	dr := rules[0]
+	if dr.Namespace != "front" || dr.Name != "edgeflow.web.api.shop" || dr.Spec.Host != "api.shop.svc.corp.local" {
+		t.Errorf("rule %s/%s host %s", dr.Namespace, dr.Name, dr.Spec.Host)
+	}
+	if got := dr.Spec.GetWorkloadSelector().GetMatchLabels(); got["app"] != "web" || got["tier"] != "front" || len(got) != 2 {
+		t.Errorf("workload selector %v, want web's selector", got)
+	}
+	lb := dr.Spec.GetTrafficPolicy().GetLoadBalancer().GetLocalityLbSetting()
+	if len(lb.GetDistribute()) != 2 || !lb.GetEnabled().GetValue() {
+		t.Fatalf("localityLbSetting %v: want enabled, one distribute entry per caller locality", lb)
+	}
+	for _, d := range lb.GetDistribute() {
+		var sum uint32
+		for loc, w := range d.GetTo() {
+			sum += w
+			if w < 1 || (loc != "r/z1" && loc != "r/z2") {
+				t.Errorf("from %s: to %s weight %d", d.GetFrom(), loc, w)
+			}
+		}
+		// Each web pod's locality holds an api pod with exactly its share: all stays local.
+		if sum != DistributeTotal || d.GetTo()[d.GetFrom()] != DistributeTotal-1 {
+			t.Errorf("from %s: %v, want 99 local, 1 remote (the floor)", d.GetFrom(), d.GetTo())
+		}
+	}
+	if dr.Labels[ManagedByLabel] != ManagedByValue {
+		t.Errorf("labels %v", dr.Labels)
+	}
+	var skipped []string
+	for _, e := range rep.Edges {
+		if e.Skipped != "" {
+			skipped = append(skipped, e.Caller+"→"+e.Callee+": "+e.Skipped)
+		}
+	}
+	if len(skipped) != 1 || !strings.Contains(skipped[0], "no pod selector") {
+		t.Errorf("skipped %v, want api → db for its caller's empty selector", skipped)
+	}
+}
+
+func TestDestinationRulesCarryTheUsersRule(t *testing.T) {
+	p := planShop(t)
+	withSubset := func(s *networking.DestinationRule) {
+		s.Subsets = []*networking.Subset{{Name: "v1", Labels: map[string]string{"version": "v1"}}}
+		s.TrafficPolicy.OutlierDetection = &networking.OutlierDetection{}
+		s.TrafficPolicy.LoadBalancer = &networking.LoadBalancerSettings{LbPolicy: &networking.LoadBalancerSettings_Simple{Simple: networking.LoadBalancerSettings_LEAST_REQUEST}}
+	}
+	tests := []struct {
+		name    string
+		user    []*clientnetworkingv1.DestinationRule
+		basedOn string // "" = no user rule applies
+	}{
+		{"none", nil, ""},
+		{"callee namespace, exported", []*clientnetworkingv1.DestinationRule{userRule("shop", "api", "api", withSubset)}, "shop/api"},
+		{"callee namespace, private", []*clientnetworkingv1.DestinationRule{userRule("shop", "api", "api", func(s *networking.DestinationRule) { s.ExportTo = []string{"."} })}, ""},
+		{"caller namespace beats callee's", []*clientnetworkingv1.DestinationRule{
+			userRule("shop", "api", "api", nil), userRule("front", "api", "api.shop.svc.cluster.local", withSubset)}, "front/api"},
+		{"exact host beats wildcard", []*clientnetworkingv1.DestinationRule{
+			userRule("front", "all", "*.cluster.local", nil), userRule("front", "api", "api.shop.svc.cluster.local", withSubset)}, "front/api"},
+		{"root namespace wildcard", []*clientnetworkingv1.DestinationRule{userRule("istio-system", "mesh", "*.local", nil)}, "istio-system/mesh"},
+		{"another workload's selector", []*clientnetworkingv1.DestinationRule{userRule("front", "other", "api.shop.svc.cluster.local", func(s *networking.DestinationRule) {
+			s.WorkloadSelector = &typev1beta1.WorkloadSelector{MatchLabels: map[string]string{"app": "other"}}
+		})}, ""},
+		{"edgeflow's own rule is not the user's", []*clientnetworkingv1.DestinationRule{func() *clientnetworkingv1.DestinationRule {
+			dr := userRule("front", "edgeflow.web.api.shop", "api.shop.svc.cluster.local", nil)
+			dr.Labels = map[string]string{ManagedByLabel: ManagedByValue}
+			return dr
+		}()}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rules, rep := DestinationRules(RulesConfig{}, p, tt.user)
+			if len(rules) != 1 {
+				t.Fatalf("%d rules: %+v", len(rules), rep.Edges)
+			}
+			dr := rules[0]
+			if got := dr.Annotations[BasedOnAnnotation]; got != tt.basedOn {
+				t.Fatalf("based on %q, want %q", got, tt.basedOn)
+			}
+			if tt.basedOn == "" {
+				if dr.Spec.GetTrafficPolicy().GetTls() != nil {
+					t.Errorf("TLS %v without a user rule", dr.Spec.GetTrafficPolicy().GetTls())
+				}
+				return
+			}
+			i := slices.IndexFunc(tt.user, func(u *clientnetworkingv1.DestinationRule) bool { return u.Namespace+"/"+u.Name == tt.basedOn })
+			user := tt.user[i]
+			// Everything of the user's rule is carried; only the locality setting is added.
+			got := proto.Clone(&dr.Spec).(*networking.DestinationRule)
+			got.GetTrafficPolicy().GetLoadBalancer().LocalityLbSetting = nil
+			want := proto.Clone(&user.Spec).(*networking.DestinationRule)
+			want.Host, want.WorkloadSelector, want.ExportTo = got.Host, got.WorkloadSelector, nil
+			if want.TrafficPolicy.LoadBalancer == nil {
+				want.TrafficPolicy.LoadBalancer = &networking.LoadBalancerSettings{}
+			}
+			if !proto.Equal(got, want) {
+				t.Errorf("rule %v\nwant the user's %v plus the locality setting", got, want)
+			}
+		})
+	}
+}
+
+func TestDestinationRulesConflicts(t *testing.T) {
+	p := planShop(t)
+	for name, mutate := range map[string]func(*networking.DestinationRule){
+		"localityLbSetting": func(s *networking.DestinationRule) {
+			s.TrafficPolicy.LoadBalancer = &networking.LoadBalancerSettings{LocalityLbSetting: &networking.LocalityLoadBalancerSetting{}}
+		},
+		"consistent hashing": func(s *networking.DestinationRule) {
+			s.TrafficPolicy.LoadBalancer = &networking.LoadBalancerSettings{LbPolicy: &networking.LoadBalancerSettings_ConsistentHash{
+				ConsistentHash: &networking.LoadBalancerSettings_ConsistentHashLB{}}}
+		},
+		"port-level load balancer": func(s *networking.DestinationRule) {
+			s.TrafficPolicy.PortLevelSettings = []*networking.TrafficPolicy_PortTrafficPolicy{{
+				Port: &networking.PortSelector{Number: 9080}, LoadBalancer: &networking.LoadBalancerSettings{}}}
+		},
+		"selects the caller itself": func(s *networking.DestinationRule) {
+			s.WorkloadSelector = &typev1beta1.WorkloadSelector{MatchLabels: map[string]string{"app": "web"}}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			user := userRule("front", "mine", "api.shop.svc.cluster.local", mutate)
+			rules, rep := DestinationRules(RulesConfig{}, p, []*clientnetworkingv1.DestinationRule{user})
+			if len(rules) != 0 {
+				t.Fatalf("a rule was written over the user's: %v", rules[0].Spec.String())
+			}
+			e := rep.Edges[0]
+			if !e.Conflict || !strings.Contains(e.Skipped, "front/mine") {
+				t.Errorf("edge %+v: want a conflict naming the user's rule", e)
+			}
+		})
+	}
+}
+
+func TestDestinationRulesSkipWhatTheMeshCannotExpress(t *testing.T) {
+	topo := shopTopology()
+	topo.Nodes = append(topo.Nodes, optimizer.Node{Name: "c"})
+	topo.Latency = append(topo.Latency, optimizer.Latency{From: "a", To: "c", MS: 5}, optimizer.Latency{From: "b", To: "c", MS: 5})
+	topo.Services[1].Pods = append(topo.Services[1].Pods, optimizer.Pod{Name: "api-2", Node: "c"})
+	p, err := PlanLocalities(topo, optimizer.LATA, optimizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, rep := DestinationRules(RulesConfig{}, p, nil)
+	if len(rules) != 0 || !strings.Contains(rep.Edges[0].Skipped, "api-2") {
+		t.Errorf("a callee pod on a node without a locality: rules %d, edge %+v; want none, naming the pod", len(rules), rep.Edges[0])
+	}
+
+	one := shopTopology()
+	for i := range one.Nodes {
+		one.Nodes[i].Locality = "r/z"
+	}
+	p, err = PlanLocalities(one, optimizer.LATA, optimizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rules, rep = DestinationRules(RulesConfig{}, p, nil); len(rules) != 0 || !strings.Contains(rep.Edges[0].Skipped, "one locality") {
+		t.Errorf("one locality: rules %d, edge %+v", len(rules), rep.Edges[0])
+	}
+}
+
+func TestRulesReconciler(t *testing.T) {
+	ctx := context.Background()
+	user := userRule("shop", "api", "api", nil)
+	user.ResourceVersion = "7"
+	client := istiofake.NewSimpleClientset(user)
+	r, err := NewRulesReconciler(RulesReconcilerConfig{Client: client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writes := func() []string {
+		var out []string
+		for _, a := range client.Actions() {
+			if a.GetVerb() != "list" && a.GetVerb() != "get" {
+				name := ""
+				switch a := a.(type) {
+				case k8stesting.CreateAction:
+					name = a.GetObject().(metav1.Object).GetName()
+				case k8stesting.UpdateAction:
+					name = a.GetObject().(metav1.Object).GetName()
+				case k8stesting.DeleteAction:
+					name = a.GetName()
+				}
+				out = append(out, a.GetVerb()+" "+a.GetNamespace()+"/"+name)
+			}
+		}
+		client.ClearActions()
+		return out
+	}
+	p := planShop(t)
+	if err := r.Reconcile(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if got := writes(); !slices.Equal(got, []string{"create front/edgeflow.web.api.shop"}) {
+		t.Errorf("first pass wrote %v", got)
+	}
+	if err := r.Reconcile(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if got := writes(); len(got) != 0 {
+		t.Errorf("an unchanged plan wrote %v", got)
+	}
+	// The user changes their rule: edgeflow's follows.
+	user.Spec.TrafficPolicy.Tls.Mode = networking.ClientTLSSettings_DISABLE
+	if _, err := client.NetworkingV1().DestinationRules("shop").Update(ctx, user, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	client.ClearActions()
+	if err := r.Reconcile(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if got := writes(); !slices.Equal(got, []string{"update front/edgeflow.web.api.shop"}) {
+		t.Errorf("after the user's change: %v", got)
+	}
+	ours, err := client.NetworkingV1().DestinationRules("front").Get(ctx, "edgeflow.web.api.shop", metav1.GetOptions{})
+	if err != nil || ours.Spec.GetTrafficPolicy().GetTls().GetMode() != networking.ClientTLSSettings_DISABLE {
+		t.Errorf("edgeflow's rule did not follow the user's TLS change: %v %v", ours, err)
+	}
+	// web no longer calls api: the rule goes; the user's stays.
+	topo := shopTopology()
+	topo.Calls = topo.Calls[1:]
+	topo.Ingress = []optimizer.Ingress{{Service: "api.shop", RPS: 10}}
+	p2, err := PlanLocalities(topo, optimizer.LATA, optimizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Reconcile(ctx, p2); err != nil {
+		t.Fatal(err)
+	}
+	if got := writes(); !slices.Equal(got, []string{"delete front/edgeflow.web.api.shop"}) {
+		t.Errorf("after the edge went: %v", got)
+	}
+	if err := r.Reconcile(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	writes()
+	if err := r.Uninstall(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := writes(); !slices.Equal(got, []string{"delete front/edgeflow.web.api.shop"}) {
+		t.Errorf("uninstall: %v", got)
+	}
+	if err := r.Uninstall(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.NetworkingV1().DestinationRules("shop").Get(ctx, "api", metav1.GetOptions{}); err != nil {
+		t.Errorf("the user's rule is gone: %v", err)
+	}
+}

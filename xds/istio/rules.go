@@ -1,0 +1,461 @@
+package istio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+	clientnetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	"istio.io/client-go/pkg/clientset/versioned"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
+)
+
+// Node labels Istio reads a node's locality from.
+const (
+	RegionLabel  = "topology.kubernetes.io/region"
+	ZoneLabel    = "topology.kubernetes.io/zone"
+	SubzoneLabel = "topology.istio.io/subzone"
+)
+
+// RulesReconcilerConfig configures a RulesReconciler.
+type RulesReconcilerConfig struct {
+	Rules RulesConfig
+	// Policy and Options plan the grouped topology (as the xDS server plans per pod); Damping
+	// is the Planner's (optimizer.Planner): a recompute that moves less of the traffic leaves
+	// the rules as they are.
+	Policy  optimizer.Policy
+	Options optimizer.Options
+	Damping float64
+	// Client reaches the cluster's Istio API.
+	Client versioned.Interface
+	// Nodes, when set, makes every pass give each node whose locality has a region and a zone
+	// its own subzone (label SubzoneLabel = node name), so the mesh can tell nodes apart
+	// (serve --istio-label-nodes). It is the only write to anything but DestinationRules.
+	Nodes kubernetes.Interface
+	// Resync, RetryInterval, Clock and Logger as in ReconcilerConfig.
+	Resync        time.Duration
+	RetryInterval time.Duration
+	Clock         xds.Clock
+	Logger        *slog.Logger
+	// Registerer, when set, receives the edgeflow_istio_* metrics.
+	Registerer prometheus.Registerer
+}
+
+// RulesReconciler keeps the DestinationRules edgeflow owns (labelled ManagedByLabel=
+// ManagedByValue, in every namespace) equal to DestinationRules of the latest topology's
+// locality plan and the user's rules: it creates the missing ones, updates those whose spec
+// differs and deletes those no longer wanted. It never writes a rule without the label.
+//
+// It is a watcher.Listener: Update records the latest topology and never blocks; Run plans
+// and reconciles. Each pass lists every DestinationRule (level-triggered: a lost event, a
+// hand edit or a change to a user's rule is repaired by the next pass, at most Resync
+// later). Nothing is written before the first Update. Update and Run are safe to call
+// concurrently; Reconcile and Uninstall must not run while Run does.
+type RulesReconciler struct {
+	cfg     RulesReconcilerConfig
+	log     *slog.Logger
+	planner optimizer.Planner
+
+	mu       sync.Mutex
+	latest   *optimizer.Topology
+	planned  *optimizer.Topology // the topology plan was made from
+	plan     *LocalityPlan
+	report   *RulesReport
+	wake     chan struct{}
+	running  atomic.Bool
+	metrics  *rulesMetrics
+	lastDesc string // the last granularity line logged
+}
+
+// NewRulesReconciler returns a RulesReconciler; it starts nothing (see Run).
+func NewRulesReconciler(cfg RulesReconcilerConfig) (*RulesReconciler, error) {
+	if cfg.Client == nil {
+		return nil, fmt.Errorf("%w: no Client", ErrInvalidConfig)
+	}
+	if cfg.Resync < 0 || cfg.RetryInterval < 0 {
+		return nil, fmt.Errorf("%w: negative Resync %v or RetryInterval %v", ErrInvalidConfig, cfg.Resync, cfg.RetryInterval)
+	}
+	if cfg.Policy == "" {
+		cfg.Policy = optimizer.LATA
+	}
+	if _, err := optimizer.ParsePolicy(string(cfg.Policy)); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	cfg.Resync = cmpOr(cfg.Resync, DefaultResync)
+	cfg.RetryInterval = cmpOr(cfg.RetryInterval, DefaultRetryInterval)
+	if cfg.Clock == nil {
+		cfg.Clock = xds.SystemClock()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	r := &RulesReconciler{
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "istio-destinationrules"),
+		planner: optimizer.Planner{Policy: cfg.Policy, Options: cfg.Options, Damping: cfg.Damping},
+		wake:    make(chan struct{}, 1),
+		metrics: newRulesMetrics(),
+	}
+	if cfg.Registerer != nil {
+		if err := r.metrics.register(cfg.Registerer); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+func cmpOr(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// Update records t as the latest topology and wakes Run. It never blocks; the latest topology
+// wins. t must not be modified afterwards.
+func (r *RulesReconciler) Update(t *optimizer.Topology) {
+	r.mu.Lock()
+	r.latest = t
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Report returns what the last pass planned, edge by edge (nil before the first plan).
+func (r *RulesReconciler) Report() *RulesReport {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.report
+}
+
+// Granularity says at which granularity the rules plan ("node", "locality", or "" before the
+// first plan), for /readyz.
+func (r *RulesReconciler) Granularity() string {
+	if rep := r.Report(); rep != nil {
+		return fmt.Sprintf("%s (%d localities, %d unlocated nodes)", rep.Granularity, rep.Localities, len(rep.Unlocated))
+	}
+	return ""
+}
+
+// Run plans and reconciles after every Update, then every Resync, and every RetryInterval
+// while passes fail, until ctx is done (the caller owns ctx); it then returns nil and leaves
+// the rules in place (see Uninstall). It may be called once.
+func (r *RulesReconciler) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("xds/istio: RulesReconciler.Run called twice")
+	}
+	var timer xds.Timer
+	stop := func() {
+		if timer != nil {
+			timer.Stop()
+			timer = nil
+		}
+	}
+	defer stop()
+	for {
+		var fire <-chan time.Time
+		if timer != nil {
+			fire = timer.C()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.wake:
+		case <-fire:
+			timer = nil
+		}
+		stop()
+		wait := r.cfg.Resync
+		if err := r.pass(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			r.log.Warn("DestinationRule pass failed; retrying", "err", err, "retry_in", r.cfg.RetryInterval)
+			wait = r.cfg.RetryInterval
+		}
+		timer = r.cfg.Clock.NewTimer(wait)
+	}
+}
+
+// pass plans the latest topology (if it is new) and reconciles.
+func (r *RulesReconciler) pass(ctx context.Context) error {
+	r.mu.Lock()
+	t := r.latest
+	r.mu.Unlock()
+	if t == nil {
+		return nil
+	}
+	var errs []error
+	if r.cfg.Nodes != nil {
+		errs = append(errs, r.labelNodes(ctx, t))
+	}
+	p, err := r.planFor(t)
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	errs = append(errs, r.Reconcile(ctx, p))
+	return errors.Join(errs...)
+}
+
+// planFor returns the locality plan of t, damped: when the new plan moves less traffic than
+// Damping, the rules keep the last plan's weights.
+func (r *RulesReconciler) planFor(t *optimizer.Topology) (*LocalityPlan, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t == r.planned {
+		return r.plan, nil
+	}
+	grouped, g, err := optimizer.GroupByLocality(t, r.cfg.Options)
+	if err != nil {
+		r.metrics.localities.Set(0)
+		return nil, fmt.Errorf("xds/istio: locality plan: %w", err)
+	}
+	res, err := r.planner.Plan(grouped)
+	if err != nil {
+		return nil, fmt.Errorf("xds/istio: locality plan: %w", err)
+	}
+	alloc := res.Allocation
+	if res.Push || r.plan == nil {
+		r.planner.Pushed(res)
+	} else {
+		alloc = r.plan.Allocation
+	}
+	r.planned = t
+	r.plan = &LocalityPlan{Topology: t, Grouping: g, Grouped: grouped, Allocation: alloc}
+	desc := fmt.Sprintf("%s/%d/%v", g.Granularity(), len(g.Groups), g.Unlocated)
+	if desc != r.lastDesc {
+		r.lastDesc = desc
+		r.log.Info("planning at the granularity the mesh can express", "granularity", g.Granularity(),
+			"localities", len(g.Groups), "nodes", len(t.Nodes), "unlocated_nodes", g.Unlocated)
+	}
+	r.metrics.localities.Set(float64(len(g.Groups)))
+	if g.PerNode {
+		r.metrics.perNode.Set(1)
+	} else {
+		r.metrics.perNode.Set(0)
+	}
+	return r.plan, nil
+}
+
+// Reconcile makes one pass for plan p: it lists every DestinationRule, computes
+// DestinationRules(Rules, p, the user's rules) and creates, updates (only when the spec,
+// labels or annotations it sets changed) and deletes edgeflow's so that they equal it. It goes
+// on past a failing rule and returns every failure, each naming its rule.
+func (r *RulesReconciler) Reconcile(ctx context.Context, p *LocalityPlan) error {
+	list, err := r.cfg.Client.NetworkingV1().DestinationRules(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("xds/istio: list DestinationRules: %w", err)
+	}
+	var user []*clientnetworkingv1.DestinationRule
+	have := map[string]*clientnetworkingv1.DestinationRule{}
+	for _, dr := range list.Items {
+		if dr.Labels[ManagedByLabel] == ManagedByValue && strings.HasPrefix(dr.Name, ruleNamePrefix) {
+			have[dr.Namespace+"/"+dr.Name] = dr
+		} else {
+			user = append(user, dr)
+		}
+	}
+	want, rep := DestinationRules(r.cfg.Rules, p, user)
+	r.mu.Lock()
+	changed := r.report == nil || !sameReport(r.report, rep)
+	r.report = rep
+	r.mu.Unlock()
+	if changed {
+		for _, e := range rep.Edges {
+			if e.Skipped != "" {
+				r.log.Warn("call edge left to Istio's defaults or the user's rule", "caller", e.Caller, "callee", e.Callee, "reason", e.Skipped)
+			}
+		}
+	}
+	r.metrics.observe(rep)
+
+	var errs []error
+	for _, dr := range want {
+		key := dr.Namespace + "/" + dr.Name
+		old, ok := have[key]
+		delete(have, key)
+		api := r.cfg.Client.NetworkingV1().DestinationRules(dr.Namespace)
+		switch {
+		case !ok:
+			_, err = api.Create(ctx, dr, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				err = fmt.Errorf("exists without label %s=%s; not touching it: %w", ManagedByLabel, ManagedByValue, err)
+			}
+			r.logWrite(err, "created", key)
+		case !proto.Equal(&old.Spec, &dr.Spec) || !subsetOf(dr.Labels, old.Labels) || !subsetOf(dr.Annotations, old.Annotations) ||
+			(old.Annotations[BasedOnAnnotation] != "" && dr.Annotations[BasedOnAnnotation] == ""):
+			upd := old.DeepCopy()
+			upd.Spec = *dr.Spec.DeepCopy()
+			upd.Labels = mergeMaps(old.Labels, dr.Labels)
+			upd.Annotations = mergeMaps(old.Annotations, dr.Annotations)
+			if dr.Annotations[BasedOnAnnotation] == "" {
+				delete(upd.Annotations, BasedOnAnnotation)
+			}
+			_, err = api.Update(ctx, upd, metav1.UpdateOptions{})
+			r.logWrite(err, "updated", key)
+		default:
+			err = nil
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("xds/istio: DestinationRule %s: %w", key, err))
+		}
+	}
+	for _, key := range sortedKeys(have) {
+		errs = append(errs, r.delete(ctx, have[key]))
+	}
+	return errors.Join(errs...)
+}
+
+// Uninstall deletes every DestinationRule edgeflow owns, in every namespace, so Istio's
+// defaults and the user's own rules apply again. Call it after Run has returned.
+func (r *RulesReconciler) Uninstall(ctx context.Context) error {
+	list, err := r.cfg.Client.NetworkingV1().DestinationRules(metav1.NamespaceAll).List(ctx,
+		metav1.ListOptions{LabelSelector: ManagedByLabel + "=" + ManagedByValue})
+	if err != nil {
+		return fmt.Errorf("xds/istio: list DestinationRules: %w", err)
+	}
+	var errs []error
+	for _, dr := range list.Items {
+		if strings.HasPrefix(dr.Name, ruleNamePrefix) {
+			errs = append(errs, r.delete(ctx, dr))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *RulesReconciler) delete(ctx context.Context, dr *clientnetworkingv1.DestinationRule) error {
+	key := dr.Namespace + "/" + dr.Name
+	var opts metav1.DeleteOptions
+	if dr.UID != "" {
+		opts.Preconditions = &metav1.Preconditions{UID: &dr.UID} // not one re-created since the list
+	}
+	err := r.cfg.Client.NetworkingV1().DestinationRules(dr.Namespace).Delete(ctx, dr.Name, opts)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	r.logWrite(err, "deleted", key)
+	if err != nil {
+		return fmt.Errorf("xds/istio: delete DestinationRule %s: %w", key, err)
+	}
+	return nil
+}
+
+func (r *RulesReconciler) logWrite(err error, what, key string) {
+	if err == nil {
+		r.log.Info("DestinationRule "+what, "rule", key)
+	}
+}
+
+// labelNodes gives each node of t whose locality has a region and a zone the subzone of its
+// own name (one PATCH per node whose label differs). A node whose name is no valid label value
+// is reported and left alone.
+func (r *RulesReconciler) labelNodes(ctx context.Context, t *optimizer.Topology) error {
+	var errs []error
+	for _, n := range t.Nodes {
+		region, zone, subzone := optimizer.SplitLocality(n.Locality)
+		if subzone == n.Name {
+			continue
+		}
+		if region == "" || zone == "" {
+			errs = append(errs, fmt.Errorf("xds/istio: node %s: no %s or %s label: Istio needs both before a subzone; not labelling it", n.Name, RegionLabel, ZoneLabel))
+			continue
+		}
+		if len(n.Name) > 63 {
+			errs = append(errs, fmt.Errorf("xds/istio: node %s: name longer than a label value (63); not labelling it", n.Name))
+			continue
+		}
+		patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:%q}}}`, SubzoneLabel, n.Name)
+		if _, err := r.cfg.Nodes.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			errs = append(errs, fmt.Errorf("xds/istio: label node %s: %w", n.Name, err))
+			continue
+		}
+		r.log.Info("node labelled with its own subzone", "node", n.Name, "label", SubzoneLabel)
+	}
+	return errors.Join(errs...)
+}
+
+func sameReport(a, b *RulesReport) bool {
+	if a.Granularity != b.Granularity || a.Localities != b.Localities || len(a.Edges) != len(b.Edges) {
+		return false
+	}
+	for i := range a.Edges {
+		x, y := a.Edges[i], b.Edges[i]
+		if x.Caller != y.Caller || x.Callee != y.Callee || x.Rule != y.Rule || x.Skipped != y.Skipped {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+type rulesMetrics struct {
+	localities prometheus.Gauge
+	perNode    prometheus.Gauge
+	edges      *prometheus.GaugeVec
+	deviation  prometheus.Gauge
+}
+
+func newRulesMetrics() *rulesMetrics {
+	return &rulesMetrics{
+		localities: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_istio_localities",
+			Help: "Locality groups the DestinationRule plan is made between."}),
+		perNode: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_istio_per_node_localities",
+			Help: "1 when every node is its own locality (the DestinationRule plan is per node), else 0."}),
+		edges: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "edgeflow_istio_call_edges",
+			Help: "Call edges by what became of them: written (a DestinationRule), skipped, conflict (a user's rule edgeflow cannot merge)."}, []string{"status"}),
+		deviation: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_istio_weight_deviation_ratio",
+			Help: "Largest fraction of one call edge's planned traffic that integer locality weights send elsewhere."}),
+	}
+}
+
+func (m *rulesMetrics) register(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.localities, m.perNode, m.edges, m.deviation} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("xds/istio: register metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+func (m *rulesMetrics) observe(rep *RulesReport) {
+	var written, skipped, conflicts, dev float64
+	for _, e := range rep.Edges {
+		switch {
+		case e.Conflict:
+			conflicts++
+		case e.Skipped != "":
+			skipped++
+		default:
+			written++
+		}
+		dev = max(dev, e.Deviation)
+	}
+	m.edges.WithLabelValues("written").Set(written)
+	m.edges.WithLabelValues("skipped").Set(skipped)
+	m.edges.WithLabelValues("conflict").Set(conflicts)
+	m.deviation.Set(dev)
+}
