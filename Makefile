@@ -36,8 +36,9 @@ k8s:
 # they run again without it, so every test runs once.
 NORACE_TESTS := TestInjectedLatency|TestPlaceLargeInstance|TestPlaceBudgetLargeInstance|TestNoAllocs
 
+# -timeout: e2e/rebalance runs eleven tests on a real control plane (~5 min on a busy machine).
 unit:
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -run '^($(NORACE_TESTS))$$' ./e2e/loopback ./optimizer ./optimizer/mcf
 
 lint: $(STATICCHECK)

@@ -5,25 +5,24 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
 // decider applies the safety rules to a plan's moves, in the plan's order (most gain first).
-// It is pure: everything it reads is in its fields.
+// It is pure: everything it reads is in its fields; it reserves the chosen moves' requests on
+// world's nodes.
 type decider struct {
 	cfg         *Config
 	now         time.Time
 	world       *world
-	pending     map[string][]pendingMove
-	placed      map[types.UID]time.Time
-	left        map[serviceNode]time.Time
-	backoff     map[types.UID]backoffState
+	st          *state
 	namespaceOf map[string]string
 	// podOf maps a topology pod key (optimizer.Service.PodKey) to its pod; shared pods (listed
 	// in a second service as POD@SERVICE) are marked.
 	podOf map[string]topoPod
+	// newLeader: this replica has led for less than a period; nothing moves yet.
+	newLeader bool
 }
 
 type topoPod struct {
@@ -37,6 +36,9 @@ type topoPod struct {
 //   - blocked: the optimizer found no feasible order for it;
 //   - pod_gone: the pod is not in the cache, or is terminating;
 //   - bare_pod / daemonset: a pod without a controller, or a DaemonSet's, is never evicted;
+//   - unsupported_constraint: its controller is not a ReplicaSet or StatefulSet, or it has a
+//     scheduling constraint the rebalancer cannot check (fit.go, unsupported);
+//   - single_replica: its service has one pod (unless AllowSingleReplica);
 //   - min_age: the pod is younger than MinAge;
 //   - cooldown: the pod was placed by a move, or a move of its service left the destination,
 //     within Cooldown;
@@ -44,13 +46,25 @@ type topoPod struct {
 //   - replicas_not_ready: some pod of its service is not ready (or a move of it is still in
 //     flight, or already chosen in this run): evicting it would take the service below its
 //     ready replicas;
-//   - node_full: the destination has no room for it by the scheduler's count (cpu, memory,
-//     pod slots) after the moves chosen before it;
-//   - max_moves, max_moves_per_node (leaving or entering), max_moves_per_namespace.
+//   - node_unschedulable: kube-scheduler would not put it on the destination (cordoned, a
+//     taint it does not tolerate, its node selector or required node affinity);
+//   - node_full: the destination has no room for it by the scheduler's count (every requested
+//     resource, pod slots) after the moves in flight and those chosen before it;
+//   - new_leader: this replica has led for less than a period;
+//   - max_moves, max_moves_per_node (leaving or entering), max_moves_per_namespace: counted
+//     over the last period, with the moves of earlier leaders (the state they handed over).
 func (d *decider) decide(plan *optimizer.Rebalance, gain float64) []Move {
 	var out []Move
 	chosen := 0
 	perNode, perNS := map[string]int{}, map[string]int{}
+	for _, r := range d.st.Moves {
+		if d.now.Sub(r.Evicted) < d.cfg.Period {
+			chosen++
+			perNode[r.From]++
+			perNode[r.To]++
+			perNS[r.Namespace]++
+		}
+	}
 	busy := map[string]bool{} // services with a move chosen in this run
 	for _, pm := range plan.Moves {
 		out = append(out, d.one(pm, gain, &chosen, perNode, perNS, busy))
@@ -95,16 +109,24 @@ func (d *decider) one(pm optimizer.Move, gain float64, chosen *int, perNode, per
 		m.Reason = ReasonBarePod
 	case owner.Kind == "DaemonSet":
 		m.Reason = ReasonDaemonSet
+	case owner.Kind != "ReplicaSet" && owner.Kind != "StatefulSet", unsupported(p) != "":
+		m.Reason = ReasonUnsupported
+	case !d.cfg.AllowSingleReplica && len(d.world.selected[m.Service]) <= 1:
+		m.Reason = ReasonSingleReplica
 	case d.cfg.MinAge > 0 && d.now.Sub(p.CreationTimestamp.Time) < d.cfg.MinAge:
 		m.Reason = ReasonTooYoung
 	case d.cooling(p, m):
 		m.Reason = ReasonCooldown
-	case d.now.Before(d.backoff[p.UID].until):
+	case d.now.Before(d.st.Backoff[p.UID].Until):
 		m.Reason = ReasonBackoff
-	case busy[m.Service] || len(d.pending[m.Service]) > 0 || !d.allReady(m.Service):
+	case busy[m.Service] || d.st.serviceInFlight(m.Service) || !d.allReady(m.Service):
 		m.Reason = ReasonReplicas
+	case d.world.nodes[m.To] == nil || unschedulable(p, d.world.nodes[m.To].node) != "":
+		m.Reason = ReasonUnschedulable
 	case !d.fits(p, m.To):
 		m.Reason = ReasonNodeFull
+	case d.newLeader:
+		m.Reason = ReasonNewLeader
 	case *chosen >= d.cfg.MaxMoves:
 		m.Reason = ReasonMaxMoves
 	case perNode[m.From] >= d.cfg.MaxMovesPerNode || perNode[m.To] >= d.cfg.MaxMovesPerNode:
@@ -118,8 +140,7 @@ func (d *decider) one(pm optimizer.Move, gain float64, chosen *int, perNode, per
 		perNode[m.To]++
 		perNS[m.Namespace]++
 		busy[m.Service] = true
-		cpu, mem := podRequests(p)
-		d.world.nodes[m.To].reserve(cpu, mem)
+		d.world.nodes[m.To].reserve(podRequests(p))
 	}
 	return m
 }
@@ -128,10 +149,10 @@ func (d *decider) cooling(p *corev1.Pod, m Move) bool {
 	if d.cfg.Cooldown < 0 {
 		return false
 	}
-	if at, ok := d.placed[p.UID]; ok && d.now.Sub(at) < d.cfg.Cooldown {
+	if at, ok := d.st.Placed[p.UID]; ok && d.now.Sub(at) < d.cfg.Cooldown {
 		return true
 	}
-	at, ok := d.left[serviceNode{m.Service, m.To}]
+	at, ok := d.st.leftAt(m.Service, m.To)
 	return ok && d.now.Sub(at) < d.cfg.Cooldown
 }
 
@@ -147,20 +168,17 @@ func (d *decider) allReady(service string) bool {
 }
 
 // fits says whether the pod fits on node now, counting the replacements still on their way
-// there (pending moves) and the moves chosen before it.
+// there (moves in flight) and the moves chosen before it.
 func (d *decider) fits(p *corev1.Pod, node string) bool {
 	n := d.world.nodes[node]
 	if n == nil {
 		return false
 	}
-	cpu, mem := podRequests(p)
-	probe := *n
-	for _, ms := range d.pending {
-		for _, pm := range ms {
-			if pm.move.To == node {
-				probe.reserve(pm.cpu, pm.mem)
-			}
+	probe := n.clone()
+	for _, r := range d.st.Moves {
+		if r.Outcome == outcomeInFlight && r.To == node {
+			probe.reserve(r.Requests)
 		}
 	}
-	return probe.fits(cpu, mem)
+	return probe.fits(podRequests(p))
 }

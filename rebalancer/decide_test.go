@@ -5,6 +5,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -28,7 +29,16 @@ func testWorld(nodes map[string]*nodeUse, pods ...*corev1.Pod) *world {
 func freeNodes(names ...string) map[string]*nodeUse {
 	out := map[string]*nodeUse{}
 	for _, n := range names {
-		out[n] = &nodeUse{cpu: 4000, slots: 110}
+		out[n] = newNodeUse(node(n, 4000, 110))
+	}
+	return out
+}
+
+// nodes builds nodeUses from nodes.
+func nodes(ns ...*corev1.Node) map[string]*nodeUse {
+	out := map[string]*nodeUse{}
+	for _, n := range ns {
+		out[n.Name] = newNodeUse(n)
 	}
 	return out
 }
@@ -36,7 +46,7 @@ func freeNodes(names ...string) map[string]*nodeUse {
 func decideOne(t *testing.T, d *decider, gain float64, moves ...optimizer.Move) []Move {
 	t.Helper()
 	if d.cfg == nil {
-		d.cfg = &Config{}
+		d.cfg = &Config{AllowSingleReplica: true}
 	}
 	d.cfg.defaults()
 	d.now = t0
@@ -46,25 +56,15 @@ func decideOne(t *testing.T, d *decider, gain float64, moves ...optimizer.Move) 
 			d.namespaceOf[m.Service] = "shop"
 		}
 	}
-	for _, m := range []*map[string][]pendingMove{&d.pending} {
-		if *m == nil {
-			*m = map[string][]pendingMove{}
-		}
+	if d.st == nil {
+		st := newState()
+		d.st = &st
 	}
 	if d.podOf == nil {
 		d.podOf = map[string]topoPod{}
 		for _, m := range moves {
 			d.podOf[m.Pod] = topoPod{key: podKey{d.namespaceOf[m.Service], m.Pod}}
 		}
-	}
-	if d.placed == nil {
-		d.placed = map[types.UID]time.Time{}
-	}
-	if d.left == nil {
-		d.left = map[serviceNode]time.Time{}
-	}
-	if d.backoff == nil {
-		d.backoff = map[types.UID]backoffState{}
 	}
 	return d.decide(&optimizer.Rebalance{Moves: moves}, gain)
 }
@@ -133,21 +133,20 @@ func TestDecideRules(t *testing.T) {
 			[]string{ReasonReplicas, "evict", ReasonReplicas}},
 		{"a move in flight holds its service",
 			decider{world: testWorld(freeNodes("n1", "n2"), pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100)),
-				pending: map[string][]pendingMove{"a.shop": {{move: Move{To: "n2"}, evicted: t0}}}},
+				st: &state{Moves: []moveRecord{{Move: Move{Service: "a.shop", To: "n2"}, Evicted: t0.Add(-time.Hour)}}}},
 			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2")}, []string{ReasonReplicas}},
 		{"a full node (cpu, then pod slots, then a pending replacement) takes nothing",
-			decider{world: testWorld(map[string]*nodeUse{"n1": {cpu: 4000, slots: 110}, "n2": {cpu: 150, slots: 110},
-				"n3": {cpu: 4000, slots: 1}, "n4": {cpu: 200, slots: 110}},
+			decider{world: testWorld(nodes(node("n1", 4000, 110), node("n2", 150, 110), node("n3", 4000, 1), node("n4", 200, 110)),
 				pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100), pod("shop", "b-1", "b", "n1", "ReplicaSet", old, 100),
 				pod("shop", "x-1", "x", "n2", "ReplicaSet", old, 100), pod("shop", "y-1", "y", "n3", "ReplicaSet", old, 100),
 				pod("shop", "c-1", "c", "n1", "ReplicaSet", old, 100)),
-				pending: map[string][]pendingMove{"z.shop": {{move: Move{To: "n4"}, evicted: t0, cpu: 150}}}},
+				st: &state{Moves: []moveRecord{{Move: Move{Service: "z.shop", To: "n4"}, Evicted: t0.Add(-time.Hour), Requests: resources{corev1.ResourceCPU: 150}}}}},
 			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2"), mv("b.shop", "b-1", "n1", "n3"), mv("c.shop", "c-1", "n1", "n4")},
 			[]string{ReasonNodeFull, ReasonNodeFull, ReasonNodeFull}},
 		{"moves chosen earlier in the run fill the node",
-			decider{world: testWorld(map[string]*nodeUse{"n1": {cpu: 4000, slots: 110}, "n2": {cpu: 150, slots: 110}},
+			decider{world: testWorld(nodes(node("n1", 4000, 110), node("n2", 150, 110)),
 				pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100), pod("shop", "b-1", "b", "n1", "ReplicaSet", old, 100)),
-				cfg: &Config{MaxMovesPerNode: 5}},
+				cfg: &Config{MaxMovesPerNode: 5, AllowSingleReplica: true}},
 			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2"), mv("b.shop", "b-1", "n1", "n2")},
 			[]string{"evict", ReasonNodeFull}},
 		{"limits: per node, per namespace, per run",
@@ -155,7 +154,7 @@ func TestDecideRules(t *testing.T) {
 				pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100), pod("shop", "b-1", "b", "n1", "ReplicaSet", old, 100),
 				pod("shop", "c-1", "c", "n3", "ReplicaSet", old, 100), pod("shop", "d-1", "d", "n5", "ReplicaSet", old, 100),
 				pod("web", "e-1", "e", "n6", "ReplicaSet", old, 100), pod("app", "f-1", "f", "n7", "ReplicaSet", old, 100)),
-				cfg:         &Config{MaxMoves: 3, MaxMovesPerNode: 1, MaxMovesPerNamespace: 2},
+				cfg:         &Config{MaxMoves: 3, MaxMovesPerNode: 1, MaxMovesPerNamespace: 2, AllowSingleReplica: true},
 				namespaceOf: map[string]string{"a.shop": "shop", "b.shop": "shop", "c.shop": "shop", "d.shop": "shop", "e.web": "web", "f.app": "app"}},
 			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2"), mv("b.shop", "b-1", "n1", "n8"), mv("c.shop", "c-1", "n3", "n4"),
 				mv("d.shop", "d-1", "n5", "n8"), mv("e.web", "e-1", "n6", "n8"), mv("f.app", "f-1", "n7", "n8")},
@@ -163,14 +162,51 @@ func TestDecideRules(t *testing.T) {
 		{"cool-down: a pod placed by a move, and a move back to the node a service left",
 			decider{world: testWorld(freeNodes("n1", "n2", "n3"),
 				pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100), pod("shop", "b-1", "b", "n1", "ReplicaSet", old, 100)),
-				placed: map[types.UID]time.Time{"shop/a-1": t0.Add(-time.Minute)},
-				left:   map[serviceNode]time.Time{{"b.shop", "n3"}: t0.Add(-time.Minute)}},
+				st: &state{Placed: map[types.UID]time.Time{"shop/a-1": t0.Add(-time.Minute)},
+					Left: []leftRecord{{"b.shop", "n3", t0.Add(-time.Minute)}}}},
 			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2"), mv("b.shop", "b-1", "n1", "n3")},
 			[]string{ReasonCooldown, ReasonCooldown}},
 		{"a refused eviction backs off",
 			decider{world: testWorld(freeNodes("n1", "n2"), pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100)),
-				backoff: map[types.UID]backoffState{"shop/a-1": {until: t0.Add(time.Second)}}},
+				st: &state{Backoff: map[types.UID]backoffState{"shop/a-1": {Until: t0.Add(time.Second)}}}},
 			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2")}, []string{ReasonBackoff}},
+		{"a single-replica service is never evicted (unless allowed)",
+			decider{world: testWorld(freeNodes("n1", "n2"), pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100),
+				pod("shop", "b-1", "b", "n1", "ReplicaSet", old, 100), pod("shop", "b-2", "b", "n2", "ReplicaSet", old, 100)),
+				cfg: &Config{MaxMovesPerNode: 5}},
+			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2"), mv("b.shop", "b-1", "n1", "n2")},
+			[]string{ReasonSingleReplica, "evict"}},
+		{"a cordoned node, an untolerated taint, a node the pod's affinity excludes: node_unschedulable",
+			decider{world: testWorld(nodes(node("n1", 4000, 110), cordoned(node("n2", 4000, 110)),
+				tainted(node("n3", 4000, 110), "dedicated", corev1.TaintEffectNoSchedule),
+				tainted(node("n4", 4000, 110), "dedicated", corev1.TaintEffectNoSchedule), node("n5", 4000, 110)),
+				pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100), pod("shop", "b-1", "b", "n1", "ReplicaSet", old, 100),
+				tolerating(pod("shop", "c-1", "c", "n1", "ReplicaSet", old, 100), "dedicated"),
+				withNodeSelector(pod("shop", "d-1", "d", "n1", "ReplicaSet", old, 100), "zone", "a")),
+				cfg: &Config{MaxMovesPerNode: 5, AllowSingleReplica: true}},
+			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2"), mv("b.shop", "b-1", "n1", "n3"), mv("c.shop", "c-1", "n1", "n4"),
+				mv("d.shop", "d-1", "n1", "n5")},
+			[]string{ReasonUnschedulable, ReasonUnschedulable, "evict", ReasonUnschedulable}},
+		{"constraints the rebalancer cannot check: the move is skipped",
+			decider{world: testWorld(freeNodes("n1", "n2"), antiAffine(pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100)),
+				withPVC(pod("shop", "b-1", "b", "n1", "ReplicaSet", old, 100)), pod("shop", "c-1", "c", "n1", "Job", old, 100)),
+				cfg: &Config{MaxMovesPerNode: 5, AllowSingleReplica: true}},
+			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2"), mv("b.shop", "b-1", "n1", "n2"), mv("c.shop", "c-1", "n1", "n2")},
+			[]string{ReasonUnsupported, ReasonUnsupported, ReasonUnsupported}},
+		{"a native sidecar counts for the pod's whole life (600m, not 500m)",
+			decider{world: testWorld(nodes(node("n1", 4000, 110), node("n2", 550, 110)),
+				withSidecar(pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 500), 100))},
+			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2")}, []string{ReasonNodeFull}},
+		{"a new leader moves nothing in its first period",
+			decider{world: testWorld(freeNodes("n1", "n2"), pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100)), newLeader: true},
+			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2")}, []string{ReasonNewLeader}},
+		{"the moves of an earlier leader in this period count against the limits",
+			decider{world: testWorld(freeNodes("n1", "n2", "n3", "n4"), pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100)),
+				cfg: &Config{MaxMoves: 2, AllowSingleReplica: true},
+				st: &state{Moves: []moveRecord{
+					{Move: Move{Service: "x.shop", Namespace: "shop", From: "n3", To: "n4"}, Evicted: t0.Add(-time.Minute), Outcome: outcomePlaced},
+					{Move: Move{Service: "y.shop", Namespace: "web", From: "n4", To: "n3"}, Evicted: t0.Add(-2 * time.Minute), Outcome: outcomeFailed}}}},
+			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2")}, []string{ReasonMaxMoves}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := reasons(decideOne(t, &tc.d, tc.gain, tc.moves...))
@@ -179,4 +215,41 @@ func TestDecideRules(t *testing.T) {
 			}
 		})
 	}
+}
+
+func cordoned(n *corev1.Node) *corev1.Node { n.Spec.Unschedulable = true; return n }
+
+func tainted(n *corev1.Node, key string, effect corev1.TaintEffect) *corev1.Node {
+	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: key, Effect: effect})
+	return n
+}
+
+func tolerating(p *corev1.Pod, key string) *corev1.Pod {
+	p.Spec.Tolerations = append(p.Spec.Tolerations, corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists})
+	return p
+}
+
+func withNodeSelector(p *corev1.Pod, k, v string) *corev1.Pod {
+	p.Spec.NodeSelector = map[string]string{k: v}
+	return p
+}
+
+func antiAffine(p *corev1.Pod) *corev1.Pod {
+	p.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+		LabelSelector: &metav1.LabelSelector{MatchLabels: p.Labels}, TopologyKey: corev1.LabelHostname}}}}
+	return p
+}
+
+func withPVC(p *corev1.Pod) *corev1.Pod {
+	p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data"}}})
+	return p
+}
+
+// withSidecar adds a native sidecar (a restartable init container) requesting cpu millicores.
+func withSidecar(p *corev1.Pod, cpu int64) *corev1.Pod {
+	always := corev1.ContainerRestartPolicyAlways
+	p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: "proxy", RestartPolicy: &always,
+		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: *resource.NewMilliQuantity(cpu, resource.DecimalSI)}}})
+	return p
 }

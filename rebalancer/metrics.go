@@ -8,10 +8,10 @@ import (
 
 // Label values of edgeflow_rebalance_gates_released_total.
 const (
-	ReleasePlanned   = "planned"   // the replacement of a move, with affinity to its planned node
-	ReleaseUnplanned = "unplanned" // no move awaits a pod of its service (a scale-up, a rollout)
-	ReleaseTimeout   = "timeout"   // not released within GateTimeout
-	ReleaseNodeFull  = "node_full" // its planned node has no room any more
+	ReleasePlanned   = "planned"    // the replacement of a move, with affinity to its planned node
+	ReleaseUnplanned = "unplanned"  // no move awaits a pod of its service (a scale-up, a rollout)
+	ReleaseTimeout   = "timeout"    // not released within GateTimeout
+	ReleaseNodeUnfit = "node_unfit" // its planned node cannot take it any more (full, tainted, cordoned, gone)
 )
 
 type metrics struct {
@@ -23,6 +23,8 @@ type metrics struct {
 	lastRun  prometheus.Gauge
 	released *prometheus.CounterVec
 	leader   prometheus.Gauge
+
+	placementFailures prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -43,9 +45,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Pods whose edgeflow.io/placement scheduling gate was lifted, by how they were placed."}, []string{"placement"}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_rebalance_leader",
 			Help: "1 while this replica holds the rebalancer's Lease."}),
+		placementFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_rebalance_placement_failures_total",
+			Help: "Replacements not scheduled on their planned node within the placement timeout, deleted so that their controller recreates them without a node."}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.gain, m.cost, m.moves, m.skipped, m.runs, m.lastRun, m.released, m.leader} {
+		for _, c := range []prometheus.Collector{m.gain, m.cost, m.moves, m.skipped, m.runs, m.lastRun, m.released, m.leader, m.placementFailures} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("rebalancer: registering metrics: %w", err)
 			}

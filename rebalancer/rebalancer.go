@@ -4,6 +4,16 @@
 // PodDisruptionBudgets hold — while a scheduling gate makes each replacement land on its
 // planned node. It is dry-run by default, acts only as the leader of a Lease, and never imports
 // xds: it talks to the Kubernetes API and uses the optimizer.
+//
+// Rules (what keeps it safe when things go wrong):
+//   - Only a leader's replacements are gated (the webhook, run.go expects); with no leader
+//     nothing is gated, and any acting replica lifts a gate older than GateTimeout (gates.go).
+//   - A target node is checked as kube-scheduler would (fit.go); a replacement that still does
+//     not bind within PlacementTimeout is deleted once and recreated ungated.
+//   - Dry-run writes nothing: no Lease, no eviction, no gate lifted, no event, no state.
+//   - What a leader must hand over lives in one ConfigMap (state.go), written before every
+//     eviction and read by the next leader before it acts; limits count over the last period.
+//   - Lock order: stateStore.mu before Controller.mu; no API call is made holding Controller.mu.
 package rebalancer
 
 import (
@@ -11,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -19,11 +28,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher/kube"
@@ -44,6 +53,12 @@ const (
 	DefaultMinAge               = 5 * time.Minute
 	DefaultCooldown             = time.Hour
 	DefaultGateTimeout          = 2 * time.Minute
+	DefaultPlacementTimeout     = 2 * time.Minute
+	// DefaultKubeQPS and DefaultKubeBurst are the client rate limits edgeflow's commands give
+	// every Kubernetes client (client-go's own default, 5 and 10, would take minutes to release
+	// a thousand gated pods).
+	DefaultKubeQPS   = 50
+	DefaultKubeBurst = 100
 )
 
 // Skip reasons: the label values of edgeflow_rebalance_moves_skipped_total and the Reason of
@@ -65,6 +80,19 @@ const (
 	ReasonBlocked         = "blocked"
 	ReasonGone            = "pod_gone"
 	ReasonError           = "error"
+	// ReasonSingleReplica: the pod's service has one pod; evicting it is an outage
+	// (Config.AllowSingleReplica allows it).
+	ReasonSingleReplica = "single_replica"
+	// ReasonUnschedulable: kube-scheduler would not put the pod on the planned node (cordoned,
+	// a taint it does not tolerate, its node selector or required node affinity).
+	ReasonUnschedulable = "node_unschedulable"
+	// ReasonUnsupported: the pod has a scheduling constraint the rebalancer cannot check
+	// (required inter-pod affinity or anti-affinity, volume topology, a hard topology spread,
+	// host ports), or its controller is not a ReplicaSet or a StatefulSet.
+	ReasonUnsupported = "unsupported_constraint"
+	// ReasonNewLeader: this replica became the leader less than a period ago; it moves nothing
+	// before a period has passed.
+	ReasonNewLeader = "new_leader"
 )
 
 // Config configures a Controller.
@@ -81,8 +109,12 @@ type Config struct {
 	// DefaultLatencyMS is given to optimizer.Compile (nil: every pair must be in the topology).
 	DefaultLatencyMS *float64
 
-	// DryRun plans and reports but never evicts, and the webhook gates nothing.
+	// DryRun plans and reports but writes nothing to the cluster: no eviction, no gate
+	// release, no event, no Lease; the webhook gates nothing.
 	DryRun bool
+	// AllowSingleReplica lets the controller evict the only pod of a service (an outage
+	// wherever no PodDisruptionBudget forbids it). Off by default.
+	AllowSingleReplica bool
 	// Period between runs (0: DefaultPeriod); Trigger runs at once.
 	Period time.Duration
 	// Threshold is the least relative fall of the predicted LATA cost worth acting on (0:
@@ -96,9 +128,13 @@ type Config struct {
 	// Cooldown: a pod placed by a move is not moved again, and no pod of its service moves back
 	// to the node it left, within Cooldown (0: DefaultCooldown; negative: none).
 	Cooldown time.Duration
-	// GateTimeout: a gated pod not released within it is released without affinity (0:
-	// DefaultGateTimeout).
+	// GateTimeout: a gated pod not released within it is released without affinity, by any
+	// replica that acts (0: DefaultGateTimeout).
 	GateTimeout time.Duration
+	// PlacementTimeout: a replacement released to its planned node and still not bound after
+	// it is deleted once, so that its controller recreates it ungated; the move counts as
+	// failed (0: DefaultPlacementTimeout).
+	PlacementTimeout time.Duration
 	// Tolerance is optimizer.RebalanceOptions.Tolerance.
 	Tolerance float64
 	// Budget bounds the planning search (optimizer.RebalanceOptions.Budget; 0:
@@ -138,6 +174,9 @@ func (cfg *Config) defaults() {
 	}
 	if cfg.GateTimeout <= 0 {
 		cfg.GateTimeout = DefaultGateTimeout
+	}
+	if cfg.PlacementTimeout <= 0 {
+		cfg.PlacementTimeout = DefaultPlacementTimeout
 	}
 	if cfg.Budget == 0 {
 		cfg.Budget = optimizer.DefaultPlaceBudget
@@ -206,34 +245,24 @@ type Controller struct {
 	metrics  *metrics
 
 	pods      corelisters.PodLister
+	podIndex  cache.Indexer
 	services  []corelisters.ServiceLister
 	nodes     corelisters.NodeLister
 	hasSynced []cache.InformerSynced
 	factories []informers.SharedInformerFactory
-	gated     chan struct{} // a gated pod appeared or changed
-	synced    chan struct{} // closed once the caches synced
-	syncOnce  sync.Once
+	// queue holds the keys (NAMESPACE/NAME) of gated pods and of replacements not yet bound,
+	// for the gate worker (gates.go); Run makes it (acting only) before the informers start.
+	queue    workqueue.TypedRateLimitingInterface[string]
+	synced   chan struct{} // closed once the caches synced
+	syncOnce sync.Once
+	store    stateStore
 
-	mu      sync.Mutex
-	pending map[string][]pendingMove   // service key → moves evicted, replacement not yet placed
-	placed  map[types.UID]time.Time    // pods placed by a move → when
-	left    map[serviceNode]time.Time  // (service, node a move left) → when
-	backoff map[types.UID]backoffState // pods whose eviction was refused
-	last    *Report
-	leading bool
-}
-
-type pendingMove struct {
-	move     Move
-	evicted  time.Time
-	cpu, mem int64
-}
-
-type serviceNode struct{ service, node string }
-
-type backoffState struct {
-	until time.Time
-	delay time.Duration
+	mu         sync.Mutex
+	st         state // the leader's state (state.go); read-only copy in dry-run
+	last       *Report
+	leading    bool
+	leadSince  time.Time
+	stateDirty chan struct{}
 }
 
 // New validates cfg and registers the metrics; it starts nothing.
@@ -254,21 +283,26 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger, cs: cfg.Client, selector: sel, metrics: m,
-		trigger: make(chan struct{}, 1), gated: make(chan struct{}, 1), synced: make(chan struct{}),
-		pending: map[string][]pendingMove{}, placed: map[types.UID]time.Time{},
-		left: map[serviceNode]time.Time{}, backoff: map[types.UID]backoffState{}}
-	c.setupInformers()
+		trigger: make(chan struct{}, 1), synced: make(chan struct{}), st: newState(),
+		stateDirty: make(chan struct{}, 1)}
+	if err := c.setupInformers(); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
 // setupInformers builds the informers (started by Start): every pod and node of the cluster
 // (the resources a node has free depend on every pod on it), and the Services of the managed
-// namespaces.
-func (c *Controller) setupInformers() {
+// namespaces. Pods are indexed by node and by gate state; gated pods and replacements not yet
+// bound go to the gate worker's queue.
+func (c *Controller) setupInformers() error {
 	all := informers.NewSharedInformerFactory(c.cs, 0)
 	c.factories = append(c.factories, all)
 	pods, nodes := all.Core().V1().Pods(), all.Core().V1().Nodes()
-	c.pods, c.nodes = pods.Lister(), nodes.Lister()
+	if err := pods.Informer().AddIndexers(cache.Indexers{indexNode: indexPodNode, indexGate: indexPodGate}); err != nil {
+		return fmt.Errorf("rebalancer: pod indexes: %w", err)
+	}
+	c.pods, c.nodes, c.podIndex = pods.Lister(), nodes.Lister(), pods.Informer().GetIndexer()
 	c.hasSynced = append(c.hasSynced, pods.Informer().HasSynced, nodes.Informer().HasSynced)
 	_, _ = pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.podEvent(obj) },
@@ -288,15 +322,17 @@ func (c *Controller) setupInformers() {
 		c.services = append(c.services, svcs.Lister())
 		c.hasSynced = append(c.hasSynced, svcs.Informer().HasSynced)
 	}
+	return nil
 }
 
+// podEvent queues a gated pod, or a replacement released to its node and not bound, for the
+// gate worker; it never blocks.
 func (c *Controller) podEvent(obj any) {
-	if p, ok := obj.(*corev1.Pod); ok && hasGate(p) {
-		select {
-		case c.gated <- struct{}{}:
-		default:
-		}
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.DeletionTimestamp != nil || !(hasGate(p) || placing(p)) || c.queue == nil {
+		return
 	}
+	c.queue.Add(p.Namespace + "/" + p.Name)
 }
 
 // Start starts the informers and waits for their caches; they stop when ctx is done and
@@ -315,6 +351,16 @@ func (c *Controller) Start(ctx context.Context) error {
 	return nil
 }
 
+// Synced says whether Start has synced the caches.
+func (c *Controller) Synced() bool {
+	select {
+	case <-c.synced:
+		return true
+	default:
+		return false
+	}
+}
+
 // WaitSynced waits until Start has synced the caches, or ctx is done (its error).
 func (c *Controller) WaitSynced(ctx context.Context) error {
 	select {
@@ -325,10 +371,14 @@ func (c *Controller) WaitSynced(ctx context.Context) error {
 	}
 }
 
-// Stop waits for the informers started by Start (their context must be done).
+// Stop waits for the informers started by Start (their context must be done) and shuts the
+// gate queue down.
 func (c *Controller) Stop() {
 	for _, f := range c.factories {
 		f.Shutdown()
+	}
+	if c.queue != nil {
+		c.queue.ShutDown()
 	}
 }
 
@@ -347,8 +397,7 @@ func (c *Controller) Last() *Report {
 	return c.last
 }
 
-// Acting says whether the controller may change the cluster: not dry-run. The webhook gates
-// pods only then.
+// Acting says whether the controller may change the cluster: not dry-run.
 func (c *Controller) Acting() bool { return !c.cfg.DryRun }
 
 // Plan computes the report of a run from the current topology and pods, without acting: the
@@ -380,9 +429,11 @@ func (c *Controller) Plan() (*Report, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.expire(now)
-	d := decider{cfg: &c.cfg, now: now, world: w, pending: c.pending, placed: c.placed, left: c.left,
-		backoff: c.backoff, namespaceOf: namespaceOf(t), podOf: podsOf(t)}
+	c.st.expire(now, &c.cfg)
+	d := decider{cfg: &c.cfg, now: now, world: w, st: &c.st, namespaceOf: namespaceOf(t), podOf: podsOf(t)}
+	if c.leading && now.Sub(c.leadSince) < c.cfg.Period {
+		d.newLeader = true
+	}
 	r.Moves = d.decide(plan, r.Gain)
 	return r, nil
 }
@@ -407,34 +458,6 @@ func podsOf(t *optimizer.Topology) map[string]topoPod {
 		}
 	}
 	return out
-}
-
-// expire forgets cool-downs and back-offs that are over, and pending moves whose replacement
-// never came (the gate timeout has passed). c.mu is held.
-func (c *Controller) expire(now time.Time) {
-	for uid, at := range c.placed {
-		if now.Sub(at) >= c.cfg.Cooldown {
-			delete(c.placed, uid)
-		}
-	}
-	for k, at := range c.left {
-		if now.Sub(at) >= c.cfg.Cooldown {
-			delete(c.left, k)
-		}
-	}
-	for uid, b := range c.backoff {
-		if !now.Before(b.until) && now.Sub(b.until) > c.cfg.Period {
-			delete(c.backoff, uid)
-		}
-	}
-	for svc, ms := range c.pending {
-		ms = slices.DeleteFunc(ms, func(p pendingMove) bool { return now.Sub(p.evicted) > 2*c.cfg.GateTimeout })
-		if len(ms) == 0 {
-			delete(c.pending, svc)
-		} else {
-			c.pending[svc] = ms
-		}
-	}
 }
 
 // podName strips the "@SERVICE" suffix watcher.Cluster gives a pod listed in a second service.

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,40 +84,64 @@ func started(t *testing.T, cfg Config, objs ...runtime.Object) *Controller {
 	return c
 }
 
+// leadingWith makes c the leader with a move in flight of owner app's pods (owner-APP).
+func leadingWith(c *Controller, apps ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.leading = true
+	for _, app := range apps {
+		c.st.Moves = append(c.st.Moves, moveRecord{Move: Move{Namespace: "shop", Service: app + ".shop", Pod: app + "-0", From: "n1", To: "n2"},
+			PodUID: types.UID("shop/" + app + "-0"), Owner: types.UID("owner-" + app), Evicted: t0})
+	}
+}
+
+func review(t *testing.T, p *corev1.Pod) []byte {
+	t.Helper()
+	raw, _ := json.Marshal(p)
+	r := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{UID: "u1", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+			Resource:  metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+			Namespace: "shop", Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: raw}}}
+	body, _ := json.Marshal(r)
+	return body
+}
+
+// The webhook gates only the replacement of a move in flight of the leader: not a pod of
+// another owner, not while no move awaits, not on a replica that does not lead, not in dry-run.
 func TestWebhookGates(t *testing.T) {
-	objs := []runtime.Object{service("shop", "cart", true), service("shop", "plain", false)}
-	acting := started(t, Config{}, objs...)
+	objs := []runtime.Object{service("shop", "cart", true)}
+	leader := started(t, Config{}, objs...)
+	leadingWith(leader, "cart")
+	idle := started(t, Config{}, objs...) // leads, no move in flight
+	idle.leading = true
+	follower := started(t, Config{}, objs...) // a move recorded, but it does not lead
+	leadingWith(follower, "cart")
+	follower.leading = false
 	dry := started(t, Config{DryRun: true}, objs...)
-	only := started(t, Config{Namespaces: []string{"other"}}, objs...)
+	leadingWith(dry, "cart")
 	gated := pod("shop", "cart-2", "cart", "", "ReplicaSet", t0, 100)
 	gated.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "someone.else/gate"}}
-	bound := pod("shop", "cart-3", "cart", "n1", "ReplicaSet", t0, 100)
 	for _, tc := range []struct {
 		name  string
 		c     *Controller
 		pod   *corev1.Pod
 		patch string
 	}{
-		{"a new ReplicaSet pod of a managed service is gated", acting, pod("shop", "cart-1", "cart", "", "ReplicaSet", t0, 100),
+		{"the replacement of a move in flight is gated", leader, pod("shop", "cart-1", "cart", "", "ReplicaSet", t0, 100),
 			`[{"op":"add","path":"/spec/schedulingGates","value":[{"name":"edgeflow.io/placement"}]}]`},
-		{"a pod with gates already gets one more", acting, gated,
+		{"a pod with gates already gets one more", leader, gated,
 			`[{"op":"add","path":"/spec/schedulingGates/-","value":{"name":"edgeflow.io/placement"}}]`},
+		{"a pod of another owner", leader, pod("shop", "other-1", "other", "", "ReplicaSet", t0, 100), ""},
+		{"a leader with no move in flight gates nothing", idle, pod("shop", "cart-1", "cart", "", "ReplicaSet", t0, 100), ""},
+		{"a replica that does not lead gates nothing", follower, pod("shop", "cart-1", "cart", "", "ReplicaSet", t0, 100), ""},
 		{"dry-run gates nothing", dry, pod("shop", "cart-1", "cart", "", "ReplicaSet", t0, 100), ""},
-		{"a namespace not managed", only, pod("shop", "cart-1", "cart", "", "ReplicaSet", t0, 100), ""},
-		{"a bare pod", acting, pod("shop", "cart-1", "cart", "", "", t0, 100), ""},
-		{"a DaemonSet pod", acting, pod("shop", "cart-1", "cart", "", "DaemonSet", t0, 100), ""},
-		{"a pod of an unmanaged service", acting, pod("shop", "plain-1", "plain", "", "ReplicaSet", t0, 100), ""},
-		{"a pod already bound", acting, bound, ""},
+		{"a bare pod", leader, pod("shop", "cart-1", "cart", "", "", t0, 100), ""},
+		{"a pod already bound", leader, pod("shop", "cart-3", "cart", "n1", "ReplicaSet", t0, 100), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			raw, _ := json.Marshal(tc.pod)
 			tc.pod.Namespace = "" // the API server sends a new pod without it
-			review := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
-				Request: &admissionv1.AdmissionRequest{UID: "u1", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
-					Namespace: "shop", Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: raw}}}
-			body, _ := json.Marshal(review)
 			rr := httptest.NewRecorder()
-			tc.c.Webhook().ServeHTTP(rr, httptest.NewRequest(http.MethodPost, WebhookPath, bytes.NewReader(body)))
+			tc.c.Webhook().ServeHTTP(rr, httptest.NewRequest(http.MethodPost, WebhookPath, bytes.NewReader(review(t, tc.pod))))
 			if rr.Code != http.StatusOK {
 				t.Fatalf("status %d: %s", rr.Code, rr.Body)
 			}
@@ -143,6 +168,70 @@ func TestWebhookBadRequest(t *testing.T) {
 	}
 }
 
+// A review of another apiVersion or kind, or about another resource, is refused (400), never
+// answered allowed.
+func TestWebhookRefusesWrongKind(t *testing.T) {
+	c := started(t, Config{})
+	p := pod("shop", "cart-1", "cart", "", "ReplicaSet", t0, 100)
+	for _, tc := range []struct {
+		name string
+		edit func(r *admissionv1.AdmissionReview)
+	}{
+		{"review apiVersion v1beta1", func(r *admissionv1.AdmissionReview) { r.APIVersion = "admission.k8s.io/v1beta1" }},
+		{"review kind", func(r *admissionv1.AdmissionReview) { r.Kind = "ConversionReview" }},
+		{"no apiVersion", func(r *admissionv1.AdmissionReview) { r.APIVersion, r.Kind = "", "" }},
+		{"a Service", func(r *admissionv1.AdmissionReview) {
+			r.Request.Kind = metav1.GroupVersionKind{Version: "v1", Kind: "Service"}
+			r.Request.Resource = metav1.GroupVersionResource{Version: "v1", Resource: "services"}
+		}},
+		{"a Deployment", func(r *admissionv1.AdmissionReview) {
+			r.Request.Kind = metav1.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}
+			r.Request.Resource = metav1.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
+		}},
+		{"a pod's subresource", func(r *admissionv1.AdmissionReview) { r.Request.SubResource = "binding" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r admissionv1.AdmissionReview
+			if err := json.Unmarshal(review(t, p), &r); err != nil {
+				t.Fatal(err)
+			}
+			tc.edit(&r)
+			body, _ := json.Marshal(r)
+			rr := httptest.NewRecorder()
+			c.Webhook().ServeHTTP(rr, httptest.NewRequest(http.MethodPost, WebhookPath, bytes.NewReader(body)))
+			if rr.Code != http.StatusBadRequest {
+				t.Errorf("status %d (%s), want 400", rr.Code, bytes.TrimSpace(rr.Body.Bytes()))
+			}
+			if bytes.Contains(rr.Body.Bytes(), []byte(`"allowed":true`)) {
+				t.Errorf("answered allowed: %s", rr.Body)
+			}
+		})
+	}
+}
+
+// A body over MaxReviewBytes gets 413, read no further than the limit.
+func TestWebhookBodyLimit(t *testing.T) {
+	c := started(t, Config{})
+	p := pod("shop", "cart-1", "cart", "", "ReplicaSet", t0, 100)
+	p.Annotations = map[string]string{"pad": strings.Repeat("x", 5<<20)}
+	body := review(t, p)
+	if len(body) < 5<<20 {
+		t.Fatalf("body %d bytes", len(body))
+	}
+	rr := httptest.NewRecorder()
+	c.Webhook().ServeHTTP(rr, httptest.NewRequest(http.MethodPost, WebhookPath, bytes.NewReader(body)))
+	if rr.Code != http.StatusRequestEntityTooLarge {
+		t.Errorf("a %d-byte review: status %d, want 413", len(body), rr.Code)
+	}
+	// Just under the limit is read and answered.
+	p.Annotations["pad"] = strings.Repeat("x", MaxReviewBytes-4096)
+	rr = httptest.NewRecorder()
+	c.Webhook().ServeHTTP(rr, httptest.NewRequest(http.MethodPost, WebhookPath, bytes.NewReader(review(t, p))))
+	if rr.Code != http.StatusOK {
+		t.Errorf("a review under the limit: status %d, want 200", rr.Code)
+	}
+}
+
 func TestRequireNode(t *testing.T) {
 	var spec corev1.PodSpec
 	requireNode(&spec, "n2")
@@ -164,49 +253,67 @@ func TestRequireNode(t *testing.T) {
 	}
 }
 
-// The gate is always lifted: a pod a move awaits gets a required affinity to the move's node;
-// one no move awaits, or whose planned node is full, or gated past the timeout, is released
-// without affinity.
+// The gate is always lifted: by the leader, the replacement of a move in flight gets a
+// required affinity to the move's node (and the annotations), any other at once without; a
+// replacement whose planned node cannot take it any more is released without; a pod gated
+// past the timeout is released by any replica; a replica that does not lead waits for it.
 func TestReleaseGated(t *testing.T) {
 	gatedPod := func(name string, created time.Time) *corev1.Pod {
 		p := pod("shop", name, "cart", "", "ReplicaSet", created, 500)
-		p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: GateName}}
+		p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: GateName}, {Name: "other.io/gate"}}
 		p.Status = corev1.PodStatus{Phase: corev1.PodPending}
 		return p
 	}
+	young := t0.Add(-time.Second)
 	for _, tc := range []struct {
-		name     string
-		created  time.Time
-		pending  []pendingMove
-		nodeCPU  int64
-		wantNode string
-		wantHow  string
+		name      string
+		created   time.Time
+		leading   bool
+		move      bool
+		n2        *corev1.Node
+		wantNode  string
+		wantHow   string
+		wantAfter bool
 	}{
-		{"planned", t0.Add(-time.Second), []pendingMove{{move: Move{Pod: "cart-0", From: "n1", To: "n2"}, evicted: t0}}, 4000, "n2", ReleasePlanned},
-		{"no move awaits it", t0.Add(-time.Second), nil, 4000, "", ReleaseUnplanned},
-		{"planned node full", t0.Add(-time.Second), []pendingMove{{move: Move{Pod: "cart-0", From: "n1", To: "n2"}, evicted: t0}}, 400, "", ReleaseNodeFull},
-		{"gated too long", t0.Add(-DefaultGateTimeout - time.Second), []pendingMove{{move: Move{Pod: "cart-0", From: "n1", To: "n2"}, evicted: t0}}, 4000, "", ReleaseTimeout},
+		{"planned", young, true, true, node("n2", 4000, 110), "n2", ReleasePlanned, false},
+		{"no move awaits it", young, true, false, node("n2", 4000, 110), "", ReleaseUnplanned, false},
+		{"planned node full", young, true, true, node("n2", 400, 110), "", ReleaseNodeUnfit, false},
+		{"planned node cordoned", young, true, true, cordoned(node("n2", 4000, 110)), "", ReleaseNodeUnfit, false},
+		{"planned node tainted", young, true, true, tainted(node("n2", 4000, 110), "x", corev1.TaintEffectNoExecute), "", ReleaseNodeUnfit, false},
+		{"gated too long, not the leader", t0.Add(-DefaultGateTimeout - time.Second), false, true, node("n2", 4000, 110), "", ReleaseTimeout, false},
+		{"not the leader, not timed out: wait", young, false, true, node("n2", 4000, 110), "", "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := started(t, Config{}, service("shop", "cart", true), node("n1", 4000, 110), node("n2", tc.nodeCPU, 110),
-				gatedPod("cart-1", tc.created))
-			c.pending["cart.shop"] = tc.pending
-			c.releaseGated(context.Background(), discard{})
+			c := started(t, Config{}, service("shop", "cart", true), node("n1", 4000, 110), tc.n2, gatedPod("cart-1", tc.created))
+			if tc.move {
+				leadingWith(c, "cart")
+			}
+			c.leading = tc.leading
+			after, err := c.syncPod(context.Background(), discard{}, "shop/cart-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (after > 0) != tc.wantAfter {
+				t.Errorf("look again after %v, want %v", after, tc.wantAfter)
+			}
 			got, err := c.cs.CoreV1().Pods("shop").Get(context.Background(), "cart-1", metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if hasGate(got) {
-				t.Fatal("still gated")
+			if hasGate(got) != (tc.wantHow == "") {
+				t.Fatalf("gated %v, want %v", hasGate(got), tc.wantHow == "")
+			}
+			if len(got.Spec.SchedulingGates) == 0 || got.Spec.SchedulingGates[len(got.Spec.SchedulingGates)-1].Name != "other.io/gate" {
+				t.Errorf("gates %v: another's gate must stay", got.Spec.SchedulingGates)
 			}
 			var node string
 			if a := got.Spec.Affinity; a != nil && a.NodeAffinity != nil {
 				node = a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchFields[0].Values[0]
 			}
-			if node != tc.wantNode {
-				t.Errorf("required node %q, want %q", node, tc.wantNode)
+			if node != tc.wantNode || got.Annotations[AnnotationPlacedOn] != tc.wantNode {
+				t.Errorf("required node %q, annotation %q, want %q", node, got.Annotations[AnnotationPlacedOn], tc.wantNode)
 			}
-			for _, how := range []string{ReleasePlanned, ReleaseUnplanned, ReleaseNodeFull, ReleaseTimeout} {
+			for _, how := range []string{ReleasePlanned, ReleaseUnplanned, ReleaseNodeUnfit, ReleaseTimeout} {
 				want := 0.0
 				if how == tc.wantHow {
 					want = 1
@@ -215,10 +322,36 @@ func TestReleaseGated(t *testing.T) {
 					t.Errorf("released{placement=%s} = %v, want %v", how, v, want)
 				}
 			}
-			if tc.wantHow == ReleasePlanned && (c.placed[got.UID] != t0 || c.left[serviceNode{"cart.shop", "n1"}] != t0 || len(c.pending) != 0) {
-				t.Errorf("a planned release must start the cool-downs and end the move: placed %v left %v pending %v", c.placed, c.left, c.pending)
+			if tc.wantHow == ReleasePlanned {
+				at, _ := c.st.leftAt("cart.shop", "n1")
+				if c.st.Placed[got.UID] != t0 || at != t0 || c.st.inFlight("owner-cart") >= 0 {
+					t.Errorf("a planned release must start the cool-downs and end the move: %+v", c.st)
+				}
 			}
 		})
+	}
+}
+
+// A replacement released to its node and not bound within the placement timeout is deleted
+// once (its controller recreates it); before the timeout it is left alone.
+func TestPlacementTimeout(t *testing.T) {
+	p := pod("shop", "cart-1", "cart", "", "ReplicaSet", t0.Add(-time.Hour), 500)
+	p.Status = corev1.PodStatus{Phase: corev1.PodPending}
+	p.Annotations = map[string]string{AnnotationPlacedOn: "n2", AnnotationPlacedAt: t0.Add(-DefaultPlacementTimeout + time.Second).Format(time.RFC3339)}
+	c := started(t, Config{}, p)
+	after, err := c.syncPod(context.Background(), discard{}, "shop/cart-1")
+	if err != nil || after <= 0 || after > time.Second {
+		t.Fatalf("before the timeout: look again after %v (%v), want within 1 s", after, err)
+	}
+	c.cfg.Clock = func() time.Time { return t0.Add(time.Second) }
+	if _, err := c.syncPod(context.Background(), discard{}, "shop/cart-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.cs.CoreV1().Pods("shop").Get(context.Background(), "cart-1", metav1.GetOptions{}); err == nil {
+		t.Error("the replacement still exists after the placement timeout")
+	}
+	if v := testutil.ToFloat64(c.metrics.placementFailures); v != 1 {
+		t.Errorf("placement failures %v, want 1", v)
 	}
 }
 

@@ -2,22 +2,23 @@ package rebalancer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
-
-	"github.com/edgeflow/edgeflow/optimizer"
+	"k8s.io/client-go/util/workqueue"
 )
 
 // LeaderConfig is the Lease the replicas elect their leader on; only the leader acts.
@@ -34,11 +35,21 @@ const DefaultLeaseName = "edgeflow-rebalancer"
 // Backoff of a refused eviction (429): doubled on each refusal, up to the period.
 const initialBackoff = 10 * time.Second
 
-// Run starts the informers and takes part in the leader election on le's Lease until ctx is
-// done; while it leads, it runs every Period (and on Trigger) and releases gated pods. A
-// replica that loses the Lease stops acting at once and stands for election again. Run
-// returns nil when ctx is done, after every goroutine it started has stopped.
+// Run starts the informers and runs the controller until ctx is done; it returns nil then,
+// after every goroutine it started has stopped.
+//
+// Acting (not dry-run), it runs the gate worker (gates.go) on this replica whether it leads or
+// not, and takes part in the leader election on le's Lease; while it leads, it reads the state
+// the last leader left (state.go), then plans every Period (and on Trigger), and places the
+// replacements of its moves. A replica that loses the Lease stops acting at once; its leader
+// loop has ended before it stands for election again.
+//
+// In dry-run it plans every Period (and on Trigger) and writes nothing: no Lease, no event, no
+// gate released. It reads the state in le's namespace when le names one.
 func (c *Controller) Run(ctx context.Context, le LeaderConfig) error {
+	if c.cfg.DryRun {
+		return c.runDry(ctx, le)
+	}
 	if le.Namespace == "" || le.Name == "" {
 		return fmt.Errorf("rebalancer: the Lease needs a namespace and a name")
 	}
@@ -51,9 +62,19 @@ func (c *Controller) Run(ctx context.Context, le LeaderConfig) error {
 	if le.RetryPeriod <= 0 {
 		le.RetryPeriod = 2 * time.Second
 	}
+	c.store = stateStore{namespace: le.Namespace, name: le.Name + stateSuffix}
 	id := c.identity()
+	if c.Synced() {
+		return errors.New("rebalancer: Run after Start: Run starts the informers itself")
+	}
+	// Before the informers start: their handlers queue gated pods.
+	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "edgeflow-rebalancer-gates"})
 	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
 	defer c.Stop()
+	defer wg.Wait()
+	defer c.queue.ShutDown()
 	defer cancel()
 	if err := c.Start(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -67,23 +88,85 @@ func (c *Controller) Run(ctx context.Context, le LeaderConfig) error {
 		return fmt.Errorf("rebalancer: events: %w", err)
 	}
 	rec := broadcaster.NewRecorder(scheme.Scheme, "edgeflow-rebalancer")
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.gateWorker(ctx, rec)
+	}()
 	lock := &resourcelock.LeaseLock{LeaseMeta: metav1.ObjectMeta{Namespace: le.Namespace, Name: le.Name},
 		Client: c.cs.CoordinationV1(), LockConfig: resourcelock.ResourceLockConfig{Identity: id}}
 	for ctx.Err() == nil {
+		leading := make(chan context.Context, 1)
 		elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock: lock, LeaseDuration: le.LeaseDuration, RenewDeadline: le.RenewDeadline, RetryPeriod: le.RetryPeriod,
 			ReleaseOnCancel: true, Name: le.Name,
 			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: func(lctx context.Context) { c.lead(lctx, rec) },
+				// The leader loop runs here, in Run's goroutine, not in the elector's: it has
+				// ended before the next election starts.
+				OnStartedLeading: func(lctx context.Context) { leading <- lctx },
 				OnStoppedLeading: func() {},
 			},
 		})
 		if err != nil {
 			return fmt.Errorf("rebalancer: leader election: %w", err)
 		}
-		elector.Run(ctx) // returns when ctx is done or the lease is lost
+		elected := make(chan struct{})
+		go func() {
+			defer close(elected)
+			elector.Run(ctx) // returns when ctx is done or the lease is lost
+		}()
+		select {
+		case lctx := <-leading:
+			c.lead(lctx, rec)
+			<-elected
+		case <-elected:
+		}
 	}
 	return nil
+}
+
+// runDry plans every period, writing nothing.
+func (c *Controller) runDry(ctx context.Context, le LeaderConfig) error {
+	defer c.Stop()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := c.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	if le.Namespace != "" && le.Name != "" {
+		c.store = stateStore{namespace: le.Namespace, name: le.Name + stateSuffix}
+	}
+	c.log.Info("rebalancer: dry-run", "period", c.cfg.Period)
+	period := time.NewTicker(c.cfg.Period)
+	defer period.Stop()
+	ran := false
+	for {
+		if !ran && c.cfg.Topology() != nil {
+			ran = true
+			if c.store.name != "" {
+				st, err := c.loadState(ctx) // a read: the moves other replicas made count
+				if err != nil {
+					c.log.Info("rebalancer: dry-run: state not read", "error", err)
+				} else {
+					c.mu.Lock()
+					c.st = st
+					c.mu.Unlock()
+				}
+			}
+			c.runOnce(ctx, nil)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-period.C:
+			ran = false
+		case <-c.trigger:
+			ran = false
+		}
+	}
 }
 
 func (c *Controller) identity() string {
@@ -103,22 +186,45 @@ func (c *Controller) Leading() bool {
 	return c.leading
 }
 
-// lead is the leader's loop; it returns when lctx is done (the lease lost or Run's context).
+// lead is the leader's loop; it returns when lctx is done (the lease lost or Run's context),
+// after the goroutine it started (the state writer) has stopped. It reads the state the last
+// leader left before anything else; until it has, it neither gates nor moves.
 func (c *Controller) lead(lctx context.Context, rec events.EventRecorder) {
+	for {
+		st, err := c.loadState(lctx)
+		if err == nil {
+			c.mu.Lock()
+			c.st = st
+			c.mu.Unlock()
+			break
+		}
+		c.log.Error("rebalancer: the leader cannot read its state; it does not act until it can", "error", err)
+		select {
+		case <-lctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
 	c.setLeading(true)
 	defer c.setLeading(false)
-	c.log.Info("rebalancer: leading", "identity", c.identity(), "dryRun", c.cfg.DryRun, "period", c.cfg.Period)
+	c.log.Info("rebalancer: leading", "identity", c.identity(), "period", c.cfg.Period,
+		"movesInFlight", len(c.st.Moves))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.writeState(lctx)
+	}()
+	c.queueGated()
 	period := time.NewTicker(c.cfg.Period)
 	defer period.Stop()
-	gates := time.NewTicker(time.Second)
-	defer gates.Stop()
 	ran := false
 	for {
 		if !ran && c.cfg.Topology() != nil {
 			ran = true
 			c.runOnce(lctx, rec)
 		}
-		c.releaseGated(lctx, rec)
 		select {
 		case <-lctx.Done():
 			return
@@ -126,8 +232,25 @@ func (c *Controller) lead(lctx context.Context, rec events.EventRecorder) {
 			ran = false
 		case <-c.trigger:
 			ran = false
-		case <-c.gated:
-		case <-gates.C:
+		}
+	}
+}
+
+// writeState writes the state whenever it changed (one write in flight; changes meanwhile
+// are written next), until ctx is done. A failed write is retried a second later.
+func (c *Controller) writeState(ctx context.Context) {
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.stateDirty:
+		case <-retry:
+		}
+		retry = nil
+		if err := c.saveState(ctx); err != nil && ctx.Err() == nil {
+			c.log.Error("rebalancer: writing the state (retried)", "error", err)
+			retry = time.After(time.Second)
 		}
 	}
 }
@@ -135,6 +258,9 @@ func (c *Controller) lead(lctx context.Context, rec events.EventRecorder) {
 func (c *Controller) setLeading(on bool) {
 	c.mu.Lock()
 	c.leading = on
+	if on {
+		c.leadSince = c.cfg.Clock()
+	}
 	c.mu.Unlock()
 	if on {
 		c.metrics.leader.Set(1)
@@ -152,7 +278,7 @@ func (c *Controller) runOnce(ctx context.Context, rec events.EventRecorder) *Rep
 		c.log.Error("rebalancer: planning", "error", err)
 		return nil
 	}
-	if !c.cfg.DryRun {
+	if !c.cfg.DryRun && rec != nil {
 		c.act(ctx, r, rec)
 	}
 	c.metrics.runs.WithLabelValues("ok").Inc()
@@ -178,27 +304,57 @@ func (c *Controller) runOnce(ctx context.Context, rec events.EventRecorder) *Rep
 	return r
 }
 
-// act evicts the report's chosen moves, in order. A move is recorded as pending before its
-// eviction (the replacement may be created, gated, before Evict returns); a refused eviction
-// (429: a PodDisruptionBudget) backs off and is marked skip pdb, a pod already gone pod_gone,
-// any other error error.
+// act evicts the report's chosen moves, in order. Every move is first recorded in flight in
+// the state, and the state written, before any eviction (the replacement may be created, and
+// gated, before Evict returns; a leader that dies now hands the moves over); if the state
+// cannot be written nothing is evicted. A refused eviction (429: a PodDisruptionBudget)
+// backs off and is marked skip pdb, a pod already gone pod_gone, any other error error.
 func (c *Controller) act(ctx context.Context, r *Report, rec events.EventRecorder) {
+	now := c.cfg.Clock()
+	type chosen struct {
+		m   *Move
+		pod *corev1.Pod
+	}
+	var todo []chosen
+	c.mu.Lock()
 	for i := range r.Moves {
 		m := &r.Moves[i]
 		if m.Action != ActionEvict {
 			continue
 		}
 		pod, err := c.pods.Pods(m.Namespace).Get(m.Pod)
-		if err != nil {
+		owner := (*metav1.OwnerReference)(nil)
+		if err == nil {
+			owner = metav1.GetControllerOf(pod)
+		}
+		if owner == nil {
 			m.Action, m.Reason = ActionSkip, ReasonGone
 			continue
 		}
-		cpu, mem := podRequests(pod)
-		pm := pendingMove{move: *m, evicted: c.cfg.Clock(), cpu: cpu, mem: mem}
+		c.st.Moves = append(c.st.Moves, moveRecord{Move: *m, PodUID: pod.UID, Owner: owner.UID,
+			Requests: podRequests(pod), Evicted: now})
+		todo = append(todo, chosen{m, pod})
+	}
+	c.mu.Unlock()
+	if len(todo) == 0 {
+		return
+	}
+	drop := func(uid types.UID) {
+		c.st.Moves = slices.DeleteFunc(c.st.Moves, func(r moveRecord) bool { return r.PodUID == uid && r.Evicted.Equal(now) })
+	}
+	if err := c.saveState(ctx); err != nil {
+		c.log.Error("rebalancer: the moves are not recorded; nothing is evicted", "error", err)
 		c.mu.Lock()
-		c.pending[m.Service] = append(c.pending[m.Service], pm)
+		for _, t := range todo {
+			drop(t.pod.UID)
+			t.m.Action, t.m.Reason = ActionSkip, ReasonError
+		}
 		c.mu.Unlock()
-		err = c.cs.PolicyV1().Evictions(m.Namespace).Evict(ctx, &policyv1.Eviction{
+		return
+	}
+	for _, t := range todo {
+		m, pod := t.m, t.pod
+		err := c.cs.PolicyV1().Evictions(m.Namespace).Evict(ctx, &policyv1.Eviction{
 			ObjectMeta: metav1.ObjectMeta{Name: m.Pod, Namespace: m.Namespace},
 			// Only this incarnation of the pod: one recreated under the same name is not evicted.
 			DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}}})
@@ -209,18 +365,15 @@ func (c *Controller) act(ctx context.Context, r *Report, rec events.EventRecorde
 			continue
 		}
 		c.mu.Lock()
-		c.pending[m.Service] = slices.DeleteFunc(c.pending[m.Service], func(p pendingMove) bool { return p.evicted == pm.evicted && p.move.Pod == m.Pod })
-		if len(c.pending[m.Service]) == 0 {
-			delete(c.pending, m.Service)
-		}
+		drop(pod.UID)
 		m.Action = ActionSkip
 		switch {
 		case apierrors.IsTooManyRequests(err):
 			m.Reason = ReasonPDB
-			b := c.backoff[pod.UID]
-			b.delay = min(max(2*b.delay, initialBackoff), c.cfg.Period)
-			b.until = c.cfg.Clock().Add(b.delay)
-			c.backoff[pod.UID] = b
+			b := c.st.Backoff[pod.UID]
+			b.Delay = min(max(2*b.Delay, initialBackoff), c.cfg.Period)
+			b.Until = c.cfg.Clock().Add(b.Delay)
+			c.st.Backoff[pod.UID] = b
 		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 			m.Reason = ReasonGone
 		default:
@@ -229,141 +382,17 @@ func (c *Controller) act(ctx context.Context, r *Report, rec events.EventRecorde
 		c.mu.Unlock()
 		c.log.Info("rebalancer: eviction refused", "pod", m.Namespace+"/"+m.Pod, "reason", m.Reason, "error", err)
 	}
+	c.markDirty()
 }
 
-// releaseGated lifts the gate of every gated pod: the replacement of a pending move of its
-// service gets a required node affinity to the move's node (if that node still has room); a
-// pod no move awaits, or gated longer than GateTimeout, is released without affinity. A pod
-// is never left gated: whatever fails here is retried on the next tick, and the timeout
-// releases it without affinity.
-func (c *Controller) releaseGated(ctx context.Context, rec events.EventRecorder) {
-	pods, err := c.pods.List(labels.Everything())
-	if err != nil {
-		return
+// expects says whether the webhook gates the pod: this replica leads and a move of the pod's
+// owner is in flight (the pod replaces the pod that move evicted).
+func (c *Controller) expects(p *corev1.Pod) bool {
+	owner := metav1.GetControllerOf(p)
+	if owner == nil {
+		return false
 	}
-	var gated []*corev1.Pod
-	for _, p := range pods {
-		if hasGate(p) && p.DeletionTimestamp == nil {
-			gated = append(gated, p)
-		}
-	}
-	if len(gated) == 0 {
-		return
-	}
-	slices.SortFunc(gated, func(a, b *corev1.Pod) int { return a.CreationTimestamp.Compare(b.CreationTimestamp.Time) })
-	w, err := c.world()
-	if err != nil {
-		return
-	}
-	now := c.cfg.Clock()
-	for _, p := range gated {
-		svc := c.serviceOf(p)
-		c.mu.Lock()
-		ms := c.pending[svc]
-		var node, how string
-		switch {
-		case now.Sub(p.CreationTimestamp.Time) > c.cfg.GateTimeout:
-			how = ReleaseTimeout
-		case svc == "" || len(ms) == 0:
-			how = ReleaseUnplanned
-		default:
-			pm := ms[0]
-			how = ReleasePlanned
-			if n := w.nodes[pm.move.To]; n == nil || !n.fits(podRequests(p)) {
-				how = ReleaseNodeFull
-			} else {
-				node = pm.move.To
-			}
-		}
-		c.mu.Unlock()
-		if err := c.release(ctx, p, node); err != nil {
-			c.log.Info("rebalancer: releasing a gated pod (retried)", "pod", p.Namespace+"/"+p.Name, "error", err)
-			continue
-		}
-		c.metrics.released.WithLabelValues(how).Inc()
-		var replaced string
-		c.mu.Lock()
-		if (how == ReleasePlanned || how == ReleaseNodeFull) && len(c.pending[svc]) > 0 {
-			pm := c.pending[svc][0]
-			replaced = pm.move.Pod
-			c.pending[svc] = c.pending[svc][1:]
-			if len(c.pending[svc]) == 0 {
-				delete(c.pending, svc)
-			}
-			if how == ReleasePlanned {
-				c.placed[p.UID] = now
-				c.left[serviceNode{svc, pm.move.From}] = now
-				w.nodes[node].reserve(podRequests(p))
-			}
-		}
-		c.mu.Unlock()
-		if how == ReleasePlanned {
-			rec.Eventf(p, nil, corev1.EventTypeNormal, "Placed", "Release",
-				"edgeflow placed the pod on node %s, replacing %s", node, replaced)
-		}
-		c.log.Info("rebalancer: released", "pod", p.Namespace+"/"+p.Name, "node", node, "how", how)
-	}
-}
-
-// release removes the gate and, if node is set, requires the node (a required node affinity
-// may be set while a pod is gated; terms already required are kept and narrowed).
-func (c *Controller) release(ctx context.Context, p *corev1.Pod, node string) error {
-	cur, err := c.cs.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	if cur.UID != p.UID || !hasGate(cur) {
-		return nil
-	}
-	cur = cur.DeepCopy()
-	cur.Spec.SchedulingGates = slices.DeleteFunc(cur.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == GateName })
-	if node != "" {
-		requireNode(&cur.Spec, node)
-	}
-	_, err = c.cs.CoreV1().Pods(p.Namespace).Update(ctx, cur, metav1.UpdateOptions{})
-	return err
-}
-
-// requireNode adds "metadata.name In [node]" to the pod's required node affinity: a new term
-// when there is none, else to every term (the terms are ORed, so each must require it).
-func requireNode(spec *corev1.PodSpec, node string) {
-	req := corev1.NodeSelectorRequirement{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}
-	if spec.Affinity == nil {
-		spec.Affinity = &corev1.Affinity{}
-	}
-	if spec.Affinity.NodeAffinity == nil {
-		spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
-	}
-	na := spec.Affinity.NodeAffinity
-	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil || len(na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms) == 0 {
-		na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{
-			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{req}}}}
-		return
-	}
-	terms := na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
-	for i := range terms {
-		terms[i].MatchFields = append(terms[i].MatchFields, req)
-	}
-}
-
-// serviceOf returns the key of the first managed service (by key) whose selector picks the
-// pod, or "".
-func (c *Controller) serviceOf(p *corev1.Pod) string {
-	var keys []string
-	for _, l := range c.services {
-		svcs, err := l.Services(p.Namespace).List(c.selector)
-		if err != nil {
-			continue
-		}
-		for _, s := range svcs {
-			if len(s.Spec.Selector) > 0 && labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(p.Labels)) {
-				keys = append(keys, optimizer.QualifiedName(s.Name, s.Namespace))
-			}
-		}
-	}
-	if len(keys) == 0 {
-		return ""
-	}
-	slices.Sort(keys)
-	return keys[0]
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leading && c.st.inFlight(owner.UID) >= 0
 }

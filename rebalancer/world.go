@@ -2,6 +2,7 @@ package rebalancer
 
 import (
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -9,8 +10,63 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
-// world is what one run reads from the informer caches: every pod, and each node's allocatable
-// and requested resources as kube-scheduler counts them.
+// Pod informer indexes.
+const (
+	// indexNode indexes pods by spec.nodeName (bound pods only): a node's use without a list
+	// of every pod.
+	indexNode = "node"
+	// indexGate indexes the pods the gate worker looks after: "gated" (edgeflow's scheduling
+	// gate is on) and "placing" (released to a planned node, not bound yet).
+	indexGate = "gate"
+)
+
+const (
+	gateGated   = "gated"
+	gatePlacing = "placing"
+)
+
+// Annotations the rebalancer puts on a replacement it releases to a planned node: the node
+// and when (RFC 3339). A pod that carries them and is still not bound PlacementTimeout after is
+// deleted once, by any replica.
+const (
+	AnnotationPlacedOn = "edgeflow.io/placed-on"
+	AnnotationPlacedAt = "edgeflow.io/placed-at"
+)
+
+func indexPodNode(obj any) ([]string, error) {
+	if p, ok := obj.(*corev1.Pod); ok && p.Spec.NodeName != "" && !terminal(p) {
+		return []string{p.Spec.NodeName}, nil
+	}
+	return nil, nil
+}
+
+func indexPodGate(obj any) ([]string, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.DeletionTimestamp != nil {
+		return nil, nil
+	}
+	switch {
+	case hasGate(p):
+		return []string{gateGated}, nil
+	case placing(p):
+		return []string{gatePlacing}, nil
+	}
+	return nil, nil
+}
+
+// placing says whether the pod was released to a planned node and is not bound yet.
+func placing(p *corev1.Pod) bool {
+	return p.Spec.NodeName == "" && p.Annotations[AnnotationPlacedAt] != "" && !terminal(p)
+}
+
+// placedAt is when the pod was released to its planned node (zero if not, or unreadable).
+func placedAt(p *corev1.Pod) time.Time {
+	t, _ := time.Parse(time.RFC3339, p.Annotations[AnnotationPlacedAt])
+	return t
+}
+
+// world is what one planning run reads from the informer caches: every pod, and each node
+// with what its pods request. It is built only for a planning run.
 type world struct {
 	pods  map[podKey]*corev1.Pod
 	nodes map[string]*nodeUse
@@ -19,26 +75,6 @@ type world struct {
 }
 
 type podKey struct{ namespace, name string }
-
-// nodeUse is a node's allocatable cpu (millicores), memory (MiB) and pod slots, and what the
-// pods bound to it request. A zero allocatable means not given, i.e. not limited.
-type nodeUse struct {
-	cpu, mem, slots          int64
-	usedCPU, usedMem, usedSl int64
-}
-
-// fits says whether a pod requesting cpu and mem fits beside what the node already holds.
-func (n *nodeUse) fits(cpu, mem int64) bool {
-	return (n.cpu == 0 || n.usedCPU+cpu <= n.cpu) &&
-		(n.mem == 0 || n.usedMem+mem <= n.mem) &&
-		(n.slots == 0 || n.usedSl+1 <= n.slots)
-}
-
-func (n *nodeUse) reserve(cpu, mem int64) {
-	n.usedCPU += cpu
-	n.usedMem += mem
-	n.usedSl++
-}
 
 // world reads the caches.
 func (c *Controller) world() (*world, error) {
@@ -53,15 +89,13 @@ func (c *Controller) world() (*world, error) {
 	w := &world{pods: make(map[podKey]*corev1.Pod, len(pods)), nodes: make(map[string]*nodeUse, len(nodes)),
 		selected: map[string][]*corev1.Pod{}}
 	for _, n := range nodes {
-		a := n.Status.Allocatable
-		w.nodes[n.Name] = &nodeUse{cpu: a.Cpu().MilliValue(), mem: a.Memory().Value() >> 20, slots: a.Pods().Value()}
+		w.nodes[n.Name] = newNodeUse(n)
 	}
 	byNS := map[string][]*corev1.Pod{} // live pods (not terminating, not finished) by namespace
 	for _, p := range pods {
 		w.pods[podKey{p.Namespace, p.Name}] = p
 		if n := w.nodes[p.Spec.NodeName]; n != nil && !terminal(p) {
-			cpu, mem := podRequests(p)
-			n.reserve(cpu, mem)
+			n.reserve(podRequests(p))
 		}
 		if p.DeletionTimestamp == nil && !terminal(p) {
 			byNS[p.Namespace] = append(byNS[p.Namespace], p)
@@ -89,6 +123,24 @@ func (c *Controller) world() (*world, error) {
 	return w, nil
 }
 
+// nodeUse reads one node and the pods bound to it from the caches (the node index), for a
+// release: no list of every pod.
+func (c *Controller) nodeUse(name string) (*nodeUse, error) {
+	n, err := c.nodes.Get(name)
+	if err != nil {
+		return nil, err
+	}
+	u := newNodeUse(n)
+	objs, err := c.podIndex.ByIndex(indexNode, name)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range objs {
+		u.reserve(podRequests(o.(*corev1.Pod)))
+	}
+	return u, nil
+}
+
 // forPlanning returns a copy of t whose nodes offer the managed pods what the other pods leave
 // free: allocatable minus the requests of every pod bound to the node that is not one of t's
 // pods (DaemonSets, unmanaged workloads, managed pods not ready). A node with nothing left
@@ -108,7 +160,7 @@ func (w *world) forPlanning(t *optimizer.Topology) *optimizer.Topology {
 		if mine[k] || terminal(p) || p.Spec.NodeName == "" {
 			continue
 		}
-		cpu, mem := podRequests(p)
+		cpu, mem := podRequests(p).cpuMem()
 		otherCPU[p.Spec.NodeName] += cpu
 		otherMem[p.Spec.NodeName] += mem
 	}
@@ -127,26 +179,6 @@ func (w *world) forPlanning(t *optimizer.Topology) *optimizer.Topology {
 // terminal says whether the pod has finished (its resources are free).
 func terminal(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-}
-
-// podRequests is the pod's cpu (millicores) and memory (MiB) request as kube-scheduler counts
-// it: the larger of the containers' sum and the largest init container, plus the overhead.
-func podRequests(p *corev1.Pod) (cpu, mem int64) {
-	var initCPU, initMem int64
-	for _, c := range p.Spec.Containers {
-		cpu += c.Resources.Requests.Cpu().MilliValue()
-		mem += c.Resources.Requests.Memory().Value()
-	}
-	for _, c := range p.Spec.InitContainers {
-		initCPU = max(initCPU, c.Resources.Requests.Cpu().MilliValue())
-		initMem = max(initMem, c.Resources.Requests.Memory().Value())
-	}
-	cpu, mem = max(cpu, initCPU), max(mem, initMem)
-	if o := p.Spec.Overhead; o != nil {
-		cpu += o.Cpu().MilliValue()
-		mem += o.Memory().Value()
-	}
-	return cpu, mem >> 20
 }
 
 // ready says whether the pod is bound, running and Ready.

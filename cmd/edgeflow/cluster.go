@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
@@ -41,6 +42,8 @@ type clusterFlags struct {
 	hystRel      float64
 	hystMS       float64
 	hystRPS      float64
+	kubeQPS      float32
+	kubeBurst    int
 
 	istio istioFlags
 }
@@ -149,6 +152,7 @@ func (f *clusterFlags) istioClient() (versioned.Interface, error) {
 func (f *clusterFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "read the topology from the cluster of this kubeconfig (also $KUBECONFIG; in a pod, the in-cluster config) instead of -f")
+	f.registerKubeLimits(cmd)
 	fl.StringSliceVar(&f.namespaces, "namespaces", nil, "namespaces whose Services may be managed (default: all)")
 	fl.StringVarP(&f.selector, "selector", "l", kube.DefaultSelector, "label selector of managed Services (\"\" selects every Service in --namespaces)")
 	fl.StringVar(&f.prometheusURL, "prometheus-url", "", "Prometheus base URL: node-to-node latency (blackbox ICMP RTT) and the call graph (istio_requests_total)")
@@ -165,6 +169,13 @@ func (f *clusterFlags) register(cmd *cobra.Command) {
 	fl.Float64Var(&f.hystRPS, "hysteresis-rps", prom.DefaultHysteresisRPS, "a call-rate change of at most this many requests/s causes no recompute")
 }
 
+// registerKubeLimits registers --kube-qps and --kube-burst, the rate limits of every
+// Kubernetes client the command makes.
+func (f *clusterFlags) registerKubeLimits(cmd *cobra.Command) {
+	cmd.Flags().Float32Var(&f.kubeQPS, "kube-qps", rebalancer.DefaultKubeQPS, "requests per second each Kubernetes client may send (client-go's own default is 5)")
+	cmd.Flags().IntVar(&f.kubeBurst, "kube-burst", rebalancer.DefaultKubeBurst, "burst above --kube-qps each Kubernetes client may send")
+}
+
 // fromCluster says whether the topology comes from a cluster (else from -f).
 func (f *clusterFlags) fromCluster() bool {
 	return f.kubeconfig != "" || f.prometheusURL != "" || (f.kubeconfig == "" && os.Getenv("KUBECONFIG") != "")
@@ -176,12 +187,32 @@ func (f *clusterFlags) restConfig() (*rest.Config, error) {
 	rules.ExplicitPath = f.kubeconfig
 	if f.kubeconfig == "" && os.Getenv("KUBECONFIG") == "" {
 		if cfg, err := rest.InClusterConfig(); err == nil {
-			return cfg, nil
+			return f.limited(cfg)
 		}
 	}
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
 	if err != nil {
 		return nil, usageError{fmt.Errorf("kubeconfig: %w", err)}
+	}
+	return f.limited(cfg)
+}
+
+// limited applies --kube-qps and --kube-burst (their defaults when not registered) and names
+// edgeflow as the user agent (the API server's audit log and metrics show it).
+func (f *clusterFlags) limited(cfg *rest.Config) (*rest.Config, error) {
+	qps, burst := f.kubeQPS, f.kubeBurst
+	if qps == 0 {
+		qps = rebalancer.DefaultKubeQPS
+	}
+	if burst == 0 {
+		burst = rebalancer.DefaultKubeBurst
+	}
+	if qps < 0 || burst < 1 {
+		return nil, badInput("--kube-qps must be positive and --kube-burst at least 1, not %v and %d", qps, burst)
+	}
+	cfg.QPS, cfg.Burst = qps, burst
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = "edgeflow"
 	}
 	return cfg, nil
 }

@@ -32,7 +32,9 @@ func init() { subcommands = append(subcommands, newRebalanceCommand) }
 // where every flag is prefixed rebalance-).
 type rebalanceFlags struct {
 	dryRun                                  bool
+	allowSingleReplica                      bool
 	period                                  time.Duration
+	placementTimeout                        time.Duration
 	threshold                               float64
 	maxMoves, maxPerNode, maxPerNS          int
 	minAge, cooldown, gateTimeout, budget   time.Duration
@@ -50,9 +52,11 @@ func (f *rebalanceFlags) register(cmd *cobra.Command, prefix string) {
 	fl.IntVar(&f.maxPerNS, prefix+"max-moves-per-namespace", rebalancer.DefaultMaxMovesPerNamespace, "most moves per run in one namespace")
 	fl.DurationVar(&f.minAge, prefix+"min-age", rebalancer.DefaultMinAge, "never move a pod younger than this")
 	fl.DurationVar(&f.cooldown, prefix+"cooldown", rebalancer.DefaultCooldown, "a pod placed by a move is not moved again, and its service does not move back, within this")
-	fl.DurationVar(&f.gateTimeout, prefix+"gate-timeout", rebalancer.DefaultGateTimeout, "a gated pod not placed within this is released without affinity")
+	fl.DurationVar(&f.gateTimeout, prefix+"gate-timeout", rebalancer.DefaultGateTimeout, "a gated pod not placed within this is released without affinity, by any replica")
+	fl.DurationVar(&f.placementTimeout, prefix+"placement-timeout", rebalancer.DefaultPlacementTimeout, "a replacement required on its planned node and not scheduled within this is deleted once (its controller recreates it without a node)")
+	fl.BoolVar(&f.allowSingleReplica, prefix+"allow-single-replica", false, "also move the only pod of a service (an outage while it restarts, wherever no PodDisruptionBudget forbids it)")
 	fl.DurationVar(&f.budget, prefix+"budget", optimizer.DefaultPlaceBudget, "bound on the planning search (0: none); a plan cut short says so")
-	fl.StringVar(&f.leaseNamespace, prefix+"lease-namespace", "", "namespace of the leader-election Lease (default: the pod's namespace, else default)")
+	fl.StringVar(&f.leaseNamespace, prefix+"lease-namespace", "", "namespace of the leader-election Lease and of the rebalancer's state ConfigMap (default: the pod's namespace; required outside a pod when acting)")
 	fl.StringVar(&f.leaseName, prefix+"lease-name", rebalancer.DefaultLeaseName, "name of the leader-election Lease")
 	fl.StringVar(&f.webhookAddress, "webhook-address", "", "HOST:PORT to serve the placement webhook on (HTTPS, path "+rebalancer.WebhookPath+"); empty: not served")
 	fl.StringVar(&f.webhookCert, "webhook-tls-cert", "", "the webhook's certificate (PEM; read again when the file changes)")
@@ -67,8 +71,10 @@ func (f *rebalanceFlags) check() error {
 		return badInput("the move limits must be at least 1")
 	case f.budget < 0:
 		return badInput("the planning budget must not be negative (0: no limit)")
-	case f.period <= 0 || f.gateTimeout <= 0:
-		return badInput("the period and the gate timeout must be positive")
+	case f.period <= 0 || f.gateTimeout <= 0 || f.placementTimeout <= 0:
+		return badInput("the period, the gate timeout and the placement timeout must be positive")
+	case !f.dryRun && f.lease().Namespace == "":
+		return badInput("--lease-namespace is required outside a pod: replicas elect their leader on a Lease there (a laptop run and the in-cluster replicas must share it)")
 	case (f.webhookCert == "") != (f.webhookKey == ""):
 		return badInput("give both --webhook-tls-cert and --webhook-tls-key")
 	case f.webhookAddress != "" && f.webhookCert == "":
@@ -84,9 +90,6 @@ func (f *rebalanceFlags) lease() rebalancer.LeaderConfig {
 			ns = string(bytes.TrimSpace(b))
 		}
 	}
-	if ns == "" {
-		ns = "default"
-	}
 	return rebalancer.LeaderConfig{Namespace: ns, Name: f.leaseName}
 }
 
@@ -95,7 +98,8 @@ func (f *rebalanceFlags) controller(cs kubernetes.Interface, cf *clusterFlags, c
 	c, err := rebalancer.New(rebalancer.Config{Client: cs, Topology: cluster.Current, Namespaces: cf.namespaces,
 		Selector: cf.selector, DefaultLatencyMS: defaultLatency, DryRun: f.dryRun, Period: f.period,
 		Threshold: f.threshold, MaxMoves: f.maxMoves, MaxMovesPerNode: f.maxPerNode, MaxMovesPerNamespace: f.maxPerNS,
-		MinAge: f.minAge, Cooldown: f.cooldown, GateTimeout: f.gateTimeout, Budget: budgetOrNone(f.budget),
+		MinAge: f.minAge, Cooldown: f.cooldown, GateTimeout: f.gateTimeout, PlacementTimeout: f.placementTimeout,
+		AllowSingleReplica: f.allowSingleReplica, Budget: budgetOrNone(f.budget),
 		Logger: logger, Registerer: reg})
 	if err != nil {
 		return nil, usageError{err}
@@ -159,7 +163,11 @@ func newRebalanceCommand() *cobra.Command {
 			"would be skipped — and exits. With --dry-run=false it runs as a controller: only the holder of the Lease\n" +
 			"acts; every --period (and on SIGUSR1) it evicts through the Eviction API (PodDisruptionBudgets hold) and\n" +
 			"lifts the edgeflow.io/placement scheduling gate of each replacement with a required node affinity to\n" +
-			"its planned node. --webhook-address serves the mutating webhook that adds that gate.",
+			"its planned node. --webhook-address serves the mutating webhook that adds that gate, to the replacements\n" +
+			"of the leader's moves only (with no leader, nothing is gated). Any replica lifts a gate older than\n" +
+			"--gate-timeout; a replacement not scheduled within --placement-timeout is deleted once and recreated\n" +
+			"ungated. The leader keeps its moves, cool-downs and back-offs in the ConfigMap LEASE-NAME-state, which\n" +
+			"the next leader reads before it acts; it moves nothing in its first period.",
 		Example: "  edgeflow rebalance --calls calls.yaml --default-latency 10\n" +
 			"  edgeflow rebalance --prometheus-url http://prometheus:9090 -o json\n" +
 			"  edgeflow rebalance --dry-run=false --webhook-address :8443 --webhook-tls-cert tls.crt --webhook-tls-key tls.key",

@@ -21,7 +21,9 @@ func newUninstallCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "uninstall --kubeconfig PATH [--istio-namespace NS]",
 		Short: "Remove every Istio object edgeflow manages from the cluster",
-		Long: "uninstall deletes what serve --istio-mode created, the objects labelled " + istio.ManagedByLabel + "=" + istio.ManagedByValue + ":\n" +
+		Long: "uninstall first removes the rebalancer's placement webhook registration (when edgeflow's), lifts the\n" +
+			"edgeflow.io/placement scheduling gate from every pod and deletes the rebalancer's state ConfigMaps.\n" +
+			"Then it deletes what serve --istio-mode created, the objects labelled " + istio.ManagedByLabel + "=" + istio.ManagedByValue + ":\n" +
 			"the EnvoyFilters in --istio-namespace, then the ConfigMaps " + istio.BootstrapConfigMapName + " in every namespace, and the\n" +
 			"DestinationRules in every namespace; Istio's sidecars then take every service's endpoints and load balancing\n" +
 			"from istiod and the user's own rules again. Objects edgeflow does not own are never touched; running it twice\n" +
@@ -29,6 +31,10 @@ func newUninstallCommand() *cobra.Command {
 			"deleted ConfigMap cannot restart.",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The rebalancer first: its webhook registration, its gates, its state.
+			if err := uninstallRebalancer(cmd, &cf, timeout); err != nil {
+				return err
+			}
 			filters := flags.config()
 			filters.XDSAddress = "uninstall.invalid:1" // not used: uninstall only deletes by label
 			r, err := cf.envoyFilterReconciler(filters, nil)
@@ -58,6 +64,7 @@ func newUninstallCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cf.kubeconfig, "kubeconfig", "", "the cluster (else $KUBECONFIG; in a pod, the in-cluster config)")
 	flags.register(cmd, false)
+	cf.registerKubeLimits(cmd)
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "give up after this long")
 	return cmd
 }

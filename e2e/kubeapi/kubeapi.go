@@ -40,6 +40,8 @@ type Cluster struct {
 	Client kubernetes.Interface
 	// Kubeconfig is the path of a kubeconfig file for Config (for CLI flags).
 	Kubeconfig string
+	// AuditLog is the path of the API server's audit log (Options.AuditLog), else "".
+	AuditLog string
 
 	t      testing.TB
 	dir    string
@@ -52,13 +54,19 @@ type Cluster struct {
 type Options struct {
 	// Scheduler and ControllerManager start kube-scheduler and kube-controller-manager.
 	Scheduler, ControllerManager bool
+	// AuditLog makes kube-apiserver log every request at level Metadata (who, user agent,
+	// verb, resource) to Cluster.AuditLog, as JSON lines.
+	AuditLog bool
 }
 
 type process struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
+	name  string
+	bin   string
+	args  []string
+	ready string // the URL that answers 200 once it serves
+	cmd   *exec.Cmd
+	log   string
+	done  chan struct{}
 }
 
 // Require skips the test with one line when the control plane cannot run here (the binaries
@@ -172,7 +180,16 @@ func (c *Cluster) start(opts Options) error {
 		"--initial-cluster", "edgeflow-test="+peerURL, "--unsafe-no-fsync"); err != nil {
 		return err
 	}
-	if err := c.run("kube-apiserver", filepath.Join(c.binDir, "kube-apiserver"),
+	var audit []string
+	if opts.AuditLog {
+		policy := filepath.Join(c.dir, "audit-policy.yaml")
+		if err := os.WriteFile(policy, []byte("apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n"), 0o600); err != nil {
+			return err
+		}
+		c.AuditLog = filepath.Join(c.dir, "audit.log")
+		audit = []string{"--audit-policy-file", policy, "--audit-log-path", c.AuditLog, "--audit-log-mode", "blocking"}
+	}
+	if err := c.run("kube-apiserver", filepath.Join(c.binDir, "kube-apiserver"), append([]string{
 		"--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", apiPort), "--cert-dir", filepath.Join(c.dir, "certs"),
@@ -182,12 +199,12 @@ func (c *Cluster) start(opts Options) error {
 		"--service-account-signing-key-file", filepath.Join(c.dir, "sa.key"),
 		"--token-auth-file", filepath.Join(c.dir, "tokens.csv"), "--authorization-mode", "RBAC",
 		"--disable-admission-plugins", "ServiceAccount", "--allow-privileged=true",
-		"--endpoint-reconciler-type", "none"); err != nil {
+		"--endpoint-reconciler-type", "none"}, audit...)...); err != nil {
 		return err
 	}
 	c.Config = &rest.Config{Host: fmt.Sprintf("https://127.0.0.1:%d", apiPort), BearerToken: c.token,
 		TLSClientConfig: rest.TLSClientConfig{Insecure: true}, QPS: 200, Burst: 400}
-	if err := c.waitReady(fmt.Sprintf("https://127.0.0.1:%d/readyz", apiPort), "kube-apiserver"); err != nil {
+	if err := c.waitReady(fmt.Sprintf("https://127.0.0.1:%d/readyz", apiPort)); err != nil {
 		return err
 	}
 	if c.Client, err = kubernetes.NewForConfig(c.Config); err != nil {
@@ -199,7 +216,7 @@ func (c *Cluster) start(opts Options) error {
 			"--bind-address", "127.0.0.1", fmt.Sprintf("--secure-port=%d", schedPort), "--leader-elect=false"); err != nil {
 			return err
 		}
-		if err := c.waitReady(fmt.Sprintf("https://127.0.0.1:%d/healthz", schedPort), "kube-scheduler"); err != nil {
+		if err := c.waitReady(fmt.Sprintf("https://127.0.0.1:%d/healthz", schedPort)); err != nil {
 			return err
 		}
 	}
@@ -211,7 +228,7 @@ func (c *Cluster) start(opts Options) error {
 			"--use-service-account-credentials=false", "--controllers", "*,-serviceaccount-token-controller"); err != nil {
 			return err
 		}
-		if err := c.waitReady(fmt.Sprintf("https://127.0.0.1:%d/healthz", cmPort), "kube-controller-manager"); err != nil {
+		if err := c.waitReady(fmt.Sprintf("https://127.0.0.1:%d/healthz", cmPort)); err != nil {
 			return err
 		}
 	}
@@ -250,8 +267,19 @@ current-context: test
 
 // run starts a child in its own process group that dies with the test binary (Pdeathsig).
 func (c *Cluster) run(name, bin string, args ...string) error {
+	p := &process{name: name, bin: bin, args: args}
+	if err := c.launch(p); err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	return nil
+}
+
+// launch starts p's binary (again), appending to its log.
+func (c *Cluster) launch(p *process) error {
+	name, bin, args := p.name, p.bin, p.args
 	logPath := filepath.Join(c.dir, name+".log")
-	logFile, err := os.Create(logPath)
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
@@ -262,16 +290,23 @@ func (c *Cluster) run(name, bin string, args ...string) error {
 		logFile.Close()
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	p := &process{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); logFile.Close(); close(p.done) }()
-	c.procs = append(c.procs, p)
+	p.cmd, p.log, p.done = cmd, logPath, make(chan struct{})
+	done := p.done
+	go func() { _ = cmd.Wait(); logFile.Close(); close(done) }()
 	return nil
 }
 
-func (c *Cluster) waitReady(url, name string) error {
+// waitReady waits until url answers 200, for the process started last.
+func (c *Cluster) waitReady(url string) error {
+	p := c.procs[len(c.procs)-1]
+	p.ready = url
+	return c.waitProcess(p)
+}
+
+func (c *Cluster) waitProcess(p *process) error {
+	url, name := p.ready, p.name
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	defer client.CloseIdleConnections()
-	p := c.procs[len(c.procs)-1]
 	deadline := time.Now().Add(90 * time.Second)
 	var last string
 	for time.Now().Before(deadline) {
@@ -303,6 +338,24 @@ func (c *Cluster) Stop(name string) error {
 		if p.name == name {
 			return p.stop()
 		}
+	}
+	return fmt.Errorf("kubeapi: no process %q", name)
+}
+
+// Restart starts a process Stop stopped (by name, e.g. "kube-scheduler") again, with the same
+// arguments, and waits until it serves.
+func (c *Cluster) Restart(name string) error {
+	for _, p := range c.procs {
+		if p.name != name {
+			continue
+		}
+		if err := p.stop(); err != nil {
+			return err
+		}
+		if err := c.launch(p); err != nil {
+			return err
+		}
+		return c.waitProcess(p)
 	}
 	return fmt.Errorf("kubeapi: no process %q", name)
 }

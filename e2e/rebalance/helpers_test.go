@@ -31,6 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 
@@ -57,9 +58,21 @@ type world struct {
 }
 
 func newWorld(t *testing.T, nodes ...kubeapi.NodeSpec) *world {
+	return newWorldWith(t, worldOptions{}, nodes...)
+}
+
+// worldOptions: what a test needs beyond the default world.
+type worldOptions struct {
+	audit   bool   // the API server's audit log (kubeapi.Options.AuditLog)
+	podCIDR string // the fake kubelet's pod addresses (default a /24: 253 pods)
+}
+
+func newWorldWith(t *testing.T, o worldOptions, nodes ...kubeapi.NodeSpec) *world {
 	kubeapi.Require(t)
-	c := kubeapi.Start(t, kubeapi.Options{Scheduler: true, ControllerManager: true})
-	ctx := kubeapi.Context(t)
+	c := kubeapi.Start(t, kubeapi.Options{Scheduler: true, ControllerManager: true, AuditLog: o.audit})
+	// API calls end with the test (some tests run for minutes: not kubeapi.Context's 2).
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	t.Cleanup(cancel)
 	w := &world{t: t, ctx: ctx, cluster: c, cs: c.Client, latency: 10}
 	if _, err := w.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -69,23 +82,28 @@ func newWorld(t *testing.T, nodes ...kubeapi.NodeSpec) *world {
 			t.Fatal(err)
 		}
 	}
-	w.kubelet = kubeapi.RunFakeKubelet(ctx, t, w.cs, kubeapi.FakeKubeletOptions{})
+	w.kubelet = kubeapi.RunFakeKubelet(ctx, t, w.cs, kubeapi.FakeKubeletOptions{PodCIDR: o.podCIDR})
 	return w
 }
 
 // topology starts edgeflow's cluster source (kube informers; the call graph: 300 req/s into
 // frontend, each making one call to backend).
 func (w *world) topology() {
+	one := 1.0
+	w.topologyWith(&watcher.CallGraph{
+		Calls:   []optimizer.Call{{From: "frontend.shop", To: "backend.shop", Rate: &one}},
+		Ingress: []optimizer.Ingress{{Service: "frontend.shop", RPS: 300}}})
+}
+
+// topologyWith starts edgeflow's cluster source with the call graph g.
+func (w *world) topologyWith(g *watcher.CallGraph) {
 	ks, err := kube.NewSource(kube.Config{Client: w.cs, Namespaces: []string{ns}, Selector: kube.DefaultSelector,
 		Logger: quiet()})
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	one := 1.0
 	w.topo, err = watcher.NewCluster(watcher.ClusterConfig{Kube: ks, DefaultLatencyMS: &w.latency, Logger: quiet(),
-		CallGraph: &watcher.CallGraph{
-			Calls:   []optimizer.Call{{From: "frontend.shop", To: "backend.shop", Rate: &one}},
-			Ingress: []optimizer.Ingress{{Service: "frontend.shop", RPS: 300}}}})
+		CallGraph: g})
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -115,9 +133,23 @@ func (w *world) run(name string, fn func(ctx context.Context) error) (stop func(
 }
 
 // controller is a rebalancer on the world, acting unless cfg says dry-run, with short
-// timings unless cfg gives them; start runs it.
+// timings unless cfg gives them; start runs it. Its client is an admin's with edgeflow's
+// default rate limits (--kube-qps 50, --kube-burst 100) and the user agent
+// edgeflow-rebalancer/IDENTITY.
 func (w *world) controller(cfg rebalancer.Config) (*rebalancer.Controller, *prometheus.Registry) {
-	cfg.Client = w.cs
+	return w.controllerAs(cfg, w.cluster.Config)
+}
+
+// controllerAs is controller with the credentials of rc (a service account's, for RBAC).
+func (w *world) controllerAs(cfg rebalancer.Config, rc *rest.Config) (*rebalancer.Controller, *prometheus.Registry) {
+	rc = rest.CopyConfig(rc)
+	rc.QPS, rc.Burst = rebalancer.DefaultKubeQPS, rebalancer.DefaultKubeBurst
+	rc.UserAgent = "edgeflow-rebalancer/" + cfg.Identity
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	cfg.Client = cs
 	cfg.Topology = w.topo.Current
 	cfg.Namespaces = []string{ns}
 	cfg.Selector = kube.DefaultSelector

@@ -1,0 +1,206 @@
+package rebalancer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// The leader keeps what must survive a leader change — moves in flight, recent moves (the
+// per-period limits), cool-downs and back-offs — in one ConfigMap it owns, named after the
+// Lease with the suffix "-state", in the Lease's namespace, labelled ManagedByLabel and
+// ComponentLabel. A new leader reads it before it acts.
+const (
+	stateSuffix = "-state"
+	stateKey    = "state.json"
+	// ManagedByLabel = ManagedByValue marks what edgeflow's rebalancer creates (its state
+	// ConfigMap, its webhook registration); uninstall removes only what carries it.
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	ManagedByValue = "edgeflow"
+	ComponentLabel = "app.kubernetes.io/component"
+	ComponentValue = "rebalancer"
+)
+
+// Outcomes of a move record.
+const (
+	outcomeInFlight = ""       // evicted (or about to be); the replacement not placed yet
+	outcomePlaced   = "placed" // the replacement was released to its planned node
+	outcomeUnplaced = "unplaced"
+	outcomeFailed   = "failed" // the replacement stayed Pending past the placement timeout
+)
+
+// moveRecord is one move the leader carried out (or is carrying out).
+type moveRecord struct {
+	Move
+	PodUID types.UID `json:"podUID"`
+	// Owner is the UID of the pod's controller (ReplicaSet, StatefulSet): its replacement is
+	// the next new pod of the same owner.
+	Owner       types.UID `json:"owner"`
+	Requests    resources `json:"requests"`
+	Evicted     time.Time `json:"evicted"`
+	Outcome     string    `json:"outcome,omitempty"`
+	Replacement types.UID `json:"replacement,omitempty"`
+}
+
+type leftRecord struct {
+	Service string    `json:"service"`
+	Node    string    `json:"node"`
+	At      time.Time `json:"at"`
+}
+
+type backoffState struct {
+	Until time.Time     `json:"until"`
+	Delay time.Duration `json:"delay"`
+}
+
+// state is what a leader hands to the next.
+type state struct {
+	Moves []moveRecord `json:"moves,omitempty"`
+	// Placed: replacements placed by a move → when (their cool-down).
+	Placed map[types.UID]time.Time `json:"placed,omitempty"`
+	// Left: (service, node a move left) → when (no move of the service back there).
+	Left    []leftRecord               `json:"left,omitempty"`
+	Backoff map[types.UID]backoffState `json:"backoff,omitempty"`
+}
+
+func newState() state {
+	return state{Placed: map[types.UID]time.Time{}, Backoff: map[types.UID]backoffState{}}
+}
+
+// inFlight returns the index of the oldest move in flight whose pod the owner controls, or -1.
+func (s *state) inFlight(owner types.UID) int {
+	for i := range s.Moves {
+		if s.Moves[i].Outcome == outcomeInFlight && s.Moves[i].Owner == owner {
+			return i
+		}
+	}
+	return -1
+}
+
+// serviceInFlight says whether a move of the service is in flight.
+func (s *state) serviceInFlight(service string) bool {
+	return slices.ContainsFunc(s.Moves, func(m moveRecord) bool { return m.Outcome == outcomeInFlight && m.Service == service })
+}
+
+func (s *state) leftAt(service, node string) (time.Time, bool) {
+	for _, l := range s.Left {
+		if l.Service == service && l.Node == node {
+			return l.At, true
+		}
+	}
+	return time.Time{}, false
+}
+
+func (s *state) setLeft(service, node string, at time.Time) {
+	s.Left = slices.DeleteFunc(s.Left, func(l leftRecord) bool { return l.Service == service && l.Node == node })
+	s.Left = append(s.Left, leftRecord{service, node, at})
+}
+
+// expire forgets what no rule reads any more: cool-downs and back-offs that are over, moves
+// done longer than a period ago (the per-period limits read the others), and moves in flight
+// whose replacement never came (twice the gate timeout and the placement timeout).
+func (s *state) expire(now time.Time, cfg *Config) {
+	for uid, at := range s.Placed {
+		if now.Sub(at) >= cfg.Cooldown {
+			delete(s.Placed, uid)
+		}
+	}
+	s.Left = slices.DeleteFunc(s.Left, func(l leftRecord) bool { return now.Sub(l.At) >= cfg.Cooldown })
+	for uid, b := range s.Backoff {
+		if !now.Before(b.Until) && now.Sub(b.Until) > cfg.Period {
+			delete(s.Backoff, uid)
+		}
+	}
+	for i := range s.Moves {
+		if m := &s.Moves[i]; m.Outcome == outcomeInFlight && now.Sub(m.Evicted) > 2*cfg.GateTimeout+cfg.PlacementTimeout {
+			m.Outcome = outcomeUnplaced
+		}
+	}
+	s.Moves = slices.DeleteFunc(s.Moves, func(m moveRecord) bool {
+		return m.Outcome != outcomeInFlight && now.Sub(m.Evicted) >= cfg.Period
+	})
+}
+
+// stateStore reads and writes the state ConfigMap.
+type stateStore struct {
+	namespace, name string
+	mu              sync.Mutex // one read or write at a time (the leader loop's and the writer's)
+	rv              string     // resourceVersion last read or written
+	exists          bool       // the ConfigMap existed at the last read or write
+}
+
+// load reads the state (an empty one when the ConfigMap does not exist).
+func (c *Controller) loadState(ctx context.Context) (state, error) {
+	c.store.mu.Lock()
+	defer c.store.mu.Unlock()
+	st := newState()
+	cm, err := c.cs.CoreV1().ConfigMaps(c.store.namespace).Get(ctx, c.store.name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		c.store.rv, c.store.exists = "", false
+		return st, nil
+	}
+	if err != nil {
+		return st, fmt.Errorf("rebalancer: reading the state %s/%s: %w", c.store.namespace, c.store.name, err)
+	}
+	c.store.rv, c.store.exists = cm.ResourceVersion, true
+	if data := cm.Data[stateKey]; data != "" {
+		if err := json.Unmarshal([]byte(data), &st); err != nil {
+			return newState(), fmt.Errorf("rebalancer: the state %s/%s is not readable: %w", c.store.namespace, c.store.name, err)
+		}
+	}
+	if st.Placed == nil {
+		st.Placed = map[types.UID]time.Time{}
+	}
+	if st.Backoff == nil {
+		st.Backoff = map[types.UID]backoffState{}
+	}
+	return st, nil
+}
+
+// saveState writes the state; only the leader calls it. A conflict (a write by a leader
+// before it) is resolved by this leader's state, which read that one first.
+func (c *Controller) saveState(ctx context.Context) error {
+	c.store.mu.Lock()
+	defer c.store.mu.Unlock()
+	c.mu.Lock()
+	data, err := json.Marshal(&c.st)
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	for attempt := 0; ; attempt++ {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: c.store.namespace, Name: c.store.name,
+			ResourceVersion: c.store.rv, Labels: map[string]string{ManagedByLabel: ManagedByValue, ComponentLabel: ComponentValue}},
+			Data: map[string]string{stateKey: string(data)}}
+		var out *corev1.ConfigMap
+		if !c.store.exists {
+			out, err = c.cs.CoreV1().ConfigMaps(c.store.namespace).Create(ctx, cm, metav1.CreateOptions{})
+		} else {
+			out, err = c.cs.CoreV1().ConfigMaps(c.store.namespace).Update(ctx, cm, metav1.UpdateOptions{})
+		}
+		if err == nil {
+			c.store.rv, c.store.exists = out.ResourceVersion, true
+			return nil
+		}
+		if attempt > 0 || !(apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err)) {
+			return fmt.Errorf("rebalancer: writing the state %s/%s: %w", c.store.namespace, c.store.name, err)
+		}
+		cur, gerr := c.cs.CoreV1().ConfigMaps(c.store.namespace).Get(ctx, c.store.name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(gerr):
+			c.store.rv, c.store.exists = "", false
+		case gerr != nil:
+			return fmt.Errorf("rebalancer: writing the state %s/%s: %w", c.store.namespace, c.store.name, gerr)
+		default:
+			c.store.rv, c.store.exists = cur.ResourceVersion, true
+		}
+	}
+}
