@@ -402,3 +402,27 @@ func TestEnvoyFilterReconcilerOnARealAPIServer(t *testing.T) {
 		t.Errorf("the user's ConfigMap was written or removed: %v, %v", got, err)
 	}
 }
+
+// Uninstall on a cluster without Istio's CRDs has nothing to remove and says no error.
+func TestUninstallWithoutIstio(t *testing.T) {
+	c := kubeapi.Start(t, kubeapi.Options{})
+	ctx := kubeapi.Context(t)
+	ic, err := versioned.NewForConfig(c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := efistio.NewRulesReconciler(efistio.RulesReconcilerConfig{Client: ic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	filters, err := efistio.NewReconciler(efistio.ReconcilerConfig{Filters: efistio.Config{XDSAddress: "uninstall.invalid:1"}, Client: ic, Kube: c.Client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rules.Uninstall(ctx); err != nil {
+		t.Errorf("DestinationRules: %v", err)
+	}
+	if err := filters.Uninstall(ctx); err != nil {
+		t.Errorf("EnvoyFilters and ConfigMaps: %v", err)
+	}
+}

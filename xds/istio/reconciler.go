@@ -286,10 +286,15 @@ func (r *Reconciler) ownedConfigMaps(ctx context.Context) ([]*corev1.ConfigMap, 
 func (r *Reconciler) Uninstall(ctx context.Context) error {
 	api := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace())
 	list, err := api.List(ctx, metav1.ListOptions{LabelSelector: managedSelector})
-	if err != nil {
+	var errs []error
+	switch {
+	case apierrors.IsNotFound(err):
+		// Istio's CRDs are not installed: no EnvoyFilter to delete; the ConfigMaps may remain.
+	case err != nil:
 		return fmt.Errorf("xds/istio: list EnvoyFilters in %s: %w", r.cfg.Filters.namespace(), err)
+	default:
+		errs = r.deleteFilters(ctx, list.Items)
 	}
-	errs := r.deleteFilters(ctx, list.Items)
 	cms, err := r.ownedConfigMaps(ctx)
 	if err != nil {
 		return errors.Join(append(errs, err)...)

@@ -323,10 +323,14 @@ func (r *RulesReconciler) Reconcile(ctx context.Context, p *LocalityPlan) error 
 }
 
 // Uninstall deletes every DestinationRule edgeflow owns, in every namespace, so Istio's
-// defaults and the user's own rules apply again. Call it after Run has returned.
+// defaults and the user's own rules apply again; without Istio's CRDs there is nothing to
+// delete. Call it after Run has returned.
 func (r *RulesReconciler) Uninstall(ctx context.Context) error {
 	list, err := r.cfg.Client.NetworkingV1().DestinationRules(metav1.NamespaceAll).List(ctx,
 		metav1.ListOptions{LabelSelector: ManagedByLabel + "=" + ManagedByValue})
+	if apierrors.IsNotFound(err) {
+		return nil // Istio's CRDs are not installed: there is no rule to delete
+	}
 	if err != nil {
 		return fmt.Errorf("xds/istio: list DestinationRules: %w", err)
 	}
