@@ -40,7 +40,7 @@ const (
 	DefaultScrapeInterval = 15 * time.Second
 	// WindowScrapes is the default window in scrape intervals: a window of 4 intervals holds at
 	// least 3 samples of every series, so rate() and the per-window means never come back empty.
-	WindowScrapes = 4
+	WindowScrapes     = 4
 	DefaultTimeout    = 5 * time.Second
 	DefaultStaleAfter = 10 * time.Minute
 	// DefaultProbeJob is the job label of the blackbox-exporter ICMP probes, as edgeflow's
