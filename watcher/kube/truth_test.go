@@ -1,6 +1,10 @@
 package kube
 
 import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -8,8 +12,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 )
@@ -161,4 +169,30 @@ func TestEndpointTruth(t *testing.T) {
 	if _, err := NewSource(Config{Client: nil}); err == nil {
 		t.Error("NewSource without a client: no error")
 	}
+}
+
+// A failing watch is reported with the time it began, and cleared when the informer hears
+// from the API server again.
+func TestWatchFailuresReported(t *testing.T) {
+	var failing atomic.Bool
+	failing.Store(true) // the list works, every pod watch fails
+	h := startWith(t, Config{}, func(c *fake.Clientset) {
+		c.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
+			if failing.Load() {
+				return true, nil, errors.New("pods is forbidden: the RBAC rule went away")
+			}
+			return false, nil, nil
+		})
+	}, append(append([]runtime.Object(nil), nodes...), managed("default", "a"))...)
+	h.first()
+	waitFor(t, "the failing pod watch reported", func() bool {
+		f := h.src.WatchFailures()
+		return len(f) == 1 && f[0].Informer == "pods in all namespaces" && strings.Contains(f[0].Err.Error(), "forbidden") && !f[0].Since.IsZero()
+	})
+	failing.Store(false)
+	_, err := h.client.CoreV1().Pods("default").Create(context.Background(), pod("default", "p-1", "n1", nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the failure cleared", func() bool { return len(h.src.WatchFailures()) == 0 })
 }
