@@ -186,6 +186,30 @@ type Check struct {
 	Message string
 }
 
+// LatencyUsable says whether the last topology was built from usable latency measurements
+// (always true without Prometheus: the latency is then given). Safe for concurrent use.
+func (c *Cluster) LatencyUsable() bool {
+	if c.cfg.Prom == nil {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.latency.usable
+}
+
+// Measured returns the last topology delivered when it was built from usable latency (or the
+// latency is given, without Prometheus), else nil: what a placement may be decided on (a
+// capacity-weighted cold-start topology has every node pair equal, and no placement is better
+// than another there). Safe for concurrent use.
+func (c *Cluster) Measured() *optimizer.Topology {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cfg.Prom != nil && !c.latency.usable {
+		return nil
+	}
+	return c.current
+}
+
 // Checks reports each input's state: kubernetes (synced, watches failing), prometheus (the
 // last query round) and latency (names that match no node, the degraded plan, unreachable
 // pairs). It is safe for concurrent use.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -232,17 +233,33 @@ func readCallGraph(path string) (*watcher.CallGraph, error) {
 	return &watcher.CallGraph{Calls: t.Calls, Ingress: t.Ingress}, nil
 }
 
-// captured is a Listener that keeps the first topology.
-type captured chan *optimizer.Topology
+// latestTopology is a Listener that keeps the last topology and signals each one.
+type latestTopology struct {
+	mu      sync.Mutex
+	t       *optimizer.Topology
+	arrived chan struct{}
+}
 
-func (c captured) Update(t *optimizer.Topology) {
+func (l *latestTopology) Update(t *optimizer.Topology) {
+	l.mu.Lock()
+	l.t = t
+	l.mu.Unlock()
 	select {
-	case c <- t:
+	case l.arrived <- struct{}{}:
 	default:
 	}
 }
 
-// clusterSnapshot runs the cluster sources until their first complete topology.
+func (l *latestTopology) get() *optimizer.Topology {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.t
+}
+
+// clusterSnapshot runs the cluster sources until their first complete topology: one with
+// usable latency when Prometheus is given. If none has arrived by --inputs-timeout, the
+// capacity-weighted plan's topology (every node pair equal) is used, with a warning naming
+// why; without any topology it is an error.
 func (f *clusterFlags) clusterSnapshot(ctx context.Context, defaultLatency *float64, logger *slog.Logger) (*optimizer.Topology, error) {
 	c, err := f.cluster(defaultLatency, nil, logger, nil)
 	if err != nil {
@@ -250,22 +267,31 @@ func (f *clusterFlags) clusterSnapshot(ctx context.Context, defaultLatency *floa
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.waitTimeout)
 	defer cancel()
-	got := make(captured, 1)
+	got := &latestTopology{arrived: make(chan struct{}, 1)}
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx, got) }()
-	select {
-	case t := <-got:
-		cancel()
-		<-done
-		return t, nil
-	case err := <-done:
-		if err == nil {
-			err = ctx.Err()
+	for {
+		select {
+		case <-got.arrived:
+			if c.LatencyUsable() {
+				cancel()
+				<-done
+				return got.get(), nil
+			}
+		case err := <-done:
+			if err == nil {
+				err = ctx.Err()
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				if t := got.get(); t != nil {
+					logger.Warn("no usable latency within --inputs-timeout; planning on the capacity-weighted topology (every node pair equal)",
+						"timeout", f.waitTimeout, "inputs", describeChecks(c.Checks()))
+					return t, nil
+				}
+				err = fmt.Errorf("no complete topology from the cluster within %v (%s)", f.waitTimeout, describeChecks(c.Checks()))
+			}
+			return nil, err
 		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("no complete topology from the cluster within %v (%s)", f.waitTimeout, describeChecks(c.Checks()))
-		}
-		return nil, err
 	}
 }
 
