@@ -61,9 +61,12 @@ func TestLossNeverReadsAsZero(t *testing.T) {
 	if d := DescribeUnreachable(m, 0); d != "a→c (loss 60%), a→d (loss 100%)" {
 		t.Errorf("DescribeUnreachable: %q", d)
 	}
-	// Logged once per change, not per round.
+	// Logged once per change of the set, not per round nor per change of the loss.
 	h.clock.Advance(2 * time.Second)
 	h.mustNotDeliver("the same answer")
+	prom.set(func(f *fakeProm) { f.success[1] = success("a", "c", "0.3") })
+	h.clock.Advance(2 * time.Second)
+	h.round()
 	if n := h.logs.count("node pairs unreachable"); n != 1 {
 		t.Errorf("%d log lines about unreachable pairs after two identical rounds, want 1:\n%s", n, h.logs.String())
 	}

@@ -304,7 +304,7 @@ type Source struct {
 	scrape       time.Duration   // the probe job's scrape interval in use
 	scrapeFrom   string
 	scrapeWarned bool
-	unreachLog   string // the unreachable pairs last logged
+	unreachLog   string // the set of unreachable pairs last logged
 
 	mu     sync.Mutex // guards status
 	status Status
@@ -791,11 +791,17 @@ func (s *Source) round(ctx context.Context) *Measurements {
 // reportUnreachable sets the unreachable-pairs gauge and logs the set when it changed.
 func (s *Source) reportUnreachable(m *Measurements) {
 	s.unreachable.Set(float64(len(m.Unreachable)))
-	desc := DescribeUnreachable(m, 0)
-	if desc == s.unreachLog {
+	pairs := make([]string, 0, len(m.Unreachable))
+	for p := range m.Unreachable {
+		pairs = append(pairs, p.String())
+	}
+	slices.Sort(pairs)
+	set := strings.Join(pairs, ",")
+	if set == s.unreachLog { // logged once per change of the set, not of the loss
 		return
 	}
-	s.unreachLog = desc
+	s.unreachLog = set
+	desc := DescribeUnreachable(m, 0)
 	if desc == "" {
 		s.log.Info("prom: no node pair is unreachable any more")
 		return
