@@ -467,8 +467,16 @@ func TestColdStartWithoutPrometheus(t *testing.T) {
 		}
 		return false
 	})
-	// web-1 (edge-1) is 10 ms from api-4 and 40 ms from api-3.
-	at := wantRoute(t, srv, "web-1.shop", "api-4.shop", 60*time.Second)
+	// web-1 (edge-1) is 10 ms from api-4 and 40 ms from api-3 (measured: the equal plan could
+	// pick either).
+	var at time.Time
+	eventually(t, 60*time.Second, "web-1 → api-4 on measured latency", func() bool {
+		if !cl.LatencyUsable() || !wantRouteNow(srv, "web-1.shop", "api-4.shop") {
+			return false
+		}
+		at = time.Now()
+		return true
+	})
 	window := ps.Status().Window
 	t.Logf("Prometheus started: first samples → weights followed in %v (window %v)", at.Sub(firstSample).Round(time.Millisecond), window)
 	if d := at.Sub(firstSample); d > window {
@@ -488,4 +496,20 @@ func TestColdStartWithoutPrometheus(t *testing.T) {
 	if n := counterValue(t, reg, "edgeflow_watcher_unmatched_total"); n != 1 {
 		t.Errorf("edgeflow_watcher_unmatched_total = %v, want 1 (edge-x)", n)
 	}
+}
+
+// wantRouteNow says whether the published allocation sends all of caller's requests to callee.
+func wantRouteNow(srv *xds.Server, caller, callee string) bool {
+	a := srv.Allocation()
+	if a == nil {
+		return false
+	}
+	for _, c := range a.Calls {
+		for _, r := range c.Routes {
+			if r.Caller == caller && r.Callee == callee && r.Fraction > 0.999 {
+				return true
+			}
+		}
+	}
+	return false
 }
