@@ -32,6 +32,9 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
+// DefaultHealthInterval is Config.HealthInterval's default.
+const DefaultHealthInterval = 5 * time.Second
+
 // ManagedLabel marks a Service whose traffic edgeflow manages ("true").
 const ManagedLabel = "edgeflow.io/managed"
 
@@ -54,6 +57,10 @@ type Config struct {
 	IPFamily corev1.IPFamily
 	// Clock is the time source of the watch-failure times (nil means time.Now).
 	Clock func() time.Time
+	// HealthInterval is how often the API server is asked for its version while Run runs
+	// (default DefaultHealthInterval): client-go retries a refused watch without telling its
+	// watch error handler, so an API server that is down is found this way.
+	HealthInterval time.Duration
 	// Logger and Registerer as elsewhere (nil: slog.Default(), metrics not registered).
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -117,8 +124,10 @@ var skipReasons = []string{SkipNotReady, SkipTerminating, SkipNoAddress, SkipNoN
 //   - A managed service without a ready endpoint is left out with a log line. Pod weight is
 //     the pod's CPU request relative to the mean request of the service's pods (1 when the
 //     pods request no CPU).
-//   - A failing list or watch (client-go's watch error handler) is reported by Watch, with
-//     the time it began, until that informer lists or hears an event again.
+//   - A failing list or watch (client-go's watch error handler) is reported by WatchFailures,
+//     with the time it began, until that informer lists or hears an event again; so is an API
+//     server that does not answer GET /version (asked every HealthInterval: client-go retries
+//     a refused watch without calling the handler), until it answers.
 type Source struct {
 	cfg      Config
 	log      *slog.Logger
@@ -133,6 +142,7 @@ type Source struct {
 	current  *State
 	synced   bool
 	failures map[string]*watchFailure // informer name → its failing watch; guarded by mu
+	apiDown  *watchFailure            // the API server not answering GET /version; guarded by mu
 }
 
 // watchFailure is an informer whose list or watch failed.
@@ -157,6 +167,9 @@ func NewSource(cfg Config) (*Source, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
+	}
+	if cfg.HealthInterval <= 0 {
+		cfg.HealthInterval = DefaultHealthInterval
 	}
 	switch cfg.IPFamily {
 	case "", corev1.IPv4Protocol, corev1.IPv6Protocol:
@@ -232,6 +245,9 @@ func (s *Source) WatchFailures() []WatchFailure {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []WatchFailure
+	if f := s.apiDown; f != nil {
+		out = append(out, WatchFailure{Informer: apiServerCheck, Since: f.since, Err: f.last})
+	}
 	for name, f := range s.failures {
 		if rv := f.inf.LastSyncResourceVersion(); rv != f.rv && rv != "" {
 			delete(s.failures, name)
@@ -242,6 +258,46 @@ func (s *Source) WatchFailures() []WatchFailure {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Informer < out[j].Informer })
 	return out
+}
+
+// apiServerCheck names the API server's health in WatchFailures.
+const apiServerCheck = "the API server (GET /version)"
+
+// checkAPIServer asks the API server for its version every HealthInterval until ctx is done,
+// recording when it stops answering and when it answers again.
+func (s *Source) checkAPIServer(ctx context.Context) {
+	t := time.NewTicker(s.cfg.HealthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.HealthInterval)
+		var err error
+		if rc := s.cfg.Client.Discovery().RESTClient(); rc != nil && !reflect.ValueOf(rc).IsNil() {
+			err = rc.Get().AbsPath("/version").Do(rctx).Error()
+		} else {
+			_, err = s.cfg.Client.Discovery().ServerVersion()
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		s.mu.Lock()
+		switch {
+		case err != nil && s.apiDown == nil:
+			s.apiDown = &watchFailure{since: s.cfg.Clock(), last: err}
+			s.log.Error("kube: the API server does not answer; the last known state stays in effect", "error", err)
+		case err != nil:
+			s.apiDown.last = err
+		case s.apiDown != nil:
+			s.log.Info("kube: the API server answers again", "failing_since", s.apiDown.since)
+			s.apiDown = nil
+		}
+		s.mu.Unlock()
+	}
 }
 
 // watchFailed records a failed list or watch of an informer (client-go's watch error handler).
@@ -328,11 +384,14 @@ func (s *Source) Run(ctx context.Context, deliver func(*State)) error {
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
+	health := make(chan struct{})
+	go func() { defer close(health); s.checkAPIServer(ctx) }()
 	defer func() {
 		cancel()
 		for _, f := range factories {
 			f.Shutdown() // waits for the informers' goroutines
 		}
+		<-health
 	}()
 	for _, f := range factories {
 		f.Start(ctx.Done())
@@ -549,12 +608,12 @@ func (s *Source) service(ls *listers, i int, svc *corev1.Service, known map[stri
 			if string(sl.AddressType) != string(want) {
 				continue
 			}
-			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
-				skipped[SkipNotReady]++
-				continue
-			}
 			if ep.Conditions.Terminating != nil && *ep.Conditions.Terminating {
 				skipped[SkipTerminating]++
+				continue
+			}
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+				skipped[SkipNotReady]++
 				continue
 			}
 			if len(ep.Addresses) == 0 {

@@ -74,7 +74,7 @@ func TestEndpointTruth(t *testing.T) {
 			Nodes:     wantNodes,
 			Services:  []optimizer.Service{{Name: "a", Namespace: "default", Ports: httpPort, Pods: []optimizer.Pod{{Name: "a-1", Node: "n1", IP: "10.0.0.1"}}}},
 			Workloads: map[Workload][]string{},
-			Skipped:   map[string]int{SkipNotReady: 1, SkipTerminating: 1},
+			Skipped:   map[string]int{SkipTerminating: 2},
 		},
 	}, {
 		name: "dual stack: each pod's primary family, whatever the slices' names",
