@@ -222,7 +222,7 @@ func (c *Cluster) Checks() []Check {
 		k.OK = false
 		var parts []string
 		for _, f := range fails {
-			parts = append(parts, fmt.Sprintf("watch of %s failing since %s: %v", f.Informer, f.Since.Format(time.RFC3339), f.Err))
+			parts = append(parts, fmt.Sprintf("%s: failing since %s: %v", f.Informer, f.Since.Format(time.RFC3339), f.Err))
 		}
 		k.Message = strings.Join(parts, "; ") + "; serving the last known state"
 	}
