@@ -295,6 +295,7 @@ type Source struct {
 	suppressed  prometheus.Counter
 	unreachable prometheus.Gauge
 	window      prometheus.Gauge
+	vanished    *prometheus.CounterVec
 
 	// Owned by the goroutine running rounds (Run).
 	latency      map[Pair]kept
@@ -384,6 +385,10 @@ func NewSource(cfg Config) (*Source, error) {
 			Name: "edgeflow_prometheus_window_seconds",
 			Help: "The window of the queries in use.",
 		}),
+		vanished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgeflow_prometheus_series_vanished_total",
+			Help: "Series that vanished from a query result (then kept stale), by query: a flapping series counts at every vanishing.",
+		}, []string{"query"}),
 	}
 	if s.scrape == 0 {
 		s.scrape, s.scrapeFrom = DefaultScrapeInterval, "default"
@@ -403,11 +408,13 @@ func NewSource(cfg Config) (*Source, error) {
 		s.ignored.WithLabelValues(q, reasonMissingLabel)
 	}
 	s.stale.WithLabelValues(queryLatency)
+	s.vanished.WithLabelValues(queryLatency)
 	if cfg.CallsQuery != DisableCalls {
 		s.stale.WithLabelValues(queryCalls)
+		s.vanished.WithLabelValues(queryCalls)
 	}
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.queries, s.lastSuccess, s.up, s.stale, s.ignored, s.deliveries, s.suppressed, s.unreachable, s.window} {
+		for _, c := range []prometheus.Collector{s.queries, s.lastSuccess, s.up, s.stale, s.ignored, s.deliveries, s.suppressed, s.unreachable, s.window, s.vanished} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("prom: registering metrics: %w", err)
 			}
@@ -745,8 +752,8 @@ func (s *Source) round(ctx context.Context) *Measurements {
 		Window:      window,
 		At:          now,
 	}
-	staleLat := merge(s.log, queryLatency, s.latency, lat, now, s.cfg.StaleAfter)
-	staleCalls := merge(s.log, queryCalls, s.calls, calls, now, s.cfg.StaleAfter)
+	staleLat := merge(s.log, s.vanished.WithLabelValues(queryLatency), queryLatency, s.latency, lat, now, s.cfg.StaleAfter)
+	staleCalls := merge(s.log, s.vanished.WithLabelValues(queryCalls), queryCalls, s.calls, calls, now, s.cfg.StaleAfter)
 	for p, k := range s.latency {
 		m.Latency[p] = k.value
 		if !math.IsNaN(k.loss) {
@@ -1115,8 +1122,8 @@ const maxLogged = 5
 // merge folds a round's fresh values into known: present series take the new value, absent ones
 // keep their last good value and turn stale, and stale ones older than staleAfter are
 // forgotten. Each kind of change (back, vanished, forgotten) is logged as one line for the
-// round. It returns the number of stale series.
-func merge[K comparable](log *slog.Logger, query string, known map[K]kept, fresh map[K]kept, now time.Time, staleAfter time.Duration) int {
+// round, and vanishings are counted in vanishedTotal. It returns the number of stale series.
+func merge[K comparable](log *slog.Logger, vanishedTotal prometheus.Counter, query string, known map[K]kept, fresh map[K]kept, now time.Time, staleAfter time.Duration) int {
 	var back, vanished, forgotten []string
 	for k, v := range fresh {
 		if old, ok := known[k]; ok && old.stale {
@@ -1142,6 +1149,7 @@ func merge[K comparable](log *slog.Logger, query string, known map[K]kept, fresh
 		}
 		stale++
 	}
+	vanishedTotal.Add(float64(len(vanished)))
 	logChange(log, slog.LevelInfo, "prom: stale series are back", query, back)
 	logChange(log, slog.LevelWarn, "prom: series vanished; keeping their last good values", query, vanished)
 	logChange(log, slog.LevelWarn, "prom: forgetting stale series", query, forgotten)

@@ -487,6 +487,9 @@ edgeflow_prometheus_stale_series{query="latency"} %d
 	if h.logs.count("forgetting stale series") != 2 || h.logs.count("series vanished") != 2 {
 		t.Errorf("logs:\n%s", h.logs.String())
 	}
+	if v, c := h.metric(h.src.vanished.WithLabelValues(queryLatency)), h.metric(h.src.vanished.WithLabelValues(queryCalls)); v != 1 || c != 1 {
+		t.Errorf("edgeflow_prometheus_series_vanished_total: latency %v, calls %v; want 1 each", v, c)
+	}
 }
 
 func TestStaleSeriesComesBack(t *testing.T) {
