@@ -191,7 +191,10 @@ func stockScrape(t *testing.T, scrape time.Duration) {
 	eventually(t, 4*scrape+60*time.Second, "a complete topology (12 pairs, batch → web → api at 50 + 100 → 100 rps)", complete)
 	t.Logf("complete topology %v after start (scrape %v)", time.Since(began).Round(time.Second), scrape)
 	top := cl.Current()
-	t.Logf("calls %+v, ingress %+v", top.Calls, top.Ingress)
+	for _, cl := range top.Calls {
+		t.Logf("call %s → %s, %.3f requests per request", cl.From, cl.To, cl.CallRate())
+	}
+	t.Logf("ingress %+v", top.Ingress)
 	for _, l := range top.Latency {
 		if l.MS < 5 {
 			t.Errorf("latency %s → %s = %v ms: below every configured RTT", l.From, l.To, l.MS)
