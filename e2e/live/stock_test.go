@@ -135,7 +135,9 @@ func stockScrape(t *testing.T, scrape time.Duration) {
 	promURL, httpConfig, passed, refused := guardedPrometheus(t, tb)
 
 	c := kubeapi.Start(t, kubeapi.Options{})
-	ctx := kubeapi.Context(t)
+	// Longer than kubeapi.Context's 2 minutes: at 30 s scrapes the test waits that long.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
 	podNS := testbed.NewNamespace(t, "198.18.1.0/24")
 	backends, port := startBackends(t, podNS, "api-3", "api-4")
 	k := kubeapi.NewKubelet(t, ctx, c.Client, ns, port)
