@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
+	"net/netip"
 	"reflect"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,10 +43,10 @@ type ClusterConfig struct {
 	DefaultLatencyMS *float64
 	// Check is validation beyond optimizer.Compile (e.g. xds.CheckTopology); nil means none.
 	Check func(*optimizer.Topology) error
-	// StartupGrace is how long the first topology waits for Prometheus to hold latency data
-	// (a fresh Prometheus answers, with nothing, before its first scrapes); after it the first
-	// topology is built with what there is. Zero means DefaultStartupGrace.
-	StartupGrace time.Duration
+	// NodeMatch is how a latency series' node labels name nodes: NodeMatchName (the default:
+	// the label is the node's name) or NodeMatchInternalIP (the label is an address, "IP" or
+	// "IP:PORT" as a probe's instance is, matched to the node's InternalIP).
+	NodeMatch string
 	// Clock is the time source (nil means time.Now).
 	Clock func() time.Time
 	// Logger and Registerer as elsewhere.
@@ -50,21 +54,32 @@ type ClusterConfig struct {
 	Registerer prometheus.Registerer
 }
 
-// DefaultStartupGrace is ClusterConfig.StartupGrace's default.
-const DefaultStartupGrace = 30 * time.Second
+// How latency labels name nodes (ClusterConfig.NodeMatch).
+const (
+	NodeMatchName       = "name"
+	NodeMatchInternalIP = "internal-ip"
+)
 
 // Cluster merges the Kubernetes and Prometheus sources into one immutable Topology for a
 // Listener.
 //
 // Rules:
-//   - Nothing is delivered before the Kubernetes caches synced and, with Prometheus, before
-//     its first answer holding latency data (or StartupGrace has passed): never a half-built
-//     topology.
+//   - Nothing is delivered before the Kubernetes caches synced: never a half-built topology.
+//     From then on a topology is always delivered, Prometheus or not (a cold start serves).
 //   - Each source delivers into the Cluster without waiting for the other; the merge runs on
 //     its own goroutine and delivers only a topology that differs from the last one.
-//   - Latency: measured pairs as measured (RTT, ms); a pair never measured gets
+//   - Latency: a series' node labels name nodes by NodeMatch (the node's name, or an address
+//     matched to the node's InternalIP). Measured pairs as measured (the mean RTT over answered
+//     probes, ms; an unreachable pair at the unreachable latency); a pair never measured gets
 //     DefaultLatencyMS, else the largest measured latency (edgeflow_latency_unmeasured_pairs
 //     counts them). Stale series keep their last good value (the Prometheus source's rule).
+//   - A label that names no node is an error the operator sees: the latency check fails naming
+//     it, edgeflow_watcher_unmatched_total{kind="node"} counts it, one log line per change of
+//     the set; its pairs are not used.
+//   - No usable latency (Prometheus down or not answered yet, nothing scraped, nothing
+//     matched): the topology has every node pair, a node to itself included, at the same
+//     latency (prom.FillLatency's rule), so LATA gives each callee pod its capacity share; the
+//     latency check says the plan is degraded, and the first measurements replace it.
 //   - Call graph (measured): istio_requests_total rates by workload are mapped to managed
 //     services through the pods' owners; a call from a workload that backs no managed
 //     service is ingress to the callee; a call to one that backs none is ignored; a call that
@@ -73,8 +88,9 @@ const DefaultStartupGrace = 30 * time.Second
 //   - Partial data never blocks the rest: services without ready endpoints are absent (the
 //     Kubernetes source's rule) and calls naming them are dropped and counted. A topology that
 //     still fails validation is logged and counted, and the last good one stays.
-//   - Prometheus unreachable: its source delivers nothing, so the last good topology stays;
-//     Checks reports it.
+//   - Prometheus unreachable after a good answer: its source delivers nothing, so the last
+//     good topology stays; Checks reports it. A failing Kubernetes watch is reported the same
+//     way, with the time it began.
 type Cluster struct {
 	cfg ClusterConfig
 	log *slog.Logger
@@ -83,12 +99,23 @@ type Cluster struct {
 	ignored    *prometheus.GaugeVec
 	delivered  prometheus.Counter
 	rejected   prometheus.Counter
+	unmatched  *prometheus.CounterVec
+	noLatency  prometheus.Gauge
 
 	changed chan struct{}
-	mu      sync.Mutex // guards kube, meas, current
+	mu      sync.Mutex // guards kube, meas, current, latency
 	kube    *kube.State
 	meas    *prom.Measurements
 	current *optimizer.Topology
+	latency latencyState // of the last Merge
+}
+
+// latencyState is what the last Merge made of the measurements.
+type latencyState struct {
+	unmatched []string // node labels that name no node, sorted
+	usable    bool     // at least one measured pair between known nodes
+	merged    bool     // a Merge has run
+	unreach   string   // prom.DescribeUnreachable of the measurements
 }
 
 // Reasons a call is left out, the label values of edgeflow_cluster_calls_ignored.
@@ -109,8 +136,12 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.StartupGrace <= 0 {
-		cfg.StartupGrace = DefaultStartupGrace
+	switch cfg.NodeMatch {
+	case "":
+		cfg.NodeMatch = NodeMatchName
+	case NodeMatchName, NodeMatchInternalIP:
+	default:
+		return nil, fmt.Errorf("watcher: node match %q: want %s or %s", cfg.NodeMatch, NodeMatchName, NodeMatchInternalIP)
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
@@ -124,9 +155,14 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 			Help: "Topologies merged from the cluster sources and delivered."}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_cluster_rejected_topologies_total",
 			Help: "Merged topologies that failed validation; the last good one stayed."}),
+		unmatched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "edgeflow_watcher_unmatched_total",
+			Help: "Names in the measurements that match no Kubernetes object, counted each time one appears, by kind (node)."}, []string{"kind"}),
+		noLatency: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_watcher_degraded_plan",
+			Help: "1 while the topology has no usable latency and the capacity-weighted plan (every node pair equal) is served."}),
 	}
+	c.unmatched.WithLabelValues("node")
 	if cfg.Registerer != nil {
-		for _, m := range []prometheus.Collector{c.unmeasured, c.ignored, c.delivered, c.rejected} {
+		for _, m := range []prometheus.Collector{c.unmeasured, c.ignored, c.delivered, c.rejected, c.unmatched, c.noLatency} {
 			if err := cfg.Registerer.Register(m); err != nil {
 				return nil, fmt.Errorf("watcher: registering metrics: %w", err)
 			}
@@ -150,28 +186,85 @@ type Check struct {
 	Message string
 }
 
-// Checks reports each input's state.
+// LatencyUsable says whether the last topology was built from usable latency measurements
+// (always true without Prometheus: the latency is then given). Safe for concurrent use.
+func (c *Cluster) LatencyUsable() bool {
+	if c.cfg.Prom == nil {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.latency.usable
+}
+
+// Measured returns the last topology delivered when it was built from usable latency (or the
+// latency is given, without Prometheus), else nil: what a placement may be decided on (a
+// capacity-weighted cold-start topology has every node pair equal, and no placement is better
+// than another there). Safe for concurrent use.
+func (c *Cluster) Measured() *optimizer.Topology {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cfg.Prom != nil && !c.latency.usable {
+		return nil
+	}
+	return c.current
+}
+
+// Checks reports each input's state: kubernetes (synced, watches failing), prometheus (the
+// last query round) and latency (names that match no node, the degraded plan, unreachable
+// pairs). It is safe for concurrent use.
 func (c *Cluster) Checks() []Check {
-	checks := []Check{{Name: "kubernetes", OK: c.cfg.Kube.Synced(), Message: "informer caches synced"}}
-	if !checks[0].OK {
-		checks[0].Message = "informer caches not synced yet"
+	k := Check{Name: "kubernetes", OK: c.cfg.Kube.Synced(), Message: "informer caches synced"}
+	if !k.OK {
+		k.Message = "informer caches not synced yet"
 	}
-	if c.cfg.Prom != nil {
-		st := c.cfg.Prom.Status()
-		ck := Check{Name: "prometheus", OK: st.OK, Message: "last query " + st.LastSuccess.Format(time.RFC3339)}
-		if !st.OK {
-			ck.Message = st.Reason
-			if !st.Since.IsZero() {
-				ck.Message += fmt.Sprintf(" (failing since %s", st.Since.Format(time.RFC3339))
-				if st.Synced {
-					ck.Message += "; serving the last good weights"
-				}
-				ck.Message += ")"
-			}
+	if fails := c.cfg.Kube.WatchFailures(); len(fails) > 0 {
+		k.OK = false
+		var parts []string
+		for _, f := range fails {
+			parts = append(parts, fmt.Sprintf("%s: failing since %s: %v", f.Informer, f.Since.Format(time.RFC3339), f.Err))
 		}
-		checks = append(checks, ck)
+		k.Message = strings.Join(parts, "; ") + "; serving the last known state"
 	}
-	return checks
+	checks := []Check{k}
+	if c.cfg.Prom == nil {
+		return checks
+	}
+	st := c.cfg.Prom.Status()
+	ck := Check{Name: "prometheus", OK: st.OK, Message: fmt.Sprintf("%s: last query %s; window %v (scrape interval %v, %s)",
+		c.cfg.Prom.URL(), st.LastSuccess.Format(time.RFC3339), st.Window, st.ScrapeInterval, st.ScrapeIntervalFrom)}
+	if !st.OK {
+		ck.Message = st.Reason
+		if !st.Since.IsZero() {
+			ck.Message += fmt.Sprintf(" (failing since %s", st.Since.Format(time.RFC3339))
+			if st.Synced {
+				ck.Message += "; serving the last good weights"
+			}
+			ck.Message += ")"
+		}
+	}
+	checks = append(checks, ck)
+	c.mu.Lock()
+	ls := c.latency
+	c.mu.Unlock()
+	if !ls.merged {
+		return checks
+	}
+	lat := Check{Name: "latency", OK: true, Message: "measured"}
+	var problems []string
+	if len(ls.unmatched) > 0 {
+		problems = append(problems, fmt.Sprintf("latency labels naming no node (--node-match=%s): %s", c.cfg.NodeMatch, strings.Join(ls.unmatched, ", ")))
+	}
+	if !ls.usable {
+		problems = append(problems, "no usable latency measurement: serving the capacity-weighted plan (every node pair equal) until one arrives")
+	}
+	if len(problems) > 0 {
+		lat.OK, lat.Message = false, strings.Join(problems, "; ")
+	}
+	if ls.unreach != "" {
+		lat.Message += "; unreachable pairs (at the unreachable latency): " + ls.unreach
+	}
+	return append(checks, lat)
 }
 
 func (c *Cluster) poke() {
@@ -217,9 +310,6 @@ func (c *Cluster) Run(ctx context.Context, l Listener) error {
 		}()
 	}
 	defer wg.Wait()
-	graceEnd := c.cfg.Clock().Add(c.cfg.StartupGrace)
-	grace := time.NewTimer(c.cfg.StartupGrace)
-	defer grace.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -228,19 +318,12 @@ func (c *Cluster) Run(ctx context.Context, l Listener) error {
 			}
 			return context.Cause(ctx) // a source failed
 		case <-c.changed:
-		case <-grace.C:
 		}
 		c.mu.Lock()
 		ks, meas, last := c.kube, c.meas, c.current
 		c.mu.Unlock()
-		if ks == nil || (c.cfg.Prom != nil && meas == nil) {
+		if ks == nil {
 			continue // never a half-built topology
-		}
-		if last == nil && c.cfg.Prom != nil && len(meas.Latency) == 0 {
-			if c.cfg.Clock().Before(graceEnd) {
-				continue // Prometheus answered, but holds no latency yet
-			}
-			c.log.Warn("watcher: Prometheus holds no latency data; starting with every node pair unmeasured", "waited", c.cfg.StartupGrace)
 		}
 		t := c.Merge(ks, meas)
 		if last != nil && reflect.DeepEqual(last, t) {
@@ -295,14 +378,14 @@ func (c *Cluster) Merge(ks *kube.State, meas *prom.Measurements) *optimizer.Topo
 	for i, n := range t.Nodes {
 		names[i] = n.Name
 	}
-	var measured map[prom.Pair]float64
-	if meas != nil {
-		measured = meas.Latency
+	measured, ls := c.matchLatency(ks, meas)
+	if c.cfg.Prom != nil && !ls.usable {
+		measured = nil // every pair equal (prom.FillLatency), never a plan from unmatched names
 	}
-	lat, unmeasured := prom.FillLatency(names, measured, c.cfg.DefaultLatencyMS)
+	lat, unmeasured := prom.FillLatency(names, measured, c.latencyDefault(ls))
 	t.Latency = lat
 	c.unmeasured.Set(float64(unmeasured))
-
+	c.noteLatency(ls)
 	ignored := map[string]int{}
 	var calls []optimizer.Call
 	var ingress []optimizer.Ingress
@@ -317,6 +400,107 @@ func (c *Cluster) Merge(ks *kube.State, meas *prom.Measurements) *optimizer.Topo
 		c.ignored.WithLabelValues(r).Set(float64(ignored[r]))
 	}
 	return t
+}
+
+// matchLatency maps the measured pairs' node labels to node names by NodeMatch, and says what
+// matched.
+func (c *Cluster) matchLatency(ks *kube.State, meas *prom.Measurements) (map[prom.Pair]float64, latencyState) {
+	ls := latencyState{merged: true}
+	if meas == nil {
+		return nil, ls
+	}
+	ls.unreach = prom.DescribeUnreachable(meas, 10)
+	known := make(map[string]bool, len(ks.Nodes))
+	for _, n := range ks.Nodes {
+		known[n.Name] = true
+	}
+	resolve := func(label string) (string, bool) {
+		if c.cfg.NodeMatch == NodeMatchName {
+			return label, known[label]
+		}
+		host := label
+		if h, _, err := net.SplitHostPort(label); err == nil {
+			host = h
+		}
+		ip, err := netip.ParseAddr(host)
+		if err != nil {
+			return "", false
+		}
+		n, ok := ks.NodeAddresses[ip.Unmap().String()]
+		return n, ok
+	}
+	unmatched := map[string]bool{}
+	out := make(map[prom.Pair]float64, len(meas.Latency))
+	for p, v := range meas.Latency {
+		from, okF := resolve(p.From)
+		to, okT := resolve(p.To)
+		if !okF {
+			unmatched[p.From] = true
+		}
+		if !okT {
+			unmatched[p.To] = true
+		}
+		if okF && okT {
+			out[prom.Pair{From: from, To: to}] = v
+			ls.usable = true
+		}
+	}
+	for n := range unmatched {
+		ls.unmatched = append(ls.unmatched, n)
+	}
+	sort.Strings(ls.unmatched)
+	return out, ls
+}
+
+// latencyDefault is the latency of unmeasured pairs: the configured default while some
+// latency is usable; none (every pair equal) in the degraded plan.
+func (c *Cluster) latencyDefault(ls latencyState) *float64 {
+	if c.cfg.Prom != nil && !ls.usable {
+		return nil
+	}
+	return c.cfg.DefaultLatencyMS
+}
+
+// noteLatency records what the last Merge made of the measurements, logging and counting
+// changes of the unmatched names and of the degraded plan once per change.
+func (c *Cluster) noteLatency(ls latencyState) {
+	c.mu.Lock()
+	prev := c.latency
+	c.latency = ls
+	c.mu.Unlock()
+	if c.cfg.Prom == nil {
+		return
+	}
+	before := map[string]bool{}
+	for _, n := range prev.unmatched {
+		before[n] = true
+	}
+	var fresh []string
+	for _, n := range ls.unmatched {
+		if !before[n] {
+			fresh = append(fresh, n)
+		}
+	}
+	c.unmatched.WithLabelValues("node").Add(float64(len(fresh)))
+	if !slices.Equal(prev.unmatched, ls.unmatched) {
+		if len(ls.unmatched) > 0 {
+			c.log.Error("watcher: latency labels name no node; their pairs are not used", "node_match", c.cfg.NodeMatch, "names", ls.unmatched)
+		} else if prev.merged {
+			c.log.Info("watcher: every latency label names a node again")
+		}
+	}
+	if ls.usable {
+		c.noLatency.Set(0)
+	} else {
+		c.noLatency.Set(1)
+	}
+	if !prev.merged || prev.usable != ls.usable {
+		if ls.usable {
+			c.log.Info("watcher: latency measurements in use")
+		} else {
+			c.log.Warn("watcher: no usable latency measurement; serving the capacity-weighted plan (every node pair equal) until one arrives")
+		}
+	}
 }
 
 func (c *Cluster) staticCalls(t *optimizer.Topology, ignored map[string]int) ([]optimizer.Call, []optimizer.Ingress) {

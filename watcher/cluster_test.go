@@ -211,11 +211,12 @@ func TestMergeLatency(t *testing.T) {
 		},
 		wantUnmeasured: 2,
 	}, {
-		name: "no measurements at all, no default: every pair 0",
+		name: "no measurements at all, no default: every pair equal, never 0 ms",
 		want: map[prom.Pair]float64{
-			{From: "n1", To: "n2"}: 0, {From: "n2", To: "n1"}: 0,
-			{From: "n1", To: "n3"}: 0, {From: "n3", To: "n1"}: 0,
-			{From: "n2", To: "n3"}: 0, {From: "n3", To: "n2"}: 0,
+			{From: "n1", To: "n2"}: 1, {From: "n2", To: "n1"}: 1,
+			{From: "n1", To: "n3"}: 1, {From: "n3", To: "n1"}: 1,
+			{From: "n2", To: "n3"}: 1, {From: "n3", To: "n2"}: 1,
+			{From: "n1", To: "n1"}: 1, {From: "n2", To: "n2"}: 1, {From: "n3", To: "n3"}: 1,
 		},
 		wantUnmeasured: 3,
 	}, {
@@ -903,7 +904,8 @@ func fakePromSource(t *testing.T, fp *fakeProm, opts ...func(*prom.Config)) *pro
 	t.Helper()
 	srv := httptest.NewServer(fp)
 	t.Cleanup(srv.Close)
-	cfg := prom.Config{URL: srv.URL, RoundTripper: srv.Client().Transport, Interval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}
+	cfg := prom.Config{URL: srv.URL, RoundTripper: srv.Client().Transport, Interval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+		SuccessQuery: prom.DisableSuccess}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -932,73 +934,121 @@ func (b *logBuffer) String() string {
 	return b.buf.String()
 }
 
-const noLatencyWarning = "Prometheus holds no latency data"
+// Cold start: with Prometheus down, the capacity-weighted plan (every pair equal, never 0 ms)
+// is served at once, flagged degraded; the first measurements replace it. Latency labels that
+// name no node are reported and never used.
+func TestClusterColdStartAndUnmatchedNames(t *testing.T) {
+	fp := &fakeProm{status: http.StatusServiceUnavailable}
+	logs := &logBuffer{}
+	ps := fakePromSource(t, fp)
+	c, reg := newCluster(t, ClusterConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), Prom: ps,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	rec := recorder{got: make(chan *optimizer.Topology, 16)}
+	runCluster(t, c, rec)
+	top := rec.next(t)
+	equal := []optimizer.Latency{{From: "n1", To: "n1", MS: 1}, {From: "n1", To: "n2", MS: 1}, {From: "n2", To: "n1", MS: 1}, {From: "n2", To: "n2", MS: 1}}
+	if diff := cmp.Diff(equal, top.Latency); diff != "" {
+		t.Errorf("cold-start latency (-want +got):\n%s", diff)
+	}
+	if len(top.Services) != 2 {
+		t.Errorf("cold start: services %+v, want a and b", top.Services)
+	}
+	lat := checkNamed(c, "latency")
+	if lat.OK || !strings.Contains(lat.Message, "capacity-weighted plan") {
+		t.Errorf("latency check on a cold start: %+v", lat)
+	}
+	if v := metric(t, reg, "edgeflow_watcher_degraded_plan"); v != 1 {
+		t.Errorf("edgeflow_watcher_degraded_plan = %v, want 1", v)
+	}
 
-func TestClusterRunStartupGrace(t *testing.T) {
-	latencyOnly := func(c *prom.Config) { c.CallsQuery = prom.DisableCalls }
-	graph := &CallGraph{Calls: []optimizer.Call{{From: "a", To: "b"}}, Ingress: []optimizer.Ingress{{Service: "a", RPS: 10}}}
-
-	t.Run("an empty Prometheus delays the first topology until the grace has passed", func(t *testing.T) {
-		const grace = 300 * time.Millisecond
-		logs := &logBuffer{}
-		ps := fakePromSource(t, &fakeProm{}, latencyOnly) // answers, with nothing
-		c, _ := newCluster(t, ClusterConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), Prom: ps, CallGraph: graph,
-			StartupGrace: grace, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-		rec := recorder{got: make(chan *optimizer.Topology, 16)}
-		start := time.Now()
-		runCluster(t, c, rec)
-		top := rec.next(t)
-		if waited := time.Since(start); waited < grace {
-			t.Errorf("first topology after %v, before the startup grace of %v", waited, grace)
-		}
-		if !strings.Contains(logs.String(), noLatencyWarning) {
-			t.Errorf("no warning logged; logs:\n%s", logs)
-		}
-		for _, l := range top.Latency {
-			if l.MS != 0 {
-				t.Errorf("latency with nothing measured and no default: %+v", top.Latency)
-				break
-			}
-		}
+	// Prometheus answers with labels that name no node: still the equal plan, and the names
+	// are reported.
+	fp.set(func(f *fakeProm) {
+		f.status = 0
+		f.latency = []promSample{latSample("edge-x", "edge-y", "0.002"), latSample("n1", "edge-y", "0.003")}
 	})
-
-	t.Run("with latency data the first topology does not wait", func(t *testing.T) {
-		logs := &logBuffer{}
-		ps := fakePromSource(t, &fakeProm{latency: []promSample{latSample("n1", "n2", "0.004")}}, latencyOnly)
-		c, _ := newCluster(t, ClusterConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), Prom: ps, CallGraph: graph,
-			StartupGrace: time.Hour, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-		rec := recorder{got: make(chan *optimizer.Topology, 16)}
-		runCluster(t, c, rec)
-		top := rec.next(t) // within 10 s, an hour before the grace ends
-		want := []optimizer.Latency{{From: "n1", To: "n2", MS: 4}, {From: "n2", To: "n1", MS: 4}}
-		if diff := cmp.Diff(want, top.Latency, approx); diff != "" {
-			t.Errorf("latency (-want +got):\n%s", diff)
-		}
-		if strings.Contains(logs.String(), noLatencyWarning) {
-			t.Errorf("warning logged with latency data present; logs:\n%s", logs)
-		}
+	eventually(t, "the unmatched names reported", func() bool {
+		return strings.Contains(checkNamed(c, "latency").Message, "edge-x, edge-y")
 	})
+	if cur := c.Current(); cur == nil || !cmp.Equal(equal, cur.Latency) {
+		t.Errorf("a topology built from latencies that matched nothing: %+v", cur.Latency)
+	}
+	if v := metric(t, reg, "edgeflow_watcher_unmatched_total", "kind", "node"); v != 2 {
+		t.Errorf("edgeflow_watcher_unmatched_total{kind=node} = %v, want 2", v)
+	}
+
+	// Measurements that match: they replace the equal plan; the unmatched name stays reported.
+	fp.set(func(f *fakeProm) { f.latency = append(f.latency, latSample("n1", "n2", "0.004")) })
+	top = rec.next(t)
+	for top.Latency[0].MS == 1 && len(top.Latency) == 4 {
+		top = rec.next(t)
+	}
+	want := []optimizer.Latency{{From: "n1", To: "n2", MS: 4}, {From: "n2", To: "n1", MS: 4}}
+	if diff := cmp.Diff(want, top.Latency, approx); diff != "" {
+		t.Errorf("latency once measured (-want +got):\n%s", diff)
+	}
+	eventually(t, "the degraded plan flag cleared", func() bool { return metric(t, reg, "edgeflow_watcher_degraded_plan") == 0 })
+	if lat := checkNamed(c, "latency"); lat.OK || strings.Contains(lat.Message, "capacity-weighted") || !strings.Contains(lat.Message, "edge-x, edge-y") {
+		t.Errorf("latency check with one matched pair and unmatched names: %+v", lat)
+	}
+	if n := strings.Count(logs.String(), "latency labels name no node"); n != 1 {
+		t.Errorf("%d log lines about unmatched names, want 1 (one per change):\n%s", n, logs)
+	}
 }
 
-// Prometheus down at startup: nothing is delivered (never a topology without its answer);
-// once it answers, the measured call graph is mapped through the pods' workloads.
+// --node-match=internal-ip: a probe's instance address identifies the node.
+func TestClusterNodeMatchInternalIP(t *testing.T) {
+	fp := &fakeProm{latency: []promSample{latSample("10.9.0.1", "10.9.0.2:0", "0.006"), latSample("10.9.0.1", "10.9.9.9", "0.001")}}
+	objs := clusterObjects()
+	for i, ip := range []string{"10.9.0.1", "10.9.0.2"} {
+		objs[i].(*corev1.Node).Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: "h"}}
+	}
+	c, _ := newCluster(t, ClusterConfig{Kube: kubeSource(t, fake.NewClientset(objs...)), Prom: fakePromSource(t, fp), NodeMatch: NodeMatchInternalIP})
+	rec := recorder{got: make(chan *optimizer.Topology, 16)}
+	runCluster(t, c, rec)
+	top := rec.next(t)
+	for len(top.Latency) != 2 {
+		top = rec.next(t)
+	}
+	want := []optimizer.Latency{{From: "n1", To: "n2", MS: 6}, {From: "n2", To: "n1", MS: 6}}
+	if diff := cmp.Diff(want, top.Latency, approx); diff != "" {
+		t.Errorf("latency (-want +got):\n%s", diff)
+	}
+	if lat := checkNamed(c, "latency"); lat.OK || !strings.Contains(lat.Message, "10.9.9.9") {
+		t.Errorf("latency check: %+v", lat)
+	}
+	if _, err := NewCluster(ClusterConfig{Kube: kubeSource(t, fake.NewClientset()), CallGraph: &CallGraph{}, NodeMatch: "hostname"}); err == nil {
+		t.Error("NodeMatch hostname accepted")
+	}
+}
+
+func checkNamed(c *Cluster, name string) Check {
+	for _, ck := range c.Checks() {
+		if ck.Name == name {
+			return ck
+		}
+	}
+	return Check{Name: name, Message: "absent"}
+}
+
+// Prometheus down at startup: the degraded plan, without calls; once it answers, the
+// measured call graph is mapped through the pods' workloads.
 func TestClusterRunMeasured(t *testing.T) {
 	fp := &fakeProm{status: http.StatusServiceUnavailable}
 	reg := prometheus.NewRegistry()
 	ps := fakePromSource(t, fp, func(c *prom.Config) { c.Registerer = reg })
 	client := fake.NewClientset(clusterObjects()...)
 	ks := kubeSource(t, client)
-	c, _ := newCluster(t, ClusterConfig{Kube: ks, Prom: ps, StartupGrace: 10 * time.Millisecond})
+	c, _ := newCluster(t, ClusterConfig{Kube: ks, Prom: ps})
 	rec := recorder{got: make(chan *optimizer.Topology, 16)}
 	runCluster(t, c, rec)
+	if first := rec.next(t); len(first.Calls) != 0 {
+		t.Errorf("calls without Prometheus: %+v", first.Calls)
+	}
 	eventually(t, "failed Prometheus rounds after the caches synced", func() bool {
 		return ks.Synced() && metric(t, reg, "edgeflow_prometheus_queries_total", "query", "latency", "result", "error") >= 3
 	})
-	rec.none(t)
-	if c.Current() != nil {
-		t.Error("a topology without Prometheus's first answer")
-	}
-	if checks := c.Checks(); len(checks) != 2 || !checks[0].OK || checks[1].OK {
+	if checks := c.Checks(); len(checks) != 3 || !checks[0].OK || checks[1].OK || checks[2].OK {
 		t.Errorf("Checks with Prometheus down: %+v", checks)
 	}
 
@@ -1012,6 +1062,9 @@ func TestClusterRunMeasured(t *testing.T) {
 		}
 	})
 	top := rec.next(t)
+	for len(top.Calls) == 0 {
+		top = rec.next(t)
+	}
 	if diff := cmp.Diff([]optimizer.Call{{From: "a", To: "b", Rate: ms(2)}}, top.Calls, approx); diff != "" {
 		t.Errorf("calls (-want +got):\n%s", diff)
 	}

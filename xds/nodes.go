@@ -114,6 +114,9 @@ func (p *publication) resourcesFor(id string, kind NodeKind) (res *NodeResources
 
 // ParseSidecarID splits an Istio sidecar node id "sidecar~IP~POD.NS~NS.svc.cluster.local" into
 // the pod name and IP. Pod names may contain dots; the namespace is taken from the last field.
+// A dotted pod name in the default namespace is not returned (only the IP): its key would read
+// as POD.NAMESPACE, another namespace's pod (optimizer.QualifiedName), and the watcher leaves
+// such pods out (kube.SkipAmbiguousName).
 func ParseSidecarID(id string) (pod, ip string, ok bool) {
 	parts := strings.Split(id, "~")
 	if len(parts) != 4 || parts[0] != "sidecar" {
@@ -121,6 +124,9 @@ func ParseSidecarID(id string) (pod, ip string, ok bool) {
 	}
 	ns, _, _ := strings.Cut(parts[3], ".")
 	pod = strings.TrimSuffix(parts[2], "."+ns)
+	if ns == optimizer.DefaultNamespace && strings.Contains(pod, ".") {
+		pod = ""
+	}
 	if a, err := netip.ParseAddr(parts[1]); err == nil {
 		ip = a.Unmap().String()
 	}

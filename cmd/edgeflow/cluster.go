@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/config"
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -33,17 +37,28 @@ type clusterFlags struct {
 	callsFile     string
 	waitTimeout   time.Duration
 
-	promInterval time.Duration
-	promWindow   time.Duration
-	latencyQuery string
-	sourceLabel  string
-	targetLabel  string
-	callsQuery   string
-	hystRel      float64
-	hystMS       float64
-	hystRPS      float64
-	kubeQPS      float32
-	kubeBurst    int
+	promInterval   time.Duration
+	promWindow     time.Duration
+	scrapeInterval time.Duration
+	probeJob       string
+	latencyQuery   string
+	successQuery   string
+	sourceLabel    string
+	targetLabel    string
+	callsQuery     string
+	hystRel        float64
+	hystMS         float64
+	hystRPS        float64
+	maxProbeLoss   float64
+	unreachable    time.Duration
+	nodeMatch      string
+	ipFamily       string
+	tokenFile      string
+	caFile         string
+	maxSeries      int
+	maxBytes       int64
+	kubeQPS        float32
+	kubeBurst      int
 
 	istio istioFlags
 }
@@ -159,11 +174,22 @@ func (f *clusterFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.callsFile, "calls", "", "call graph file (calls and ingress, as in a topology file) instead of istio_requests_total")
 	fl.DurationVar(&f.waitTimeout, "inputs-timeout", 60*time.Second, "plan/place: how long to wait for the cluster inputs' first complete topology")
 	fl.DurationVar(&f.promInterval, "prometheus-interval", prom.DefaultInterval, "how often Prometheus is queried")
-	fl.DurationVar(&f.promWindow, "prometheus-window", prom.DefaultWindow, "averaging window of the queries ($window)")
-	fl.StringVar(&f.latencyQuery, "latency-query", prom.DefaultLatencyQuery, "PromQL for node-to-node RTT in seconds, one series per ordered node pair")
-	fl.StringVar(&f.sourceLabel, "latency-source-label", prom.DefaultSourceLabel, "label of the latency series naming the probing node")
-	fl.StringVar(&f.targetLabel, "latency-target-label", prom.DefaultTargetLabel, "label of the latency series naming the probed node")
-	fl.StringVar(&f.callsQuery, "calls-query", prom.DefaultCallsQuery, "PromQL for call rates by source/destination workload and namespace")
+	fl.DurationVar(&f.scrapeInterval, "scrape-interval", 0, "the probe job's scrape interval (default: read from Prometheus's /api/v1/targets for --probe-job, else 15s)")
+	fl.DurationVar(&f.promWindow, "prometheus-window", 0, "window of the queries ($window; default 4 × the scrape interval)")
+	fl.StringVar(&f.probeJob, "probe-job", prom.DefaultProbeJob, "job label of the blackbox-exporter ICMP probe series ($job): the default queries read only this job")
+	fl.StringVar(&f.latencyQuery, "latency-query", prom.DefaultLatencyQuery, "PromQL for node-to-node RTT in seconds over answered probes (NaN when none was answered), one series per ordered node pair; placeholders $window, $job, $source_label, $target_label")
+	fl.StringVar(&f.successQuery, "probe-success-query", prom.DefaultSuccessQuery, "PromQL for the share of answered probes per node pair (same placeholders; \"-\": none, every RTT counts as answered)")
+	fl.StringVar(&f.sourceLabel, "latency-source-label", prom.DefaultSourceLabel, "label of the latency series naming the probing node ($source_label)")
+	fl.StringVar(&f.targetLabel, "latency-target-label", prom.DefaultTargetLabel, "label of the latency series naming the probed node ($target_label)")
+	fl.Float64Var(&f.maxProbeLoss, "max-probe-loss", prom.DefaultMaxProbeLoss, "a node pair that lost more than this share of its probes in the window is unreachable")
+	fl.DurationVar(&f.unreachable, "unreachable-latency", time.Duration(prom.DefaultUnreachableMS)*time.Millisecond, "latency given to an unreachable node pair")
+	fl.StringVar(&f.nodeMatch, "node-match", watcher.NodeMatchName, "how latency labels name nodes: name (the node's name) or internal-ip (an address, IP or IP:PORT like a probe's instance, matched to the node's InternalIP)")
+	fl.StringVar(&f.ipFamily, "ip-family", "", "address family of endpoints: IPv4 or IPv6 (default: each pod's primary IP's family)")
+	fl.StringVar(&f.tokenFile, "prometheus-bearer-token-file", "", "file holding a bearer token for Prometheus (read at every request, so a rotated token is picked up)")
+	fl.StringVar(&f.caFile, "prometheus-ca-file", "", "PEM file of the CA certificates that verify Prometheus's TLS certificate (default: the system's)")
+	fl.IntVar(&f.maxSeries, "prometheus-max-series", prom.DefaultMaxSeries, "a query answering more series than this fails, naming the query")
+	fl.Int64Var(&f.maxBytes, "prometheus-max-response-bytes", prom.DefaultMaxResponseBytes, "a query response larger than this fails, naming the query")
+	fl.StringVar(&f.callsQuery, "calls-query", prom.DefaultCallsQuery, "PromQL for call rates by source/destination workload and namespace, optionally by reporter (source kept over destination for one pair); placeholder $window")
 	fl.Float64Var(&f.hystRel, "hysteresis-relative", prom.DefaultHysteresisRelative, "a measured change smaller than this fraction of the old value causes no recompute")
 	fl.Float64Var(&f.hystMS, "hysteresis-latency-ms", prom.DefaultHysteresisLatencyMS, "a latency change of at most this many ms causes no recompute")
 	fl.Float64Var(&f.hystRPS, "hysteresis-rps", prom.DefaultHysteresisRPS, "a call-rate change of at most this many requests/s causes no recompute")
@@ -241,11 +267,12 @@ func (f *clusterFlags) cluster(defaultLatency *float64, check func(*optimizer.To
 	if err != nil {
 		return nil, usageError{fmt.Errorf("kubeconfig: %w", err)}
 	}
-	ks, err := kube.NewSource(kube.Config{Client: cs, Namespaces: f.namespaces, Selector: f.selector, Logger: logger, Registerer: reg})
+	ks, err := kube.NewSource(kube.Config{Client: cs, Namespaces: f.namespaces, Selector: f.selector, IPFamily: corev1.IPFamily(f.ipFamily),
+		Logger: logger, Registerer: reg})
 	if err != nil {
-		return nil, usageError{err}
+		return nil, usageError{fmt.Errorf("--ip-family: %w", err)}
 	}
-	cc := watcher.ClusterConfig{Kube: ks, DefaultLatencyMS: defaultLatency, Check: check, Logger: logger, Registerer: reg}
+	cc := watcher.ClusterConfig{Kube: ks, DefaultLatencyMS: defaultLatency, Check: check, NodeMatch: f.nodeMatch, Logger: logger, Registerer: reg}
 	if f.callsFile != "" {
 		g, err := readCallGraph(f.callsFile)
 		if err != nil {
@@ -254,10 +281,17 @@ func (f *clusterFlags) cluster(defaultLatency *float64, check func(*optimizer.To
 		cc.CallGraph = g
 	}
 	if f.prometheusURL != "" {
-		pc := prom.Config{URL: f.prometheusURL, Interval: f.promInterval, Window: f.promWindow,
-			LatencyQuery: f.latencyQuery, SourceLabel: f.sourceLabel, TargetLabel: f.targetLabel, CallsQuery: f.callsQuery,
+		if f.unreachable <= 0 {
+			return nil, badInput("--unreachable-latency %v: want a positive duration", f.unreachable)
+		}
+		if f.maxSeries <= 0 || f.maxBytes <= 0 {
+			return nil, badInput("--prometheus-max-series %d, --prometheus-max-response-bytes %d: want positive numbers", f.maxSeries, f.maxBytes)
+		}
+		pc := prom.Config{URL: f.prometheusURL, HTTP: f.httpConfig(), Interval: f.promInterval, ScrapeInterval: f.scrapeInterval, Window: f.promWindow,
+			ProbeJob: f.probeJob, LatencyQuery: f.latencyQuery, SuccessQuery: f.successQuery, SourceLabel: f.sourceLabel, TargetLabel: f.targetLabel,
+			CallsQuery: f.callsQuery, MaxProbeLoss: f.maxProbeLoss, UnreachableMS: float64(f.unreachable) / float64(time.Millisecond),
 			HysteresisRelative: f.hystRel, HysteresisLatencyMS: f.hystMS, HysteresisRPS: f.hystRPS,
-			Logger: logger, Registerer: reg}
+			MaxSeries: f.maxSeries, MaxResponseBytes: f.maxBytes, Logger: logger, Registerer: reg}
 		if cc.CallGraph != nil {
 			pc.CallsQuery = prom.DisableCalls
 		}
@@ -274,6 +308,17 @@ func (f *clusterFlags) cluster(defaultLatency *float64, check func(*optimizer.To
 	return c, nil
 }
 
+// httpConfig is the Prometheus client's configuration, in Prometheus's own terms
+// (prometheus/common/config, as in a scrape or remote-read config).
+func (f *clusterFlags) httpConfig() config.HTTPClientConfig {
+	c := config.DefaultHTTPClientConfig
+	if f.tokenFile != "" {
+		c.Authorization = &config.Authorization{Type: "Bearer", CredentialsFile: f.tokenFile}
+	}
+	c.TLSConfig.CAFile = f.caFile
+	return c
+}
+
 // readCallGraph reads the calls and ingress of a topology-format file; other sections are
 // not allowed (the cluster gives them).
 func readCallGraph(path string) (*watcher.CallGraph, error) {
@@ -287,17 +332,33 @@ func readCallGraph(path string) (*watcher.CallGraph, error) {
 	return &watcher.CallGraph{Calls: t.Calls, Ingress: t.Ingress}, nil
 }
 
-// captured is a Listener that keeps the first topology.
-type captured chan *optimizer.Topology
+// latestTopology is a Listener that keeps the last topology and signals each one.
+type latestTopology struct {
+	mu      sync.Mutex
+	t       *optimizer.Topology
+	arrived chan struct{}
+}
 
-func (c captured) Update(t *optimizer.Topology) {
+func (l *latestTopology) Update(t *optimizer.Topology) {
+	l.mu.Lock()
+	l.t = t
+	l.mu.Unlock()
 	select {
-	case c <- t:
+	case l.arrived <- struct{}{}:
 	default:
 	}
 }
 
-// clusterSnapshot runs the cluster sources until their first complete topology.
+func (l *latestTopology) get() *optimizer.Topology {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.t
+}
+
+// clusterSnapshot runs the cluster sources until their first complete topology: one with
+// usable latency when Prometheus is given. If none has arrived by --inputs-timeout, the
+// capacity-weighted plan's topology (every node pair equal) is used, with a warning naming
+// why; without any topology it is an error.
 func (f *clusterFlags) clusterSnapshot(ctx context.Context, defaultLatency *float64, logger *slog.Logger) (*optimizer.Topology, error) {
 	c, err := f.cluster(defaultLatency, nil, logger, nil)
 	if err != nil {
@@ -305,22 +366,31 @@ func (f *clusterFlags) clusterSnapshot(ctx context.Context, defaultLatency *floa
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.waitTimeout)
 	defer cancel()
-	got := make(captured, 1)
+	got := &latestTopology{arrived: make(chan struct{}, 1)}
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx, got) }()
-	select {
-	case t := <-got:
-		cancel()
-		<-done
-		return t, nil
-	case err := <-done:
-		if err == nil {
-			err = ctx.Err()
+	for {
+		select {
+		case <-got.arrived:
+			if c.LatencyUsable() {
+				cancel()
+				<-done
+				return got.get(), nil
+			}
+		case err := <-done:
+			if err == nil {
+				err = ctx.Err()
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				if t := got.get(); t != nil {
+					logger.Warn("no usable latency within --inputs-timeout; planning on the capacity-weighted topology (every node pair equal)",
+						"timeout", f.waitTimeout, "inputs", describeChecks(c.Checks()))
+					return t, nil
+				}
+				err = fmt.Errorf("no complete topology from the cluster within %v (%s)", f.waitTimeout, describeChecks(c.Checks()))
+			}
+			return nil, err
 		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("no complete topology from the cluster within %v (%s)", f.waitTimeout, describeChecks(c.Checks()))
-		}
-		return nil, err
 	}
 }
 
@@ -337,4 +407,13 @@ func describeChecks(checks []watcher.Check) string {
 		s += fmt.Sprintf("%s %s: %s", c.Name, state, c.Message)
 	}
 	return s
+}
+
+// redactURL is a URL with its password replaced (url.URL.Redacted), for messages.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(an unparsable URL)"
+	}
+	return u.Redacted()
 }

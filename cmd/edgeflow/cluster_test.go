@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -185,6 +188,10 @@ func TestClusterBadInput(t *testing.T) {
 		{"negative kube-qps", []string{"plan", "--kubeconfig", kubeconfig, "--calls", calls, "--kube-qps", "-1"}, "--kube-qps"},
 		{"serve --rebalance from a file", []string{"serve", "-f", calls, "--xds-address", "127.0.0.1:0", "--rebalance"}, "--rebalance needs the cluster flags"},
 		{"bad prometheus url", []string{"plan", "--kubeconfig", kubeconfig, "--prometheus-url", "::not a url"}, "URL"},
+		{"bad node match", []string{"plan", "--kubeconfig", kubeconfig, "--calls", calls, "--node-match", "hostname"}, "node match \"hostname\""},
+		{"bad ip family", []string{"plan", "--kubeconfig", kubeconfig, "--calls", calls, "--ip-family", "IPv5"}, "--ip-family"},
+		{"probe loss out of range", []string{"plan", "--kubeconfig", kubeconfig, "--prometheus-url", "http://p", "--max-probe-loss", "1.5"}, "MaxProbeLoss"},
+		{"unreadable CA file", []string{"plan", "--kubeconfig", kubeconfig, "--prometheus-url", "https://p", "--prometheus-ca-file", "/nonexistent/ca.pem"}, "ca.pem"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -204,4 +211,65 @@ func grep(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// A password in --prometheus-url reaches Prometheus (basic auth) but appears nowhere in
+// /readyz or the logs, even while Prometheus fails.
+func TestServeNeverPrintsThePrometheusPassword(t *testing.T) {
+	const secret = "Pa55-w0rd-s3cret"
+	kubeconfig, _ := clusterFixture(t)
+	var mu sync.Mutex
+	var gotPass string
+	promSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, pass, _ := r.BasicAuth()
+		mu.Lock()
+		gotPass = pass
+		mu.Unlock()
+		http.Error(w, "temporarily down", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(promSrv.Close)
+	promURL := strings.Replace(promSrv.URL, "http://", "http://edgeflow:"+secret+"@", 1)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var stderr syncBuffer
+	root := newRootCommand()
+	root.SetArgs([]string{"serve", "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--kubeconfig", kubeconfig,
+		"--prometheus-url", promURL, "--log-level", "debug"})
+	root.SetErr(&stderr)
+	root.SetOut(io.Discard)
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	var metricsURL string
+	re := regexp.MustCompile(`metrics (http://\S+)/metrics, `)
+	waitFor(t, "the listening line", func() bool {
+		if m := re.FindStringSubmatch(stderr.String()); m != nil {
+			metricsURL = m[1]
+		}
+		return metricsURL != ""
+	})
+	var body string
+	waitFor(t, "/readyz naming the failing Prometheus", func() bool {
+		_, body = httpGet(metricsURL + "/readyz")
+		return strings.Contains(body, "[-]prometheus") && strings.Contains(body, "503")
+	})
+	mu.Lock()
+	sent := gotPass
+	mu.Unlock()
+	if sent != secret {
+		t.Errorf("basic auth password sent to Prometheus: %q, want the URL's", sent)
+	}
+	t.Logf("/readyz:\n%s", body)
+	if strings.Contains(body, secret) {
+		t.Errorf("/readyz shows the password:\n%s", body)
+	}
+	if !strings.Contains(body, "xxxxx") {
+		t.Errorf("/readyz does not name the (redacted) URL:\n%s", body)
+	}
+	if logs := stderr.String(); strings.Contains(logs, secret) {
+		t.Errorf("the logs show the password:\n%s", grep(logs, secret))
+	}
 }

@@ -95,7 +95,7 @@ func (f *rebalanceFlags) lease() rebalancer.LeaderConfig {
 
 // controller builds the rebalancer on the cluster source.
 func (f *rebalanceFlags) controller(cs kubernetes.Interface, cf *clusterFlags, cluster *watcher.Cluster, defaultLatency *float64, logger *slog.Logger, reg prometheus.Registerer) (*rebalancer.Controller, error) {
-	c, err := rebalancer.New(rebalancer.Config{Client: cs, Topology: cluster.Current, Namespaces: cf.namespaces,
+	c, err := rebalancer.New(rebalancer.Config{Client: cs, Topology: cluster.Measured, Namespaces: cf.namespaces,
 		Selector: cf.selector, DefaultLatencyMS: defaultLatency, DryRun: f.dryRun, Period: f.period,
 		Threshold: f.threshold, MaxMoves: f.maxMoves, MaxMovesPerNode: f.maxPerNode, MaxMovesPerNamespace: f.maxPerNS,
 		MinAge: f.minAge, Cooldown: f.cooldown, GateTimeout: f.gateTimeout, PlacementTimeout: f.placementTimeout,
@@ -305,7 +305,7 @@ func planOnce(ctx context.Context, c *rebalancer.Controller, cluster *watcher.Cl
 	if err := c.Start(ctx); err != nil {
 		return nil, fmt.Errorf("cluster caches: %w", err)
 	}
-	for cluster.Current() == nil {
+	for cluster.Measured() == nil {
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("no complete topology from the cluster within %v (%s)", timeout, describeChecks(cluster.Checks()))

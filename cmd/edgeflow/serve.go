@@ -337,7 +337,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	if cluster != nil {
 		from = "the cluster"
 		if f.prometheusURL != "" {
-			from += " and Prometheus " + f.prometheusURL
+			from += " and Prometheus " + redactURL(f.prometheusURL)
 		}
 	}
 	fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow serve: xDS on %s, metrics %s, policy %s, encoding %s, topology from %s\n",

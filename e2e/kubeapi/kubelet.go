@@ -30,12 +30,14 @@ type Kubelet struct {
 	cs     kubernetes.Interface
 	port   int32
 	ready  map[string]map[string]bool // service → pod → ready
+	term   map[string]bool            // pods in graceful deletion
+	uids   map[string]types.UID
 	ips    map[string]string
 	nodeOf map[string]string
 }
 
 func NewKubelet(t testing.TB, ctx context.Context, cs kubernetes.Interface, namespace string, port int32) *Kubelet {
-	return &Kubelet{t: t, ctx: ctx, cs: cs, ns: namespace, port: port, ready: map[string]map[string]bool{}, ips: map[string]string{}, nodeOf: map[string]string{}}
+	return &Kubelet{t: t, ctx: ctx, cs: cs, ns: namespace, port: port, ready: map[string]map[string]bool{}, term: map[string]bool{}, uids: map[string]types.UID{}, ips: map[string]string{}, nodeOf: map[string]string{}}
 }
 
 func (k *Kubelet) must(err error) {
@@ -70,8 +72,9 @@ func (k *Kubelet) Pod(svc, name, node, ip string, ready bool) {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: k.ns, Labels: map[string]string{"app": svc}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app",
 			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}}}}}}
-	_, err := k.cs.CoreV1().Pods(k.ns).Create(k.ctx, p, metav1.CreateOptions{})
+	created, err := k.cs.CoreV1().Pods(k.ns).Create(k.ctx, p, metav1.CreateOptions{})
 	k.must(err)
+	k.uids[name] = created.UID
 	k.must(k.cs.CoreV1().Pods(k.ns).Bind(k.ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: k.ns},
 		Target: corev1.ObjectReference{Kind: "Node", Name: node}}, metav1.CreateOptions{}))
 	k.ips[name], k.nodeOf[name] = ip, node
@@ -98,6 +101,17 @@ func (k *Kubelet) SetReady(svc, name string, ready bool) {
 func (k *Kubelet) DeletePod(svc, name string) {
 	k.must(k.cs.CoreV1().Pods(k.ns).Delete(k.ctx, name, metav1.DeleteOptions{}))
 	delete(k.ready[svc], name)
+	delete(k.term, name)
+	k.syncSlice(svc)
+}
+
+// Terminate starts a graceful deletion of the pod (a 5-minute grace period that nothing ends:
+// the pod stays, with its deletionTimestamp) and marks its endpoint as the EndpointSlice
+// controller does for a terminating pod that still serves: ready false, serving true,
+// terminating true.
+func (k *Kubelet) Terminate(svc, name string) {
+	k.must(k.cs.CoreV1().Pods(k.ns).Delete(k.ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(300))}))
+	k.term[name] = true
 	k.syncSlice(svc)
 }
 
@@ -108,10 +122,14 @@ func (k *Kubelet) syncSlice(svc string) {
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr("grpc"), Port: ptr(k.port)}}}
 	for _, pod := range slices.Sorted(maps.Keys(k.ready[svc])) {
+		cond := discoveryv1.EndpointConditions{Ready: ptr(k.ready[svc][pod]), Serving: ptr(k.ready[svc][pod])}
+		if k.term[pod] {
+			cond.Ready, cond.Terminating = ptr(false), ptr(true)
+		}
 		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{k.ips[pod]},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr(k.ready[svc][pod])},
+			Conditions: cond,
 			NodeName:   ptr(k.nodeOf[pod]),
-			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: k.ns, Name: pod}})
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: k.ns, Name: pod, UID: k.uids[pod]}})
 	}
 	cur, err := k.cs.DiscoveryV1().EndpointSlices(k.ns).Get(k.ctx, sl.Name, metav1.GetOptions{})
 	if err == nil {

@@ -6,6 +6,8 @@ package live
 import (
 	"context"
 	"math"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,6 +134,52 @@ func TestKubernetesPodsDriveWeights(t *testing.T) {
 		if s.Name == "ghost" || s.Name == "unmanaged" {
 			t.Errorf("service %s is in the topology", s.Key())
 		}
+	}
+
+	// api-2 is deleted gracefully: still serving, terminating. Once the client has the push it
+	// sends api-2 nothing new, while api-2 stays up (its in-flight work could finish).
+	pub = srv.Published()
+	k.Terminate("api", "api-2")
+	eventually(t, 10*time.Second, "publication after the graceful deletion", func() bool { return srv.Published() > pub })
+	if err := srv.WaitConverged(ctx, srv.Published()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the client's picker without api-2", func() bool { return share(t, ctx, web, 20)["api-2"] == 0 })
+	before = backends["api-2"].served.Load()
+	got = share(t, ctx, web, 1000)
+	t.Logf("api-2 terminating (serving): %s", fmtShare(got))
+	if n := backends["api-2"].served.Load() - before; n != 0 {
+		t.Errorf("terminating pod api-2 served %d new RPCs after the push", n)
+	}
+	if got["api-0"] < 0.999 {
+		t.Errorf("with api-2 terminating: %s, want everything on api-0", fmtShare(got))
+	}
+	if n := gaugeValue(t, reg, "edgeflow_kube_skipped", "terminating"); n != 1 {
+		t.Errorf("edgeflow_kube_skipped{reason=terminating} = %v, want 1", n)
+	}
+
+	// The API server goes away: the watches fail, /readyz says so and since when, and the last
+	// known state is still served.
+	ready := httptest.NewServer(watcher.ReadyHandler(srv.Published, cl.Checks))
+	t.Cleanup(ready.Close)
+	if code, body := get(t, ready.URL); code != 200 || strings.Contains(body, "degraded") {
+		t.Fatalf("/readyz before the API server stops: %d %q", code, body)
+	}
+	down := time.Now()
+	if err := c.Stop("kube-apiserver"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "/readyz naming the failing watches", func() bool {
+		_, body := get(t, ready.URL)
+		return strings.Contains(body, "[-]kubernetes") && strings.Contains(body, "failing since")
+	})
+	code, body := get(t, ready.URL)
+	t.Logf("/readyz %v after the API server stopped (%d):\n%s", time.Since(down).Round(time.Millisecond), code, body)
+	if code != 200 || !strings.Contains(body, "degraded") {
+		t.Errorf("/readyz with the API server down: %d %q, want 200 degraded", code, body)
+	}
+	if got := share(t, ctx, web, 200); got["api-0"] < 0.999 {
+		t.Errorf("with the API server down: %s, want the last state (all on api-0)", fmtShare(got))
 	}
 }
 

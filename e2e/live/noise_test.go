@@ -64,7 +64,7 @@ func TestNoisyLatencyNoPushStorm(t *testing.T) {
 	ks, err := kube.NewSource(kube.Config{Client: c.Client, Namespaces: []string{ns}, Selector: kube.DefaultSelector})
 	must(t, err)
 	ps, err := prom.NewSource(prom.Config{URL: tb.PrometheusURL(), RoundTripper: tb.PrometheusTransport(),
-		CallsQuery: prom.DisableCalls})
+		Window: 10 * time.Second, CallsQuery: prom.DisableCalls})
 	must(t, err)
 	one := 1.0
 	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg,

@@ -110,11 +110,9 @@ func TestPrometheusLatencyDrivesWeights(t *testing.T) {
 		"web-2": newCaller(t, podNS, addr, "web-2.shop", "api.shop"),
 	}
 
-	// The first topology waits for Prometheus's first answer with every pair measured.
+	// The first topology is published once Kubernetes synced (the cold-start plan until
+	// Prometheus has latency data).
 	eventually(t, 60*time.Second, "first publication", func() bool { return srv.Published() > 0 })
-	if n := len(cl.Current().Latency); n == 0 {
-		t.Fatalf("first topology without latency data")
-	}
 	// rate() over a window that is not yet full of samples reads low; wait for the full window.
 	eventually(t, 30*time.Second, "call graph from istio_requests_total", func() bool {
 		top := cl.Current()

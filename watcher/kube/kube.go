@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"reflect"
 	"slices"
 	"sort"
@@ -20,7 +21,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -29,6 +32,9 @@ import (
 
 	"github.com/edgeflow/edgeflow/optimizer"
 )
+
+// DefaultHealthInterval is Config.HealthInterval's default.
+const DefaultHealthInterval = 5 * time.Second
 
 // ManagedLabel marks a Service whose traffic edgeflow manages ("true").
 const ManagedLabel = "edgeflow.io/managed"
@@ -46,6 +52,16 @@ type Config struct {
 	// Selector selects managed Services by label ("" means every Service in Namespaces). Use
 	// DefaultSelector for the documented convention.
 	Selector string
+	// IPFamily, "IPv4" or "IPv6", is the address family of every endpoint; "" means each pod's
+	// primary IP's family (status.podIP), else the Service's primary family (spec.ipFamilies[0]),
+	// else IPv4.
+	IPFamily corev1.IPFamily
+	// Clock is the time source of the watch-failure times (nil means time.Now).
+	Clock func() time.Time
+	// HealthInterval is how often the API server is asked for its version while Run runs
+	// (default DefaultHealthInterval): client-go retries a refused watch without telling its
+	// watch error handler, so an API server that is down is found this way.
+	HealthInterval time.Duration
 	// Logger and Registerer as elsewhere (nil: slog.Default(), metrics not registered).
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -64,28 +80,55 @@ type State struct {
 	Services []optimizer.Service
 	// Workloads maps a workload to the keys of the managed services its pods back.
 	Workloads map[Workload][]string
-	// Skipped counts endpoints left out, by reason: not_ready, no_address, no_node,
-	// unknown_node; and services left out: no_ready_pods.
+	// NodeAddresses maps each node's InternalIP addresses to the node's name.
+	NodeAddresses map[string]string
+	// Skipped counts endpoints left out, by reason (the Skip constants); and services left
+	// out: no_ready_pods.
 	Skipped map[string]int
 }
 
 // Skip reasons, the label values of edgeflow_kube_skipped.
 const (
 	SkipNotReady    = "not_ready"
+	SkipTerminating = "terminating"
 	SkipNoAddress   = "no_address"
 	SkipNoNode      = "no_node"
 	SkipUnknownNode = "unknown_node"
-	SkipNoReadyPods = "no_ready_pods"
+	// SkipBadName: the endpoint's targetRef names no valid pod (not a DNS-1123 subdomain).
+	SkipBadName = "bad_name"
+	// SkipAmbiguousName: a pod of the default namespace whose name holds a '.': its key
+	// (optimizer.QualifiedName, the name itself) would read as POD.NAMESPACE, another
+	// namespace's pod, so it is left out rather than let one pod stand for another.
+	SkipAmbiguousName = "ambiguous_name"
+	SkipNoReadyPods   = "no_ready_pods"
 )
+
+// skipReasons lists every skip reason, for the metric.
+var skipReasons = []string{SkipNotReady, SkipTerminating, SkipNoAddress, SkipNoNode, SkipUnknownNode, SkipBadName, SkipAmbiguousName, SkipNoReadyPods}
 
 // Source follows the cluster with shared informers.
 //
-// Rules: informer callbacks never block — they mark the state dirty and return; the Run loop
-// rebuilds the State from the listers (coalescing every event that arrived meanwhile) and
-// delivers it only when it differs from the last delivered one. An endpoint that is not ready,
-// has no address, or has no known node is left out and counted; a managed service without a
-// ready endpoint is left out with a log line. Pod weight is the pod's CPU request relative to
-// the mean request of the service's pods (1 when the pods request no CPU).
+// Rules:
+//   - Informer callbacks never block — they mark the state dirty and return; the Run loop
+//     rebuilds the State from the listers (coalescing every event that arrived meanwhile) and
+//     delivers it only when it differs from the last delivered one.
+//   - An endpoint counts only when its EndpointSlice conditions say so: ready (unset counts
+//     as ready, as kube-proxy reads it) and not terminating — a pod in graceful deletion gets
+//     no new traffic even while it is still serving. One not ready, terminating, without an
+//     address or a known node is left out and counted (edgeflow_kube_skipped).
+//   - The endpoint's pod is found by targetRef.uid (by name only when the slice gives no
+//     uid); a uid that matches no pod in the cache leaves the endpoint without pod details.
+//     A targetRef name that is not a DNS-1123 subdomain, or a default-namespace pod name with a
+//     '.', is left out (SkipBadName, SkipAmbiguousName): pod keys stay unambiguous.
+//   - Address family: Config.IPFamily, else the pod's primary IP's family, else the Service's
+//     primary family; slices of the other family are not read for that endpoint.
+//   - A managed service without a ready endpoint is left out with a log line. Pod weight is
+//     the pod's CPU request relative to the mean request of the service's pods (1 when the
+//     pods request no CPU).
+//   - A failing list or watch (client-go's watch error handler) is reported by WatchFailures,
+//     with the time it began, until that informer lists or hears an event again; so is an API
+//     server that does not answer GET /version (asked every HealthInterval: client-go retries
+//     a refused watch without calling the handler), until it answers.
 type Source struct {
 	cfg      Config
 	log      *slog.Logger
@@ -96,9 +139,19 @@ type Source struct {
 	rebuilds prometheus.Counter
 	skipped  *prometheus.GaugeVec
 
-	mu      sync.Mutex
-	current *State
-	synced  bool
+	mu       sync.Mutex
+	current  *State
+	synced   bool
+	failures map[string]*watchFailure // informer name → its failing watch; guarded by mu
+	apiDown  *watchFailure            // the API server not answering GET /version; guarded by mu
+}
+
+// watchFailure is an informer whose list or watch failed.
+type watchFailure struct {
+	since time.Time
+	last  error
+	rv    string // the informer's last synced resource version when it began failing
+	inf   cache.SharedIndexInformer
 }
 
 // NewSource validates cfg and registers the metrics; it starts nothing.
@@ -113,14 +166,25 @@ func NewSource(cfg Config) (*Source, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.HealthInterval <= 0 {
+		cfg.HealthInterval = DefaultHealthInterval
+	}
+	switch cfg.IPFamily {
+	case "", corev1.IPv4Protocol, corev1.IPv6Protocol:
+	default:
+		return nil, fmt.Errorf("kube: IP family %q: want IPv4, IPv6 or empty (each pod's primary family)", cfg.IPFamily)
+	}
 	cfg.Namespaces = UniqueNamespaces(cfg.Namespaces)
-	s := &Source{cfg: cfg, log: cfg.Logger, selector: sel, dirty: make(chan struct{}, 1),
+	s := &Source{cfg: cfg, log: cfg.Logger, selector: sel, dirty: make(chan struct{}, 1), failures: map[string]*watchFailure{},
 		events: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_kube_events_total",
 			Help: "Informer events received (nodes, pods, services, endpointslices)."}),
 		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_kube_rebuilds_total",
 			Help: "Cluster states rebuilt from the informer caches (events are coalesced)."}),
 		skipped: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "edgeflow_kube_skipped",
-			Help: "Endpoints (not_ready, no_address, no_node, unknown_node) and managed services (no_ready_pods) left out of the current state."},
+			Help: "Endpoints (not_ready, terminating, no_address, no_node, unknown_node, bad_name, ambiguous_name) and managed services (no_ready_pods) left out of the current state."},
 			[]string{"reason"}),
 	}
 	if cfg.Registerer != nil {
@@ -150,6 +214,7 @@ func (s *Source) Synced() bool {
 type listers struct {
 	nodes     corelisters.NodeLister
 	pods      []corelisters.PodLister
+	podsByUID []cache.Indexer
 	services  []corelisters.ServiceLister
 	endpoints []discoverylisters.EndpointSliceLister
 }
@@ -162,50 +227,172 @@ func (s *Source) mark() {
 	}
 }
 
+// podUIDIndex indexes pods by UID, to find an endpoint's pod by targetRef.uid.
+const podUIDIndex = "uid"
+
+// WatchFailure is an informer whose list or watch is failing.
+type WatchFailure struct {
+	// Informer names the resource and namespace ("pods in shop", "nodes").
+	Informer string
+	// Since is when it began failing; Err is the last error.
+	Since time.Time
+	Err   error
+}
+
+// WatchFailures lists the informers whose list or watch has failed and not recovered since:
+// recovery is an event from that informer or a new list (its last synced resource version
+// moved). Safe for concurrent use.
+func (s *Source) WatchFailures() []WatchFailure {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []WatchFailure
+	if f := s.apiDown; f != nil {
+		out = append(out, WatchFailure{Informer: apiServerCheck, Since: f.since, Err: f.last})
+	}
+	for name, f := range s.failures {
+		if rv := f.inf.LastSyncResourceVersion(); rv != f.rv && rv != "" {
+			delete(s.failures, name)
+			s.log.Info("kube: watch recovered", "informer", name, "failing_since", f.since)
+			continue
+		}
+		out = append(out, WatchFailure{Informer: name, Since: f.since, Err: f.last})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Informer < out[j].Informer })
+	return out
+}
+
+// apiServerCheck names the API server's health in WatchFailures.
+const apiServerCheck = "the API server (GET /version)"
+
+// checkAPIServer asks the API server for its version every HealthInterval until ctx is done,
+// recording when it stops answering and when it answers again.
+func (s *Source) checkAPIServer(ctx context.Context) {
+	t := time.NewTicker(s.cfg.HealthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.HealthInterval)
+		var err error
+		if rc := s.cfg.Client.Discovery().RESTClient(); rc != nil && !reflect.ValueOf(rc).IsNil() {
+			err = rc.Get().AbsPath("/version").Do(rctx).Error()
+		} else {
+			_, err = s.cfg.Client.Discovery().ServerVersion()
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		s.mu.Lock()
+		switch {
+		case err != nil && s.apiDown == nil:
+			s.apiDown = &watchFailure{since: s.cfg.Clock(), last: err}
+			s.log.Error("kube: the API server does not answer; the last known state stays in effect", "error", err)
+		case err != nil:
+			s.apiDown.last = err
+		case s.apiDown != nil:
+			s.log.Info("kube: the API server answers again", "failing_since", s.apiDown.since)
+			s.apiDown = nil
+		}
+		s.mu.Unlock()
+	}
+}
+
+// watchFailed records a failed list or watch of an informer (client-go's watch error handler).
+func (s *Source) watchFailed(name string, inf cache.SharedIndexInformer, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f, ok := s.failures[name]; ok {
+		f.last = err
+		f.rv = inf.LastSyncResourceVersion()
+		return
+	}
+	s.failures[name] = &watchFailure{since: s.cfg.Clock(), last: err, rv: inf.LastSyncResourceVersion(), inf: inf}
+	s.log.Error("kube: watch failing; the last known state stays in effect", "informer", name, "error", err)
+}
+
+// heard clears an informer's failure: it delivered an event, so its watch works.
+func (s *Source) heard(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f, ok := s.failures[name]; ok {
+		delete(s.failures, name)
+		s.log.Info("kube: watch recovered", "informer", name, "failing_since", f.since)
+	}
+}
+
 // Run starts the informers, waits for their caches, then delivers a State after every change
 // until ctx is done (then it stops the informers, waits for them and returns nil). deliver is
 // called from Run's goroutine only and must not block for long. Run may be called once.
 func (s *Source) Run(ctx context.Context, deliver func(*State)) error {
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { s.mark() },
-		UpdateFunc: func(any, any) { s.mark() },
-		DeleteFunc: func(any) { s.mark() },
-	}
 	var ls listers
 	var factories []informers.SharedInformerFactory
 	cluster := informers.NewSharedInformerFactory(s.cfg.Client, 0)
 	factories = append(factories, cluster)
 	nodeInf := cluster.Core().V1().Nodes()
 	ls.nodes = nodeInf.Lister()
-	var infs []cache.SharedIndexInformer
-	infs = append(infs, nodeInf.Informer())
+	type named struct {
+		name string
+		inf  cache.SharedIndexInformer
+	}
+	infs := []named{{"nodes", nodeInf.Informer()}}
 	namespaces := s.cfg.Namespaces
 	if len(namespaces) == 0 {
 		namespaces = []string{""}
 	}
 	for _, ns := range namespaces {
 		f := cluster
+		where := " in all namespaces"
 		if ns != "" {
 			f = informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, 0, informers.WithNamespace(ns))
 			factories = append(factories, f)
+			where = " in " + ns
 		}
 		pods, svcs, eps := f.Core().V1().Pods(), f.Core().V1().Services(), f.Discovery().V1().EndpointSlices()
+		if err := pods.Informer().AddIndexers(cache.Indexers{podUIDIndex: func(obj any) ([]string, error) {
+			if p, ok := obj.(*corev1.Pod); ok {
+				return []string{string(p.UID)}, nil
+			}
+			return nil, nil
+		}}); err != nil {
+			return fmt.Errorf("kube: adding the pod UID index: %w", err)
+		}
 		ls.pods = append(ls.pods, pods.Lister())
+		ls.podsByUID = append(ls.podsByUID, pods.Informer().GetIndexer())
 		ls.services = append(ls.services, svcs.Lister())
 		ls.endpoints = append(ls.endpoints, eps.Lister())
-		infs = append(infs, pods.Informer(), svcs.Informer(), eps.Informer())
+		infs = append(infs, named{"pods" + where, pods.Informer()}, named{"services" + where, svcs.Informer()}, named{"endpointslices" + where, eps.Informer()})
 	}
-	for _, inf := range infs {
-		if _, err := inf.AddEventHandler(handler); err != nil {
+	for _, n := range infs {
+		heard := func() { s.heard(n.name); s.mark() }
+		if _, err := n.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { heard() },
+			UpdateFunc: func(any, any) { heard() },
+			DeleteFunc: func(any) { heard() },
+		}); err != nil {
 			return fmt.Errorf("kube: adding event handler: %w", err)
+		}
+		if err := n.inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+			cache.DefaultWatchErrorHandler(ctx, r, err) // client-go's own logging
+			if ctx.Err() == nil {
+				s.watchFailed(n.name, n.inf, err)
+			}
+		}); err != nil {
+			return fmt.Errorf("kube: setting the watch error handler: %w", err)
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
+	health := make(chan struct{})
+	go func() { defer close(health); s.checkAPIServer(ctx) }()
 	defer func() {
 		cancel()
 		for _, f := range factories {
 			f.Shutdown() // waits for the informers' goroutines
 		}
+		<-health
 	}()
 	for _, f := range factories {
 		f.Start(ctx.Done())
@@ -246,7 +433,7 @@ func (s *Source) Run(ctx context.Context, deliver func(*State)) error {
 		s.mu.Lock()
 		s.current = st
 		s.mu.Unlock()
-		for _, r := range []string{SkipNotReady, SkipNoAddress, SkipNoNode, SkipUnknownNode, SkipNoReadyPods} {
+		for _, r := range skipReasons {
 			s.skipped.WithLabelValues(r).Set(float64(st.Skipped[r]))
 		}
 		deliver(st)
@@ -254,6 +441,14 @@ func (s *Source) Run(ctx context.Context, deliver func(*State)) error {
 }
 
 func (s *Source) logSkips(prev, st *State) {
+	for reason, msg := range map[string]string{
+		SkipAmbiguousName: "kube: endpoints of default-namespace pods whose names hold a '.' are left out (the name would read as POD.NAMESPACE)",
+		SkipBadName:       "kube: endpoints whose targetRef is not a valid pod name are left out",
+	} {
+		if n := st.Skipped[reason]; n > 0 && (prev == nil || prev.Skipped[reason] != n) {
+			s.log.Warn(msg, "count", n)
+		}
+	}
 	if prev == nil || prev.Skipped[SkipNoReadyPods] != st.Skipped[SkipNoReadyPods] {
 		if n := st.Skipped[SkipNoReadyPods]; n > 0 {
 			s.log.Warn("kube: managed services without a ready endpoint are left out", "count", n)
@@ -263,7 +458,7 @@ func (s *Source) logSkips(prev, st *State) {
 
 // build reads the listers into a State. O(nodes + pods + endpoints).
 func (s *Source) build(ls *listers) (*State, error) {
-	st := &State{Workloads: map[Workload][]string{}, Skipped: map[string]int{}}
+	st := &State{Workloads: map[Workload][]string{}, NodeAddresses: map[string]string{}, Skipped: map[string]int{}}
 	nodes, err := ls.nodes.List(labels.Everything())
 	if err != nil {
 		return nil, err
@@ -274,6 +469,13 @@ func (s *Source) build(ls *listers) (*State, error) {
 		st.Nodes = append(st.Nodes, optimizer.Node{Name: n.Name,
 			CPU: a.Cpu().MilliValue(), Memory: a.Memory().Value() >> 20, Locality: nodeLocality(n.Labels)})
 		known[n.Name] = true
+		for _, a := range n.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP {
+				if ip, err := netip.ParseAddr(a.Address); err == nil {
+					st.NodeAddresses[ip.Unmap().String()] = n.Name
+				}
+			}
+		}
 	}
 	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].Name < st.Nodes[j].Name })
 	for i := range ls.services {
@@ -365,11 +567,55 @@ func (s *Source) service(ls *listers, i int, svc *corev1.Service, known map[stri
 	var pods []podInfo
 	seen := map[string]bool{}
 	workloads := map[Workload]bool{}
+	family := s.cfg.IPFamily
+	if family == "" {
+		family = corev1.IPv4Protocol
+		if len(svc.Spec.IPFamilies) > 0 {
+			family = svc.Spec.IPFamilies[0]
+		}
+	}
 	for _, sl := range slices {
 		if sl.AddressType != discoveryv1.AddressTypeIPv4 && sl.AddressType != discoveryv1.AddressTypeIPv6 {
 			continue
 		}
 		for _, ep := range sl.Endpoints {
+			var pod *corev1.Pod
+			name := ""
+			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
+				name = ep.TargetRef.Name
+				counted := string(sl.AddressType) == string(family) // once, not once per family
+				if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+					if counted {
+						skipped[SkipBadName]++
+					}
+					s.log.Debug("kube: endpoint's targetRef is not a pod name; left out", "service", svc.Namespace+"/"+svc.Name, "name", name, "problems", errs)
+					continue
+				}
+				if strings.Contains(name, ".") && svc.Namespace == metav1.NamespaceDefault {
+					if counted {
+						skipped[SkipAmbiguousName]++
+					}
+					continue
+				}
+				pod = s.findPod(ls, i, svc.Namespace, ep.TargetRef)
+			}
+			// One address family per endpoint: the pod's primary one unless configured.
+			want := family
+			if s.cfg.IPFamily == "" && pod != nil && pod.Status.PodIP != "" {
+				if ip, err := netip.ParseAddr(pod.Status.PodIP); err == nil {
+					want = corev1.IPv4Protocol
+					if ip.Is6() && !ip.Is4In6() {
+						want = corev1.IPv6Protocol
+					}
+				}
+			}
+			if string(sl.AddressType) != string(want) {
+				continue
+			}
+			if ep.Conditions.Terminating != nil && *ep.Conditions.Terminating {
+				skipped[SkipTerminating]++
+				continue
+			}
 			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
 				skipped[SkipNotReady]++
 				continue
@@ -379,11 +625,8 @@ func (s *Source) service(ls *listers, i int, svc *corev1.Service, known map[stri
 				continue
 			}
 			ip := ep.Addresses[0]
-			name := "ip-" + strings.NewReplacer(".", "-", ":", "-").Replace(ip)
-			var pod *corev1.Pod
-			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
-				name = ep.TargetRef.Name
-				pod, _ = ls.pods[i].Pods(svc.Namespace).Get(name)
+			if name == "" {
+				name = "ip-" + strings.NewReplacer(".", "-", ":", "-").Replace(ip)
 			}
 			if seen[name] {
 				continue
@@ -439,6 +682,25 @@ func (s *Source) service(ls *listers, i int, svc *corev1.Service, known map[stri
 		ws = append(ws, w)
 	}
 	return out, ws
+}
+
+// findPod is an endpoint's pod: by targetRef.uid when the slice gives one (a uid the cache
+// does not hold yet, or a pod of that name with another uid, is no pod), else by name.
+func (s *Source) findPod(ls *listers, i int, namespace string, ref *corev1.ObjectReference) *corev1.Pod {
+	if ref.UID == "" {
+		pod, _ := ls.pods[i].Pods(namespace).Get(ref.Name)
+		return pod
+	}
+	objs, err := ls.podsByUID[i].ByIndex(podUIDIndex, string(ref.UID))
+	if err != nil {
+		return nil
+	}
+	for _, o := range objs {
+		if p, ok := o.(*corev1.Pod); ok && p.Namespace == namespace && p.Name == ref.Name {
+			return p
+		}
+	}
+	return nil
 }
 
 // workloadOf names the pod's workload as Istio does: the owning controller, a ReplicaSet

@@ -141,7 +141,16 @@ type harness struct {
 
 func start(t *testing.T, cfg Config, objs ...runtime.Object) *harness {
 	t.Helper()
+	return startWith(t, cfg, nil, objs...)
+}
+
+// startWith is start with a hook on the fake clientset (reactors) before the Source runs.
+func startWith(t *testing.T, cfg Config, hook func(*fake.Clientset), objs ...runtime.Object) *harness {
+	t.Helper()
 	h := &harness{t: t, client: fake.NewClientset(objs...), reg: prometheus.NewRegistry()}
+	if hook != nil {
+		hook(h.client)
+	}
 	cfg.Client = h.client
 	cfg.Registerer = h.reg
 	cfg.Logger = slog.New(slog.DiscardHandler)

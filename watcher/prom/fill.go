@@ -14,8 +14,12 @@ import (
 //   - a measured pair (stale-kept pairs included) is used as is;
 //   - a pair measured in one direction only uses that value for both directions;
 //   - a pair never measured in either direction gets *defaultMS when defaultMS is non-nil (and
-//     not NaN), else the largest latency measured between the given nodes (0 if none is);
-//   - a node's latency to itself is listed only when measured (the optimizer's default is 0).
+//     not NaN), else the largest latency measured between the given nodes;
+//   - a node's latency to itself is listed only when measured (the optimizer's default is 0);
+//   - when no pair between the given nodes is measured and defaultMS is nil, every pair, a
+//     node to itself included, gets EqualLatencyMS: all paths cost the same, so LATA gives
+//     every callee pod its capacity share and nothing else (no missing value reads as 0 ms,
+//     which would make the nearest pod look free).
 //
 // Values are clamped to [0, optimizer.MaxLatencyMS]; NaN entries of m count as not measured,
 // and pairs naming a node outside nodes are not used. The result holds every ordered pair of
@@ -37,7 +41,7 @@ func FillLatency(nodes []string, m map[Pair]float64, defaultMS *float64) (lat []
 	for i := range ms {
 		ms[i] = math.NaN()
 	}
-	largest := 0.0
+	largest, measured := 0.0, 0
 	for p, v := range m {
 		i, okF := index[p.From]
 		j, okT := index[p.To]
@@ -46,19 +50,25 @@ func FillLatency(nodes []string, m map[Pair]float64, defaultMS *float64) (lat []
 		}
 		v = clampMS(v)
 		ms[i*n+j] = v
+		measured++
 		largest = max(largest, v)
 	}
 	fallback := largest
 	if defaultMS != nil && !math.IsNaN(*defaultMS) {
 		fallback = clampMS(*defaultMS)
+	} else if measured == 0 {
+		fallback = EqualLatencyMS
 	}
+	equal := defaultMS == nil && measured == 0
 
 	lat = make([]optimizer.Latency, 0, n*n)
 	for i, from := range names {
 		for j, to := range names {
 			v := ms[i*n+j]
 			if i == j {
-				if !math.IsNaN(v) {
+				if equal {
+					lat = append(lat, optimizer.Latency{From: from, To: to, MS: EqualLatencyMS})
+				} else if !math.IsNaN(v) {
 					lat = append(lat, optimizer.Latency{From: from, To: to, MS: v})
 				}
 				continue
@@ -77,6 +87,9 @@ func FillLatency(nodes []string, m map[Pair]float64, defaultMS *float64) (lat []
 	}
 	return lat, unmeasured
 }
+
+// EqualLatencyMS is every pair's latency, self included, when nothing is measured (FillLatency).
+const EqualLatencyMS = 1.0
 
 // clampMS bounds a latency to [0, optimizer.MaxLatencyMS] (NaN is the caller's business).
 func clampMS(v float64) float64 {

@@ -62,11 +62,20 @@ func TestFillLatency(t *testing.T) {
 			wantUnmeasured: 1,
 		},
 		{
-			name:           "nothing measured",
-			nodes:          abc,
-			m:              nil,
-			want:           []optimizer.Latency{l("a", "b", 0), l("a", "c", 0), l("b", "a", 0), l("b", "c", 0), l("c", "a", 0), l("c", "b", 0)},
+			// Never 0 ms: every path, a node to itself included, costs the same.
+			name:  "nothing measured",
+			nodes: abc,
+			m:     nil,
+			want: []optimizer.Latency{l("a", "a", 1), l("a", "b", 1), l("a", "c", 1), l("b", "a", 1), l("b", "b", 1), l("b", "c", 1),
+				l("c", "a", 1), l("c", "b", 1), l("c", "c", 1)},
 			wantUnmeasured: 3,
+		},
+		{
+			name:           "only pairs naming no node: nothing measured",
+			nodes:          []string{"a", "b"},
+			m:              map[Pair]float64{{"x", "y"}: 30, {"a", "y"}: 40},
+			want:           []optimizer.Latency{l("a", "a", 1), l("a", "b", 1), l("b", "a", 1), l("b", "b", 1)},
+			wantUnmeasured: 1,
 		},
 		{
 			name:           "nothing measured, with a default",
@@ -102,7 +111,7 @@ func TestFillLatency(t *testing.T) {
 			m:     map[Pair]float64{{"a", "b"}: 1, {"b", "a"}: 2},
 			want:  []optimizer.Latency{l("b", "a", 2), l("a", "b", 1)},
 		},
-		{name: "one node", nodes: []string{"a"}, want: []optimizer.Latency{}},
+		{name: "one node", nodes: []string{"a"}, want: []optimizer.Latency{l("a", "a", 1)}},
 		{name: "no nodes", want: []optimizer.Latency{}},
 	}
 	for _, tt := range tests {

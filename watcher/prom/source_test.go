@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -46,10 +47,12 @@ func call(from, to, rps string) series {
 }
 
 // fakeProm speaks the instant-query endpoint of the Prometheus HTTP API: the latency query
-// (recognised by "probe_icmp") gets latency, any other query gets calls.
+// (recognised by "probe_icmp") gets latency, the success query ("probe_success" alone) gets
+// success (nil: 1 for every latency series), any other query gets calls.
 type fakeProm struct {
 	mu         sync.Mutex
 	latency    []series
+	success    []series
 	calls      []series
 	status     int    // non-zero: answer with this HTTP status and body
 	body       string // with status
@@ -87,8 +90,23 @@ func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	src := f.calls
-	if strings.Contains(r.Form.Get("query"), "probe_icmp") {
+	switch q := r.Form.Get("query"); {
+	case strings.Contains(q, "probe_icmp"):
 		src = f.latency
+	case strings.Contains(q, "probe_success"):
+		src = f.success
+		if src == nil { // a latency pair with an RTT answered every probe, one with NaN none
+			for _, l := range f.latency {
+				v, err := strconv.ParseFloat(l.value, 64)
+				switch {
+				case l.labels["source_node"] == "" || l.labels["target_node"] == "":
+				case math.IsNaN(v):
+					src = append(src, series{labels: l.labels, value: "0"})
+				case err == nil && v >= 0 && !math.IsInf(v, 0):
+					src = append(src, series{labels: l.labels, value: "1"})
+				}
+			}
+		}
 	}
 	var data any
 	switch f.resultType {
@@ -227,13 +245,16 @@ func TestFirstAnswerDelivered(t *testing.T) {
 	}
 	got := h.mustDeliver("first answer")
 	want := &Measurements{
-		Latency: map[Pair]float64{{"edge-a", "edge-b"}: 12.5, {"edge-b", "edge-a"}: 13, {"edge-a", "edge-a"}: 0.1},
-		Stale:   map[Pair]bool{},
+		Latency:     map[Pair]float64{{"edge-a", "edge-b"}: 12.5, {"edge-b", "edge-a"}: 13, {"edge-a", "edge-a"}: 0.1},
+		Loss:        map[Pair]float64{{"edge-a", "edge-b"}: 0, {"edge-b", "edge-a"}: 0, {"edge-a", "edge-a"}: 0},
+		Unreachable: map[Pair]bool{},
+		Stale:       map[Pair]bool{},
 		Calls: []CallRate{
 			{From: Workload{"frontend", "shop"}, To: Workload{"productpage", "shop"}, RPS: 100},
 			{From: Workload{"productpage", "shop"}, To: Workload{"reviews", "shop"}, RPS: 100},
 		},
 		StaleCalls: map[CallEdge]bool{},
+		Window:     4 * DefaultScrapeInterval, // the fake has no targets API: the default
 		At:         t0,
 	}
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b float64) bool { return math.Abs(a-b) < 1e-9 })); diff != "" {
@@ -245,13 +266,18 @@ func TestFirstAnswerDelivered(t *testing.T) {
 
 	// The queries as sent: $window substituted, Prometheus's evaluation timeout set.
 	reqs := prom.requests()
-	if len(reqs) != 2 {
-		t.Fatalf("%d requests, want 2", len(reqs))
+	if len(reqs) != 3 {
+		t.Fatalf("%d requests, want 3", len(reqs))
 	}
-	if q := reqs[0].Get("query"); q != `avg_over_time(probe_icmp_duration_seconds{phase="rtt"}[10s])` {
+	if q := reqs[0].Get("query"); q != `sum by (source_node, target_node) (sum_over_time(probe_icmp_duration_seconds{job="edgeflow-icmp",phase="rtt"}[1m]))`+
+		` / sum by (source_node, target_node) (sum_over_time(probe_success{job="edgeflow-icmp"}[1m]))` {
 		t.Errorf("latency query sent: %s", q)
 	}
-	if q := reqs[1].Get("query"); q != `sum by (source_workload, source_workload_namespace, destination_workload, destination_workload_namespace) (rate(istio_requests_total{reporter="source"}[10s]))` {
+	if q := reqs[1].Get("query"); q != `avg by (source_node, target_node) (avg_over_time(probe_success{job="edgeflow-icmp"}[1m]))` {
+		t.Errorf("success query sent: %s", q)
+	}
+	if q := reqs[2].Get("query"); q != `sum by (reporter, source_workload, source_workload_namespace, destination_workload, destination_workload_namespace)`+
+		` (rate(istio_requests_total{reporter=~"source|destination"}[1m]))` {
 		t.Errorf("calls query sent: %s", q)
 	}
 	if to := reqs[0].Get("timeout"); to != "5s" {
@@ -268,12 +294,14 @@ edgeflow_prometheus_deliveries_total 1
 # HELP edgeflow_prometheus_last_success_timestamp_seconds Unix time of the last query round that succeeded.
 # TYPE edgeflow_prometheus_last_success_timestamp_seconds gauge
 edgeflow_prometheus_last_success_timestamp_seconds %d
-# HELP edgeflow_prometheus_queries_total Prometheus queries run, by query (latency, calls) and result (ok, error).
+# HELP edgeflow_prometheus_queries_total Prometheus queries run, by query (latency, success, calls) and result (ok, error).
 # TYPE edgeflow_prometheus_queries_total counter
 edgeflow_prometheus_queries_total{query="calls",result="error"} 0
 edgeflow_prometheus_queries_total{query="calls",result="ok"} 1
 edgeflow_prometheus_queries_total{query="latency",result="error"} 0
 edgeflow_prometheus_queries_total{query="latency",result="ok"} 1
+edgeflow_prometheus_queries_total{query="success",result="error"} 0
+edgeflow_prometheus_queries_total{query="success",result="ok"} 1
 # HELP edgeflow_prometheus_up 1 if the last query round succeeded, else 0.
 # TYPE edgeflow_prometheus_up gauge
 edgeflow_prometheus_up 1
@@ -294,8 +322,9 @@ func TestCustomWindowAndQuery(t *testing.T) {
 		Window:       90 * time.Second,
 		LatencyQuery: `avg_over_time(probe_icmp_rtt_ms[$window]) # probe_icmp`,
 		SourceLabel:  "from", TargetLabel: "to",
-		LatencyUnit: 1, // already ms
-		CallsQuery:  DisableCalls,
+		LatencyUnit:  1, // already ms
+		CallsQuery:   DisableCalls,
+		SuccessQuery: DisableSuccess,
 	}, prom)
 	m := h.mustDeliver("first answer")
 	if m.Latency[Pair{"a", "b"}] != 7 || len(m.Calls) != 0 {
@@ -303,13 +332,13 @@ func TestCustomWindowAndQuery(t *testing.T) {
 	}
 	reqs := prom.requests()
 	if len(reqs) != 1 {
-		t.Fatalf("%d requests with the calls query disabled, want 1", len(reqs))
+		t.Fatalf("%d requests with the calls and success queries disabled, want 1", len(reqs))
 	}
 	if q := reqs[0].Get("query"); q != `avg_over_time(probe_icmp_rtt_ms[1m30s]) # probe_icmp` {
 		t.Errorf("query sent: %s", q)
 	}
 	if n, err := testutil.GatherAndCount(h.reg, "edgeflow_prometheus_queries_total"); err != nil || n != 2 {
-		t.Errorf("queries_total series with calls disabled: %d (%v), want 2 (latency ok/error)", n, err)
+		t.Errorf("queries_total series with calls and success disabled: %d (%v), want 2 (latency ok/error)", n, err)
 	}
 }
 
@@ -455,8 +484,11 @@ edgeflow_prometheus_stale_series{query="latency"} %d
 	if l, unmeasured := FillLatency([]string{"a", "b"}, m.Latency, nil); unmeasured != 0 || l[1].MS != 20 {
 		t.Errorf("FillLatency after forgetting: %v, %d unmeasured", l, unmeasured)
 	}
-	if h.logs.count("forgetting a stale series") != 2 || h.logs.count("a series vanished") != 2 {
+	if h.logs.count("forgetting stale series") != 2 || h.logs.count("series vanished") != 2 {
 		t.Errorf("logs:\n%s", h.logs.String())
+	}
+	if v, c := h.metric(h.src.vanished.WithLabelValues(queryLatency)), h.metric(h.src.vanished.WithLabelValues(queryCalls)); v != 1 || c != 1 {
+		t.Errorf("edgeflow_prometheus_series_vanished_total: latency %v, calls %v; want 1 each", v, c)
 	}
 }
 
@@ -623,7 +655,7 @@ func TestBadSamplesIgnored(t *testing.T) {
 	delete(noTarget.labels, "target_node")
 	prom := &fakeProm{
 		latency: []series{
-			lat("a", "b", "NaN"), lat("a", "c", "+Inf"), lat("a", "d", "-0.001"), noTarget,
+			lat("a", "c", "+Inf"), lat("a", "d", "-0.001"), noTarget,
 			lat("b", "a", "0.010"), lat("c", "c", "0.0002"), // intra-node is fine
 		},
 		calls: []series{call("ns/a", "ns/b", "NaN"), call("ns/a", "ns/c", "3")},
@@ -643,7 +675,7 @@ func TestBadSamplesIgnored(t *testing.T) {
 			query, reason string
 			want          float64
 		}{
-			{queryLatency, reasonBadValue, 3}, {queryLatency, reasonMissingLabel, 1}, {queryCalls, reasonBadValue, 1}, {queryCalls, reasonMissingLabel, 0},
+			{queryLatency, reasonBadValue, 2}, {queryLatency, reasonMissingLabel, 1}, {queryCalls, reasonBadValue, 1}, {queryCalls, reasonMissingLabel, 0},
 		} {
 			if got := h.metric(h.src.ignored.WithLabelValues(c.query, c.reason)); got != c.want*float64(round) {
 				t.Errorf("round %d: ignored_samples_total{query=%q,reason=%q} = %v, want %v", round, c.query, c.reason, got, c.want*float64(round))
@@ -656,20 +688,20 @@ func TestBadSamplesIgnored(t *testing.T) {
 	h.clock.Advance(2 * time.Second)
 	h.mustNotDeliver("the same answer")
 	check(2)
-	if n := h.logs.count("ignoring a sample"); n != 4 {
-		t.Errorf("%d log lines for bad samples after two rounds, want 4 (once per series):\n%s", n, h.logs.String())
+	if n := h.logs.count("ignoring an RTT") + h.logs.count("ignoring a call rate"); n != 3 {
+		t.Errorf("%d log lines for bad samples after two rounds, want 3 (once per series):\n%s", n, h.logs.String())
 	}
 	if n := h.logs.count("without its node labels"); n != 1 {
 		t.Errorf("%d log lines for the unlabelled series, want 1", n)
 	}
-	if !strings.Contains(h.logs.String(), `series="probe_icmp_duration_seconds{phase=\"rtt\", source_node=\"a\", target_node=\"b\"}"`) {
+	if !strings.Contains(h.logs.String(), `series="probe_icmp_duration_seconds{phase=\"rtt\", source_node=\"a\", target_node=\"c\"}"`) {
 		t.Errorf("the log does not name the series:\n%s", h.logs.String())
 	}
 
-	// A measured pair turning NaN is a vanished series: kept at its last good value, stale.
-	prom.set(func(f *fakeProm) { f.latency[4] = lat("b", "a", "NaN") })
+	// A measured pair turning bad is a vanished series: kept at its last good value, stale.
+	prom.set(func(f *fakeProm) { f.latency[3] = lat("b", "a", "-1") })
 	h.clock.Advance(2 * time.Second)
-	h.mustNotDeliver("a good pair turned NaN")
+	h.mustNotDeliver("a good pair turned negative")
 	if n := h.metric(h.src.stale.WithLabelValues(queryLatency)); n != 1 {
 		t.Errorf("stale latency series = %v, want 1", n)
 	}
@@ -719,9 +751,9 @@ func TestConfigValidation(t *testing.T) {
 	}{
 		{"no URL", Config{}, "Config.URL: empty"},
 		{"unparsable URL", Config{URL: "http://[::1"}, "Config.URL"},
-		{"no scheme", Config{URL: "prometheus:9090"}, `Config.URL: "prometheus:9090": scheme "prometheus"`},
+		{"no scheme", Config{URL: "prometheus:9090"}, `Config.URL: prometheus:9090: scheme "prometheus"`},
 		{"ftp", Config{URL: "ftp://prometheus:9090"}, `scheme "ftp", want http or https`},
-		{"no host", Config{URL: "http:///api"}, "Config.URL: \"http:///api\": no host"},
+		{"no host", Config{URL: "http:///api"}, "Config.URL: http:///api: no host"},
 		{"negative interval", Config{URL: "http://p", Interval: -time.Second}, "Config.Interval: negative"},
 		{"negative window", Config{URL: "http://p", Window: -time.Second}, "Config.Window: negative"},
 		{"sub-millisecond window", Config{URL: "http://p", Window: 1500 * time.Microsecond}, "Config.Window: 1.5ms is not a whole number of milliseconds"},
@@ -750,7 +782,7 @@ func TestConfigValidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := s.cfg
-	if c.Interval != DefaultInterval || c.Window != DefaultWindow || c.Timeout != DefaultTimeout || c.StaleAfter != DefaultStaleAfter ||
+	if c.Interval != DefaultInterval || c.Window != 0 || s.windowFor() != 4*DefaultScrapeInterval || c.Timeout != DefaultTimeout || c.StaleAfter != DefaultStaleAfter ||
 		c.LatencyQuery != DefaultLatencyQuery || c.CallsQuery != DefaultCallsQuery || c.SourceLabel != "source_node" ||
 		c.TargetLabel != "target_node" || c.LatencyUnit != 1000 || c.HysteresisRelative != 0.05 ||
 		c.HysteresisLatencyMS != 0.5 || c.HysteresisRPS != 1 || c.Clock == nil || c.Logger == nil {
