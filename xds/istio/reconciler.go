@@ -142,41 +142,14 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("xds/istio: Reconciler.Run called twice")
 	}
-	var timer xds.Timer
-	stop := func() {
-		if timer != nil {
-			timer.Stop()
-			timer = nil
-		}
-	}
-	defer stop()
-	for {
-		var fire <-chan time.Time
-		if timer != nil {
-			fire = timer.C()
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-r.wake:
-		case <-fire:
-			timer = nil
-		}
-		stop()
-		services, ok := r.latest()
-		if !ok {
-			continue
-		}
-		wait := r.cfg.Resync
-		if err := r.Reconcile(ctx, services); err != nil {
-			if ctx.Err() != nil {
-				return nil
+	return passLoop{wake: r.wake, clock: r.cfg.Clock, resync: r.cfg.Resync, retry: r.cfg.RetryInterval,
+		log: r.log, what: "EnvoyFilter/ConfigMap", pass: func(ctx context.Context) (bool, error) {
+			services, ok := r.latest()
+			if !ok {
+				return false, nil
 			}
-			r.log.Warn("EnvoyFilter/ConfigMap pass failed; retrying", "err", err, "retry_in", r.cfg.RetryInterval)
-			wait = r.cfg.RetryInterval
-		}
-		timer = r.cfg.Clock.NewTimer(wait)
-	}
+			return true, r.Reconcile(ctx, services)
+		}}.run(ctx)
 }
 
 // Reconcile makes one pass: it lists the EnvoyFilters and bootstrap ConfigMaps edgeflow owns

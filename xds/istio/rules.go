@@ -160,46 +160,17 @@ func (r *RulesReconciler) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("xds/istio: RulesReconciler.Run called twice")
 	}
-	var timer xds.Timer
-	stop := func() {
-		if timer != nil {
-			timer.Stop()
-			timer = nil
-		}
-	}
-	defer stop()
-	for {
-		var fire <-chan time.Time
-		if timer != nil {
-			fire = timer.C()
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-r.wake:
-		case <-fire:
-			timer = nil
-		}
-		stop()
-		wait := r.cfg.Resync
-		if err := r.pass(ctx); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			r.log.Warn("DestinationRule pass failed; retrying", "err", err, "retry_in", r.cfg.RetryInterval)
-			wait = r.cfg.RetryInterval
-		}
-		timer = r.cfg.Clock.NewTimer(wait)
-	}
+	return passLoop{wake: r.wake, clock: r.cfg.Clock, resync: r.cfg.Resync, retry: r.cfg.RetryInterval,
+		log: r.log, what: "DestinationRule", pass: r.pass}.run(ctx)
 }
 
-// pass plans the latest topology (if it is new) and reconciles.
-func (r *RulesReconciler) pass(ctx context.Context) error {
+// pass plans the latest topology (if it is new) and reconciles; false before the first Update.
+func (r *RulesReconciler) pass(ctx context.Context) (bool, error) {
 	r.mu.Lock()
 	t := r.latest
 	r.mu.Unlock()
 	if t == nil {
-		return nil
+		return false, nil
 	}
 	var errs []error
 	if r.cfg.Nodes != nil {
@@ -207,10 +178,10 @@ func (r *RulesReconciler) pass(ctx context.Context) error {
 	}
 	p, err := r.planFor(t)
 	if err != nil {
-		return errors.Join(append(errs, err)...)
+		return true, errors.Join(append(errs, err)...)
 	}
 	errs = append(errs, r.Reconcile(ctx, p))
-	return errors.Join(errs...)
+	return true, errors.Join(errs...)
 }
 
 // planFor returns the locality plan of t, damped: when the new plan moves less traffic than
