@@ -146,7 +146,7 @@ func TestEndpointTruth(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			h := start(t, tt.cfg, append(append([]runtime.Object(nil), nodes...), tt.objs...)...)
 			got := h.first()
-			if diff := cmp.Diff(tt.want, got, cmpopts.EquateEmpty(), cmpopts.IgnoreFields(State{}, "NodeAddresses")); diff != "" {
+			if diff := cmp.Diff(tt.want, got, cmpopts.EquateEmpty(), cmpopts.IgnoreFields(State{}, "NodeAddresses"), cmpopts.IgnoreFields(optimizer.Pod{}, "Sidecar")); diff != "" {
 				t.Errorf("State (-want +got):\n%s", diff)
 			}
 			for _, r := range skipReasons {
