@@ -17,7 +17,6 @@ import (
 	typev1beta1 "istio.io/api/type/v1beta1"
 	clientnetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 )
@@ -514,19 +513,9 @@ func MarshalRulesYAML(rules []*clientnetworkingv1.DestinationRule, rep *RulesRep
 		}
 	}
 	for i, dr := range rules {
-		doc := struct {
-			metav1.TypeMeta `json:",inline"`
-			Metadata        metav1.ObjectMeta           `json:"metadata"`
-			Spec            *networking.DestinationRule `json:"spec"`
-		}{dr.TypeMeta, dr.ObjectMeta, &dr.Spec}
-		b, err := yaml.Marshal(doc)
-		if err != nil {
-			return nil, fmt.Errorf("xds/istio: DestinationRule %s/%s: %w", dr.Namespace, dr.Name, err)
+		if err := appendDoc(&out, i > 0, "DestinationRule", dr.TypeMeta, dr.ObjectMeta, &dr.Spec); err != nil {
+			return nil, err
 		}
-		if i > 0 {
-			out.WriteString("---\n")
-		}
-		out.Write(b)
 	}
 	return out.Bytes(), nil
 }

@@ -503,20 +503,29 @@ func PodTemplatePatch() []byte {
 func MarshalYAML(filters []*clientnetworking.EnvoyFilter) ([]byte, error) {
 	var out bytes.Buffer
 	for i, f := range filters {
-		// Status is server-owned and empty here; leave it out of what a person applies.
-		doc := struct {
-			metav1.TypeMeta `json:",inline"`
-			Metadata        metav1.ObjectMeta       `json:"metadata"`
-			Spec            *networking.EnvoyFilter `json:"spec"`
-		}{f.TypeMeta, f.ObjectMeta, &f.Spec}
-		b, err := yaml.Marshal(doc)
-		if err != nil {
-			return nil, fmt.Errorf("xds/istio: EnvoyFilter %s/%s: %w", f.Namespace, f.Name, err)
+		if err := appendDoc(&out, i > 0, "EnvoyFilter", f.TypeMeta, f.ObjectMeta, &f.Spec); err != nil {
+			return nil, err
 		}
-		if i > 0 {
-			out.WriteString("---\n")
-		}
-		out.Write(b)
 	}
 	return out.Bytes(), nil
+}
+
+// appendDoc appends one Istio object to a multi-document YAML stream, after a separator unless
+// it is the first: its type, metadata and spec (status is server-owned and empty here; it is
+// left out of what a person applies).
+func appendDoc(out *bytes.Buffer, separate bool, kind string, tm metav1.TypeMeta, om metav1.ObjectMeta, spec any) error {
+	doc := struct {
+		metav1.TypeMeta `json:",inline"`
+		Metadata        metav1.ObjectMeta `json:"metadata"`
+		Spec            any               `json:"spec"`
+	}{tm, om, spec}
+	b, err := yaml.Marshal(doc)
+	if err != nil {
+		return fmt.Errorf("xds/istio: %s %s/%s: %w", kind, om.Namespace, om.Name, err)
+	}
+	if separate {
+		out.WriteString("---\n")
+	}
+	out.Write(b)
+	return nil
 }
