@@ -37,13 +37,13 @@ k8s:
 NORACE_TESTS := TestInjectedLatency|TestPlaceLargeInstance|TestPlaceBudgetLargeInstance|TestNoAllocs
 
 # -timeout: e2e/rebalance runs eleven tests on a real control plane (~5 min on a busy machine).
-# The e2e packages run one at a time (-p 1): the testbed's userspace delay, Prometheus scrapes and
+# The e2e packages and the demo (its latencies are timed) run one at a time (-p 1): the testbed's userspace delay, Prometheus scrapes and
 # the control plane's timings hold their tolerances only when another package's race-detector
 # run is not competing for the 2 cores (the testbed's ±3 ms check failed once that way).
 unit:
-	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/e2e/')
-	$(GO) test -race -count=1 -timeout 30m -p 1 ./e2e/...
-	$(GO) test -count=1 -run '^($(NORACE_TESTS))$$' ./e2e/loopback ./optimizer ./optimizer/mcf
+	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e '/e2e/' -e '/internal/demo')
+	$(GO) test -race -count=1 -timeout 30m -p 1 ./e2e/... ./internal/demo/...
+	$(GO) test -count=1 -run '^($(NORACE_TESTS))$$' ./internal/demo ./optimizer ./optimizer/mcf
 
 lint: $(STATICCHECK)
 	@fmt=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$fmt" ]; then echo "gofmt would change:"; echo "$$fmt"; exit 1; fi

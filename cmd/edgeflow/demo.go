@@ -18,9 +18,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/edgeflow/edgeflow/e2e/loadgen"
-	"github.com/edgeflow/edgeflow/e2e/loopback"
 	"github.com/edgeflow/edgeflow/examples"
+	"github.com/edgeflow/edgeflow/internal/demo"
+	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -196,9 +196,9 @@ type demoInput struct {
 	name     string
 	topology *optimizer.Topology
 	modes    []demoMode
-	rates    []float64         // one table each, in order
-	scenario loopback.Scenario // Load.Rate is set per rate
-	slice    loadgen.Config    // one round's load of one policy; Rate is set per rate
+	rates    []float64      // one table each, in order
+	scenario demo.Scenario  // Load.Rate is set per rate
+	slice    loadgen.Config // one round's load of one policy; Rate is set per rate
 }
 
 func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) {
@@ -254,7 +254,7 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 	if err != nil {
 		return nil, err
 	}
-	if in.topology, err = loopback.WithIngressRate(in.topology, in.rates[0]); err != nil {
+	if in.topology, err = demo.WithIngressRate(in.topology, in.rates[0]); err != nil {
 		return nil, err
 	}
 	in.topology = withServiceRates(in.topology, f.workers, f.serviceTime)
@@ -275,8 +275,8 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 	if _, err := optimizer.Compile(in.topology, opts); err != nil {
 		return nil, err
 	}
-	in.scenario = loopback.Scenario{
-		Cluster: loopback.Config{
+	in.scenario = demo.Scenario{
+		Cluster: demo.Config{
 			Topology:     in.topology,
 			Options:      opts,
 			Workers:      f.workers,
@@ -320,7 +320,7 @@ func withServiceRates(t *optimizer.Topology, workers int, serviceTime time.Durat
 
 // runDemo runs the demo, one rate after another, and returns the outcomes it printed: per
 // rate, one per row, in the order of the rows.
-func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f demoFlags) ([][]*loopback.Outcome, error) {
+func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f demoFlags) ([][]*demo.Outcome, error) {
 	in, err := f.input(stdin, stderr)
 	if err != nil {
 		return nil, err
@@ -339,7 +339,7 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 	load := time.Duration(len(in.rates)*len(in.modes)) * (f.duration + time.Duration(f.rounds)*in.slice.Warmup)
 	fmt.Fprintf(stderr, "edgeflow demo: %v per policy in %d rounds of %v, each after a %v warm-up: %v of load in all\n",
 		f.duration, f.rounds, in.slice.Duration, in.slice.Warmup, load)
-	var all [][]*loopback.Outcome
+	var all [][]*demo.Outcome
 	for k, rate := range in.rates {
 		if len(in.rates) > 1 {
 			if k > 0 {
@@ -365,13 +365,13 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 // slice of load in turn, so a stall of this shared machine (other processes, a GC) is as likely
 // to hit one row as another instead of spoiling one row's whole run. The stacks are closed
 // before it returns.
-func runDemoRate(ctx context.Context, stdout, stderr io.Writer, in *demoInput, f demoFlags, rate float64) (_ []*loopback.Outcome, err error) {
+func runDemoRate(ctx context.Context, stdout, stderr io.Writer, in *demoInput, f demoFlags, rate float64) (_ []*demo.Outcome, err error) {
 	start := time.Now()
 	sc := in.scenario
 	sc.Load.Rate = rate
 	slice := in.slice
 	slice.Rate = rate
-	stacks := make([]*loopback.Stack, 0, len(in.modes))
+	stacks := make([]*demo.Stack, 0, len(in.modes))
 	defer func() {
 		for i, s := range stacks {
 			if cerr := s.Close(); cerr != nil && err == nil {
@@ -388,7 +388,7 @@ func runDemoRate(ctx context.Context, stdout, stderr io.Writer, in *demoInput, f
 	for _, m := range in.modes {
 		msc := sc
 		msc.LBPolicy = m.lb
-		s, err := loopback.StartStack(ctx, msc, m.policy)
+		s, err := demo.StartStack(ctx, msc, m.policy)
 		if err != nil {
 			return nil, interrupted("starting "+m.name, err)
 		}
@@ -413,7 +413,7 @@ func runDemoRate(ctx context.Context, stdout, stderr io.Writer, in *demoInput, f
 				fmtMS(res.Latency.Quantile(0.5)), fmtMS(res.Latency.Quantile(0.99)), res.Errors, fmtMS(res.MaxSendLag))
 		}
 	}
-	outcomes := make([]*loopback.Outcome, len(stacks))
+	outcomes := make([]*demo.Outcome, len(stacks))
 	for i, s := range stacks {
 		outcomes[i] = s.Outcome(loadgen.Merge(results[i]...))
 	}
@@ -465,7 +465,7 @@ func roundsBelowRR(modes []demoMode, results [][]*loadgen.Result) []string {
 
 // pairedVsLATA compares lata-q and least-request with lata, paired by round: the change of
 // the P99 over the whole run, and the rounds in which the row's P99 was at or below lata's.
-func pairedVsLATA(modes []demoMode, outcomes []*loopback.Outcome, results [][]*loadgen.Result) []string {
+func pairedVsLATA(modes []demoMode, outcomes []*demo.Outcome, results [][]*loadgen.Result) []string {
 	lata := -1
 	for i, m := range modes {
 		if m.name == string(optimizer.LATA) {
@@ -498,8 +498,8 @@ func pairedVsLATA(modes []demoMode, outcomes []*loopback.Outcome, results [][]*l
 	return out
 }
 
-func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, rate float64, outcomes []*loopback.Outcome, belowRR, vsLATA []string) error {
-	var base *loopback.Outcome
+func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, rate float64, outcomes []*demo.Outcome, belowRR, vsLATA []string) error {
+	var base *demo.Outcome
 	if i := baselineRow(in.modes); i >= 0 {
 		base = outcomes[i]
 	}
@@ -592,7 +592,7 @@ func errorKinds(kinds map[string]int) string {
 }
 
 // deepestQueue names the pod whose queue was deepest and how deep it got.
-func deepestQueue(o *loopback.Outcome) string {
+func deepestQueue(o *demo.Outcome) string {
 	pod, n := "", int64(-1)
 	for name, st := range o.Pods {
 		if st.MaxWaiting > n || st.MaxWaiting == n && name < pod {

@@ -13,8 +13,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/edgeflow/edgeflow/e2e/loadgen"
-	"github.com/edgeflow/edgeflow/e2e/loopback"
+	"github.com/edgeflow/edgeflow/internal/demo"
+	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -267,7 +267,7 @@ func TestPairedVsLATA(t *testing.T) {
 		{{Latency: ms(10)}, {Latency: ms(30)}},
 	}
 	for _, asLATA := range []bool{false, true} {
-		outcomes := []*loopback.Outcome{
+		outcomes := []*demo.Outcome{
 			{Load: &loadgen.Result{Latency: ms(10, 20)}, Plan: &optimizer.Allocation{Policy: optimizer.LATA}},
 			{Load: &loadgen.Result{Latency: ms(10, 30)}, Plan: &optimizer.Allocation{Policy: optimizer.LATAQ, ServedAsLATA: asLATA}},
 		}

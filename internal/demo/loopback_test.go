@@ -1,4 +1,4 @@
-package loopback
+package demo
 
 import (
 	"bytes"
@@ -10,8 +10,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/edgeflow/edgeflow/e2e/loadgen"
 	"github.com/edgeflow/edgeflow/examples"
+	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 

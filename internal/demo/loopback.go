@@ -1,4 +1,4 @@
-// Package loopback runs a topology's pods in one process on 127.0.0.1, as a small stand-in for
+// Package demo runs a topology's pods in one process on 127.0.0.1, as a small stand-in for
 // the network-namespace testbed: every pod is an app.Pod on its own port; a caller pod reaches
 // its callees through grpc-go xDS channels (target xds:///SERVICE) carrying its own xDS identity
 // (node id = pod name), against the management server the caller names; and the latency between
@@ -8,7 +8,7 @@
 // the callee's queue sees the same arrivals, shifted. Requests from outside (the load
 // generator) carry no node and get no delay. RunPolicy runs one allocation policy end to end:
 // edgeflow's xDS server, a fresh cluster, open-loop load, and the observed split.
-package loopback
+package demo
 
 import (
 	"context"
@@ -27,8 +27,8 @@ import (
 	"google.golang.org/grpc/status"
 	xdsclient "google.golang.org/grpc/xds" // registers the xDS resolver and balancers
 
-	"github.com/edgeflow/edgeflow/e2e/app"
-	"github.com/edgeflow/edgeflow/e2e/loadgen"
+	"github.com/edgeflow/edgeflow/internal/demo/app"
+	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -80,23 +80,23 @@ type ingressTarget struct {
 // caller must call, also when the run fails; after an error Start has stopped everything itself.
 func Start(cfg Config) (*Cluster, error) {
 	if cfg.Topology == nil {
-		return nil, errors.New("loopback: no topology")
+		return nil, errors.New("demo: no topology")
 	}
 	if cfg.Workers < 1 {
-		return nil, fmt.Errorf("loopback: workers must be ≥ 1, got %d", cfg.Workers)
+		return nil, fmt.Errorf("demo: workers must be ≥ 1, got %d", cfg.Workers)
 	}
 	if cfg.ServiceTime < 0 {
-		return nil, fmt.Errorf("loopback: negative service time %v", cfg.ServiceTime)
+		return nil, fmt.Errorf("demo: negative service time %v", cfg.ServiceTime)
 	}
 	scale := cfg.LatencyScale
 	if scale == 0 {
 		scale = 1
 	}
 	if !(scale > 0) {
-		return nil, fmt.Errorf("loopback: latency scale must be positive, got %v", cfg.LatencyScale)
+		return nil, fmt.Errorf("demo: latency scale must be positive, got %v", cfg.LatencyScale)
 	}
 	if cfg.XDSServer == "" {
-		return nil, errors.New("loopback: no xDS server address")
+		return nil, errors.New("demo: no xDS server address")
 	}
 	m, err := optimizer.Compile(cfg.Topology, cfg.Options)
 	if err != nil {
@@ -118,11 +118,11 @@ func Start(cfg Config) (*Cluster, error) {
 		for pi := range topo.Services[si].Pods {
 			p := &topo.Services[si].Pods[pi]
 			if p.Node == "" {
-				return nil, fmt.Errorf("loopback: pod %s is not placed on a node", p.Name)
+				return nil, fmt.Errorf("demo: pod %s is not placed on a node", p.Name)
 			}
 			lis, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
-				return nil, fmt.Errorf("loopback: pod %s: %w", p.Name, err)
+				return nil, fmt.Errorf("demo: pod %s: %w", p.Name, err)
 			}
 			listeners[p.Name] = lis
 			p.Address = lis.Addr().String()
@@ -150,7 +150,7 @@ func Start(cfg Config) (*Cluster, error) {
 					grpc.WithResolvers(builder),
 					grpc.WithTransportCredentials(insecure.NewCredentials()))
 				if err != nil {
-					return nil, fmt.Errorf("loopback: pod %s: channel to %s: %w", p.Name, callee, err)
+					return nil, fmt.Errorf("demo: pod %s: channel to %s: %w", p.Name, callee, err)
 				}
 				c.conns = append(c.conns, conn)
 				c.xdsConns = append(c.xdsConns, conn)
@@ -165,7 +165,7 @@ func Start(cfg Config) (*Cluster, error) {
 				Downstream:  downstream,
 			})
 			if err != nil {
-				return nil, fmt.Errorf("loopback: %w", err)
+				return nil, fmt.Errorf("demo: %w", err)
 			}
 			c.pods = append(c.pods, pod)
 		}
@@ -178,7 +178,7 @@ func Start(cfg Config) (*Cluster, error) {
 		for pi, p := range topo.Services[si].Pods {
 			conn, err := grpc.NewClient("passthrough:///"+p.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
-				return nil, fmt.Errorf("loopback: ingress to %s: %w", p.Name, err)
+				return nil, fmt.Errorf("demo: ingress to %s: %w", p.Name, err)
 			}
 			c.conns = append(c.conns, conn)
 			share := 1 / float64(len(sm.Pods))
@@ -196,7 +196,7 @@ func Start(cfg Config) (*Cluster, error) {
 		go func() { // owned by the Cluster; ends at Close
 			defer c.wg.Done()
 			if err := pod.Serve(ctx, lis); err != nil {
-				c.fail(fmt.Errorf("loopback: pod %s: %w", pod.Name(), err))
+				c.fail(fmt.Errorf("demo: pod %s: %w", pod.Name(), err))
 			}
 		}()
 	}
@@ -230,7 +230,7 @@ func xdsResolver(server, pod, node string) (resolver.Builder, error) {
 	}
 	b, err := xdsclient.NewXDSResolverWithConfigForTesting(bootstrap)
 	if err != nil {
-		return nil, fmt.Errorf("loopback: pod %s: xDS bootstrap: %w", pod, err)
+		return nil, fmt.Errorf("demo: pod %s: xDS bootstrap: %w", pod, err)
 	}
 	return b, nil
 }
@@ -287,7 +287,7 @@ func (c *Cluster) Close() error {
 	return c.Err()
 }
 
-var errNoIngress = errors.New("loopback: the topology has no ingress")
+var errNoIngress = errors.New("demo: the topology has no ingress")
 
 // Ingress returns a loadgen.Request that sends each request to a pod of an ingress service,
 // directly (as an ingress gateway would; a timeout is reported as context.DeadlineExceeded), spread over the pods in proportion to the topology's

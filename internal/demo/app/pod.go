@@ -282,5 +282,5 @@ var serviceDesc = grpc.ServiceDesc{
 			return interceptor(ctx, in, info, func(ctx context.Context, _ any) (any, error) { return p.handle(ctx) })
 		},
 	}},
-	Metadata: "edgeflow/e2e/app/pod.go",
+	Metadata: "edgeflow/internal/demo/app/pod.go",
 }

@@ -1,4 +1,4 @@
-package loopback
+package demo
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 
-	"github.com/edgeflow/edgeflow/e2e/app"
-	"github.com/edgeflow/edgeflow/e2e/loadgen"
+	"github.com/edgeflow/edgeflow/internal/demo/app"
+	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -106,7 +106,7 @@ func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack,
 	opts := sc.Cluster.Options
 	if k := sc.Cluster.LatencyScale; k != 0 && k != 1 {
 		if !(k > 0) {
-			return nil, fmt.Errorf("loopback: latency scale must be positive, got %v", k)
+			return nil, fmt.Errorf("demo: latency scale must be positive, got %v", k)
 		}
 		for i := range topo.Latency {
 			topo.Latency[i].MS *= k
@@ -131,7 +131,7 @@ func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack,
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, fmt.Errorf("loopback: xDS listener: %w", err)
+		return nil, fmt.Errorf("demo: xDS listener: %w", err)
 	}
 	s.g = grpc.NewServer()
 	s.srv.Register(s.g)
@@ -161,13 +161,13 @@ func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack,
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("loopback: %s: the xDS server did not publish the topology within %v (see its log)", p, SetupTimeout)
+		return nil, fmt.Errorf("demo: %s: the xDS server did not publish the topology within %v (see its log)", p, SetupTimeout)
 	}
 	if err := s.cluster.WaitReady(setup); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("loopback: %s: %w", p, err)
+		return nil, fmt.Errorf("demo: %s: %w", p, err)
 	}
 	return s, nil
 }
@@ -224,7 +224,7 @@ func (s *Stack) Close() error {
 	s.stop()
 	s.g.Stop()
 	if serr := <-s.serveDone; serr != nil && err == nil {
-		err = fmt.Errorf("loopback: xDS server: %w", serr)
+		err = fmt.Errorf("demo: xDS server: %w", serr)
 	}
 	if perr := <-s.pushDone; perr != nil && err == nil {
 		err = perr
@@ -265,7 +265,7 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 				break
 			}
 			if !conn.WaitForStateChange(ctx, s) {
-				return fmt.Errorf("loopback: channel %s not ready (%v): %w", conn.CanonicalTarget(), s, ctx.Err())
+				return fmt.Errorf("demo: channel %s not ready (%v): %w", conn.CanonicalTarget(), s, ctx.Err())
 			}
 		}
 	}
