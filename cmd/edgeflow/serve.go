@@ -29,12 +29,13 @@ import (
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/xds"
 	"github.com/edgeflow/edgeflow/xds/istio"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 func init() { subcommands = append(subcommands, newServeCommand) }
 
 // The xDS server is what the file watcher feeds.
-var _ watcher.Listener = (*xds.Server)(nil)
+var _ watcher.Listener = (*xdsserver.Server)(nil)
 
 type serveFlags struct {
 	topologyFlags
@@ -47,10 +48,10 @@ type serveFlags struct {
 	damping        float64
 	pollInterval   time.Duration
 	logLevel       string
-	tls            xds.TLSFiles
+	tls            xdsserver.TLSFiles
 	insecureXDS    bool
 	trustDomain    string
-	limits         xds.Limits
+	limits         xdsserver.Limits
 	profilingAddr  string
 	rebalance      bool
 	rebalancer     rebalanceFlags
@@ -84,8 +85,8 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.metricsAddress, "metrics-address", "", "HOST:PORT for /metrics, /healthz and /readyz (empty: not served)")
 	fl.StringVar(&f.policy, "policy", string(optimizer.LATA), "allocation policy: round-robin, localization, opttraffic, lata, lata-q")
 	fl.StringVar(&f.encoding, "encoding", string(xds.EncodingLocality), "wire encoding of the weights: locality (EDS locality weights) or weighted-clusters")
-	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xds.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
-	fl.DurationVar(&f.debounceMax, "debounce-max", xds.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
+	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xdsserver.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
+	fl.DurationVar(&f.debounceMax, "debounce-max", xdsserver.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
 	fl.Float64Var(&f.damping, "damping", optimizer.DefaultDamping, "flap damping: a recompute that moves less than this fraction of the traffic (pods, services and calls unchanged) is not pushed; negative pushes every recompute")
 	fl.DurationVar(&f.pollInterval, "poll-interval", watcher.DefaultPollInterval, "how often the topology file is checked for changes")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -93,16 +94,16 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.tls.CertFile, "xds-tls-cert", "", "serve xDS over TLS with this certificate (PEM; reloaded when the file changes)")
 	fl.StringVar(&f.tls.KeyFile, "xds-tls-key", "", "the key of --xds-tls-cert (PEM)")
 	fl.StringVar(&f.tls.ClientCAFile, "xds-tls-client-ca", "", "mutual TLS: clients need a certificate from these CAs, and a node may claim only a pod whose service account its certificate names (spiffe://TRUST-DOMAIN/ns/NS/sa/SA)")
-	fl.StringVar(&f.trustDomain, "trust-domain", xds.DefaultTrustDomain, "with --xds-tls-client-ca: the SPIFFE trust domain client certificates must be in")
+	fl.StringVar(&f.trustDomain, "trust-domain", xdsserver.DefaultTrustDomain, "with --xds-tls-client-ca: the SPIFFE trust domain client certificates must be in")
 	fl.BoolVar(&f.insecureXDS, "insecure-xds", false, "allow plaintext, unauthenticated xDS on a non-loopback --xds-address (anyone who reaches the port can read every service's endpoints and weights and claim any pod)")
-	fl.IntVar(&f.limits.MaxMessageBytes, "xds-max-message-size", xds.DefaultMaxMessageBytes, "largest xDS request message in bytes (negative: gRPC's limit is lifted)")
-	fl.IntVar(&f.limits.MaxConnections, "xds-max-connections", xds.DefaultMaxConnections, "open xDS client connections at most; more are closed at once (negative: no bound)")
-	fl.IntVar(&f.limits.MaxStreams, "xds-max-streams", xds.DefaultMaxStreams, "open xDS streams at most, in all (negative: no bound)")
-	fl.IntVar(&f.limits.MaxStreamsPerConnection, "xds-max-streams-per-connection", xds.DefaultMaxStreamsPerConnection, "open xDS streams at most on one connection (negative: no bound)")
-	fl.IntVar(&f.limits.MaxResourceNames, "xds-max-resource-names", xds.DefaultMaxResourceNames, "resource names one xDS request may carry (delta: subscribe, unsubscribe and initial versions together; negative: no bound)")
-	fl.Float64Var(&f.limits.RequestsPerSecond, "xds-requests-per-second", xds.DefaultRequestsPerSecond, "xDS requests per second one stream may send on average; a faster stream is closed (negative: no bound)")
-	fl.IntVar(&f.limits.RequestBurst, "xds-request-burst", xds.DefaultRequestBurst, "xDS requests one stream may send at once above --xds-requests-per-second")
-	fl.DurationVar(&f.limits.MaxConnectionAge, "xds-max-connection-age", xds.DefaultMaxConnectionAge, "ask a client connection to go away after this long (±10 %), so clients spread over replicas again (negative: never)")
+	fl.IntVar(&f.limits.MaxMessageBytes, "xds-max-message-size", xdsserver.DefaultMaxMessageBytes, "largest xDS request message in bytes (negative: gRPC's limit is lifted)")
+	fl.IntVar(&f.limits.MaxConnections, "xds-max-connections", xdsserver.DefaultMaxConnections, "open xDS client connections at most; more are closed at once (negative: no bound)")
+	fl.IntVar(&f.limits.MaxStreams, "xds-max-streams", xdsserver.DefaultMaxStreams, "open xDS streams at most, in all (negative: no bound)")
+	fl.IntVar(&f.limits.MaxStreamsPerConnection, "xds-max-streams-per-connection", xdsserver.DefaultMaxStreamsPerConnection, "open xDS streams at most on one connection (negative: no bound)")
+	fl.IntVar(&f.limits.MaxResourceNames, "xds-max-resource-names", xdsserver.DefaultMaxResourceNames, "resource names one xDS request may carry (delta: subscribe, unsubscribe and initial versions together; negative: no bound)")
+	fl.Float64Var(&f.limits.RequestsPerSecond, "xds-requests-per-second", xdsserver.DefaultRequestsPerSecond, "xDS requests per second one stream may send on average; a faster stream is closed (negative: no bound)")
+	fl.IntVar(&f.limits.RequestBurst, "xds-request-burst", xdsserver.DefaultRequestBurst, "xDS requests one stream may send at once above --xds-requests-per-second")
+	fl.DurationVar(&f.limits.MaxConnectionAge, "xds-max-connection-age", xdsserver.DefaultMaxConnectionAge, "ask a client connection to go away after this long (±10 %), so clients spread over replicas again (negative: never)")
 	fl.BoolVar(&f.rebalance, "rebalance", false, "also run the LARP rebalancer (see edgeflow rebalance; its flags here are prefixed rebalance-, and it is dry-run unless --rebalance-dry-run=false)")
 	f.rebalancer.register(cmd, "rebalance-")
 	_ = cmd.MarkFlagRequired("xds-address")
@@ -210,7 +211,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			return err
 		}
 	}
-	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts, ClusterDomain: f.istio.clusterDomain,
+	srv, err := xdsserver.New(xdsserver.Config{Policy: policy, Encoding: enc, Options: opts, ClusterDomain: f.istio.clusterDomain,
 		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Damping: f.damping, Logger: logger, Registerer: reg,
 		Limits: f.limits, RequireIdentity: f.tls.ClientCAFile != "", TrustDomain: f.trustDomain})
 	if err != nil {
@@ -222,10 +223,10 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		return fmt.Errorf("xDS listener: %w", err)
 	}
 	// Sidecars hold one long-lived stream each; keepalives notice dead peers. The server's
-	// options bound what a client may make it do (xds.Limits).
+	// options bound what a client may make it do (xdsserver.Limits).
 	gopts := srv.ServerOptions()
 	if f.tls.CertFile != "" || f.tls.KeyFile != "" || f.tls.ClientCAFile != "" {
-		tlsCfg, err := xds.NewTLSConfig(f.tls, logger)
+		tlsCfg, err := xdsserver.NewTLSConfig(f.tls, logger)
 		if err != nil {
 			xdsLis.Close()
 			return usageError{err}
@@ -445,7 +446,7 @@ type topologySource interface {
 
 // serveMux serves /metrics, /healthz and /readyz (watcher.ReadyHandler).
 // With Istio DestinationRules, /readyz also says at which granularity they plan.
-func serveMux(reg *prometheus.Registry, srv *xds.Server, cluster *watcher.Cluster, rules *istio.RulesReconciler) *http.ServeMux {
+func serveMux(reg *prometheus.Registry, srv *xdsserver.Server, cluster *watcher.Cluster, rules *istio.RulesReconciler) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })

@@ -20,8 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/edgeflow/edgeflow/internal/clock"
 	"github.com/edgeflow/edgeflow/optimizer"
-	"github.com/edgeflow/edgeflow/xds"
 )
 
 // Node labels Istio reads a node's locality from.
@@ -49,7 +49,7 @@ type RulesReconcilerConfig struct {
 	// Resync, RetryInterval, Clock and Logger as in ReconcilerConfig.
 	Resync        time.Duration
 	RetryInterval time.Duration
-	Clock         xds.Clock
+	Clock         clock.Clock
 	Logger        *slog.Logger
 	// Registerer, when set, receives the edgeflow_istio_* metrics.
 	Registerer prometheus.Registerer
@@ -98,7 +98,7 @@ func NewRulesReconciler(cfg RulesReconcilerConfig) (*RulesReconciler, error) {
 	cfg.Resync = cmpOr(cfg.Resync, DefaultResync)
 	cfg.RetryInterval = cmpOr(cfg.RetryInterval, DefaultRetryInterval)
 	if cfg.Clock == nil {
-		cfg.Clock = xds.SystemClock()
+		cfg.Clock = clock.System()
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

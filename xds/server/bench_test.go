@@ -1,4 +1,4 @@
-package xds
+package server
 
 // Push fan-out benchmarks: edgeflow's end-to-end path (Update → solve → translate →
 // SetSnapshot → every affected client's ACK) side by side with the bare go-control-plane
@@ -36,6 +36,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // benchK is the number of endpoints per ClusterLoadAssignment, as in reference/xdsbench.
@@ -320,13 +321,13 @@ func expectedEDS(b *testing.B, top *optimizer.Topology, ids []string) []string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tr, err := Translate(top, a, EncodingLocality)
+	tr, err := xds.Translate(top, a, xds.EncodingLocality)
 	if err != nil {
 		b.Fatal(err)
 	}
 	out := make([]string, len(ids))
 	for i, id := range ids {
-		out[i] = tr.Pods[id].Sets[EndpointSet].Version
+		out[i] = tr.Pods[id].Sets[xds.EndpointSet].Version
 	}
 	return out
 }
@@ -528,7 +529,7 @@ func BenchmarkPublishSteps(b *testing.B) {
 		a, _ := optimizer.Plan(m, optimizer.LATA)
 		b.Run(fmt.Sprintf("translate/N=%d", n), func(b *testing.B) {
 			for b.Loop() {
-				if _, err := Translate(top, a, EncodingLocality); err != nil {
+				if _, err := xds.Translate(top, a, xds.EncodingLocality); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -545,7 +546,7 @@ func BenchmarkNodeState(b *testing.B) {
 			top := flipTopology(n, benchK, false, "callee")
 			var perNode float64
 			for b.Loop() {
-				srv, err := NewServer(Config{Options: benchOptions, DebounceQuiet: -1, Damping: -1, Logger: testLogger(b)})
+				srv, err := New(Config{Options: benchOptions, DebounceQuiet: -1, Damping: -1, Logger: testLogger(b)})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -566,5 +567,46 @@ func BenchmarkNodeState(b *testing.B) {
 			}
 			b.ReportMetric(perNode, "B/node")
 		})
+	}
+}
+
+// BenchmarkKindResources measures the first Resources call for every caller of a publication
+// (what a publication to N connected xds.Envoy or Istio nodes costs on top of xds.Translate), and the
+// memory it keeps per node.
+func BenchmarkKindResources(b *testing.B) {
+	for _, n := range []int{1000, 5000} {
+		top := flipTopology(n, benchK, false, "callee")
+		top.Services[1].Ports = []optimizer.Port{{Name: "http", Port: 80, TargetPort: 8080}}
+		m, err := optimizer.Compile(top, benchOptions)
+		if err != nil {
+			b.Fatal(err)
+		}
+		a, err := optimizer.Plan(m, optimizer.LATA)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, kind := range []xds.NodeKind{xds.Envoy, xds.IstioSidecar} {
+			b.Run(fmt.Sprintf("%s/N=%d", kind, n), func(b *testing.B) {
+				b.ReportAllocs()
+				var mem0, mem1 uint64
+				for i := 0; i < b.N; i++ {
+					b.StopTimer()
+					tr, err := xds.Translate(top, a, xds.EncodingLocality)
+					if err != nil {
+						b.Fatal(err)
+					}
+					mem0 = heapInUse()
+					b.StartTimer()
+					for p := 0; p < n; p++ {
+						tr.Resources(fmt.Sprintf("caller-%d", p), kind)
+					}
+					b.StopTimer()
+					mem1 = heapInUse()
+					runtime.KeepAlive(tr)
+					b.StartTimer()
+				}
+				b.ReportMetric(float64(int64(mem1)-int64(mem0))/float64(n), "heap-B/node")
+			})
+		}
 	}
 }

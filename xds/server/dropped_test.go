@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	"context"
@@ -71,7 +71,7 @@ func TestDroppedServiceGetsAnEmptyAssignment(t *testing.T) {
 			name = "delta"
 		}
 		t.Run(name, func(t *testing.T) {
-			top := loadTopology(t, "testdata/bookinfo.yaml")
+			top := loadTopology(t, bookinfoPath)
 			h := startServer(t, Config{DebounceQuiet: -1})
 			h.srv.Update(top)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // sotwDriver plays go-control-plane's SOTW stream loop (sotw/v3 process and send) for one
@@ -161,7 +162,7 @@ func TestSOTWWatchesMirrorSnapshotCache(t *testing.T) {
 					t.Fatal(err)
 				}
 			} else {
-				typ := typeURLs[r.Intn(numSets)]
+				typ := typeURLs[r.Intn(xds.NumSets)]
 				var names []string
 				for _, n := range pool {
 					if r.Intn(2) == 0 {
@@ -189,7 +190,7 @@ func TestSOTWWatchesMirrorSnapshotCache(t *testing.T) {
 						version = v[len(v)-2]
 					}
 				}
-				what = fmt.Sprintf("%s version %q nonce %q names %v nack %v", typeLabels[setIndex(typ)], version, nonce, names, nack)
+				what = fmt.Sprintf("%s version %q nonce %q names %v nack %v", xds.SetNames[setIndex(typ)], version, nonce, names, nack)
 				a.request(t, typ, version, nonce, names, nack)
 				mirror() // what the server's callback set before its watch opened
 				b.request(t, typ, version, nonce, names, nack)

@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	"context"
@@ -93,7 +93,7 @@ func over(n, bound int) bool { return bound >= 0 && n > bound }
 // of the unary Fetch methods (streams are checked in the server's stream callbacks). Use them with
 // Register, and Listener around the listener:
 //
-//	g := grpc.NewServer(append(srv.ServerOptions(), grpc.Creds(creds))...)
+//	g := grpc.New(append(srv.ServerOptions(), grpc.Creds(creds))...)
 //	srv.Register(g)
 //	g.Serve(srv.Listener(lis))
 //

@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	"context"
@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // TLSFiles names the xDS port's certificate files (PEM).
@@ -157,7 +159,7 @@ func (p *publication) claimed(nodeID string) (id PodIdentity, pod string, ok boo
 	if p == nil {
 		return PodIdentity{}, "", false
 	}
-	_, pod = p.resourcesFor(nodeID, ProxylessGRPC) // the pod only; proxyless resources are prebuilt
+	_, pod = p.resourcesFor(nodeID, xds.ProxylessGRPC) // the pod only; proxyless resources are prebuilt
 	if pod == "" {
 		return PodIdentity{}, "", false
 	}

@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // The server is what the watcher feeds.
@@ -42,13 +43,13 @@ func two(l12 float64) *optimizer.Topology {
 var allTypes = []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType}
 
 // subscribeAll asks for every type of services y and v, and ACKs the first response of each.
-func subscribeAll(t *testing.T, c *adsClient, enc Encoding) map[string]string {
+func subscribeAll(t *testing.T, c *adsClient, enc xds.Encoding) map[string]string {
 	t.Helper()
 	names := map[string][]string{
 		resource.ListenerType: {"y", "v"}, resource.RouteType: {"y", "v"},
 		resource.ClusterType: {"y", "v"}, resource.EndpointType: {"y", "v"},
 	}
-	if enc == EncodingWeightedClusters {
+	if enc == xds.EncodingWeightedClusters {
 		pods := []string{"y/y-0", "y/y-1", "v/v-0", "v/v-1"}
 		names[resource.ClusterType], names[resource.EndpointType] = pods, pods
 	}
@@ -66,9 +67,9 @@ func subscribeAll(t *testing.T, c *adsClient, enc Encoding) map[string]string {
 
 func TestOnlyChangedNodesArePushed(t *testing.T) {
 	for _, tc := range []struct {
-		enc     Encoding
+		enc     xds.Encoding
 		changed string
-	}{{EncodingLocality, resource.EndpointType}, {EncodingWeightedClusters, resource.RouteType}} {
+	}{{xds.EncodingLocality, resource.EndpointType}, {xds.EncodingWeightedClusters, resource.RouteType}} {
 		t.Run(string(tc.enc), func(t *testing.T) {
 			h := startServer(t, Config{Policy: optimizer.Localization, Encoding: tc.enc, DebounceQuiet: -1})
 			ids := []string{"x-0", "x-1", "u-0", "u-1", "y-0", "stranger"}
@@ -87,22 +88,22 @@ func TestOnlyChangedNodesArePushed(t *testing.T) {
 				t.Fatal(err)
 			}
 			pushes := map[string]float64{}
-			for i, l := range typeLabels {
+			for i, l := range xds.SetNames {
 				pushes[typeURLs[i]] = counter(t, h.srv.m.pushes.WithLabelValues(l))
 			}
 
-			cached := func(id string) [numSets]string {
+			cached := func(id string) [xds.NumSets]string {
 				snap, err := h.srv.cached(id)
 				if err != nil {
 					t.Fatal(err)
 				}
-				var v [numSets]string
+				var v [xds.NumSets]string
 				for i, u := range typeURLs {
 					v[i] = snap.GetVersion(u)
 				}
 				return v
 			}
-			old := map[string][numSets]string{}
+			old := map[string][xds.NumSets]string{}
 			for _, id := range ids {
 				old[id] = cached(id)
 			}
@@ -121,11 +122,11 @@ func TestOnlyChangedNodesArePushed(t *testing.T) {
 				for i := range now {
 					changed := now[i] != old[id][i]
 					if want := id == "x-0" && typeURLs[i] == tc.changed; changed != want {
-						t.Errorf("%s: %s version changed=%v, want %v", id, typeLabels[i], changed, want)
+						t.Errorf("%s: %s version changed=%v, want %v", id, xds.SetNames[i], changed, want)
 					}
 				}
 			}
-			for i, l := range typeLabels {
+			for i, l := range xds.SetNames {
 				want := pushes[typeURLs[i]]
 				if typeURLs[i] == tc.changed {
 					want++
@@ -324,7 +325,7 @@ func TestNodeIdentity(t *testing.T) {
 	top.Services[0].Pods[1].Address = "127.0.0.41:1"
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	h.srv.Update(top)
-	tr, err := Translate(top, plan(t, top, optimizer.Localization), EncodingLocality)
+	tr, err := xds.Translate(top, plan(t, top, optimizer.Localization), xds.EncodingLocality)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +334,7 @@ func TestNodeIdentity(t *testing.T) {
 		if pod != "" {
 			n = tr.Pods[pod]
 		}
-		return n.Sets[EndpointSet].Version
+		return n.Sets[xds.EndpointSet].Version
 	}
 	for _, tc := range []struct{ id, pod string }{
 		{"x-0", "x-0"},
@@ -371,7 +372,7 @@ func TestNodeIdentity(t *testing.T) {
 }
 
 func TestRunEndsStreams(t *testing.T) {
-	srv, err := NewServer(Config{Policy: optimizer.Localization, DebounceQuiet: -1, Damping: -1, Logger: testLogger(t)})
+	srv, err := New(Config{Policy: optimizer.Localization, DebounceQuiet: -1, Damping: -1, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -420,7 +421,7 @@ func TestRunEndsStreams(t *testing.T) {
 
 func TestMetricNames(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	if _, err := NewServer(Config{Registerer: reg}); err != nil {
+	if _, err := New(Config{Registerer: reg}); err != nil {
 		t.Fatal(err)
 	}
 	mfs, err := reg.Gather()
@@ -443,7 +444,7 @@ func TestMetricNames(t *testing.T) {
 			}
 		}
 	}
-	if _, err := NewServer(Config{Registerer: reg}); err == nil {
+	if _, err := New(Config{Registerer: reg}); err == nil {
 		t.Error("registering twice in one registry should fail")
 	}
 }
@@ -476,7 +477,7 @@ func TestConvergenceAwaitsOnlySubscribedTypes(t *testing.T) {
 func TestOnePushInFlight(t *testing.T) {
 	// Updates from many goroutines while pushes run: publications never overlap, and the
 	// last topology is the one published in the end.
-	srv, err := NewServer(Config{Policy: optimizer.Localization, DebounceQuiet: -1, Damping: -1, Logger: testLogger(t)})
+	srv, err := New(Config{Policy: optimizer.Localization, DebounceQuiet: -1, Damping: -1, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -559,5 +560,29 @@ func TestServerDamping(t *testing.T) {
 	}
 	if got := counter(t, h.srv.m.suppressed); got != 1 {
 		t.Errorf("suppressed %v, want 1", got)
+	}
+}
+
+// TestNewRejectsBadWireConfig: New refuses what the translator would refuse to write (the
+// same check), naming the bad value, before anything is served.
+func TestNewRejectsBadWireConfig(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"unknown lb policy", Config{LBPolicy: "fastest"}, `unknown lb policy "fastest"`},
+		{"least-request with weighted clusters", Config{LBPolicy: xds.LBLeastRequest, Encoding: xds.EncodingWeightedClusters}, "needs the locality encoding"},
+		{"unknown encoding", Config{Encoding: "morse"}, `"morse"`},
+		{"cluster domain with capitals", Config{ClusterDomain: "Cluster.Local"}, "Cluster.Local"},
+		{"cluster domain with an empty label", Config{ClusterDomain: "a..b"}, "a..b"},
+		{"unknown policy", Config{Policy: "fastest"}, "fastest"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New: %v, want an error naming %q", err, tc.want)
+			}
+		})
 	}
 }

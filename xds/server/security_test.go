@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	"context"
@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // These tests pin the findings of issue 24 (a hostile client inside the cluster): each was
@@ -236,7 +237,7 @@ func TestManyInitialVersionsRefusedOrFast(t *testing.T) {
 	// handle returns the CPU time of a delta request subscribing to the first k names with
 	// their initial versions, and of one unsubscribing from them all.
 	handle := func(t *testing.T, k int) (initial, unsubscribe time.Duration) {
-		s, err := NewServer(Config{Policy: optimizer.Localization, DebounceQuiet: -1, Logger: testLogger(t),
+		s, err := New(Config{Policy: optimizer.Localization, DebounceQuiet: -1, Logger: testLogger(t),
 			Limits: Limits{MaxResourceNames: -1, RequestsPerSecond: -1}})
 		if err != nil {
 			t.Fatal(err)
@@ -266,7 +267,7 @@ func TestManyInitialVersionsRefusedOrFast(t *testing.T) {
 		v, _ := s.streams.Load(key)
 		st := v.(*streamState)
 		st.node.mu.Lock()
-		held, subscribed := len(st.delta.held[EndpointSet]), len(st.sub[EndpointSet].list)
+		held, subscribed := len(st.delta.held[xds.EndpointSet]), len(st.sub[xds.EndpointSet].list)
 		st.node.mu.Unlock()
 		if held != 0 || subscribed != 0 {
 			t.Fatalf("after unsubscribing every name the stream holds %d and subscribes to %d", held, subscribed)
@@ -580,7 +581,7 @@ func TestBounds(t *testing.T) {
 func TestNACKLoggedOncePerVersion(t *testing.T) {
 	var logs strings.Builder
 	var mu sync.Mutex
-	s, err := NewServer(Config{Policy: optimizer.Localization, DebounceQuiet: -1,
+	s, err := New(Config{Policy: optimizer.Localization, DebounceQuiet: -1,
 		Logger: slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -604,9 +605,9 @@ func TestNACKLoggedOncePerVersion(t *testing.T) {
 	n := st.node
 	detail := strings.Repeat("e", 512<<10)
 	n.mu.Lock()
-	version := n.sets[EndpointSet].Version
+	version := n.sets[xds.EndpointSet].Version
 	for range 10 {
-		s.nackLocked(n, st, EndpointSet, version, "", detail)
+		s.nackLocked(n, st, xds.EndpointSet, version, "", detail)
 	}
 	n.mu.Unlock()
 	mu.Lock()

@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	"context"
@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // testCA issues certificates for the mutual-TLS tests.
@@ -113,7 +114,7 @@ func identityTopology() *optimizer.Topology {
 // startTLSServer runs a Server behind mutual TLS with the identity check.
 func startTLSServer(t *testing.T, files TLSFiles) (*Server, string) {
 	t.Helper()
-	srv, err := NewServer(Config{Logger: testLogger(t), DebounceQuiet: -1, RequireIdentity: true})
+	srv, err := New(Config{Logger: testLogger(t), DebounceQuiet: -1, RequireIdentity: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,9 +156,9 @@ func askListeners(t *testing.T, addr string, cfg *tls.Config, nodeID string) (*d
 	if err != nil {
 		return nil, err
 	}
-	typ := typeURLs[ListenerSet]
+	typ := typeURLs[xds.ListenerSet]
 	if strings.HasPrefix(nodeID, "sidecar~") {
-		typ = typeURLs[EndpointSet] // an Istio sidecar takes only EDS from edgeflow
+		typ = typeURLs[xds.EndpointSet] // an Istio sidecar takes only EDS from edgeflow
 	}
 	if err := st.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: nodeID}, TypeUrl: typ, ResourceNames: []string{"api.shop"}}); err != nil {
 		return nil, err

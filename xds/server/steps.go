@@ -1,4 +1,4 @@
-package xds
+package server
 
 // Make before break: the steps that take one node from what its client holds to its target.
 //
@@ -32,12 +32,14 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // nextLocked returns the node's next safe snapshot on the way to its target (the target with
 // every type the client rejected kept as it is). It equals n.sets when there is nothing to do
 // until a client answers. n.mu is held.
-func (s *Server) nextLocked(n *nodeState) [numSets]Set {
+func (s *Server) nextLocked(n *nodeState) [xds.NumSets]xds.Set {
 	want := *n.target
 	for i := range want {
 		if want[i].Version != "" && want[i].Version == n.rejectedVersion(i) {
@@ -49,38 +51,38 @@ func (s *Server) nextLocked(n *nodeState) [numSets]Set {
 		return cur
 	}
 	next := want
-	routesMove := want[ListenerSet].Version != cur[ListenerSet].Version || want[RouteSet].Version != cur[RouteSet].Version
+	routesMove := want[xds.ListenerSet].Version != cur[xds.ListenerSet].Version || want[xds.RouteSet].Version != cur[xds.RouteSet].Version
 	if routesMove && !s.holdsNamedLocked(n, &want) {
-		next[ListenerSet], next[RouteSet] = cur[ListenerSet], cur[RouteSet]
+		next[xds.ListenerSet], next[xds.RouteSet] = cur[xds.ListenerSet], cur[xds.RouteSet]
 	}
-	if !namesSubset(cur[ClusterSet], next[ClusterSet]) {
+	if !namesSubset(cur[xds.ClusterSet], next[xds.ClusterSet]) {
 		named := s.namedLocked(n, &next)
-		next[ClusterSet] = merged(next[ClusterSet], cur[ClusterSet], func(r types.Resource) types.Resource {
+		next[xds.ClusterSet] = merged(next[xds.ClusterSet], cur[xds.ClusterSet], func(r types.Resource) types.Resource {
 			if named[cache.GetResourceName(r)] {
 				return r
 			}
 			return nil
 		})
 	}
-	if !namesSubset(cur[EndpointSet], next[EndpointSet]) {
+	if !namesSubset(cur[xds.EndpointSet], next[xds.EndpointSet]) {
 		keep := map[string]bool{}
-		for _, c := range next[ClusterSet].Items {
+		for _, c := range next[xds.ClusterSet].Items {
 			if name := edsName(c); name != "" {
 				keep[name] = true
 			}
 		}
-		next[EndpointSet] = merged(next[EndpointSet], cur[EndpointSet], func(r types.Resource) types.Resource {
+		next[xds.EndpointSet] = merged(next[xds.EndpointSet], cur[xds.EndpointSet], func(r types.Resource) types.Resource {
 			name := cache.GetResourceName(r)
 			switch {
 			case keep[name]:
 				return r
-			case n.subscribesByName(EndpointSet, name):
+			case n.subscribesByName(xds.EndpointSet, name):
 				return emptyAssignment(r)
 			}
 			return nil
 		})
 	}
-	for _, i := range []int{ClusterSet, EndpointSet} {
+	for _, i := range []int{xds.ClusterSet, xds.EndpointSet} {
 		if next[i].Version != "" && next[i].Version == n.rejectedVersion(i) {
 			next[i] = cur[i]
 		}
@@ -92,12 +94,12 @@ func (s *Server) nextLocked(n *nodeState) [numSets]Set {
 // the clusters (their endpoints) that want's listeners and routes name, and keeps them: every
 // set of that type still on its way to the client has them too. A cluster the client rejected
 // is not held: the routes naming it wait for a publication that does without it. n.mu is held.
-func (s *Server) holdsNamedLocked(n *nodeState, want *[numSets]Set) bool {
+func (s *Server) holdsNamedLocked(n *nodeState, want *[xds.NumSets]xds.Set) bool {
 	// Quick answer: every such stream holds the target's clusters and endpoints (which have
 	// all the routes name), and nothing else is on its way to it.
 	quick := true
 	for _, st := range n.live {
-		for _, i := range []int{ClusterSet, EndpointSet} {
+		for _, i := range []int{xds.ClusterSet, xds.EndpointSet} {
 			if !st.sub[i].started {
 				continue
 			}
@@ -115,27 +117,27 @@ func (s *Server) holdsNamedLocked(n *nodeState, want *[numSets]Set) bool {
 		return true
 	}
 	named := map[string]bool{}
-	for _, i := range []int{ListenerSet, RouteSet} {
+	for _, i := range []int{xds.ListenerSet, xds.RouteSet} {
 		for _, r := range want[i].Items {
 			s.addRefs(n.pub, r, named)
 		}
 	}
 	var clusters, eds []string
 	for name := range named {
-		c := setItem(n.target[ClusterSet], name)
+		c := setItem(n.target[xds.ClusterSet], name)
 		if c == nil {
 			continue // not ours to send: waiting for it would wait forever
 		}
 		clusters = append(clusters, name)
-		if e := edsName(c); e != "" && setItem(n.target[EndpointSet], e) != nil {
+		if e := edsName(c); e != "" && setItem(n.target[xds.EndpointSet], e) != nil {
 			eds = append(eds, e)
 		}
 	}
 	for _, st := range n.live {
-		if st.sub[ClusterSet].started && !n.holds(st, ClusterSet, clusters) {
+		if st.sub[xds.ClusterSet].started && !n.holds(st, xds.ClusterSet, clusters) {
 			return false
 		}
-		if st.sub[EndpointSet].started && !n.holds(st, EndpointSet, eds) {
+		if st.sub[xds.EndpointSet].started && !n.holds(st, xds.EndpointSet, eds) {
 			return false
 		}
 	}
@@ -172,8 +174,8 @@ func (n *nodeState) holds(st *streamState, i int, names []string) bool {
 // onTheWay returns the sets of type i that may still reach st's client: its response not
 // answered yet (SOTW) or not ACKed yet (delta), the sets written since its last request or
 // response (one may be queued), and the cache's. n.mu is held.
-func (n *nodeState) onTheWay(st *streamState, i int) []Set {
-	var out []Set
+func (n *nodeState) onTheWay(st *streamState, i int) []xds.Set {
+	var out []xds.Set
 	if st.key.delta {
 		for _, p := range st.delta.pending {
 			if p.typ == i {
@@ -194,16 +196,16 @@ func (n *nodeState) onTheWay(st *streamState, i int) []Set {
 // namedLocked returns the clusters named by next's listeners and routes and by every listener
 // and route the node's clients may hold or still receive: each stream's ACKed ones and those
 // on their way (within what each stream subscribes to), and the cache's. n.mu is held.
-func (s *Server) namedLocked(n *nodeState, next *[numSets]Set) map[string]bool {
+func (s *Server) namedLocked(n *nodeState, next *[xds.NumSets]xds.Set) map[string]bool {
 	named := map[string]bool{}
-	add := func(set Set, sub *subscription) {
+	add := func(set xds.Set, sub *subscription) {
 		for _, r := range set.Items {
 			if sub == nil || sub.has(cache.GetResourceName(r)) {
 				s.addRefs(n.pub, r, named)
 			}
 		}
 	}
-	for _, i := range []int{ListenerSet, RouteSet} {
+	for _, i := range []int{xds.ListenerSet, xds.RouteSet} {
 		add(next[i], nil)
 		add(n.sets[i], nil)
 		for _, st := range n.live {
@@ -329,7 +331,7 @@ func edsName(r types.Resource) string {
 
 // setItem returns the resource of set with the given name, or nil. Set items are sorted by
 // name (Set's contract).
-func setItem(set Set, name string) types.Resource {
+func setItem(set xds.Set, name string) types.Resource {
 	j := sort.Search(len(set.Items), func(j int) bool { return cache.GetResourceName(set.Items[j]) >= name })
 	if j < len(set.Items) && cache.GetResourceName(set.Items[j]) == name {
 		return set.Items[j]
@@ -338,7 +340,7 @@ func setItem(set Set, name string) types.Resource {
 }
 
 // namesSubset reports whether every name of a is a name of b.
-func namesSubset(a, b Set) bool {
+func namesSubset(a, b xds.Set) bool {
 	if a.Version == b.Version {
 		return true
 	}
@@ -397,7 +399,7 @@ func emptyAssignment(r types.Resource) types.Resource {
 // left out). Its version is a function of the two versions and of the names kept and their
 // kind (cur's resource or another), so the same inputs give the same version; when the result
 // is cur's content, it is cur.
-func merged(want, cur Set, keep func(types.Resource) types.Resource) Set {
+func merged(want, cur xds.Set, keep func(types.Resource) types.Resource) xds.Set {
 	var extra []types.Resource
 	for _, r := range cur.Items {
 		if setItem(want, cache.GetResourceName(r)) != nil {
@@ -440,5 +442,5 @@ func merged(want, cur Set, keep func(types.Resource) types.Resource) Set {
 			h.Write([]byte("\x00replaced"))
 		}
 	}
-	return Set{Version: hex.EncodeToString(h.Sum(nil)[:8]), Items: items}
+	return xds.Set{Version: hex.EncodeToString(h.Sum(nil)[:8]), Items: items}
 }

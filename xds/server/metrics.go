@@ -1,9 +1,11 @@
-package xds
+package server
 
 import (
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // metrics are the server's Prometheus metrics. Names follow Prometheus conventions:
@@ -104,7 +106,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"connections", "streams", "streams_per_connection", "resource_names", "request_rate", "node_switch", "no_node", "identity"} {
 		m.refused.WithLabelValues(r)
 	}
-	for _, t := range typeLabels {
+	for _, t := range xds.SetNames {
 		m.pushes.WithLabelValues(t)
 		m.nacks.WithLabelValues(t)
 	}

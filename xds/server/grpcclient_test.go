@@ -1,4 +1,4 @@
-package xds
+package server
 
 // Tests with grpc-go's real xDS client (one xDS client and node id per caller pod, all in this
 // process) against the real server on loopback, with real gRPC backends.
@@ -21,6 +21,7 @@ import (
 	grpcxds "google.golang.org/grpc/xds"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // splitRPCs is the number of RPCs per measured split: at 10,000 the binomial standard deviation
@@ -236,7 +237,7 @@ func TestRealClientsFollowThePlan(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real xDS clients: 100k RPCs")
 	}
-	for _, enc := range []Encoding{EncodingLocality, EncodingWeightedClusters} {
+	for _, enc := range []xds.Encoding{xds.EncodingLocality, xds.EncodingWeightedClusters} {
 		t.Run(string(enc), func(t *testing.T) {
 			bs := startBackends(t, realPods...)
 			top := realTopology(bs)
@@ -339,12 +340,12 @@ func TestRealClientsLiveUpdate(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real xDS clients")
 	}
-	for _, enc := range []Encoding{EncodingLocality, EncodingWeightedClusters} {
+	for _, enc := range []xds.Encoding{xds.EncodingLocality, xds.EncodingWeightedClusters} {
 		t.Run(string(enc), func(t *testing.T) { liveUpdate(t, enc) })
 	}
 }
 
-func liveUpdate(t *testing.T, enc Encoding) {
+func liveUpdate(t *testing.T, enc xds.Encoding) {
 	bs := startBackends(t, realPods...)
 	top := realTopology(bs)
 	h := startServer(t, Config{Encoding: enc, DebounceQuiet: -1})
@@ -499,7 +500,7 @@ func TestRealClientsServerRestart(t *testing.T) {
 		out := map[string]string{}
 		for _, n := range h.srv.nodes {
 			n.mu.Lock()
-			out[n.id] = n.acked[EndpointSet].Version
+			out[n.id] = n.acked[xds.EndpointSet].Version
 			n.mu.Unlock()
 		}
 		return out
@@ -557,7 +558,7 @@ func TestPodRemovalNeverFailsRPCs(t *testing.T) {
 	bs := startBackends(t, realPods...)
 	full := realTopology(bs)
 	callers := []string{"c-0", "c-1", "c-2"}
-	encodings := []Encoding{EncodingLocality, EncodingWeightedClusters}
+	encodings := []xds.Encoding{xds.EncodingLocality, xds.EncodingWeightedClusters}
 	var total, failed [2]int
 	var took [2]time.Duration
 	for run := range 2 * podRemovalRuns {

@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	"context"
@@ -6,15 +6,16 @@ import (
 	"time"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // Pod "x.shop" in default and pod "x" in shop would share the key "x.shop": a sidecar of the
 // first must not claim the second (its identity under mTLS, its weights).
 func TestDottedDefaultPodClaimsNoOtherPod(t *testing.T) {
-	if pod, ip, ok := ParseSidecarID("sidecar~10.0.0.9~x.shop.default~default.svc.cluster.local"); !ok || pod != "" || ip != "10.0.0.9" {
+	if pod, ip, ok := xds.ParseSidecarID("sidecar~10.0.0.9~x.shop.default~default.svc.cluster.local"); !ok || pod != "" || ip != "10.0.0.9" {
 		t.Errorf("ParseSidecarID of a dotted default-namespace pod = %q, %q, %v; want no pod, the IP", pod, ip, ok)
 	}
-	srv, err := NewServer(Config{DebounceQuiet: -1})
+	srv, err := New(Config{DebounceQuiet: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

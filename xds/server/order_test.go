@@ -1,4 +1,4 @@
-package xds
+package server
 
 // Make before break on the wire: raw SOTW and delta ADS streams that hold back their ACKs show
 // that a route naming a new cluster waits for the cluster's ACK, and a removed cluster waits
@@ -20,11 +20,12 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // mirror is what a client holds, built from the responses it applied.
 type mirror struct {
-	res [numSets]map[string]proto.Message
+	res [xds.NumSets]map[string]proto.Message
 }
 
 func newMirror() *mirror {
@@ -74,7 +75,7 @@ func (m *mirror) has(i int, name string) bool { return m.res[i][name] != nil }
 // named returns the clusters the held routes name.
 func (m *mirror) named() map[string]bool {
 	out := map[string]bool{}
-	for _, msg := range m.res[RouteSet] {
+	for _, msg := range m.res[xds.RouteSet] {
 		routeRefs(msg.(*route.RouteConfiguration), out)
 	}
 	return out
@@ -85,9 +86,9 @@ func (m *mirror) named() map[string]bool {
 func (m *mirror) broken() []string {
 	var out []string
 	for c := range m.named() {
-		if !m.has(ClusterSet, c) {
+		if !m.has(xds.ClusterSet, c) {
 			out = append(out, c+" (cluster)")
-		} else if !m.has(EndpointSet, c) {
+		} else if !m.has(xds.EndpointSet, c) {
 			out = append(out, c+" (endpoints)")
 		}
 	}
@@ -190,7 +191,7 @@ func waitSubscribed(t *testing.T, h *harness, id string) {
 		}
 		n.mu.Lock()
 		defer n.mu.Unlock()
-		for i := range numSets {
+		for i := range xds.NumSets {
 			subscribed := false
 			for _, st := range n.live {
 				subscribed = subscribed || st.sub[i].started
@@ -222,7 +223,7 @@ func TestMakeBeforeBreak(t *testing.T) {
 		delta bool
 	}{{"sotw", false}, {"delta", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := startServer(t, Config{Policy: optimizer.Localization, Encoding: EncodingWeightedClusters, DebounceQuiet: -1})
+			h := startServer(t, Config{Policy: optimizer.Localization, Encoding: xds.EncodingWeightedClusters, DebounceQuiet: -1})
 			top := two(5)
 			w := openWire(t, h.addr, "x-0", tc.delta)
 			waitSubscribed(t, h, "x-0")
@@ -241,7 +242,7 @@ func TestMakeBeforeBreak(t *testing.T) {
 				t.Fatal(err)
 			}
 			acks := w.until(t, "y/y-2's cluster and endpoints", func() bool {
-				return w.m.has(ClusterSet, "y/y-2") && w.m.has(EndpointSet, "y/y-2")
+				return w.m.has(xds.ClusterSet, "y/y-2") && w.m.has(xds.EndpointSet, "y/y-2")
 			})
 			if w.m.named()["y/y-2"] {
 				t.Fatal("the route naming y/y-2 came before the client ACKed its cluster")
@@ -266,7 +267,7 @@ func TestMakeBeforeBreak(t *testing.T) {
 				t.Fatal(err)
 			}
 			acks = w.until(t, "the route without y/y-0", func() bool { return !w.m.named()["y/y-0"] })
-			if !w.m.has(ClusterSet, "y/y-0") {
+			if !w.m.has(xds.ClusterSet, "y/y-0") {
 				t.Fatal("y/y-0's cluster left before the route that named it was ACKed")
 			}
 			if !cachedNames(t, h, "x-0", resource.ClusterType)["y/y-0"] {
@@ -276,7 +277,7 @@ func TestMakeBeforeBreak(t *testing.T) {
 				ack()
 			}
 			w.pump(t, h, 3)
-			if w.m.has(ClusterSet, "y/y-0") || w.m.has(EndpointSet, "y/y-0") {
+			if w.m.has(xds.ClusterSet, "y/y-0") || w.m.has(xds.EndpointSet, "y/y-0") {
 				t.Error("y/y-0's cluster or endpoints stayed after no route named them")
 			}
 			if cachedNames(t, h, "x-0", resource.ClusterType)["y/y-0"] {
@@ -326,7 +327,7 @@ func makeBeforeBreakRandom(t *testing.T, delta bool, pool []optimizer.Pod, seed 
 		}
 		return top
 	}
-	h := startServer(t, Config{Policy: optimizer.Localization, Encoding: EncodingWeightedClusters, DebounceQuiet: -1})
+	h := startServer(t, Config{Policy: optimizer.Localization, Encoding: xds.EncodingWeightedClusters, DebounceQuiet: -1})
 	w := openWire(t, h.addr, "x-0", delta)
 	waitSubscribed(t, h, "x-0")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -372,7 +373,7 @@ func makeBeforeBreakRandom(t *testing.T, delta bool, pool []optimizer.Pod, seed 
 		ack()
 	}
 	w.pump(t, h, pub)
-	tr, err := Translate(last, plan(t, last, optimizer.Localization), EncodingWeightedClusters)
+	tr, err := xds.Translate(last, plan(t, last, optimizer.Localization), xds.EncodingWeightedClusters)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +387,7 @@ func makeBeforeBreakRandom(t *testing.T, delta bool, pool []optimizer.Pod, seed 
 		}
 		sort.Strings(got)
 		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("%s: the client holds %v, the last publication has %v", typeLabels[i], got, want)
+			t.Errorf("%s: the client holds %v, the last publication has %v", xds.SetNames[i], got, want)
 		}
 	}
 	t.Logf("%d publications, %v intermediate snapshots", pub, counter(t, h.srv.m.steps))
@@ -396,7 +397,7 @@ func makeBeforeBreakRandom(t *testing.T, delta bool, pool []optimizer.Pod, seed 
 // it: a rejected new cluster is never named by a route, and a rejected route keeps the
 // clusters it names.
 func TestNACKMidSteps(t *testing.T) {
-	h := startServer(t, Config{Policy: optimizer.Localization, Encoding: EncodingWeightedClusters, DebounceQuiet: -1})
+	h := startServer(t, Config{Policy: optimizer.Localization, Encoding: xds.EncodingWeightedClusters, DebounceQuiet: -1})
 	c := dialADS(t, h.addr, "x-0")
 	for _, typ := range allTypes {
 		c.subscribe(typ)

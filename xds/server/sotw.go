@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // sotwCache is the cache behind go-control-plane's server: SOTW watches are the Server's own
@@ -51,16 +53,16 @@ func (w sotwCache) Fetch(_ context.Context, req *cache.Request) (cache.Response,
 	}
 	pub := s.currentPub()
 	if pub == nil {
-		return nil, fmt.Errorf("xds: fetch of %s by node %q: nothing is published yet", typeLabels[i], clip(id))
+		return nil, fmt.Errorf("xds: fetch of %s by node %q: nothing is published yet", xds.SetNames[i], clip(id))
 	}
-	res, _ := pub.resourcesFor(id, ClassifyNode(req.GetNode()))
+	res, _ := pub.resourcesFor(id, xds.ClassifyNode(req.GetNode()))
 	set := res.Sets[i]
 	if req.GetVersionInfo() == set.Version {
 		return nil, &types.SkipFetchError{}
 	}
 	all, err := pub.anys(i, set, false)
 	if err != nil {
-		return nil, fmt.Errorf("xds: fetch of %s by node %q: %w", typeLabels[i], clip(id), err)
+		return nil, fmt.Errorf("xds: fetch of %s by node %q: %w", xds.SetNames[i], clip(id), err)
 	}
 	resources := all
 	if names := req.GetResourceNames(); len(names) > 0 {
@@ -172,7 +174,7 @@ func (s *Server) respondSOTWLocked(n *nodeState) {
 
 // typeRequests name each type. A response to a watch that waited carries its type's as its
 // request: the request that opened the watch is not kept.
-var typeRequests = func() (r [numSets]*discovery.DiscoveryRequest) {
+var typeRequests = func() (r [xds.NumSets]*discovery.DiscoveryRequest) {
 	for i := range r {
 		r[i] = &discovery.DiscoveryRequest{TypeUrl: typeURLs[i]}
 	}
@@ -188,7 +190,7 @@ func (s *Server) respondLocked(n *nodeState, st *streamState, i int, ch chan cac
 	set := n.sets[i]
 	all, err := n.pub.anys(i, set, n.relabeled[i])
 	if err != nil {
-		s.log.Error("xds: marshalling a response", "node", n.id, "type", typeLabels[i], "version", set.Version, "error", err)
+		s.log.Error("xds: marshalling a response", "node", n.id, "type", xds.SetNames[i], "version", set.Version, "error", err)
 		return
 	}
 	resources := all
@@ -201,13 +203,13 @@ func (s *Server) respondLocked(n *nodeState, st *streamState, i int, ch chan cac
 	select {
 	case ch <- &response{req: req, version: set.Version, resources: resources}:
 	default:
-		s.log.Error("xds: a watch was answered twice", "node", n.id, "type", typeLabels[i])
+		s.log.Error("xds: a watch was answered twice", "node", n.id, "type", xds.SetNames[i])
 	}
 }
 
 // pick returns the marshalled resources all (of set, in its order) whose names keep holds:
 // all itself when it holds for every one.
-func pick(set Set, all []*anypb.Any, keep func(name string) bool) []*anypb.Any {
+func pick(set xds.Set, all []*anypb.Any, keep func(name string) bool) []*anypb.Any {
 	var out []*anypb.Any
 	for j, r := range set.Items {
 		if keep(cache.GetResourceName(r)) {
@@ -314,7 +316,7 @@ func (st *streamState) dropUnsubscribed(i int) {
 
 // anys returns set i's resources marshalled, in the set's order: made once per publication
 // and version and shared, unless the set is relabeled or unversioned.
-func (p *publication) anys(i int, s Set, relabeled bool) ([]*anypb.Any, error) {
+func (p *publication) anys(i int, s xds.Set, relabeled bool) ([]*anypb.Any, error) {
 	if relabeled || s.Version == "" {
 		return marshalAnys(i, s.Items)
 	}

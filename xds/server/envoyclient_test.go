@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	"context"
@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // envoyClient is a raw ADS stream that subscribes as an Envoy with an ADS bootstrap does:
@@ -40,10 +41,10 @@ type envoyClient struct {
 	stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
 
 	mu        sync.Mutex
-	types     [numSets]envoyType
-	responses [numSets]int // responses received, per type
-	nacks     []string     // the reasons of every NACK sent
-	err       error        // the stream's end, if it ended
+	types     [xds.NumSets]envoyType
+	responses [xds.NumSets]int // responses received, per type
+	nacks     []string         // the reasons of every NACK sent
+	err       error            // the stream's end, if it ended
 	changed   chan struct{}
 }
 
@@ -56,7 +57,7 @@ type envoyType struct {
 	res        map[string]proto.Message
 }
 
-var setTypes = [numSets]func() proto.Message{
+var setTypes = [xds.NumSets]func() proto.Message{
 	func() proto.Message { return &listener.Listener{} },
 	func() proto.Message { return &route.RouteConfiguration{} },
 	func() proto.Message { return &cluster.Cluster{} },
@@ -65,7 +66,7 @@ var setTypes = [numSets]func() proto.Message{
 
 func dialEnvoy(t testing.TB, addr, nodeID string) *envoyClient {
 	t.Helper()
-	return dialEnvoyAs(t, addr, &core.Node{Id: nodeID, Cluster: "edgeflow-test", UserAgentName: EnvoyUserAgent})
+	return dialEnvoyAs(t, addr, &core.Node{Id: nodeID, Cluster: "edgeflow-test", UserAgentName: xds.EnvoyUserAgent})
 }
 
 // dialEnvoyAs is dialEnvoy with the given node.
@@ -105,7 +106,7 @@ func (c *envoyClient) run() {
 		c.mu.Unlock()
 		c.signal()
 	}
-	if err := c.subscribe(ClusterSet, nil); err != nil {
+	if err := c.subscribe(xds.ClusterSet, nil); err != nil {
 		end(err)
 		return
 	}
@@ -163,7 +164,7 @@ func (c *envoyClient) handle(r *discovery.DiscoveryResponse) error {
 		msgs = append(msgs, m)
 	}
 	if bad == nil {
-		bad = checkResponse(i, msgs)
+		bad = xds.CheckResponse(i, msgs)
 	}
 	c.mu.Lock()
 	c.responses[i]++
@@ -171,7 +172,7 @@ func (c *envoyClient) handle(r *discovery.DiscoveryResponse) error {
 	ty.nonce = r.GetNonce()
 	req := &discovery.DiscoveryRequest{Node: c.node, TypeUrl: r.GetTypeUrl(), ResourceNames: ty.names, ResponseNonce: r.GetNonce()}
 	if bad != nil {
-		c.nacks = append(c.nacks, fmt.Sprintf("%s version %s: %v", typeLabels[i], r.GetVersionInfo(), bad))
+		c.nacks = append(c.nacks, fmt.Sprintf("%s version %s: %v", xds.SetNames[i], r.GetVersionInfo(), bad))
 		req.VersionInfo = ty.version
 		req.ErrorDetail = &statuspb.Status{Code: 3, Message: bad.Error()}
 		c.mu.Unlock()
@@ -187,33 +188,33 @@ func (c *envoyClient) handle(r *discovery.DiscoveryResponse) error {
 	}
 	var follow func() error
 	switch i {
-	case ClusterSet:
+	case xds.ClusterSet:
 		var cs []*cluster.Cluster
 		for _, m := range ty.res {
 			cs = append(cs, m.(*cluster.Cluster))
 		}
-		eds := sortedUnique(edsNames(cs))
-		first := !c.types[ListenerSet].subscribed
+		eds := sortedUnique(xds.EDSNames(cs))
+		first := !c.types[xds.ListenerSet].subscribed
 		follow = func() error {
-			if !slices.Equal(eds, c.subscribedNames(EndpointSet)) {
-				if err := c.subscribe(EndpointSet, eds); err != nil {
+			if !slices.Equal(eds, c.subscribedNames(xds.EndpointSet)) {
+				if err := c.subscribe(xds.EndpointSet, eds); err != nil {
 					return err
 				}
 			}
 			if first {
-				return c.subscribe(ListenerSet, nil)
+				return c.subscribe(xds.ListenerSet, nil)
 			}
 			return nil
 		}
-	case ListenerSet:
+	case xds.ListenerSet:
 		var ls []*listener.Listener
 		for _, m := range ty.res {
 			ls = append(ls, m.(*listener.Listener))
 		}
-		rds := sortedUnique(rdsNames(ls))
+		rds := sortedUnique(xds.RDSNames(ls))
 		follow = func() error {
-			if !slices.Equal(rds, c.subscribedNames(RouteSet)) {
-				return c.subscribe(RouteSet, rds)
+			if !slices.Equal(rds, c.subscribedNames(xds.RouteSet)) {
+				return c.subscribe(xds.RouteSet, rds)
 			}
 			return nil
 		}
@@ -238,27 +239,6 @@ func (c *envoyClient) subscribedNames(i int) []string {
 }
 
 // checkResponse applies Envoy's rules to one response of set i.
-func checkResponse(i int, msgs []proto.Message) error {
-	switch i {
-	case ListenerSet:
-		return checkListeners(as[*listener.Listener](msgs))
-	case RouteSet:
-		return checkRouteConfigs(as[*route.RouteConfiguration](msgs))
-	case ClusterSet:
-		return checkClusters(as[*cluster.Cluster](msgs))
-	default:
-		return checkAssignments(as[*endpoint.ClusterLoadAssignment](msgs))
-	}
-}
-
-func as[T proto.Message](msgs []proto.Message) []T {
-	out := make([]T, len(msgs))
-	for i, m := range msgs {
-		out[i] = m.(T)
-	}
-	return out
-}
-
 func resourceName(m proto.Message) string {
 	switch r := m.(type) {
 	case *listener.Listener:
@@ -285,8 +265,8 @@ type envoyState struct {
 	routes    []*route.RouteConfiguration
 	clusters  []*cluster.Cluster
 	clas      []*endpoint.ClusterLoadAssignment
-	versions  [numSets]string
-	responses [numSets]int
+	versions  [xds.NumSets]string
+	responses [xds.NumSets]int
 }
 
 func (c *envoyClient) state() (envoyState, []string, error) {
@@ -301,10 +281,10 @@ func (c *envoyClient) state() (envoyState, []string, error) {
 		sort.Slice(out, func(a, b int) bool { return resourceName(out[a]) < resourceName(out[b]) })
 		return out
 	}
-	s.listeners = as[*listener.Listener](collect(ListenerSet))
-	s.routes = as[*route.RouteConfiguration](collect(RouteSet))
-	s.clusters = as[*cluster.Cluster](collect(ClusterSet))
-	s.clas = as[*endpoint.ClusterLoadAssignment](collect(EndpointSet))
+	s.listeners = as[*listener.Listener](collect(xds.ListenerSet))
+	s.routes = as[*route.RouteConfiguration](collect(xds.RouteSet))
+	s.clusters = as[*cluster.Cluster](collect(xds.ClusterSet))
+	s.clas = as[*endpoint.ClusterLoadAssignment](collect(xds.EndpointSet))
 	for i := range c.types {
 		s.versions[i] = c.types[i].version
 	}
@@ -318,7 +298,7 @@ func (s envoyState) consistent() error {
 	if len(s.listeners) == 0 {
 		return fmt.Errorf("no listeners")
 	}
-	return checkRefs(s.listeners, s.routes, s.clusters, s.clas)
+	return xds.CheckRefs(s.listeners, s.routes, s.clusters, s.clas)
 }
 
 // waitFor waits until the client's state is consistent and cond holds; it fails the test on
@@ -397,11 +377,11 @@ func expectedAssignments(t testing.TB, top *optimizer.Topology, a *optimizer.All
 				w[j] = s.Pods[j].CapacityWeight()
 			}
 		}
-		weights := optimizer.LargestRemainder(w, WeightTotal)
+		weights := optimizer.LargestRemainder(w, xds.WeightTotal)
 		for k, p := range s.Ports {
 			var parts, failover []string
 			for j := range s.Pods {
-				host, port, err := parseAddress(s.Endpoint(&s.Pods[j]))
+				host, port, err := xds.ParseAddress(s.Endpoint(&s.Pods[j]))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -416,7 +396,7 @@ func expectedAssignments(t testing.TB, top *optimizer.Topology, a *optimizer.All
 				}
 			}
 			if len(failover) > 0 {
-				parts = append(parts, fmt.Sprintf("%s@1:1%v", FailoverSubZone, failover))
+				parts = append(parts, fmt.Sprintf("%s@1:1%v", xds.FailoverSubZone, failover))
 			}
 			out[s.IstioClusterName(p.Port, "")] = strings.Join(parts, " ")
 		}
@@ -440,7 +420,7 @@ func assignmentsEqual(want map[string]string) func(envoyState) error {
 }
 
 func TestEnvoyClientFollowsThePlan(t *testing.T) {
-	top := loadTopology(t, "testdata/bookinfo.yaml")
+	top := loadTopology(t, bookinfoPath)
 	h := startServer(t, Config{DebounceQuiet: -1})
 	h.srv.Update(top)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -505,11 +485,11 @@ func TestEnvoyClientFollowsThePlan(t *testing.T) {
 		for _, p := range pods {
 			b, a := before[p], after[p]
 			for i := range a.responses {
-				if i != EndpointSet && a.responses[i] != b.responses[i] {
-					t.Errorf("%s: %s: %d %s responses, want none", what, p, a.responses[i]-b.responses[i], typeLabels[i])
+				if i != xds.EndpointSet && a.responses[i] != b.responses[i] {
+					t.Errorf("%s: %s: %d %s responses, want none", what, p, a.responses[i]-b.responses[i], xds.SetNames[i])
 				}
 			}
-			if a.responses[EndpointSet] == b.responses[EndpointSet] || a.versions[EndpointSet] == b.versions[EndpointSet] {
+			if a.responses[xds.EndpointSet] == b.responses[xds.EndpointSet] || a.versions[xds.EndpointSet] == b.versions[xds.EndpointSet] {
 				t.Errorf("%s: %s: no new EDS version", what, p)
 			}
 		}
@@ -544,7 +524,7 @@ func TestEnvoyClientFollowsThePlan(t *testing.T) {
 // a node that does not say it is Envoy gets the proxyless gRPC resources, whose api_listeners
 // Envoy takes only from its bootstrap. The client keeps nothing of the rejected response.
 func TestEnvoyClientRejectsProxylessListeners(t *testing.T) {
-	top := loadTopology(t, "testdata/bookinfo.yaml")
+	top := loadTopology(t, bookinfoPath)
 	h := startServer(t, Config{DebounceQuiet: -1})
 	h.srv.Update(top)
 	c := dialEnvoyAs(t, h.addr, &core.Node{Id: "productpage-0", UserAgentName: "gRPC Go"})
@@ -566,7 +546,7 @@ func TestEnvoyClientRejectsProxylessListeners(t *testing.T) {
 // stream (not ADS) and names Istio's cluster names. It gets the caller's weights with Istio's
 // mTLS endpoint metadata.
 func TestIstioSidecarGetsEDS(t *testing.T) {
-	top := loadTopology(t, "testdata/bookinfo.yaml")
+	top := loadTopology(t, bookinfoPath)
 	h := startServer(t, Config{DebounceQuiet: -1})
 	h.srv.Update(top)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -584,7 +564,7 @@ func TestIstioSidecarGetsEDS(t *testing.T) {
 		t.Fatal(err)
 	}
 	names := []string{"outbound|9080||details.default.svc.cluster.local", "outbound|9080||reviews.default.svc.cluster.local"}
-	node := &core.Node{Id: "sidecar~10.0.0.1~productpage-0.default~default.svc.cluster.local", UserAgentName: EnvoyUserAgent}
+	node := &core.Node{Id: "sidecar~10.0.0.1~productpage-0.default~default.svc.cluster.local", UserAgentName: xds.EnvoyUserAgent}
 	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.EndpointType, ResourceNames: names}); err != nil {
 		t.Fatal(err)
 	}
@@ -601,13 +581,13 @@ func TestIstioSidecarGetsEDS(t *testing.T) {
 		clas = append(clas, cla)
 		for _, l := range cla.GetEndpoints() {
 			for _, e := range l.GetLbEndpoints() {
-				if !hasIstioMTLSMetadata(e) {
+				if e.GetMetadata().GetFilterMetadata()["envoy.transport_socket_match"].GetFields()["tlsMode"].GetStringValue() != "istio" {
 					t.Errorf("%s: endpoint without Istio's mTLS metadata", cla.GetClusterName())
 				}
 			}
 		}
 	}
-	if err := checkAssignments(clas); err != nil {
+	if err := xds.CheckAssignments(clas); err != nil {
 		t.Fatal(err)
 	}
 	want := expectedAssignments(t, top, h.srv.Allocation(), "productpage-0")
@@ -627,4 +607,12 @@ func TestIstioSidecarGetsEDS(t *testing.T) {
 	if err := h.srv.WaitConverged(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func as[T proto.Message](msgs []proto.Message) []T {
+	out := make([]T, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.(T)
+	}
+	return out
 }

@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	"context"
@@ -21,6 +21,9 @@ import (
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/edgeflow/edgeflow/internal/clock"
+	"github.com/edgeflow/edgeflow/optimizer"
 )
 
 // fakeClock is a Clock whose time moves only by Advance; timers fire synchronously in Advance.
@@ -45,7 +48,7 @@ func (c *fakeClock) Now() time.Time {
 	return c.now
 }
 
-func (c *fakeClock) NewTimer(d time.Duration) Timer {
+func (c *fakeClock) NewTimer(d time.Duration) clock.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.created++
@@ -151,7 +154,7 @@ func startServerOn(t testing.TB, cfg Config, addr string) *harness {
 	if cfg.Damping == 0 {
 		cfg.Damping = -1 // these tests pin the server's push rules; damping has its own tests
 	}
-	srv, err := NewServer(cfg)
+	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,4 +461,34 @@ func (s *Server) cached(id string) (*cache.Snapshot, error) {
 		snap.Resources[typeSlots[i]] = cache.NewResources(set.Version, set.Items)
 	}
 	return snap, nil
+}
+
+// bookinfoPath is the translator's Bookinfo fixture.
+const bookinfoPath = "../testdata/bookinfo.yaml"
+
+func loadTopology(t testing.TB, path string) *optimizer.Topology {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	top, err := optimizer.ParseTopology(f, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return top
+}
+
+func plan(t testing.TB, top *optimizer.Topology, p optimizer.Policy) *optimizer.Allocation {
+	t.Helper()
+	m, err := optimizer.Compile(top, optimizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := optimizer.Plan(m, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }

@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // cachedCount returns how many resources of typeURL the cache holds for the node, and their
@@ -38,13 +39,13 @@ func TestNACKAfterUnknownVersionNeverEmpties(t *testing.T) {
 	// What an earlier server sent for a topology with a service z this one never sees.
 	other := two(5)
 	other.Services = append(other.Services, optimizer.Service{Name: "z", Pods: []optimizer.Pod{{Name: "z-0", Node: "n1", Address: "127.0.0.1:5001"}}})
-	elsewhere, err := Translate(other, plan(t, other, optimizer.Localization), EncodingLocality)
+	elsewhere, err := xds.Translate(other, plan(t, other, optimizer.Localization), xds.EncodingLocality)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct{ name, held string }{
 		{"garbage", "garbage"},
-		{"another server's version", elsewhere.Pods["x-0"].Sets[ListenerSet].Version},
+		{"another server's version", elsewhere.Pods["x-0"].Sets[xds.ListenerSet].Version},
 		{"nothing", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

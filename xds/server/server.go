@@ -1,4 +1,4 @@
-package xds
+package server
 
 import (
 	"context"
@@ -22,7 +22,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/edgeflow/edgeflow/internal/clock"
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // Debounce defaults, as Istio's DebounceAfter (100 ms); the maximum is lower than Istio's 10 s
@@ -37,11 +39,11 @@ type Config struct {
 	// Policy is the allocation policy ("" means lata).
 	Policy optimizer.Policy
 	// Encoding is the wire encoding of the weights ("" means locality).
-	Encoding Encoding
+	Encoding xds.Encoding
 	// LBPolicy is the clusters' load-balancing policy ("" means round-robin). LBLeastRequest
 	// serves every caller the callee's pods as one locality under LEAST_REQUEST: the Policy's
 	// allocation is still planned and checked (Allocation), but its weights are not served.
-	LBPolicy LBPolicy
+	LBPolicy xds.LBPolicy
 	// Options are how topologies are compiled.
 	Options optimizer.Options
 	// ClusterDomain is the Kubernetes cluster's DNS domain in Istio's cluster names and plain
@@ -57,7 +59,7 @@ type Config struct {
 	// after every Update (still one push at a time).
 	DebounceQuiet, DebounceMax time.Duration
 	// Clock is the time source (nil means the wall clock).
-	Clock Clock
+	Clock clock.Clock
 	// Logger receives the server's logs (nil means slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the server's metrics (nil means they are not registered).
@@ -120,7 +122,7 @@ type Config struct {
 type Server struct {
 	cfg    Config
 	log    *slog.Logger
-	clock  Clock
+	clock  clock.Clock
 	m      *metrics
 	shards [numShards]cache.SnapshotCache // by shardOf(node id)
 	xds    gcpserver.Server
@@ -159,14 +161,14 @@ type Server struct {
 
 // NewServer returns a server; it starts no goroutine. Serve it with Register on a grpc.Server
 // built with ServerOptions, over Listener, and Run; feed it with Update.
-func NewServer(cfg Config) (*Server, error) {
+func New(cfg Config) (*Server, error) {
 	if cfg.Policy == "" {
 		cfg.Policy = optimizer.LATA
 	}
 	if _, err := optimizer.ParsePolicy(string(cfg.Policy)); err != nil {
 		return nil, err
 	}
-	wire, err := TranslateConfig{Encoding: cfg.Encoding, LBPolicy: cfg.LBPolicy, ClusterDomain: cfg.ClusterDomain}.check()
+	wire, err := xds.TranslateConfig{Encoding: cfg.Encoding, LBPolicy: cfg.LBPolicy, ClusterDomain: cfg.ClusterDomain}.Check()
 	if err != nil {
 		return nil, err
 	}
@@ -181,7 +183,7 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("xds: negative DebounceMax %v", cfg.DebounceMax)
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = SystemClock()
+		cfg.Clock = clock.System()
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -286,7 +288,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	defer s.stopStreams()
 	var (
-		timer       Timer
+		timer       clock.Timer
 		first, last time.Time
 	)
 	stopTimer := func() {
@@ -396,10 +398,10 @@ func (s *Server) publish() {
 			return
 		}
 	}
-	var tr *Translation
+	var tr *xds.Translation
 	t2 := t1
 	if err == nil {
-		tr, err = TranslateWith(t, alloc, TranslateConfig{Encoding: s.cfg.Encoding, LBPolicy: s.cfg.LBPolicy, ClusterDomain: s.cfg.ClusterDomain})
+		tr, err = xds.TranslateWith(t, alloc, xds.TranslateConfig{Encoding: s.cfg.Encoding, LBPolicy: s.cfg.LBPolicy, ClusterDomain: s.cfg.ClusterDomain})
 		t2 = s.clock.Now()
 		s.m.translate.Observe(t2.Sub(t1).Seconds())
 	}
