@@ -45,6 +45,7 @@ type serveFlags struct {
 	encoding       string
 	debounceQuiet  time.Duration
 	debounceMax    time.Duration
+	removalGrace   time.Duration
 	damping        float64
 	pollInterval   time.Duration
 	logLevel       string
@@ -87,6 +88,7 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.encoding, "encoding", string(xds.EncodingLocality), "wire encoding of the weights: locality (EDS locality weights) or weighted-clusters")
 	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xdsserver.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
 	fl.DurationVar(&f.debounceMax, "debounce-max", xdsserver.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
+	fl.DurationVar(&f.removalGrace, "removal-grace", xdsserver.DefaultRemovalGrace, "keep a removed pod's cluster and endpoints this long after the routes that named it are acknowledged (0: none)")
 	fl.Float64Var(&f.damping, "damping", optimizer.DefaultDamping, "flap damping: a recompute that moves less than this fraction of the traffic (pods, services and calls unchanged) is not pushed; negative pushes every recompute")
 	fl.DurationVar(&f.pollInterval, "poll-interval", watcher.DefaultPollInterval, "how often the topology file is checked for changes")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -132,6 +134,9 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	}
 	if err := f.checkSecurity(); err != nil {
 		return err
+	}
+	if f.removalGrace < 0 {
+		return badInput("--removal-grace must not be negative, got %v", f.removalGrace)
 	}
 	if f.debounceQuiet == 0 || f.debounceMax <= 0 || f.pollInterval <= 0 {
 		return badInput("--debounce-quiet must be non-zero, --debounce-max and --poll-interval positive")
@@ -212,7 +217,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}
 	}
 	srv, err := xdsserver.New(xdsserver.Config{Policy: policy, Encoding: enc, Options: opts, ClusterDomain: f.istio.clusterDomain,
-		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Damping: f.damping, Logger: logger, Registerer: reg,
+		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, RemovalGrace: f.removalGrace, Damping: f.damping, Logger: logger, Registerer: reg,
 		Limits: f.limits, RequireIdentity: f.tls.ClientCAFile != "", TrustDomain: f.trustDomain})
 	if err != nil {
 		return err

@@ -208,6 +208,7 @@ func (s *Server) closeStream(key streamKey) {
 		n.mu.Lock()
 		n.closed = true
 		n.live = nil
+		n.stopGraceLocked()
 		s.cacheFor(n.key).ClearSnapshot(n.key)
 		s.settleLocked(n)
 		n.mu.Unlock()

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -540,8 +542,24 @@ func TestRealClientsServerRestart(t *testing.T) {
 }
 
 // podRemovalRuns is how many times TestPodRemovalNeverFailsRPCs removes a pod in each
-// encoding (the encodings alternate run by run).
-const podRemovalRuns = 50
+// encoding (the encodings alternate run by run); EDGEFLOW_POD_REMOVAL_RUNS sets another count
+// (the README's 300-run figure).
+var podRemovalRuns = func() int {
+	if n, err := strconv.Atoi(os.Getenv("EDGEFLOW_POD_REMOVAL_RUNS")); err == nil && n > 0 {
+		return n
+	}
+	return 50
+}()
+
+// podRemovalGrace is the removal grace of TestPodRemovalNeverFailsRPCs: shorter than serve's
+// default, to keep the runs short, and still far above the time an RPC takes to pick.
+// EDGEFLOW_POD_REMOVAL_GRACE sets another (0s: none, the README's "before" figure).
+var podRemovalGrace = func() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("EDGEFLOW_POD_REMOVAL_GRACE")); err == nil && d >= 0 {
+		return d
+	}
+	return 300 * time.Millisecond
+}()
 
 // podRemovalConcurrency is how many RPCs each client keeps in flight during a removal.
 const podRemovalConcurrency = 4
@@ -566,7 +584,7 @@ func TestPodRemovalNeverFailsRPCs(t *testing.T) {
 		gone := (run / 2) % 4 // the echo pod that leaves
 		t0 := time.Now()
 		func() {
-			h := startServer(t, Config{Encoding: encodings[e], DebounceQuiet: -1})
+			h := startServer(t, Config{Encoding: encodings[e], DebounceQuiet: -1, RemovalGrace: podRemovalGrace})
 			defer h.stop()
 			h.srv.Update(full)
 			clients := map[string]testgrpc.TestServiceClient{}
@@ -611,6 +629,9 @@ func TestPodRemovalNeverFailsRPCs(t *testing.T) {
 			if err := h.srv.WaitConverged(ctx, 2); err != nil {
 				t.Fatal(err)
 			}
+			// The removed pod's cluster leaves after the grace, in a step of its own: wait until
+			// every node holds its target and has its answers in.
+			eventually(t, 10*time.Second, "every node at its target after the removal grace", func() bool { return h.srv.allAtTarget() })
 			// Every client has applied the last step; RPCs picked before it have finished.
 			eventually(t, 10*time.Second, "probes past the last ACK", running(0, time.Now().Add(20*time.Millisecond)))
 			close(stop)
@@ -632,4 +653,20 @@ func TestPodRemovalNeverFailsRPCs(t *testing.T) {
 		runs := podRemovalRuns
 		t.Logf("%s: %d runs, %d of %d probe RPCs failed, %v per run", enc, runs, failed[e], total[e], (took[e] / time.Duration(runs)).Round(time.Millisecond))
 	}
+}
+
+// allAtTarget reports whether every node holds its publication's sets (no step left, grace
+// included) and has no answer outstanding.
+func (s *Server) allAtTarget() bool {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	for _, n := range s.nodes {
+		n.mu.Lock()
+		done := n.target != nil && sameVersions(n.sets, *n.target) && !n.waiting()
+		n.mu.Unlock()
+		if !done {
+			return false
+		}
+	}
+	return true
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"sync"
+	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -46,6 +47,12 @@ type nodeState struct {
 	awaitPub  *publication         // the publication waiting for this node's answers
 	revoked   error                // its claim no longer holds (RequireIdentity): served nothing more
 	nackLog   [xds.NumSets]string  // the version whose NACK was last logged, per type
+
+	// Removal grace (grace.go): clusters no route names any more, by the time they may
+	// leave, and the timer that advances the node then.
+	leaving    map[string]time.Time
+	graceAt    time.Time
+	graceTimer *time.Timer
 }
 
 // rejectedVersion is the version of type i the node's clients last NACKed ("" = none).

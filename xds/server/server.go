@@ -34,6 +34,11 @@ const (
 	DefaultDebounceMax   = time.Second
 )
 
+// DefaultRemovalGrace is serve's --removal-grace: far longer than an RPC takes to pick its
+// endpoint once it has its route, short enough that a removed pod's cluster is gone within
+// seconds.
+const DefaultRemovalGrace = 5 * time.Second
+
 // Config configures a Server.
 type Config struct {
 	// Policy is the allocation policy ("" means lata).
@@ -58,6 +63,11 @@ type Config struct {
 	// default (DefaultDebounceQuiet, DefaultDebounceMax); a negative DebounceQuiet pushes right
 	// after every Update (still one push at a time).
 	DebounceQuiet, DebounceMax time.Duration
+	// RemovalGrace is how long a cluster and its endpoints stay with a node after the last
+	// route or listener its client may hold stopped naming them (grace.go), so RPCs that
+	// picked the old route before the client applied the new one still find their cluster.
+	// Zero means none; `edgeflow serve --removal-grace` defaults to DefaultRemovalGrace.
+	RemovalGrace time.Duration
 	// Clock is the time source (nil means the wall clock).
 	Clock clock.Clock
 	// Logger receives the server's logs (nil means slog.Default()).
@@ -181,6 +191,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.DebounceMax < 0 {
 		return nil, fmt.Errorf("xds: negative DebounceMax %v", cfg.DebounceMax)
+	}
+	if cfg.RemovalGrace < 0 {
+		return nil, fmt.Errorf("xds: negative RemovalGrace %v", cfg.RemovalGrace)
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.System()

@@ -58,7 +58,12 @@ func (s *Server) nextLocked(n *nodeState) [xds.NumSets]xds.Set {
 	if !namesSubset(cur[xds.ClusterSet], next[xds.ClusterSet]) {
 		named := s.namedLocked(n, &next)
 		next[xds.ClusterSet] = merged(next[xds.ClusterSet], cur[xds.ClusterSet], func(r types.Resource) types.Resource {
-			if named[cache.GetResourceName(r)] {
+			name := cache.GetResourceName(r)
+			if named[name] {
+				n.forgetGraceLocked(name)
+				return r
+			}
+			if s.keptForGraceLocked(n, name) {
 				return r
 			}
 			return nil
