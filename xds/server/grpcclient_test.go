@@ -670,3 +670,74 @@ func (s *Server) allAtTarget() bool {
 	}
 	return true
 }
+
+// TestRemovalGraceKeepsThenRemoves: with weighted clusters, a removed pod's cluster stays with
+// every node for the removal grace after the routes that named it were ACKed — the
+// publication converges meanwhile — and then leaves in a step of its own, which the real
+// grpc-go client ACKs; with no grace it is gone at convergence.
+func TestRemovalGraceKeepsThenRemoves(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real xDS clients")
+	}
+	bs := startBackends(t, realPods...)
+	full := realTopology(bs)
+	removed := full.Clone()
+	gone := removed.Services[1].Pods[2].Name
+	removed.Services[1].Pods = append(removed.Services[1].Pods[:2:2], removed.Services[1].Pods[3:]...)
+	cluster := full.Services[1].Name + "/" + gone
+	holds := func(h *harness, node string) bool {
+		h.srv.nodesMu.Lock()
+		defer h.srv.nodesMu.Unlock()
+		for _, n := range h.srv.nodes {
+			if n.id != node {
+				continue
+			}
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			return setItem(n.sets[xds.ClusterSet], cluster) != nil
+		}
+		t.Fatalf("no node %s", node)
+		return false
+	}
+	for _, grace := range []time.Duration{0, 700 * time.Millisecond} {
+		t.Run(fmt.Sprintf("grace=%v", grace), func(t *testing.T) {
+			h := startServer(t, Config{Encoding: xds.EncodingWeightedClusters, DebounceQuiet: -1, RemovalGrace: grace})
+			defer h.stop()
+			h.srv.Update(full)
+			client, cc := dialXDS(t, h.addr, "c-0", "echo")
+			defer cc.Close()
+			if _, err := call(client); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := h.srv.WaitConverged(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			if !holds(h, "c-0") {
+				t.Fatalf("c-0 does not hold %s before the removal", cluster)
+			}
+			h.srv.Update(removed)
+			if err := h.srv.WaitConverged(ctx, 2); err != nil {
+				t.Fatal(err)
+			}
+			converged := time.Now()
+			if grace == 0 {
+				if holds(h, "c-0") {
+					t.Errorf("no grace: c-0 still holds %s at convergence", cluster)
+				}
+				return
+			}
+			if !holds(h, "c-0") {
+				t.Fatalf("grace %v: %s gone at convergence, want it kept", grace, cluster)
+			}
+			eventually(t, 10*time.Second, "the cluster gone and ACKed", func() bool { return !holds(h, "c-0") && h.srv.allAtTarget() })
+			if took := time.Since(converged); took < grace/2 || took > grace+2*time.Second {
+				t.Errorf("grace %v: the cluster left %v after convergence", grace, took)
+			}
+			if _, err := call(client); err != nil {
+				t.Errorf("RPC after the cluster left: %v", err)
+			}
+		})
+	}
+}

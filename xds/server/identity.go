@@ -3,14 +3,8 @@ package server
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"errors"
-	"fmt"
 	"log/slog"
-	"os"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
@@ -18,116 +12,22 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/edgeflow/edgeflow/internal/certfile"
 	"github.com/edgeflow/edgeflow/xds"
 )
 
 // TLSFiles names the xDS port's certificate files (PEM).
-type TLSFiles struct {
-	// CertFile and KeyFile are the server's certificate chain and key.
-	CertFile, KeyFile string
-	// ClientCAFile, when set, turns on mutual TLS: clients must present a certificate signed
-	// by one of these CAs.
-	ClientCAFile string
-}
-
-// certReloadEvery bounds how often the files are checked for changes.
-const certReloadEvery = time.Second
+type TLSFiles = certfile.Files
 
 // NewTLSConfig returns the xDS port's TLS configuration. The files are read now (an error
-// names the file) and re-read when their modification time changes, checked at most once a
-// second on a new handshake, so a rotated certificate (e.g. a renewed Kubernetes Secret) takes
-// effect without a restart; a rotation that does not load is logged and the previous
-// certificates stay.
+// names the file) and re-read when they change (package certfile), so a rotated certificate
+// takes effect without a restart.
 func NewTLSConfig(f TLSFiles, logger *slog.Logger) (*tls.Config, error) {
-	if f.CertFile == "" || f.KeyFile == "" {
-		return nil, errors.New("xds: TLS needs both a certificate and a key file")
-	}
-	if logger == nil {
-		logger = slog.Default()
-	}
-	r := &certReloader{files: f, log: logger}
-	cfg, err := r.load()
+	src, err := certfile.New(f, "xds", logger)
 	if err != nil {
 		return nil, err
 	}
-	r.current = cfg
-	return &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return r.get(), nil },
-	}, nil
-}
-
-type certReloader struct {
-	files TLSFiles
-	log   *slog.Logger
-
-	mu      sync.Mutex
-	current *tls.Config
-	checked time.Time
-	mtimes  [3]time.Time
-}
-
-func (r *certReloader) mtimes3() ([3]time.Time, error) {
-	var out [3]time.Time
-	for i, p := range []string{r.files.CertFile, r.files.KeyFile, r.files.ClientCAFile} {
-		if p == "" {
-			continue
-		}
-		st, err := os.Stat(p)
-		if err != nil {
-			return out, fmt.Errorf("xds: TLS file %s: %w", p, err)
-		}
-		out[i] = st.ModTime()
-	}
-	return out, nil
-}
-
-func (r *certReloader) load() (*tls.Config, error) {
-	mt, err := r.mtimes3()
-	if err != nil {
-		return nil, err
-	}
-	cert, err := tls.LoadX509KeyPair(r.files.CertFile, r.files.KeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("xds: TLS certificate %s / key %s: %w", r.files.CertFile, r.files.KeyFile, err)
-	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2"}}
-	if r.files.ClientCAFile != "" {
-		pem, err := os.ReadFile(r.files.ClientCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("xds: client CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("xds: client CA file %s: no PEM certificate", r.files.ClientCAFile)
-		}
-		cfg.ClientCAs = pool
-		cfg.ClientAuth = tls.RequireAndVerifyClientCert
-	}
-	r.mtimes = mt
-	return cfg, nil
-}
-
-func (r *certReloader) get() *tls.Config {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if time.Since(r.checked) < certReloadEvery {
-		return r.current
-	}
-	r.checked = time.Now()
-	mt, err := r.mtimes3()
-	if err != nil || mt == r.mtimes {
-		return r.current
-	}
-	cfg, err := r.load()
-	if err != nil {
-		r.log.Error("xds: reloading the TLS certificates failed; the previous ones stay", "error", err)
-		r.mtimes = mt // report a bad rotation once
-		return r.current
-	}
-	r.log.Info("xds: TLS certificates reloaded", "cert", r.files.CertFile)
-	r.current = cfg
-	return cfg
+	return src.ServerConfig(), nil
 }
 
 // PodIdentity is the identity a pod runs as: its namespace and service account.

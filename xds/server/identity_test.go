@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/edgeflow/edgeflow/internal/certfile"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -270,7 +271,7 @@ func TestTLSCertificateReload(t *testing.T) {
 	// A broken rotation keeps the last good certificate.
 	now := served()
 	writeTestFile(t, certFile, []byte("not a certificate"))
-	time.Sleep(certReloadEvery + 50*time.Millisecond)
+	time.Sleep(certfile.CheckEvery + 50*time.Millisecond)
 	if got := served(); got.Cmp(now) != 0 {
 		t.Errorf("after a broken rotation the served certificate changed: %v → %v", now, got)
 	}
