@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,13 +12,11 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -238,8 +235,8 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
-	g := grpc.NewServer(gopts...)
-	srv.Register(g)
+	gs := grpc.NewServer(gopts...)
+	srv.Register(gs)
 	var httpSrv, profSrv *http.Server
 	var metricsLis, profLis net.Listener
 	if f.metricsAddress != "" {
@@ -274,20 +271,11 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	// Every goroutine below is owned by this function: it ends when ctx is cancelled (signal,
-	// or the first component failing) and is waited for before runServe returns.
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	var wg sync.WaitGroup
-	start := func(name string, fn func() error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := fn(); err != nil {
-				cancel(fmt.Errorf("%s: %w", name, err))
-			}
-		}()
-	}
+	// Every goroutine below is owned by the group: it ends when ctx is cancelled (signal, or
+	// the first component failing) and is waited for before runServe returns.
+	g, ctx := newRunGroup(ctx)
+	defer g.Stop(nil)
+	cancel, start := g.Stop, g.Go
 	start("xDS push loop", func() error { return srv.Run(ctx) })
 	var listener watcher.Listener = srv
 	if istioRun != nil {
@@ -301,26 +289,16 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}
 	}
 	start("xDS server", func() error {
-		if err := g.Serve(srv.Listener(xdsLis)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := gs.Serve(srv.Listener(xdsLis)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return err
 		}
 		return nil
 	})
 	if httpSrv != nil {
-		start("metrics server", func() error {
-			if err := httpSrv.Serve(metricsLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
+		g.ServeHTTP("metrics server", httpSrv, metricsLis)
 	}
 	if profSrv != nil {
-		start("profiling server", func() error {
-			if err := profSrv.Serve(profLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
+		g.ServeHTTP("profiling server", profSrv, profLis)
 	}
 	start("SIGHUP", func() error {
 		for {
@@ -354,28 +332,14 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 
 	<-ctx.Done()
 	logger.Info("edgeflow serve: shutting down", "reason", context.Cause(ctx))
-	shutdown(g, logger, httpSrv, profSrv)
-	wg.Wait()
-	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
-		return err // run maps bad input to exit 2
-	}
-	return nil
+	stopGRPC(gs)
+	return g.Wait() // run maps bad input to exit 2
 }
 
-// shutdown stops the servers: Run has ended the xDS streams, so the gRPC server drains
+// stopGRPC stops the xDS server: Run has ended the xDS streams, so the gRPC server drains
 // quickly; a hard stop follows after a grace period.
-func shutdown(g *grpc.Server, logger *slog.Logger, httpSrvs ...*http.Server) {
+func stopGRPC(g *grpc.Server) {
 	const grace = 5 * time.Second
-	for _, h := range httpSrvs {
-		if h == nil {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), grace)
-		if err := h.Shutdown(ctx); err != nil {
-			logger.Warn("HTTP server shutdown", "error", err)
-		}
-		cancel()
-	}
 	done := make(chan struct{})
 	go func() { g.GracefulStop(); close(done) }()
 	select {
@@ -452,9 +416,7 @@ type topologySource interface {
 // serveMux serves /metrics, /healthz and /readyz (watcher.ReadyHandler).
 // With Istio DestinationRules, /readyz also says at which granularity they plan.
 func serveMux(reg *prometheus.Registry, srv *xdsserver.Server, cluster *watcher.Cluster, rules *istio.RulesReconciler) *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux := metricsMux(reg)
 	var checks func() []watcher.Check
 	if cluster != nil {
 		checks = cluster.Checks
