@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/edgeflow/edgeflow/internal/clock"
+	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -408,12 +409,7 @@ func newRulesMetrics() *rulesMetrics {
 }
 
 func (m *rulesMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.localities, m.perNode, m.edges, m.deviation} {
-		if err := reg.Register(c); err != nil {
-			return fmt.Errorf("xds/istio: register metrics: %w", err)
-		}
-	}
-	return nil
+	return metrics.Register("xds/istio", reg, m.localities, m.perNode, m.edges, m.deviation)
 }
 
 func (m *rulesMetrics) observe(rep *RulesReport) {

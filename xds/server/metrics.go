@@ -1,11 +1,11 @@
 package server
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeflow/edgeflow/xds"
+
+	edgemetrics "github.com/edgeflow/edgeflow/internal/metrics"
 )
 
 // metrics are the server's Prometheus metrics. Names follow Prometheus conventions:
@@ -110,15 +110,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.pushes.WithLabelValues(t)
 		m.nacks.WithLabelValues(t)
 	}
-	if reg == nil {
-		return m, nil
-	}
-	var errs []error
-	for _, c := range []prometheus.Collector{m.connected, m.connections, m.refused, m.nodes, m.streamsOpened, m.publications, m.rejected, m.suppressed,
-		m.pushes, m.nacks, m.fallbacks, m.steps, m.solve, m.translate, m.push, m.convergence} {
-		errs = append(errs, reg.Register(c))
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := edgemetrics.Register("xds", reg, m.connected, m.connections, m.refused, m.nodes, m.streamsOpened, m.publications, m.rejected, m.suppressed,
+		m.pushes, m.nacks, m.fallbacks, m.steps, m.solve, m.translate, m.push, m.convergence); err != nil {
 		return nil, err
 	}
 	return m, nil
