@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -304,33 +305,22 @@ func CheckRefs(ls []*listener.Listener, rcs []*route.RouteConfiguration, cs []*c
 func RDSNames(ls []*listener.Listener) []string {
 	var out []string
 	for _, l := range ls {
-		for _, fc := range l.GetFilterChains() {
-			for _, f := range fc.GetFilters() {
-				m := &hcm.HttpConnectionManager{}
-				if f.GetTypedConfig() != nil && f.GetTypedConfig().UnmarshalTo(m) == nil && m.GetRds() != nil {
-					out = append(out, m.GetRds().GetRouteConfigName())
-				}
-			}
-		}
+		out = append(out, RouteConfigRefs(l)...)
 	}
 	return out
 }
 
 // routeClusters lists the clusters the route configurations' routes name.
 func routeClusters(rcs []*route.RouteConfiguration) []string {
-	var out []string
+	named := map[string]bool{}
 	for _, rc := range rcs {
-		for _, vh := range rc.GetVirtualHosts() {
-			for _, r := range vh.GetRoutes() {
-				if c := r.GetRoute().GetCluster(); c != "" {
-					out = append(out, c)
-				}
-				for _, wc := range r.GetRoute().GetWeightedClusters().GetClusters() {
-					out = append(out, wc.GetName())
-				}
-			}
-		}
+		ClusterRefs(rc, named)
 	}
+	out := make([]string, 0, len(named))
+	for name := range named {
+		out = append(out, name)
+	}
+	slices.Sort(out)
 	return out
 }
 
@@ -338,14 +328,9 @@ func routeClusters(rcs []*route.RouteConfiguration) []string {
 func EDSNames(cs []*cluster.Cluster) []string {
 	var out []string
 	for _, c := range cs {
-		if c.GetType() != cluster.Cluster_EDS {
-			continue
+		if name := EDSName(c); name != "" {
+			out = append(out, name)
 		}
-		name := c.GetEdsClusterConfig().GetServiceName()
-		if name == "" {
-			name = c.GetName()
-		}
-		out = append(out, name)
 	}
 	return out
 }

@@ -76,7 +76,7 @@ func (m *mirror) has(i int, name string) bool { return m.res[i][name] != nil }
 func (m *mirror) named() map[string]bool {
 	out := map[string]bool{}
 	for _, msg := range m.res[xds.RouteSet] {
-		routeRefs(msg.(*route.RouteConfiguration), out)
+		xds.ClusterRefs(msg.(*route.RouteConfiguration), out)
 	}
 	return out
 }

@@ -23,12 +23,9 @@ import (
 	"slices"
 	"sort"
 
-	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	tcpproxy "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"google.golang.org/protobuf/proto"
@@ -72,7 +69,7 @@ func (s *Server) nextLocked(n *nodeState) [xds.NumSets]xds.Set {
 	if !namesSubset(cur[xds.EndpointSet], next[xds.EndpointSet]) {
 		keep := map[string]bool{}
 		for _, c := range next[xds.ClusterSet].Items {
-			if name := edsName(c); name != "" {
+			if name := xds.EDSName(c); name != "" {
 				keep[name] = true
 			}
 		}
@@ -134,7 +131,7 @@ func (s *Server) holdsNamedLocked(n *nodeState, want *[xds.NumSets]xds.Set) bool
 			continue // not ours to send: waiting for it would wait forever
 		}
 		clusters = append(clusters, name)
-		if e := edsName(c); e != "" && setItem(n.target[xds.EndpointSet], e) != nil {
+		if e := xds.EDSName(c); e != "" && setItem(n.target[xds.EndpointSet], e) != nil {
 			eds = append(eds, e)
 		}
 	}
@@ -240,14 +237,14 @@ func (s *Server) namedLocked(n *nodeState, next *[xds.NumSets]xds.Set) map[strin
 func (s *Server) addRefs(pub *publication, r types.Resource, into map[string]bool) {
 	switch r := r.(type) {
 	case *route.RouteConfiguration:
-		routeRefs(r, into)
+		xds.ClusterRefs(r, into)
 	case *listener.Listener:
 		var refs []string
 		if v, ok := pub.refs.Load(r); ok {
 			refs = v.([]string)
 		} else {
 			m := map[string]bool{}
-			listenerRefs(r, m)
+			xds.ClusterRefs(r, m)
 			for name := range m {
 				refs = append(refs, name)
 			}
@@ -257,81 +254,6 @@ func (s *Server) addRefs(pub *publication, r types.Resource, into map[string]boo
 			into[name] = true
 		}
 	}
-}
-
-func routeRefs(rc *route.RouteConfiguration, into map[string]bool) {
-	for _, vh := range rc.GetVirtualHosts() {
-		for _, rt := range vh.GetRoutes() {
-			a := rt.GetRoute()
-			if a == nil {
-				continue
-			}
-			if c := a.GetCluster(); c != "" {
-				into[c] = true
-			}
-			for _, wc := range a.GetWeightedClusters().GetClusters() {
-				into[wc.GetName()] = true
-			}
-			for _, m := range a.GetRequestMirrorPolicies() {
-				if c := m.GetCluster(); c != "" {
-					into[c] = true
-				}
-			}
-		}
-	}
-}
-
-func listenerRefs(l *listener.Listener, into map[string]bool) {
-	var configs []*hcm.HttpConnectionManager
-	visit := func(typeURL string, unmarshal func(proto.Message) error) {
-		switch typeURL {
-		case "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager":
-			m := &hcm.HttpConnectionManager{}
-			if unmarshal(m) == nil {
-				configs = append(configs, m)
-			}
-		case "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy":
-			t := &tcpproxy.TcpProxy{}
-			if unmarshal(t) != nil {
-				return
-			}
-			if c := t.GetCluster(); c != "" {
-				into[c] = true
-			}
-			for _, wc := range t.GetWeightedClusters().GetClusters() {
-				into[wc.GetName()] = true
-			}
-		}
-	}
-	if a := l.GetApiListener().GetApiListener(); a != nil {
-		visit(a.GetTypeUrl(), a.UnmarshalTo)
-	}
-	chains := append([]*listener.FilterChain{l.GetDefaultFilterChain()}, l.GetFilterChains()...)
-	for _, fc := range chains {
-		for _, f := range fc.GetFilters() {
-			if a := f.GetTypedConfig(); a != nil {
-				visit(a.GetTypeUrl(), a.UnmarshalTo)
-			}
-		}
-	}
-	for _, m := range configs {
-		if rc := m.GetRouteConfig(); rc != nil {
-			routeRefs(rc, into)
-		}
-	}
-}
-
-// edsName is the ClusterLoadAssignment name an EDS cluster takes its endpoints from ("" for
-// other resources and cluster types).
-func edsName(r types.Resource) string {
-	c, ok := r.(*cluster.Cluster)
-	if !ok || c.GetType() != cluster.Cluster_EDS {
-		return ""
-	}
-	if n := c.GetEdsClusterConfig().GetServiceName(); n != "" {
-		return n
-	}
-	return c.GetName()
 }
 
 // setItem returns the resource of set with the given name, or nil. Set items are sorted by
