@@ -11,7 +11,7 @@ import (
 )
 
 // NodeKind is the kind of xDS client behind a node. It decides which resources the node gets
-// (DESIGN.md, "Integration modes"); the weights are the same for every kind.
+// (docs/architecture.md, "Integration modes"); the weights are the same for every kind.
 type NodeKind uint8
 
 const (

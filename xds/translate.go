@@ -22,7 +22,8 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
-// Encoding says how per-caller weights are written on the wire (DESIGN.md, "The wire encoding").
+// Encoding says how per-caller weights are written on the wire (docs/architecture.md, "The wire
+// encoding").
 type Encoding string
 
 const (

@@ -152,7 +152,7 @@ func TestTranslateGolden(t *testing.T) {
 	}
 }
 
-// checkInvariants holds every node of tr to the clients' validators (reference/README.md):
+// checkInvariants holds every node of tr to the rules grpc-go's and Envoy's xDS validators apply:
 // no weight 0, unique localities and addresses per priority, contiguous priorities, weight
 // sums within uint32, routes only to clusters in the node's snapshot, and ValidateAll.
 func checkInvariants(t *testing.T, tr *Translation) {

@@ -30,7 +30,7 @@ func init() { subcommands = append(subcommands, newDemoCommand) }
 // The demo's default scenario. The bundled Bookinfo topology puts 3–4 pods of each service on
 // 4 nodes with scenario A's round-trip times (4–12 ms between nodes). The knobs are chosen as a
 // reader would size such a deployment, not tuned to a result:
-//   - 300 req/s is the top load level of the paper's Bookinfo runs (EXPERIMENT.md: 100, 200,
+//   - 300 req/s is the top load level of the paper's Bookinfo runs (the paper's rates: 100, 200,
 //     300 RPS), where it saw Localization collapse.
 //   - One worker per pod (a pod limited to one CPU serving CPU-bound requests) with a 6 ms mean
 //     exponential service time gives each pod a capacity of ~167 req/s. A balanced share is 100 req/s for productpage, details and ratings (3 pods)

@@ -2,10 +2,10 @@ package server
 
 // Push fan-out benchmarks: edgeflow's end-to-end path (Update → solve → translate →
 // SetSnapshot → every affected client's ACK) side by side with the bare go-control-plane
-// SnapshotCache push of reference/xdsbench (build + SetSnapshot → every client's ACK), same N
+// SnapshotCache push (build + SetSnapshot → every client's ACK, as e2e/pushbench/bare), same N
 // fake ADS clients (one gRPC connection each, EDS only, loopback), same K endpoints.
 //
-//	go test ./xds -run '^$' -bench 'BenchmarkPush' -benchtime 7x -timeout 60m
+//	go test ./xds/server -run '^$' -bench 'BenchmarkPush' -benchtime 7x -timeout 60m
 //
 // Each benchmark iteration is one push round; besides ns/op (the mean), p50-ms is the median
 // round, and B/sidecar is the heap growth per connected fake sidecar (server and client side
@@ -39,7 +39,7 @@ import (
 	"github.com/edgeflow/edgeflow/xds"
 )
 
-// benchK is the number of endpoints per ClusterLoadAssignment, as in reference/xdsbench.
+// benchK is the number of endpoints per ClusterLoadAssignment (as e2e/pushbench's calleePods).
 const benchK = 50
 
 // fleet is N fake ADS clients, each on its own gRPC connection, subscribed to EDS names.
@@ -178,7 +178,7 @@ func BenchmarkPush(b *testing.B) {
 	b.Run("one-service/N=1000", func(b *testing.B) { benchOneService(b, 1000) })
 }
 
-// benchCLA is reference/xdsbench's ClusterLoadAssignment: K endpoints with random weights.
+// benchCLA is the bare push's ClusterLoadAssignment: K endpoints with random weights.
 func benchCLA(k int, r *rand.Rand) *endpoint.ClusterLoadAssignment {
 	eps := make([]*endpoint.LbEndpoint, k)
 	for i := range eps {

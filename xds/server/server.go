@@ -225,7 +225,9 @@ func New(cfg Config) (*Server, error) {
 	//
 	// ads=false: a node's snapshot holds every servable service, and each client asks only for
 	// the ones it uses; in ADS mode the cache would hold responses until a request named every
-	// resource of the type (reference/README.md). Responses are filtered to the requested names.
+	// resource of the type (go-control-plane's ADS mode waits for the full set of names before
+	// it answers; a grpc-go client asks for one service at a time). Responses are filtered to
+	// the requested names.
 	//
 	// The snapshot cache is sharded by node id: one cache serialises every SetSnapshot of a
 	// publication with every client's request (CreateDeltaWatch) on a single mutex, which
