@@ -20,7 +20,8 @@
 //     requests and responses of SOTW and delta streams.
 //   - sotw.go: the SOTW watches (CreateWatch and Fetch) answered from the node's state.
 //   - identity.go: the pod identity a client's certificate proves against the one its node id
-//     claims; limits.go: the bounds on connections, streams and requests; metrics.go; log.go.
+//     claims; limits.go: the bounds on connections, streams and requests; grace.go: the
+//     removal grace; metrics.go; log.go.
 //
 // Goroutines: Run owns the debounce loop and every publication (publish runs on it, one at a
 // time); go-control-plane runs one goroutine per stream, which call the callbacks and watches.
