@@ -20,8 +20,8 @@ import (
 	xdsfake "istio.io/istio/pilot/test/xds"
 
 	"github.com/edgeflow/edgeflow/optimizer"
-	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 	efistio "github.com/edgeflow/edgeflow/xds/istio"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 // bookinfoCorner is the topology edgeflow's watcher would report for kubeObjects with both
