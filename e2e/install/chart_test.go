@@ -102,6 +102,10 @@ func TestChartOnTheAPIServer(t *testing.T) {
 				t.Fatalf("the API server refused the chart: %v", err)
 			}
 			t.Logf("%d objects accepted: %v", len(objs), kinds)
+			// The listing of every kind sees them (so that it would see one left behind).
+			if n := len(leftovers(before, cl.snapshot(ctx, t))); n < len(objs) {
+				t.Fatalf("the listing of every kind finds %d new objects, want at least the %d created", n, len(objs))
+			}
 			if err := cl.remove(ctx, objs); err != nil {
 				t.Fatal(err)
 			}

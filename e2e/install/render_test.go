@@ -98,7 +98,13 @@ func renderRaw(t *testing.T, values map[string]any) ([]byte, error) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := filepath.Join(t.TempDir(), "values.yaml")
+		// helm splits --values at commas, which t.TempDir's subtest names may hold
+		dir, err := os.MkdirTemp("", "edgeflow-values-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		f := filepath.Join(dir, "values.yaml")
 		if err := os.WriteFile(f, raw, 0o600); err != nil {
 			t.Fatal(err)
 		}
