@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -74,8 +75,9 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Pod addresses on loopback, so the test's gRPC servers can stand in for the pods.
-	kubeapi.RunFakeKubelet(ctx, t, cs, kubeapi.FakeKubeletOptions{Namespaces: []string{appNS}, PodCIDR: "127.0.1.0/24"})
+	// Pod addresses from 198.18.2.0/24 (EndpointSlices refuse loopback); the test's client
+	// dials each pod's address at a loopback server standing in for the pod.
+	kubeapi.RunFakeKubelet(ctx, t, cs, kubeapi.FakeKubeletOptions{Namespaces: []string{appNS}})
 	a := &apps{t: t, ctx: ctx, cs: cs}
 	a.badLayout()
 	time.Sleep(2 * time.Second) // kube-root-ca.crt and the default ServiceAccounts of the new namespaces
@@ -91,7 +93,7 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 		"defaultLatencyMs": 10,
 		"xds":              map[string]any{"tls": map[string]any{"enabled": false}},
 		"istio":            map[string]any{"mode": "destinationrule", "labelNodes": true},
-		"rebalancer":       map[string]any{"mode": "act", "period": "3s", "minAge": "0s"},
+		"rebalancer":       map[string]any{"mode": "act", "period": "3s", "minAge": "1s"},
 		"webhook":          map[string]any{"certificate": "secret", "caBundle": base64.StdEncoding.EncodeToString(webhookCert)},
 	}
 	objs := render(t, values)
@@ -126,7 +128,7 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 	stopBackends := a.serveBackends()
 	defer stopBackends()
 	front := a.podsOf("frontend")[0].Name + "." + appNS
-	served := callOverXDS(t, addrs["xds"], front, "backend."+appNS)
+	served := callOverXDS(t, addrs["xds"], front, "backend."+appNS, a.dial)
 	t.Logf("xDS: %s reached %s through edgeflow's weights", front, served)
 
 	// Istio: the node labels and a DestinationRule for frontend → backend.
@@ -151,6 +153,11 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 
 	// The rebalancer: a pod evicted and its replacement placed through the gate.
 	var placed string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("edgeflow's rebalancer metrics:\n%s", grepLines(metricsText(addrs["metrics"]), "edgeflow_rebalance_"))
+		}
+	})
 	a.eventually(120*time.Second, "a replacement placed on its planned node", func() bool {
 		for _, app := range []string{"frontend", "backend"} {
 			for _, p := range a.podsOf(app) {
@@ -230,7 +237,20 @@ type apps struct {
 	cs  kubernetes.Interface
 
 	mu      sync.Mutex
-	servers map[string]*grpc.Server // pod IP → its stand-in server
+	servers map[string]*grpc.Server // POD_IP:PORT → its stand-in server
+	local   map[string]string       // POD_IP:PORT → the stand-in's loopback address
+}
+
+// dial reaches a pod's address at its stand-in server.
+func (a *apps) dial(ctx context.Context, addr string) (net.Conn, error) {
+	a.mu.Lock()
+	local, ok := a.local[addr]
+	a.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("no pod serves %s", addr)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", local)
 }
 
 func (a *apps) badLayout() {
@@ -487,7 +507,15 @@ func runEdgeflow(t *testing.T, bin string, args []string, env []corev1.EnvVar, k
 			f.Close()
 		})
 	}
-	t.Cleanup(stop)
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			if b, err := os.ReadFile(logFile); err == nil {
+				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+				t.Logf("edgeflow's log (last 80 lines):\n%s", strings.Join(lines[max(0, len(lines)-80):], "\n"))
+			}
+		}
+	})
 	return stop
 }
 
@@ -519,9 +547,9 @@ func (e echo) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.Sim
 	return &testgrpc.SimpleResponse{ServerId: e.pod}, nil
 }
 
-// serveBackends serves a gRPC stand-in on POD_IP:9000 for every backend pod, as pods come.
+// serveBackends serves a gRPC stand-in for POD_IP:9000 of every backend pod, as pods come.
 func (a *apps) serveBackends() (stop func()) {
-	a.servers = map[string]*grpc.Server{}
+	a.servers, a.local = map[string]*grpc.Server{}, map[string]string{}
 	ctx, cancel := context.WithCancel(a.ctx)
 	done := make(chan struct{})
 	go func() {
@@ -531,12 +559,13 @@ func (a *apps) serveBackends() (stop func()) {
 				if p.Status.PodIP == "" {
 					continue
 				}
+				addr := net.JoinHostPort(p.Status.PodIP, fmt.Sprint(appPort))
 				a.mu.Lock()
-				if a.servers[p.Status.PodIP] == nil {
-					if l, err := net.Listen("tcp", net.JoinHostPort(p.Status.PodIP, fmt.Sprint(appPort))); err == nil {
+				if a.servers[addr] == nil {
+					if l, err := net.Listen("tcp", "127.0.0.1:0"); err == nil {
 						s := grpc.NewServer()
 						testgrpc.RegisterTestServiceServer(s, echo{pod: p.Name})
-						a.servers[p.Status.PodIP] = s
+						a.servers[addr], a.local[addr] = s, l.Addr().String()
 						go func() { _ = s.Serve(l) }()
 					}
 				}
@@ -561,7 +590,7 @@ func (a *apps) serveBackends() (stop func()) {
 
 // callOverXDS dials xds:///target as node with a real grpc-go xDS client and returns the pod
 // that answered the first successful call.
-func callOverXDS(t *testing.T, xdsAddr, node, target string) string {
+func callOverXDS(t *testing.T, xdsAddr, node, target string, dial func(context.Context, string) (net.Conn, error)) string {
 	t.Helper()
 	bootstrap, err := json.Marshal(map[string]any{
 		"xds_servers": []any{map[string]any{"server_uri": xdsAddr,
@@ -575,7 +604,8 @@ func callOverXDS(t *testing.T, xdsAddr, node, target string) string {
 	if b, err = xdsresolver.NewXDSResolverWithConfigForTesting(bootstrap); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient("xds:///"+target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(b))
+	conn, err := grpc.NewClient("xds:///"+target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(b),
+		grpc.WithContextDialer(dial))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -713,4 +743,14 @@ func grepLines(s, word string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+func metricsText(addr string) string {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }
