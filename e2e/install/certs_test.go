@@ -11,7 +11,6 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 )
@@ -46,27 +45,15 @@ func selfSigned(t *testing.T, cn string, hosts []string) (certPEM, keyPEM []byte
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 }
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-	buildOut  []byte
-)
-
-// buildEdgeflow builds the edgeflow command once per test binary and returns its path.
+// buildEdgeflow builds the edgeflow command into the test's temporary folder (Go's build
+// cache makes a second build a link) and returns its path.
 func buildEdgeflow(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		buildDir, buildErr = makeTempDir()
-		if buildErr != nil {
-			return
-		}
-		cmd := exec.Command("go", "build", "-o", filepath.Join(buildDir, "edgeflow"), "./cmd/edgeflow")
-		cmd.Dir = repoRoot()
-		buildOut, buildErr = cmd.CombinedOutput()
-	})
-	if buildErr != nil {
-		t.Fatalf("go build ./cmd/edgeflow: %v\n%s", buildErr, buildOut)
+	bin := filepath.Join(t.TempDir(), "edgeflow")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/edgeflow")
+	cmd.Dir = repoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/edgeflow: %v\n%s", err, out)
 	}
-	return filepath.Join(buildDir, "edgeflow")
+	return bin
 }

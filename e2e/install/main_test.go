@@ -1,17 +1,10 @@
 package install
 
 import (
-	"os"
 	"testing"
+
+	"github.com/edgeflow/edgeflow/e2e/testbed"
 )
 
-func makeTempDir() (string, error) { return os.MkdirTemp("", "edgeflow-install-") }
-
-// TestMain removes the edgeflow binary built for the tests.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
-}
+// TestMain fails the run if a process or goroutine a test started is still running.
+func TestMain(m *testing.M) { testbed.VerifyMain(m, "install") }

@@ -119,7 +119,9 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 	a.pointWebhookAt(addrs["webhook"], webhookCert)
 	kubeconfig := a.tokenKubeconfig(c.Config.Host)
 	logFile := filepath.Join(t.TempDir(), "edgeflow.log")
-	stop := runEdgeflow(t, buildEdgeflow(t), args, ctr.Env, kubeconfig, logFile)
+	bin := buildEdgeflow(t)
+	started := time.Now()
+	stop := runEdgeflow(t, bin, args, ctr.Env, kubeconfig, logFile)
 	t.Logf("edgeflow %s", strings.Join(args, " "))
 
 	waitHTTP(t, "http://"+addrs["metrics"]+"/readyz", 60*time.Second)
@@ -128,7 +130,8 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 	stopBackends := a.serveBackends()
 	defer stopBackends()
 	front := a.podsOf("frontend")[0].Name + "." + appNS
-	served := callOverXDS(t, addrs["xds"], front, "backend."+appNS, a.dial)
+	client := xdsClient(t, addrs["xds"], front, "backend."+appNS, a.dial)
+	served := firstCall(t, client, addrs["xds"])
 	t.Logf("xDS: %s reached %s through edgeflow's weights", front, served)
 
 	// Istio: the node labels and a DestinationRule for frontend → backend.
@@ -169,8 +172,24 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 		}
 		return false
 	})
-	t.Logf("moved: %s", placed)
+	t.Logf("moved: %s, %v after edgeflow started (rebalancer period 3 s)", placed, time.Since(started).Round(100*time.Millisecond))
 	stop()
+
+	// edgeflow down: the client keeps its last configuration and keeps calling.
+	failed := 0
+	const calls = 50
+	for range calls {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if _, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}); err != nil {
+			failed++
+		}
+		cancel()
+		time.Sleep(20 * time.Millisecond)
+	}
+	if failed > 0 {
+		t.Errorf("with edgeflow stopped, %d of %d RPCs failed", failed, calls)
+	}
+	t.Logf("edgeflow stopped: %d of %d RPCs failed", failed, calls)
 
 	log, err := os.ReadFile(logFile)
 	if err != nil {
@@ -204,7 +223,7 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 	if err := cs.CoreV1().Secrets(namespace).Delete(ctx, "edgeflow-webhook-tls", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(buildEdgeflow(t), "uninstall", "--kubeconfig", c.Kubeconfig).CombinedOutput(); err != nil {
+	if out, err := exec.Command(bin, "uninstall", "--kubeconfig", c.Kubeconfig).CombinedOutput(); err != nil {
 		t.Fatalf("edgeflow uninstall: %v\n%s", err, out)
 	} else {
 		t.Logf("edgeflow uninstall: %s", strings.TrimSpace(string(out)))
@@ -588,9 +607,9 @@ func (a *apps) serveBackends() (stop func()) {
 	}
 }
 
-// callOverXDS dials xds:///target as node with a real grpc-go xDS client and returns the pod
-// that answered the first successful call.
-func callOverXDS(t *testing.T, xdsAddr, node, target string, dial func(context.Context, string) (net.Conn, error)) string {
+// xdsClient is a real grpc-go xDS client with node id node, dialing xds:///target (pod
+// addresses through dial); its connection closes at the test's end.
+func xdsClient(t *testing.T, xdsAddr, node, target string, dial func(context.Context, string) (net.Conn, error)) testgrpc.TestServiceClient {
 	t.Helper()
 	bootstrap, err := json.Marshal(map[string]any{
 		"xds_servers": []any{map[string]any{"server_uri": xdsAddr,
@@ -609,8 +628,13 @@ func callOverXDS(t *testing.T, xdsAddr, node, target string, dial func(context.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	client := testgrpc.NewTestServiceClient(conn)
+	t.Cleanup(func() { conn.Close() })
+	return testgrpc.NewTestServiceClient(conn)
+}
+
+// firstCall returns the pod that answered the client's first successful call.
+func firstCall(t *testing.T, client testgrpc.TestServiceClient, xdsAddr string) string {
+	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -620,7 +644,7 @@ func callOverXDS(t *testing.T, xdsAddr, node, target string, dial func(context.C
 			return resp.GetServerId()
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no RPC to %s over xDS from %s within 60s: %v", target, xdsAddr, err)
+			t.Fatalf("no RPC over xDS from %s within 60s: %v", xdsAddr, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -291,16 +291,18 @@ func moduleDir(t *testing.T, module string) string {
 	return info.Dir
 }
 
-// istioCRDs is Istio's crd-all.gen.yaml from the istio.io/istio module e2e/istio builds against.
+// istioCRDs is Istio's crd-all.gen.yaml from the istio.io/istio module e2e/istio builds
+// against (downloaded through the module proxy if the cache lacks it).
 func istioCRDs(t *testing.T) string {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/istio")
+	cmd := exec.Command("go", "mod", "download", "-json", "istio.io/istio")
 	cmd.Dir = filepath.Join(repoRoot(), "e2e", "istio")
 	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go list -m istio.io/istio (in e2e/istio): %v", err)
+	var info struct{ Dir, Error string }
+	if jerr := json.Unmarshal(out, &info); err != nil || jerr != nil || info.Dir == "" {
+		t.Fatalf("go mod download istio.io/istio (in e2e/istio): %v %s", err, info.Error)
 	}
-	return filepath.Join(strings.TrimSpace(string(out)), "manifests", "charts", "base", "files", "crd-all.gen.yaml")
+	return filepath.Join(info.Dir, "manifests", "charts", "base", "files", "crd-all.gen.yaml")
 }
 
 // installAllCRDs installs Istio's, the Prometheus Operator's (PodMonitor, ScrapeConfig) and
