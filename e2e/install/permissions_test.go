@@ -31,6 +31,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
@@ -108,21 +109,12 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 		t.Fatalf("the API server refused the chart: %v", err)
 	}
 
-	// The container as the kubelet would run it: the rendered arguments, the volumes' contents
-	// in folders standing in for their mount paths, the ServiceAccount's token.
-	var dep appsv1.Deployment
-	convert(t, find(t, objs, "Deployment", release), &dep)
-	ctr := dep.Spec.Template.Spec.Containers[0]
-	args, addrs := a.containerArgs(ctr, dep.Spec.Template.Spec.Volumes)
-	// The API server reaches the webhook through its Service; here, at the address the
-	// process listens on (kube-proxy's part).
-	a.pointWebhookAt(addrs["webhook"], webhookCert)
-	kubeconfig := a.tokenKubeconfig(c.Config.Host)
-	logFile := filepath.Join(t.TempDir(), "edgeflow.log")
-	bin := buildEdgeflow(t)
-	started := time.Now()
-	stop := runEdgeflow(t, bin, args, ctr.Env, kubeconfig, logFile)
-	t.Logf("edgeflow %s", strings.Join(args, " "))
+	r := a.launch(objs, c.Config.Host, func(addrs map[string]string) {
+		// The API server reaches the webhook through its Service; here, at the address the
+		// process listens on (kube-proxy's part).
+		a.pointWebhookAt(addrs["webhook"], webhookCert)
+	})
+	addrs, started, stop, bin := r.addrs, r.started, r.stop, r.bin
 
 	waitHTTP(t, "http://"+addrs["metrics"]+"/readyz", 60*time.Second)
 
@@ -191,29 +183,7 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 	}
 	t.Logf("edgeflow stopped: %d of %d RPCs failed", failed, calls)
 
-	log, err := os.ReadFile(logFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(strings.ToLower(string(log)), "forbidden") {
-		t.Errorf("edgeflow's log names a forbidden request:\n%s", grepLines(string(log), "forbidden"))
-	}
-	used := auditedRequests(t, c.AuditLog)
-	grants := granted(t, objs)
-	var unused []string
-	for _, g := range grants {
-		if !used[g] {
-			unused = append(unused, g)
-		}
-	}
-	t.Logf("requests edgeflow made (audit log): %v", sortedSet(used))
-	t.Logf("granted but not exercised in this run: %v", unused)
-	for g := range used {
-		if !slices.Contains(grants, g) && !strings.HasPrefix(g, "nonResource") {
-			t.Errorf("edgeflow made a request the chart does not grant: %s", g)
-		}
-	}
-
+	grants := a.checkRequests(r, objs, c.AuditLog)
 	a.accessReviews(grants)
 
 	// helm uninstall, then edgeflow uninstall: nothing left but the application's churn.
@@ -777,4 +747,64 @@ func metricsText(addr string) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// run is one edgeflow process started as the chart's container.
+type run struct {
+	bin, logFile string
+	addrs        map[string]string // xds, metrics, webhook
+	started      time.Time
+	stop         func()
+}
+
+// launch runs the rendered Deployment's container as the kubelet would: the rendered
+// arguments, the volumes' contents in folders standing in for their mount paths, a token of
+// the chart's ServiceAccount. before runs once the addresses are known, before the start. It
+// returns once /readyz answers 200.
+func (a *apps) launch(objs []*unstructured.Unstructured, server string, before func(addrs map[string]string)) *run {
+	t := a.t
+	var dep appsv1.Deployment
+	convert(t, find(t, objs, "Deployment", release), &dep)
+	ctr := dep.Spec.Template.Spec.Containers[0]
+	args, addrs := a.containerArgs(ctr, dep.Spec.Template.Spec.Volumes)
+	if before != nil {
+		before(addrs)
+	}
+	kubeconfig := a.tokenKubeconfig(server)
+	r := &run{bin: buildEdgeflow(t), logFile: filepath.Join(t.TempDir(), "edgeflow.log"), addrs: addrs}
+	r.started = time.Now()
+	r.stop = runEdgeflow(t, r.bin, args, ctr.Env, kubeconfig, r.logFile)
+	t.Logf("edgeflow %s", strings.Join(args, " "))
+	waitHTTP(t, "http://"+addrs["metrics"]+"/readyz", 60*time.Second)
+	return r
+}
+
+// checkRequests (after r stopped) fails on "forbidden" in the log, a 403 in the audit log or a
+// request beyond the rendered grants, logs which grants the run used and which not, and
+// returns the grants.
+func (a *apps) checkRequests(r *run, objs []*unstructured.Unstructured, auditLog string) []string {
+	t := a.t
+	log, err := os.ReadFile(r.logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(strings.ToLower(string(log)), "forbidden") {
+		t.Errorf("edgeflow's log names a forbidden request:\n%s", grepLines(string(log), "forbidden"))
+	}
+	used := auditedRequests(t, auditLog)
+	grants := granted(t, objs)
+	var unused []string
+	for _, g := range grants {
+		if !used[g] {
+			unused = append(unused, g)
+		}
+	}
+	t.Logf("requests edgeflow made (audit log): %v", sortedSet(used))
+	t.Logf("granted but not exercised in this run: %v", unused)
+	for g := range used {
+		if !slices.Contains(grants, g) && !strings.HasPrefix(g, "nonResource") {
+			t.Errorf("edgeflow made a request the chart does not grant: %s", g)
+		}
+	}
+	return grants
 }
