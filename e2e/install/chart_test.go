@@ -122,15 +122,11 @@ func TestChartOnTheAPIServer(t *testing.T) {
 // (rebalancer.PolicyRules, which e2e/rebalance runs with), less the reads every mode has.
 func TestRebalancerRulesAreTheChartsRules(t *testing.T) {
 	acting, reading := expected(features{rebalance: true, act: true}), expected(features{})
-	var chart []string
-	for _, g := range acting {
-		chart = append(chart, g)
-	}
 	code := flatten(rebalancer.PolicyRules())
 	// Every rule the rebalancer's list holds is granted when it acts, and every grant of the
 	// acting chart beyond the read-only one is in its list.
 	for _, g := range code {
-		if !contains(chart, g) {
+		if !contains(acting, g) {
 			t.Errorf("rebalancer.PolicyRules grants %s; the chart with rebalancer.mode=act does not", g)
 		}
 	}
@@ -282,6 +278,20 @@ func TestBadValuesNamed(t *testing.T) {
 		_, err := renderRaw(t, tc.values)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("values %v: error %v, want one naming %q", tc.values, err, tc.want)
+		}
+	}
+}
+
+// The README and the chart's README list the permission table as the test knows it.
+func TestPermissionTableInTheREADMEs(t *testing.T) {
+	table := permissionTable()
+	for _, f := range []string{"README.md", filepath.Join("install", "helm", "edgeflow", "README.md")} {
+		b, err := os.ReadFile(filepath.Join(repoRoot(), f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), table) {
+			t.Errorf("%s does not hold the permission table; it is:\n%s", f, table)
 		}
 	}
 }
