@@ -2,6 +2,7 @@ package install
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"os"
 	"os/exec"
@@ -74,7 +75,9 @@ func variants(t *testing.T) []variant {
 // (helm uninstall) then edgeflow uninstall leaves no object of any kind behind.
 func TestChartOnTheAPIServer(t *testing.T) {
 	c, cl := startAPIServer(t, kubeapi.Options{})
-	ctx := kubeapi.Context(t)
+	// eight renderings, each listed kind by kind: minutes under -race on a busy machine
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
 	installAllCRDs(ctx, t, cl)
 	for _, ns := range []string{namespace, "istio-system", "shop", "web"} {
 		if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
