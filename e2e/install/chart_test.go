@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -296,5 +297,42 @@ func TestPermissionTableInTheREADMEs(t *testing.T) {
 		if !strings.Contains(string(b), table) {
 			t.Errorf("%s does not hold the permission table; it is:\n%s", f, table)
 		}
+	}
+}
+
+// Without latencyProbes.nodes, helm install (here helm template --dry-run=server, which runs
+// the same lookup against the cluster) probes every ordered pair of the cluster's Nodes, by
+// name and InternalIP.
+func TestProbeNodesLookedUp(t *testing.T) {
+	c, _ := startAPIServer(t, kubeapi.Options{})
+	ctx := kubeapi.Context(t)
+	for i, n := range []string{"edge-1", "edge-2"} {
+		if _, err := kubeapi.CreateNode(ctx, c.Client, kubeapi.NodeSpec{Name: n, Address: fmt.Sprintf("10.0.0.%d", i+1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := renderRaw(t, nil, "--dry-run=server", "--kubeconfig", c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _, _ := unstructuredString(find(t, decodeAll(t, out), "ConfigMap", release+"-scrape-config").Object, "data", "scrape_configs.yml")
+	var cfg struct {
+		ScrapeConfigs []struct {
+			StaticConfigs []struct {
+				Targets []string          `json:"targets"`
+				Labels  map[string]string `json:"labels"`
+			} `json:"static_configs"`
+		} `json:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, sc := range cfg.ScrapeConfigs[0].StaticConfigs {
+		got = append(got, fmt.Sprintf("%s→%s %v via %s", sc.Labels["source_node"], sc.Labels["target_node"], sc.Targets, sc.Labels["__tmp_exporter"]))
+	}
+	want := []string{"edge-1→edge-2 [10.0.0.2] via 10.0.0.1:9115", "edge-2→edge-1 [10.0.0.1] via 10.0.0.2:9115"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("probe pairs from the cluster's Nodes (-want +got):\n%s", diff)
 	}
 }

@@ -90,7 +90,7 @@ func render(t *testing.T, values map[string]any) []*unstructured.Unstructured {
 	return decodeAll(t, out)
 }
 
-func renderRaw(t *testing.T, values map[string]any) ([]byte, error) {
+func renderRaw(t *testing.T, values map[string]any, extra ...string) ([]byte, error) {
 	t.Helper()
 	args := []string{"template", release, filepath.Join(repoRoot(), "install", "helm", "edgeflow"), "--namespace", namespace, "--kube-version", kubeVersion}
 	if values != nil {
@@ -110,6 +110,7 @@ func renderRaw(t *testing.T, values map[string]any) ([]byte, error) {
 		}
 		args = append(args, "--values", f)
 	}
+	args = append(args, extra...)
 	cmd := exec.Command(helmBinary(t), args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
