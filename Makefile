@@ -4,9 +4,13 @@ GO          ?= go
 CACHE       ?= $(HOME)/.cache/edgeflow
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(CACHE)/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+HELM_VERSION := v3.22.0
+HELM        := $(CACHE)/bin/helm-$(HELM_VERSION)/helm
+# the Kubernetes version helm template renders for (a helm built with go install assumes v1.20)
+KUBE_VERSION := v1.37.2
 FUZZTIME    ?= 20s
 
-.PHONY: all build demo test lint k8s unit e2e-istio fuzz bench bench-solver bench-push clean
+.PHONY: all build demo test lint k8s helm manifests unit e2e-istio fuzz bench bench-solver bench-push clean
 
 all: build
 
@@ -19,8 +23,8 @@ demo:
 	$(GO) run ./cmd/edgeflow demo
 
 ## test: formatting, vet, staticcheck, go.mod tidy, then every test with the race detector
-## (the live tests need the Kubernetes control plane binaries: built once, cached; see k8s)
-test: lint k8s unit e2e-istio
+## (the live tests need the Kubernetes control plane binaries and helm: built once, cached; see k8s, helm)
+test: lint k8s helm unit e2e-istio
 
 ## e2e-istio: Istio's own pilot (in-process, the separate module e2e/istio) decides whether the
 ## EnvoyFilters edgeflow manages work (cold build ~8 min on 2 cores, cached by Go afterwards)
@@ -31,6 +35,18 @@ e2e-istio:
 ## into $(CACHE)/k8s-VERSION (cold: ~14 min on 2 cores; cached: instant)
 k8s:
 	EDGEFLOW_CACHE=$(CACHE) e2e/k8s/build.sh
+
+## helm: build Helm $(HELM_VERSION) from the Go module proxy into $(CACHE)/bin (cold ~5 min on 2 cores;
+## cached: instant); e2e/install renders the chart with it
+helm: $(HELM)
+
+$(HELM):
+	GOBIN=$(dir $(HELM)) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+## manifests: install/manifests/edgeflow.yaml, the chart rendered with its default values
+## (e2e/install's TestManifestsUpToDate fails when it is stale)
+manifests: $(HELM)
+	$(HELM) template edgeflow install/helm/edgeflow --namespace edgeflow --kube-version $(KUBE_VERSION) > install/manifests/edgeflow.yaml
 
 # Tests that measure timing or allocations skip under the race detector (it slows them ~10x);
 # they run again without it, so every test runs once.

@@ -26,17 +26,9 @@ import (
 	"github.com/edgeflow/edgeflow/rebalancer"
 )
 
-// rebalancerRules is what the rebalancer needs (the install's ClusterRole, less nothing).
-func rebalancerRules() []rbacv1.PolicyRule {
-	return []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "patch", "delete"}},
-		{APIGroups: []string{""}, Resources: []string{"pods/eviction"}, Verbs: []string{"create"}},
-		{APIGroups: []string{""}, Resources: []string{"nodes", "services"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "create", "update"}},
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
-		{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch", "update"}},
-	}
-}
+// rebalancerRules is what the rebalancer needs: the rules the chart grants when it acts
+// (install/helm/edgeflow, checked against these by e2e/install).
+func rebalancerRules() []rbacv1.PolicyRule { return rebalancer.PolicyRules() }
 
 // without returns rules less one verb on one resource.
 func without(rules []rbacv1.PolicyRule, resource, verb string) []rbacv1.PolicyRule {

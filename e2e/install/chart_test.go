@@ -1,0 +1,338 @@
+package install
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/e2e/testbed"
+	"github.com/edgeflow/edgeflow/rebalancer"
+)
+
+// variant is one rendering of the chart: its values and the RBAC features they switch on.
+type variant struct {
+	name   string
+	values map[string]any
+	f      features
+}
+
+// probeNodes are the nodes a variant lists for the latency probes.
+var probeNodes = []any{
+	map[string]any{"name": "edge-1", "address": "10.0.0.1"},
+	map[string]any{"name": "edge-2", "address": "10.0.0.2"},
+	map[string]any{"name": "edge-3", "address": "10.0.0.3"},
+}
+
+func variants(t *testing.T) []variant {
+	caPEM, _ := selfSigned(t, "webhook-ca", nil)
+	return []variant{
+		{"defaults", nil, features{rebalance: true}},
+		{"rebalancer off", map[string]any{"rebalancer": map[string]any{"mode": "off"}}, features{}},
+		{"rebalancer acting, webhook certificate by cert-manager", map[string]any{"rebalancer": map[string]any{"mode": "act"}},
+			features{rebalance: true, act: true}},
+		{"rebalancer acting, webhook certificate from a Secret", map[string]any{"rebalancer": map[string]any{"mode": "act"},
+			"webhook": map[string]any{"certificate": "secret", "caBundle": base64.StdEncoding.EncodeToString(caPEM)}},
+			features{rebalance: true, act: true}},
+		{"istio destinationrule, node labels", map[string]any{"istio": map[string]any{"mode": "destinationrule", "labelNodes": true}},
+			features{rebalance: true, dr: true, labelNodes: true}},
+		{"istio envoyfilter", map[string]any{"istio": map[string]any{"mode": "envoyfilter"}}, features{rebalance: true, ef: true}},
+		{"prometheus operator, nodes listed, xds certificate by cert-manager", map[string]any{
+			"scrape":        map[string]any{"operator": true},
+			"latencyProbes": map[string]any{"nodes": probeNodes},
+			"xds":           map[string]any{"tls": map[string]any{"certManager": map[string]any{"enabled": true, "issuerRef": map[string]any{"name": "mesh-ca"}}}},
+		}, features{rebalance: true}},
+		{"watched namespaces, call graph, plaintext xds, everything on", map[string]any{
+			"watch":            map[string]any{"namespaces": []any{"shop", "web"}},
+			"prometheus":       map[string]any{"url": ""},
+			"callGraph":        map[string]any{"calls": []any{map[string]any{"from": "web.shop", "to": "api.shop"}}, "ingress": []any{map[string]any{"service": "web.shop", "rps": 100}}},
+			"defaultLatencyMs": 10,
+			"xds":              map[string]any{"tls": map[string]any{"enabled": false}},
+			"rebalancer":       map[string]any{"mode": "act"},
+			"istio":            map[string]any{"mode": "destinationrule"},
+			"scrape":           map[string]any{"operator": true},
+			"antiAffinity":     "preferred",
+		}, features{rebalance: true, act: true, dr: true, namespaced: true}},
+	}
+}
+
+// Every rendering of the chart — the defaults and each switch — is accepted by the real
+// kube-apiserver (with Istio's, the Prometheus Operator's and cert-manager's CRDs), grants
+// exactly the permission table's rules for its features, and deleting what was rendered
+// (helm uninstall) then edgeflow uninstall leaves no object of any kind behind.
+func TestChartOnTheAPIServer(t *testing.T) {
+	c, cl := startAPIServer(t, kubeapi.Options{})
+	// eight renderings, each listed kind by kind: minutes under -race on a busy machine
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
+	installAllCRDs(ctx, t, cl)
+	for _, ns := range []string{namespace, "istio-system", "shop", "web"} {
+		if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	edgeflow := buildEdgeflow(t)
+	before := cl.snapshot(ctx, t)
+	for _, v := range variants(t) {
+		t.Run(v.name, func(t *testing.T) {
+			objs := render(t, v.values)
+			if got, want := granted(t, objs), expected(v.f); !reflect.DeepEqual(got, want) {
+				t.Errorf("RBAC: %s", cmp.Diff(want, got))
+			}
+			for _, o := range objs {
+				if o.GetKind() == "Secret" {
+					t.Errorf("the chart renders a Secret (%s): certificates come from cert-manager or the operator", o.GetName())
+				}
+			}
+			kinds := map[string]int{}
+			for _, o := range objs {
+				kinds[o.GetKind()]++
+			}
+			if err := cl.create(ctx, objs); err != nil {
+				t.Fatalf("the API server refused the chart: %v", err)
+			}
+			t.Logf("%d objects accepted: %v", len(objs), kinds)
+			// The listing of every kind sees them (so that it would see one left behind).
+			if n := len(leftovers(before, cl.snapshot(ctx, t))); n < len(objs) {
+				t.Fatalf("the listing of every kind finds %d new objects, want at least the %d created", n, len(objs))
+			}
+			if err := cl.remove(ctx, objs); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(edgeflow, "uninstall", "--kubeconfig", c.Kubeconfig).CombinedOutput()
+			if err != nil {
+				t.Fatalf("edgeflow uninstall: %v\n%s", err, out)
+			}
+			cl.waitNoLeftovers(ctx, t, before, 30*time.Second, nil)
+		})
+	}
+}
+
+// The table's rebalancer rows are exactly the acting rebalancer's own list
+// (rebalancer.PolicyRules, which e2e/rebalance runs with), less the reads every mode has.
+func TestRebalancerRulesAreTheChartsRules(t *testing.T) {
+	acting, reading := expected(features{rebalance: true, act: true}), expected(features{})
+	code := flatten(rebalancer.PolicyRules())
+	// Every rule the rebalancer's list holds is granted when it acts, and every grant of the
+	// acting chart beyond the read-only one is in its list.
+	for _, g := range code {
+		if !contains(acting, g) {
+			t.Errorf("rebalancer.PolicyRules grants %s; the chart with rebalancer.mode=act does not", g)
+		}
+	}
+	for _, g := range acting {
+		if !contains(reading, g) && !contains(code, g) {
+			t.Errorf("the chart with rebalancer.mode=act grants %s; rebalancer.PolicyRules does not", g)
+		}
+	}
+	t.Logf("permission table:\n%s", permissionTable())
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// The rendered webhook registration is rebalancer.MutatingWebhookConfiguration's, with the
+// webhook Service as its client.
+func TestWebhookRegistrationIsTheRebalancers(t *testing.T) {
+	objs := render(t, map[string]any{"rebalancer": map[string]any{"mode": "act"}})
+	var got admissionregistrationv1.MutatingWebhookConfiguration
+	convert(t, find(t, objs, "MutatingWebhookConfiguration", rebalancer.WebhookName), &got)
+	path, port := rebalancer.WebhookPath, int32(443)
+	want := rebalancer.MutatingWebhookConfiguration(admissionregistrationv1.WebhookClientConfig{
+		Service: &admissionregistrationv1.ServiceReference{Name: release + "-webhook", Namespace: namespace, Path: &path, Port: &port}})
+	if diff := cmp.Diff(want.Webhooks, got.Webhooks); diff != "" {
+		t.Errorf("webhooks differ from rebalancer.MutatingWebhookConfiguration (-want +got):\n%s", diff)
+	}
+	for k, v := range want.Labels {
+		if got.Labels[k] != v {
+			t.Errorf("label %s=%q, want %q (edgeflow uninstall removes only a registration labelled so)", k, got.Labels[k], v)
+		}
+	}
+	if got.Annotations["cert-manager.io/inject-ca-from"] != namespace+"/"+release+"-webhook" {
+		t.Errorf("cert-manager CA injection annotation %q", got.Annotations["cert-manager.io/inject-ca-from"])
+	}
+}
+
+// The plain scrape configuration's probe job is the one the live tests run
+// (e2e/testbed.ScrapeConfig): same job, module, targets, labels and relabelling, so its
+// series carry exactly the labels edgeflow's latency queries read; the ScrapeConfig object
+// says the same; Prometheus' own promtool accepts the whole file.
+func TestScrapeConfigIsTheTestbeds(t *testing.T) {
+	objs := render(t, map[string]any{"latencyProbes": map[string]any{"nodes": probeNodes}, "scrape": map[string]any{"operator": true}})
+	cm := find(t, objs, "ConfigMap", release+"-scrape-config")
+	data, _, _ := unstructuredString(cm.Object, "data", "scrape_configs.yml")
+	var chart struct {
+		ScrapeConfigs []map[string]any `json:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal([]byte(data), &chart); err != nil {
+		t.Fatal(err)
+	}
+	ips := map[string]string{"edge-1": "10.0.0.1", "edge-2": "10.0.0.2", "edge-3": "10.0.0.3"}
+	var bed struct {
+		ScrapeConfigs []map[string]any `json:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal([]byte(testbed.ScrapeConfig([]string{"edge-1", "edge-2", "edge-3"}, ips, 15*time.Second)), &bed); err != nil {
+		t.Fatal(err)
+	}
+	got, want := chart.ScrapeConfigs[0], bed.ScrapeConfigs[0]
+	if got["scrape_interval"] != "15s" {
+		t.Errorf("probe job scrape_interval %v, want 15s", got["scrape_interval"])
+	}
+	delete(got, "scrape_interval") // the testbed sets it globally
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the chart's probe job differs from the testbed's (-testbed +chart):\n%s", diff)
+	}
+	sc := find(t, objs, "ScrapeConfig", release+"-icmp")
+	spec, _ := sc.Object["spec"].(map[string]any)
+	if spec["jobName"] != testbed.ProbeJob || spec["metricsPath"] != "/probe" {
+		t.Errorf("ScrapeConfig job %v path %v", spec["jobName"], spec["metricsPath"])
+	}
+	statics, _ := spec["staticConfigs"].([]any)
+	wantStatics, _ := want["static_configs"].([]any)
+	if diff := cmp.Diff(wantStatics, statics); diff != "" {
+		t.Errorf("ScrapeConfig staticConfigs differ from the testbed's (-testbed +chart):\n%s", diff)
+	}
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("promtool not found (Debian's prometheus package)")
+		}
+		t.Skip("skipped: promtool not found (apt-get install prometheus)")
+	}
+	// Debian's Prometheus is built without Kubernetes service discovery, so its promtool
+	// checks the probe job alone (edgeflow's own job discovers pods).
+	probeOnly, err := yaml.Marshal(map[string]any{"scrape_configs": []any{chart.ScrapeConfigs[0]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "prometheus.yml")
+	if err := os.WriteFile(f, probeOnly, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(promtool, "check", "config", "--syntax-only", f)
+	cmd.Stderr = &stderr
+	if out, err := cmd.Output(); err != nil {
+		t.Fatalf("promtool check config: %v\n%s%s", err, out, stderr.String())
+	}
+}
+
+func unstructuredString(obj map[string]any, fields ...string) (string, bool, error) {
+	cur := any(obj)
+	for _, f := range fields {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return "", false, nil
+		}
+		cur = m[f]
+	}
+	s, ok := cur.(string)
+	return s, ok, nil
+}
+
+// install/manifests/edgeflow.yaml is the chart rendered with its defaults (make manifests).
+func TestManifestsUpToDate(t *testing.T) {
+	want, err := renderRaw(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(repoRoot(), "install", "manifests", "edgeflow.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("install/manifests/edgeflow.yaml is stale: run make manifests\n%s", cmp.Diff(strings.Split(string(want), "\n"), strings.Split(string(got), "\n")))
+	}
+}
+
+// Bad values fail the render with an error naming the value.
+func TestBadValuesNamed(t *testing.T) {
+	for _, tc := range []struct {
+		values map[string]any
+		want   string
+	}{
+		{map[string]any{"istio": map[string]any{"mode": "mesh"}}, `istio.mode "mesh"`},
+		{map[string]any{"rebalancer": map[string]any{"mode": "yes"}}, `rebalancer.mode "yes"`},
+		{map[string]any{"webhook": map[string]any{"certificate": "edgeflow"}}, `webhook.certificate "edgeflow"`},
+		{map[string]any{"istio": map[string]any{"labelNodes": true}}, "istio.labelNodes needs istio.mode=destinationrule"},
+		{map[string]any{"rebalancer": map[string]any{"mode": "act"}, "webhook": map[string]any{"certificate": "secret"}}, "webhook.caBundle"},
+		{map[string]any{"prometheus": map[string]any{"url": ""}}, "callGraph"},
+		{map[string]any{"latencyProbes": map[string]any{"nodes": []any{map[string]any{"name": "a"}}}}, "latencyProbes.nodes"},
+	} {
+		_, err := renderRaw(t, tc.values)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("values %v: error %v, want one naming %q", tc.values, err, tc.want)
+		}
+	}
+}
+
+// The README and the chart's README list the permission table as the test knows it.
+func TestPermissionTableInTheREADMEs(t *testing.T) {
+	table := permissionTable()
+	for _, f := range []string{"README.md", filepath.Join("install", "helm", "edgeflow", "README.md")} {
+		b, err := os.ReadFile(filepath.Join(repoRoot(), f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), table) {
+			t.Errorf("%s does not hold the permission table; it is:\n%s", f, table)
+		}
+	}
+}
+
+// Without latencyProbes.nodes, helm install (here helm template --dry-run=server, which runs
+// the same lookup against the cluster) probes every ordered pair of the cluster's Nodes, by
+// name and InternalIP.
+func TestProbeNodesLookedUp(t *testing.T) {
+	c, _ := startAPIServer(t, kubeapi.Options{})
+	ctx := kubeapi.Context(t)
+	for i, n := range []string{"edge-1", "edge-2"} {
+		if _, err := kubeapi.CreateNode(ctx, c.Client, kubeapi.NodeSpec{Name: n, Address: fmt.Sprintf("10.0.0.%d", i+1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := renderRaw(t, nil, "--dry-run=server", "--kubeconfig", c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _, _ := unstructuredString(find(t, decodeAll(t, out), "ConfigMap", release+"-scrape-config").Object, "data", "scrape_configs.yml")
+	var cfg struct {
+		ScrapeConfigs []struct {
+			StaticConfigs []struct {
+				Targets []string          `json:"targets"`
+				Labels  map[string]string `json:"labels"`
+			} `json:"static_configs"`
+		} `json:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, sc := range cfg.ScrapeConfigs[0].StaticConfigs {
+		got = append(got, fmt.Sprintf("%s→%s %v via %s", sc.Labels["source_node"], sc.Labels["target_node"], sc.Targets, sc.Labels["__tmp_exporter"]))
+	}
+	want := []string{"edge-1→edge-2 [10.0.0.2] via 10.0.0.1:9115", "edge-2→edge-1 [10.0.0.1] via 10.0.0.2:9115"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("probe pairs from the cluster's Nodes (-want +got):\n%s", diff)
+	}
+}

@@ -1,0 +1,89 @@
+package install
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+)
+
+var efGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1alpha3", Resource: "envoyfilters"}
+
+// In the per-pod Istio mode, with exactly the chart's permissions (a Role for EnvoyFilters in
+// istio-system, ConfigMaps cluster-wide, reads in the watched namespace), edgeflow writes one
+// EnvoyFilter per managed service and the bootstrap ConfigMap, with no forbidden request;
+// helm uninstall plus edgeflow uninstall then leave nothing.
+func TestEnvoyFilterModeWithTheChartsPermissions(t *testing.T) {
+	c, cl := startAPIServer(t, kubeapi.Options{AuditLog: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	cs := c.Client
+	cl.installCRDs(ctx, t, istioCRDs(t))
+	for _, ns := range []string{namespace, "istio-system"} {
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k := kubeapi.NewKubelet(t, ctx, cs, appNS, appPort)
+	k.Namespace()
+	k.Node("n1")
+	k.Node("n2")
+	k.Service("frontend", true)
+	k.Service("backend", true)
+	k.Pod("frontend", "frontend-0", "n1", "198.18.2.10", true)
+	k.Pod("backend", "backend-0", "n1", "198.18.2.20", true)
+	k.Pod("backend", "backend-1", "n2", "198.18.2.21", true)
+	before := cl.snapshot(ctx, t)
+
+	values := map[string]any{
+		"replicaCount":     1,
+		"watch":            map[string]any{"namespaces": []any{appNS}},
+		"prometheus":       map[string]any{"url": ""},
+		"callGraph":        map[string]any{"calls": []any{map[string]any{"from": "frontend.shop", "to": "backend.shop"}}, "ingress": []any{map[string]any{"service": "frontend.shop", "rps": 100}}},
+		"defaultLatencyMs": 10,
+		"xds":              map[string]any{"tls": map[string]any{"enabled": false}},
+		"istio":            map[string]any{"mode": "envoyfilter"},
+		"rebalancer":       map[string]any{"mode": "off"},
+	}
+	objs := render(t, values)
+	if err := cl.create(ctx, objs); err != nil {
+		t.Fatalf("the API server refused the chart: %v", err)
+	}
+	a := &apps{t: t, ctx: ctx, cs: cs}
+	r := a.launch(objs, c.Config.Host, nil)
+
+	var filters []string
+	a.eventually(60*time.Second, "an EnvoyFilter per managed service and the bootstrap ConfigMap", func() bool {
+		list, err := cl.dyn.Resource(efGVR).Namespace("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=edgeflow"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		filters = filters[:0]
+		for _, o := range list.Items {
+			filters = append(filters, o.GetName())
+		}
+		_, err = cs.CoreV1().ConfigMaps(appNS).Get(ctx, "edgeflow-bootstrap", metav1.GetOptions{})
+		return len(filters) == 2 && err == nil
+	})
+	t.Logf("EnvoyFilters in istio-system: %v; ConfigMap %s/edgeflow-bootstrap", filters, appNS)
+	r.stop()
+	grants := a.checkRequests(r, objs, c.AuditLog)
+	a.accessReviews(grants)
+
+	if err := cl.remove(ctx, objs); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(r.bin, "uninstall", "--kubeconfig", c.Kubeconfig, "--istio-namespace", "istio-system").CombinedOutput()
+	if err != nil {
+		t.Fatalf("edgeflow uninstall: %v\n%s", err, out)
+	}
+	t.Logf("edgeflow uninstall: %s", strings.TrimSpace(string(out)))
+	cl.waitNoLeftovers(ctx, t, before, 30*time.Second, nil)
+}
