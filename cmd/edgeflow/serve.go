@@ -52,6 +52,7 @@ type serveFlags struct {
 	trustDomain    string
 	limits         xds.Limits
 	profilingAddr  string
+	uiAddress      string
 	rebalance      bool
 	rebalancer     rebalanceFlags
 }
@@ -90,6 +91,7 @@ func newServeCommand() *cobra.Command {
 	fl.DurationVar(&f.pollInterval, "poll-interval", watcher.DefaultPollInterval, "how often the topology file is checked for changes")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fl.StringVar(&f.profilingAddr, "profiling-address", "", "loopback HOST:PORT for /debug/pprof/ on its own listener, with mutex and block profiling on (empty: not served)")
+	fl.StringVar(&f.uiAddress, "ui-address", "", "loopback HOST:PORT for the live web view, read-only, on its own listener (empty: not served)")
 	fl.StringVar(&f.tls.CertFile, "xds-tls-cert", "", "serve xDS over TLS with this certificate (PEM; reloaded when the file changes)")
 	fl.StringVar(&f.tls.KeyFile, "xds-tls-key", "", "the key of --xds-tls-cert (PEM)")
 	fl.StringVar(&f.tls.ClientCAFile, "xds-tls-client-ca", "", "mutual TLS: clients need a certificate from these CAs, and a node may claim only a pod whose service account its certificate names (spiffe://TRUST-DOMAIN/ns/NS/sa/SA)")
@@ -288,6 +290,16 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		listener = fanout{srv, istioRun}
 		start("Istio "+f.istio.mode, func() error { return istioRun.Run(ctx) })
 	}
+	follower, uiSrv, uiLis, err := f.startWebView(srv, reg, policy, opts, cluster, logger)
+	if err != nil {
+		cancel(err)
+	} else {
+		listener = fanout{listener, follower}
+		start("publication follower", func() error { return follower.Run(ctx) })
+		if uiSrv != nil {
+			start("web view", func() error { return serveHTTP(uiSrv, uiLis) })
+		}
+	}
 	start("topology source", func() error { return source.Run(ctx, listener) })
 	if rb != nil {
 		if err := f.rebalancer.start(ctx, rb, start); err != nil {
@@ -345,10 +357,13 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	if profLis != nil {
 		fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow serve: profiling on http://%s/debug/pprof/\n", profLis.Addr())
 	}
+	if uiLis != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow serve: web view on http://%s/\n", uiLis.Addr())
+	}
 
 	<-ctx.Done()
 	logger.Info("edgeflow serve: shutting down", "reason", context.Cause(ctx))
-	shutdown(g, logger, httpSrv, profSrv)
+	shutdown(g, logger, httpSrv, profSrv, uiSrv)
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err // run maps bad input to exit 2
@@ -408,6 +423,10 @@ func (f *serveFlags) checkSecurity() error {
 	if f.profilingAddr != "" && !isLoopback(f.profilingAddr) {
 		return badInput("--profiling-address %s is not a loopback address: profiles (and the command line) are served "+
 			"without authentication, so only on loopback (reach it with kubectl port-forward)", f.profilingAddr)
+	}
+	if f.uiAddress != "" && !isLoopback(f.uiAddress) {
+		return badInput("--ui-address %s is not a loopback address: the web view shows every pod, node, latency and weight "+
+			"without authentication, so only on loopback (reach it with kubectl port-forward)", f.uiAddress)
 	}
 	if f.limits.RequestBurst < 0 {
 		return badInput("--xds-request-burst %d: need 0 or more", f.limits.RequestBurst)
