@@ -6,7 +6,7 @@ STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(CACHE)/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 FUZZTIME    ?= 20s
 
-.PHONY: all build demo test lint k8s unit e2e-istio fuzz bench bench-solver bench-push clean
+.PHONY: all build demo test lint k8s unit e2e-istio e2e-ui fuzz bench bench-solver bench-push clean
 
 all: build
 
@@ -20,12 +20,18 @@ demo:
 
 ## test: formatting, vet, staticcheck, go.mod tidy, then every test with the race detector
 ## (the live tests need the Kubernetes control plane binaries: built once, cached; see k8s)
-test: lint k8s unit e2e-istio
+test: lint k8s unit e2e-istio e2e-ui
 
 ## e2e-istio: Istio's own pilot (in-process, the separate module e2e/istio) decides whether the
 ## EnvoyFilters edgeflow manages work (cold build ~8 min on 2 cores, cached by Go afterwards)
 e2e-istio:
 	cd e2e/istio && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+## e2e-ui: the web view in headless Chromium (Debian's chromium, driven by chromedp from the separate
+## module e2e/ui): the demo topology's nodes and edges shown, a changed file shown within 2 s;
+## writes the screenshot docs/webview.png
+e2e-ui:
+	cd e2e/ui && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 ## k8s: build kube-apiserver, kube-scheduler and kube-controller-manager from the Go module proxy
 ## into $(CACHE)/k8s-VERSION (cold: ~14 min on 2 cores; cached: instant)
