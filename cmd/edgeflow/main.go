@@ -43,6 +43,9 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	var logs logFlags
+	logs.register(root)
+	root.PersistentPreRunE = func(*cobra.Command, []string) error { return logs.check() }
 	for _, add := range subcommands {
 		root.AddCommand(add())
 	}

@@ -46,7 +46,6 @@ type serveFlags struct {
 	debounceMax    time.Duration
 	damping        float64
 	pollInterval   time.Duration
-	logLevel       string
 	tls            xds.TLSFiles
 	insecureXDS    bool
 	trustDomain    string
@@ -89,7 +88,6 @@ func newServeCommand() *cobra.Command {
 	fl.DurationVar(&f.debounceMax, "debounce-max", xds.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
 	fl.Float64Var(&f.damping, "damping", optimizer.DefaultDamping, "flap damping: a recompute that moves less than this fraction of the traffic (pods, services and calls unchanged) is not pushed; negative pushes every recompute")
 	fl.DurationVar(&f.pollInterval, "poll-interval", watcher.DefaultPollInterval, "how often the topology file is checked for changes")
-	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fl.StringVar(&f.profilingAddr, "profiling-address", "", "loopback HOST:PORT for /debug/pprof/ on its own listener, with mutex and block profiling on (empty: not served)")
 	fl.StringVar(&f.uiAddress, "ui-address", "", "loopback HOST:PORT for the live web view, read-only, on its own listener (empty: not served)")
 	fl.StringVar(&f.tls.CertFile, "xds-tls-cert", "", "serve xDS over TLS with this certificate (PEM; reloaded when the file changes)")
@@ -137,11 +135,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	if f.debounceQuiet == 0 || f.debounceMax <= 0 || f.pollInterval <= 0 {
 		return badInput("--debounce-quiet must be non-zero, --debounce-max and --poll-interval positive")
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return badInput("--log-level: %v", err)
-	}
-	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+	logger := newLogger(cmd, slog.LevelInfo)
 	opts := f.options(cmd)
 	if err := f.istio.checkMode(); err != nil {
 		return err
@@ -352,13 +346,13 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			from += " and Prometheus " + redactURL(f.prometheusURL)
 		}
 	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow serve: xDS on %s, metrics %s, policy %s, encoding %s, topology from %s\n",
+	announce(cmd, "edgeflow serve: xDS on %s, metrics %s, policy %s, encoding %s, topology from %s",
 		xdsLis.Addr(), metricsAt, policy, enc, from)
 	if profLis != nil {
-		fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow serve: profiling on http://%s/debug/pprof/\n", profLis.Addr())
+		announce(cmd, "edgeflow serve: profiling on http://%s/debug/pprof/", profLis.Addr())
 	}
 	if uiLis != nil {
-		fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow serve: web view on http://%s/\n", uiLis.Addr())
+		announce(cmd, "edgeflow serve: web view on http://%s/", uiLis.Addr())
 	}
 
 	<-ctx.Done()
