@@ -10,9 +10,9 @@ FUZZTIME    ?= 20s
 
 all: build
 
-## build: the edgeflow binary in bin/
+## build: the edgeflow binary in bin/ (stamped with the commit it is built from: edgeflow version)
 build:
-	$(GO) build -o bin/edgeflow ./cmd/edgeflow
+	$(GO) build -buildvcs=auto -o bin/edgeflow ./cmd/edgeflow
 
 ## demo: the main job on the embedded default (Bookinfo on 4 emulated nodes, every policy)
 demo:
