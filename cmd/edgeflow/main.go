@@ -36,14 +36,14 @@ func badInput(format string, args ...any) error { return usageError{fmt.Errorf(f
 
 func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
-		Use:   "edgeflow",
-		Short: "Latency-aware traffic allocation and replica placement for edge clusters",
-		Long:  "edgeflow computes, for every caller pod, how much traffic to send to every callee pod from measured\nnode-to-node latency under a load-balance constraint (LATA), places replicas so the cheap paths\nexist (LARP), and streams the weights to sidecars and proxyless gRPC clients over xDS.",
-		Example: "  edgeflow plan -f examples/bookinfo.yaml\n  edgeflow serve -f topology.yaml --xds-address 127.0.0.1:18000 --ui-address 127.0.0.1:8080\n" +
-			"  edgeflow demo\n  edgeflow version",
+		Use:           "edgeflow",
+		Short:         "Latency-aware traffic allocation and replica placement for edge clusters",
+		Long:          "edgeflow computes, for every caller pod, how much traffic to send to every callee pod from measured\nnode-to-node latency under a load-balance constraint (LATA), places replicas so the cheap paths\nexist (LARP), and streams the weights to sidecars and proxyless gRPC clients over xDS.",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.Example = "  edgeflow plan -f examples/bookinfo.yaml\n" +
+		"  edgeflow serve -f topology.yaml --xds-address 127.0.0.1:18000 --ui-address 127.0.0.1:8080\n  edgeflow demo\n  edgeflow version"
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	var logs logFlags
 	logs.register(root)
