@@ -3,8 +3,10 @@
 //
 //	edgeflow plan  -f topology.yaml [--policy lata] [-o table|json|yaml]
 //	edgeflow place -f topology.yaml [--policy larp] [-o table|json|yaml|topology]
-//	edgeflow serve -f topology.yaml --xds-address HOST:PORT
+//	edgeflow serve -f topology.yaml --xds-address HOST:PORT [--ui-address HOST:PORT]
 //	edgeflow demo
+//	edgeflow version [-o json]
+//	edgeflow completion bash
 package main
 
 import (
