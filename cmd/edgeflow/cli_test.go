@@ -74,12 +74,7 @@ func TestVersion(t *testing.T) {
 // values through the script `edgeflow completion bash` prints.
 func TestBinaryVersionAndBashCompletion(t *testing.T) {
 	root := filepath.Join("..", "..")
-	bin := filepath.Join(t.TempDir(), "edgeflow")
-	build := exec.Command("go", "build", "-buildvcs=auto", "-o", bin, "./cmd/edgeflow")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildEdgeflow(t)
 	out, err := exec.Command(bin, "version", "-o", "json").Output()
 	if err != nil {
 		t.Fatal(err)

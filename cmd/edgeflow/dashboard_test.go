@@ -125,6 +125,46 @@ func startServeProcess(t *testing.T, args ...string) *syncBuffer {
 	return &stderr
 }
 
+// buildEdgeflow builds the binary (as make build does) into the test's directory.
+func buildEdgeflow(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "edgeflow")
+	build := exec.Command("go", "build", "-buildvcs=auto", "-o", bin, "./cmd/edgeflow")
+	build.Dir = filepath.Join("..", "..")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startServeBinary runs the binary until the test ends (SIGINT, then a kill after 15 s) and
+// returns its stderr.
+func startServeBinary(t *testing.T, bin string, args ...string) *syncBuffer {
+	t.Helper()
+	var stderr syncBuffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Errorf("%v: %v", args, err)
+			}
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+			t.Errorf("%v did not stop on SIGINT", args)
+		}
+	})
+	return &stderr
+}
+
 // freePort returns a loopback port nothing listens on now.
 func freePort(t *testing.T) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -229,11 +269,13 @@ func TestDashboardQueriesReturnData(t *testing.T) {
 	// which holds no probe series: the capacity-weighted plan is served, so the degraded-input
 	// panels have something to say. The rebalancer waits for usable latency, so it runs in a
 	// third serve on the cluster with a default latency instead.
+	// Both run as processes of their own: client-go's logger (klog) is process-global.
 	kubeconfig, calls := clusterFixture(t)
 	promURL := startPrometheus(t, promBin, fileMetrics, clusterMetrics, rebalanceMetrics)
-	clusterErr := startServeProcess(t, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", clusterMetrics, "--kubeconfig", kubeconfig,
+	bin := buildEdgeflow(t)
+	clusterErr := startServeBinary(t, bin, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", clusterMetrics, "--kubeconfig", kubeconfig,
 		"--calls", calls, "--prometheus-url", promURL)
-	rebalanceErr := startServeProcess(t, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", rebalanceMetrics, "--kubeconfig", kubeconfig,
+	rebalanceErr := startServeBinary(t, bin, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", rebalanceMetrics, "--kubeconfig", kubeconfig,
 		"--calls", calls, "--default-latency", "20", "--rebalance")
 
 	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}], "node": {"id": "c-0"}}`, xdsAddr)

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 
 	"github.com/spf13/cobra"
-	"k8s.io/klog/v2"
 )
 
 // Log formats of --log-format.
@@ -43,7 +42,7 @@ func (f *logFlags) check() error {
 }
 
 // logger returns a logger writing to w in the chosen format, at the chosen level or def.
-// Under json, client-go's klog lines go through it too, so that every line is an object.
+// (The cluster source routes client-go's klog lines through it: clusterFlags.cluster.)
 func (f *logFlags) logger(w io.Writer, def slog.Level) *slog.Logger {
 	level := def
 	if f.level != "" {
@@ -51,9 +50,7 @@ func (f *logFlags) logger(w io.Writer, def slog.Level) *slog.Logger {
 	}
 	opts := &slog.HandlerOptions{Level: level}
 	if f.format == logFormatJSON {
-		l := slog.New(slog.NewJSONHandler(w, opts))
-		klog.SetSlogLogger(l)
-		return l
+		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
 }
