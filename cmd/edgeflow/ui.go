@@ -96,8 +96,13 @@ func (p *publicationFollower) Run(ctx context.Context) error {
 	defer waiters.Wait()
 	defer func() { stopWait() }()
 	lastPush := p.gather().byLabel(pushesTotal, "type")
-	tick := time.NewTicker(followerTick)
-	defer tick.Stop()
+	// Without the web view only the cost gauges are kept, at each publication.
+	var tick <-chan time.Time
+	if p.view != nil {
+		t := time.NewTicker(followerTick)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		n := p.srv.Published()
 		g := p.gather()
@@ -118,7 +123,7 @@ func (p *publicationFollower) Run(ctx context.Context) error {
 			}
 			wctx, cancelWait := context.WithCancel(ctx)
 			stopWait = cancelWait
-			next, converged = p.wait(wctx, &waiters, n)
+			next, converged = p.wait(wctx, &waiters, n, p.view != nil)
 			planDegraded = snap.Degraded
 			snap.Degraded = append(slices.Clone(planDegraded), p.degraded(g)...)
 			p.show(snap)
@@ -132,7 +137,7 @@ func (p *publicationFollower) Run(ctx context.Context) error {
 		case at := <-converged:
 			cp.Push.Converged, cp.Push.ConvergedAfterMS = true, float64(at.Sub(snap.Push.At).Microseconds())/1000
 			converged = nil
-		case <-tick.C:
+		case <-tick:
 		}
 		// Between publications: the answers to the last push, and the inputs.
 		g = p.gather()
@@ -152,16 +157,21 @@ func (p *publicationFollower) Run(ctx context.Context) error {
 }
 
 // wait starts the waiters of publication n: next is closed once a later publication is out,
-// converged receives when every client pushed to has answered. Both end when ctx is done.
-func (p *publicationFollower) wait(ctx context.Context, wg *sync.WaitGroup, n uint64) (<-chan struct{}, <-chan time.Time) {
+// converged (with answers) receives when every client pushed to has answered. Both end when
+// ctx is done.
+func (p *publicationFollower) wait(ctx context.Context, wg *sync.WaitGroup, n uint64, answers bool) (<-chan struct{}, <-chan time.Time) {
 	next, converged := make(chan struct{}), make(chan time.Time, 1)
-	wg.Add(2)
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		if p.srv.WaitPublished(ctx, n+1) == nil {
 			close(next)
 		}
 	}()
+	if !answers {
+		return next, nil
+	}
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		if n > 0 && p.srv.WaitConverged(ctx, n) == nil {
