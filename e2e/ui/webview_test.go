@@ -241,11 +241,11 @@ func TestWebViewInChromium(t *testing.T) {
 	}
 	wantEdges := []string{"productpage→details", "productpage→reviews", "reviews→ratings"}
 	s, err := waitPage(bctx, 20*time.Second, func(s *pageState) bool {
-		return s.Publication == "1" && len(s.Nodes) == 4 && len(s.Edges) == 3 && strings.Contains(s.Answers, "answered") &&
-			!strings.Contains(s.Answers, "no xDS client")
+		return s.Publication == "1" && len(s.Nodes) == 4 && len(s.Edges) == 3 && s.Answers != "" &&
+			!strings.Contains(s.Answers, "no xDS client") && !strings.Contains(s.Answers, "waiting")
 	})
 	if err != nil {
-		t.Fatalf("the page never showed publication 1 answered by the client: %v\n%+v", err, s)
+		t.Fatalf("the page never showed publication 1 with the client's stream: %v\n%+v", err, s)
 	}
 	if s.Status != "live" {
 		t.Errorf("connection badge %q, want live", s.Status)
@@ -332,4 +332,10 @@ func TestWebViewInChromium(t *testing.T) {
 		t.Errorf("latency n1→n5 %q, want 20", s.Latency["n1→n5"])
 	}
 	t.Logf("the page showed the changed topology %v after the file was renamed", took.Round(time.Millisecond))
+	// The change was pushed to the client (productpage-0 calls details), and it answered.
+	s, err = waitPage(bctx, 10*time.Second, func(s *pageState) bool { return strings.HasPrefix(s.Answers, "answered") })
+	if err != nil {
+		t.Errorf("the page never showed publication 2 answered by the client: %v\n%+v", err, s)
+	}
+	t.Logf("push of publication 2: %q", s.Answers)
 }

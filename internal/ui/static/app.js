@@ -50,9 +50,11 @@ function renderPush(s) {
   const at = p.at ? new Date(p.at).toLocaleTimeString() : "";
   body.appendChild(el("div", {}, `publication ${s.publication} at ${at}`));
   const kinds = Object.entries(p.resources || {}).filter(([, n]) => n > 0).map(([t, n]) => `${t.toUpperCase()} ${n}`);
-  body.appendChild(el("div", {}, `pushed: ${kinds.length ? kinds.join(", ") : "no resource changed"} · ${p.streams} streams open`));
+  body.appendChild(el("div", {}, `pushed: ${kinds.length ? kinds.join(", ") : "no client's resources changed"} · ` +
+    `${p.streams} xDS ${p.streams === 1 ? "stream" : "streams"} open`));
   let answers = "waiting for the clients' answers (ACK or NACK)";
   if (p.converged) answers = `answered (ACK or NACK) by every client pushed to, after ${fmt(p.converged_after_ms)} ms`;
+  if (kinds.length === 0) answers = "nothing to answer: no client was pushed this publication";
   if (p.streams === 0) answers = "no xDS client connected";
   body.appendChild(el("div", { class: p.converged ? "ok" : "", id: "push-answers" }, answers));
   body.appendChild(el("div", { class: p.nacks ? "degraded-item" : "" }, `NACKs: ${p.nacks}`));
