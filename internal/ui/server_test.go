@@ -124,3 +124,30 @@ func TestEventStreamsBounded(t *testing.T) {
 		t.Fatalf("third stream with MaxStreams 2: %d, want 503", c.StatusCode)
 	}
 }
+
+// TestEventStreamOutlivesWriteTimeout: the HTTP server's write timeout bounds a page, not an
+// event stream, which sets a deadline per event.
+func TestEventStreamOutlivesWriteTimeout(t *testing.T) {
+	v := New(Config{KeepAlive: 50 * time.Millisecond})
+	srv := httptest.NewUnstartedServer(v.Handler())
+	srv.Config.WriteTimeout = 200 * time.Millisecond
+	srv.Start()
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/events", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	readEvent(t, r)
+	time.Sleep(800 * time.Millisecond) // four write timeouts
+	if err := v.Publish(&Snapshot{Publication: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if s := readEvent(t, r); s.Publication != 7 {
+		t.Fatalf("after 4 write timeouts: publication %d, want 7", s.Publication)
+	}
+}
