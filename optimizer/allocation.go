@@ -8,7 +8,8 @@ import (
 // Policy names a traffic-allocation policy.
 type Policy string
 
-// The allocation policies of DESIGN.md.
+// The allocation policies (docs/architecture.md, "The policies"): LATA and the baselines it
+// is compared with, and lata-q.
 const (
 	// RoundRobin is the Kubernetes default: f_pq ∝ w_q, ignoring latency.
 	RoundRobin Policy = "round-robin"

@@ -6,7 +6,7 @@ import (
 )
 
 // groupCount is the paper's number of groups: the mean replica count rounded half to even (as
-// Python's round, which gives DESIGN.md's example: A=3, B=2 → 2 groups), at least 1.
+// Python's round, which gives the paper's example: A=3, B=2 → 2 groups), at least 1.
 func (pp *placeProblem) groupCount() int {
 	total := 0
 	for _, ps := range pp.svcs {
@@ -17,7 +17,8 @@ func (pp *placeProblem) groupCount() int {
 }
 
 // greedy is the paper's LARP greedy with its first group on node start; nil if some pod fits
-// nowhere. How DESIGN.md's wording is read:
+// nowhere. How the paper's wording (groups placed largest first, each later one on the node
+// with room and the lowest latency to the nodes already chosen) is read:
 //   - pod i of every service goes to group i mod k, so caller and callee pods share groups;
 //   - a group's resource demand is its share of the total cpu request plus its share of the
 //     total memory request; groups go largest first (ties: lower group);

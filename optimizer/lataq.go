@@ -10,7 +10,7 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer/mcf"
 )
 
-// lata-q, load-aware LATA (DESIGN.md, "Beyond the paper").
+// lata-q, load-aware LATA: LATA with each pod's fixed share replaced by a queueing delay.
 //
 // A callee pod q with a service rate μ_q (capacity_rps) is an M/M/1 queue: at load ℓ it adds
 // 1000·ℓ/(μ_q−ℓ) ms·req/s of queueing (its mean sojourn time in ms times its rate; the same

@@ -8,14 +8,14 @@ import (
 // PlacementPolicy names a replica-placement policy.
 type PlacementPolicy string
 
-// The placement policies of DESIGN.md ("LARP, exactly").
+// The placement policies (docs/architecture.md, "The policies").
 const (
 	// LARP is edgeflow's placement (the shipped default): the paper's greedy from every start
 	// node and the Kubernetes spread as starts, the best improved by local search (pod moves,
 	// swaps, and on small clusters exchanges of node contents) scored by the exact LATA cost of
 	// the placement.
 	LARP PlacementPolicy = "larp"
-	// LARPGreedy is the paper's greedy as DESIGN.md states it: pods dealt round-robin into
+	// LARPGreedy is the paper's greedy: pods dealt round-robin into
 	// round(mean replicas) groups, largest group first on the node with the most free capacity,
 	// every later group on the free node closest to the nodes already chosen.
 	LARPGreedy PlacementPolicy = "larp-greedy"

@@ -21,8 +21,8 @@ var ErrInvalidTopology = errors.New("optimizer: invalid topology")
 const MaxLatencyMS = 1e4
 
 // Topology is the input of every policy: nodes, the latency between them, services with their
-// pods, the call graph and the ingress rates. It is the offline contract of DESIGN.md ("The
-// offline contract") and the snapshot the cluster watcher produces. A Topology is treated as
+// pods, the call graph and the ingress rates. It is the topology file of `plan` and `place`
+// (README, "The topology file") and the snapshot the cluster watcher produces. A Topology is treated as
 // immutable once handed to the optimizer or the xDS server.
 type Topology struct {
 	Nodes    []Node    `json:"nodes" yaml:"nodes"`

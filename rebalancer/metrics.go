@@ -1,9 +1,9 @@
 package rebalancer
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	edgemetrics "github.com/edgeflow/edgeflow/internal/metrics"
 )
 
 // Label values of edgeflow_rebalance_gates_released_total.
@@ -48,12 +48,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		placementFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_rebalance_placement_failures_total",
 			Help: "Replacements not scheduled on their planned node within the placement timeout, deleted so that their controller recreates them without a node."}),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.gain, m.cost, m.moves, m.skipped, m.runs, m.lastRun, m.released, m.leader, m.placementFailures} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("rebalancer: registering metrics: %w", err)
-			}
-		}
+	if err := edgemetrics.Register("rebalancer", reg, m.gain, m.cost, m.moves, m.skipped, m.runs, m.lastRun, m.released, m.leader, m.placementFailures); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

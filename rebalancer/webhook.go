@@ -9,14 +9,14 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"sync"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/edgeflow/edgeflow/internal/certfile"
 )
 
 // WebhookPath is where Webhook is served.
@@ -172,8 +172,8 @@ func MutatingWebhookConfiguration(cc admissionregistrationv1.WebhookClientConfig
 // pod, cert-manager), so a renewal needs no restart; a file that cannot be read keeps the last
 // good pair. It returns nil when ctx is done, after the server stopped.
 func (c *Controller) ServeWebhook(ctx context.Context, l net.Listener, certFile, keyFile string) error {
-	kp := &keyPair{certFile: certFile, keyFile: keyFile}
-	if _, err := kp.get(nil); err != nil {
+	kp, err := certfile.New(certfile.Files{CertFile: certFile, KeyFile: keyFile}, "rebalancer: webhook", c.log)
+	if err != nil {
 		l.Close()
 		return err
 	}
@@ -183,7 +183,7 @@ func (c *Controller) ServeWebhook(ctx context.Context, l net.Listener, certFile,
 	// than these is not the API server.
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 10 * time.Second, IdleTimeout: 90 * time.Second, MaxHeaderBytes: 64 << 10,
-		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: kp.get}}
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: kp.GetCertificate}}
 	done := make(chan error, 1)
 	go func() { done <- srv.ServeTLS(l, "", "") }()
 	select {
@@ -198,41 +198,4 @@ func (c *Controller) ServeWebhook(ctx context.Context, l net.Listener, certFile,
 		}
 		return nil
 	}
-}
-
-// keyPair is a certificate and key read from files, read again when a file's modification
-// time changes.
-type keyPair struct {
-	certFile, keyFile string
-	mu                sync.Mutex
-	mtime             [2]time.Time
-	cert              *tls.Certificate
-}
-
-func (k *keyPair) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	var mt [2]time.Time
-	for i, f := range []string{k.certFile, k.keyFile} {
-		st, err := os.Stat(f)
-		if err != nil {
-			if k.cert != nil {
-				return k.cert, nil
-			}
-			return nil, fmt.Errorf("rebalancer: webhook TLS: %w", err)
-		}
-		mt[i] = st.ModTime()
-	}
-	if k.cert != nil && mt == k.mtime {
-		return k.cert, nil
-	}
-	cert, err := tls.LoadX509KeyPair(k.certFile, k.keyFile)
-	if err != nil {
-		if k.cert != nil {
-			return k.cert, nil
-		}
-		return nil, fmt.Errorf("rebalancer: webhook TLS: %w", err)
-	}
-	k.cert, k.mtime = &cert, mt
-	return k.cert, nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
@@ -161,12 +162,8 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 			Help: "1 while the topology has no usable latency and the capacity-weighted plan (every node pair equal) is served."}),
 	}
 	c.unmatched.WithLabelValues("node")
-	if cfg.Registerer != nil {
-		for _, m := range []prometheus.Collector{c.unmeasured, c.ignored, c.delivered, c.rejected, c.unmatched, c.noLatency} {
-			if err := cfg.Registerer.Register(m); err != nil {
-				return nil, fmt.Errorf("watcher: registering metrics: %w", err)
-			}
-		}
+	if err := metrics.Register("watcher", cfg.Registerer, c.unmeasured, c.ignored, c.delivered, c.rejected, c.unmatched, c.noLatency); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -83,12 +84,8 @@ func NewFile(path string, cfg FileConfig) (*File, error) {
 			Help: "Unix time of the last topology delivered from the file.",
 		}),
 	}
-	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{f.updates, f.errors, f.lastGood} {
-			if err := cfg.Registerer.Register(c); err != nil {
-				return nil, fmt.Errorf("watcher: registering metrics: %w", err)
-			}
-		}
+	if err := metrics.Register("watcher", cfg.Registerer, f.updates, f.errors, f.lastGood); err != nil {
+		return nil, err
 	}
 	return f, nil
 }

@@ -144,7 +144,7 @@ func (sp *servicePort) assignment(s *service, weights []int64) *endpoint.Cluster
 
 // buildEnvoyShared builds what every plain Envoy node gets alike: one listener and one
 // RouteConfiguration per port number, one cluster per service port. It checks them with
-// Envoy's rules (checkListeners, checkRouteConfigs, checkClusters, checkEnvoyRefs).
+// Envoy's rules (CheckListeners, CheckRouteConfigs, CheckClusters, checkEnvoyRefs).
 func (b *builder) buildEnvoyShared() error {
 	byPort := map[uint32][]vhostSpec{}
 	var clusters []entry
@@ -193,7 +193,7 @@ func (b *builder) buildEnvoyShared() error {
 		eds = append(eds, es...)
 	}
 	nr.Sets[EndpointSet] = makeSet(eds)
-	if err := checkEnvoyNode(nr); err != nil {
+	if err := CheckEnvoy(nr); err != nil {
 		return fmt.Errorf("xds: generated Envoy resources break Envoy's rules: %w", err)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -27,11 +28,11 @@ func ruleErr(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{errEnvoyRule}, args...)...)
 }
 
-// checkListeners checks an LDS response: every listener valid, names and socket addresses
+// CheckListeners checks an LDS response: every listener valid, names and socket addresses
 // unique, at least one filter chain, each ending in an HTTP connection manager that takes its
 // routes from RDS over ADS (edgeflow) and whose HTTP filters end in the router (Envoy rejects a
 // chain whose terminal filter is not last).
-func checkListeners(ls []*listener.Listener) error {
+func CheckListeners(ls []*listener.Listener) error {
 	names, addrs := map[string]bool{}, map[string]string{}
 	for _, l := range ls {
 		name := l.GetName()
@@ -109,10 +110,10 @@ func checkHCM(f *listener.Filter) error {
 	return nil
 }
 
-// checkRouteConfigs checks an RDS response: every RouteConfiguration valid, names unique;
+// CheckRouteConfigs checks an RDS response: every RouteConfiguration valid, names unique;
 // virtual host names and domains unique within one; every route names a cluster, or weighted
 // clusters whose weights sum to 1 … 2³²−1.
-func checkRouteConfigs(rcs []*route.RouteConfiguration) error {
+func CheckRouteConfigs(rcs []*route.RouteConfiguration) error {
 	names := map[string]bool{}
 	for _, rc := range rcs {
 		name := rc.GetName()
@@ -157,10 +158,10 @@ func checkRouteConfigs(rcs []*route.RouteConfiguration) error {
 	return nil
 }
 
-// checkClusters checks a CDS response: every cluster valid, names unique, extension protocol
+// CheckClusters checks a CDS response: every cluster valid, names unique, extension protocol
 // options that unpack and validate; edgeflow: of type EDS with its EDS config from ADS and
 // locality-weighted load balancing, so the assignments' locality weights are honoured.
-func checkClusters(cs []*cluster.Cluster) error {
+func CheckClusters(cs []*cluster.Cluster) error {
 	names := map[string]bool{}
 	for _, c := range cs {
 		name := c.GetName()
@@ -195,11 +196,11 @@ func checkClusters(cs []*cluster.Cluster) error {
 	return nil
 }
 
-// checkAssignments checks an EDS response: every assignment valid, cluster names unique; per
+// CheckAssignments checks an EDS response: every assignment valid, cluster names unique; per
 // priority, priorities contiguous from 0, localities unique and weighted (edgeflow: weight 0
 // or none would drop a locality under locality-weighted load balancing), their weights summing
 // to at most 2³²−1, endpoint addresses unique and endpoint weights per locality within 2³²−1.
-func checkAssignments(clas []*endpoint.ClusterLoadAssignment) error {
+func CheckAssignments(clas []*endpoint.ClusterLoadAssignment) error {
 	names := map[string]bool{}
 	for _, cla := range clas {
 		name := cla.GetClusterName()
@@ -253,25 +254,25 @@ func checkAssignments(clas []*endpoint.ClusterLoadAssignment) error {
 	return nil
 }
 
-// checkEnvoyNode checks a plain Envoy node's resources type by type and across types: every
+// CheckEnvoy checks a plain Envoy node's resources type by type and across types: every
 // listener's route configuration is served, every route's cluster is in CDS, and every EDS
 // cluster has an assignment. (Envoy itself does not reject a route to an unknown cluster
 // delivered by RDS — it answers 503 — but edgeflow never serves one.)
-func checkEnvoyNode(n *NodeResources) error {
+func CheckEnvoy(n *NodeResources) error {
 	ls := typed[*listener.Listener](n.Sets[ListenerSet])
 	rcs := typed[*route.RouteConfiguration](n.Sets[RouteSet])
 	cs := typed[*cluster.Cluster](n.Sets[ClusterSet])
 	clas := typed[*endpoint.ClusterLoadAssignment](n.Sets[EndpointSet])
-	for _, err := range []error{checkListeners(ls), checkRouteConfigs(rcs), checkClusters(cs), checkAssignments(clas)} {
+	for _, err := range []error{CheckListeners(ls), CheckRouteConfigs(rcs), CheckClusters(cs), CheckAssignments(clas)} {
 		if err != nil {
 			return err
 		}
 	}
-	return checkRefs(ls, rcs, cs, clas)
+	return CheckRefs(ls, rcs, cs, clas)
 }
 
-// checkRefs checks the references between types (see checkEnvoyNode).
-func checkRefs(ls []*listener.Listener, rcs []*route.RouteConfiguration, cs []*cluster.Cluster, clas []*endpoint.ClusterLoadAssignment) error {
+// CheckRefs checks the references between types (see CheckEnvoy).
+func CheckRefs(ls []*listener.Listener, rcs []*route.RouteConfiguration, cs []*cluster.Cluster, clas []*endpoint.ClusterLoadAssignment) error {
 	have := func(n int, name func(int) string) map[string]bool {
 		m := make(map[string]bool, n)
 		for i := 0; i < n; i++ {
@@ -282,7 +283,7 @@ func checkRefs(ls []*listener.Listener, rcs []*route.RouteConfiguration, cs []*c
 	routes := have(len(rcs), func(i int) string { return rcs[i].GetName() })
 	clusters := have(len(cs), func(i int) string { return cs[i].GetName() })
 	assigned := have(len(clas), func(i int) string { return clas[i].GetClusterName() })
-	for _, name := range rdsNames(ls) {
+	for _, name := range RDSNames(ls) {
 		if !routes[name] {
 			return fmt.Errorf("route configuration %q: named by a listener, not served", name)
 		}
@@ -292,7 +293,7 @@ func checkRefs(ls []*listener.Listener, rcs []*route.RouteConfiguration, cs []*c
 			return fmt.Errorf("cluster %q: named by a route, not served", name)
 		}
 	}
-	for _, name := range edsNames(cs) {
+	for _, name := range EDSNames(cs) {
 		if !assigned[name] {
 			return fmt.Errorf("assignment %q: EDS cluster without one", name)
 		}
@@ -300,52 +301,36 @@ func checkRefs(ls []*listener.Listener, rcs []*route.RouteConfiguration, cs []*c
 	return nil
 }
 
-// rdsNames lists the route configurations the listeners' HTTP connection managers name.
-func rdsNames(ls []*listener.Listener) []string {
+// RDSNames lists the route configurations the listeners' HTTP connection managers name.
+func RDSNames(ls []*listener.Listener) []string {
 	var out []string
 	for _, l := range ls {
-		for _, fc := range l.GetFilterChains() {
-			for _, f := range fc.GetFilters() {
-				m := &hcm.HttpConnectionManager{}
-				if f.GetTypedConfig() != nil && f.GetTypedConfig().UnmarshalTo(m) == nil && m.GetRds() != nil {
-					out = append(out, m.GetRds().GetRouteConfigName())
-				}
-			}
-		}
+		out = append(out, RouteConfigRefs(l)...)
 	}
 	return out
 }
 
 // routeClusters lists the clusters the route configurations' routes name.
 func routeClusters(rcs []*route.RouteConfiguration) []string {
-	var out []string
+	named := map[string]bool{}
 	for _, rc := range rcs {
-		for _, vh := range rc.GetVirtualHosts() {
-			for _, r := range vh.GetRoutes() {
-				if c := r.GetRoute().GetCluster(); c != "" {
-					out = append(out, c)
-				}
-				for _, wc := range r.GetRoute().GetWeightedClusters().GetClusters() {
-					out = append(out, wc.GetName())
-				}
-			}
-		}
+		ClusterRefs(rc, named)
 	}
+	out := make([]string, 0, len(named))
+	for name := range named {
+		out = append(out, name)
+	}
+	slices.Sort(out)
 	return out
 }
 
-// edsNames lists the EDS resource names of the EDS clusters (service_name, else the name).
-func edsNames(cs []*cluster.Cluster) []string {
+// EDSNames lists the EDS resource names of the EDS clusters (service_name, else the name).
+func EDSNames(cs []*cluster.Cluster) []string {
 	var out []string
 	for _, c := range cs {
-		if c.GetType() != cluster.Cluster_EDS {
-			continue
+		if name := EDSName(c); name != "" {
+			out = append(out, name)
 		}
-		name := c.GetEdsClusterConfig().GetServiceName()
-		if name == "" {
-			name = c.GetName()
-		}
-		out = append(out, name)
 	}
 	return out
 }
@@ -355,6 +340,29 @@ func typed[T any](s Set) []T {
 	out := make([]T, len(s.Items))
 	for i, r := range s.Items {
 		out[i] = r.(T)
+	}
+	return out
+}
+
+// CheckResponse checks the resources of one response of set i (ListenerSet … EndpointSet) with
+// the rules Envoy rejects a response by.
+func CheckResponse(i int, msgs []proto.Message) error {
+	switch i {
+	case ListenerSet:
+		return CheckListeners(asAll[*listener.Listener](msgs))
+	case RouteSet:
+		return CheckRouteConfigs(asAll[*route.RouteConfiguration](msgs))
+	case ClusterSet:
+		return CheckClusters(asAll[*cluster.Cluster](msgs))
+	default:
+		return CheckAssignments(asAll[*endpoint.ClusterLoadAssignment](msgs))
+	}
+}
+
+func asAll[T proto.Message](msgs []proto.Message) []T {
+	out := make([]T, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.(T)
 	}
 	return out
 }

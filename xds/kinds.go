@@ -2,12 +2,16 @@ package xds
 
 import (
 	"fmt"
+	"net/netip"
+	"strings"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+
+	"github.com/edgeflow/edgeflow/optimizer"
 )
 
 // NodeKind is the kind of xDS client behind a node. It decides which resources the node gets
-// (DESIGN.md, "Integration modes"); the weights are the same for every kind.
+// (docs/architecture.md, "Integration modes"); the weights are the same for every kind.
 type NodeKind uint8
 
 const (
@@ -27,7 +31,7 @@ const (
 	// managed services' outbound clusters at edgeflow, so it gets ClusterLoadAssignments
 	// only, named by Istio's cluster names and carrying Istio's mTLS endpoint metadata.
 	IstioSidecar
-	numKinds
+	NumKinds
 )
 
 // String names the kind as logs and metrics show it.
@@ -71,7 +75,7 @@ func ClassifyNode(n *core.Node) NodeKind {
 //
 // Safe for concurrent use; the first call for a pod costs O(its callee pods × ports).
 func (t *Translation) Resources(pod string, kind NodeKind) *NodeResources {
-	if kind == ProxylessGRPC || kind >= numKinds {
+	if kind == ProxylessGRPC || kind >= NumKinds {
 		if r, ok := t.Pods[pod]; ok {
 			return r
 		}
@@ -92,4 +96,35 @@ func (t *Translation) Resources(pod string, kind NodeKind) *NodeResources {
 	}
 	t.kinds[kind][pod] = r
 	return r
+}
+
+// ParseSidecarID splits an Istio sidecar node id "sidecar~IP~POD.NS~NS.svc.cluster.local" into
+// the pod name and IP. Pod names may contain dots; the namespace is taken from the last field.
+// A dotted pod name in the default namespace is not returned (only the IP): its key would read
+// as POD.NAMESPACE, another namespace's pod (optimizer.QualifiedName), and the watcher leaves
+// such pods out (kube.SkipAmbiguousName).
+func ParseSidecarID(id string) (pod, ip string, ok bool) {
+	parts := strings.Split(id, "~")
+	if len(parts) != 4 || parts[0] != "sidecar" {
+		return "", "", false
+	}
+	ns, _, _ := strings.Cut(parts[3], ".")
+	pod = strings.TrimSuffix(parts[2], "."+ns)
+	if ns == optimizer.DefaultNamespace && strings.Contains(pod, ".") {
+		pod = ""
+	}
+	if a, err := netip.ParseAddr(parts[1]); err == nil {
+		ip = a.Unmap().String()
+	}
+	return pod, ip, pod != "" || ip != ""
+}
+
+// SidecarNamespace is the namespace field of an Istio sidecar id ("" if it is not one).
+func SidecarNamespace(id string) string {
+	parts := strings.Split(id, "~")
+	if len(parts) != 4 {
+		return ""
+	}
+	ns, _, _ := strings.Cut(parts[3], ".")
+	return ns
 }

@@ -102,10 +102,10 @@ func goldenJSON(t *testing.T, tr *Translation) []byte {
 		out := map[string]any{}
 		for i, set := range n.Sets {
 			if diffOnly && set.Version == tr.Default.Sets[i].Version {
-				out[typeLabels[i]] = "default"
+				out[SetNames[i]] = "default"
 				continue
 			}
-			out[typeLabels[i]] = map[string]any{"version": set.Version, "resources": render(set)}
+			out[SetNames[i]] = map[string]any{"version": set.Version, "resources": render(set)}
 		}
 		return out
 	}
@@ -152,7 +152,7 @@ func TestTranslateGolden(t *testing.T) {
 	}
 }
 
-// checkInvariants holds every node of tr to the clients' validators (reference/README.md):
+// checkInvariants holds every node of tr to the rules grpc-go's and Envoy's xDS validators apply:
 // no weight 0, unique localities and addresses per priority, contiguous priorities, weight
 // sums within uint32, routes only to clusters in the node's snapshot, and ValidateAll.
 func checkInvariants(t *testing.T, tr *Translation) {
@@ -169,7 +169,7 @@ func checkInvariants(t *testing.T, tr *Translation) {
 		for i, set := range n.Sets {
 			for _, r := range set.Items {
 				if err := r.(interface{ ValidateAll() error }).ValidateAll(); err != nil {
-					t.Errorf("%s %s: %v", name, typeLabels[i], err)
+					t.Errorf("%s %s: %v", name, SetNames[i], err)
 				}
 			}
 		}
@@ -420,14 +420,14 @@ func TestTranslateVersions(t *testing.T) {
 			}
 			for i := range a1.Default.Sets {
 				if a1.Pods["a-0"].Sets[i].Version != again.Pods["a-0"].Sets[i].Version {
-					t.Errorf("%s: version not deterministic", typeLabels[i])
+					t.Errorf("%s: version not deterministic", SetNames[i])
 				}
 				if a1.Pods["a-1"].Sets[i].Version != a2.Pods["a-1"].Sets[i].Version {
-					t.Errorf("a-1 %s: version changed, but a-1's weights did not", typeLabels[i])
+					t.Errorf("a-1 %s: version changed, but a-1's weights did not", SetNames[i])
 				}
 				same := a1.Pods["a-0"].Sets[i].Version == a2.Pods["a-0"].Sets[i].Version
 				if same == (i == tc.changed) {
-					t.Errorf("a-0 %s: version changed=%v, want %v", typeLabels[i], !same, i == tc.changed)
+					t.Errorf("a-0 %s: version changed=%v, want %v", SetNames[i], !same, i == tc.changed)
 				}
 			}
 		})

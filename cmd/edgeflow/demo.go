@@ -30,7 +30,7 @@ func init() { subcommands = append(subcommands, newDemoCommand) }
 // The demo's default scenario. The bundled Bookinfo topology puts 3–4 pods of each service on
 // 4 nodes with scenario A's round-trip times (4–12 ms between nodes). The knobs are chosen as a
 // reader would size such a deployment, not tuned to a result:
-//   - 300 req/s is the top load level of the paper's Bookinfo runs (EXPERIMENT.md: 100, 200,
+//   - 300 req/s is the top load level of the paper's Bookinfo runs (the paper's rates: 100, 200,
 //     300 RPS), where it saw Localization collapse.
 //   - One worker per pod (a pod limited to one CPU serving CPU-bound requests) with a 6 ms mean
 //     exponential service time gives each pod a capacity of ~167 req/s. A balanced share is 100 req/s for productpage, details and ratings (3 pods)
@@ -84,43 +84,13 @@ type demoFlags struct {
 	utilizationCap float64
 }
 
-// leastRequest is the demo's row for the least-request baseline (demoMode).
-const leastRequest = "least-request"
-
-// demoMode is one row of the demo: an allocation policy and how the callers balance within it.
-type demoMode struct {
-	name   string
-	policy optimizer.Policy
-	lb     xds.LBPolicy
-}
-
-// modeNames are the demo's rows by default, in order: every optimizer policy, least-request
-// right after round-robin (the two baselines side by side).
-func modeNames() []string {
-	var out []string
-	for _, p := range optimizer.Policies() {
-		out = append(out, string(p))
-		if p == optimizer.RoundRobin {
-			out = append(out, leastRequest)
-		}
-	}
-	if !slices.Contains(out, leastRequest) {
-		out = append(out, leastRequest)
-	}
-	return out
-}
-
-// parseMode returns the named row: an optimizer policy, or least-request (round-robin's
-// allocation with the clients' least-request balancing).
-func parseMode(name string) (demoMode, error) {
-	if name == leastRequest {
-		return demoMode{name: leastRequest, policy: optimizer.RoundRobin, lb: xds.LBLeastRequest}, nil
-	}
-	p, err := optimizer.ParsePolicy(name)
+// parseMode returns the named row, or a usage error naming the rows there are.
+func parseMode(name string) (demo.Row, error) {
+	r, err := demo.ParseRow(name)
 	if err != nil {
-		return demoMode{}, badInput("--policies: unknown policy %q (want one of %s)", name, strings.Join(modeNames(), ", "))
+		return demo.Row{}, badInput("--policies: unknown policy %q (want one of %s)", name, strings.Join(demo.RowNames(), ", "))
 	}
-	return demoMode{name: string(p), policy: p, lb: xds.LBRoundRobin}, nil
+	return r, nil
 }
 
 // parseRates parses --rates: every value a number in (0, 100000].
@@ -187,7 +157,7 @@ func newDemoCommand() *cobra.Command {
 	fl.DurationVar(&f.serviceTime, "service-time", demoServiceTime, "mean service time per request per pod (exponential)")
 	fl.Float64Var(&f.latencyScale, "latency-scale", 1, "multiply every node-to-node latency (2 = the paper's scenario B)")
 	fl.DurationVar(&f.timeout, "timeout", demoTimeout, "end-to-end request timeout (a timed-out request counts as an error)")
-	fl.StringSliceVar(&f.policies, "policies", modeNames(), "policies to run, in order (the optimizer's, and least-request)")
+	fl.StringSliceVar(&f.policies, "policies", demo.RowNames(), "policies to run, in order (the optimizer's, and least-request)")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the pods' service-time draws")
 	fl.Float64Var(&f.utilizationCap, "utilization-cap", optimizer.DefaultUtilizationCap, "lata-q: the most of a pod's service rate it is loaded to, in (0, 1)")
 	return cmd
@@ -197,7 +167,7 @@ func newDemoCommand() *cobra.Command {
 type demoInput struct {
 	name     string
 	topology *optimizer.Topology
-	modes    []demoMode
+	modes    []demo.Row
 	rates    []float64      // one table each, in order
 	scenario demo.Scenario  // Load.Rate is set per rate
 	slice    loadgen.Config // one round's load of one policy; Rate is set per rate
@@ -239,10 +209,10 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 		if err != nil {
 			return nil, err
 		}
-		if seen[m.name] {
-			return nil, badInput("--policies: %s is listed twice", m.name)
+		if seen[m.Name] {
+			return nil, badInput("--policies: %s is listed twice", m.Name)
 		}
-		seen[m.name] = true
+		seen[m.Name] = true
 		in.modes = append(in.modes, m)
 	}
 	var err error
@@ -259,7 +229,7 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 	if in.topology, err = demo.WithIngressRate(in.topology, in.rates[0]); err != nil {
 		return nil, err
 	}
-	in.topology = withServiceRates(in.topology, f.workers, f.serviceTime)
+	in.topology = demo.WithServiceRates(in.topology, f.workers, f.serviceTime)
 	for _, s := range in.topology.Services {
 		if len(s.Pods) == 0 {
 			return nil, badInput("%s: service %s has no placed pods (the demo needs pods on nodes; see edgeflow place -o topology)", in.name, s.Name)
@@ -296,31 +266,6 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 	in.slice = in.scenario.Load
 	in.slice.Duration = f.duration / time.Duration(f.rounds)
 	return in, nil
-}
-
-// withServiceRates gives lata-q the pods' real service rate when the topology gives none: a
-// demo pod works on `workers` requests at once, each taking serviceTime on average, so it
-// serves workers / serviceTime requests per second (times its weight).
-func withServiceRates(t *optimizer.Topology, workers int, serviceTime time.Duration) *optimizer.Topology {
-	for _, s := range t.Services {
-		if s.CapacityRPS != nil {
-			return t
-		}
-		for _, p := range s.Pods {
-			if p.CapacityRPS != nil {
-				return t
-			}
-		}
-	}
-	if serviceTime <= 0 {
-		return t // no queueing: lata-q is lata
-	}
-	c := t.Clone()
-	mu := float64(workers) / serviceTime.Seconds()
-	for i := range c.Services {
-		c.Services[i].CapacityRPS = &mu
-	}
-	return c
 }
 
 // runDemo runs the demo, one rate after another, and returns the outcomes it printed: per
@@ -363,69 +308,32 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 	return all, nil
 }
 
-// runDemoRate runs every row at one rate and prints its table.
-//
-// Every row gets its own stack (xDS server + cluster), all started up front and idle while
-// not under load. The measured time is cut into rounds, and each round gives every row one
-// slice of load in turn, so a stall of this shared machine (other processes, a GC) is as likely
-// to hit one row as another instead of spoiling one row's whole run. The stacks are closed
-// before it returns.
-func runDemoRate(ctx context.Context, stdout, stderr io.Writer, in *demoInput, f demoFlags, rate float64) (_ []*demo.Outcome, err error) {
-	start := time.Now()
+// runDemoRate runs every row at one rate (demo.Run) and prints its table.
+func runDemoRate(ctx context.Context, stdout, stderr io.Writer, in *demoInput, f demoFlags, rate float64) ([]*demo.Outcome, error) {
 	sc := in.scenario
 	sc.Load.Rate = rate
 	slice := in.slice
 	slice.Rate = rate
-	stacks := make([]*demo.Stack, 0, len(in.modes))
-	defer func() {
-		for i, s := range stacks {
-			if cerr := s.Close(); cerr != nil && err == nil {
-				err = fmt.Errorf("demo: %s: %w", in.modes[i].name, cerr)
-			}
-		}
-	}()
-	interrupted := func(what string, err error) error {
-		if ctx.Err() != nil {
-			return fmt.Errorf("demo interrupted while %s: %w", what, ctx.Err())
-		}
-		return fmt.Errorf("demo: %s: %w", what, err)
-	}
-	for _, m := range in.modes {
-		msc := sc
-		msc.LBPolicy = m.lb
-		s, err := demo.StartStack(ctx, msc, m.policy)
-		if err != nil {
-			return nil, interrupted("starting "+m.name, err)
-		}
-		stacks = append(stacks, s)
-	}
 	pods := 0
 	for _, s := range in.topology.Services {
 		pods += len(s.Pods)
 	}
-	fmt.Fprintf(stderr, "edgeflow demo: %d xDS servers and %d pods with their xDS clients ready in %.1fs\n",
-		len(stacks), pods*len(stacks), time.Since(start).Seconds())
-
-	results := make([][]*loadgen.Result, len(stacks))
-	for r := 0; r < f.rounds; r++ {
-		for i, s := range stacks {
-			res, err := s.Load(ctx, slice)
-			if err != nil {
-				return nil, interrupted(fmt.Sprintf("loading %s", in.modes[i].name), err)
-			}
-			results[i] = append(results[i], res)
-			fmt.Fprintf(stderr, "[round %d/%d] %-13s p50 %8s  p99 %8s  errors %d  generator lag ≤ %s\n", r+1, f.rounds, in.modes[i].name,
-				fmtMS(res.Latency.Quantile(0.5)), fmtMS(res.Latency.Quantile(0.99)), res.Errors, fmtMS(res.MaxSendLag))
-		}
-	}
-	outcomes := make([]*demo.Outcome, len(stacks))
-	for i, s := range stacks {
-		outcomes[i] = s.Outcome(loadgen.Merge(results[i]...))
-	}
-	if err := writeDemoTable(stdout, in, f, rate, outcomes, roundsBelowRR(in.modes, results), pairedVsLATA(in.modes, outcomes, results)); err != nil {
+	res, err := demo.Run(ctx, demo.Experiment{Scenario: sc, Rows: in.modes, Slice: slice, Rounds: f.rounds,
+		Started: func(stacks int, took time.Duration) {
+			fmt.Fprintf(stderr, "edgeflow demo: %d xDS servers and %d pods with their xDS clients ready in %.1fs\n",
+				stacks, pods*stacks, took.Seconds())
+		},
+		Progress: func(round, row int, r *loadgen.Result) {
+			fmt.Fprintf(stderr, "[round %d/%d] %-13s p50 %8s  p99 %8s  errors %d  generator lag ≤ %s\n", round+1, f.rounds, in.modes[row].Name,
+				fmtMS(r.Latency.Quantile(0.5)), fmtMS(r.Latency.Quantile(0.99)), r.Errors, fmtMS(r.MaxSendLag))
+		}})
+	if err != nil {
 		return nil, err
 	}
-	return outcomes, nil
+	if err := writeDemoTable(stdout, in, f, rate, res.Outcomes, res.RoundsBelow(demo.BaselineRow(in.modes)), pairedVsLATA(in.modes, res)); err != nil {
+		return nil, err
+	}
+	return res.Outcomes, nil
 }
 
 // lagWarning is the generator lag above which the table notes that the machine was too busy to
@@ -433,79 +341,32 @@ func runDemoRate(ctx context.Context, stdout, stderr io.Writer, in *demoInput, f
 // machine's, not the policy's).
 const lagWarning = 50 * time.Millisecond
 
-// baselineRow is the index of the round-robin row (round-robin allocation, round-robin
-// balancing), or -1.
-func baselineRow(modes []demoMode) int {
-	for i, m := range modes {
-		if m.policy == optimizer.RoundRobin && m.lb == xds.LBRoundRobin {
-			return i
-		}
-	}
-	return -1
-}
-
-// roundsBelowRR returns, per row, in how many rounds its P99 was below round-robin's in the
-// same round ("" for round-robin itself, or when round-robin did not run). Rows in one round
-// run back to back, so this paired count is robust to a machine stall that spoils one slice.
-func roundsBelowRR(modes []demoMode, results [][]*loadgen.Result) []string {
-	out := make([]string, len(modes))
-	base := baselineRow(modes)
-	if base < 0 {
-		return out
-	}
-	for i := range modes {
-		if i == base {
-			continue
-		}
-		below := 0
-		for r := range results[i] {
-			if results[i][r].Latency.Quantile(0.99) < results[base][r].Latency.Quantile(0.99) {
-				below++
-			}
-		}
-		out[i] = fmt.Sprintf("%d/%d", below, len(results[i]))
-	}
-	return out
-}
-
 // pairedVsLATA compares lata-q and least-request with lata, paired by round: the change of
 // the P99 over the whole run, and the rounds in which the row's P99 was at or below lata's.
-func pairedVsLATA(modes []demoMode, outcomes []*demo.Outcome, results [][]*loadgen.Result) []string {
-	lata := -1
-	for i, m := range modes {
-		if m.name == string(optimizer.LATA) {
-			lata = i
-		}
-	}
+func pairedVsLATA(rows []demo.Row, res *demo.Result) []string {
+	lata := slices.IndexFunc(rows, func(r demo.Row) bool { return r.Name == string(optimizer.LATA) })
 	if lata < 0 {
 		return nil
 	}
 	var out []string
-	for i, m := range modes {
-		if m.name != string(optimizer.LATAQ) && m.name != "least-request" {
+	for i, r := range rows {
+		if r.Name != string(optimizer.LATAQ) && r.Name != demo.LeastRequest {
 			continue
 		}
-		atOrBelow := 0
-		for r := range results[i] {
-			if results[i][r].Latency.Quantile(0.99) <= results[lata][r].Latency.Quantile(0.99) {
-				atOrBelow++
-			}
-		}
+		p := res.Pair(i, lata)
 		same := ""
-		if p := outcomes[i].Plan; p != nil && p.ServedAsLATA {
+		if plan := res.Outcomes[i].Plan; plan != nil && plan.ServedAsLATA {
 			same = " — the same routes: lata-q serves lata's plan at this load (its own was no cheaper), so the difference is the testbed's noise"
 		}
-		out = append(out, fmt.Sprintf("%s vs lata: P99 %s vs %s (%s); P99 at or below lata's in %d/%d rounds%s", m.name,
-			fmtMS(outcomes[i].Load.Latency.Quantile(0.99)), fmtMS(outcomes[lata].Load.Latency.Quantile(0.99)),
-			change(float64(outcomes[i].Load.Latency.Quantile(0.99)), float64(outcomes[lata].Load.Latency.Quantile(0.99))),
-			atOrBelow, len(results[i]), same))
+		out = append(out, fmt.Sprintf("%s vs lata: P99 %s vs %s (%s); P99 at or below lata's in %d/%d rounds%s", r.Name,
+			fmtMS(p.P99), fmtMS(p.OtherP99), change(float64(p.P99), float64(p.OtherP99)), p.AtOrBelow, p.Rounds, same))
 	}
 	return out
 }
 
 func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, rate float64, outcomes []*demo.Outcome, belowRR, vsLATA []string) error {
 	var base *demo.Outcome
-	if i := baselineRow(in.modes); i >= 0 {
+	if i := demo.BaselineRow(in.modes); i >= 0 {
 		base = outcomes[i]
 	}
 	var buf bytes.Buffer
@@ -526,10 +387,10 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, rate float64, outco
 			worst = fmt.Sprintf("%s→%s %.1f%% → %.1f%%", d.Caller, d.Callee, 100*d.Planned, 100*d.Observed)
 		}
 		cost := fmt.Sprintf("%.0f", o.Plan.Cost)
-		if in.modes[i].lb != xds.LBRoundRobin {
+		if in.modes[i].LB != xds.LBRoundRobin {
 			cost = "—" // not an allocation: its flows are decided request by request
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.1f\t%s\t%.1f\t%s\t%s\n", in.modes[i].name,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.1f\t%s\t%.1f\t%s\t%s\n", in.modes[i].Name,
 			fmtMS(r.Latency.Mean()), fmtMS(r.Latency.Quantile(0.5)), fmtMS(r.Latency.Quantile(0.9)), fmtMS(r.Latency.Quantile(0.99)),
 			vs, rounds, r.Errors, r.Achieved(), deepestQueue(o), d.PP, worst, cost)
 	}
@@ -549,15 +410,15 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, rate float64, outco
 		fmt.Fprintln(&buf, l)
 	}
 	for _, m := range in.modes {
-		if m.lb == xds.LBLeastRequest {
-			fmt.Fprintf(&buf, "%s: round-robin's shares served as one locality of all pods under the xDS cluster's lb_policy\n", m.name)
+		if m.LB == xds.LBLeastRequest {
+			fmt.Fprintf(&buf, "%s: round-robin's shares served as one locality of all pods under the xDS cluster's lb_policy\n", m.Name)
 			fmt.Fprintf(&buf, "LEAST_REQUEST (choice_count 2); its SPLIT DEV is from round-robin's equal shares, and it has no plan.\n")
 			break
 		}
 	}
 	busy := false
 	for i, o := range outcomes {
-		name := in.modes[i].name
+		name := in.modes[i].Name
 		if len(o.Load.ErrorKinds) > 0 {
 			fmt.Fprintf(&buf, "%s: errors: %s\n", name, errorKinds(o.Load.ErrorKinds))
 		}

@@ -35,7 +35,7 @@ func TestDemoShort(t *testing.T) {
 			t.Errorf("no paired comparison of %s with lata in\n%s", p, out)
 		}
 	}
-	for _, p := range modeNames() {
+	for _, p := range demo.RowNames() {
 		row := table[p]
 		if row == nil {
 			t.Errorf("no row for %s in\n%s", p, out)
@@ -261,7 +261,7 @@ func TestPairedVsLATA(t *testing.T) {
 		}
 		return s
 	}
-	modes := []demoMode{{name: "lata", policy: optimizer.LATA}, {name: "lata-q", policy: optimizer.LATAQ}}
+	modes := []demo.Row{{Name: "lata", Policy: optimizer.LATA}, {Name: "lata-q", Policy: optimizer.LATAQ}}
 	results := [][]*loadgen.Result{
 		{{Latency: ms(10)}, {Latency: ms(20)}},
 		{{Latency: ms(10)}, {Latency: ms(30)}},
@@ -271,7 +271,7 @@ func TestPairedVsLATA(t *testing.T) {
 			{Load: &loadgen.Result{Latency: ms(10, 20)}, Plan: &optimizer.Allocation{Policy: optimizer.LATA}},
 			{Load: &loadgen.Result{Latency: ms(10, 30)}, Plan: &optimizer.Allocation{Policy: optimizer.LATAQ, ServedAsLATA: asLATA}},
 		}
-		got := pairedVsLATA(modes, outcomes, results)
+		got := pairedVsLATA(modes, &demo.Result{Outcomes: outcomes, Rounds: results})
 		if len(got) != 1 || !strings.HasPrefix(got[0], "lata-q vs lata: P99 30.00ms vs 20.00ms (+50.0%); P99 at or below lata's in 1/2 rounds") {
 			t.Fatalf("served as lata %v: %q", asLATA, got)
 		}

@@ -3,21 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
@@ -215,21 +211,13 @@ func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, outp
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	// Every goroutine below is owned by this function: it ends when ctx is cancelled (signal,
-	// or the first component failing) and is waited for before runRebalance returns.
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	start := func(name string, fn func() error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := fn(); err != nil {
-				cancel(fmt.Errorf("%s: %w", name, err))
-			}
-		}()
-	}
+	// Every goroutine below is owned by the group: it ends when ctx is cancelled (signal, or
+	// the first component failing) and is waited for before runRebalance returns.
+	g, ctx := newRunGroup(ctx)
+	defer g.Wait()    // the error paths below return their own error
+	defer g.Stop(nil) // first: end the group on every return
+	cancel := g.Stop
+	start := g.Go
 	start("topology source", func() error { return cluster.Run(ctx, ignore{}) })
 
 	if rf.dryRun {
@@ -253,30 +241,12 @@ func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, outp
 			cancel(nil)
 			return fmt.Errorf("metrics listener: %w", err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-		srv := newHTTPServer(mux, time.Minute)
-		start("metrics server", func() error {
-			if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-		start("metrics shutdown", func() error {
-			<-ctx.Done()
-			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer scancel()
-			return srv.Shutdown(sctx)
-		})
+		g.ServeHTTP("metrics server", newHTTPServer(metricsMux(reg), time.Minute), lis)
 	}
 	fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow rebalance: controller running (period %v, lease %s), webhook %s\n",
 		rf.period, rf.lease().Namespace+"/"+rf.lease().Name, orNone(rf.webhookAddress))
 	<-ctx.Done()
-	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
-		return err
-	}
-	return nil
+	return g.Wait()
 }
 
 // budgetOrNone maps the flag's 0 ("none") to the Config's negative.

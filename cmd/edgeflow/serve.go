@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,13 +12,11 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -29,12 +26,13 @@ import (
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/xds"
 	"github.com/edgeflow/edgeflow/xds/istio"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 func init() { subcommands = append(subcommands, newServeCommand) }
 
 // The xDS server is what the file watcher feeds.
-var _ watcher.Listener = (*xds.Server)(nil)
+var _ watcher.Listener = (*xdsserver.Server)(nil)
 
 type serveFlags struct {
 	topologyFlags
@@ -44,12 +42,13 @@ type serveFlags struct {
 	encoding       string
 	debounceQuiet  time.Duration
 	debounceMax    time.Duration
+	removalGrace   time.Duration
 	damping        float64
 	pollInterval   time.Duration
-	tls            xds.TLSFiles
+	tls            xdsserver.TLSFiles
 	insecureXDS    bool
 	trustDomain    string
-	limits         xds.Limits
+	limits         xdsserver.Limits
 	profilingAddr  string
 	uiAddress      string
 	rebalance      bool
@@ -84,8 +83,9 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.metricsAddress, "metrics-address", "", "HOST:PORT for /metrics, /healthz and /readyz (empty: not served)")
 	fl.StringVar(&f.policy, "policy", string(optimizer.LATA), "allocation policy: round-robin, localization, opttraffic, lata, lata-q")
 	fl.StringVar(&f.encoding, "encoding", string(xds.EncodingLocality), "wire encoding of the weights: locality (EDS locality weights) or weighted-clusters")
-	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xds.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
-	fl.DurationVar(&f.debounceMax, "debounce-max", xds.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
+	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xdsserver.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
+	fl.DurationVar(&f.debounceMax, "debounce-max", xdsserver.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
+	fl.DurationVar(&f.removalGrace, "removal-grace", xdsserver.DefaultRemovalGrace, "keep a removed pod's cluster and endpoints this long after the routes that named it are acknowledged (0: none)")
 	fl.Float64Var(&f.damping, "damping", optimizer.DefaultDamping, "flap damping: a recompute that moves less than this fraction of the traffic (pods, services and calls unchanged) is not pushed; negative pushes every recompute")
 	fl.DurationVar(&f.pollInterval, "poll-interval", watcher.DefaultPollInterval, "how often the topology file is checked for changes")
 	fl.StringVar(&f.profilingAddr, "profiling-address", "", "loopback HOST:PORT for /debug/pprof/ on its own listener, with mutex and block profiling on (empty: not served)")
@@ -93,16 +93,16 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.tls.CertFile, "xds-tls-cert", "", "serve xDS over TLS with this certificate (PEM; reloaded when the file changes)")
 	fl.StringVar(&f.tls.KeyFile, "xds-tls-key", "", "the key of --xds-tls-cert (PEM)")
 	fl.StringVar(&f.tls.ClientCAFile, "xds-tls-client-ca", "", "mutual TLS: clients need a certificate from these CAs, and a node may claim only a pod whose service account its certificate names (spiffe://TRUST-DOMAIN/ns/NS/sa/SA)")
-	fl.StringVar(&f.trustDomain, "trust-domain", xds.DefaultTrustDomain, "with --xds-tls-client-ca: the SPIFFE trust domain client certificates must be in")
+	fl.StringVar(&f.trustDomain, "trust-domain", xdsserver.DefaultTrustDomain, "with --xds-tls-client-ca: the SPIFFE trust domain client certificates must be in")
 	fl.BoolVar(&f.insecureXDS, "insecure-xds", false, "allow plaintext, unauthenticated xDS on a non-loopback --xds-address (anyone who reaches the port can read every service's endpoints and weights and claim any pod)")
-	fl.IntVar(&f.limits.MaxMessageBytes, "xds-max-message-size", xds.DefaultMaxMessageBytes, "largest xDS request message in bytes (negative: gRPC's limit is lifted)")
-	fl.IntVar(&f.limits.MaxConnections, "xds-max-connections", xds.DefaultMaxConnections, "open xDS client connections at most; more are closed at once (negative: no bound)")
-	fl.IntVar(&f.limits.MaxStreams, "xds-max-streams", xds.DefaultMaxStreams, "open xDS streams at most, in all (negative: no bound)")
-	fl.IntVar(&f.limits.MaxStreamsPerConnection, "xds-max-streams-per-connection", xds.DefaultMaxStreamsPerConnection, "open xDS streams at most on one connection (negative: no bound)")
-	fl.IntVar(&f.limits.MaxResourceNames, "xds-max-resource-names", xds.DefaultMaxResourceNames, "resource names one xDS request may carry (delta: subscribe, unsubscribe and initial versions together; negative: no bound)")
-	fl.Float64Var(&f.limits.RequestsPerSecond, "xds-requests-per-second", xds.DefaultRequestsPerSecond, "xDS requests per second one stream may send on average; a faster stream is closed (negative: no bound)")
-	fl.IntVar(&f.limits.RequestBurst, "xds-request-burst", xds.DefaultRequestBurst, "xDS requests one stream may send at once above --xds-requests-per-second")
-	fl.DurationVar(&f.limits.MaxConnectionAge, "xds-max-connection-age", xds.DefaultMaxConnectionAge, "ask a client connection to go away after this long (±10 %), so clients spread over replicas again (negative: never)")
+	fl.IntVar(&f.limits.MaxMessageBytes, "xds-max-message-size", xdsserver.DefaultMaxMessageBytes, "largest xDS request message in bytes (negative: gRPC's limit is lifted)")
+	fl.IntVar(&f.limits.MaxConnections, "xds-max-connections", xdsserver.DefaultMaxConnections, "open xDS client connections at most; more are closed at once (negative: no bound)")
+	fl.IntVar(&f.limits.MaxStreams, "xds-max-streams", xdsserver.DefaultMaxStreams, "open xDS streams at most, in all (negative: no bound)")
+	fl.IntVar(&f.limits.MaxStreamsPerConnection, "xds-max-streams-per-connection", xdsserver.DefaultMaxStreamsPerConnection, "open xDS streams at most on one connection (negative: no bound)")
+	fl.IntVar(&f.limits.MaxResourceNames, "xds-max-resource-names", xdsserver.DefaultMaxResourceNames, "resource names one xDS request may carry (delta: subscribe, unsubscribe and initial versions together; negative: no bound)")
+	fl.Float64Var(&f.limits.RequestsPerSecond, "xds-requests-per-second", xdsserver.DefaultRequestsPerSecond, "xDS requests per second one stream may send on average; a faster stream is closed (negative: no bound)")
+	fl.IntVar(&f.limits.RequestBurst, "xds-request-burst", xdsserver.DefaultRequestBurst, "xDS requests one stream may send at once above --xds-requests-per-second")
+	fl.DurationVar(&f.limits.MaxConnectionAge, "xds-max-connection-age", xdsserver.DefaultMaxConnectionAge, "ask a client connection to go away after this long (±10 %), so clients spread over replicas again (negative: never)")
 	fl.BoolVar(&f.rebalance, "rebalance", false, "also run the LARP rebalancer (see edgeflow rebalance; its flags here are prefixed rebalance-, and it is dry-run unless --rebalance-dry-run=false)")
 	f.rebalancer.register(cmd, "rebalance-")
 	_ = cmd.MarkFlagRequired("xds-address")
@@ -131,6 +131,9 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	}
 	if err := f.checkSecurity(); err != nil {
 		return err
+	}
+	if f.removalGrace < 0 {
+		return badInput("--removal-grace must not be negative, got %v", f.removalGrace)
 	}
 	if f.debounceQuiet == 0 || f.debounceMax <= 0 || f.pollInterval <= 0 {
 		return badInput("--debounce-quiet must be non-zero, --debounce-max and --poll-interval positive")
@@ -206,8 +209,8 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			return err
 		}
 	}
-	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts, ClusterDomain: f.istio.clusterDomain,
-		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Damping: f.damping, Logger: logger, Registerer: reg,
+	srv, err := xdsserver.New(xdsserver.Config{Policy: policy, Encoding: enc, Options: opts, ClusterDomain: f.istio.clusterDomain,
+		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, RemovalGrace: f.removalGrace, Damping: f.damping, Logger: logger, Registerer: reg,
 		Limits: f.limits, RequireIdentity: f.tls.ClientCAFile != "", TrustDomain: f.trustDomain})
 	if err != nil {
 		return err
@@ -218,18 +221,18 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		return fmt.Errorf("xDS listener: %w", err)
 	}
 	// Sidecars hold one long-lived stream each; keepalives notice dead peers. The server's
-	// options bound what a client may make it do (xds.Limits).
+	// options bound what a client may make it do (xdsserver.Limits).
 	gopts := srv.ServerOptions()
 	if f.tls.CertFile != "" || f.tls.KeyFile != "" || f.tls.ClientCAFile != "" {
-		tlsCfg, err := xds.NewTLSConfig(f.tls, logger)
+		tlsCfg, err := xdsserver.NewTLSConfig(f.tls, logger)
 		if err != nil {
 			xdsLis.Close()
 			return usageError{err}
 		}
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
-	g := grpc.NewServer(gopts...)
-	srv.Register(g)
+	gs := grpc.NewServer(gopts...)
+	srv.Register(gs)
 	var httpSrv, profSrv *http.Server
 	var metricsLis, profLis net.Listener
 	if f.metricsAddress != "" {
@@ -264,20 +267,11 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	// Every goroutine below is owned by this function: it ends when ctx is cancelled (signal,
-	// or the first component failing) and is waited for before runServe returns.
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	var wg sync.WaitGroup
-	start := func(name string, fn func() error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := fn(); err != nil {
-				cancel(fmt.Errorf("%s: %w", name, err))
-			}
-		}()
-	}
+	// Every goroutine below is owned by the group: it ends when ctx is cancelled (signal, or
+	// the first component failing) and is waited for before runServe returns.
+	g, ctx := newRunGroup(ctx)
+	defer g.Stop(nil)
+	cancel, start := g.Stop, g.Go
 	start("xDS push loop", func() error { return srv.Run(ctx) })
 	var listener watcher.Listener = srv
 	if istioRun != nil {
@@ -291,7 +285,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		listener = fanout{listener, follower}
 		start("publication follower", func() error { return follower.Run(ctx) })
 		if uiSrv != nil {
-			start("web view", func() error { return serveHTTP(uiSrv, uiLis) })
+			g.ServeHTTP("web view", uiSrv, uiLis)
 		}
 	}
 	start("topology source", func() error { return source.Run(ctx, listener) })
@@ -301,26 +295,16 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}
 	}
 	start("xDS server", func() error {
-		if err := g.Serve(srv.Listener(xdsLis)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := gs.Serve(srv.Listener(xdsLis)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return err
 		}
 		return nil
 	})
 	if httpSrv != nil {
-		start("metrics server", func() error {
-			if err := httpSrv.Serve(metricsLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
+		g.ServeHTTP("metrics server", httpSrv, metricsLis)
 	}
 	if profSrv != nil {
-		start("profiling server", func() error {
-			if err := profSrv.Serve(profLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
+		g.ServeHTTP("profiling server", profSrv, profLis)
 	}
 	start("SIGHUP", func() error {
 		for {
@@ -357,28 +341,14 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 
 	<-ctx.Done()
 	logger.Info("edgeflow serve: shutting down", "reason", context.Cause(ctx))
-	shutdown(g, logger, httpSrv, profSrv, uiSrv)
-	wg.Wait()
-	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
-		return err // run maps bad input to exit 2
-	}
-	return nil
+	stopGRPC(gs)
+	return g.Wait() // run maps bad input to exit 2
 }
 
-// shutdown stops the servers: Run has ended the xDS streams, so the gRPC server drains
+// stopGRPC stops the xDS server: Run has ended the xDS streams, so the gRPC server drains
 // quickly; a hard stop follows after a grace period.
-func shutdown(g *grpc.Server, logger *slog.Logger, httpSrvs ...*http.Server) {
+func stopGRPC(g *grpc.Server) {
 	const grace = 5 * time.Second
-	for _, h := range httpSrvs {
-		if h == nil {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), grace)
-		if err := h.Shutdown(ctx); err != nil {
-			logger.Warn("HTTP server shutdown", "error", err)
-		}
-		cancel()
-	}
 	done := make(chan struct{})
 	go func() { g.GracefulStop(); close(done) }()
 	select {
@@ -458,10 +428,8 @@ type topologySource interface {
 
 // serveMux serves /metrics, /healthz and /readyz (watcher.ReadyHandler).
 // With Istio DestinationRules, /readyz also says at which granularity they plan.
-func serveMux(reg *prometheus.Registry, srv *xds.Server, cluster *watcher.Cluster, rules *istio.RulesReconciler) *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+func serveMux(reg *prometheus.Registry, srv *xdsserver.Server, cluster *watcher.Cluster, rules *istio.RulesReconciler) *http.ServeMux {
+	mux := metricsMux(reg)
 	var checks func() []watcher.Check
 	if cluster != nil {
 		checks = cluster.Checks

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -17,7 +16,7 @@ import (
 	"github.com/edgeflow/edgeflow/internal/ui"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
-	"github.com/edgeflow/edgeflow/xds"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 // publisher is what publicationFollower reads from the xDS server.
@@ -28,7 +27,7 @@ type publisher interface {
 	WaitConverged(ctx context.Context, n uint64) error
 }
 
-var _ publisher = (*xds.Server)(nil)
+var _ publisher = (*xdsserver.Server)(nil)
 
 // The metrics the follower reads.
 const (
@@ -336,8 +335,8 @@ func value(m *dto.Metric) float64 {
 
 // startWebView makes serve's publication follower and, with --ui-address, the web view's
 // listener and HTTP server (not yet serving). The follower must be added to the listeners and
-// run; the server is served with serveHTTP and shut down with the others.
-func (f *serveFlags) startWebView(srv *xds.Server, reg *prometheus.Registry, policy optimizer.Policy, opts optimizer.Options,
+// run; the server is served in serve's run group (runGroup.ServeHTTP), which shuts it down.
+func (f *serveFlags) startWebView(srv *xdsserver.Server, reg *prometheus.Registry, policy optimizer.Policy, opts optimizer.Options,
 	cluster *watcher.Cluster, logger *slog.Logger) (*publicationFollower, *http.Server, net.Listener, error) {
 	var view *ui.View
 	var uiSrv *http.Server
@@ -364,12 +363,4 @@ func (f *serveFlags) startWebView(srv *xds.Server, reg *prometheus.Registry, pol
 		return nil, nil, nil, err
 	}
 	return follower, uiSrv, uiLis, nil
-}
-
-// serveHTTP serves h on l until it is shut down.
-func serveHTTP(h *http.Server, l net.Listener) error {
-	if err := h.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
 }

@@ -20,7 +20,7 @@ import (
 	xdsfake "istio.io/istio/pilot/test/xds"
 
 	"github.com/edgeflow/edgeflow/optimizer"
-	efxds "github.com/edgeflow/edgeflow/xds"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 	efistio "github.com/edgeflow/edgeflow/xds/istio"
 )
 
@@ -46,9 +46,9 @@ func bookinfoCorner(services ...string) *optimizer.Topology {
 }
 
 // startEdgeflow runs edgeflow's xDS server on 127.0.0.1:0 until the test ends.
-func startEdgeflow(t *testing.T) (*efxds.Server, string) {
+func startEdgeflow(t *testing.T) (*xdsserver.Server, string) {
 	t.Helper()
-	srv, err := efxds.NewServer(efxds.Config{DebounceQuiet: -1, Damping: -1})
+	srv, err := xdsserver.New(xdsserver.Config{DebounceQuiet: -1, Damping: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

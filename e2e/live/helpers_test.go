@@ -20,7 +20,7 @@ import (
 	"github.com/edgeflow/edgeflow/e2e/testbed"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
-	"github.com/edgeflow/edgeflow/xds"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 // backend is a real gRPC server standing for one callee pod, on its own loopback IP.
@@ -91,9 +91,9 @@ func startBackends(t *testing.T, podNS *testbed.Namespace, pods ...string) (map[
 func podIP(i int) string { return "198.18.1." + strconv.Itoa(i) }
 
 // xdsServer runs edgeflow's xDS server fed by a source; returns its address. Stopped at cleanup.
-func xdsServer(t *testing.T, cfg xds.Config, run func(context.Context, watcher.Listener) error) (*xds.Server, string) {
+func xdsServer(t *testing.T, cfg xdsserver.Config, run func(context.Context, watcher.Listener) error) (*xdsserver.Server, string) {
 	t.Helper()
-	srv, err := xds.NewServer(cfg)
+	srv, err := xdsserver.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

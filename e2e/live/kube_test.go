@@ -19,6 +19,7 @@ import (
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/xds"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 const ns = "shop"
@@ -65,7 +66,7 @@ func TestKubernetesPodsDriveWeights(t *testing.T) {
 			Calls:   []optimizer.Call{{From: "web.shop", To: "api.shop"}, {From: "web.shop", To: "ghost.shop"}, {From: "web.shop", To: "unmanaged.shop"}},
 			Ingress: []optimizer.Ingress{{Service: "web.shop", RPS: 100}}}})
 	must(t, err)
-	srv, addr := xdsServer(t, xds.Config{Registerer: reg}, cl.Run)
+	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
 	web := newCaller(t, podNS, addr, "web-0.shop", "api.shop")
 
 	// Two ready pods: each gets half (LATA's balance constraint with one caller pod).

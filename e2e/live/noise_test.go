@@ -16,6 +16,7 @@ import (
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
 	"github.com/edgeflow/edgeflow/xds"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 // fan hands every topology to several listeners.
@@ -71,9 +72,9 @@ func TestNoisyLatencyNoPushStorm(t *testing.T) {
 		CallGraph: &watcher.CallGraph{Calls: []optimizer.Call{{From: "web.shop", To: "api.shop", Rate: &one}},
 			Ingress: []optimizer.Ingress{{Service: "web.shop", RPS: 100}}}})
 	must(t, err)
-	damped, err := xds.NewServer(xds.Config{Registerer: reg})
+	damped, err := xdsserver.New(xdsserver.Config{Registerer: reg})
 	must(t, err)
-	undamped, err := xds.NewServer(xds.Config{Damping: -1})
+	undamped, err := xdsserver.New(xdsserver.Config{Damping: -1})
 	must(t, err)
 	runCtx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

@@ -21,6 +21,7 @@ import (
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
 	"github.com/edgeflow/edgeflow/xds"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 // istioRequests serves istio_requests_total as Istio's sidecars report it (reporter=source),
@@ -102,7 +103,7 @@ func TestPrometheusLatencyDrivesWeights(t *testing.T) {
 	must(t, err)
 	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
 	must(t, err)
-	srv, addr := xdsServer(t, xds.Config{Registerer: reg}, cl.Run)
+	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
 	ready := httptest.NewServer(watcher.ReadyHandler(srv.Published, cl.Checks))
 	t.Cleanup(ready.Close)
 	callers := map[string]*caller{
@@ -214,7 +215,7 @@ func TestPrometheusLatencyDrivesWeights(t *testing.T) {
 
 // wantRoute waits until the published allocation sends all of caller's requests to callee,
 // and returns when it saw that.
-func wantRoute(t *testing.T, srv *xds.Server, caller, callee string, d time.Duration) time.Time {
+func wantRoute(t *testing.T, srv *xdsserver.Server, caller, callee string, d time.Duration) time.Time {
 	t.Helper()
 	var at time.Time
 	eventually(t, d, caller+" → "+callee, func() bool {
@@ -237,7 +238,7 @@ func wantRoute(t *testing.T, srv *xds.Server, caller, callee string, d time.Dura
 
 // follow waits until the client has the publication that moved its weights: every pushed client
 // ACKed it, and (grpc-go swaps its picker just after the ACK) a run of RPCs reaches pod.
-func follow(t *testing.T, ctx context.Context, srv *xds.Server, c *caller, pod string) {
+func follow(t *testing.T, ctx context.Context, srv *xdsserver.Server, c *caller, pod string) {
 	t.Helper()
 	if err := srv.WaitConverged(ctx, srv.Published()); err != nil {
 		t.Fatal(err)

@@ -30,6 +30,7 @@ import (
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
 	"github.com/edgeflow/edgeflow/xds"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 // reportedRequests serves istio_requests_total as Istio reports it, by reporter: each series
@@ -161,7 +162,7 @@ func stockScrape(t *testing.T, scrape time.Duration) {
 	must(t, err)
 	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
 	must(t, err)
-	srv, addr := xdsServer(t, xds.Config{Registerer: reg}, cl.Run)
+	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
 	ready := httptest.NewServer(watcher.ReadyHandler(srv.Published, cl.Checks))
 	t.Cleanup(ready.Close)
 	web1 := newCaller(t, podNS, addr, "web-1.shop", "api.shop")
@@ -296,7 +297,7 @@ func TestProbeLoss(t *testing.T) {
 	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg,
 		CallGraph: &watcher.CallGraph{Calls: []optimizer.Call{{From: "web.shop", To: "api.shop"}}, Ingress: []optimizer.Ingress{{Service: "web.shop", RPS: 100}}}})
 	must(t, err)
-	srv, addr := xdsServer(t, xds.Config{Registerer: reg}, cl.Run)
+	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
 	web1 := newCaller(t, podNS, addr, "web-1.shop", "api.shop")
 	latency := func(from, to string) float64 {
 		for _, l := range cl.Current().Latency {
@@ -437,7 +438,7 @@ func TestColdStartWithoutPrometheus(t *testing.T) {
 	must(t, err)
 	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
 	must(t, err)
-	srv, addr := xdsServer(t, xds.Config{Registerer: reg}, cl.Run)
+	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
 	ready := httptest.NewServer(watcher.ReadyHandler(srv.Published, cl.Checks))
 	t.Cleanup(ready.Close)
 	eventually(t, 30*time.Second, "the Kubernetes caches synced", ks.Synced)
@@ -526,7 +527,7 @@ func TestColdStartWithoutPrometheus(t *testing.T) {
 }
 
 // wantRouteNow says whether the published allocation sends all of caller's requests to callee.
-func wantRouteNow(srv *xds.Server, caller, callee string) bool {
+func wantRouteNow(srv *xdsserver.Server, caller, callee string) bool {
 	a := srv.Allocation()
 	if a == nil {
 		return false

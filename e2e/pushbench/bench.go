@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/edgeflow/edgeflow/xds"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 // side is one server under test: its process, the file it follows, its clients and results.
@@ -103,7 +103,7 @@ func runSize(ctx context.Context, cfg Config, n int, dir string, progress io.Wri
 		"--poll-interval", cfg.PollInterval.String(),
 		// the fleet's streams share connections when open files are short; the server's bound
 		// on streams per connection must admit them
-		"--xds-max-streams-per-connection", strconv.Itoa(max(cfg.StreamsPerConn, xds.DefaultMaxStreamsPerConnection))}
+		"--xds-max-streams-per-connection", strconv.Itoa(max(cfg.StreamsPerConn, xdsserver.DefaultMaxStreamsPerConnection))}
 	efArgs = append(efArgs, cfg.EdgeflowArgs...)
 	bareArgs := []string{cfg.Bare, "-f", bare.file, "-xds-address", "127.0.0.1:0"}
 	if cfg.ProfileDir != "" {

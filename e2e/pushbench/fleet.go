@@ -13,12 +13,13 @@ import (
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // The xDS types a proxyless client resolves, in order.
@@ -307,12 +308,8 @@ func routeNames(res []*anypb.Any) ([]string, error) {
 		if l.GetName() != calleeSvc {
 			continue
 		}
-		var m hcm.HttpConnectionManager
-		if err := l.GetApiListener().GetApiListener().UnmarshalTo(&m); err != nil {
-			return nil, fmt.Errorf("listener %s: %w", l.GetName(), err)
-		}
-		if name := m.GetRds().GetRouteConfigName(); name != "" {
-			return []string{name}, nil
+		if names := xds.RouteConfigRefs(&l); len(names) > 0 {
+			return names, nil
 		}
 		return nil, fmt.Errorf("listener %s: no RDS route name", l.GetName())
 	}
@@ -327,15 +324,10 @@ func clusterNames(res []*anypb.Any) ([]string, error) {
 		if err := a.UnmarshalTo(&rc); err != nil {
 			return nil, err
 		}
-		for _, vh := range rc.GetVirtualHosts() {
-			for _, r := range vh.GetRoutes() {
-				if name := r.GetRoute().GetCluster(); name != "" {
-					out = append(out, name)
-				}
-				for _, w := range r.GetRoute().GetWeightedClusters().GetClusters() {
-					out = append(out, w.GetName())
-				}
-			}
+		named := map[string]bool{}
+		xds.ClusterRefs(&rc, named)
+		for name := range named {
+			out = append(out, name)
 		}
 	}
 	if len(out) == 0 {
@@ -353,11 +345,9 @@ func assignmentNames(res []*anypb.Any) ([]string, error) {
 		if err := a.UnmarshalTo(&cl); err != nil {
 			return nil, err
 		}
-		name := cl.GetEdsClusterConfig().GetServiceName()
-		if name == "" {
-			name = cl.GetName()
+		if name := xds.EDSName(&cl); name != "" {
+			out = append(out, name)
 		}
-		out = append(out, name)
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("no cluster")

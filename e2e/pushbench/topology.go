@@ -13,7 +13,7 @@ import (
 // nodeGroups callee nodes e0…e9 (calleePods/nodeGroups each), call caller → callee.
 const (
 	nodeGroups  = 10
-	calleePods  = 50 // endpoints per ClusterLoadAssignment, as reference/xdsbench's K
+	calleePods  = 50 // endpoints per ClusterLoadAssignment (K), on both sides of the benchmark
 	callerSvc   = "caller"
 	calleeSvc   = "callee" // also the Listener, route, cluster and EDS name a caller resolves
 	calleeIPNet = "10.1"

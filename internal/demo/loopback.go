@@ -43,7 +43,8 @@ type Config struct {
 	Workers int
 	// ServiceTime is every pod's mean service time, exponentially distributed.
 	ServiceTime time.Duration
-	// LatencyScale multiplies every latency of Topology (scenario B of EXPERIMENT.md is 2);
+	// LatencyScale multiplies every latency of Topology (the paper's scenario B is 2: every
+	// round-trip time doubled);
 	// 0 means 1.
 	LatencyScale float64
 	// Seed seeds the pods' service-time generators (each pod derives its own stream).

@@ -15,6 +15,7 @@ import (
 	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 // Scenario is what every policy run of an experiment shares: the emulated cluster and the load.
@@ -24,7 +25,7 @@ type Scenario struct {
 	// Load is the load into the topology's ingress services. Its Rate replaces the topology's
 	// ingress rates (scaled in proportion), so the plan and the offered load agree.
 	Load loadgen.Config
-	// LBPolicy is the callers' load-balancing policy (xds.Config.LBPolicy; "" means
+	// LBPolicy is the callers' load-balancing policy (xdsserver.Config.LBPolicy; "" means
 	// round-robin over the policy's weights). With xds.LBLeastRequest the policy's allocation
 	// is planned (Outcome.Plan) but every caller balances least-request over all callee pods.
 	LBPolicy xds.LBPolicy
@@ -80,7 +81,7 @@ func WithIngressRate(t *optimizer.Topology, rate float64) (*optimizer.Topology, 
 type Stack struct {
 	policy  optimizer.Policy
 	scn     Scenario
-	srv     *xds.Server
+	srv     *xdsserver.Server
 	reg     *prometheus.Registry
 	g       *grpc.Server
 	cluster *Cluster
@@ -125,7 +126,7 @@ func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack,
 		return nil, err
 	}
 	s := &Stack{policy: p, scn: sc, reg: prometheus.NewRegistry(), started: time.Now()}
-	s.srv, err = xds.NewServer(xds.Config{Policy: p, LBPolicy: sc.LBPolicy, Options: opts, DebounceQuiet: -1, Logger: logger, Registerer: s.reg})
+	s.srv, err = xdsserver.New(xdsserver.Config{Policy: p, LBPolicy: sc.LBPolicy, Options: opts, DebounceQuiet: -1, Logger: logger, Registerer: s.reg})
 	if err != nil {
 		return nil, err
 	}

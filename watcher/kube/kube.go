@@ -30,6 +30,7 @@ import (
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -187,12 +188,8 @@ func NewSource(cfg Config) (*Source, error) {
 			Help: "Endpoints (not_ready, terminating, no_address, no_node, unknown_node, bad_name, ambiguous_name) and managed services (no_ready_pods) left out of the current state."},
 			[]string{"reason"}),
 	}
-	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.events, s.rebuilds, s.skipped} {
-			if err := cfg.Registerer.Register(c); err != nil {
-				return nil, fmt.Errorf("kube: registering metrics: %w", err)
-			}
-		}
+	if err := metrics.Register("kube", cfg.Registerer, s.events, s.rebuilds, s.skipped); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/common/config"
 	"github.com/prometheus/common/model"
 
+	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -413,12 +414,8 @@ func NewSource(cfg Config) (*Source, error) {
 		s.stale.WithLabelValues(queryCalls)
 		s.vanished.WithLabelValues(queryCalls)
 	}
-	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.queries, s.lastSuccess, s.up, s.stale, s.ignored, s.deliveries, s.suppressed, s.unreachable, s.window, s.vanished} {
-			if err := cfg.Registerer.Register(c); err != nil {
-				return nil, fmt.Errorf("prom: registering metrics: %w", err)
-			}
-		}
+	if err := metrics.Register("prom", cfg.Registerer, s.queries, s.lastSuccess, s.up, s.stale, s.ignored, s.deliveries, s.suppressed, s.unreachable, s.window, s.vanished); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

@@ -5,14 +5,14 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/edgeflow/edgeflow/xds"
+	"github.com/edgeflow/edgeflow/internal/clock"
 )
 
 // passLoop is how both reconcilers run: a pass after every wake-up, then every resync, and
 // every retry while passes fail.
 type passLoop struct {
 	wake          <-chan struct{}
-	clock         xds.Clock
+	clock         clock.Clock
 	resync, retry time.Duration
 	log           *slog.Logger
 	what          string // names the objects in the failure log line
@@ -23,7 +23,7 @@ type passLoop struct {
 
 // run loops until ctx is done and then returns nil.
 func (l passLoop) run(ctx context.Context) error {
-	var timer xds.Timer
+	var timer clock.Timer
 	stop := func() {
 		if timer != nil {
 			timer.Stop()

@@ -21,8 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/edgeflow/edgeflow/internal/clock"
 	"github.com/edgeflow/edgeflow/optimizer"
-	"github.com/edgeflow/edgeflow/xds"
 )
 
 // Defaults of ReconcilerConfig.
@@ -46,7 +46,7 @@ type ReconcilerConfig struct {
 	// DefaultRetryInterval.
 	RetryInterval time.Duration
 	// Clock times Resync and RetryInterval (nil means the wall clock).
-	Clock xds.Clock
+	Clock clock.Clock
 	// Logger receives one line per change and per failed pass (nil means slog.Default()).
 	Logger *slog.Logger
 }
@@ -104,7 +104,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		cfg.RetryInterval = DefaultRetryInterval
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = xds.SystemClock()
+		cfg.Clock = clock.System()
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -23,9 +23,9 @@ import (
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/edgeflow/edgeflow/internal/clock"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
-	"github.com/edgeflow/edgeflow/xds"
 )
 
 // A Reconciler plugs into the watchers' seam, next to the xDS server.
@@ -42,7 +42,7 @@ type testEnv struct {
 	log   []string
 }
 
-func newTestEnv(t *testing.T, clock xds.Clock, objs ...runtime.Object) (*testEnv, *Reconciler) {
+func newTestEnv(t *testing.T, clock clock.Clock, objs ...runtime.Object) (*testEnv, *Reconciler) {
 	t.Helper()
 	var iobjs, kobjs []runtime.Object
 	for _, o := range objs {
@@ -472,7 +472,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// fakeClock is an xds.Clock whose time moves only by Advance.
+// fakeClock is an clock.Clock whose time moves only by Advance.
 type fakeClock struct {
 	mu     sync.Mutex
 	now    time.Time
@@ -493,7 +493,7 @@ func (c *fakeClock) Now() time.Time {
 	return c.now
 }
 
-func (c *fakeClock) NewTimer(d time.Duration) xds.Timer {
+func (c *fakeClock) NewTimer(d time.Duration) clock.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &fakeTimer{clock: c, at: c.now.Add(d), c: make(chan time.Time, 1)}

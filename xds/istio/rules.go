@@ -20,8 +20,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/edgeflow/edgeflow/internal/clock"
+	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/optimizer"
-	"github.com/edgeflow/edgeflow/xds"
 )
 
 // Node labels Istio reads a node's locality from.
@@ -49,7 +50,7 @@ type RulesReconcilerConfig struct {
 	// Resync, RetryInterval, Clock and Logger as in ReconcilerConfig.
 	Resync        time.Duration
 	RetryInterval time.Duration
-	Clock         xds.Clock
+	Clock         clock.Clock
 	Logger        *slog.Logger
 	// Registerer, when set, receives the edgeflow_istio_* metrics.
 	Registerer prometheus.Registerer
@@ -98,7 +99,7 @@ func NewRulesReconciler(cfg RulesReconcilerConfig) (*RulesReconciler, error) {
 	cfg.Resync = cmpOr(cfg.Resync, DefaultResync)
 	cfg.RetryInterval = cmpOr(cfg.RetryInterval, DefaultRetryInterval)
 	if cfg.Clock == nil {
-		cfg.Clock = xds.SystemClock()
+		cfg.Clock = clock.System()
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -408,12 +409,7 @@ func newRulesMetrics() *rulesMetrics {
 }
 
 func (m *rulesMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.localities, m.perNode, m.edges, m.deviation} {
-		if err := reg.Register(c); err != nil {
-			return fmt.Errorf("xds/istio: register metrics: %w", err)
-		}
-	}
-	return nil
+	return metrics.Register("xds/istio", reg, m.localities, m.perNode, m.edges, m.deviation)
 }
 
 func (m *rulesMetrics) observe(rep *RulesReport) {

@@ -1,6 +1,0 @@
-//go:build race
-
-package xds
-
-// raceEnabled: the tests run under the race detector, which slows the code they time ~10×.
-const raceEnabled = true

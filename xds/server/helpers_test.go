@@ -1,0 +1,494 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/edgeflow/edgeflow/internal/clock"
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// fakeClock is a Clock whose time moves only by Advance; timers fire synchronously in Advance.
+type fakeClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	timers  []*fakeTimer
+	created int
+}
+
+type fakeTimer struct {
+	c        chan time.Time
+	deadline time.Time
+	clock    *fakeClock
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) NewTimer(d time.Duration) clock.Timer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.created++
+	t := &fakeTimer{c: make(chan time.Time, 1), deadline: c.now.Add(d), clock: c}
+	if d <= 0 {
+		t.c <- c.now // like time.NewTimer: a timer already due fires at once
+		return t
+	}
+	c.timers = append(c.timers, t)
+	return t
+}
+
+func (t *fakeTimer) C() <-chan time.Time { return t.c }
+
+func (t *fakeTimer) Stop() bool {
+	t.clock.mu.Lock()
+	defer t.clock.mu.Unlock()
+	for i, x := range t.clock.timers {
+		if x == t {
+			t.clock.timers = append(t.clock.timers[:i], t.clock.timers[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// Advance moves time forward by d and fires the timers that are due.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	kept := c.timers[:0]
+	for _, t := range c.timers {
+		if !t.deadline.After(c.now) {
+			t.c <- c.now
+		} else {
+			kept = append(kept, t)
+		}
+	}
+	c.timers = kept
+}
+
+// timersCreated returns how many timers NewTimer made.
+func (c *fakeClock) timersCreated() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.created
+}
+
+// deadlines returns the pending timers' deadlines as offsets from start.
+func (c *fakeClock) deadlines(start time.Time) []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []time.Duration
+	for _, t := range c.timers {
+		out = append(out, t.deadline.Sub(start))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// eventually polls cond every millisecond until it holds or the deadline passes.
+func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// harness is a Server on 127.0.0.1:0 with its push loop running; everything stops at cleanup.
+type harness struct {
+	srv  *Server
+	addr string
+	reg  *prometheus.Registry
+	stop func()
+}
+
+func startServer(t testing.TB, cfg Config) *harness {
+	t.Helper()
+	return startServerOn(t, cfg, "127.0.0.1:0")
+}
+
+func startServerOn(t testing.TB, cfg Config, addr string) *harness {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	if cfg.Registerer == nil {
+		cfg.Registerer = reg
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	if cfg.Damping == 0 {
+		cfg.Damping = -1 // these tests pin the server's push rules; damping has its own tests
+	}
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(srv.ServerOptions()...)
+	srv.Register(g)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = g.Serve(srv.Listener(lis)) }()
+	go func() { defer wg.Done(); _ = srv.Run(ctx) }()
+	var once sync.Once
+	h := &harness{srv: srv, addr: lis.Addr().String(), reg: reg}
+	h.stop = func() {
+		once.Do(func() {
+			cancel()
+			g.Stop()
+			wg.Wait()
+		})
+	}
+	t.Cleanup(h.stop)
+	return h
+}
+
+func counter(t testing.TB, c prometheus.Collector) float64 {
+	t.Helper()
+	return testutil.ToFloat64(c)
+}
+
+// adsClient is a raw ADS stream, for the tests that need to see every response or to NACK.
+type adsClient struct {
+	t      testing.TB
+	node   *core.Node
+	conn   *grpc.ClientConn
+	stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	resp   chan *discovery.DiscoveryResponse
+	names  map[string][]string
+}
+
+func dialADS(t testing.TB, addr, nodeID string) *adsClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &adsClient{t: t, node: &core.Node{Id: nodeID}, conn: conn, stream: st,
+		resp: make(chan *discovery.DiscoveryResponse, 100), names: map[string][]string{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(c.resp)
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				return
+			}
+			c.resp <- r
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		conn.Close()
+		<-done
+	})
+	return c
+}
+
+// subscribe asks for names of typeURL (the first request of the stream carries the node).
+func (c *adsClient) subscribe(typeURL string, names ...string) {
+	c.t.Helper()
+	c.names[typeURL] = names
+	if err := c.stream.Send(&discovery.DiscoveryRequest{Node: c.node, TypeUrl: typeURL, ResourceNames: names}); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// next returns the next response, failing the test after a deadline.
+func (c *adsClient) next() *discovery.DiscoveryResponse {
+	c.t.Helper()
+	select {
+	case r, ok := <-c.resp:
+		if !ok {
+			c.t.Fatal("ADS stream ended")
+		}
+		return r
+	case <-time.After(10 * time.Second):
+		c.t.Fatal("no ADS response within 10s")
+	}
+	return nil
+}
+
+// pending returns the responses received and not yet read, without waiting.
+func (c *adsClient) pending() []*discovery.DiscoveryResponse {
+	var out []*discovery.DiscoveryResponse
+	for {
+		select {
+		case r, ok := <-c.resp:
+			if !ok {
+				return out
+			}
+			out = append(out, r)
+		default:
+			return out
+		}
+	}
+}
+
+func (c *adsClient) ack(r *discovery.DiscoveryResponse) {
+	c.t.Helper()
+	if err := c.stream.Send(&discovery.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResourceNames: c.names[r.GetTypeUrl()],
+		VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()}); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *adsClient) nack(r *discovery.DiscoveryResponse, lastGood string) {
+	c.t.Helper()
+	if err := c.stream.Send(&discovery.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResourceNames: c.names[r.GetTypeUrl()],
+		VersionInfo: lastGood, ResponseNonce: r.GetNonce(), ErrorDetail: &statuspb.Status{Code: 3, Message: "test rejects it"}}); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// weights renders the assignments of a response as "pod@priority:weight …".
+func weights(t testing.TB, r *discovery.DiscoveryResponse) string {
+	t.Helper()
+	var parts []string
+	for _, a := range r.GetResources() {
+		cla := &endpoint.ClusterLoadAssignment{}
+		if err := a.UnmarshalTo(cla); err != nil {
+			t.Fatal(err)
+		}
+		out := cla.GetClusterName() + ":"
+		for _, l := range cla.GetEndpoints() {
+			out += fmt.Sprintf(" %s@%d:%d", l.GetLocality().GetSubZone(), l.GetPriority(), l.GetLoadBalancingWeight().GetValue())
+		}
+		parts = append(parts, out+";")
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, "")
+}
+
+// subscribeAt asks for names of typeURL saying the client holds version (as a client that
+// reconnects does).
+func (c *adsClient) subscribeAt(typeURL, version string, names ...string) {
+	c.t.Helper()
+	c.names[typeURL] = names
+	if err := c.stream.Send(&discovery.DiscoveryRequest{Node: c.node, TypeUrl: typeURL, ResourceNames: names, VersionInfo: version}); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// deltaClient is a raw delta ADS stream (DeltaAggregatedResources).
+type deltaClient struct {
+	t      testing.TB
+	node   *core.Node
+	stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
+	resp   chan *discovery.DeltaDiscoveryResponse
+	sent   bool   // the node went out with the first request
+	close  func() // ends the stream (also at cleanup)
+}
+
+func dialDelta(t testing.TB, addr, nodeID string) *deltaClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &deltaClient{t: t, node: &core.Node{Id: nodeID}, stream: st, resp: make(chan *discovery.DeltaDiscoveryResponse, 100)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(c.resp)
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				return
+			}
+			c.resp <- r
+		}
+	}()
+	var once sync.Once
+	c.close = func() {
+		once.Do(func() {
+			cancel()
+			conn.Close()
+			<-done
+		})
+	}
+	t.Cleanup(c.close)
+	return c
+}
+
+func (c *deltaClient) send(req *discovery.DeltaDiscoveryRequest) {
+	c.t.Helper()
+	if !c.sent {
+		req.Node, c.sent = c.node, true
+	}
+	if err := c.stream.Send(req); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// subscribe subscribes to names of typeURL (none: the legacy wildcard).
+func (c *deltaClient) subscribe(typeURL string, names ...string) {
+	c.t.Helper()
+	c.send(&discovery.DeltaDiscoveryRequest{TypeUrl: typeURL, ResourceNamesSubscribe: names})
+}
+
+func (c *deltaClient) next() *discovery.DeltaDiscoveryResponse {
+	c.t.Helper()
+	select {
+	case r, ok := <-c.resp:
+		if !ok {
+			c.t.Fatal("delta stream ended")
+		}
+		return r
+	case <-time.After(10 * time.Second):
+		c.t.Fatal("no delta response within 10s")
+	}
+	return nil
+}
+
+func (c *deltaClient) ack(r *discovery.DeltaDiscoveryResponse) {
+	c.t.Helper()
+	c.send(&discovery.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()})
+}
+
+func (c *deltaClient) nack(r *discovery.DeltaDiscoveryResponse) {
+	c.t.Helper()
+	c.send(&discovery.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce(),
+		ErrorDetail: &statuspb.Status{Code: 3, Message: "test rejects it"}})
+}
+
+// pendingOne returns the next response if one has arrived, else nil.
+func (c *adsClient) pendingOne() *discovery.DiscoveryResponse {
+	select {
+	case r := <-c.resp:
+		return r
+	default:
+		return nil
+	}
+}
+
+// pendingOne returns the next response if one has arrived, else nil.
+func (c *deltaClient) pendingOne() *discovery.DeltaDiscoveryResponse {
+	select {
+	case r := <-c.resp:
+		return r
+	default:
+		return nil
+	}
+}
+
+// cached returns what the server serves node id (its current sets), as a snapshot.
+// nodeByIDLocked returns a node whose client sent id (nil: none); s.nodesMu is held. The
+// tests that use it have one client per id.
+func (s *Server) nodeByIDLocked(id string) *nodeState {
+	for _, n := range s.nodes {
+		if n.id == id {
+			return n
+		}
+	}
+	return nil
+}
+
+func (s *Server) cached(id string) (*cache.Snapshot, error) {
+	s.nodesMu.Lock()
+	var n *nodeState
+	for _, x := range s.nodes {
+		if x.id != id {
+			continue
+		}
+		if n != nil {
+			s.nodesMu.Unlock()
+			return nil, fmt.Errorf("node %q has several owners", id)
+		}
+		n = x
+	}
+	s.nodesMu.Unlock()
+	if n == nil {
+		return nil, fmt.Errorf("no node %q", id)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.served {
+		return nil, fmt.Errorf("node %q is served nothing yet", id)
+	}
+	snap := &cache.Snapshot{}
+	for i, set := range n.sets {
+		snap.Resources[typeSlots[i]] = cache.NewResources(set.Version, set.Items)
+	}
+	return snap, nil
+}
+
+// bookinfoPath is the translator's Bookinfo fixture.
+const bookinfoPath = "../testdata/bookinfo.yaml"
+
+func loadTopology(t testing.TB, path string) *optimizer.Topology {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	top, err := optimizer.ParseTopology(f, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return top
+}
+
+func plan(t testing.TB, top *optimizer.Topology, p optimizer.Policy) *optimizer.Allocation {
+	t.Helper()
+	m, err := optimizer.Compile(top, optimizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := optimizer.Plan(m, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
