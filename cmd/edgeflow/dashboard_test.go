@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -138,8 +139,8 @@ func buildEdgeflow(t *testing.T) string {
 }
 
 // startServeBinary runs the binary until the test ends (SIGINT, then a kill after 15 s) and
-// returns its stderr.
-func startServeBinary(t *testing.T, bin string, args ...string) *syncBuffer {
+// returns its stderr and pid.
+func startServeBinary(t *testing.T, bin string, args ...string) (*syncBuffer, int) {
 	t.Helper()
 	var stderr syncBuffer
 	cmd := exec.Command(bin, args...)
@@ -162,7 +163,7 @@ func startServeBinary(t *testing.T, bin string, args ...string) *syncBuffer {
 			t.Errorf("%v did not stop on SIGINT", args)
 		}
 	})
-	return &stderr
+	return &stderr, cmd.Process.Pid
 }
 
 // freePort returns a loopback port nothing listens on now.
@@ -273,10 +274,16 @@ func TestDashboardQueriesReturnData(t *testing.T) {
 	kubeconfig, calls := clusterFixture(t)
 	promURL := startPrometheus(t, promBin, fileMetrics, clusterMetrics, rebalanceMetrics)
 	bin := buildEdgeflow(t)
-	clusterErr := startServeBinary(t, bin, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", clusterMetrics, "--kubeconfig", kubeconfig,
+	clusterErr, _ := startServeBinary(t, bin, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", clusterMetrics, "--kubeconfig", kubeconfig,
 		"--calls", calls, "--prometheus-url", promURL)
-	rebalanceErr := startServeBinary(t, bin, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", rebalanceMetrics, "--kubeconfig", kubeconfig,
+	rebalanceErr, rebalancePID := startServeBinary(t, bin, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", rebalanceMetrics, "--kubeconfig", kubeconfig,
 		"--calls", calls, "--default-latency", "20", "--rebalance")
+	// The dry-run rebalancer runs at start only if the cluster's topology is already there
+	// (else it waits for its period): SIGUSR1, the operator's trigger, once it is.
+	waitFor(t, "the rebalancing serve's first publication", func() bool { return strings.Contains(rebalanceErr.String(), "xds: published") })
+	if err := syscall.Kill(rebalancePID, syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
 
 	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}], "node": {"id": "c-0"}}`, xdsAddr)
 	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
