@@ -31,8 +31,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		gain: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_rebalance_planned_gain_ratio",
 			Help: "Relative fall of the predicted LATA cost from the current placement to the last run's target."}),
-		cost: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "edgeflow_rebalance_predicted_cost",
-			Help: "Predicted LATA cost (ms·req/s) of the current placement and of the target, at the last run."}, []string{"placement"}),
+		cost: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "edgeflow_rebalance_predicted_latency_cost_seconds",
+			Help: "Predicted LATA latency cost of the current placement and of the target, at the last run: Σ requests/s × network latency in seconds, the network latency accrued per second of traffic."}, []string{"placement"}),
 		moves: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_rebalance_moves_total",
 			Help: "Pods evicted to move them to their planned node."}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "edgeflow_rebalance_moves_skipped_total",

@@ -284,8 +284,8 @@ func (c *Controller) runOnce(ctx context.Context, rec events.EventRecorder) *Rep
 	c.metrics.runs.WithLabelValues("ok").Inc()
 	c.metrics.lastRun.Set(float64(r.Time.UnixNano()) / 1e9)
 	c.metrics.gain.Set(r.Gain)
-	c.metrics.cost.WithLabelValues("current").Set(r.CostBefore)
-	c.metrics.cost.WithLabelValues("target").Set(r.CostTarget)
+	c.metrics.cost.WithLabelValues("current").Set(r.CostBefore / 1000) // ms·req/s → s·req/s
+	c.metrics.cost.WithLabelValues("target").Set(r.CostTarget / 1000)
 	for _, m := range r.Moves {
 		switch {
 		case m.Action == ActionEvict && r.DryRun:

@@ -67,6 +67,7 @@ const (
 )
 
 type demoFlags struct {
+	logger         *slog.Logger // nil: warnings as text to stderr
 	topology       string
 	duration       time.Duration
 	warmup         time.Duration
@@ -138,6 +139,7 @@ func newDemoCommand() *cobra.Command {
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.rateSet = cmd.Flags().Changed("rate")
+			f.logger = newLogger(cmd, slog.LevelWarn)
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			_, err := runDemo(ctx, cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
@@ -256,7 +258,10 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 		},
 		Load: loadgen.Config{Rate: in.rates[0], Warmup: f.warmup, Duration: f.duration, Timeout: f.timeout},
 		// The xDS server's warnings (NACKs, rejected topologies) are worth seeing.
-		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger: f.logger,
+	}
+	if in.scenario.Logger == nil {
+		in.scenario.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	in.slice = in.scenario.Load
 	in.slice.Duration = f.duration / time.Duration(f.rounds)

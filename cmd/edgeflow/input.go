@@ -59,7 +59,7 @@ func (f *topologyFlags) load(cmd *cobra.Command, opts optimizer.Options) (*optim
 	var t *optimizer.Topology
 	var err error
 	if f.file == "" {
-		logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+		logger := newLogger(cmd, slog.LevelWarn)
 		t, err = f.clusterSnapshot(cmd.Context(), opts.DefaultLatencyMS, logger)
 	} else {
 		t, err = readTopology(f.file, cmd.InOrStdin())

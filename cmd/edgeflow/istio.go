@@ -16,9 +16,10 @@ func init() { subcommands = append(subcommands, newIstioCommand) }
 
 func newIstioCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "istio",
-		Short: "Istio helpers",
-		Args:  noArgs,
+		Use:     "istio",
+		Short:   "Istio helpers",
+		Example: "  edgeflow istio bootstrap --istio-xds-address edgeflow.edgeflow-system.svc:18000 -n shop | kubectl apply -f -",
+		Args:    noArgs,
 	}
 	cmd.AddCommand(newIstioBootstrapCommand())
 	return cmd
@@ -38,6 +39,8 @@ func newIstioBootstrapCommand() *cobra.Command {
 			"edgeflow-xds cluster Envoy needs for EDS from edgeflow), then, as YAML comments, the patch a caller\n" +
 			"workload's pod template needs: the " + istio.BootstrapAnnotation + " annotation naming the ConfigMap and the\n" +
 			istio.EDSLabel + "=" + istio.EDSLabelValue + " label the EnvoyFilters select. The output can be given to kubectl apply -f.",
+		Example: "  edgeflow istio bootstrap --istio-xds-address edgeflow.edgeflow-system.svc:18000 -n shop | kubectl apply -f -\n" +
+			"  edgeflow istio bootstrap --istio-xds-address edgeflow.edgeflow-system.svc:18000 -n shop --xds-tls",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {

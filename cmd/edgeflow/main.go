@@ -3,8 +3,10 @@
 //
 //	edgeflow plan  -f topology.yaml [--policy lata] [-o table|json|yaml]
 //	edgeflow place -f topology.yaml [--policy larp] [-o table|json|yaml|topology]
-//	edgeflow serve -f topology.yaml --xds-address HOST:PORT
+//	edgeflow serve -f topology.yaml --xds-address HOST:PORT [--ui-address HOST:PORT]
 //	edgeflow demo
+//	edgeflow version [-o json]
+//	edgeflow completion bash
 package main
 
 import (
@@ -42,10 +44,17 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.Example = "  edgeflow plan -f examples/bookinfo.yaml\n" +
+		"  edgeflow serve -f topology.yaml --xds-address 127.0.0.1:18000 --ui-address 127.0.0.1:8080\n  edgeflow demo\n  edgeflow version"
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	var logs logFlags
+	logs.register(root)
+	root.PersistentPreRunE = func(*cobra.Command, []string) error { return logs.check() }
 	for _, add := range subcommands {
 		root.AddCommand(add())
 	}
+	completeFlagValues(root)
+	addBuiltinExamples(root)
 	return root
 }
 

@@ -191,10 +191,11 @@ func newRebalanceCommand() *cobra.Command {
 }
 
 func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, output, metricsAddress string, defaultLatency *float64) error {
-	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	level := slog.LevelInfo
 	if rf.dryRun {
-		logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+		level = slog.LevelWarn
 	}
+	logger := newLogger(cmd, level)
 	cs, err := cf.clientset()
 	if err != nil {
 		return err

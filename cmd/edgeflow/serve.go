@@ -45,12 +45,12 @@ type serveFlags struct {
 	removalGrace   time.Duration
 	damping        float64
 	pollInterval   time.Duration
-	logLevel       string
 	tls            xdsserver.TLSFiles
 	insecureXDS    bool
 	trustDomain    string
 	limits         xdsserver.Limits
 	profilingAddr  string
+	uiAddress      string
 	rebalance      bool
 	rebalancer     rebalanceFlags
 }
@@ -88,8 +88,8 @@ func newServeCommand() *cobra.Command {
 	fl.DurationVar(&f.removalGrace, "removal-grace", xdsserver.DefaultRemovalGrace, "keep a removed pod's cluster and endpoints this long after the routes that named it are acknowledged (0: none)")
 	fl.Float64Var(&f.damping, "damping", optimizer.DefaultDamping, "flap damping: a recompute that moves less than this fraction of the traffic (pods, services and calls unchanged) is not pushed; negative pushes every recompute")
 	fl.DurationVar(&f.pollInterval, "poll-interval", watcher.DefaultPollInterval, "how often the topology file is checked for changes")
-	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fl.StringVar(&f.profilingAddr, "profiling-address", "", "loopback HOST:PORT for /debug/pprof/ on its own listener, with mutex and block profiling on (empty: not served)")
+	fl.StringVar(&f.uiAddress, "ui-address", "", "loopback HOST:PORT for the live web view, read-only, on its own listener (empty: not served)")
 	fl.StringVar(&f.tls.CertFile, "xds-tls-cert", "", "serve xDS over TLS with this certificate (PEM; reloaded when the file changes)")
 	fl.StringVar(&f.tls.KeyFile, "xds-tls-key", "", "the key of --xds-tls-cert (PEM)")
 	fl.StringVar(&f.tls.ClientCAFile, "xds-tls-client-ca", "", "mutual TLS: clients need a certificate from these CAs, and a node may claim only a pod whose service account its certificate names (spiffe://TRUST-DOMAIN/ns/NS/sa/SA)")
@@ -138,11 +138,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	if f.debounceQuiet == 0 || f.debounceMax <= 0 || f.pollInterval <= 0 {
 		return badInput("--debounce-quiet must be non-zero, --debounce-max and --poll-interval positive")
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return badInput("--log-level: %v", err)
-	}
-	logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+	logger := newLogger(cmd, slog.LevelInfo)
 	opts := f.options(cmd)
 	if err := f.istio.checkMode(); err != nil {
 		return err
@@ -282,6 +278,16 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		listener = fanout{srv, istioRun}
 		start("Istio "+f.istio.mode, func() error { return istioRun.Run(ctx) })
 	}
+	follower, uiSrv, uiLis, err := f.startWebView(srv, reg, policy, opts, cluster, logger)
+	if err != nil {
+		cancel(err)
+	} else {
+		listener = fanout{listener, follower}
+		start("publication follower", func() error { return follower.Run(ctx) })
+		if uiSrv != nil {
+			g.ServeHTTP("web view", uiSrv, uiLis)
+		}
+	}
 	start("topology source", func() error { return source.Run(ctx, listener) })
 	if rb != nil {
 		if err := f.rebalancer.start(ctx, rb, start); err != nil {
@@ -324,10 +330,13 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			from += " and Prometheus " + redactURL(f.prometheusURL)
 		}
 	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow serve: xDS on %s, metrics %s, policy %s, encoding %s, topology from %s\n",
+	announce(cmd, "edgeflow serve: xDS on %s, metrics %s, policy %s, encoding %s, topology from %s",
 		xdsLis.Addr(), metricsAt, policy, enc, from)
 	if profLis != nil {
-		fmt.Fprintf(cmd.ErrOrStderr(), "edgeflow serve: profiling on http://%s/debug/pprof/\n", profLis.Addr())
+		announce(cmd, "edgeflow serve: profiling on http://%s/debug/pprof/", profLis.Addr())
+	}
+	if uiLis != nil {
+		announce(cmd, "edgeflow serve: web view on http://%s/", uiLis.Addr())
 	}
 
 	<-ctx.Done()
@@ -378,6 +387,10 @@ func (f *serveFlags) checkSecurity() error {
 	if f.profilingAddr != "" && !isLoopback(f.profilingAddr) {
 		return badInput("--profiling-address %s is not a loopback address: profiles (and the command line) are served "+
 			"without authentication, so only on loopback (reach it with kubectl port-forward)", f.profilingAddr)
+	}
+	if f.uiAddress != "" && !isLoopback(f.uiAddress) {
+		return badInput("--ui-address %s is not a loopback address: the web view shows every pod, node, latency and weight "+
+			"without authentication, so only on loopback (reach it with kubectl port-forward)", f.uiAddress)
 	}
 	if f.limits.RequestBurst < 0 {
 		return badInput("--xds-request-burst %d: need 0 or more", f.limits.RequestBurst)

@@ -29,7 +29,8 @@ func newUninstallCommand() *cobra.Command {
 			"from istiod and the user's own rules again. Objects edgeflow does not own are never touched; running it twice\n" +
 			"is harmless. Remove the pods' " + istio.BootstrapAnnotation + " annotation first: a pod that still names a\n" +
 			"deleted ConfigMap cannot restart.",
-		Args: noArgs,
+		Example: "  edgeflow uninstall --kubeconfig ~/.kube/config\n  edgeflow uninstall --kubeconfig ~/.kube/config --istio-namespace istio-system",
+		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// The rebalancer first: its webhook registration, its gates, its state.
 			if err := uninstallRebalancer(cmd, &cf, timeout); err != nil {

@@ -106,6 +106,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"connections", "streams", "streams_per_connection", "resource_names", "request_rate", "node_switch", "no_node", "identity"} {
 		m.refused.WithLabelValues(r)
 	}
+	for _, to := range []string{"acked", "previous", "kept", "kept-relabeled"} {
+		m.fallbacks.WithLabelValues(to)
+	}
 	for _, t := range xds.SetNames {
 		m.pushes.WithLabelValues(t)
 		m.nacks.WithLabelValues(t)

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+)
+
+// commandPaths lists every command a user can run, as its words after "edgeflow".
+func commandPaths(c *cobra.Command, prefix []string, out *[][]string) {
+	*out = append(*out, prefix)
+	for _, sub := range c.Commands() {
+		if sub.Hidden {
+			continue
+		}
+		commandPaths(sub, append(append([]string(nil), prefix...), sub.Name()), out)
+	}
+}
+
+// TestEveryCommandHasAnExample: every command's --help shows an Examples section, cobra's own
+// (help, completion and its shells) included.
+func TestEveryCommandHasAnExample(t *testing.T) {
+	var paths [][]string
+	commandPaths(newRootCommand(), nil, &paths)
+	if len(paths) < 15 {
+		t.Fatalf("only %d commands found: %v", len(paths), paths)
+	}
+	for _, p := range paths {
+		name := strings.TrimSpace("edgeflow " + strings.Join(p, " "))
+		code, out, errOut := runCLI(t, "", append(p, "--help")...)
+		if code != 0 {
+			t.Errorf("%s --help: exit %d: %s", name, code, errOut)
+			continue
+		}
+		i := strings.Index(out, "\nExamples:\n")
+		if i < 0 {
+			t.Errorf("%s --help has no Examples section (set the command's Example):\n%s", name, out)
+			continue
+		}
+		if first := strings.SplitN(out[i+len("\nExamples:\n"):], "\n", 2)[0]; !strings.HasPrefix(strings.TrimSpace(first), "edgeflow ") &&
+			!strings.HasPrefix(strings.TrimSpace(first), "source <(edgeflow") {
+			t.Errorf("%s: the first example %q does not run edgeflow", name, first)
+		}
+	}
+}
+
+var versionLine = regexp.MustCompile(`^edgeflow \S+ \(commit (\S+?)(, modified)?, (go1\.\d+(\.\d+)?\S*)\)\n$`)
+
+func TestVersion(t *testing.T) {
+	code, out, errOut := runCLI(t, "", "version")
+	m := versionLine.FindStringSubmatch(out)
+	if code != 0 || m == nil || m[3] != runtime.Version() {
+		t.Fatalf("version: exit %d, %q (stderr %q); want edgeflow VERSION (commit X, %s)", code, out, errOut, runtime.Version())
+	}
+	code, out, _ = runCLI(t, "", "version", "-o", "json")
+	var v buildVersion
+	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.GoVersion != runtime.Version() || v.Version == "" {
+		t.Fatalf("version -o json: exit %d, %v: %s", code, err, out)
+	}
+	if code, out, errOut := runCLI(t, "", "version", "-o", "yaml"); code != exitBadInput || out != "" || !strings.Contains(errOut, `-o "yaml"`) {
+		t.Errorf("version -o yaml: exit %d, stdout %q, stderr %q; want exit 2 naming it", code, out, errOut)
+	}
+}
+
+// TestBinaryVersionAndBashCompletion builds the binary as make build does and checks that it
+// names the commit it was built from, and that bash completes its commands, flags and flag
+// values through the script `edgeflow completion bash` prints.
+func TestBinaryVersionAndBashCompletion(t *testing.T) {
+	root := filepath.Join("..", "..")
+	bin := buildEdgeflow(t)
+	out, err := exec.Command(bin, "version", "-o", "json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v buildVersion
+	if err := json.Unmarshal(out, &v); err != nil {
+		t.Fatalf("version -o json: %v: %s", err, out)
+	}
+	text, _ := exec.Command(bin, "version").Output()
+	head, gitErr := exec.Command("git", "-C", root, "rev-parse", "HEAD").Output()
+	switch {
+	case v.Commit != "":
+		if gitErr == nil && v.Commit != strings.TrimSpace(string(head)) {
+			t.Errorf("version names commit %s, the checkout is at %s", v.Commit, head)
+		}
+		if !strings.Contains(string(text), "(commit "+v.Commit) {
+			t.Errorf("version %q does not name commit %s", text, v.Commit)
+		}
+	default:
+		// No VCS stamp: not a git checkout the go command can read (a git worktree, a tarball).
+		if !strings.Contains(string(text), "(commit unknown, ") {
+			t.Errorf("version %q: want commit unknown without a VCS stamp", text)
+		}
+		t.Logf("the build has no VCS stamp (git: %v); version says %q", gitErr, strings.TrimSpace(string(text)))
+	}
+	t.Logf("edgeflow version: %s", strings.TrimSpace(string(text)))
+
+	// bash, with Debian's bash-completion (cobra's bash script uses its _get_comp_words_by_ref).
+	const bashCompletion = "/usr/share/bash-completion/bash_completion"
+	bash, err := exec.LookPath("bash")
+	if _, serr := os.Stat(bashCompletion); err != nil || serr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("bash or %s missing (apt-get install bash-completion); CI must run this test", bashCompletion)
+		}
+		t.Skipf("bash or %s missing (apt-get install bash-completion)", bashCompletion)
+	}
+	complete := func(line string) []string {
+		script := `source ` + bashCompletion + `; source <("$EDGEFLOW" completion bash)
+COMP_LINE="$LINE"; COMP_POINT=${#COMP_LINE}; read -ra COMP_WORDS <<< "$LINE"
+[[ "$LINE" == *" " ]] && COMP_WORDS+=("")
+COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
+__start_edgeflow 2>/dev/null
+printf '%s\n' "${COMPREPLY[@]}"`
+		cmd := exec.Command(bash, "--norc", "-c", script)
+		cmd.Env = append(os.Environ(), "EDGEFLOW="+bin, "LINE="+line, "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"))
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("bash completion of %q: %v", line, err)
+		}
+		return strings.Fields(string(out))
+	}
+	for _, tc := range []struct {
+		line string
+		want []string
+	}{
+		{"edgeflow se", []string{"serve"}},
+		{"edgeflow ver", []string{"version"}},
+		{"edgeflow serve --ui", []string{"--ui-address"}},
+		{"edgeflow plan --policy la", []string{"lata", "lata-q"}},
+		{"edgeflow place --policy ", []string{"k8s-spread", "larp-greedy", "larp"}},
+		{"edgeflow version --log-format ", []string{"text", "json"}},
+	} {
+		got := complete(tc.line)
+		for _, w := range tc.want {
+			if !strings.Contains(" "+strings.Join(got, " ")+" ", " "+w+" ") {
+				t.Errorf("bash completes %q to %v, want %q among them", tc.line, got, w)
+			}
+		}
+	}
+}

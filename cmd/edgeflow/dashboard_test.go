@@ -1,0 +1,338 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	grpcxds "google.golang.org/grpc/xds"
+)
+
+const dashboardFile = "../../install/grafana/edgeflow-dashboard.json"
+
+// dashboardQuery is one PromQL expression of the dashboard, with its panel's title.
+type dashboardQuery struct{ panel, expr string }
+
+// dashboardQueries reads every target's expression from the Grafana dashboard.
+func dashboardQueries(t *testing.T) []dashboardQuery {
+	t.Helper()
+	b, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("%s: %v", dashboardFile, err)
+	}
+	var qs []dashboardQuery
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			if tg.Expr == "" {
+				t.Errorf("panel %q: a target without an expression", p.Title)
+			}
+			qs = append(qs, dashboardQuery{p.Title, tg.Expr})
+		}
+	}
+	if len(qs) == 0 {
+		t.Fatalf("%s: no queries", dashboardFile)
+	}
+	return qs
+}
+
+// grafanaVars replaces the dashboard's Grafana variables with what Grafana would send.
+var grafanaVars = strings.NewReplacer("$__rate_interval", "30s", `"$instance"`, `".*"`)
+
+// needTool finds a Prometheus binary; it skips without one, except under CI=true.
+func needTool(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err == nil {
+		return p
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s not on PATH (apt-get install prometheus); CI must run this test", name)
+	}
+	t.Skipf("%s not on PATH (apt-get install prometheus)", name)
+	return ""
+}
+
+// TestDashboardQueriesParse checks every expression of the Grafana dashboard with promtool, as
+// recording rules.
+func TestDashboardQueriesParse(t *testing.T) {
+	promtool := needTool(t, "promtool")
+	var rules strings.Builder
+	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")
+	for i, q := range dashboardQueries(t) {
+		expr, _ := json.Marshal(grafanaVars.Replace(q.expr)) // a JSON string is a YAML scalar
+		fmt.Fprintf(&rules, "      - record: dashboard:query_%d\n        expr: %s\n", i, expr)
+	}
+	path := filepath.Join(t.TempDir(), "dashboard-rules.yaml")
+	if err := os.WriteFile(path, []byte(rules.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(promtool, "check", "rules", path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool check rules: %v\n%s\nrules:\n%s", err, out, rules.String())
+	}
+	t.Logf("promtool check rules: %s", strings.TrimSpace(string(out)))
+}
+
+// startServeProcess runs the command line in this process until the test ends and returns
+// its stderr.
+func startServeProcess(t *testing.T, args ...string) *syncBuffer {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var stderr syncBuffer
+	root := newRootCommand()
+	root.SetArgs(args)
+	root.SetErr(&stderr)
+	root.SetOut(io.Discard)
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%v: %v", args, err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Errorf("%v did not shut down", args)
+		}
+	})
+	return &stderr
+}
+
+// buildEdgeflow builds the binary (as make build does) into the test's directory.
+func buildEdgeflow(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "edgeflow")
+	build := exec.Command("go", "build", "-buildvcs=auto", "-o", bin, "./cmd/edgeflow")
+	build.Dir = filepath.Join("..", "..")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startServeBinary runs the binary until the test ends (SIGINT, then a kill after 15 s) and
+// returns its stderr and pid.
+func startServeBinary(t *testing.T, bin string, args ...string) (*syncBuffer, int) {
+	t.Helper()
+	var stderr syncBuffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Errorf("%v: %v", args, err)
+			}
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+			t.Errorf("%v did not stop on SIGINT", args)
+		}
+	})
+	return &stderr, cmd.Process.Pid
+}
+
+// freePort returns a loopback port nothing listens on now.
+func freePort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startPrometheus runs Debian's Prometheus on loopback, scraping targets every second; it is
+// stopped when the test ends.
+func startPrometheus(t *testing.T, bin string, targets ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := fmt.Sprintf("global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n  - job_name: edgeflow\n    static_configs: [{targets: [%s]}]\n",
+		`"`+strings.Join(targets, `", "`)+`"`)
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := freePort(t)
+	logf, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("prometheus log (last 3000 bytes):\n%s", b[max(0, len(b)-3000):])
+		}
+	})
+	u := "http://" + addr
+	waitFor(t, "Prometheus ready", func() bool { code, _ := httpGet(u + "/-/ready"); return code == 200 })
+	return u
+}
+
+// promQuery runs an instant query: the number of series returned, and an error for a query
+// Prometheus refuses.
+func promQuery(promURL, expr string) (int, error) {
+	resp, err := http.Get(promURL + "/api/v1/query?query=" + url.QueryEscape(expr))
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			Result []json.RawMessage `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		return 0, err
+	}
+	if r.Status != "success" {
+		return 0, fmt.Errorf("%s: %s", r.Status, r.Error)
+	}
+	return len(r.Data.Result), nil
+}
+
+// TestDashboardQueriesReturnData runs every query of the Grafana dashboard against a real
+// Prometheus scraping three running edgeflow serves: one following a topology file with a real
+// grpc-go xDS client, one following a real kube-apiserver and that Prometheus, and one on the
+// same cluster with the (dry-run) rebalancer on. Each query must return at least one series.
+func TestDashboardQueriesReturnData(t *testing.T) {
+	promBin := needTool(t, "prometheus")
+	queries := dashboardQueries(t)
+
+	// edgeflow following a file, with a client whose pushes are answered.
+	addrs := startServeBackends(t, "e-0", "e-1")
+	path := filepath.Join(t.TempDir(), "topology.yaml")
+	writeFile(t, path, serveTopology(addrs, 5))
+	fileMetrics, clusterMetrics, rebalanceMetrics := freePort(t), freePort(t), freePort(t)
+	fileErr := startServeProcess(t, "serve", "-f", path, "--xds-address", "127.0.0.1:0", "--metrics-address", fileMetrics,
+		"--debounce-quiet", "5ms", "--poll-interval", "10ms")
+	var xdsAddr string
+	re := regexp.MustCompile(`xDS on (\S+), `)
+	waitFor(t, "the file serve's listening line", func() bool {
+		if m := re.FindStringSubmatch(fileErr.String()); m != nil {
+			xdsAddr = m[1]
+		}
+		return xdsAddr != ""
+	})
+
+	// Prometheus scrapes all three serves. One follows the cluster and reads that Prometheus,
+	// which holds no probe series: the capacity-weighted plan is served, so the degraded-input
+	// panels have something to say. The rebalancer waits for usable latency, so it runs in a
+	// third serve on the cluster with a default latency instead.
+	// Both run as processes of their own: client-go's logger (klog) is process-global.
+	kubeconfig, calls := clusterFixture(t)
+	promURL := startPrometheus(t, promBin, fileMetrics, clusterMetrics, rebalanceMetrics)
+	bin := buildEdgeflow(t)
+	clusterErr, _ := startServeBinary(t, bin, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", clusterMetrics, "--kubeconfig", kubeconfig,
+		"--calls", calls, "--prometheus-url", promURL)
+	rebalanceErr, rebalancePID := startServeBinary(t, bin, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", rebalanceMetrics, "--kubeconfig", kubeconfig,
+		"--calls", calls, "--default-latency", "20", "--rebalance")
+	// The dry-run rebalancer runs at start only if the cluster's topology is already there
+	// (else it waits for its period): SIGUSR1, the operator's trigger, once it is.
+	waitFor(t, "the rebalancing serve's first publication", func() bool { return strings.Contains(rebalanceErr.String(), "xds: published") })
+	if err := syscall.Kill(rebalancePID, syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+
+	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}], "node": {"id": "c-0"}}`, xdsAddr)
+	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient("xds:///echo", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	// A change the client is pushed and answers (convergence observed), and a bad file.
+	writeFile(t, path, strings.Replace(strings.Replace(serveTopology(addrs, 5), "{name: e-0, node: n1", "{name: e-0, node: n2", 1),
+		"{name: e-1, node: n2", "{name: e-1, node: n1", 1))
+	writeFile(t, path, "nodes: [{name: n1}]\nservices: [{name: echo, pods: [{name: e-0, node: nowhere}]}]\n")
+
+	empty := map[string]string{}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		clear(empty)
+		for _, q := range queries {
+			n, err := promQuery(promURL, grafanaVars.Replace(q.expr))
+			if err != nil {
+				t.Fatalf("panel %q: %s: %v", q.panel, q.expr, err)
+			}
+			if n == 0 {
+				empty[q.expr] = q.panel
+			}
+		}
+		if len(empty) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	var names []string
+	for e, p := range empty {
+		names = append(names, fmt.Sprintf("panel %q: %s", p, e))
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		t.Errorf("no data: %s", n)
+	}
+	if t.Failed() {
+		t.Logf("the cluster serve's log:\n%s\nthe rebalancing serve's log:\n%s", clusterErr.String(), rebalanceErr.String())
+	}
+	t.Logf("%d dashboard queries, %d returned data", len(queries), len(queries)-len(empty))
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	grpcxds "google.golang.org/grpc/xds"
+
+	"github.com/edgeflow/edgeflow/internal/ui"
+)
+
+// TestServeWebView runs serve with --ui-address and a real grpc-go xDS client, and reads what
+// the web view would show from /snapshot.json: the topology, the weights, the plan's cost
+// against round-robin's (also on /metrics), the push answered, and a bad file as a degraded input.
+func TestServeWebView(t *testing.T) {
+	addrs := startServeBackends(t, "e-0", "e-1")
+	path := filepath.Join(t.TempDir(), "topology.yaml")
+	writeFile(t, path, serveTopology(addrs, 5))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var stderr syncBuffer
+	root := newRootCommand()
+	root.SetArgs([]string{"serve", "-f", path, "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
+		"--ui-address", "127.0.0.1:0", "--debounce-quiet", "5ms", "--poll-interval", "10ms"})
+	root.SetErr(&stderr)
+	root.SetOut(io.Discard)
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			t.Error("serve did not shut down")
+		}
+	})
+	var xdsAddr, metricsURL, uiURL string
+	re := regexp.MustCompile(`xDS on (\S+), metrics (http://\S+)/metrics`)
+	reUI := regexp.MustCompile(`web view on (http://\S+)/\n`)
+	waitFor(t, "the listening lines", func() bool {
+		m, u := re.FindStringSubmatch(stderr.String()), reUI.FindStringSubmatch(stderr.String())
+		if m != nil && u != nil {
+			xdsAddr, metricsURL, uiURL = m[1], m[2], u[1]
+		}
+		return m != nil && u != nil
+	})
+	snapshot := func() *ui.Snapshot {
+		code, body := httpGet(uiURL + "/snapshot.json")
+		if code != 200 {
+			t.Fatalf("/snapshot.json: %d %s", code, body)
+		}
+		var s ui.Snapshot
+		if err := json.Unmarshal([]byte(body), &s); err != nil {
+			t.Fatalf("/snapshot.json: %v", err)
+		}
+		return &s
+	}
+	waitFor(t, "publication 1 in the view", func() bool { return snapshot().Publication == 1 })
+
+	// A real xDS client: the push is answered.
+	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}], "node": {"id": "c-0"}}`, xdsAddr)
+	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient("xds:///echo", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer rcancel()
+	if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(rctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the view to see the stream", func() bool { return snapshot().Push.Streams >= 1 })
+
+	// e-0 on n1 and e-1 on n2, 5 ms apart: lata keeps each caller on its node.
+	s := snapshot()
+	if len(s.Nodes) != 2 || s.Nodes[0].Name != "n1" || len(s.Nodes[0].Pods) != 2 {
+		t.Errorf("nodes %+v, want n1 and n2 with two pods each", s.Nodes)
+	}
+	if len(s.Edges) != 1 || s.Edges[0].From != "client" || s.Edges[0].To != "echo" {
+		t.Fatalf("edges %+v, want client → echo", s.Edges)
+	}
+	for _, r := range s.Edges[0].Routes {
+		if r.Fraction != 1 || r.LatencyMS != 0 {
+			t.Errorf("route %+v, want every caller wholly on its own node", r)
+		}
+	}
+	if s.CostMS != 0 || s.RoundRobinCostMS != 25 { // 10 req/s, half of it across 5 ms
+		t.Errorf("cost %v, round-robin %v; want 0 and 25 ms·req/s", s.CostMS, s.RoundRobinCostMS)
+	}
+	if !s.Push.Converged {
+		t.Errorf("push %+v: not answered", s.Push)
+	}
+	if len(s.Latency) != 2 || s.Latency[0].MS != 5 {
+		t.Errorf("latency %+v, want n1↔n2 5 ms", s.Latency)
+	}
+	_, page := httpGet(metricsURL + "/metrics")
+	for label, want := range map[string]float64{"served": 0, "round_robin": 0.025} {
+		v := metricValue(page, `edgeflow_plan_latency_cost_seconds{allocation="`+label+`"}`)
+		if got, err := strconv.ParseFloat(v, 64); err != nil || math.Abs(got-want) > 1e-9 {
+			t.Errorf("edgeflow_plan_latency_cost_seconds{allocation=%q} = %q, want %v", label, v, want)
+		}
+	}
+
+	// A bad file is a degraded input until a good one comes.
+	writeFile(t, path, "nodes: [{name: n1}]\nservices: [{name: echo, pods: [{name: e-0, node: nowhere}]}]\n")
+	waitFor(t, "the bad file in the view", func() bool {
+		d := snapshot().Degraded
+		return len(d) == 1 && d[0].Input == "topology file"
+	})
+	// e-0 moves to n2 (a membership change, so it is pushed), 7 ms from n1.
+	moved := strings.Replace(serveTopology(addrs, 7), "{name: e-0, node: n1", "{name: e-0, node: n2", 1)
+	writeFile(t, path, moved)
+	waitFor(t, "publication 2 without degraded inputs", func() bool {
+		s := snapshot()
+		return s.Publication == 2 && len(s.Degraded) == 0 && s.RoundRobinCostMS == 35 && len(s.Nodes[1].Pods) == 3
+	})
+}
+
+func TestServeWebViewOnlyOnLoopback(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "good.yaml")
+	writeFile(t, path, serveTopology(map[string]string{"e-0": "10.0.0.1:80", "e-1": "10.0.0.2:80"}, 5))
+	for _, addr := range []string{"0.0.0.0:0", ":0", "edgeflow.example:8080"} {
+		code, stdout, stderr := runCLI(t, "", "serve", "-f", path, "--xds-address", "127.0.0.1:0", "--ui-address", addr)
+		if code != exitBadInput || stdout != "" || !strings.Contains(stderr, "--ui-address "+addr+" is not a loopback address") {
+			t.Errorf("--ui-address %s: exit %d, stdout %q, stderr %q; want exit 2 naming it", addr, code, stdout, stderr)
+		}
+	}
+}
