@@ -42,6 +42,7 @@ type serveFlags struct {
 	metricsAddress string
 	policy         string
 	encoding       string
+	lbPolicy       string
 	debounceQuiet  time.Duration
 	debounceMax    time.Duration
 	damping        float64
@@ -84,6 +85,7 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.metricsAddress, "metrics-address", "", "HOST:PORT for /metrics, /healthz and /readyz (empty: not served)")
 	fl.StringVar(&f.policy, "policy", string(optimizer.LATA), "allocation policy: round-robin, localization, opttraffic, lata, lata-q")
 	fl.StringVar(&f.encoding, "encoding", string(xds.EncodingLocality), "wire encoding of the weights: locality (EDS locality weights) or weighted-clusters")
+	fl.StringVar(&f.lbPolicy, "lb-policy", string(xds.LBRoundRobin), "how clients balance within the weights: round-robin, or least-request (LEAST_REQUEST over each callee's pods, power of two choices; locality encoding only)")
 	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xds.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
 	fl.DurationVar(&f.debounceMax, "debounce-max", xds.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
 	fl.Float64Var(&f.damping, "damping", optimizer.DefaultDamping, "flap damping: a recompute that moves less than this fraction of the traffic (pods, services and calls unchanged) is not pushed; negative pushes every recompute")
@@ -210,7 +212,11 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			return err
 		}
 	}
-	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, Options: opts, ClusterDomain: f.istio.clusterDomain,
+	lb, err := xds.ParseLBPolicy(f.lbPolicy)
+	if err != nil {
+		return usageError{err}
+	}
+	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, LBPolicy: lb, Options: opts, ClusterDomain: f.istio.clusterDomain,
 		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Damping: f.damping, Logger: logger, Registerer: reg,
 		Limits: f.limits, RequireIdentity: f.tls.ClientCAFile != "", TrustDomain: f.trustDomain})
 	if err != nil {
