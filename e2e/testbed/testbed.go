@@ -401,6 +401,14 @@ func (tb *Testbed) up() error {
 	if err := command("ip", "netns", "exec", tb.swNS, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"); err != nil {
 		return err
 	}
+	// The monitor's traffic (scrapes, a test's clients) has no delay: it bypasses the queue, so
+	// that nqdelay's CPU goes to the delayed node pairs only.
+	for _, dir := range []string{"-s", "-d"} {
+		if err := command("ip", "netns", "exec", tb.swNS, "iptables", "-w", "-A", "FORWARD",
+			"-m", "physdev", "--physdev-is-bridged", dir, monitorIP, "-j", "ACCEPT"); err != nil {
+			return err
+		}
+	}
 	if err := command("ip", "netns", "exec", tb.swNS, "iptables", "-w", "-A", "FORWARD",
 		"-m", "physdev", "--physdev-is-bridged", "-s", subnet+".0/24", "-d", subnet+".0/24",
 		"-j", "NFQUEUE", "--queue-num", queueNum); err != nil {

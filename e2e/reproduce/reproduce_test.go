@@ -1,0 +1,77 @@
+package reproduce
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/edgeflow/edgeflow/e2e/testbed"
+)
+
+func TestMain(m *testing.M) {
+	raisePriority()
+	testbed.VerifyMain(m, "e2e/reproduce")
+}
+
+// TestReproduce runs the experiment: the preset REPRODUCE_PRESET (quick, the default, or full),
+// writing the report into REPRODUCE_OUT when set (make reproduce: docs/). On scenario B at the
+// middle rate it asserts the paper's qualitative claims: proposed has a lower P99 than
+// default-k8s, localization and opttraffic, lata-only beats those three too; and the
+// rebalancer made at least one move with no pod left Pending.
+func TestReproduce(t *testing.T) {
+	name := os.Getenv("REPRODUCE_PRESET")
+	if name == "" {
+		name = "quick"
+	}
+	p, ok := Presets[name]
+	if !ok {
+		t.Fatalf("REPRODUCE_PRESET=%q: want quick or full", name)
+	}
+	p, err := Override(p, os.Getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 24*time.Hour)
+	defer cancel()
+	o := Run(t, ctx, p, os.Stderr)
+	if out := os.Getenv("REPRODUCE_OUT"); out != "" {
+		if err := WriteReport(o, out); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("report written to %s", out)
+	}
+	checkClaims(t, o)
+}
+
+// checkClaims asserts the qualitative claims on scenario B at the middle rate of every app.
+func checkClaims(t *testing.T, o *Outcome) {
+	mid := o.Preset.Rates[len(o.Preset.Rates)/2]
+	for _, st := range o.Setups {
+		if st.Moves < 1 {
+			t.Errorf("%s %s: edgeflow rebalance made no move", st.App, st.Scenario)
+		}
+		if len(st.Pending) > 0 {
+			t.Errorf("%s %s: pods left Pending after the rebalancer: %v", st.App, st.Scenario, st.Pending)
+		}
+		if st.Scenario != "B" {
+			continue
+		}
+		p99 := func(policy string) float64 {
+			r := o.Find(Cell{App: st.App, Scenario: "B", Policy: policy, RPS: mid})
+			if r == nil {
+				t.Fatalf("%s B %s at %g req/s was not run", st.App, policy, mid)
+			}
+			return pooled(r).P99
+		}
+		for _, winner := range []string{"proposed", "lata-only"} {
+			for _, base := range []string{"default-k8s", "localization", "opttraffic"} {
+				w, b := p99(winner), p99(base)
+				t.Logf("%s B %g req/s: %s P99 %.1f ms vs %s %.1f ms (%+.0f %%)", st.App, mid, winner, w, base, b, pct(w, b))
+				if !(w < b) {
+					t.Errorf("%s B %g req/s: %s P99 %.1f ms is not below %s's %.1f ms", st.App, mid, winner, w, base, b)
+				}
+			}
+		}
+	}
+}
