@@ -120,6 +120,10 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	if err != nil {
 		return usageError{err}
 	}
+	lb, err := xds.ParseLBPolicy(f.lbPolicy)
+	if err != nil {
+		return usageError{err}
+	}
 	if f.file == "-" {
 		return badInput("serve follows a file; it cannot read the topology from standard input")
 	}
@@ -211,10 +215,6 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		if rb, err = f.rebalancer.controller(cs, &f.clusterFlags, cluster, opts.DefaultLatencyMS, logger, reg); err != nil {
 			return err
 		}
-	}
-	lb, err := xds.ParseLBPolicy(f.lbPolicy)
-	if err != nil {
-		return usageError{err}
 	}
 	srv, err := xds.NewServer(xds.Config{Policy: policy, Encoding: enc, LBPolicy: lb, Options: opts, ClusterDomain: f.istio.clusterDomain,
 		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, Damping: f.damping, Logger: logger, Registerer: reg,

@@ -34,19 +34,28 @@ func TestReproduce(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 24*time.Hour)
 	defer cancel()
-	o := Run(t, ctx, p, os.Stderr)
-	if out := os.Getenv("REPRODUCE_OUT"); out != "" {
+	out := os.Getenv("REPRODUCE_OUT")
+	write := func(o *Outcome) {
+		if out == "" {
+			return
+		}
 		if err := WriteReport(o, out); err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("report written to %s", out)
+		t.Logf("report written to %s (%d cells)", out, len(o.Cells))
 	}
+	o := Run(t, ctx, p, os.Stderr, write)
+	write(o)
 	checkClaims(t, o)
 }
 
 // checkClaims asserts the qualitative claims on scenario B at the middle rate of every app.
 func checkClaims(t *testing.T, o *Outcome) {
-	mid := o.Preset.Rates[len(o.Preset.Rates)/2]
+	if len(o.Preset.Rows()) != len(Policies) {
+		t.Logf("claims not checked: only the rows %v ran", o.Preset.Policies)
+		return
+	}
+	mid := o.middle()
 	for _, st := range o.Setups {
 		if st.Moves < 1 {
 			t.Errorf("%s %s: edgeflow rebalance made no move", st.App, st.Scenario)

@@ -78,7 +78,9 @@ func (p *progress) slice(c Cell, run, runs int, took time.Duration, res *loadgen
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // Run runs the preset on a fresh harness and returns what it measured; progress goes to log.
-func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer) *Outcome {
+// Scenarios are the outer loop (the first one listed runs first for every app). checkpoint, if
+// set, is called with the outcome so far after each application × scenario.
+func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint func(*Outcome)) *Outcome {
 	o := &Outcome{Preset: p, Workload: DefaultWorkload, Started: time.Now()}
 	h := NewHarness(t, ctx, p.Scenarios[0], log)
 	o.Netem = h.NetemAvailable()
@@ -103,8 +105,8 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer) *Outcome {
 		r.Results = append(r.Results, res)
 		pr.slice(c, run, p.Runs, time.Since(begin), res)
 	}
-	for _, a := range p.Apps {
-		for _, sc := range p.Scenarios {
+	for _, sc := range p.Scenarios {
+		for _, a := range p.Apps {
 			h.SetScenario(sc)
 			// Prometheus's window (4 scrapes) must forget the old RTTs before serve reads them.
 			time.Sleep(6 * time.Second)
@@ -138,6 +140,7 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer) *Outcome {
 			}
 			if !slices.ContainsFunc(p.Rows(), func(q Policy) bool { return q.LARP }) {
 				h.Undeploy(a)
+				o.finish(pr)
 				continue
 			}
 			begin := time.Now()
@@ -157,14 +160,23 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer) *Outcome {
 				}
 			}
 			h.Undeploy(a)
+			o.finish(pr)
+			if checkpoint != nil {
+				checkpoint(o)
+			}
 		}
 	}
+	o.finish(pr)
+	return o
+}
+
+// finish records the end time and the slices' timing so far.
+func (o *Outcome) finish(pr *progress) {
 	o.Ended = time.Now()
 	o.Slices = pr.done
 	if pr.done > 0 {
 		o.SliceTime = pr.sliceTotal / time.Duration(pr.done)
 	}
-	return o
 }
 
 // findMax raises the rate from the last of the preset's by MaxStep, one short run of

@@ -149,7 +149,7 @@ var Presets = map[string]Preset{
 
 // Override narrows or changes a preset from the environment, for a run that fits the time at
 // hand: REPRODUCE_APPS (bookinfo,dag), REPRODUCE_SCENARIOS (A,B), REPRODUCE_RATES (req/s,
-// comma-separated), REPRODUCE_RUNS, REPRODUCE_POLICIES (names), REPRODUCE_FIND_MAX (0 or 1). The report names the preset
+// comma-separated), REPRODUCE_RUNS, REPRODUCE_DURATION (measured time per slice), REPRODUCE_POLICIES (names), REPRODUCE_FIND_MAX (0 or 1). The report names the preset
 // and says what ran.
 func Override(p Preset, getenv func(string) string) (Preset, error) {
 	if v := getenv("REPRODUCE_APPS"); v != "" {
@@ -193,6 +193,14 @@ func Override(p Preset, getenv func(string) string) (Preset, error) {
 		}
 		p.Runs = n
 		p.Name += "+runs"
+	}
+	if v := getenv("REPRODUCE_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return p, fmt.Errorf("REPRODUCE_DURATION: bad duration %q", v)
+		}
+		p.Duration = d
+		p.Name += "+duration"
 	}
 	if v := getenv("REPRODUCE_POLICIES"); v != "" {
 		p.Policies = strings.Split(v, ",")
