@@ -30,14 +30,16 @@ e2e-istio:
 ## e2e-reproduce: the paper's experiment's quick preset as a test (make reproduce QUICK=1, report
 ## in a temporary folder; ~5 min): asserts its qualitative claims on scenario B
 e2e-reproduce:
+	mkdir -p bin
 	cd e2e/reproduce && $(GO) vet ./... && $(GO) test -c -o $(CURDIR)/bin/reproduce.test .
-	REPRODUCE_PRESET=quick bin/reproduce.test -test.run '^TestReproduce$$' -test.v -test.count=1 -test.timeout 20m
+	REPRODUCE_PRESET=quick bin/reproduce.test -test.run '^(TestWriteReport|TestReproduce)$$' -test.v -test.count=1 -test.timeout 20m
 
 ## reproduce: the paper's experiment on the live loop, real delay, real control plane (root; see
 ## e2e/reproduce): the full grid writes docs/reproduction.md, .json and the CDF PNGs; QUICK=1
 ## runs one app, scenario B, 200 req/s, 2 runs (report in bin/reproduction/)
 QUICK ?=
 reproduce: k8s
+	mkdir -p bin
 	cd e2e/reproduce && $(GO) test -c -o $(CURDIR)/bin/reproduce.test .
 	REPRODUCE_PRESET=$(if $(QUICK),quick,full) REPRODUCE_OUT=$(if $(QUICK),$(CURDIR)/bin/reproduction,$(CURDIR)/docs) \
 	  bin/reproduce.test -test.run '^TestReproduce$$' -test.v -test.count=1 -test.timeout 0

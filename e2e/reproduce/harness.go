@@ -435,10 +435,12 @@ func (p *proc) tail() string {
 	return lastLines(string(b), 15)
 }
 
+// metricsClient keeps no idle connections: serve and rebalance come and go.
+var metricsClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
 // metrics reads a Prometheus text endpoint and sums the samples of each metric name.
 func metrics(addr string) (map[string]float64, error) {
-	c := &http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + addr + "/metrics")
+	resp, err := metricsClient.Get("http://" + addr + "/metrics")
 	if err != nil {
 		return nil, err
 	}
