@@ -10,7 +10,7 @@ HELM        := $(CACHE)/bin/helm-$(HELM_VERSION)/helm
 KUBE_VERSION := v1.37.2
 FUZZTIME    ?= 20s
 
-.PHONY: all build demo test lint k8s helm manifests unit e2e-istio e2e-ui fuzz bench bench-solver bench-push clean
+.PHONY: all build demo test lint k8s helm manifests unit e2e-istio e2e-ui e2e-reproduce reproduce fuzz bench bench-solver bench-push clean
 
 all: build
 
@@ -24,7 +24,7 @@ demo:
 
 ## test: formatting, vet, staticcheck, go.mod tidy, then every test with the race detector
 ## (the live tests need the Kubernetes control plane binaries and helm: built once, cached; see k8s, helm)
-test: lint k8s helm unit e2e-istio e2e-ui
+test: lint k8s helm unit e2e-istio e2e-ui e2e-reproduce
 
 ## e2e-istio: Istio's own pilot (in-process, the separate module e2e/istio) decides whether the
 ## EnvoyFilters edgeflow manages work (cold build ~8 min on 2 cores, cached by Go afterwards)
@@ -36,6 +36,23 @@ e2e-istio:
 ## writes the screenshot docs/webview.png
 e2e-ui:
 	cd e2e/ui && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+## e2e-reproduce: the paper's experiment's quick preset as a test (make reproduce QUICK=1, report
+## in a temporary folder; ~5 min): asserts its qualitative claims on scenario B
+e2e-reproduce:
+	mkdir -p bin
+	cd e2e/reproduce && $(GO) vet ./... && $(GO) test -c -o $(CURDIR)/bin/reproduce.test .
+	REPRODUCE_PRESET=quick bin/reproduce.test -test.run '^(TestWriteReport|TestReproduce)$$' -test.v -test.count=1 -test.timeout 20m
+
+## reproduce: the paper's experiment on the live loop, real delay, real control plane (root; see
+## e2e/reproduce): the full grid writes docs/reproduction.md, .json and the CDF PNGs; QUICK=1
+## runs one app, scenario B, 200 req/s, 2 runs (report in bin/reproduction/)
+QUICK ?=
+reproduce: k8s
+	mkdir -p bin
+	cd e2e/reproduce && $(GO) test -c -o $(CURDIR)/bin/reproduce.test .
+	REPRODUCE_PRESET=$(if $(QUICK),quick,full) REPRODUCE_OUT=$(if $(QUICK),$(CURDIR)/bin/reproduction,$(CURDIR)/docs) \
+	  bin/reproduce.test -test.run '^TestReproduce$$' -test.v -test.count=1 -test.timeout 0
 
 ## k8s: build kube-apiserver, kube-scheduler and kube-controller-manager from the Go module proxy
 ## into $(CACHE)/k8s-VERSION (cold: ~14 min on 2 cores; cached: instant)

@@ -40,6 +40,7 @@ type serveFlags struct {
 	metricsAddress string
 	policy         string
 	encoding       string
+	lbPolicy       string
 	debounceQuiet  time.Duration
 	debounceMax    time.Duration
 	removalGrace   time.Duration
@@ -83,6 +84,7 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.metricsAddress, "metrics-address", "", "HOST:PORT for /metrics, /healthz and /readyz (empty: not served)")
 	fl.StringVar(&f.policy, "policy", string(optimizer.LATA), "allocation policy: round-robin, localization, opttraffic, lata, lata-q")
 	fl.StringVar(&f.encoding, "encoding", string(xds.EncodingLocality), "wire encoding of the weights: locality (EDS locality weights) or weighted-clusters")
+	fl.StringVar(&f.lbPolicy, "lb-policy", string(xds.LBRoundRobin), "how clients balance within the weights: round-robin, or least-request (LEAST_REQUEST over each callee's pods, power of two choices; locality encoding only)")
 	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xdsserver.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
 	fl.DurationVar(&f.debounceMax, "debounce-max", xdsserver.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
 	fl.DurationVar(&f.removalGrace, "removal-grace", xdsserver.DefaultRemovalGrace, "keep a removed pod's cluster and endpoints this long after the routes that named it are acknowledged (0: none)")
@@ -115,6 +117,10 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		return usageError{err}
 	}
 	enc, err := xds.ParseEncoding(f.encoding)
+	if err != nil {
+		return usageError{err}
+	}
+	lb, err := xds.ParseLBPolicy(f.lbPolicy)
 	if err != nil {
 		return usageError{err}
 	}
@@ -209,7 +215,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			return err
 		}
 	}
-	srv, err := xdsserver.New(xdsserver.Config{Policy: policy, Encoding: enc, Options: opts, ClusterDomain: f.istio.clusterDomain,
+	srv, err := xdsserver.New(xdsserver.Config{Policy: policy, Encoding: enc, LBPolicy: lb, Options: opts, ClusterDomain: f.istio.clusterDomain,
 		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, RemovalGrace: f.removalGrace, Damping: f.damping, Logger: logger, Registerer: reg,
 		Limits: f.limits, RequireIdentity: f.tls.ClientCAFile != "", TrustDomain: f.trustDomain})
 	if err != nil {

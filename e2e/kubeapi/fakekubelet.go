@@ -36,6 +36,20 @@ type FakeKubeletOptions struct {
 	// 5 s; negative: never), as the kubelet's heartbeat. Without it kube-controller-manager's
 	// node-lifecycle controller taints the nodes unreachable after 50 s and evicts their pods.
 	LeaseInterval time.Duration
+	// Runtime, if set, runs the pods (PodCIDR is then unused): see PodRuntime.
+	Runtime PodRuntime
+}
+
+// PodRuntime runs pods for a FakeKubelet, as a container runtime does: e.g. each pod as a
+// process in its node's network namespace.
+type PodRuntime interface {
+	// Start runs a pod bound to a node and returns its IP once it serves; the pod is reported
+	// Running (and asked about readiness) only then. It is called once per pod (by UID), from
+	// the FakeKubelet's goroutine; an error is retried with back-off.
+	Start(ctx context.Context, pod *corev1.Pod) (netip.Addr, error)
+	// Stop stops the pod (it is terminating or gone). It may be called more than once, also for
+	// a pod whose Start failed.
+	Stop(pod *corev1.Pod)
 }
 
 // FakeKubelet plays the kubelet (and container runtime) of every node for pods bound to a node:
@@ -197,6 +211,9 @@ func (k *FakeKubelet) sync(ctx context.Context, key string) error {
 	}
 	pod := obj.(*corev1.Pod)
 	if pod.DeletionTimestamp != nil {
+		if k.opts.Runtime != nil {
+			k.opts.Runtime.Stop(pod)
+		}
 		// The containers "stopped": finish the graceful deletion as the kubelet does.
 		zero := int64(0)
 		err := k.cs.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
@@ -209,7 +226,12 @@ func (k *FakeKubelet) sync(ctx context.Context, key string) error {
 	if pod.Spec.NodeName == "" || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return nil
 	}
-	ip, err := k.allocate(pod)
+	var ip netip.Addr
+	if k.opts.Runtime != nil {
+		ip, err = k.start(ctx, pod)
+	} else {
+		ip, err = k.allocate(pod)
+	}
 	if err != nil {
 		return err
 	}
@@ -307,7 +329,28 @@ func (k *FakeKubelet) allocate(pod *corev1.Pod) (netip.Addr, error) {
 	return netip.Addr{}, fmt.Errorf("pod CIDR %s exhausted", k.cidr)
 }
 
+// start returns the pod's IP from Options.Runtime, starting the pod there the first time.
+func (k *FakeKubelet) start(ctx context.Context, pod *corev1.Pod) (netip.Addr, error) {
+	k.mu.Lock()
+	ip, ok := k.ipOf[pod.UID]
+	k.mu.Unlock()
+	if ok {
+		return ip, nil
+	}
+	ip, err := k.opts.Runtime.Start(ctx, pod)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("runtime: %w", err)
+	}
+	k.mu.Lock()
+	k.ipOf[pod.UID] = ip
+	k.mu.Unlock()
+	return ip, nil
+}
+
 func (k *FakeKubelet) release(pod *corev1.Pod) {
+	if k.opts.Runtime != nil {
+		k.opts.Runtime.Stop(pod)
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if ip, ok := k.ipOf[pod.UID]; ok {

@@ -300,6 +300,15 @@ func (tb *Testbed) ListenMonitor(network, addr string) (net.Listener, error) {
 	return l, err
 }
 
+// DialMonitor opens a connection from inside the monitor namespace (which reaches every node
+// and has no added delay): e.g. a load generator's, playing a client outside the cluster.
+func (tb *Testbed) DialMonitor(ctx context.Context, network, addr string) (net.Conn, error) {
+	return tb.dialMonitor(ctx, network, addr)
+}
+
+// MonitorIP is the monitor namespace's address on the bridge, 198.18.0.100.
+func (tb *Testbed) MonitorIP() string { return monitorIP }
+
 // dialMonitor opens a connection from inside the monitor namespace.
 func (tb *Testbed) dialMonitor(ctx context.Context, network, addr string) (net.Conn, error) {
 	var conn net.Conn

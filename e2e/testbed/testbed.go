@@ -20,6 +20,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -66,19 +67,24 @@ type Config struct {
 	// that Prometheus also scrapes, as job "edgeflow-test-metrics": a test's own exporter
 	// (e.g. of istio_requests_total).
 	MetricsTargets []string
+	// Aliases are further addresses of a node, e.g. its pods' (198.18.0.x, distinct from every
+	// node's and the monitor's .100): each is added to the node's eth0, and a packet between
+	// two nodes is held the pair's RTT whichever of their addresses it carries.
+	Aliases map[string][]string
 }
 
 // Testbed is a running topology. Its methods are safe for concurrent use. Everything it starts
 // is stopped, and every namespace it creates is deleted, by the cleanup of the test given to
 // Start, also when the test fails.
 type Testbed struct {
-	prefix         string            // random namespace-name prefix, e.g. "ef3a9c"
-	dir            string            // configuration files, logs, the nqdelay binary
-	nodes          []string          // in Config order
-	ips            map[string]string // node → IP
-	netns          map[string]string // node → namespace
-	swNS           string            // the bridge's namespace
-	monNS          string            // the monitor's namespace
+	prefix         string              // random namespace-name prefix, e.g. "ef3a9c"
+	dir            string              // configuration files, logs, the nqdelay binary
+	nodes          []string            // in Config order
+	ips            map[string]string   // node → IP
+	aliases        map[string][]string // node → further addresses
+	netns          map[string]string   // node → namespace
+	swNS           string              // the bridge's namespace
+	monNS          string              // the monitor's namespace
 	interval       time.Duration
 	metricsTargets []string
 	rt             bool // chrt -f works here
@@ -176,6 +182,7 @@ func newTestbed(cfg Config, dir string) (*Testbed, error) {
 		dir:            dir,
 		nodes:          append([]string(nil), cfg.Nodes...),
 		ips:            map[string]string{},
+		aliases:        cfg.Aliases,
 		netns:          map[string]string{},
 		interval:       cfg.ScrapeInterval,
 		metricsTargets: cfg.MetricsTargets,
@@ -233,6 +240,25 @@ func (cfg Config) validate() (map[[2]string]float64, error) {
 			return nil, fmt.Errorf("testbed: RTT of %s–%s given twice, as %v and %v ms", key[0], key[1], old, ms)
 		}
 		rtt[key] = ms
+	}
+	seen := map[string]string{monitorIP: "the monitor"}
+	for i, n := range cfg.Nodes {
+		seen[fmt.Sprintf("%s.%d", subnet, i+1)] = "node " + n
+	}
+	for node, addrs := range cfg.Aliases {
+		if _, ok := index[node]; !ok {
+			return nil, fmt.Errorf("testbed: aliases of unknown node %q", node)
+		}
+		for _, a := range addrs {
+			ip, err := netip.ParseAddr(a)
+			if err != nil || !netip.MustParsePrefix(subnet+".0/24").Contains(ip) || ip.As4()[3] == 0 || ip.As4()[3] == 255 {
+				return nil, fmt.Errorf("testbed: alias %q of node %s: want an address of %s.0/24", a, node, subnet)
+			}
+			if other, dup := seen[a]; dup {
+				return nil, fmt.Errorf("testbed: alias %s of node %s is already %s's", a, node, other)
+			}
+			seen[a] = "node " + node
+		}
 	}
 	if d := cfg.ScrapeInterval; d != 0 && (d < 200*time.Millisecond || d%time.Millisecond != 0) {
 		return nil, fmt.Errorf("testbed: scrape interval %v: want whole milliseconds, at least 200ms", d)
@@ -366,9 +392,22 @@ func (tb *Testbed) up() error {
 				return err
 			}
 		}
+		for _, a := range tb.aliases[node] { // none for the monitor ("")
+			if err := command("ip", "-n", ns, "addr", "add", a+"/24", "dev", "eth0"); err != nil {
+				return err
+			}
+		}
 	}
 	if err := command("ip", "netns", "exec", tb.swNS, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"); err != nil {
 		return err
+	}
+	// The monitor's traffic (scrapes, a test's clients) has no delay: it bypasses the queue, so
+	// that nqdelay's CPU goes to the delayed node pairs only.
+	for _, dir := range []string{"-s", "-d"} {
+		if err := command("ip", "netns", "exec", tb.swNS, "iptables", "-w", "-A", "FORWARD",
+			"-m", "physdev", "--physdev-is-bridged", dir, monitorIP, "-j", "ACCEPT"); err != nil {
+			return err
+		}
 	}
 	if err := command("ip", "netns", "exec", tb.swNS, "iptables", "-w", "-A", "FORWARD",
 		"-m", "physdev", "--physdev-is-bridged", "-s", subnet+".0/24", "-d", subnet+".0/24",
@@ -425,7 +464,12 @@ func (tb *Testbed) writeMatrix() error {
 	b.WriteString("# ipA ipB rtt_ms (each direction is held rtt_ms/2)\n")
 	for i, a := range tb.nodes {
 		for _, c := range tb.nodes[i+1:] {
-			fmt.Fprintf(&b, "%s %s %g # %s–%s\n", tb.ips[a], tb.ips[c], tb.rtt[[2]string{a, c}], a, c)
+			ms := tb.rtt[[2]string{a, c}]
+			for _, ipA := range append([]string{tb.ips[a]}, tb.aliases[a]...) {
+				for _, ipC := range append([]string{tb.ips[c]}, tb.aliases[c]...) {
+					fmt.Fprintf(&b, "%s %s %g # %s–%s\n", ipA, ipC, ms, a, c)
+				}
+			}
 		}
 	}
 	tmp := tb.matrix + ".tmp"

@@ -1,0 +1,579 @@
+package reproduce
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/e2e/testbed"
+	"github.com/edgeflow/edgeflow/rebalancer"
+)
+
+// ns is the namespace of the applications.
+const ns = "repro"
+
+// xdsPort is where the xDS forwarder listens in the monitor namespace (the pods' xDS server).
+const xdsPort = 18000
+
+// Harness is the running testbed, control plane and live loop of one experiment.
+type Harness struct {
+	t       testing.TB
+	ctx     context.Context
+	dir     string
+	tb      *testbed.Testbed
+	cluster *kubeapi.Cluster
+	cs      kubernetes.Interface
+	rt      *processRuntime
+	efBin   string
+	podBin  string
+	promURL string // Prometheus as processes in the root namespace reach it
+	xdsAddr string // 127.0.0.1:PORT where serve listens (the forwarder's upstream)
+	rtt     map[[2]string]float64
+	log     io.Writer // progress and events
+}
+
+// NewHarness builds the binaries, the testbed (scenario scenario's RTTs), its probes, the
+// control plane with the fake kubelet running pods as processes, and the forwarders between
+// the root namespace (API server, serve, rebalance) and the testbed (Prometheus, pods).
+// Everything stops in t's cleanup.
+func NewHarness(t testing.TB, ctx context.Context, scenario string, log io.Writer) *Harness {
+	t.Helper()
+	testbed.RequireRoot(t)
+	kubeapi.Require(t)
+	rtt, err := Scenario(scenario)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &Harness{t: t, ctx: ctx, dir: t.TempDir(), rtt: rtt, log: log}
+	h.efBin, h.podBin = filepath.Join(h.dir, "edgeflow"), filepath.Join(h.dir, "pod")
+	root := repoRoot()
+	build(t, root, h.efBin, "./cmd/edgeflow")
+	build(t, filepath.Join(root, "e2e", "reproduce"), h.podBin, "./pod")
+
+	pool := podAddresses(Nodes)
+	h.tb = testbed.Start(t, testbed.Config{Nodes: Nodes, RTT: rtt, Aliases: pool})
+	h.tb.StartProbes(t)
+	h.promURL = h.promProxy()
+	h.xdsAddr = freeLoopback(t)
+	h.xdsForwarder()
+
+	h.cluster = kubeapi.Start(t, kubeapi.Options{Scheduler: true, ControllerManager: true})
+	h.cs = h.cluster.Client
+	if _, err := h.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range Nodes {
+		if _, err := kubeapi.CreateNode(ctx, h.cs, kubeapi.NodeSpec{Name: n, Address: h.tb.NodeIP(n)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logDir := filepath.Join(h.dir, "pods")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h.rt = newProcessRuntime(h.tb, h.podBin, net.JoinHostPort(h.tb.MonitorIP(), strconv.Itoa(xdsPort)), logDir, pool)
+	t.Cleanup(h.rt.StopAll) // after the fake kubelet stops (cleanups run last-in first-out)
+	kubeapi.RunFakeKubelet(ctx, t, h.cs, kubeapi.FakeKubeletOptions{Namespaces: []string{ns}, Runtime: h.rt})
+	return h
+}
+
+// SetScenario sets every node pair's RTT to the scenario's.
+func (h *Harness) SetScenario(name string) {
+	rtt, err := Scenario(name)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for pair, ms := range rtt {
+		if err := h.tb.SetRTT(pair[0], pair[1], ms); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	h.rtt = rtt
+}
+
+// repoRoot is the edgeflow repository (two folders above this file).
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+func build(t testing.TB, dir, out, pkg string) {
+	t.Helper()
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s in %s: %v\n%s", pkg, dir, err, b)
+	}
+}
+
+func freeLoopback(t testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// promProxy serves Prometheus (in the monitor namespace) on a root-namespace loopback port, for
+// serve and rebalance, and returns its URL.
+func (h *Harness) promProxy() string {
+	target, _ := url.Parse(h.tb.PrometheusURL())
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.Transport = h.tb.PrometheusTransport()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	srv := &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	h.t.Cleanup(func() { srv.Close(); <-done })
+	return "http://" + lis.Addr().String()
+}
+
+// xdsForwarder listens on MONITOR_IP:18000 inside the monitor namespace and forwards every
+// connection to serve on h.xdsAddr: the pods reach the xDS server across the bridge (no added
+// delay) while serve runs in the root namespace next to the API server.
+func (h *Harness) xdsForwarder() {
+	lis, err := h.tb.ListenMonitor("tcp", net.JoinHostPort(h.tb.MonitorIP(), strconv.Itoa(xdsPort)))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	conns := map[net.Conn]bool{}
+	track := func(c net.Conn, add bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if add {
+			conns[c] = true
+		} else {
+			delete(conns, c)
+		}
+	}
+	wg.Add(1)
+	go func() { // owned by the harness: ends when the listener is closed in cleanup
+		defer wg.Done()
+		for {
+			down, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer down.Close()
+				up, err := net.DialTimeout("tcp", h.xdsAddr, 2*time.Second)
+				if err != nil {
+					return // serve is not running (between rows): the client retries
+				}
+				defer up.Close()
+				track(down, true)
+				track(up, true)
+				defer track(down, false)
+				defer track(up, false)
+				pipe(down, up)
+			}()
+		}
+	}()
+	h.t.Cleanup(func() {
+		lis.Close()
+		mu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+}
+
+// pipe copies both ways until either side closes, then closes both.
+func pipe(a, b net.Conn) {
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(a, b); a.Close(); b.Close(); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(b, a); a.Close(); b.Close(); done <- struct{}{} }()
+	<-done
+	<-done
+}
+
+// Deploy creates the application's managed Services and Deployments (the kube-scheduler places
+// the pods) and waits until every pod runs and is ready.
+func (h *Harness) Deploy(a App, w Workload) {
+	for _, c := range a.Components {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: ns, Labels: map[string]string{kubeapi.ManagedLabel: "true"}},
+			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": c.Name},
+				Ports: []corev1.ServicePort{{Name: "grpc", Port: podPort, TargetPort: intstr.FromInt32(podPort)}}}}
+		if _, err := h.cs.CoreV1().Services(ns).Create(h.ctx, svc, metav1.CreateOptions{}); err != nil {
+			h.t.Fatal(err)
+		}
+		args := []string{"--workers", strconv.Itoa(w.Workers), "--service-time", w.ServiceTime.String()}
+		for _, callee := range c.Calls {
+			args = append(args, "--call", callee+"."+ns)
+		}
+		replicas := int32(c.Replicas)
+		d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: ns},
+			Spec: appsv1.DeploymentSpec{Replicas: &replicas,
+				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": c.Name}},
+				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": c.Name}},
+					Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "edgeflow-reproduce-pod", Args: args,
+						Ports: []corev1.ContainerPort{{Name: "grpc", ContainerPort: podPort}},
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+							corev1.ResourceCPU: resource.MustParse(c.CPU), corev1.ResourceMemory: resource.MustParse("128Mi")}}}}}}}}
+		if _, err := h.cs.AppsV1().Deployments(ns).Create(h.ctx, d, metav1.CreateOptions{}); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	h.waitSettled(a, 90*time.Second)
+}
+
+// Undeploy deletes the application and waits until its pods are gone.
+func (h *Harness) Undeploy(a App) {
+	for _, c := range a.Components {
+		_ = h.cs.AppsV1().Deployments(ns).Delete(h.ctx, c.Name, metav1.DeleteOptions{})
+		_ = h.cs.CoreV1().Services(ns).Delete(h.ctx, c.Name, metav1.DeleteOptions{})
+	}
+	h.eventually(90*time.Second, "the application's pods gone", func() bool {
+		l, err := h.cs.CoreV1().Pods(ns).List(h.ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 0
+	})
+}
+
+// waitSettled waits until every component has exactly its replicas, all bound, running and
+// ready, none terminating.
+func (h *Harness) waitSettled(a App, d time.Duration) {
+	h.eventually(d, "every pod of "+a.Name+" ready", func() bool { return h.unsettled(a) == "" })
+}
+
+// unsettled says what is not settled yet ("" when all is).
+func (h *Harness) unsettled(a App) string {
+	l, err := h.cs.CoreV1().Pods(ns).List(h.ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	count := map[string]int{}
+	for _, p := range l.Items {
+		if p.DeletionTimestamp != nil {
+			return "pod " + p.Name + " terminating"
+		}
+		if p.Spec.NodeName == "" {
+			return "pod " + p.Name + " pending"
+		}
+		if !podReady(&p) {
+			return "pod " + p.Name + " not ready"
+		}
+		count[p.Labels["app"]]++
+	}
+	for _, c := range a.Components {
+		if count[c.Name] != c.Replicas {
+			return fmt.Sprintf("%s has %d pods, want %d", c.Name, count[c.Name], c.Replicas)
+		}
+	}
+	return ""
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// Pending lists the pods not bound to a node (and not terminating).
+func (h *Harness) Pending() []string {
+	l, err := h.cs.CoreV1().Pods(ns).List(h.ctx, metav1.ListOptions{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []string
+	for _, p := range l.Items {
+		if p.Spec.NodeName == "" && p.DeletionTimestamp == nil {
+			out = append(out, p.Name)
+		}
+	}
+	return out
+}
+
+// Placement returns, per component, how many of its pods run on each node.
+func (h *Harness) Placement(a App) map[string]map[string]int {
+	l, err := h.cs.CoreV1().Pods(ns).List(h.ctx, metav1.ListOptions{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	out := map[string]map[string]int{}
+	for _, c := range a.Components {
+		out[c.Name] = map[string]int{}
+	}
+	for _, p := range l.Items {
+		if p.DeletionTimestamp == nil && p.Spec.NodeName != "" && out[p.Labels["app"]] != nil {
+			out[p.Labels["app"]][p.Spec.NodeName]++
+		}
+	}
+	return out
+}
+
+// endpoints returns the IPs of the ready pods of a component.
+func (h *Harness) endpoints(component string) []string {
+	l, err := h.cs.CoreV1().Pods(ns).List(h.ctx, metav1.ListOptions{LabelSelector: "app=" + component})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []string
+	for _, p := range l.Items {
+		if p.DeletionTimestamp == nil && podReady(&p) && p.Status.PodIP != "" {
+			out = append(out, net.JoinHostPort(p.Status.PodIP, strconv.Itoa(podPort)))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// callers counts the pods that call another service (the xDS clients serve must see).
+func callers(a App) int {
+	n := 0
+	for _, c := range a.Components {
+		if len(c.Calls) > 0 {
+			n += c.Replicas
+		}
+	}
+	return n
+}
+
+// callGraph writes the application's call graph with the load rate as ingress, the file
+// `--calls` of serve and rebalance reads (there is no Istio telemetry to measure it here).
+func (h *Harness) callGraph(a App, rate float64) string {
+	var b strings.Builder
+	b.WriteString("calls:\n")
+	for _, c := range a.Components {
+		for _, callee := range c.Calls {
+			fmt.Fprintf(&b, "  - {from: %s.%s, to: %s.%s}\n", c.Name, ns, callee, ns)
+		}
+	}
+	fmt.Fprintf(&b, "ingress:\n  - {service: %s.%s, rps: %g}\n", a.Entry(), ns, rate)
+	path := filepath.Join(h.dir, fmt.Sprintf("calls-%s-%g.yaml", a.Name, rate))
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	return path
+}
+
+// proc is a child process of the harness (serve, rebalance) with its log.
+type proc struct {
+	name, log string
+	cmd       *exec.Cmd
+	done      chan struct{}
+}
+
+func (h *Harness) start(name string, args ...string) *proc {
+	logPath := filepath.Join(h.dir, name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "### %s %s\n", time.Now().Format(time.RFC3339), strings.Join(args, " "))
+	cmd := exec.Command(h.efBin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		h.t.Fatal(err)
+	}
+	p := &proc{name: name, log: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	h.t.Cleanup(p.stop)
+	return p
+}
+
+func (p *proc) stop() { stopProcess(p.cmd, p.done, 10*time.Second) }
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *proc) tail() string {
+	b, _ := os.ReadFile(p.log)
+	return lastLines(string(b), 15)
+}
+
+// metricsClient keeps no idle connections: serve and rebalance come and go.
+var metricsClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+// metrics reads a Prometheus text endpoint and sums the samples of each metric name.
+func metrics(addr string) (map[string]float64, error) {
+	resp, err := metricsClient.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		name := line[:i]
+		if j := strings.IndexByte(name, '{'); j >= 0 {
+			name = name[:j]
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[name] += v
+		}
+	}
+	return out, sc.Err()
+}
+
+func (h *Harness) eventually(d time.Duration, what string, cond func() bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		select {
+		case <-h.ctx.Done():
+			h.t.Fatalf("waiting for %s: %v", what, h.ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// Serve starts `edgeflow serve` on the live inputs with the policy and the call graph at rate,
+// and waits until it has published and every caller pod's xDS client is connected to it.
+func (h *Harness) Serve(a App, p Policy, rate float64) *proc {
+	metricsAddr := freeLoopback(h.t)
+	s := h.start("serve", "serve", "--kubeconfig", h.cluster.Kubeconfig, "--prometheus-url", h.promURL,
+		"--calls", h.callGraph(a, rate), "--namespaces", ns, "--xds-address", h.xdsAddr, "--metrics-address", metricsAddr,
+		"--policy", p.Allocation, "--lb-policy", p.LB, "--prometheus-interval", "2s", "--log-level", "warn")
+	want := float64(callers(a))
+	h.eventually(60*time.Second, "serve ready and "+strconv.Itoa(int(want))+" caller pods connected", func() bool {
+		if s.exited() {
+			h.t.Fatalf("edgeflow serve exited:\n%s", s.tail())
+		}
+		m, err := metrics(metricsAddr)
+		return err == nil && m["edgeflow_xds_publications_total"] > 0 && m["edgeflow_xds_connected_clients"] >= want
+	})
+	return s
+}
+
+// Rebalance runs `edgeflow rebalance --dry-run=false` on the cluster (with its placement
+// webhook registered) until it has made its moves and the pods settled, or until timeout; it
+// returns the moves it made.
+func (h *Harness) Rebalance(a App, rate float64, timeout time.Duration) int {
+	certFile, keyFile, caPEM := h.selfSigned()
+	webhookAddr := freeLoopback(h.t)
+	metricsAddr := freeLoopback(h.t)
+	r := h.start("rebalance", "rebalance", "--dry-run=false", "--kubeconfig", h.cluster.Kubeconfig, "--prometheus-url", h.promURL,
+		"--calls", h.callGraph(a, rate), "--namespaces", ns, "--lease-namespace", "default", "--period", "3s", "--min-age", "1s",
+		"--webhook-address", webhookAddr, "--webhook-tls-cert", certFile, "--webhook-tls-key", keyFile,
+		"--metrics-address", metricsAddr, "--prometheus-interval", "2s")
+	u := "https://" + webhookAddr + rebalancer.WebhookPath
+	cfg := rebalancer.MutatingWebhookConfiguration(admissionregistrationv1.WebhookClientConfig{URL: &u, CABundle: caPEM})
+	if _, err := h.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(h.ctx, cfg, metav1.CreateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+	defer func() {
+		r.stop()
+		_ = h.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(h.ctx, cfg.Name, metav1.DeleteOptions{})
+	}()
+	deadline := time.Now().Add(timeout)
+	var moves, lastMoves, runsAtLast float64
+	for time.Now().Before(deadline) {
+		if r.exited() {
+			h.t.Fatalf("edgeflow rebalance exited:\n%s", r.tail())
+		}
+		time.Sleep(time.Second)
+		m, err := metrics(metricsAddr)
+		if err != nil {
+			continue
+		}
+		moves = m["edgeflow_rebalance_moves_total"]
+		runs := m["edgeflow_rebalance_runs_total"]
+		if moves != lastMoves {
+			lastMoves, runsAtLast = moves, runs
+			fmt.Fprintf(h.log, "rebalance: %g moves so far\n", moves)
+		}
+		// Settled: two runs since the last move planned nothing more, and every pod is placed.
+		if runs >= runsAtLast+2 && h.unsettled(a) == "" && (moves > 0 || runs >= 4) {
+			return int(moves)
+		}
+	}
+	fmt.Fprintf(h.log, "rebalance: not settled within %v (%g moves; %s)\n", timeout, moves, h.unsettled(a))
+	return int(moves)
+}
+
+// selfSigned writes a self-signed certificate for 127.0.0.1 and its key, for the webhook.
+func (h *Harness) selfSigned() (certFile, keyFile string, certPEM []byte) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "edgeflow-webhook"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	certPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	certFile, keyFile = filepath.Join(h.dir, "webhook.crt"), filepath.Join(h.dir, "webhook.key")
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		h.t.Fatal(err)
+	}
+	return certFile, keyFile, certPEM
+}

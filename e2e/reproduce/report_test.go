@@ -1,0 +1,79 @@
+package reproduce
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
+)
+
+// TestWriteReport writes the report of a synthetic outcome (exponential latencies, a
+// different mean per policy) and checks the JSON's schema and figures against the samples, the
+// Markdown's rows and the PNG.
+func TestWriteReport(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	o := &Outcome{Preset: Presets["quick"], Workload: DefaultWorkload, Started: time.Now(), Ended: time.Now().Add(time.Minute)}
+	o.Setups = []*Setup{{App: "bookinfo", Scenario: "B", Moves: 2,
+		Before: map[string]map[string]int{"details": {"n1": 1, "n2": 2}}, After: map[string]map[string]int{"details": {"n1": 3}},
+		RTT: []PairAccuracy{{Pair: "n1–n2", ConfiguredMS: 8, MedianMS: 8.2, MinMS: 8.1, MaxMS: 9, Pings: 20}}}}
+	for i, p := range Policies {
+		r := &Runs{Cell: Cell{App: "bookinfo", Scenario: "B", Policy: p.Name, RPS: 200}}
+		for range 2 {
+			var lat []time.Duration
+			for range 1000 {
+				lat = append(lat, time.Duration(rng.ExpFloat64()*float64(time.Duration(70-5*i)*time.Millisecond)))
+			}
+			r.Results = append(r.Results, &loadgen.Result{Sent: 1000, OK: 1000, Latency: loadgen.NewSamples(lat), Elapsed: 5 * time.Second})
+		}
+		o.Cells = append(o.Cells, r)
+	}
+	dir := t.TempDir()
+	if err := WriteReport(o, dir); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "reproduction.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Testbed map[string]any   `json:"testbed"`
+		Results []map[string]any `json:"results"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Results) != len(Policies) {
+		t.Fatalf("%d results, want %d", len(got.Results), len(Policies))
+	}
+	for _, k := range []string{"app", "scenario", "policy", "rps", "runs", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "p99_spread_ms", "errors", "achieved_rps"} {
+		if _, ok := got.Results[0][k]; !ok {
+			t.Errorf("result without %q: %v", k, got.Results[0])
+		}
+	}
+	for _, k := range []string{"delay", "rtt_accuracy", "service_time"} {
+		if _, ok := got.Testbed[k]; !ok {
+			t.Errorf("testbed without %q", k)
+		}
+	}
+	want := loadgen.Merge(o.Cells[0].Results...).Latency.Quantile(0.99)
+	if p := got.Results[0]["p99_ms"].(float64); p != round(ms(want)) {
+		t.Errorf("default-k8s p99_ms %v, want %v (pooled samples)", p, round(ms(want)))
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "reproduction.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"| bookinfo | B | 200 |", "proposed vs the three baselines", "reproduction-bookinfo-B.png", "DAG B"} {
+		if !strings.Contains(string(md), s) {
+			t.Errorf("reproduction.md lacks %q", s)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "reproduction-bookinfo-B.png")); err != nil || fi.Size() < 1000 {
+		t.Errorf("plot: %v", err)
+	}
+}

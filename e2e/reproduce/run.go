@@ -1,0 +1,228 @@
+package reproduce
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
+)
+
+// Cell is one measured configuration.
+type Cell struct {
+	App, Scenario, Policy string
+	RPS                   float64
+}
+
+// Runs are a cell's runs, in order.
+type Runs struct {
+	Cell
+	Results []*loadgen.Result
+}
+
+// Setup is what one application × scenario ran on: the measured RTTs, and the placement by
+// the kube-scheduler (Before) and after `edgeflow rebalance` (After).
+type Setup struct {
+	App, Scenario string
+	RTT           []PairAccuracy
+	Before, After map[string]map[string]int
+	Moves         int
+	Pending       []string // pods not placed once the rebalancer settled
+	MaxRate       float64  // the highest rate at which default-k8s kept P99 < 1 s (FindMax), else 0
+}
+
+// Outcome is everything one invocation measured.
+type Outcome struct {
+	Preset           Preset
+	Workload         Workload
+	Netem            bool
+	Setups           []*Setup
+	Cells            []*Runs
+	Started, Ended   time.Time
+	Slices           int
+	SliceTime        time.Duration // mean wall time of one slice (serve start + load + stop)
+	RebalanceSeconds []float64
+}
+
+// Find returns the cell's runs, or nil.
+func (o *Outcome) Find(c Cell) *Runs {
+	for _, r := range o.Cells {
+		if r.Cell == c {
+			return r
+		}
+	}
+	return nil
+}
+
+// progress prints what runs and the time left, estimated from the slices done.
+type progress struct {
+	w          io.Writer
+	start      time.Time
+	total      int
+	done       int
+	sliceTotal time.Duration
+}
+
+func (p *progress) slice(c Cell, run, runs int, took time.Duration, res *loadgen.Result) {
+	p.done++
+	p.sliceTotal += took
+	left := time.Duration(float64(p.sliceTotal) / float64(p.done) * float64(max(p.total-p.done, 0)))
+	fmt.Fprintf(p.w, "[%d/%d %s elapsed, ~%s left] %s %s %-13s %4g req/s run %d/%d: P50 %.1f P99 %.1f mean %.1f ms, %d errors, send lag ≤ %.1f ms (%.1fs)\n",
+		p.done, p.total, time.Since(p.start).Round(time.Second), left.Round(time.Second), c.App, c.Scenario, c.Policy, c.RPS,
+		run, runs, ms(res.Latency.Quantile(0.5)), ms(res.Latency.Quantile(0.99)), ms(res.Latency.Mean()), res.Errors, ms(res.MaxSendLag), took.Seconds())
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// Run runs the preset on a fresh harness and returns what it measured; progress goes to log.
+// Scenarios are the outer loop (the first one listed runs first for every app). checkpoint, if
+// set, is called with the outcome so far after each application × scenario.
+func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint func(*Outcome)) *Outcome {
+	o := &Outcome{Preset: p, Workload: DefaultWorkload, Started: time.Now()}
+	h := NewHarness(t, ctx, p.Scenarios[0], log)
+	o.Netem = h.NetemAvailable()
+	pr := &progress{w: log, start: time.Now(), total: len(p.Apps) * len(p.Scenarios) * len(p.Rates) * p.Runs * len(p.Rows())}
+	if p.FindMax {
+		pr.total += len(p.Apps) * len(p.Scenarios) * p.Runs * len(p.Rows())
+	}
+	slice := func(a App, sc string, pol Policy, rate float64, run int) {
+		begin := time.Now()
+		s := h.Serve(a, pol, rate)
+		res, err := h.Load(a, p, rate)
+		s.stop()
+		if err != nil {
+			t.Fatalf("%s %s %s %g req/s: %v", a.Name, sc, pol.Name, rate, err)
+		}
+		c := Cell{App: a.Name, Scenario: sc, Policy: pol.Name, RPS: rate}
+		r := o.Find(c)
+		if r == nil {
+			r = &Runs{Cell: c}
+			o.Cells = append(o.Cells, r)
+		}
+		r.Results = append(r.Results, res)
+		pr.slice(c, run, p.Runs, time.Since(begin), res)
+	}
+	for _, sc := range p.Scenarios {
+		for _, a := range p.Apps {
+			h.SetScenario(sc)
+			// Prometheus's window (4 scrapes) must forget the old RTTs before serve reads them.
+			time.Sleep(6 * time.Second)
+			st := &Setup{App: a.Name, Scenario: sc}
+			o.Setups = append(o.Setups, st)
+			acc, err := h.MeasureRTT(20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st.RTT = acc
+			h.Deploy(a, o.Workload)
+			st.Before = h.Placement(a)
+			fmt.Fprintf(log, "%s %s: placed by kube-scheduler: %s\n", a.Name, sc, fmtPlacement(st.Before))
+			rates := slices.Clone(p.Rates)
+			if p.FindMax {
+				st.MaxRate = findMax(h, a, p, sc, log)
+				if st.MaxRate > 0 && !slices.Contains(rates, st.MaxRate) {
+					rates = append(rates, st.MaxRate)
+				} else {
+					pr.total -= p.Runs * len(p.Rows())
+				}
+			}
+			for _, rate := range rates {
+				for run := 1; run <= p.Runs; run++ {
+					for _, pol := range p.Rows() {
+						if !pol.LARP {
+							slice(a, sc, pol, rate, run)
+						}
+					}
+				}
+			}
+			if !slices.ContainsFunc(p.Rows(), func(q Policy) bool { return q.LARP }) {
+				h.Undeploy(a)
+				o.finish(pr)
+				continue
+			}
+			begin := time.Now()
+			st.Moves = h.Rebalance(a, rates[len(p.Rates)/2], 150*time.Second)
+			o.RebalanceSeconds = append(o.RebalanceSeconds, time.Since(begin).Seconds())
+			st.After = h.Placement(a)
+			st.Pending = h.Pending()
+			fmt.Fprintf(log, "%s %s: edgeflow rebalance made %d moves in %.0fs; placement now %s; pending: %v\n",
+				a.Name, sc, st.Moves, time.Since(begin).Seconds(), fmtPlacement(st.After), st.Pending)
+			for _, rate := range rates {
+				for run := 1; run <= p.Runs; run++ {
+					for _, pol := range p.Rows() {
+						if pol.LARP {
+							slice(a, sc, pol, rate, run)
+						}
+					}
+				}
+			}
+			h.Undeploy(a)
+			o.finish(pr)
+			if checkpoint != nil {
+				checkpoint(o)
+			}
+		}
+	}
+	o.finish(pr)
+	return o
+}
+
+// finish records the end time and the slices' timing so far.
+func (o *Outcome) finish(pr *progress) {
+	o.Ended = time.Now()
+	o.Slices = pr.done
+	if pr.done > 0 {
+		o.SliceTime = pr.sliceTotal / time.Duration(pr.done)
+	}
+}
+
+// findMax raises the rate from the last of the preset's by MaxStep, one short run of
+// default-k8s each, until its P99 reaches 1 s (or errors appear), and returns the last rate
+// below (0 if none above the preset's rates held).
+func findMax(h *Harness, a App, p Preset, sc string, log io.Writer) float64 {
+	best := 0.0
+	short := p
+	short.Duration = p.Duration / 2
+	for rate := p.Rates[len(p.Rates)-1] + p.MaxStep; rate <= 2000; rate += p.MaxStep {
+		s := h.Serve(a, Policies[0], rate)
+		res, err := h.Load(a, short, rate)
+		s.stop()
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		p99 := res.Latency.Quantile(0.99)
+		fmt.Fprintf(log, "%s %s: max-rate search: default-k8s at %g req/s: P99 %.1f ms, %d errors\n", a.Name, sc, rate, ms(p99), res.Errors)
+		if p99 >= time.Second || res.Errors > 0 {
+			break
+		}
+		best = rate
+	}
+	return best
+}
+
+func fmtPlacement(pl map[string]map[string]int) string {
+	var out string
+	for _, c := range sortedKeys(pl) {
+		out += c + "{"
+		for i, n := range Nodes {
+			if i > 0 {
+				out += " "
+			}
+			out += fmt.Sprintf("%s:%d", n, pl[c][n])
+		}
+		out += "} "
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}

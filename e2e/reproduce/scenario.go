@@ -1,0 +1,219 @@
+// Package reproduce is edgeflow's reproduction of the paper's experiment with the whole live
+// loop on the real-delay testbed: 4 node namespaces with the scenario's RTT matrix (nqdelay,
+// the userspace netem), the applications as Deployments in a real kube-apiserver placed by the
+// real kube-scheduler, each pod a process in its node's namespace (started by the fake kubelet
+// through processRuntime), blackbox-exporter + Prometheus → `edgeflow serve --kubeconfig
+// --prometheus-url` → xDS → every caller pod's grpc-go xDS client, `edgeflow rebalance
+// --dry-run=false` placing the proposed and beyond rows, and an open-loop load generator.
+// TestReproduce runs it (make reproduce) and writes the report (report.go, plot.go).
+package reproduce
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Component is one service of an application: a Deployment of Replicas pods requesting CPU,
+// each calling Calls (services of the same application) in order for every request it serves.
+type Component struct {
+	Name     string
+	Replicas int
+	CPU      string
+	Calls    []string
+}
+
+// App is an application: its components, the first of which takes the load.
+type App struct {
+	Name       string
+	Components []Component
+}
+
+// Entry is the service the load generator calls.
+func (a App) Entry() string { return a.Components[0].Name }
+
+// The paper's two applications, with the replicas and CPU requests of examples/bookinfo.yaml
+// and examples/dag.yaml (3–4 replicas per component).
+var (
+	Bookinfo = App{Name: "bookinfo", Components: []Component{
+		{Name: "productpage", Replicas: 3, CPU: "500m", Calls: []string{"details", "reviews"}},
+		{Name: "details", Replicas: 3, CPU: "250m"},
+		{Name: "reviews", Replicas: 4, CPU: "500m", Calls: []string{"ratings"}},
+		{Name: "ratings", Replicas: 3, CPU: "250m"},
+	}}
+	DAG = App{Name: "dag", Components: []Component{
+		{Name: "a", Replicas: 3, CPU: "500m", Calls: []string{"b"}},
+		{Name: "b", Replicas: 4, CPU: "500m", Calls: []string{"c"}},
+		{Name: "c", Replicas: 3, CPU: "500m", Calls: []string{"d"}},
+		{Name: "d", Replicas: 3, CPU: "500m", Calls: []string{"e"}},
+		{Name: "e", Replicas: 3, CPU: "500m"},
+	}}
+)
+
+// Nodes are the testbed's worker nodes (and the Kubernetes nodes' names).
+var Nodes = []string{"n1", "n2", "n3", "n4"}
+
+// ScenarioA is the RTT matrix of latency scenario A in ms; scenario B doubles every entry.
+var ScenarioA = map[[2]string]float64{
+	{"n1", "n2"}: 4, {"n1", "n3"}: 8, {"n1", "n4"}: 12,
+	{"n2", "n3"}: 6, {"n2", "n4"}: 10, {"n3", "n4"}: 4,
+}
+
+// Scenario returns the RTT matrix of scenario "A" or "B".
+func Scenario(name string) (map[[2]string]float64, error) {
+	scale := map[string]float64{"A": 1, "B": 2}[name]
+	if scale == 0 {
+		return nil, fmt.Errorf("unknown scenario %q (want A or B)", name)
+	}
+	out := map[[2]string]float64{}
+	for k, v := range ScenarioA {
+		out[k] = v * scale
+	}
+	return out, nil
+}
+
+// Policy is one row of the experiment: how pods are placed and how traffic is allocated.
+type Policy struct {
+	Name string
+	// Allocation is `edgeflow serve --policy`; LB its --lb-policy.
+	Allocation, LB string
+	// LARP: the placement is `edgeflow rebalance --dry-run=false`'s, else the scheduler's.
+	LARP bool
+}
+
+// Policies are the experiment's rows, in order.
+var Policies = []Policy{
+	{Name: "default-k8s", Allocation: "round-robin", LB: "round-robin"},
+	{Name: "least-request", Allocation: "round-robin", LB: "least-request"},
+	{Name: "localization", Allocation: "localization", LB: "round-robin"},
+	{Name: "opttraffic", Allocation: "opttraffic", LB: "round-robin"},
+	{Name: "lata-only", Allocation: "lata", LB: "round-robin"},
+	{Name: "proposed", Allocation: "lata", LB: "round-robin", LARP: true},
+	{Name: "beyond", Allocation: "lata-q", LB: "round-robin", LARP: true},
+}
+
+// Workload is the pods' simulated work, as in `edgeflow demo`: one worker per pod and a 6 ms
+// mean exponential service time (a capacity of ~167 req/s per pod), so that at the paper's
+// 100–300 req/s a balanced pod runs at 20–60 % and a pod given most of its service's traffic
+// overloads, as the paper saw Localization do.
+type Workload struct {
+	Workers     int
+	ServiceTime time.Duration
+}
+
+// DefaultWorkload is the pods' work in every preset.
+var DefaultWorkload = Workload{Workers: 1, ServiceTime: 6 * time.Millisecond}
+
+// Preset is what one invocation runs.
+type Preset struct {
+	Name      string
+	Apps      []App
+	Scenarios []string
+	// Rates are the constant load levels (req/s); FindMax adds the highest rate (in steps of
+	// MaxStep above the last) at which default-k8s keeps P99 under 1 s.
+	Rates   []float64
+	FindMax bool
+	MaxStep float64
+	// Runs per cell; each run gives every policy Duration of measured load after Warmup.
+	Runs             int
+	Duration, Warmup time.Duration
+	Timeout          time.Duration
+	// Policies, if set, are the names of the rows to run (default: all of Policies).
+	Policies []string
+}
+
+// Rows returns the policies the preset runs, in Policies order.
+func (p Preset) Rows() []Policy {
+	if len(p.Policies) == 0 {
+		return Policies
+	}
+	var out []Policy
+	for _, q := range Policies {
+		if slices.Contains(p.Policies, q.Name) {
+			out = append(out, q)
+		}
+	}
+	return out
+}
+
+// Presets: quick is CI's (one app, scenario B, the middle rate, 2 runs); full is the paper's
+// grid with 5 runs per cell (the paper used 10).
+var Presets = map[string]Preset{
+	"quick": {Name: "quick", Apps: []App{Bookinfo}, Scenarios: []string{"B"}, Rates: []float64{200},
+		Runs: 2, Duration: 10 * time.Second, Warmup: 2 * time.Second, Timeout: 5 * time.Second},
+	"full": {Name: "full", Apps: []App{Bookinfo, DAG}, Scenarios: []string{"A", "B"}, Rates: []float64{100, 200, 300},
+		FindMax: true, MaxStep: 100, Runs: 5, Duration: 10 * time.Second, Warmup: 2 * time.Second, Timeout: 5 * time.Second},
+}
+
+// Override narrows or changes a preset from the environment, for a run that fits the time at
+// hand: REPRODUCE_APPS (bookinfo,dag), REPRODUCE_SCENARIOS (A,B), REPRODUCE_RATES (req/s,
+// comma-separated), REPRODUCE_RUNS, REPRODUCE_DURATION (measured time per slice), REPRODUCE_POLICIES (names), REPRODUCE_FIND_MAX (0 or 1). The report names the preset
+// and says what ran.
+func Override(p Preset, getenv func(string) string) (Preset, error) {
+	if v := getenv("REPRODUCE_APPS"); v != "" {
+		p.Apps = nil
+		for _, name := range strings.Split(v, ",") {
+			switch name {
+			case Bookinfo.Name:
+				p.Apps = append(p.Apps, Bookinfo)
+			case DAG.Name:
+				p.Apps = append(p.Apps, DAG)
+			default:
+				return p, fmt.Errorf("REPRODUCE_APPS: unknown app %q (want bookinfo, dag)", name)
+			}
+		}
+		p.Name += "+apps"
+	}
+	if v := getenv("REPRODUCE_SCENARIOS"); v != "" {
+		p.Scenarios = strings.Split(v, ",")
+		for _, s := range p.Scenarios {
+			if _, err := Scenario(s); err != nil {
+				return p, fmt.Errorf("REPRODUCE_SCENARIOS: %w", err)
+			}
+		}
+		p.Name += "+scenarios"
+	}
+	if v := getenv("REPRODUCE_RATES"); v != "" {
+		p.Rates = nil
+		for _, r := range strings.Split(v, ",") {
+			x, err := strconv.ParseFloat(r, 64)
+			if err != nil || !(x > 0) {
+				return p, fmt.Errorf("REPRODUCE_RATES: bad rate %q", r)
+			}
+			p.Rates = append(p.Rates, x)
+		}
+		p.Name += "+rates"
+	}
+	if v := getenv("REPRODUCE_RUNS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return p, fmt.Errorf("REPRODUCE_RUNS: bad count %q", v)
+		}
+		p.Runs = n
+		p.Name += "+runs"
+	}
+	if v := getenv("REPRODUCE_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return p, fmt.Errorf("REPRODUCE_DURATION: bad duration %q", v)
+		}
+		p.Duration = d
+		p.Name += "+duration"
+	}
+	if v := getenv("REPRODUCE_POLICIES"); v != "" {
+		p.Policies = strings.Split(v, ",")
+		for _, name := range p.Policies {
+			if !slices.ContainsFunc(Policies, func(q Policy) bool { return q.Name == name }) {
+				return p, fmt.Errorf("REPRODUCE_POLICIES: unknown policy %q", name)
+			}
+		}
+		p.Name += "+policies"
+	}
+	if v := getenv("REPRODUCE_FIND_MAX"); v != "" {
+		p.FindMax = v == "1"
+		p.Name += "+findmax"
+	}
+	return p, nil
+}
