@@ -144,6 +144,16 @@ type Source struct {
 	synced   bool
 	failures map[string]*watchFailure // informer name → its failing watch; guarded by mu
 	apiDown  *watchFailure            // the API server not answering GET /version; guarded by mu
+
+	trace *trace // the scale benchmark's probes; nil outside it
+}
+
+// trace observes the Source from inside, for the scale benchmark (scale_test.go): event is
+// called when a handler has taken an informer event (rebuild: it asked for a rebuild), pass
+// after each pass of Run's loop.
+type trace struct {
+	event func(obj any, rebuild bool)
+	pass  func(start, end time.Time)
 }
 
 // watchFailure is an informer whose list or watch failed.
@@ -367,11 +377,17 @@ func (s *Source) Run(ctx context.Context, deliver func(*State)) error {
 		infs = append(infs, named{"pods" + where, pods.Informer()}, named{"services" + where, svcs.Informer()}, named{"endpointslices" + where, eps.Informer()})
 	}
 	for _, n := range infs {
-		heard := func() { s.heard(n.name); s.mark() }
+		heard := func(obj any) {
+			s.heard(n.name)
+			s.mark()
+			if s.trace != nil {
+				s.trace.event(obj, true)
+			}
+		}
 		if _, err := n.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { heard() },
-			UpdateFunc: func(any, any) { heard() },
-			DeleteFunc: func(any) { heard() },
+			AddFunc:    func(obj any) { heard(obj) },
+			UpdateFunc: func(_, obj any) { heard(obj) },
+			DeleteFunc: func(obj any) { heard(obj) },
 		}); err != nil {
 			return fmt.Errorf("kube: adding event handler: %w", err)
 		}
@@ -419,25 +435,35 @@ func (s *Source) Run(ctx context.Context, deliver func(*State)) error {
 			return nil
 		case <-s.dirty:
 		}
-		st, err := s.build(&ls)
-		s.rebuilds.Inc()
-		if err != nil {
-			s.log.Error("kube: reading the informer caches", "error", err)
-			continue
+		start := time.Now()
+		last = s.rebuild(&ls, last, deliver)
+		if s.trace != nil {
+			s.trace.pass(start, time.Now())
 		}
-		if last != nil && reflect.DeepEqual(last, st) {
-			continue
-		}
-		s.logSkips(last, st)
-		last = st
-		s.mu.Lock()
-		s.current = st
-		s.mu.Unlock()
-		for _, r := range skipReasons {
-			s.skipped.WithLabelValues(r).Set(float64(st.Skipped[r]))
-		}
-		deliver(st)
 	}
+}
+
+// rebuild builds the State from the listers and delivers it when it differs from last; it
+// returns the State now delivered.
+func (s *Source) rebuild(ls *listers, last *State, deliver func(*State)) *State {
+	st, err := s.build(ls)
+	s.rebuilds.Inc()
+	if err != nil {
+		s.log.Error("kube: reading the informer caches", "error", err)
+		return last
+	}
+	if last != nil && reflect.DeepEqual(last, st) {
+		return last
+	}
+	s.logSkips(last, st)
+	s.mu.Lock()
+	s.current = st
+	s.mu.Unlock()
+	for _, r := range skipReasons {
+		s.skipped.WithLabelValues(r).Set(float64(st.Skipped[r]))
+	}
+	deliver(st)
+	return st
 }
 
 func (s *Source) logSkips(prev, st *State) {
