@@ -9,8 +9,8 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"sync"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -244,7 +244,7 @@ func newScaleWorld(pods, nodes, services, namespaces, zones int) *scaleWorld {
 		}
 		w.objs = append(w.objs, svc)
 		sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-abcde",
-			Labels: map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"},
+			Labels:          map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: name, UID: svc.UID}},
 			ManagedFields:   managedFields("endpointslice-controller", 1)},
 			AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(corev1.ProtocolTCP)}}}
@@ -267,7 +267,7 @@ func newScaleWorld(pods, nodes, services, namespaces, zones int) *scaleWorld {
 			sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{p.Status.PodIP},
 				Conditions: discoveryv1.EndpointConditions{Ready: ptr(ready), Serving: ptr(ready), Terminating: ptr(false)},
 				NodeName:   ptr(node), Zone: ptr(w.nodeObj[(s*perService+k*7)%nodes].Labels[corev1.LabelTopologyZone]),
-				TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: p.Name, UID: p.UID}})
+				TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: p.Name, UID: p.UID}})
 		}
 		w.slices = append(w.slices, sl)
 		w.objs = append(w.objs, sl)
