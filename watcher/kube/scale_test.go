@@ -118,6 +118,8 @@ func TestWatchScale(t *testing.T) {
 	for i := range *scaleReady {
 		lat = append(lat, b.flip(t, w.notReady[i%len(w.notReady)], true))
 		b.flip(t, w.notReady[i%len(w.notReady)], false)
+		cs.ClearActions()
+		time.Sleep(100 * time.Millisecond) // one pod at a time, as pods become ready
 	}
 	report("pod-ready", lat, cpu())
 
@@ -147,14 +149,19 @@ func TestWatchScale(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var pending []churnEvent
 	for time.Now().Before(end) {
-		<-tick.C
+		select {
+		case <-b.delivered:
+			pending, lat = b.drain(pending, lat)
+			continue
+		case <-tick.C:
+		}
 		i := w.managedPods[rng.IntN(len(w.managedPods))]
 		if slices.ContainsFunc(pending, func(e churnEvent) bool { return e.pod == i }) {
 			continue
 		}
 		ready := !w.ready[i]
 		pending = append(pending, churnEvent{pod: i, ready: ready, at: b.write(t, i, ready)})
-		pending, lat = b.drain(pending, lat)
+		cs.ClearActions() // the fake clientset records every action: not the Source's memory
 	}
 	tick.Stop()
 	for deadline := time.Now().Add(time.Minute); len(pending) > 0 && time.Now().Before(deadline); {
@@ -380,8 +387,9 @@ type scaleBench struct {
 	last     *State
 	states   int
 	rebuilds int
-	passes   []passSpan               // recent passes of Run's loop
-	seen     map[string]heartbeatSeen // node → the last heartbeat the handler took
+	passes   []passSpan           // the passes of Run's loop
+	sent     map[string]time.Time // node → its heartbeat written, not taken yet
+	seen     []heartbeatSeen      // heartbeats the handlers took
 }
 
 type passSpan struct{ start, end time.Time }
@@ -404,15 +412,15 @@ func (b *scaleBench) deliver(st *State) {
 
 func (b *scaleBench) event(obj any, rebuild bool) {
 	n, ok := obj.(*corev1.Node)
-	if !ok || len(n.Status.Conditions) == 0 {
-		return
+	if !ok {
+		return // (the informers may have trimmed the heartbeat itself from the object)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.seen == nil {
-		b.seen = map[string]heartbeatSeen{}
+	if sent, ok := b.sent[n.Name]; ok {
+		delete(b.sent, n.Name)
+		b.seen = append(b.seen, heartbeatSeen{sent: sent, at: time.Now(), rebuild: rebuild})
 	}
-	b.seen[n.Name] = heartbeatSeen{sent: n.Status.Conditions[0].LastHeartbeatTime.Time, at: time.Now(), rebuild: rebuild}
 }
 
 func (b *scaleBench) pass(start, end time.Time) {
@@ -525,9 +533,6 @@ func (b *scaleBench) drain(pending []churnEvent, lat []time.Duration) ([]churnEv
 		}
 		kept = append(kept, e)
 	}
-	for len(b.delivered) > 0 {
-		<-b.delivered
-	}
 	return kept, lat
 }
 
@@ -541,10 +546,17 @@ func (b *scaleBench) heartbeats(t *testing.T, n int, every time.Duration) {
 		<-tick.C
 		node := b.w.nodeObj[k%len(b.w.nodeObj)].DeepCopy()
 		node.Status.Conditions = nodeConditions(time.Now())
+		b.mu.Lock()
+		if b.sent == nil {
+			b.sent = map[string]time.Time{}
+		}
+		b.sent[node.Name] = time.Now()
+		b.mu.Unlock()
 		if _, err := b.cs.CoreV1().Nodes().UpdateStatus(context.Background(), node, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		b.w.nodeObj[k%len(b.w.nodeObj)] = node
+		b.cs.ClearActions()
 	}
 	b.settle()
 }
