@@ -288,4 +288,3 @@ func indexSliceNode(obj any) ([]string, error) {
 
 // edgeflowAnnotation says whether an annotation is edgeflow's own (kept by the transforms).
 func edgeflowAnnotation(key string) bool { return strings.HasPrefix(key, "edgeflow.io/") }
-

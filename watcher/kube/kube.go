@@ -324,7 +324,6 @@ func (s *Source) watchFailed(name string, inf cache.SharedIndexInformer, err err
 	s.log.Error("kube: watch failing; the last known state stays in effect", "informer", name, "error", err)
 }
 
-
 func (s *Source) logSkips(prev, st *State) {
 	for reason, msg := range map[string]string{
 		SkipAmbiguousName: "kube: endpoints of default-namespace pods whose names hold a '.' are left out (the name would read as POD.NAMESPACE)",
