@@ -41,6 +41,9 @@ type ClusterConfig struct {
 	// DefaultLatencyMS is the latency of a node pair never measured; nil means the largest
 	// measured latency (prom.FillLatency).
 	DefaultLatencyMS *float64
+	// Options are how every topology is compiled: as its consumers compile it (the server's
+	// options), so that a topology delivered is one they accept.
+	Options optimizer.Options
 	// Check is validation beyond optimizer.Compile (e.g. xds.CheckTopology); nil means none.
 	Check func(*optimizer.Topology) error
 	// NodeMatch is how a latency series' node labels name nodes: NodeMatchName (the default:
@@ -343,7 +346,7 @@ func (c *Cluster) Run(ctx context.Context, l Listener) error {
 }
 
 func (c *Cluster) validate(t *optimizer.Topology) error {
-	if _, err := optimizer.Compile(t, optimizer.Options{}); err != nil {
+	if _, err := optimizer.Compile(t, c.cfg.Options); err != nil {
 		return err
 	}
 	if c.cfg.Check != nil {

@@ -19,11 +19,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
+	"github.com/edgeflow/edgeflow/watcher/kube"
 )
 
 func init() { subcommands = append(subcommands, newRebalanceCommand) }
@@ -94,8 +94,8 @@ func (f *rebalanceFlags) lease() rebalancer.LeaderConfig {
 }
 
 // controller builds the rebalancer on the cluster source.
-func (f *rebalanceFlags) controller(cs kubernetes.Interface, cf *clusterFlags, cluster *watcher.Cluster, defaultLatency *float64, logger *slog.Logger, reg prometheus.Registerer) (*rebalancer.Controller, error) {
-	c, err := rebalancer.New(rebalancer.Config{Client: cs, Topology: cluster.Measured, Namespaces: cf.namespaces,
+func (f *rebalanceFlags) controller(inf *kube.Informers, cf *clusterFlags, cluster *watcher.Cluster, defaultLatency *float64, logger *slog.Logger, reg prometheus.Registerer) (*rebalancer.Controller, error) {
+	c, err := rebalancer.New(rebalancer.Config{Client: inf.Client(), Informers: inf, Topology: cluster.Measured, Namespaces: cf.namespaces,
 		Selector: cf.selector, DefaultLatencyMS: defaultLatency, DryRun: f.dryRun, Period: f.period,
 		Threshold: f.threshold, MaxMoves: f.maxMoves, MaxMovesPerNode: f.maxPerNode, MaxMovesPerNamespace: f.maxPerNS,
 		MinAge: f.minAge, Cooldown: f.cooldown, GateTimeout: f.gateTimeout, PlacementTimeout: f.placementTimeout,
@@ -199,16 +199,16 @@ func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, outp
 	if rf.dryRun {
 		logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	cs, err := cf.clientset()
+	inf, err := cf.informers(true, logger)
 	if err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	cluster, err := cf.cluster(defaultLatency, nil, logger, reg)
+	cluster, err := cf.cluster(inf, optimizer.Options{DefaultLatencyMS: defaultLatency}, nil, logger, reg)
 	if err != nil {
 		return err
 	}
-	c, err := rf.controller(cs, cf, cluster, defaultLatency, logger, reg)
+	c, err := rf.controller(inf, cf, cluster, defaultLatency, logger, reg)
 	if err != nil {
 		return err
 	}
@@ -218,8 +218,10 @@ func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, outp
 	// or the first component failing) and is waited for before runRebalance returns.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	defer inf.Stop() // once every reader has ended
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	inf.Start(ctx)
 	start := func(name string, fn func() error) {
 		wg.Add(1)
 		go func() {

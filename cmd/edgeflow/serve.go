@@ -27,6 +27,7 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
+	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/xds"
 	"github.com/edgeflow/edgeflow/xds/istio"
 )
@@ -155,6 +156,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var source topologySource
 	var cluster *watcher.Cluster
+	var inf *kube.Informers // the process's one set of informers (with a cluster source)
 	if f.file != "" {
 		file, err := watcher.NewFile(f.file, watcher.FileConfig{Options: opts, Check: xds.CheckTopology,
 			Interval: f.pollInterval, Logger: logger, Registerer: reg})
@@ -167,7 +169,10 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}
 		source = file
 	} else {
-		if cluster, err = f.cluster(opts.DefaultLatencyMS, xds.CheckTopology, logger, reg); err != nil {
+		if inf, err = f.informers(f.rebalance, logger); err != nil {
+			return err
+		}
+		if cluster, err = f.cluster(inf, opts, xds.CheckTopology, logger, reg); err != nil {
 			return err
 		}
 		source = cluster
@@ -202,11 +207,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	}
 	var rb *rebalancer.Controller
 	if f.rebalance {
-		cs, err := f.clientset()
-		if err != nil {
-			return err
-		}
-		if rb, err = f.rebalancer.controller(cs, &f.clusterFlags, cluster, opts.DefaultLatencyMS, logger, reg); err != nil {
+		if rb, err = f.rebalancer.controller(inf, &f.clusterFlags, cluster, opts.DefaultLatencyMS, logger, reg); err != nil {
 			return err
 		}
 	}
@@ -282,6 +283,9 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			}
 		}()
 	}
+	if inf != nil {
+		inf.Start(ctx) // stopped below, once every reader has ended
+	}
 	start("xDS push loop", func() error { return srv.Run(ctx) })
 	var listener watcher.Listener = srv
 	if istioRun != nil {
@@ -350,6 +354,9 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	logger.Info("edgeflow serve: shutting down", "reason", context.Cause(ctx))
 	shutdown(g, logger, httpSrv, profSrv)
 	wg.Wait()
+	if inf != nil {
+		inf.Stop()
+	}
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err // run maps bad input to exit 2
 	}
