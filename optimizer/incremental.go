@@ -22,13 +22,13 @@ import "math"
 
 // incremental is the Planner's memory of its last recompute (the compile's is a Compiler's).
 type incremental struct {
-	top   *Topology
-	model *Model
-	alloc *Allocation
-	queue *queueState // lata-q: per callee service (by index)
-	key     uint64   // membershipKey(top), from the parts below
-	head    uint64   // headKey(top)
-	svcKeys []uint64 // serviceKey of each service of top
+	top     *Topology
+	model   *Model
+	alloc   *Allocation
+	queue   *queueState // lata-q: per callee service (by index)
+	key     uint64      // membershipKey(top), from the parts below
+	head    uint64      // headKey(top)
+	svcKeys []uint64    // serviceKey of each service of top
 }
 
 // compileState is a Compiler's memory of its last compile.

@@ -107,10 +107,10 @@ type Cluster struct {
 	changed  chan struct{}
 	compiler optimizer.Compiler // Run's only
 	mu       sync.Mutex         // guards kube, meas, current, latency
-	kube    *kube.State
-	meas    *prom.Measurements
-	current *optimizer.Topology
-	latency latencyState // of the last Merge
+	kube     *kube.State
+	meas     *prom.Measurements
+	current  *optimizer.Topology
+	latency  latencyState // of the last Merge
 }
 
 // latencyState is what the last Merge made of the measurements.
