@@ -37,9 +37,9 @@ var (
 	scaleServices   = flag.Int("watch.services", 400, "services (half of them managed) in the scale benchmark")
 	scaleNamespaces = flag.Int("watch.namespaces", 20, "namespaces in the scale benchmark")
 	scaleZones      = flag.Int("watch.zones", 50, "zones in the scale benchmark")
-	scaleReady      = flag.Int("watch.ready-samples", 30, "pod-ready samples")
-	scaleHeartbeat  = flag.Duration("watch.heartbeat", 30*time.Second, "how long node status reports arrive at their real rate (every node every 5 min); 5m sends one from each node")
-	scaleChurn      = flag.Duration("watch.churn", 60*time.Second, "how long the churn scenario runs (100 pod events/s)")
+	scaleReady      = flag.Int("watch.ready-samples", 100, "pod-ready samples")
+	scaleHeartbeat  = flag.Duration("watch.heartbeat", 15*time.Second, "how long node status reports arrive at their real rate (every node every 5 min); 5m sends one from each node")
+	scaleChurn      = flag.Duration("watch.churn", 20*time.Second, "how long the churn scenario runs (100 pod events/s)")
 	scaleCheck      = flag.Bool("watch.check", true, "fail when a figure misses the generous CI bound (TestWatchScale)")
 )
 
@@ -67,7 +67,7 @@ func TestWatchScale(t *testing.T) {
 	}
 	w := newScaleWorld(*scalePods, *scaleNodes, *scaleServices, *scaleNamespaces, *scaleZones)
 	cs := fake.NewSimpleClientset(w.objects()...)
-	w.objs = nil
+	w.objs, w.podObj = nil, nil // the fake API server holds its own copies
 	runtime.GC()
 	base := liveHeap()
 
@@ -119,7 +119,7 @@ func TestWatchScale(t *testing.T) {
 		lat = append(lat, b.flip(t, w.notReady[i%len(w.notReady)], true))
 		b.flip(t, w.notReady[i%len(w.notReady)], false)
 		cs.ClearActions()
-		time.Sleep(100 * time.Millisecond) // one pod at a time, as pods become ready
+		time.Sleep(50 * time.Millisecond) // one pod at a time, as pods become ready
 	}
 	report("pod-ready", lat, cpu())
 
@@ -206,7 +206,8 @@ type churnEvent struct {
 type scaleWorld struct {
 	pods, nodes, services, managed int
 	objs                           []kruntime.Object
-	podObj                         []*corev1.Pod
+	podObj                         []*corev1.Pod // until the fake API server has them; then nil
+	podRef                         []types.NamespacedName
 	svcOf                          []int // pod → service
 	slices                         []*discoveryv1.EndpointSlice
 	ready                          []bool
@@ -261,6 +262,7 @@ func newScaleWorld(pods, nodes, services, namespaces, zones int) *scaleWorld {
 			ready := !(managed && k == 0)
 			p := scalePod(ns, name, k, i, node, ready)
 			w.podObj = append(w.podObj, p)
+			w.podRef = append(w.podRef, types.NamespacedName{Namespace: ns, Name: p.Name})
 			w.svcOf = append(w.svcOf, s)
 			w.ready = append(w.ready, ready)
 			if managed {
@@ -467,12 +469,15 @@ func (b *scaleBench) write(t *testing.T, i int, ready bool) time.Time {
 	t.Helper()
 	w := b.w
 	ctx := context.Background()
-	p := w.podObj[i].DeepCopy()
+	obj, err := b.cs.Tracker().Get(corev1.SchemeGroupVersion.WithResource("pods"), w.podRef[i].Namespace, w.podRef[i].Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := obj.(*corev1.Pod) // a copy
 	setPodReady(p, ready, time.Now())
 	if _, err := b.cs.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w.podObj[i] = p
 	s := w.svcOf[i]
 	sl := w.slices[s].DeepCopy()
 	for j := range sl.Endpoints {
@@ -490,7 +495,7 @@ func (b *scaleBench) write(t *testing.T, i int, ready bool) time.Time {
 
 // holds says whether st has pod i ready (true) or left out (false).
 func (b *scaleBench) holds(st *State, i int) bool {
-	p := b.w.podObj[i]
+	p := b.w.podRef[i]
 	key := (&optimizer.Service{Namespace: p.Namespace, Name: b.w.slices[b.w.svcOf[i]].Labels[discoveryv1.LabelServiceName]}).Key()
 	k, ok := slices.BinarySearchFunc(st.Services, key, func(s optimizer.Service, key string) int { return strings.Compare(s.Key(), key) })
 	if !ok {
@@ -514,7 +519,7 @@ func (b *scaleBench) flip(t *testing.T, i int, ready bool) time.Duration {
 		select {
 		case <-b.delivered:
 		case <-deadline:
-			t.Fatalf("pod %s ready=%v never delivered", b.w.podObj[i].Name, ready)
+			t.Fatalf("pod %s ready=%v never delivered", b.w.podRef[i].Name, ready)
 		}
 	}
 }
