@@ -248,12 +248,12 @@ type Controller struct {
 	trigger  chan struct{}
 	metrics  *metrics
 
-	pods      corelisters.PodLister
-	podIndex  cache.Indexer
-	services  []corelisters.ServiceLister
-	nodes     corelisters.NodeLister
-	inf       *kube.Informers
-	ownInf    bool // the controller made inf: Stop stops it
+	pods     corelisters.PodLister
+	podIndex cache.Indexer
+	services []corelisters.ServiceLister
+	nodes    corelisters.NodeLister
+	inf      *kube.Informers
+	ownInf   bool // the controller made inf: Stop stops it
 	// queue holds the keys (NAMESPACE/NAME) of gated pods and of replacements not yet bound,
 	// for the gate worker (gates.go); Run makes it (acting only) before the informers start.
 	queue    workqueue.TypedRateLimitingInterface[string]
