@@ -6,12 +6,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/cache"
 )
 
 // trim is the informers' transform: it keeps of each object only what the watcher and the
 // rebalancer read (see Informers), in place (client-go hands the transform an object of its
-// own). A DeletedFinalStateUnknown passes through with its object trimmed.
+// own). A DeletedFinalStateUnknown passes through untouched: its object is the cache's, trimmed
+// already, and may be read concurrently.
 func trim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Pod:
@@ -22,13 +22,6 @@ func trim(obj any) (any, error) {
 		trimMeta(&o.ObjectMeta)
 	case *discoveryv1.EndpointSlice:
 		trimMeta(&o.ObjectMeta)
-	case cache.DeletedFinalStateUnknown:
-		inner, err := trim(o.Obj)
-		if err != nil {
-			return nil, err
-		}
-		o.Obj = inner
-		return o, nil
 	}
 	return obj, nil
 }
