@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -103,7 +104,20 @@ func TestWatchScale(t *testing.T) {
 		heap     float64
 	}
 	var results []result
+	passesFrom := 0
 	report := func(name string, lat []time.Duration, cpu float64) result {
+		b.mu.Lock()
+		var spans []time.Duration
+		for _, p := range b.passes[passesFrom:] {
+			spans = append(spans, p.end.Sub(p.start))
+		}
+		passesFrom = len(b.passes)
+		b.mu.Unlock()
+		var load [3]float64
+		if data, err := os.ReadFile("/proc/loadavg"); err == nil {
+			fmt.Sscan(string(data), &load[0], &load[1], &load[2])
+		}
+		t.Logf("%s: %d passes of the Source's loop, wall time p50 %.2f ms, p99 %.2f ms; load average %.1f", name, len(spans), percentile(spans, 0.5), percentile(spans, 0.99), load[0])
 		r := result{name: name, cpu: cpu, heap: heap()}
 		r.p50, r.p99 = percentile(lat, 0.50), percentile(lat, 0.99)
 		fmt.Printf("watch: scenario=%s pods=%d nodes=%d event_p50_ms=%.1f event_p99_ms=%.1f cpu_cores=%.3f heap_mib=%.0f\n",
