@@ -390,7 +390,7 @@ func managedFields(manager string, n int) []metav1.ManagedFieldsEntry {
 	for j := range n {
 		raw := `{"f:metadata":{"f:labels":{".":{},"f:app":{},"f:version":{}},"f:ownerReferences":{".":{},"k:{\"uid\":\"0\"}":{}}},"f:spec":{"f:containers":{"k:{\"name\":\"app\"}":{".":{},"f:env":{},"f:image":{},"f:ports":{},"f:resources":{}}}},"f:status":{"f:conditions":{"k:{\"type\":\"Ready\"}":{".":{},"f:status":{}}}},"n":` + strconv.Itoa(j) + `}`
 		out = append(out, metav1.ManagedFieldsEntry{Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1",
-			Time: &metav1.Time{Time: time.Unix(1.7e9, 0)}, FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(raw)}})
+			Time: &metav1.Time{Time: time.Unix(1.7e9, 0)}, FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(raw)})
 	}
 	return out
 }

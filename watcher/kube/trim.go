@@ -94,7 +94,6 @@ func trimContainers(cs []corev1.Container) []corev1.Container {
 func trimNode(n *corev1.Node) {
 	trimMeta(&n.ObjectMeta)
 	n.Status = corev1.NodeStatus{Allocatable: n.Status.Allocatable, Addresses: n.Status.Addresses}
-	n.Spec.ConfigSource = nil
 }
 
 // samePodView says whether the watcher reads the same of two versions of a pod: its uid,
