@@ -1,5 +1,6 @@
 // Package kube is edgeflow's Kubernetes input: client-go shared informers on Nodes, Pods,
-// Services and EndpointSlices, turned into an immutable State — the nodes with their
+// Services and EndpointSlices (Informers, one set per process, shared with the rebalancer),
+// turned into an immutable State — the nodes with their
 // allocatable resources, and the managed services with their ready endpoints. It knows nothing
 // of Prometheus or xDS.
 package kube
@@ -109,9 +110,13 @@ var skipReasons = []string{SkipNotReady, SkipTerminating, SkipNoAddress, SkipNoN
 // Source follows the cluster with shared informers.
 //
 // Rules:
-//   - Informer callbacks never block — they mark the state dirty and return; the Run loop
-//     rebuilds the State from the listers (coalescing every event that arrived meanwhile) and
-//     delivers it only when it differs from the last delivered one.
+//   - Informer callbacks never block. An update to nothing the Source reads (a node heartbeat,
+//     a pod's container statuses or annotations) is dropped there; any other event marks what it
+//     touches — the nodes, or the services whose EndpointSlices name the pod, node or service
+//     (the slice indexes) — and returns. The Run loop rebuilds only what was marked (coalescing
+//     every event that arrived meanwhile), compares each rebuilt service with its cached part,
+//     and when any part changed assembles the State from the cached parts and delivers it.
+//   - The informers are the process's shared ones (Config.Informers), or the Source's own.
 //   - An endpoint counts only when its EndpointSlice conditions say so: ready (unset counts
 //     as ready, as kube-proxy reads it) and not terminating — a pod in graceful deletion gets
 //     no new traffic even while it is still serving. One not ready, terminating, without an
