@@ -270,7 +270,7 @@ func (f *clusterFlags) informers(allPods bool, logger *slog.Logger) (*kube.Infor
 	if err != nil {
 		return nil, usageError{fmt.Errorf("kubeconfig: %w", err)}
 	}
-	return kube.NewInformers(kube.InformersConfig{Client: cs, Namespaces: f.namespaces, AllPods: allPods})
+	return kube.NewInformers(kube.InformersConfig{Client: cs, Namespaces: f.namespaces, AllPods: allPods, EndpointSlices: true})
 }
 
 // cluster builds the merged cluster source on inf; it compiles every topology with opts (as

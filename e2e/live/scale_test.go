@@ -82,7 +82,7 @@ func TestWatchAtScale(t *testing.T) {
 	t.Logf("created %d nodes, %d services, %d pods in %v", scaleNodes, scaleServices, len(w.pods), w.took.Round(time.Millisecond))
 
 	reg := prometheus.NewRegistry()
-	inf, err := kube.NewInformers(kube.InformersConfig{Client: c.Client})
+	inf, err := kube.NewInformers(kube.InformersConfig{Client: c.Client, EndpointSlices: true})
 	must(t, err)
 	ks, err := kube.NewSource(kube.Config{Informers: inf, Selector: kube.DefaultSelector, Registerer: reg})
 	must(t, err)

@@ -23,6 +23,9 @@ type InformersConfig struct {
 	// AllPods watches the pods of every namespace (the rebalancer counts every pod on a node);
 	// else only those of Namespaces.
 	AllPods bool
+	// EndpointSlices watches the EndpointSlices of Namespaces (the watcher reads them; the
+	// rebalancer alone does not, and its role may not allow it).
+	EndpointSlices bool
 }
 
 // Informers is the one set of shared informers a process keeps on the cluster: the nodes, the
@@ -46,8 +49,9 @@ type Informers struct {
 	cfg        InformersConfig
 	namespaces []string // nil: all
 
-	// Nodes is every node; Pods, Services and EndpointSlices one informer per namespace
-	// watched (one for all when the namespaces are all; Pods one for all with AllPods).
+	// Nodes is every node; Pods, Services and EndpointSlices (with InformersConfig.
+	// EndpointSlices) one informer per namespace watched (one for all when the namespaces are
+	// all; Pods one for all with AllPods).
 	Nodes          cache.SharedIndexInformer
 	Pods           []Scoped
 	Services       []Scoped
@@ -95,7 +99,9 @@ func NewInformers(cfg InformersConfig) (*Informers, error) {
 			in.factories = append(in.factories, f)
 		}
 		in.Services = append(in.Services, Scoped{ns, f.Core().V1().Services().Informer()})
-		in.EndpointSlices = append(in.EndpointSlices, Scoped{ns, f.Discovery().V1().EndpointSlices().Informer()})
+		if cfg.EndpointSlices {
+			in.EndpointSlices = append(in.EndpointSlices, Scoped{ns, f.Discovery().V1().EndpointSlices().Informer()})
+		}
 		if !cfg.AllPods {
 			in.Pods = append(in.Pods, Scoped{ns, f.Core().V1().Pods().Informer()})
 		}
@@ -179,9 +185,11 @@ func (in *Informers) all() []namedInformer {
 	for _, p := range in.Pods {
 		out = append(out, namedInformer{"pods" + where(p.Namespace), p.Informer})
 	}
-	for i, s := range in.Services {
-		out = append(out, namedInformer{"services" + where(s.Namespace), s.Informer},
-			namedInformer{"endpointslices" + where(s.Namespace), in.EndpointSlices[i].Informer})
+	for _, s := range in.Services {
+		out = append(out, namedInformer{"services" + where(s.Namespace), s.Informer})
+	}
+	for _, s := range in.EndpointSlices {
+		out = append(out, namedInformer{"endpointslices" + where(s.Namespace), s.Informer})
 	}
 	return out
 }

@@ -218,12 +218,14 @@ func NewSource(cfg Config) (*Source, error) {
 		}
 	}
 	if s.inf == nil {
-		if s.inf, err = NewInformers(InformersConfig{Client: cfg.Client, Namespaces: cfg.Namespaces}); err != nil {
+		if s.inf, err = NewInformers(InformersConfig{Client: cfg.Client, Namespaces: cfg.Namespaces, EndpointSlices: true}); err != nil {
 			return nil, err
 		}
 		s.ownInformers = true
 	} else if !slices.Equal(s.inf.Namespaces(), cfg.Namespaces) {
 		return nil, fmt.Errorf("kube: the informers watch namespaces %v, the Source wants %v", s.inf.Namespaces(), cfg.Namespaces)
+	} else if len(s.inf.EndpointSlices) == 0 {
+		return nil, errors.New("kube: the informers do not watch EndpointSlices (InformersConfig.EndpointSlices)")
 	}
 	if err := s.register(); err != nil {
 		return nil, err
