@@ -313,7 +313,7 @@ func (w *realWorld) holds(st *kube.State, i int, ready bool) bool {
 // (one writer per service at a time, several services at once). It returns the events sent
 // and the pauses of at least quiet between two of them.
 func (w *realWorld) churn(t *testing.T, ctx context.Context, rate int, d, quiet time.Duration) (events, gaps int) {
-	const workers = 25 // two managed services each: the rate holds while each write waits
+	const workers = 50 // one per managed service: the rate holds while each write waits
 	var mu sync.Mutex
 	var done []time.Time
 	var wg sync.WaitGroup
