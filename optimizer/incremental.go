@@ -20,31 +20,36 @@ import "math"
 //
 // The result is the allocation Plan would give (the tests compare them exactly).
 
-// incremental is the Planner's memory of its last recompute.
+// incremental is the Planner's memory of its last recompute (the compile's is a Compiler's).
 type incremental struct {
+	top     *Topology
+	model   *Model
+	alloc   *Allocation
+	queue   *queueState // lata-q: per callee service (by index)
+	key     uint64      // membershipKey(top), from the parts below
+	head    uint64      // headKey(top)
+	svcKeys []uint64    // serviceKey of each service of top
+}
+
+// compileState is a Compiler's memory of its last compile.
+type compileState struct {
 	top   *Topology
 	model *Model
-	alloc *Allocation
-	queue *queueState // lata-q: per callee service (by index)
+	opts  Options // those top was compiled with
 	// latIdx[i] is (u, v) of top.Latency[i]; mirror[i] says it also sets (v, u) (the reverse is
 	// not given).
 	latIdx [][2]int
 	mirror []bool
 	// owner maps every pod name of model to its service's name (for duplicate checks).
-	owner   map[string]string
-	key     uint64   // membershipKey(top), from the parts below
-	head    uint64   // headKey(top)
-	svcKeys []uint64 // serviceKey of each service of top
-	out     [][]int  // call edges by caller service (the calls never change on a recompile)
-	// latencyChanged says the last recompile changed a latency (else the matrix is shared).
-	latencyChanged bool
+	owner map[string]string
+	out   [][]int // call edges by caller service (the calls never change on a recompile)
 }
 
-// remember records a recompute for the next one: after a full compile, the latency layout and
+// remember records a compile for the next one: after a full compile, the latency layout and
 // every pod's service; after a recompile, the pods of the services it compiled again.
-func (inc *incremental) remember(t *Topology, m *Model, alloc *Allocation, queue *queueState, full bool, podsChanged []int) {
+func (inc *compileState) remember(t *Topology, m *Model, full bool, podsChanged []int) {
 	prev := inc.model
-	inc.top, inc.model, inc.alloc, inc.queue = t, m, alloc, queue
+	inc.top, inc.model = t, m
 	if !full {
 		for _, s := range podsChanged {
 			for _, p := range prev.Services[s].Pods {
@@ -152,22 +157,21 @@ func sameFloat(a, b *float64) bool {
 
 // recompile returns the model of t, which has the structure of inc.top (sameStructure): the
 // previous model with the latencies, call rates, ingress rates and loads re-read, and the
-// services in podsChanged compiled again. ok is false when something is wrong (a bad number, a
-// bad or duplicate pod): compile in full for the error.
-func (inc *incremental) recompile(t *Topology, podsChanged []int, opts Options) (*Model, bool) {
+// services in podsChanged compiled again; latencyChanged says a latency differs. ok is false
+// when something is wrong (a bad number, a bad or duplicate pod): compile in full for the error.
+func (inc *compileState) recompile(t *Topology, podsChanged []int, opts Options) (_ *Model, latencyChanged, ok bool) {
 	prev := inc.model
 	m := *prev
 	m.Topology = t
-	inc.latencyChanged = false
 	for i, l := range t.Latency {
 		if badNumber(l.MS) != "" || l.MS > MaxLatencyMS {
-			return nil, false
+			return nil, false, false
 		}
 		if l.MS == inc.top.Latency[i].MS {
 			continue
 		}
-		if !inc.latencyChanged { // copy on first write: the previous model stays intact
-			inc.latencyChanged = true
+		if !latencyChanged { // copy on first write: the previous model stays intact
+			latencyChanged = true
 			m.Latency = LatencyMatrix{n: prev.Latency.n, ms: append([]float64(nil), prev.Latency.ms...)}
 		}
 		u, v := inc.latIdx[i][0], inc.latIdx[i][1]
@@ -180,7 +184,7 @@ func (inc *incremental) recompile(t *Topology, podsChanged []int, opts Options) 
 	for k, c := range t.Calls {
 		r := c.CallRate()
 		if badNumber(r) != "" {
-			return nil, false
+			return nil, false, false
 		}
 		m.Calls[k].Rate = r
 	}
@@ -195,11 +199,11 @@ func (inc *incremental) recompile(t *Topology, podsChanged []int, opts Options) 
 		for _, s := range podsChanged {
 			sm := compileService(t.Services[s], m.nodeIndex, names, opts, &bad)
 			if bad.err() != nil {
-				return nil, false
+				return nil, false, false
 			}
 			for _, p := range sm.Pods {
 				if owner, ok := inc.owner[p.Name]; ok && !changed[owner] {
-					return nil, false // a duplicate pod name across services
+					return nil, false, false // a duplicate pod name across services
 				}
 			}
 			m.Services[s] = sm
@@ -208,7 +212,7 @@ func (inc *incremental) recompile(t *Topology, podsChanged []int, opts Options) 
 	ingress := make([]float64, len(m.Services))
 	for _, in := range t.Ingress {
 		if badNumber(in.RPS) != "" {
-			return nil, false
+			return nil, false, false
 		}
 		s, _ := m.ServiceIndex(in.Service)
 		ingress[s] += in.RPS
@@ -233,10 +237,10 @@ func (inc *incremental) recompile(t *Topology, podsChanged []int, opts Options) 
 	}
 	for i := range m.Services {
 		if l := m.Services[i].Load; math.IsInf(l, 0) || math.IsNaN(l) {
-			return nil, false
+			return nil, false, false
 		}
 	}
-	return &m, true
+	return &m, latencyChanged, true
 }
 
 // sameShape says whether the per-edge comparison applies: the same services and call edges,

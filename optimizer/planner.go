@@ -43,6 +43,7 @@ type Planner struct {
 	last       *Allocation
 	membership uint64
 	inc        incremental // the last recompute (see incremental.go)
+	compiler   Compiler    // for topologies no one published compiled (PublishedModel)
 }
 
 // PlanResult is one recompute of a Planner.
@@ -71,7 +72,9 @@ type PlanResult struct {
 }
 
 // Plan compiles and solves t, incrementally where it can (see incremental.go: the result is
-// what Compile and Plan give). It remembers this recompute for the next one, but not as
+// what Compile and Plan give). A topology whose compiled model was published with the
+// Planner's options (Compiled.Publish: the watcher compiles what it delivers) is not compiled
+// again. It remembers this recompute for the next one, but not as
 // pushed: call Pushed once the result has been published.
 func (pl *Planner) Plan(t *Topology) (*PlanResult, error) {
 	policy := pl.Policy
@@ -81,27 +84,24 @@ func (pl *Planner) Plan(t *Topology) (*PlanResult, error) {
 	if _, err := ParsePolicy(string(policy)); err != nil {
 		return nil, err
 	}
-	var m *Model
-	recompiled := false
-	var podsChanged []int
-	if pl.inc.top != nil {
-		var same bool
-		if same, podsChanged = sameStructure(pl.inc.top, t); same {
-			m, recompiled = pl.inc.recompile(t, podsChanged, pl.Options)
-		}
-	}
-	if !recompiled {
+	cm := PublishedModel(t, pl.Options) // compiled once, at the head of the pipeline
+	if cm == nil {
+		pl.compiler.Options = pl.Options
 		var err error
-		if m, err = Compile(t, pl.Options); err != nil {
+		if cm, err = pl.compiler.Compile(t); err != nil {
 			return nil, err
 		}
 	}
+	m := cm.Model
+	// Incremental only from the topology this Planner solved last (else as a full compile).
+	recompiled := pl.inc.top != nil && cm.base.Value() == pl.inc.top
+	podsChanged, latencyChanged := cm.podsChanged, cm.latencyChanged
 	var re *reuse
 	if prev := pl.inc.model; prev != nil && sameShape(prev, m) {
 		change := make([]int, len(m.Calls))
 		into := make([][]int, len(m.Services))
 		var nodes [][]int // nil: no latency changed, none to compare
-		if !recompiled || pl.inc.latencyChanged {
+		if !recompiled || latencyChanged {
 			nodes = serviceNodes(m)
 		}
 		for k := range m.Calls {
@@ -127,7 +127,7 @@ func (pl *Planner) Plan(t *Topology) (*PlanResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	pl.inc.remember(t, m, alloc, queue, !recompiled, podsChanged)
+	pl.inc.top, pl.inc.model, pl.inc.alloc, pl.inc.queue = t, m, alloc, queue
 	// The membership key, kept by part: a recompile changes at most some services' pods.
 	if !recompiled {
 		pl.inc.head = headKey(t)

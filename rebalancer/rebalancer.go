@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -28,7 +29,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -99,6 +99,10 @@ const (
 type Config struct {
 	// Client reaches the cluster (required).
 	Client kubernetes.Interface
+	// Informers are the process's shared informers (kube.NewInformers with AllPods, on
+	// Namespaces), also read by the watcher; nil means the controller makes its own, and
+	// starts and stops them.
+	Informers *kube.Informers
 	// Topology returns the current live topology (watcher.Cluster.Current); nil means not known
 	// yet. Its nodes carry allocatable cpu and memory, its services the ready pods.
 	Topology func() *optimizer.Topology
@@ -244,12 +248,12 @@ type Controller struct {
 	trigger  chan struct{}
 	metrics  *metrics
 
-	pods      corelisters.PodLister
-	podIndex  cache.Indexer
-	services  []corelisters.ServiceLister
-	nodes     corelisters.NodeLister
-	hasSynced []cache.InformerSynced
-	factories []informers.SharedInformerFactory
+	pods     corelisters.PodLister
+	podIndex cache.Indexer
+	services []corelisters.ServiceLister
+	nodes    corelisters.NodeLister
+	inf      *kube.Informers
+	ownInf   bool // the controller made inf: Stop stops it
 	// queue holds the keys (NAMESPACE/NAME) of gated pods and of replacements not yet bound,
 	// for the gate worker (gates.go); Run makes it (acting only) before the informers start.
 	queue    workqueue.TypedRateLimitingInterface[string]
@@ -296,31 +300,33 @@ func New(cfg Config) (*Controller, error) {
 // namespaces. Pods are indexed by node and by gate state; gated pods and replacements not yet
 // bound go to the gate worker's queue.
 func (c *Controller) setupInformers() error {
-	all := informers.NewSharedInformerFactory(c.cs, 0)
-	c.factories = append(c.factories, all)
-	pods, nodes := all.Core().V1().Pods(), all.Core().V1().Nodes()
-	if err := pods.Informer().AddIndexers(cache.Indexers{indexNode: indexPodNode, indexGate: indexPodGate}); err != nil {
+	c.inf = c.cfg.Informers
+	if c.inf == nil {
+		var err error
+		if c.inf, err = kube.NewInformers(kube.InformersConfig{Client: c.cs, Namespaces: c.cfg.Namespaces, AllPods: true}); err != nil {
+			return fmt.Errorf("rebalancer: %w", err)
+		}
+		c.ownInf = true
+	}
+	if !c.inf.AllPods() || len(c.inf.Pods) != 1 {
+		return errors.New("rebalancer: the shared informers must watch every pod (kube.InformersConfig.AllPods)")
+	}
+	if !slices.Equal(c.inf.Namespaces(), kube.UniqueNamespaces(c.cfg.Namespaces)) {
+		return fmt.Errorf("rebalancer: the informers watch namespaces %v, the controller wants %v", c.inf.Namespaces(), c.cfg.Namespaces)
+	}
+	pods := c.inf.Pods[0].Informer
+	if err := pods.AddIndexers(cache.Indexers{indexNode: indexPodNode, indexGate: indexPodGate}); err != nil {
 		return fmt.Errorf("rebalancer: pod indexes: %w", err)
 	}
-	c.pods, c.nodes, c.podIndex = pods.Lister(), nodes.Lister(), pods.Informer().GetIndexer()
-	c.hasSynced = append(c.hasSynced, pods.Informer().HasSynced, nodes.Informer().HasSynced)
-	_, _ = pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	c.pods, c.nodes, c.podIndex = corelisters.NewPodLister(pods.GetIndexer()), corelisters.NewNodeLister(c.inf.Nodes.GetIndexer()), pods.GetIndexer()
+	if _, err := pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.podEvent(obj) },
 		UpdateFunc: func(_, obj any) { c.podEvent(obj) },
-	})
-	namespaces := kube.UniqueNamespaces(c.cfg.Namespaces)
-	if len(namespaces) == 0 {
-		namespaces = []string{""}
+	}); err != nil {
+		return fmt.Errorf("rebalancer: pod event handler: %w", err)
 	}
-	for _, ns := range namespaces {
-		f := all
-		if ns != "" {
-			f = informers.NewSharedInformerFactoryWithOptions(c.cs, 0, informers.WithNamespace(ns))
-			c.factories = append(c.factories, f)
-		}
-		svcs := f.Core().V1().Services()
-		c.services = append(c.services, svcs.Lister())
-		c.hasSynced = append(c.hasSynced, svcs.Informer().HasSynced)
+	for _, s := range c.inf.Services {
+		c.services = append(c.services, corelisters.NewServiceLister(s.Informer.GetIndexer()))
 	}
 	return nil
 }
@@ -338,14 +344,12 @@ func (c *Controller) podEvent(obj any) {
 // Start starts the informers and waits for their caches; they stop when ctx is done and
 // Stop (or Run's return) waits for them.
 func (c *Controller) Start(ctx context.Context) error {
-	for _, f := range c.factories {
-		f.Start(ctx.Done())
-	}
-	if !cache.WaitForCacheSync(ctx.Done(), c.hasSynced...) {
+	c.inf.Start(ctx)
+	if err := c.inf.WaitForCacheSync(ctx); err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return errors.New("rebalancer: informer caches did not sync")
+		return fmt.Errorf("rebalancer: %w", err)
 	}
 	c.syncOnce.Do(func() { close(c.synced) })
 	return nil
@@ -371,11 +375,11 @@ func (c *Controller) WaitSynced(ctx context.Context) error {
 	}
 }
 
-// Stop waits for the informers started by Start (their context must be done) and shuts the
-// gate queue down.
+// Stop waits for the informers started by Start, unless they are shared (their context must be
+// done), and shuts the gate queue down.
 func (c *Controller) Stop() {
-	for _, f := range c.factories {
-		f.Shutdown()
+	if c.ownInf {
+		c.inf.Stop()
 	}
 	if c.queue != nil {
 		c.queue.ShutDown()

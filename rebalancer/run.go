@@ -158,6 +158,12 @@ func (c *Controller) runDry(ctx context.Context, le LeaderConfig) error {
 			}
 			c.runOnce(ctx, nil)
 		}
+		// The topology may not be known yet (the watcher reads the same informers, synced at
+		// the same moment): look again soon rather than a period later.
+		var retry <-chan time.Time
+		if !ran {
+			retry = time.After(100 * time.Millisecond)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -165,6 +171,7 @@ func (c *Controller) runDry(ctx context.Context, le LeaderConfig) error {
 			ran = false
 		case <-c.trigger:
 			ran = false
+		case <-retry:
 		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"math"
 	"net"
 	"net/netip"
-	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -42,6 +41,9 @@ type ClusterConfig struct {
 	// DefaultLatencyMS is the latency of a node pair never measured; nil means the largest
 	// measured latency (prom.FillLatency).
 	DefaultLatencyMS *float64
+	// Options are how every topology is compiled: as its consumers compile it (the server's
+	// options), so that a topology delivered is one they accept.
+	Options optimizer.Options
 	// Check is validation beyond optimizer.Compile (e.g. xds.CheckTopology); nil means none.
 	Check func(*optimizer.Topology) error
 	// NodeMatch is how a latency series' node labels name nodes: NodeMatchName (the default:
@@ -103,12 +105,13 @@ type Cluster struct {
 	unmatched  *prometheus.CounterVec
 	noLatency  prometheus.Gauge
 
-	changed chan struct{}
-	mu      sync.Mutex // guards kube, meas, current, latency
-	kube    *kube.State
-	meas    *prom.Measurements
-	current *optimizer.Topology
-	latency latencyState // of the last Merge
+	changed  chan struct{}
+	compiler optimizer.Compiler // Run's only
+	mu       sync.Mutex         // guards kube, meas, current, latency
+	kube     *kube.State
+	meas     *prom.Measurements
+	current  *optimizer.Topology
+	latency  latencyState // of the last Merge
 }
 
 // latencyState is what the last Merge made of the measurements.
@@ -147,7 +150,7 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
-	c := &Cluster{cfg: cfg, log: cfg.Logger, changed: make(chan struct{}, 1),
+	c := &Cluster{cfg: cfg, log: cfg.Logger, changed: make(chan struct{}, 1), compiler: optimizer.Compiler{Options: cfg.Options},
 		unmeasured: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_latency_unmeasured_pairs",
 			Help: "Node pairs (unordered) with no latency measurement, given the default latency or the largest measured one."}),
 		ignored: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "edgeflow_cluster_calls_ignored",
@@ -323,30 +326,27 @@ func (c *Cluster) Run(ctx context.Context, l Listener) error {
 			continue // never a half-built topology
 		}
 		t := c.Merge(ks, meas)
-		if last != nil && reflect.DeepEqual(last, t) {
+		// Compiled once, here, with the consumers' options: the compile validates it, says
+		// whether anything changed, and is published for the Planners downstream.
+		cm, err := c.compiler.Compile(t)
+		if err == nil && last != nil && !cm.Changed {
 			continue
 		}
-		if err := c.validate(t); err != nil {
+		if err == nil && c.cfg.Check != nil {
+			err = c.cfg.Check(t)
+		}
+		if err != nil {
 			c.rejected.Inc()
 			c.log.Error("watcher: merged cluster topology rejected; keeping the last good one", "error", err)
 			continue
 		}
+		cm.Publish()
 		c.mu.Lock()
 		c.current = t
 		c.mu.Unlock()
 		c.delivered.Inc()
 		l.Update(t)
 	}
-}
-
-func (c *Cluster) validate(t *optimizer.Topology) error {
-	if _, err := optimizer.Compile(t, optimizer.Options{}); err != nil {
-		return err
-	}
-	if c.cfg.Check != nil {
-		return c.cfg.Check(t)
-	}
-	return nil
 }
 
 // Merge builds the topology from one Kubernetes state and one set of measurements (nil: none)

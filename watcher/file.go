@@ -100,19 +100,27 @@ func (f *File) Load() (*optimizer.Topology, error) {
 }
 
 func (f *File) parse(data []byte) (*optimizer.Topology, error) {
+	t, _, err := f.compile(data, &optimizer.Compiler{Options: f.cfg.Options})
+	return t, err
+}
+
+// compile parses and validates data, compiling it with c (Run's compiler: compiled once, the
+// model published for the Planners downstream when it is delivered).
+func (f *File) compile(data []byte, c *optimizer.Compiler) (*optimizer.Topology, *optimizer.Compiled, error) {
 	t, err := optimizer.ParseTopology(bytes.NewReader(data), f.path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if _, err := optimizer.Compile(t, f.cfg.Options); err != nil {
-		return nil, err
+	cm, err := c.Compile(t)
+	if err != nil {
+		return nil, nil, err
 	}
 	if f.cfg.Check != nil {
 		if err := f.cfg.Check(t); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return t, nil
+	return t, cm, nil
 }
 
 // Current returns the last topology delivered (nil before the first).
@@ -139,11 +147,12 @@ func (f *File) Run(ctx context.Context, l Listener) error {
 	if err != nil {
 		return fmt.Errorf("watcher: reading topology: %w", err)
 	}
-	t, err := f.parse(data)
+	compiler := &optimizer.Compiler{Options: f.cfg.Options}
+	t, cm, err := f.compile(data, compiler)
 	if err != nil {
 		return err
 	}
-	f.deliver(l, t)
+	f.deliver(l, t, cm)
 	good := sha256.Sum256(data)
 	var bad [sha256.Size]byte // last rejected content, reported once
 	var readErr string        // last read error, reported once
@@ -172,7 +181,7 @@ func (f *File) Run(ctx context.Context, l Listener) error {
 		if !force && (sum == good || sum == bad) {
 			continue
 		}
-		t, err := f.parse(data)
+		t, cm, err := f.compile(data, compiler)
 		if err != nil {
 			bad = sum
 			f.errors.Inc()
@@ -180,12 +189,13 @@ func (f *File) Run(ctx context.Context, l Listener) error {
 			continue
 		}
 		good, bad = sum, [sha256.Size]byte{}
-		f.deliver(l, t)
+		f.deliver(l, t, cm)
 		f.log.Info("watcher: topology file reloaded", "file", f.path, "forced", force)
 	}
 }
 
-func (f *File) deliver(l Listener, t *optimizer.Topology) {
+func (f *File) deliver(l Listener, t *optimizer.Topology, cm *optimizer.Compiled) {
+	cm.Publish()
 	f.mu.Lock()
 	f.current = t
 	f.mu.Unlock()

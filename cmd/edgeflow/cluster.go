@@ -256,8 +256,11 @@ func (f *clusterFlags) clientset() (kubernetes.Interface, error) {
 	return cs, nil
 }
 
-// cluster builds the merged cluster source. Bad flags or files are usage errors.
-func (f *clusterFlags) cluster(defaultLatency *float64, check func(*optimizer.Topology) error, logger *slog.Logger, reg prometheus.Registerer) (*watcher.Cluster, error) {
+// informers builds the process's one set of shared informers, read by the watcher and the
+// rebalancer: the pods of every namespace when the rebalancer runs (it counts every pod on a
+// node), else those of --namespaces. The caller starts them (Start) and stops them (Stop) once
+// everything reading them has ended.
+func (f *clusterFlags) informers(allPods bool, logger *slog.Logger) (*kube.Informers, error) {
 	cfg, err := f.restConfig()
 	if err != nil {
 		return nil, err
@@ -267,12 +270,19 @@ func (f *clusterFlags) cluster(defaultLatency *float64, check func(*optimizer.To
 	if err != nil {
 		return nil, usageError{fmt.Errorf("kubeconfig: %w", err)}
 	}
-	ks, err := kube.NewSource(kube.Config{Client: cs, Namespaces: f.namespaces, Selector: f.selector, IPFamily: corev1.IPFamily(f.ipFamily),
+	return kube.NewInformers(kube.InformersConfig{Client: cs, Namespaces: f.namespaces, AllPods: allPods, EndpointSlices: true})
+}
+
+// cluster builds the merged cluster source on inf; it compiles every topology with opts (as
+// its consumers do). Bad flags or files are usage errors.
+func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, check func(*optimizer.Topology) error, logger *slog.Logger, reg prometheus.Registerer) (*watcher.Cluster, error) {
+	ks, err := kube.NewSource(kube.Config{Informers: inf, Namespaces: f.namespaces, Selector: f.selector, IPFamily: corev1.IPFamily(f.ipFamily),
 		Logger: logger, Registerer: reg})
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--ip-family: %w", err)}
 	}
-	cc := watcher.ClusterConfig{Kube: ks, DefaultLatencyMS: defaultLatency, Check: check, NodeMatch: f.nodeMatch, Logger: logger, Registerer: reg}
+	defaultLatency := opts.DefaultLatencyMS
+	cc := watcher.ClusterConfig{Kube: ks, DefaultLatencyMS: defaultLatency, Options: opts, Check: check, NodeMatch: f.nodeMatch, Logger: logger, Registerer: reg}
 	if f.callsFile != "" {
 		g, err := readCallGraph(f.callsFile)
 		if err != nil {
@@ -359,13 +369,19 @@ func (l *latestTopology) get() *optimizer.Topology {
 // usable latency when Prometheus is given. If none has arrived by --inputs-timeout, the
 // capacity-weighted plan's topology (every node pair equal) is used, with a warning naming
 // why; without any topology it is an error.
-func (f *clusterFlags) clusterSnapshot(ctx context.Context, defaultLatency *float64, logger *slog.Logger) (*optimizer.Topology, error) {
-	c, err := f.cluster(defaultLatency, nil, logger, nil)
+func (f *clusterFlags) clusterSnapshot(ctx context.Context, opts optimizer.Options, logger *slog.Logger) (*optimizer.Topology, error) {
+	inf, err := f.informers(false, logger)
+	if err != nil {
+		return nil, err
+	}
+	c, err := f.cluster(inf, opts, nil, logger, nil)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.waitTimeout)
+	defer inf.Stop() // after cancel (deferred calls run last first)
 	defer cancel()
+	inf.Start(ctx)
 	got := &latestTopology{arrived: make(chan struct{}, 1)}
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx, got) }()

@@ -60,7 +60,7 @@ func (f *topologyFlags) load(cmd *cobra.Command, opts optimizer.Options) (*optim
 	var err error
 	if f.file == "" {
 		logger := newLogger(cmd, slog.LevelWarn)
-		t, err = f.clusterSnapshot(cmd.Context(), opts.DefaultLatencyMS, logger)
+		t, err = f.clusterSnapshot(cmd.Context(), opts, logger)
 	} else {
 		t, err = readTopology(f.file, cmd.InOrStdin())
 	}

@@ -15,11 +15,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
+	"github.com/edgeflow/edgeflow/watcher/kube"
 )
 
 func init() { subcommands = append(subcommands, newRebalanceCommand) }
@@ -90,8 +90,8 @@ func (f *rebalanceFlags) lease() rebalancer.LeaderConfig {
 }
 
 // controller builds the rebalancer on the cluster source.
-func (f *rebalanceFlags) controller(cs kubernetes.Interface, cf *clusterFlags, cluster *watcher.Cluster, defaultLatency *float64, logger *slog.Logger, reg prometheus.Registerer) (*rebalancer.Controller, error) {
-	c, err := rebalancer.New(rebalancer.Config{Client: cs, Topology: cluster.Measured, Namespaces: cf.namespaces,
+func (f *rebalanceFlags) controller(inf *kube.Informers, cf *clusterFlags, cluster *watcher.Cluster, defaultLatency *float64, logger *slog.Logger, reg prometheus.Registerer) (*rebalancer.Controller, error) {
+	c, err := rebalancer.New(rebalancer.Config{Client: inf.Client(), Informers: inf, Topology: cluster.Measured, Namespaces: cf.namespaces,
 		Selector: cf.selector, DefaultLatencyMS: defaultLatency, DryRun: f.dryRun, Period: f.period,
 		Threshold: f.threshold, MaxMoves: f.maxMoves, MaxMovesPerNode: f.maxPerNode, MaxMovesPerNamespace: f.maxPerNS,
 		MinAge: f.minAge, Cooldown: f.cooldown, GateTimeout: f.gateTimeout, PlacementTimeout: f.placementTimeout,
@@ -196,26 +196,29 @@ func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, outp
 		level = slog.LevelWarn
 	}
 	logger := newLogger(cmd, level)
-	cs, err := cf.clientset()
+	inf, err := cf.informers(true, logger)
 	if err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	cluster, err := cf.cluster(defaultLatency, nil, logger, reg)
+	cluster, err := cf.cluster(inf, optimizer.Options{DefaultLatencyMS: defaultLatency}, nil, logger, reg)
 	if err != nil {
 		return err
 	}
-	c, err := rf.controller(cs, cf, cluster, defaultLatency, logger, reg)
+	c, err := rf.controller(inf, cf, cluster, defaultLatency, logger, reg)
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// Every goroutine below is owned by the group: it ends when ctx is cancelled (signal, or
-	// the first component failing) and is waited for before runRebalance returns.
+	// the first component failing) and is waited for before runRebalance returns; the shared
+	// informers stop after that, once every reader has ended.
 	g, ctx := newRunGroup(ctx)
+	defer inf.Stop()
 	defer g.Wait()    // the error paths below return their own error
 	defer g.Stop(nil) // first: end the group on every return
+	inf.Start(ctx)
 	cancel := g.Stop
 	start := g.Go
 	start("topology source", func() error { return cluster.Run(ctx, ignore{}) })

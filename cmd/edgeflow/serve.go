@@ -24,6 +24,7 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
+	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/xds"
 	"github.com/edgeflow/edgeflow/xds/istio"
 	xdsserver "github.com/edgeflow/edgeflow/xds/server"
@@ -160,6 +161,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var source topologySource
 	var cluster *watcher.Cluster
+	var inf *kube.Informers // the process's one set of informers (with a cluster source)
 	if f.file != "" {
 		file, err := watcher.NewFile(f.file, watcher.FileConfig{Options: opts, Check: xds.CheckTopology,
 			Interval: f.pollInterval, Logger: logger, Registerer: reg})
@@ -172,7 +174,10 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}
 		source = file
 	} else {
-		if cluster, err = f.cluster(opts.DefaultLatencyMS, xds.CheckTopology, logger, reg); err != nil {
+		if inf, err = f.informers(f.rebalance, logger); err != nil {
+			return err
+		}
+		if cluster, err = f.cluster(inf, opts, xds.CheckTopology, logger, reg); err != nil {
 			return err
 		}
 		source = cluster
@@ -207,11 +212,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	}
 	var rb *rebalancer.Controller
 	if f.rebalance {
-		cs, err := f.clientset()
-		if err != nil {
-			return err
-		}
-		if rb, err = f.rebalancer.controller(cs, &f.clusterFlags, cluster, opts.DefaultLatencyMS, logger, reg); err != nil {
+		if rb, err = f.rebalancer.controller(inf, &f.clusterFlags, cluster, opts.DefaultLatencyMS, logger, reg); err != nil {
 			return err
 		}
 	}
@@ -278,6 +279,9 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	g, ctx := newRunGroup(ctx)
 	defer g.Stop(nil)
 	cancel, start := g.Stop, g.Go
+	if inf != nil {
+		inf.Start(ctx) // stopped below, once every reader has ended
+	}
 	start("xDS push loop", func() error { return srv.Run(ctx) })
 	var listener watcher.Listener = srv
 	if istioRun != nil {
@@ -348,7 +352,11 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	<-ctx.Done()
 	logger.Info("edgeflow serve: shutting down", "reason", context.Cause(ctx))
 	stopGRPC(gs)
-	return g.Wait() // run maps bad input to exit 2
+	err = g.Wait() // run maps bad input to exit 2
+	if inf != nil {
+		inf.Stop()
+	}
+	return err
 }
 
 // stopGRPC stops the xDS server: Run has ended the xDS streams, so the gRPC server drains

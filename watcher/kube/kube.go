@@ -1,5 +1,6 @@
 // Package kube is edgeflow's Kubernetes input: client-go shared informers on Nodes, Pods,
-// Services and EndpointSlices, turned into an immutable State — the nodes with their
+// Services and EndpointSlices (Informers, one set per process, shared with the rebalancer),
+// turned into an immutable State — the nodes with their
 // allocatable resources, and the managed services with their ready endpoints. It knows nothing
 // of Prometheus or xDS.
 package kube
@@ -24,10 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/edgeflow/edgeflow/internal/metrics"
@@ -45,8 +43,11 @@ const DefaultSelector = ManagedLabel + "=true"
 
 // Config configures a Source.
 type Config struct {
-	// Client reaches the cluster.
+	// Client reaches the cluster; unused when Informers is given.
 	Client kubernetes.Interface
+	// Informers are the process's shared informers (NewInformers, on Namespaces); nil means
+	// the Source makes its own, and Run starts and stops them.
+	Informers *Informers
 	// Namespaces are the namespaces whose Services may be managed; empty, or one of them ""
 	// (metav1.NamespaceAll), means all. A namespace given twice counts once.
 	Namespaces []string
@@ -110,9 +111,13 @@ var skipReasons = []string{SkipNotReady, SkipTerminating, SkipNoAddress, SkipNoN
 // Source follows the cluster with shared informers.
 //
 // Rules:
-//   - Informer callbacks never block — they mark the state dirty and return; the Run loop
-//     rebuilds the State from the listers (coalescing every event that arrived meanwhile) and
-//     delivers it only when it differs from the last delivered one.
+//   - Informer callbacks never block. An update to nothing the Source reads (a node heartbeat,
+//     a pod's container statuses or annotations) is dropped there; any other event marks what it
+//     touches — the nodes, or the services whose EndpointSlices name the pod, node or service
+//     (the slice indexes) — and returns. The Run loop rebuilds only what was marked (coalescing
+//     every event that arrived meanwhile), compares each rebuilt service with its cached part,
+//     and when any part changed assembles the State from the cached parts and delivers it.
+//   - The informers are the process's shared ones (Config.Informers), or the Source's own.
 //   - An endpoint counts only when its EndpointSlice conditions say so: ready (unset counts
 //     as ready, as kube-proxy reads it) and not terminating — a pod in graceful deletion gets
 //     no new traffic even while it is still serving. One not ready, terminating, without an
@@ -134,7 +139,10 @@ type Source struct {
 	cfg      Config
 	log      *slog.Logger
 	selector labels.Selector
-	dirty    chan struct{}
+	inf      *Informers
+	// ownInformers: the Source made inf (Config.Informers was nil), so Run stops it.
+	ownInformers bool
+	wake         chan struct{} // an event touched something: a pass is due
 
 	events   prometheus.Counter
 	rebuilds prometheus.Counter
@@ -144,7 +152,18 @@ type Source struct {
 	current  *State
 	synced   bool
 	failures map[string]*watchFailure // informer name → its failing watch; guarded by mu
+	dirty    dirty                    // what changed since the last pass; guarded by mu
 	apiDown  *watchFailure            // the API server not answering GET /version; guarded by mu
+
+	trace *trace // the scale benchmark's probes; nil outside it
+}
+
+// trace observes the Source from inside, for the scale benchmark (scale_test.go): event is
+// called when a handler has taken an informer event (rebuild: it asked for a rebuild), pass
+// after each pass of Run's loop.
+type trace struct {
+	event func(obj any, rebuild bool)
+	pass  func(start, end time.Time)
 }
 
 // watchFailure is an informer whose list or watch failed.
@@ -157,8 +176,11 @@ type watchFailure struct {
 
 // NewSource validates cfg and registers the metrics; it starts nothing.
 func NewSource(cfg Config) (*Source, error) {
-	if cfg.Client == nil {
+	if cfg.Client == nil && cfg.Informers == nil {
 		return nil, errors.New("kube: Config.Client is nil")
+	}
+	if cfg.Informers != nil {
+		cfg.Client = cfg.Informers.Client()
 	}
 	sel, err := labels.Parse(cfg.Selector)
 	if err != nil {
@@ -179,7 +201,8 @@ func NewSource(cfg Config) (*Source, error) {
 		return nil, fmt.Errorf("kube: IP family %q: want IPv4, IPv6 or empty (each pod's primary family)", cfg.IPFamily)
 	}
 	cfg.Namespaces = UniqueNamespaces(cfg.Namespaces)
-	s := &Source{cfg: cfg, log: cfg.Logger, selector: sel, dirty: make(chan struct{}, 1), failures: map[string]*watchFailure{},
+	s := &Source{cfg: cfg, log: cfg.Logger, selector: sel, wake: make(chan struct{}, 1), failures: map[string]*watchFailure{},
+		dirty: dirty{services: map[string]bool{}}, inf: cfg.Informers,
 		events: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_kube_events_total",
 			Help: "Informer events received (nodes, pods, services, endpointslices)."}),
 		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_kube_rebuilds_total",
@@ -189,6 +212,19 @@ func NewSource(cfg Config) (*Source, error) {
 			[]string{"reason"}),
 	}
 	if err := metrics.Register("kube", cfg.Registerer, s.events, s.rebuilds, s.skipped); err != nil {
+		return nil, err
+	}
+	if s.inf == nil {
+		if s.inf, err = NewInformers(InformersConfig{Client: cfg.Client, Namespaces: cfg.Namespaces, EndpointSlices: true}); err != nil {
+			return nil, err
+		}
+		s.ownInformers = true
+	} else if !slices.Equal(s.inf.Namespaces(), cfg.Namespaces) {
+		return nil, fmt.Errorf("kube: the informers watch namespaces %v, the Source wants %v", s.inf.Namespaces(), cfg.Namespaces)
+	} else if len(s.inf.EndpointSlices) == 0 {
+		return nil, errors.New("kube: the informers do not watch EndpointSlices (InformersConfig.EndpointSlices)")
+	}
+	if err := s.register(); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -207,25 +243,6 @@ func (s *Source) Synced() bool {
 	defer s.mu.Unlock()
 	return s.synced
 }
-
-type listers struct {
-	nodes     corelisters.NodeLister
-	pods      []corelisters.PodLister
-	podsByUID []cache.Indexer
-	services  []corelisters.ServiceLister
-	endpoints []discoverylisters.EndpointSliceLister
-}
-
-func (s *Source) mark() {
-	s.events.Inc()
-	select {
-	case s.dirty <- struct{}{}:
-	default:
-	}
-}
-
-// podUIDIndex indexes pods by UID, to find an endpoint's pod by targetRef.uid.
-const podUIDIndex = "uid"
 
 // WatchFailure is an informer whose list or watch is failing.
 type WatchFailure struct {
@@ -311,132 +328,6 @@ func (s *Source) watchFailed(name string, inf cache.SharedIndexInformer, err err
 	s.log.Error("kube: watch failing; the last known state stays in effect", "informer", name, "error", err)
 }
 
-// heard clears an informer's failure: it delivered an event, so its watch works.
-func (s *Source) heard(name string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if f, ok := s.failures[name]; ok {
-		delete(s.failures, name)
-		s.log.Info("kube: watch recovered", "informer", name, "failing_since", f.since)
-	}
-}
-
-// Run starts the informers, waits for their caches, then delivers a State after every change
-// until ctx is done (then it stops the informers, waits for them and returns nil). deliver is
-// called from Run's goroutine only and must not block for long. Run may be called once.
-func (s *Source) Run(ctx context.Context, deliver func(*State)) error {
-	var ls listers
-	var factories []informers.SharedInformerFactory
-	cluster := informers.NewSharedInformerFactory(s.cfg.Client, 0)
-	factories = append(factories, cluster)
-	nodeInf := cluster.Core().V1().Nodes()
-	ls.nodes = nodeInf.Lister()
-	type named struct {
-		name string
-		inf  cache.SharedIndexInformer
-	}
-	infs := []named{{"nodes", nodeInf.Informer()}}
-	namespaces := s.cfg.Namespaces
-	if len(namespaces) == 0 {
-		namespaces = []string{""}
-	}
-	for _, ns := range namespaces {
-		f := cluster
-		where := " in all namespaces"
-		if ns != "" {
-			f = informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, 0, informers.WithNamespace(ns))
-			factories = append(factories, f)
-			where = " in " + ns
-		}
-		pods, svcs, eps := f.Core().V1().Pods(), f.Core().V1().Services(), f.Discovery().V1().EndpointSlices()
-		if err := pods.Informer().AddIndexers(cache.Indexers{podUIDIndex: func(obj any) ([]string, error) {
-			if p, ok := obj.(*corev1.Pod); ok {
-				return []string{string(p.UID)}, nil
-			}
-			return nil, nil
-		}}); err != nil {
-			return fmt.Errorf("kube: adding the pod UID index: %w", err)
-		}
-		ls.pods = append(ls.pods, pods.Lister())
-		ls.podsByUID = append(ls.podsByUID, pods.Informer().GetIndexer())
-		ls.services = append(ls.services, svcs.Lister())
-		ls.endpoints = append(ls.endpoints, eps.Lister())
-		infs = append(infs, named{"pods" + where, pods.Informer()}, named{"services" + where, svcs.Informer()}, named{"endpointslices" + where, eps.Informer()})
-	}
-	for _, n := range infs {
-		heard := func() { s.heard(n.name); s.mark() }
-		if _, err := n.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { heard() },
-			UpdateFunc: func(any, any) { heard() },
-			DeleteFunc: func(any) { heard() },
-		}); err != nil {
-			return fmt.Errorf("kube: adding event handler: %w", err)
-		}
-		if err := n.inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-			cache.DefaultWatchErrorHandler(ctx, r, err) // client-go's own logging
-			if ctx.Err() == nil {
-				s.watchFailed(n.name, n.inf, err)
-			}
-		}); err != nil {
-			return fmt.Errorf("kube: setting the watch error handler: %w", err)
-		}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	health := make(chan struct{})
-	go func() { defer close(health); s.checkAPIServer(ctx) }()
-	defer func() {
-		cancel()
-		for _, f := range factories {
-			f.Shutdown() // waits for the informers' goroutines
-		}
-		<-health
-	}()
-	for _, f := range factories {
-		f.Start(ctx.Done())
-	}
-	for _, f := range factories {
-		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
-			if !ok {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return fmt.Errorf("kube: cache of %v did not sync", typ)
-			}
-		}
-	}
-	s.mu.Lock()
-	s.synced = true
-	s.mu.Unlock()
-	s.log.Info("kube: informer caches synced", "namespaces", s.cfg.Namespaces, "selector", s.cfg.Selector)
-	s.mark()
-	var last *State
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-s.dirty:
-		}
-		st, err := s.build(&ls)
-		s.rebuilds.Inc()
-		if err != nil {
-			s.log.Error("kube: reading the informer caches", "error", err)
-			continue
-		}
-		if last != nil && reflect.DeepEqual(last, st) {
-			continue
-		}
-		s.logSkips(last, st)
-		last = st
-		s.mu.Lock()
-		s.current = st
-		s.mu.Unlock()
-		for _, r := range skipReasons {
-			s.skipped.WithLabelValues(r).Set(float64(st.Skipped[r]))
-		}
-		deliver(st)
-	}
-}
-
 func (s *Source) logSkips(prev, st *State) {
 	for reason, msg := range map[string]string{
 		SkipAmbiguousName: "kube: endpoints of default-namespace pods whose names hold a '.' are left out (the name would read as POD.NAMESPACE)",
@@ -451,56 +342,6 @@ func (s *Source) logSkips(prev, st *State) {
 			s.log.Warn("kube: managed services without a ready endpoint are left out", "count", n)
 		}
 	}
-}
-
-// build reads the listers into a State. O(nodes + pods + endpoints).
-func (s *Source) build(ls *listers) (*State, error) {
-	st := &State{Workloads: map[Workload][]string{}, NodeAddresses: map[string]string{}, Skipped: map[string]int{}}
-	nodes, err := ls.nodes.List(labels.Everything())
-	if err != nil {
-		return nil, err
-	}
-	known := map[string]bool{}
-	for _, n := range nodes {
-		a := n.Status.Allocatable
-		st.Nodes = append(st.Nodes, optimizer.Node{Name: n.Name,
-			CPU: a.Cpu().MilliValue(), Memory: a.Memory().Value() >> 20, Locality: nodeLocality(n.Labels)})
-		known[n.Name] = true
-		for _, a := range n.Status.Addresses {
-			if a.Type == corev1.NodeInternalIP {
-				if ip, err := netip.ParseAddr(a.Address); err == nil {
-					st.NodeAddresses[ip.Unmap().String()] = n.Name
-				}
-			}
-		}
-	}
-	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].Name < st.Nodes[j].Name })
-	for i := range ls.services {
-		svcs, err := ls.services[i].List(s.selector)
-		if err != nil {
-			return nil, err
-		}
-		for _, svc := range svcs {
-			if !s.inNamespaces(svc.Namespace) || svc.Spec.Type == corev1.ServiceTypeExternalName {
-				continue
-			}
-			os, ws := s.service(ls, i, svc, known, st.Skipped)
-			if os == nil {
-				st.Skipped[SkipNoReadyPods]++
-				s.log.Debug("kube: managed service has no ready endpoint; left out", "service", svc.Namespace+"/"+svc.Name)
-				continue
-			}
-			st.Services = append(st.Services, *os)
-			for _, w := range ws {
-				st.Workloads[w] = append(st.Workloads[w], os.Key())
-			}
-		}
-	}
-	sort.Slice(st.Services, func(i, j int) bool { return st.Services[i].Key() < st.Services[j].Key() })
-	for w := range st.Workloads {
-		sort.Strings(st.Workloads[w])
-	}
-	return st, nil
 }
 
 // UniqueNamespaces returns namespaces without repeats (each would get its own informers and
@@ -531,12 +372,8 @@ func (s *Source) inNamespaces(ns string) bool {
 }
 
 // service builds one managed service from its EndpointSlices; nil when no endpoint is ready.
-func (s *Source) service(ls *listers, i int, svc *corev1.Service, known map[string]bool, skipped map[string]int) (*optimizer.Service, []Workload) {
-	slices, err := ls.endpoints[i].EndpointSlices(svc.Namespace).List(
-		labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: svc.Name}))
-	if err != nil {
-		return nil, nil
-	}
+func (s *Source) service(svc *corev1.Service, known map[string]bool, skipped map[string]int) (*optimizer.Service, []Workload) {
+	slices := s.inf.SlicesOf(svc.Namespace, svc.Name)
 	sort.Slice(slices, func(a, b int) bool { return slices[a].Name < slices[b].Name })
 	out := &optimizer.Service{Name: svc.Name, Namespace: svc.Namespace, Selector: maps.Clone(svc.Spec.Selector)}
 	if out.Selector == nil {
@@ -594,7 +431,7 @@ func (s *Source) service(ls *listers, i int, svc *corev1.Service, known map[stri
 					}
 					continue
 				}
-				pod = s.findPod(ls, i, svc.Namespace, ep.TargetRef)
+				pod = s.inf.PodByUID(svc.Namespace, ep.TargetRef.Name, string(ep.TargetRef.UID))
 			}
 			// One address family per endpoint: the pod's primary one unless configured.
 			want := family
@@ -679,25 +516,6 @@ func (s *Source) service(ls *listers, i int, svc *corev1.Service, known map[stri
 		ws = append(ws, w)
 	}
 	return out, ws
-}
-
-// findPod is an endpoint's pod: by targetRef.uid when the slice gives one (a uid the cache
-// does not hold yet, or a pod of that name with another uid, is no pod), else by name.
-func (s *Source) findPod(ls *listers, i int, namespace string, ref *corev1.ObjectReference) *corev1.Pod {
-	if ref.UID == "" {
-		pod, _ := ls.pods[i].Pods(namespace).Get(ref.Name)
-		return pod
-	}
-	objs, err := ls.podsByUID[i].ByIndex(podUIDIndex, string(ref.UID))
-	if err != nil {
-		return nil
-	}
-	for _, o := range objs {
-		if p, ok := o.(*corev1.Pod); ok && p.Namespace == namespace && p.Name == ref.Name {
-			return p
-		}
-	}
-	return nil
 }
 
 // workloadOf names the pod's workload as Istio does: the owning controller, a ReplicaSet

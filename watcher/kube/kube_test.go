@@ -560,13 +560,24 @@ func TestSourceFollowsChanges(t *testing.T) {
 		t.Errorf("skipped after a-2 became ready: %v", st.Skipped)
 	}
 
-	// A change that leaves the State as it was: rebuilt, not delivered.
-	rebuilds := h.rebuilds()
+	// A change to something the Source does not read (an annotation): taken, not rebuilt.
+	rebuilds, events := h.rebuilds(), h.events()
 	p, err := h.client.CoreV1().Pods("default").Get(ctx, "a-1", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.Annotations = map[string]string{"touched": "yes"}
+	if p, err = h.client.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the pod update's event", func() bool { return h.events() > events })
+	if r := h.rebuilds(); r != rebuilds {
+		t.Errorf("%v rebuilds after an annotation changed, want none", r-rebuilds)
+	}
+
+	// A change the Source reads that leaves the State as it was (a label): rebuilt, not
+	// delivered.
+	p.Labels["tier"] = "web"
 	if _, err := h.client.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
