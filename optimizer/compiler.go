@@ -2,8 +2,6 @@ package optimizer
 
 import (
 	"maps"
-	"runtime"
-	"sync"
 	"weak"
 )
 
@@ -92,54 +90,4 @@ func sameExtras(a, b *Topology) bool {
 
 func sameOptions(a, b Options) bool {
 	return a.Unplaced == b.Unplaced && a.UtilizationCap == b.UtilizationCap && sameFloat(a.DefaultLatencyMS, b.DefaultLatencyMS)
-}
-
-// Published models: the head of the pipeline (the watcher) compiles each topology it delivers
-// once and publishes the result; a Planner handed that topology, with the same options, plans
-// on the published model instead of compiling it again. An entry lives as long as its
-// topology (a weak reference, removed when the topology is collected).
-var published struct {
-	mu sync.Mutex
-	m  map[weak.Pointer[Topology]]*Compiled // Model.Topology nil: the entry must not keep it alive
-}
-
-// Publish makes cm the compiled form of its topology for every Planner (see Planner.Plan).
-// The topology must not change afterwards (it never does: topologies are handed over
-// immutable).
-func (cm *Compiled) Publish() {
-	t := cm.Model.Topology
-	key := weak.Make(t)
-	entry := *cm
-	m := *cm.Model
-	m.Topology = nil
-	entry.Model = &m
-	published.mu.Lock()
-	if published.m == nil {
-		published.m = map[weak.Pointer[Topology]]*Compiled{}
-	}
-	_, had := published.m[key]
-	published.m[key] = &entry
-	published.mu.Unlock()
-	if !had {
-		runtime.AddCleanup(t, func(k weak.Pointer[Topology]) {
-			published.mu.Lock()
-			delete(published.m, k)
-			published.mu.Unlock()
-		}, key)
-	}
-}
-
-// PublishedModel is the published compile of t with opts, or nil.
-func PublishedModel(t *Topology, opts Options) *Compiled {
-	published.mu.Lock()
-	e := published.m[weak.Make(t)]
-	published.mu.Unlock()
-	if e == nil || !sameOptions(e.Options, opts) {
-		return nil
-	}
-	out := *e
-	m := *e.Model
-	m.Topology = t
-	out.Model = &m
-	return &out
 }

@@ -1,32 +1,29 @@
 package optimizer
 
 import (
-	"runtime"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
-// A Planner handed a topology whose compile was published with its options plans on that
-// model (no compile of its own), and gets what Compile and Plan give; with other options it
-// compiles for itself.
-func TestPlannerUsesPublishedModel(t *testing.T) {
+// A Planner handed a topology with its compiled model (PlanCompiled), compiled with its
+// options, plans on that model (no compile of its own), and gets what Compile and Plan give;
+// with other options it compiles for itself.
+func TestPlannerUsesHandedModel(t *testing.T) {
 	top := meshTopology(3, 20, 30, 4, 2)
 	c := &Compiler{}
 	cm, err := c.Compile(top)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm.Publish()
 	pl := &Planner{Damping: -1}
-	res, err := pl.Plan(top)
+	res, err := pl.PlanCompiled(top, cm)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if &res.Model.Services[0] != &cm.Model.Services[0] {
-		t.Error("the Planner compiled the topology again: its model is not the published one")
+		t.Error("the Planner compiled the topology again: its model is not the one handed over")
 	}
 	m, err := Compile(top, Options{})
 	if err != nil {
@@ -37,17 +34,17 @@ func TestPlannerUsesPublishedModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff(want, res.Allocation, cmpopts.EquateApprox(0, 1e-12)); diff != "" {
-		t.Errorf("allocation on the published model differs from Compile+Plan (-want +got):\n%s", diff)
+		t.Errorf("allocation on the handed model differs from Compile+Plan (-want +got):\n%s", diff)
 	}
 
 	def := 5.0
 	other := &Planner{Damping: -1, Options: Options{DefaultLatencyMS: &def}}
-	res2, err := other.Plan(top)
+	res2, err := other.PlanCompiled(top, cm)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if &res2.Model.Services[0] == &cm.Model.Services[0] {
-		t.Error("a Planner with other options used the published model")
+		t.Error("a Planner with other options used the model handed over")
 	}
 }
 
@@ -90,37 +87,5 @@ func TestCompilerChanged(t *testing.T) {
 				t.Errorf("incremental model differs from Compile's (-want +got):\n%s", diff)
 			}
 		})
-	}
-}
-
-// A published model lives as long as its topology.
-func TestPublishedModelFollowsTopology(t *testing.T) {
-	count := func() int {
-		published.mu.Lock()
-		defer published.mu.Unlock()
-		return len(published.m)
-	}
-	before := count()
-	func() {
-		top := meshTopology(5, 5, 4, 2, 1)
-		cm, err := (&Compiler{}).Compile(top)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cm.Publish()
-		if PublishedModel(top, Options{}) == nil {
-			t.Fatal("not published")
-		}
-		if got := count(); got != before+1 {
-			t.Fatalf("%d published, want %d", got, before+1)
-		}
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for count() > before && time.Now().Before(deadline) {
-		runtime.GC()
-		time.Sleep(10 * time.Millisecond)
-	}
-	if got := count(); got > before {
-		t.Errorf("%d published after the topology was dropped, want %d", got, before)
 	}
 }

@@ -43,7 +43,7 @@ type Planner struct {
 	last       *Allocation
 	membership uint64
 	inc        incremental // the last recompute (see incremental.go)
-	compiler   Compiler    // for topologies no one published compiled (PublishedModel)
+	compiler   Compiler    // for topologies handed over uncompiled (Plan)
 }
 
 // PlanResult is one recompute of a Planner.
@@ -72,11 +72,17 @@ type PlanResult struct {
 }
 
 // Plan compiles and solves t, incrementally where it can (see incremental.go: the result is
-// what Compile and Plan give). A topology whose compiled model was published with the
-// Planner's options (Compiled.Publish: the watcher compiles what it delivers) is not compiled
-// again. It remembers this recompute for the next one, but not as
+// what Compile and Plan give). It remembers this recompute for the next one, but not as
 // pushed: call Pushed once the result has been published.
 func (pl *Planner) Plan(t *Topology) (*PlanResult, error) {
+	return pl.PlanCompiled(t, nil)
+}
+
+// PlanCompiled is Plan of a topology already compiled at the head of the pipeline (the watcher
+// compiles each topology it delivers once, with the consumers' options, and hands the model
+// over with it): cm is used when it is t's, compiled with the Planner's options; else (or when
+// cm is nil) t is compiled here.
+func (pl *Planner) PlanCompiled(t *Topology, cm *Compiled) (*PlanResult, error) {
 	policy := pl.Policy
 	if policy == "" {
 		policy = LATA
@@ -84,8 +90,7 @@ func (pl *Planner) Plan(t *Topology) (*PlanResult, error) {
 	if _, err := ParsePolicy(string(policy)); err != nil {
 		return nil, err
 	}
-	cm := PublishedModel(t, pl.Options) // compiled once, at the head of the pipeline
-	if cm == nil {
+	if cm == nil || cm.Model.Topology != t || !sameOptions(cm.Options, pl.Options) {
 		pl.compiler.Options = pl.Options
 		var err error
 		if cm, err = pl.compiler.Compile(t); err != nil {

@@ -340,12 +340,11 @@ func (c *Cluster) Run(ctx context.Context, l Listener) error {
 			c.log.Error("watcher: merged cluster topology rejected; keeping the last good one", "error", err)
 			continue
 		}
-		cm.Publish()
 		c.mu.Lock()
 		c.current = t
 		c.mu.Unlock()
 		c.delivered.Inc()
-		l.Update(t)
+		deliver(l, t, cm)
 	}
 }
 

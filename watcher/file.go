@@ -195,11 +195,10 @@ func (f *File) Run(ctx context.Context, l Listener) error {
 }
 
 func (f *File) deliver(l Listener, t *optimizer.Topology, cm *optimizer.Compiled) {
-	cm.Publish()
 	f.mu.Lock()
 	f.current = t
 	f.mu.Unlock()
 	f.updates.Inc()
 	f.lastGood.SetToCurrentTime()
-	l.Update(t)
+	deliver(l, t, cm)
 }

@@ -10,3 +10,19 @@ import "github.com/edgeflow/edgeflow/optimizer"
 type Listener interface {
 	Update(*optimizer.Topology)
 }
+
+// CompiledListener is a Listener that plans: it is handed, with each topology, the model the
+// watcher compiled it to (with the consumers' options), so that it does not compile it again.
+type CompiledListener interface {
+	Listener
+	UpdateCompiled(*optimizer.Topology, *optimizer.Compiled)
+}
+
+// deliver hands t (compiled to cm) to l.
+func deliver(l Listener, t *optimizer.Topology, cm *optimizer.Compiled) {
+	if cl, ok := l.(CompiledListener); ok {
+		cl.UpdateCompiled(t, cm)
+		return
+	}
+	l.Update(t)
+}

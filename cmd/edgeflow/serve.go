@@ -429,9 +429,16 @@ func isLoopback(addr string) bool {
 // fanout hands every topology to several listeners.
 type fanout []watcher.Listener
 
-func (f fanout) Update(t *optimizer.Topology) {
+func (f fanout) Update(t *optimizer.Topology) { f.UpdateCompiled(t, nil) }
+
+// UpdateCompiled hands the compiled model on to the listeners that plan.
+func (f fanout) UpdateCompiled(t *optimizer.Topology, cm *optimizer.Compiled) {
 	for _, l := range f {
-		l.Update(t)
+		if cl, ok := l.(watcher.CompiledListener); ok && cm != nil {
+			cl.UpdateCompiled(t, cm)
+		} else {
+			l.Update(t)
+		}
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/xds"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 // The scale of the real-path test: 5,000 pods on 500 nodes, in 100 services (half managed).
@@ -94,7 +95,7 @@ func TestWatchAtScale(t *testing.T) {
 	srvCtx, stopInf := context.WithCancel(ctx)
 	inf.Start(srvCtx)
 	t.Cleanup(func() { stopInf(); inf.Stop() })
-	xcfg := xds.Config{Options: opts, Registerer: prometheus.NewRegistry()}
+	xcfg := xdsserver.Config{Options: opts, Registerer: prometheus.NewRegistry()}
 	srv, addr := xdsServer(t, xcfg, cl.Run)
 	web := newCaller(t, podNS, addr, "web-0.shop", "api.shop")
 	eventually(t, 2*time.Minute, "the first publication", func() bool { return srv.Published() > 0 })
@@ -136,20 +137,20 @@ func TestWatchAtScale(t *testing.T) {
 		wait := web.loop(loopCtx, 2*time.Millisecond)
 		pub := srv.Published()
 		sent, failed := web.sent.Load(), web.failed.Load()
-		events, gaps := w.churn(t, ctx, churnRate, churnFor, xds.DefaultDebounceQuiet)
+		events, gaps := w.churn(t, ctx, churnRate, churnFor, xdsserver.DefaultDebounceQuiet)
 		pushes := srv.Published() - pub
 		stopLoop()
 		wait()
 		stopSample()
 		samples := <-heap
 		rpcs, fails := web.sent.Load()-sent, web.failed.Load()-failed
-		bound := uint64(churnFor/xds.DefaultDebounceMax) + uint64(gaps) + 2
+		bound := uint64(churnFor/xdsserver.DefaultDebounceMax) + uint64(gaps) + 2
 		first, last := mean(samples[:min(20, len(samples))]), mean(samples[max(0, len(samples)-20):])
 		if events < churnRate*int(churnFor/time.Second)*9/10 {
 			t.Errorf("the API server took %d pod events in %v, under 90 %% of %d/s: the churn did not run at its rate", events, churnFor, churnRate)
 		}
 		t.Logf("churn: %d pod events in %v (%d pauses ≥ %v); %d RPCs, %d failed; %d publications (bound %d); live heap first 20 s %.1f MiB, last 20 s %.1f MiB (%+.1f %%)",
-			events, churnFor, gaps, xds.DefaultDebounceQuiet, rpcs, fails, pushes, bound, first/(1<<20), last/(1<<20), 100*(last-first)/first)
+			events, churnFor, gaps, xdsserver.DefaultDebounceQuiet, rpcs, fails, pushes, bound, first/(1<<20), last/(1<<20), 100*(last-first)/first)
 		if fails != 0 {
 			t.Errorf("%d of %d RPCs failed during the churn (last error %v)", fails, rpcs, web.lastErr.Load())
 		}

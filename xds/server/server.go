@@ -143,9 +143,11 @@ type Server struct {
 
 	updates chan struct{} // capacity 1: "the latest topology changed"
 
-	mu       sync.Mutex // guards latest, changeAt
-	latest   *optimizer.Topology
-	changeAt time.Time // first Update since the last publication started
+	mu     sync.Mutex // guards latest, changeAt
+	latest *optimizer.Topology
+	// latestCompiled is latest's model as the watcher compiled it (nil: none handed over).
+	latestCompiled *optimizer.Compiled
+	changeAt       time.Time // first Update since the last publication started
 
 	nodesMu    sync.Mutex // guards pub, nodes, streams
 	pub        *publication
@@ -281,9 +283,13 @@ func (s *Server) Register(g *grpc.Server) {
 
 // Update hands the server a new topology. It never blocks; the latest topology wins, and a
 // debounced recompute and push follows (in Run). t must not be modified afterwards.
-func (s *Server) Update(t *optimizer.Topology) {
+func (s *Server) Update(t *optimizer.Topology) { s.UpdateCompiled(t, nil) }
+
+// UpdateCompiled is Update of a topology the watcher compiled to cm (nil: not compiled): the
+// planner uses cm instead of compiling t again.
+func (s *Server) UpdateCompiled(t *optimizer.Topology, cm *optimizer.Compiled) {
 	s.mu.Lock()
-	s.latest = t
+	s.latest, s.latestCompiled = t, cm
 	if s.changeAt.IsZero() {
 		s.changeAt = s.clock.Now()
 	}
@@ -394,14 +400,14 @@ func (s *Server) publish() {
 		defer s.publishHook(false)
 	}
 	s.mu.Lock()
-	t, changeAt := s.latest, s.changeAt
+	t, cm, changeAt := s.latest, s.latestCompiled, s.changeAt
 	s.changeAt = time.Time{}
 	s.mu.Unlock()
 	if t == nil {
 		return
 	}
 	t0 := s.clock.Now()
-	res, err := s.planner.Plan(t)
+	res, err := s.planner.PlanCompiled(t, cm)
 	t1 := s.clock.Now()
 	s.m.solve.Observe(t1.Sub(t0).Seconds())
 	var alloc *optimizer.Allocation
