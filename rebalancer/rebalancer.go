@@ -103,7 +103,7 @@ type Config struct {
 	// Namespaces), also read by the watcher; nil means the controller makes its own, and
 	// starts and stops them.
 	Informers *kube.Informers
-	// Topology returns the current live topology (watcher.Cluster.Current); nil means not known
+	// Topology returns the current live topology (watcher.Live.Current); nil means not known
 	// yet. Its nodes carry allocatable cpu and memory, its services the ready pods.
 	Topology func() *optimizer.Topology
 	// Namespaces and Selector say which Services are managed, as kube.Config does (the webhook
@@ -464,7 +464,7 @@ func podsOf(t *optimizer.Topology) map[string]topoPod {
 	return out
 }
 
-// podName strips the "@SERVICE" suffix watcher.Cluster gives a pod listed in a second service.
+// podName strips the "@SERVICE" suffix watcher.Live gives a pod listed in a second service.
 func podName(name string) (string, bool) {
 	if i := strings.IndexByte(name, '@'); i >= 0 {
 		return name[:i], true

@@ -275,14 +275,14 @@ func (f *clusterFlags) informers(allPods bool, logger *slog.Logger) (*kube.Infor
 
 // cluster builds the merged cluster source on inf; it compiles every topology with opts (as
 // its consumers do). Bad flags or files are usage errors.
-func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, check func(*optimizer.Topology) error, logger *slog.Logger, reg prometheus.Registerer) (*watcher.Cluster, error) {
+func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, check func(*optimizer.Topology) error, logger *slog.Logger, reg prometheus.Registerer) (*watcher.Live, error) {
 	ks, err := kube.NewSource(kube.Config{Informers: inf, Namespaces: f.namespaces, Selector: f.selector, IPFamily: corev1.IPFamily(f.ipFamily),
 		Logger: logger, Registerer: reg})
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--ip-family: %w", err)}
 	}
 	defaultLatency := opts.DefaultLatencyMS
-	cc := watcher.ClusterConfig{Kube: ks, DefaultLatencyMS: defaultLatency, Options: opts, Check: check, NodeMatch: f.nodeMatch, Logger: logger, Registerer: reg}
+	cc := watcher.LiveConfig{Kube: ks, DefaultLatencyMS: defaultLatency, Options: opts, Check: check, NodeMatch: f.nodeMatch, Logger: logger, Registerer: reg}
 	if f.callsFile != "" {
 		g, err := readCallGraph(f.callsFile)
 		if err != nil {
@@ -311,7 +311,7 @@ func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, chec
 	} else if cc.CallGraph == nil {
 		return nil, badInput("without --prometheus-url the call graph must be given with --calls FILE")
 	}
-	c, err := watcher.NewCluster(cc)
+	c, err := watcher.NewLive(cc)
 	if err != nil {
 		return nil, usageError{err}
 	}

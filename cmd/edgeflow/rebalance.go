@@ -90,7 +90,7 @@ func (f *rebalanceFlags) lease() rebalancer.LeaderConfig {
 }
 
 // controller builds the rebalancer on the cluster source.
-func (f *rebalanceFlags) controller(inf *kube.Informers, cf *clusterFlags, cluster *watcher.Cluster, defaultLatency *float64, logger *slog.Logger, reg prometheus.Registerer) (*rebalancer.Controller, error) {
+func (f *rebalanceFlags) controller(inf *kube.Informers, cf *clusterFlags, cluster *watcher.Live, defaultLatency *float64, logger *slog.Logger, reg prometheus.Registerer) (*rebalancer.Controller, error) {
 	c, err := rebalancer.New(rebalancer.Config{Client: inf.Client(), Informers: inf, Topology: cluster.Measured, Namespaces: cf.namespaces,
 		Selector: cf.selector, DefaultLatencyMS: defaultLatency, DryRun: f.dryRun, Period: f.period,
 		Threshold: f.threshold, MaxMoves: f.maxMoves, MaxMovesPerNode: f.maxPerNode, MaxMovesPerNamespace: f.maxPerNS,
@@ -273,7 +273,7 @@ type ignore struct{}
 func (ignore) Update(*optimizer.Topology) {}
 
 // planOnce waits for the first topology and the controller's caches, and plans once.
-func planOnce(ctx context.Context, c *rebalancer.Controller, cluster *watcher.Cluster, timeout time.Duration) (*rebalancer.Report, error) {
+func planOnce(ctx context.Context, c *rebalancer.Controller, cluster *watcher.Live, timeout time.Duration) (*rebalancer.Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer func() { cancel(); c.Stop() }() // the informers stop with ctx; Stop waits for them
 	if err := c.Start(ctx); err != nil {

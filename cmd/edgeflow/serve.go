@@ -160,7 +160,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var source topologySource
-	var cluster *watcher.Cluster
+	var cluster *watcher.Live
 	var inf *kube.Informers // the process's one set of informers (with a cluster source)
 	if f.file != "" {
 		file, err := watcher.NewFile(f.file, watcher.FileConfig{Options: opts, Check: xds.CheckTopology,
@@ -449,7 +449,7 @@ type topologySource interface {
 
 // serveMux serves /metrics, /healthz and /readyz (watcher.ReadyHandler).
 // With Istio DestinationRules, /readyz also says at which granularity they plan.
-func serveMux(reg *prometheus.Registry, srv *xdsserver.Server, cluster *watcher.Cluster, rules *istio.RulesReconciler) *http.ServeMux {
+func serveMux(reg *prometheus.Registry, srv *xdsserver.Server, cluster *watcher.Live, rules *istio.RulesReconciler) *http.ServeMux {
 	mux := metricsMux(reg)
 	var checks func() []watcher.Check
 	if cluster != nil {

@@ -337,7 +337,7 @@ func value(m *dto.Metric) float64 {
 // listener and HTTP server (not yet serving). The follower must be added to the listeners and
 // run; the server is served in serve's run group (runGroup.ServeHTTP), which shuts it down.
 func (f *serveFlags) startWebView(srv *xdsserver.Server, reg *prometheus.Registry, policy optimizer.Policy, opts optimizer.Options,
-	cluster *watcher.Cluster, logger *slog.Logger) (*publicationFollower, *http.Server, net.Listener, error) {
+	cluster *watcher.Live, logger *slog.Logger) (*publicationFollower, *http.Server, net.Listener, error) {
 	var view *ui.View
 	var uiSrv *http.Server
 	var uiLis net.Listener

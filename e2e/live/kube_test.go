@@ -61,7 +61,7 @@ func TestKubernetesPodsDriveWeights(t *testing.T) {
 	ks, err := kube.NewSource(kube.Config{Client: c.Client, Namespaces: []string{ns}, Selector: kube.DefaultSelector, Registerer: reg})
 	must(t, err)
 	defaultMS := 10.0
-	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, DefaultLatencyMS: &defaultMS, Check: xds.CheckTopology, Registerer: reg,
+	cl, err := watcher.NewLive(watcher.LiveConfig{Kube: ks, DefaultLatencyMS: &defaultMS, Check: xds.CheckTopology, Registerer: reg,
 		CallGraph: &watcher.CallGraph{
 			Calls:   []optimizer.Call{{From: "web.shop", To: "api.shop"}, {From: "web.shop", To: "ghost.shop"}, {From: "web.shop", To: "unmanaged.shop"}},
 			Ingress: []optimizer.Ingress{{Service: "web.shop", RPS: 100}}}})

@@ -68,7 +68,7 @@ func TestNoisyLatencyNoPushStorm(t *testing.T) {
 		Window: 10 * time.Second, CallsQuery: prom.DisableCalls})
 	must(t, err)
 	one := 1.0
-	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg,
+	cl, err := watcher.NewLive(watcher.LiveConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg,
 		CallGraph: &watcher.CallGraph{Calls: []optimizer.Call{{From: "web.shop", To: "api.shop", Rate: &one}},
 			Ingress: []optimizer.Ingress{{Service: "web.shop", RPS: 100}}}})
 	must(t, err)

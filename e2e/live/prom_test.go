@@ -101,7 +101,7 @@ func TestPrometheusLatencyDrivesWeights(t *testing.T) {
 	ps, err := prom.NewSource(prom.Config{URL: tb.PrometheusURL(), RoundTripper: tb.PrometheusTransport(),
 		Interval: interval, Window: window, Registerer: reg})
 	must(t, err)
-	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
+	cl, err := watcher.NewLive(watcher.LiveConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
 	must(t, err)
 	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
 	ready := httptest.NewServer(watcher.ReadyHandler(srv.Published, cl.Checks))
@@ -255,7 +255,7 @@ func checkShares(t *testing.T, ctx context.Context, c *caller, pod string) {
 	}
 }
 
-func check(cl *watcher.Cluster, name string) watcher.Check {
+func check(cl *watcher.Live, name string) watcher.Check {
 	for _, c := range cl.Checks() {
 		if c.Name == name {
 			return c

@@ -89,7 +89,7 @@ func TestWatchAtScale(t *testing.T) {
 	must(t, err)
 	defaultMS := 10.0
 	opts := optimizer.Options{DefaultLatencyMS: &defaultMS}
-	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, DefaultLatencyMS: &defaultMS, Options: opts, Check: xds.CheckTopology, Registerer: reg,
+	cl, err := watcher.NewLive(watcher.LiveConfig{Kube: ks, DefaultLatencyMS: &defaultMS, Options: opts, Check: xds.CheckTopology, Registerer: reg,
 		CallGraph: &watcher.CallGraph{Calls: []optimizer.Call{{From: "web.shop", To: "api.shop"}}, Ingress: []optimizer.Ingress{{Service: "web.shop", RPS: 100}}}})
 	must(t, err)
 	srvCtx, stopInf := context.WithCancel(ctx)

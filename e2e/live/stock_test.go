@@ -160,7 +160,7 @@ func stockScrape(t *testing.T, scrape time.Duration) {
 	must(t, err)
 	ps, err := prom.NewSource(prom.Config{URL: promURL, HTTP: httpConfig, Registerer: reg}) // the defaults
 	must(t, err)
-	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
+	cl, err := watcher.NewLive(watcher.LiveConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
 	must(t, err)
 	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
 	ready := httptest.NewServer(watcher.ReadyHandler(srv.Published, cl.Checks))
@@ -294,7 +294,7 @@ func TestProbeLoss(t *testing.T) {
 	ps, err := prom.NewSource(prom.Config{URL: tb.PrometheusURL(), RoundTripper: tb.PrometheusTransport(), Window: window,
 		HysteresisRelative: -1, HysteresisLatencyMS: -1, Registerer: reg})
 	must(t, err)
-	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg,
+	cl, err := watcher.NewLive(watcher.LiveConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg,
 		CallGraph: &watcher.CallGraph{Calls: []optimizer.Call{{From: "web.shop", To: "api.shop"}}, Ingress: []optimizer.Ingress{{Service: "web.shop", RPS: 100}}}})
 	must(t, err)
 	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
@@ -402,7 +402,7 @@ func rawRTT(t *testing.T, ctx context.Context, api promv1.API, at time.Time, win
 	return 1000 * sumAnswered / float64(probes-lost), 1000 * sumAll / float64(probes), probes, lost
 }
 
-func checkMessage(cl *watcher.Cluster, name string) string { return check(cl, name).Message }
+func checkMessage(cl *watcher.Live, name string) string { return check(cl, name).Message }
 
 // Cold start with Prometheus stopped: every managed service has endpoints within 2 s of its
 // pods being ready (the capacity-weighted plan, /readyz degraded); Prometheus starts: the
@@ -436,7 +436,7 @@ func TestColdStartWithoutPrometheus(t *testing.T) {
 	must(t, err)
 	ps, err := prom.NewSource(prom.Config{URL: tb.PrometheusURL(), RoundTripper: tb.PrometheusTransport(), Registerer: reg})
 	must(t, err)
-	cl, err := watcher.NewCluster(watcher.ClusterConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
+	cl, err := watcher.NewLive(watcher.LiveConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
 	must(t, err)
 	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
 	ready := httptest.NewServer(watcher.ReadyHandler(srv.Published, cl.Checks))

@@ -53,7 +53,7 @@ type world struct {
 	cluster *kubeapi.Cluster
 	cs      kubernetes.Interface
 	kubelet *kubeapi.FakeKubelet
-	topo    *watcher.Cluster
+	topo    *watcher.Live
 	latency float64
 }
 
@@ -102,7 +102,7 @@ func (w *world) topologyWith(g *watcher.CallGraph) {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	w.topo, err = watcher.NewCluster(watcher.ClusterConfig{Kube: ks, DefaultLatencyMS: &w.latency, Logger: quiet(),
+	w.topo, err = watcher.NewLive(watcher.LiveConfig{Kube: ks, DefaultLatencyMS: &w.latency, Logger: quiet(),
 		CallGraph: g})
 	if err != nil {
 		w.t.Fatal(err)

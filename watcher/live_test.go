@@ -38,9 +38,9 @@ import (
 // Every goroutine a test starts (informers, Prometheus polling, the merge loop) ends with it.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// newCluster builds a Cluster on a fake (never run) Kubernetes source unless cfg has one, with
+// newCluster builds a Live source on a fake (never run) Kubernetes source unless cfg has one, with
 // its metrics in a fresh registry.
-func newCluster(t *testing.T, cfg ClusterConfig) (*Cluster, *prometheus.Registry) {
+func newCluster(t *testing.T, cfg LiveConfig) (*Live, *prometheus.Registry) {
 	t.Helper()
 	if cfg.Kube == nil {
 		ks, err := kube.NewSource(kube.Config{Client: fake.NewClientset()})
@@ -54,7 +54,7 @@ func newCluster(t *testing.T, cfg ClusterConfig) (*Cluster, *prometheus.Registry
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	c, err := NewCluster(cfg)
+	c, err := NewLive(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +232,7 @@ func TestMergeLatency(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, reg := newCluster(t, ClusterConfig{CallGraph: &CallGraph{}, DefaultLatencyMS: tt.defaultMS})
+			c, reg := newCluster(t, LiveConfig{CallGraph: &CallGraph{}, DefaultLatencyMS: tt.defaultMS})
 			top := c.Merge(st, tt.meas)
 			got := map[prom.Pair]float64{}
 			for _, l := range top.Latency {
@@ -359,7 +359,7 @@ func TestMergeMeasuredCalls(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, reg := newCluster(t, ClusterConfig{Prom: promStub})
+			c, reg := newCluster(t, LiveConfig{Prom: promStub})
 			top := c.Merge(tt.st.State, &prom.Measurements{Calls: tt.calls})
 			if diff := cmp.Diff(tt.wantCalls, top.Calls, approx); diff != "" {
 				t.Errorf("calls (-want +got):\n%s", diff)
@@ -391,7 +391,7 @@ func TestMergeStaticCallGraph(t *testing.T) {
 		},
 		Ingress: []optimizer.Ingress{{Service: "a.default", RPS: 10}, {Service: "x", RPS: 5}},
 	}
-	c, reg := newCluster(t, ClusterConfig{CallGraph: graph})
+	c, reg := newCluster(t, LiveConfig{CallGraph: graph})
 	// Measured call rates are not used when the call graph is given.
 	top := c.Merge(st, &prom.Measurements{Calls: []prom.CallRate{rate("c", "d", 100)}})
 	wantCalls := []optimizer.Call{{From: "a", To: "b", Rate: ms(2)}, {From: "b", To: "c"}, {From: "a", To: "d.shop", Rate: ms(0.5)}}
@@ -434,7 +434,7 @@ func TestMergeSharedPods(t *testing.T) {
 		service("front", "front-1@n1"), web, headless,
 		service("web.shop", "web-1@n2"), // another namespace: another pod of the same name
 	)}.backs("front", "front").backs("web", "web", "web-headless").backs("shop/web", "web.shop")
-	c, _ := newCluster(t, ClusterConfig{Prom: promStub})
+	c, _ := newCluster(t, LiveConfig{Prom: promStub})
 	top := c.Merge(st.State, &prom.Measurements{Calls: []prom.CallRate{
 		rate("istio-system/gw", "front", 10), rate("front", "web", 10), rate("web", "shop/web", 5),
 	}})
@@ -487,7 +487,7 @@ func TestMergeAlwaysCompiles(t *testing.T) {
 	}
 }
 
-func randomInput(rng *rand.Rand) (*kube.State, *prom.Measurements, ClusterConfig) {
+func randomInput(rng *rand.Rand) (*kube.State, *prom.Measurements, LiveConfig) {
 	st := &kube.State{Workloads: map[kube.Workload][]string{}, Skipped: map[string]int{}}
 	nodes := make([]string, 1+rng.IntN(6))
 	for i := range nodes {
@@ -534,7 +534,7 @@ func randomInput(rng *rand.Rand) (*kube.State, *prom.Measurements, ClusterConfig
 		slices.Sort(st.Workloads[w])
 	}
 
-	var cfg ClusterConfig
+	var cfg LiveConfig
 	if rng.IntN(3) == 0 {
 		cfg.DefaultLatencyMS = ms(100 * rng.Float64())
 	}
@@ -672,7 +672,7 @@ func (r *syncedRecorder) Update(t *optimizer.Topology) {
 }
 
 // runCluster runs c until the test ends; Run must then return nil.
-func runCluster(t *testing.T, c *Cluster, l Listener) {
+func runCluster(t *testing.T, c *Live, l Listener) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -730,7 +730,7 @@ func TestClusterRunFollowsKubernetes(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewClientset(clusterObjects()...)
 	ks := kubeSource(t, client)
-	c, reg := newCluster(t, ClusterConfig{Kube: ks, DefaultLatencyMS: ms(5),
+	c, reg := newCluster(t, LiveConfig{Kube: ks, DefaultLatencyMS: ms(5),
 		CallGraph: &CallGraph{Calls: []optimizer.Call{{From: "a", To: "b"}}, Ingress: []optimizer.Ingress{{Service: "a", RPS: 10}}}})
 	rec := &syncedRecorder{recorder: recorder{got: make(chan *optimizer.Topology, 16)}, kube: ks}
 	runCluster(t, c, rec)
@@ -785,7 +785,7 @@ func TestClusterRunRejects(t *testing.T) {
 	client := fake.NewClientset(clusterObjects()...)
 	ks := kubeSource(t, client)
 	errTooBig := errors.New("more than two nodes")
-	c, reg := newCluster(t, ClusterConfig{Kube: ks, CallGraph: &CallGraph{}, Check: func(t *optimizer.Topology) error {
+	c, reg := newCluster(t, LiveConfig{Kube: ks, CallGraph: &CallGraph{}, Check: func(t *optimizer.Topology) error {
 		if len(t.Nodes) > 2 {
 			return errTooBig
 		}
@@ -806,7 +806,7 @@ func TestClusterRunRejects(t *testing.T) {
 
 func TestClusterRunStops(t *testing.T) {
 	t.Run("deadline", func(t *testing.T) {
-		c, _ := newCluster(t, ClusterConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), CallGraph: &CallGraph{}})
+		c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), CallGraph: &CallGraph{}})
 		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 		defer cancel()
 		if err := c.Run(ctx, recorder{got: make(chan *optimizer.Topology, 16)}); err != nil {
@@ -821,7 +821,7 @@ func TestClusterRunStops(t *testing.T) {
 		if err := ps.Run(ctx, func(*prom.Measurements) {}); err != nil { // its one Run
 			t.Fatal(err)
 		}
-		c, _ := newCluster(t, ClusterConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), Prom: ps})
+		c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), Prom: ps})
 		done := make(chan error, 1)
 		go func() { done <- c.Run(context.Background(), recorder{got: make(chan *optimizer.Topology, 16)}) }()
 		select {
@@ -941,7 +941,7 @@ func TestClusterColdStartAndUnmatchedNames(t *testing.T) {
 	fp := &fakeProm{status: http.StatusServiceUnavailable}
 	logs := &logBuffer{}
 	ps := fakePromSource(t, fp)
-	c, reg := newCluster(t, ClusterConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), Prom: ps,
+	c, reg := newCluster(t, LiveConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), Prom: ps,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	rec := recorder{got: make(chan *optimizer.Topology, 16)}
 	runCluster(t, c, rec)
@@ -1003,7 +1003,7 @@ func TestClusterNodeMatchInternalIP(t *testing.T) {
 	for i, ip := range []string{"10.9.0.1", "10.9.0.2"} {
 		objs[i].(*corev1.Node).Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: "h"}}
 	}
-	c, _ := newCluster(t, ClusterConfig{Kube: kubeSource(t, fake.NewClientset(objs...)), Prom: fakePromSource(t, fp), NodeMatch: NodeMatchInternalIP})
+	c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, fake.NewClientset(objs...)), Prom: fakePromSource(t, fp), NodeMatch: NodeMatchInternalIP})
 	rec := recorder{got: make(chan *optimizer.Topology, 16)}
 	runCluster(t, c, rec)
 	top := rec.next(t)
@@ -1017,12 +1017,12 @@ func TestClusterNodeMatchInternalIP(t *testing.T) {
 	if lat := checkNamed(c, "latency"); lat.OK || !strings.Contains(lat.Message, "10.9.9.9") {
 		t.Errorf("latency check: %+v", lat)
 	}
-	if _, err := NewCluster(ClusterConfig{Kube: kubeSource(t, fake.NewClientset()), CallGraph: &CallGraph{}, NodeMatch: "hostname"}); err == nil {
+	if _, err := NewLive(LiveConfig{Kube: kubeSource(t, fake.NewClientset()), CallGraph: &CallGraph{}, NodeMatch: "hostname"}); err == nil {
 		t.Error("NodeMatch hostname accepted")
 	}
 }
 
-func checkNamed(c *Cluster, name string) Check {
+func checkNamed(c *Live, name string) Check {
 	for _, ck := range c.Checks() {
 		if ck.Name == name {
 			return ck
@@ -1039,7 +1039,7 @@ func TestClusterRunMeasured(t *testing.T) {
 	ps := fakePromSource(t, fp, func(c *prom.Config) { c.Registerer = reg })
 	client := fake.NewClientset(clusterObjects()...)
 	ks := kubeSource(t, client)
-	c, _ := newCluster(t, ClusterConfig{Kube: ks, Prom: ps})
+	c, _ := newCluster(t, LiveConfig{Kube: ks, Prom: ps})
 	rec := recorder{got: make(chan *optimizer.Topology, 16)}
 	runCluster(t, c, rec)
 	if first := rec.next(t); len(first.Calls) != 0 {

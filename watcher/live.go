@@ -29,8 +29,8 @@ type CallGraph struct {
 	Ingress []optimizer.Ingress `json:"ingress,omitempty" yaml:"ingress,omitempty"`
 }
 
-// ClusterConfig configures a Cluster.
-type ClusterConfig struct {
+// LiveConfig configures a Live source.
+type LiveConfig struct {
 	// Kube is the Kubernetes source (required).
 	Kube *kube.Source
 	// Prom is the Prometheus source; nil means no measurements: every node pair is unmeasured
@@ -57,19 +57,19 @@ type ClusterConfig struct {
 	Registerer prometheus.Registerer
 }
 
-// How latency labels name nodes (ClusterConfig.NodeMatch).
+// How latency labels name nodes (LiveConfig.NodeMatch).
 const (
 	NodeMatchName       = "name"
 	NodeMatchInternalIP = "internal-ip"
 )
 
-// Cluster merges the Kubernetes and Prometheus sources into one immutable Topology for a
+// Live merges the Kubernetes and Prometheus sources into one immutable Topology for a
 // Listener.
 //
 // Rules:
 //   - Nothing is delivered before the Kubernetes caches synced: never a half-built topology.
 //     From then on a topology is always delivered, Prometheus or not (a cold start serves).
-//   - Each source delivers into the Cluster without waiting for the other; the merge runs on
+//   - Each source delivers into the Live source without waiting for the other; the merge runs on
 //     its own goroutine and delivers only a topology that differs from the last one.
 //   - Latency: a series' node labels name nodes by NodeMatch (the node's name, or an address
 //     matched to the node's InternalIP). Measured pairs as measured (the mean RTT over answered
@@ -94,8 +94,8 @@ const (
 //   - Prometheus unreachable after a good answer: its source delivers nothing, so the last
 //     good topology stays; Checks reports it. A failing Kubernetes watch is reported the same
 //     way, with the time it began.
-type Cluster struct {
-	cfg ClusterConfig
+type Live struct {
+	cfg LiveConfig
 	log *slog.Logger
 
 	unmeasured prometheus.Gauge
@@ -129,10 +129,10 @@ const (
 	CallCycle     = "cycle"
 )
 
-// NewCluster validates cfg and registers the metrics; it starts nothing.
-func NewCluster(cfg ClusterConfig) (*Cluster, error) {
+// NewLive validates cfg and registers the metrics; it starts nothing.
+func NewLive(cfg LiveConfig) (*Live, error) {
 	if cfg.Kube == nil {
-		return nil, errors.New("watcher: ClusterConfig.Kube is nil")
+		return nil, errors.New("watcher: LiveConfig.Kube is nil")
 	}
 	if cfg.Prom == nil && cfg.CallGraph == nil {
 		return nil, errors.New("watcher: without Prometheus the call graph must be given")
@@ -150,7 +150,7 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
-	c := &Cluster{cfg: cfg, log: cfg.Logger, changed: make(chan struct{}, 1), compiler: optimizer.Compiler{Options: cfg.Options},
+	c := &Live{cfg: cfg, log: cfg.Logger, changed: make(chan struct{}, 1), compiler: optimizer.Compiler{Options: cfg.Options},
 		unmeasured: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_latency_unmeasured_pairs",
 			Help: "Node pairs (unordered) with no latency measurement, given the default latency or the largest measured one."}),
 		ignored: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "edgeflow_cluster_calls_ignored",
@@ -172,7 +172,7 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 }
 
 // Current returns the last topology delivered (nil before the first).
-func (c *Cluster) Current() *optimizer.Topology {
+func (c *Live) Current() *optimizer.Topology {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.current
@@ -188,7 +188,7 @@ type Check struct {
 
 // LatencyUsable says whether the last topology was built from usable latency measurements
 // (always true without Prometheus: the latency is then given). Safe for concurrent use.
-func (c *Cluster) LatencyUsable() bool {
+func (c *Live) LatencyUsable() bool {
 	if c.cfg.Prom == nil {
 		return true
 	}
@@ -201,7 +201,7 @@ func (c *Cluster) LatencyUsable() bool {
 // latency is given, without Prometheus), else nil: what a placement may be decided on (a
 // capacity-weighted cold-start topology has every node pair equal, and no placement is better
 // than another there). Safe for concurrent use.
-func (c *Cluster) Measured() *optimizer.Topology {
+func (c *Live) Measured() *optimizer.Topology {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cfg.Prom != nil && !c.latency.usable {
@@ -213,7 +213,7 @@ func (c *Cluster) Measured() *optimizer.Topology {
 // Checks reports each input's state: kubernetes (synced, watches failing), prometheus (the
 // last query round) and latency (names that match no node, the degraded plan, unreachable
 // pairs). It is safe for concurrent use.
-func (c *Cluster) Checks() []Check {
+func (c *Live) Checks() []Check {
 	k := Check{Name: "kubernetes", OK: c.cfg.Kube.Synced(), Message: "informer caches synced"}
 	if !k.OK {
 		k.Message = "informer caches not synced yet"
@@ -267,7 +267,7 @@ func (c *Cluster) Checks() []Check {
 	return append(checks, lat)
 }
 
-func (c *Cluster) poke() {
+func (c *Live) poke() {
 	select {
 	case c.changed <- struct{}{}:
 	default:
@@ -276,7 +276,7 @@ func (c *Cluster) poke() {
 
 // Run runs the sources and delivers merged topologies to l until ctx is done (then it returns
 // nil, after every goroutine it started has ended), or until a source fails (its error).
-func (c *Cluster) Run(ctx context.Context, l Listener) error {
+func (c *Live) Run(ctx context.Context, l Listener) error {
 	parent := ctx
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -349,13 +349,13 @@ func (c *Cluster) Run(ctx context.Context, l Listener) error {
 }
 
 // Merge builds the topology from one Kubernetes state and one set of measurements (nil: none)
-// by the rules of Cluster. It is pure apart from the metrics it sets.
+// by the rules of Live. It is pure apart from the metrics it sets.
 //
 // A pod that backs several services (a Service and its headless twin select the same pods)
 // keeps its name in the first of them (by key) and is listed as "POD@SERVICE" in the others:
 // pod names are unique in a topology, and a pod calls as the first service it backs (see
 // measuredCalls) while it is called as each. '@' cannot occur in a Kubernetes name.
-func (c *Cluster) Merge(ks *kube.State, meas *prom.Measurements) *optimizer.Topology {
+func (c *Live) Merge(ks *kube.State, meas *prom.Measurements) *optimizer.Topology {
 	t := &optimizer.Topology{Nodes: append([]optimizer.Node(nil), ks.Nodes...)}
 	listed := map[string]bool{} // pod keys
 	for _, s := range ks.Services {
@@ -400,7 +400,7 @@ func (c *Cluster) Merge(ks *kube.State, meas *prom.Measurements) *optimizer.Topo
 
 // matchLatency maps the measured pairs' node labels to node names by NodeMatch, and says what
 // matched.
-func (c *Cluster) matchLatency(ks *kube.State, meas *prom.Measurements) (map[prom.Pair]float64, latencyState) {
+func (c *Live) matchLatency(ks *kube.State, meas *prom.Measurements) (map[prom.Pair]float64, latencyState) {
 	ls := latencyState{merged: true}
 	if meas == nil {
 		return nil, ls
@@ -450,7 +450,7 @@ func (c *Cluster) matchLatency(ks *kube.State, meas *prom.Measurements) (map[pro
 
 // latencyDefault is the latency of unmeasured pairs: the configured default while some
 // latency is usable; none (every pair equal) in the degraded plan.
-func (c *Cluster) latencyDefault(ls latencyState) *float64 {
+func (c *Live) latencyDefault(ls latencyState) *float64 {
 	if c.cfg.Prom != nil && !ls.usable {
 		return nil
 	}
@@ -459,7 +459,7 @@ func (c *Cluster) latencyDefault(ls latencyState) *float64 {
 
 // noteLatency records what the last Merge made of the measurements, logging and counting
 // changes of the unmatched names and of the degraded plan once per change.
-func (c *Cluster) noteLatency(ls latencyState) {
+func (c *Live) noteLatency(ls latencyState) {
 	c.mu.Lock()
 	prev := c.latency
 	c.latency = ls
@@ -499,7 +499,7 @@ func (c *Cluster) noteLatency(ls latencyState) {
 	}
 }
 
-func (c *Cluster) staticCalls(t *optimizer.Topology, ignored map[string]int) ([]optimizer.Call, []optimizer.Ingress) {
+func (c *Live) staticCalls(t *optimizer.Topology, ignored map[string]int) ([]optimizer.Call, []optimizer.Ingress) {
 	have := map[string]bool{}
 	for i := range t.Services {
 		have[t.Services[i].Key()] = true
