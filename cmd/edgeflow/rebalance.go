@@ -267,7 +267,7 @@ func orNone(s string) string {
 	return s
 }
 
-// ignore is a Listener that drops topologies (the rebalancer reads Cluster.Current).
+// ignore is a Listener that drops topologies (the rebalancer reads Live.Current).
 type ignore struct{}
 
 func (ignore) Update(*optimizer.Topology) {}
