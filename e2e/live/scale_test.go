@@ -166,8 +166,10 @@ func TestWatchAtScale(t *testing.T) {
 		if len(samples) < 50 {
 			t.Fatalf("%d heap samples, want one a second", len(samples))
 		}
-		if d := (last - first) / first; d > 0.05 || d < -0.05 {
-			t.Errorf("live heap moved %+.1f %% between the first and the last 20 s of the churn, want within 5 %%", 100*d)
+		// Flat means no growth: a live heap that shrinks (the informers' and the server's first
+		// allocations settling; -7.1 % in one CI run) is not a leak.
+		if d := (last - first) / first; d > 0.05 {
+			t.Errorf("live heap grew %+.1f %% between the first and the last 20 s of the churn, want at most +5 %%", 100*d)
 		}
 	})
 }
