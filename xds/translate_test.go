@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds/internal/xdstest"
 )
 
 var (
@@ -56,32 +57,11 @@ func bookinfoAllocation(t *testing.T, top *optimizer.Topology) *optimizer.Alloca
 	return &a
 }
 
-func loadTopology(t testing.TB, path string) *optimizer.Topology {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	top, err := optimizer.ParseTopology(f, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return top
-}
-
-func plan(t testing.TB, top *optimizer.Topology, p optimizer.Policy) *optimizer.Allocation {
-	t.Helper()
-	m, err := optimizer.Compile(top, optimizer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := optimizer.Plan(m, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
-}
+// The shared fixtures (xdstest), under the names these tests use.
+var (
+	loadTopology = xdstest.LoadTopology
+	plan         = xdstest.Plan
+)
 
 // goldenJSON renders a translation: the default resources in full, and per pod the sets that
 // differ from the default (the others are written as "default").

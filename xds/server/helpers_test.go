@@ -23,7 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/edgeflow/edgeflow/internal/clock"
-	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds/internal/xdstest"
 )
 
 // fakeClock is a Clock whose time moves only by Advance; timers fire synchronously in Advance.
@@ -466,29 +466,8 @@ func (s *Server) cached(id string) (*cache.Snapshot, error) {
 // bookinfoPath is the translator's Bookinfo fixture.
 const bookinfoPath = "../testdata/bookinfo.yaml"
 
-func loadTopology(t testing.TB, path string) *optimizer.Topology {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	top, err := optimizer.ParseTopology(f, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return top
-}
-
-func plan(t testing.TB, top *optimizer.Topology, p optimizer.Policy) *optimizer.Allocation {
-	t.Helper()
-	m, err := optimizer.Compile(top, optimizer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := optimizer.Plan(m, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
-}
+// The shared fixtures (xdstest), under the names these tests use.
+var (
+	loadTopology = xdstest.LoadTopology
+	plan         = xdstest.Plan
+)
