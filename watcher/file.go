@@ -200,5 +200,5 @@ func (f *File) deliver(l Listener, t *optimizer.Topology, cm *optimizer.Compiled
 	f.mu.Unlock()
 	f.updates.Inc()
 	f.lastGood.SetToCurrentTime()
-	deliver(l, t, cm)
+	Deliver(l, t, cm)
 }

@@ -344,7 +344,7 @@ func (c *Live) Run(ctx context.Context, l Listener) error {
 		c.current = t
 		c.mu.Unlock()
 		c.delivered.Inc()
-		deliver(l, t, cm)
+		Deliver(l, t, cm)
 	}
 }
 

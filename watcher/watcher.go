@@ -18,9 +18,9 @@ type CompiledListener interface {
 	UpdateCompiled(*optimizer.Topology, *optimizer.Compiled)
 }
 
-// deliver hands t (compiled to cm) to l.
-func deliver(l Listener, t *optimizer.Topology, cm *optimizer.Compiled) {
-	if cl, ok := l.(CompiledListener); ok {
+// Deliver hands t to l, with the model it was compiled to when l plans (cm nil: none).
+func Deliver(l Listener, t *optimizer.Topology, cm *optimizer.Compiled) {
+	if cl, ok := l.(CompiledListener); ok && cm != nil {
 		cl.UpdateCompiled(t, cm)
 		return
 	}

@@ -434,11 +434,7 @@ func (f fanout) Update(t *optimizer.Topology) { f.UpdateCompiled(t, nil) }
 // UpdateCompiled hands the compiled model on to the listeners that plan.
 func (f fanout) UpdateCompiled(t *optimizer.Topology, cm *optimizer.Compiled) {
 	for _, l := range f {
-		if cl, ok := l.(watcher.CompiledListener); ok && cm != nil {
-			cl.UpdateCompiled(t, cm)
-		} else {
-			l.Update(t)
-		}
+		watcher.Deliver(l, t, cm)
 	}
 }
 
