@@ -16,18 +16,15 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/util/workqueue"
+
+	"github.com/edgeflow/edgeflow/internal/leader"
 )
 
-// LeaderConfig is the Lease the replicas elect their leader on; only the leader acts.
-type LeaderConfig struct {
-	Namespace, Name string
-	// LeaseDuration, RenewDeadline and RetryPeriod as in client-go's leaderelection (0: 15 s,
-	// 10 s, 2 s).
-	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
-}
+// LeaderConfig is the Lease the replicas elect their leader on; only the leader acts. The
+// election is internal/leader's (LeaseDuration, RenewDeadline and RetryPeriod 0: 15 s, 10 s,
+// 2 s).
+type LeaderConfig = leader.Config
 
 // DefaultLeaseName is the Lease's default name.
 const DefaultLeaseName = "edgeflow-rebalancer"
@@ -52,15 +49,6 @@ func (c *Controller) Run(ctx context.Context, le LeaderConfig) error {
 	}
 	if le.Namespace == "" || le.Name == "" {
 		return fmt.Errorf("rebalancer: the Lease needs a namespace and a name")
-	}
-	if le.LeaseDuration <= 0 {
-		le.LeaseDuration = 15 * time.Second
-	}
-	if le.RenewDeadline <= 0 {
-		le.RenewDeadline = 10 * time.Second
-	}
-	if le.RetryPeriod <= 0 {
-		le.RetryPeriod = 2 * time.Second
 	}
 	c.store = stateStore{namespace: le.Namespace, name: le.Name + stateSuffix}
 	id := c.identity()
@@ -93,34 +81,8 @@ func (c *Controller) Run(ctx context.Context, le LeaderConfig) error {
 		defer wg.Done()
 		c.gateWorker(ctx, rec)
 	}()
-	lock := &resourcelock.LeaseLock{LeaseMeta: metav1.ObjectMeta{Namespace: le.Namespace, Name: le.Name},
-		Client: c.cs.CoordinationV1(), LockConfig: resourcelock.ResourceLockConfig{Identity: id}}
-	for ctx.Err() == nil {
-		leading := make(chan context.Context, 1)
-		elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock: lock, LeaseDuration: le.LeaseDuration, RenewDeadline: le.RenewDeadline, RetryPeriod: le.RetryPeriod,
-			ReleaseOnCancel: true, Name: le.Name,
-			Callbacks: leaderelection.LeaderCallbacks{
-				// The leader loop runs here, in Run's goroutine, not in the elector's: it has
-				// ended before the next election starts.
-				OnStartedLeading: func(lctx context.Context) { leading <- lctx },
-				OnStoppedLeading: func() {},
-			},
-		})
-		if err != nil {
-			return fmt.Errorf("rebalancer: leader election: %w", err)
-		}
-		elected := make(chan struct{})
-		go func() {
-			defer close(elected)
-			elector.Run(ctx) // returns when ctx is done or the lease is lost
-		}()
-		select {
-		case lctx := <-leading:
-			c.lead(lctx, rec)
-			<-elected
-		case <-elected:
-		}
+	if err := leader.Run(ctx, c.cs.CoordinationV1(), le, id, func(lctx context.Context) { c.lead(lctx, rec) }); err != nil {
+		return fmt.Errorf("rebalancer: leader election: %w", err)
 	}
 	return nil
 }
