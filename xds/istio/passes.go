@@ -59,3 +59,11 @@ func (l passLoop) run(ctx context.Context) error {
 		timer = l.clock.NewTimer(wait)
 	}
 }
+
+// wake signals a pass loop's wake channel (capacity 1) without blocking.
+func wake(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}

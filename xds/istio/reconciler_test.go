@@ -447,6 +447,47 @@ func TestRunWaitsForTheFirstUpdate(t *testing.T) {
 	}
 }
 
+// TestRunTermsWriteOnlyWhileRunning is how serve runs a reconciler under leader election:
+// Updates while no Run runs write nothing; each new Run reconciles the latest topology at once
+// (no Update needed), and a Run that returned writes nothing more.
+func TestRunTermsWriteOnlyWhileRunning(t *testing.T) {
+	clock := newFakeClock()
+	e, r := newTestEnv(t, clock)
+	term := func(what string, cond func() bool) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- r.Run(ctx) }()
+		waitFor(t, what, cond)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	}
+	r.Update(&optimizer.Topology{Services: bookinfo()})
+	<-r.wake // taken by a Run that then lost its term before the pass
+	if got := e.writes(); len(got) != 0 {
+		t.Fatalf("wrote %v with no Run", got)
+	}
+	term("the filters of the first term", func() bool { return len(listOwned(e.istio)) == 2 })
+	e.writes()
+	r.Update(&optimizer.Topology{}) // recorded between terms
+	<-r.wake                        // and its wake-up taken by a Run that lost its term before the pass
+	if got := e.writes(); len(got) != 0 {
+		t.Fatalf("wrote %v between terms", got)
+	}
+	term("no owned filter in the second term, without a new Update", func() bool { return len(listOwned(e.istio)) == 0 })
+	if err := r.Run(canceled()); err != nil {
+		t.Errorf("a third Run after the second returned: %v", err)
+	}
+}
+
+func canceled() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}
+
 func listOwned(c *fake.Clientset) []string {
 	list, err := c.NetworkingV1alpha3().EnvoyFilters(DefaultNamespace).List(context.Background(),
 		metav1.ListOptions{LabelSelector: ManagedByLabel + "=" + ManagedByValue})

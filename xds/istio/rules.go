@@ -154,13 +154,17 @@ func (r *RulesReconciler) Granularity() string {
 	return ""
 }
 
-// Run plans and reconciles after every Update, then every Resync, and every RetryInterval
-// while passes fail, until ctx is done (the caller owns ctx); it then returns nil and leaves
-// the rules in place (see Uninstall). It may be called once.
+// Run plans and reconciles at once with the latest topology (if any), after every Update,
+// then every Resync, and every RetryInterval while passes fail, until ctx is done (the caller
+// owns ctx); it then returns nil and leaves the rules in place (see Uninstall). Nothing is
+// written while Run is not running (Update only records): serve runs it only while its
+// replica holds the Istio Lease, calling it again at each new term. Calls must not overlap.
 func (r *RulesReconciler) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
-		return errors.New("xds/istio: RulesReconciler.Run called twice")
+		return errors.New("xds/istio: RulesReconciler.Run called while another Run runs")
 	}
+	defer r.running.Store(false)
+	wake(r.wake) // a topology recorded while no Run ran is reconciled at once
 	return passLoop{wake: r.wake, clock: r.cfg.Clock, resync: r.cfg.Resync, retry: r.cfg.RetryInterval,
 		log: r.log, what: "DestinationRule", pass: r.pass}.run(ctx)
 }
