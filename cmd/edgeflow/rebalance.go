@@ -52,7 +52,7 @@ func (f *rebalanceFlags) register(cmd *cobra.Command, prefix string) {
 	fl.DurationVar(&f.placementTimeout, prefix+"placement-timeout", rebalancer.DefaultPlacementTimeout, "a replacement required on its planned node and not scheduled within this is deleted once (its controller recreates it without a node)")
 	fl.BoolVar(&f.allowSingleReplica, prefix+"allow-single-replica", false, "also move the only pod of a service (an outage while it restarts, wherever no PodDisruptionBudget forbids it)")
 	fl.DurationVar(&f.budget, prefix+"budget", optimizer.DefaultPlaceBudget, "bound on the planning search (0: none); a plan cut short says so")
-	fl.StringVar(&f.leaseNamespace, prefix+"lease-namespace", "", "namespace of the leader-election Lease and of the rebalancer's state ConfigMap (default: the pod's namespace; required outside a pod when acting)")
+	fl.StringVar(&f.leaseNamespace, prefix+"lease-namespace", "", "namespace of the leader-election Lease and of the rebalancer's state ConfigMap (default: the pod's namespace; required outside a pod when acting); in serve also of the Istio writer's Lease (--istio-lease-name)")
 	fl.StringVar(&f.leaseName, prefix+"lease-name", rebalancer.DefaultLeaseName, "name of the leader-election Lease")
 	fl.StringVar(&f.webhookAddress, "webhook-address", "", "HOST:PORT to serve the placement webhook on (HTTPS, path "+rebalancer.WebhookPath+"); empty: not served")
 	fl.StringVar(&f.webhookCert, "webhook-tls-cert", "", "the webhook's certificate (PEM; read again when the file changes)")
@@ -95,7 +95,7 @@ func (f *rebalanceFlags) controller(inf *kube.Informers, cf *clusterFlags, clust
 		Selector: cf.selector, DefaultLatencyMS: defaultLatency, DryRun: f.dryRun, Period: f.period,
 		Threshold: f.threshold, MaxMoves: f.maxMoves, MaxMovesPerNode: f.maxPerNode, MaxMovesPerNamespace: f.maxPerNS,
 		MinAge: f.minAge, Cooldown: f.cooldown, GateTimeout: f.gateTimeout, PlacementTimeout: f.placementTimeout,
-		AllowSingleReplica: f.allowSingleReplica, Budget: budgetOrNone(f.budget),
+		AllowSingleReplica: f.allowSingleReplica, Budget: budgetOrNone(f.budget), Identity: processIdentity(),
 		Logger: logger, Registerer: reg})
 	if err != nil {
 		return nil, usageError{err}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/edgeflow/edgeflow/internal/leader"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
@@ -55,6 +56,7 @@ type serveFlags struct {
 	uiAddress      string
 	rebalance      bool
 	rebalancer     rebalanceFlags
+	istioLeader    istioLeaderFlags
 }
 
 func newServeCommand() *cobra.Command {
@@ -108,6 +110,7 @@ func newServeCommand() *cobra.Command {
 	fl.DurationVar(&f.limits.MaxConnectionAge, "xds-max-connection-age", xdsserver.DefaultMaxConnectionAge, "ask a client connection to go away after this long (±10 %), so clients spread over replicas again (negative: never)")
 	fl.BoolVar(&f.rebalance, "rebalance", false, "also run the LARP rebalancer (see edgeflow rebalance; its flags here are prefixed rebalance-, and it is dry-run unless --rebalance-dry-run=false)")
 	f.rebalancer.register(cmd, "rebalance-")
+	f.istioLeader.register(cmd)
 	_ = cmd.MarkFlagRequired("xds-address")
 	return cmd
 }
@@ -152,6 +155,22 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	}
 	if f.istio.mode != istioModeOff && f.file != "" {
 		return badInput("--istio-mode=%s needs the cluster flags (--kubeconfig or in-cluster), not -f", f.istio.mode)
+	}
+	var istioLease leader.Config
+	if f.istio.mode != istioModeOff && f.istioLeader.elect {
+		if err := f.istioLeader.check(); err != nil {
+			return err
+		}
+		istioLease = f.istioLeader.timings
+		istioLease.Namespace, istioLease.Name = f.rebalancer.lease().Namespace, f.istioLeader.leaseName
+		if istioLease.Namespace == "" {
+			return badInput("--istio-mode=%s: the replicas elect the one that writes on a Lease, and outside a pod "+
+				"--rebalance-lease-namespace is required to say where (a laptop run and the in-cluster replicas must share it); "+
+				"or --istio-leader-elect=false to write from every replica", f.istio.mode)
+		}
+		if f.istioLeader.leaseName == "" || (f.rebalance && !f.rebalancer.dryRun && f.istioLeader.leaseName == f.rebalancer.leaseName) {
+			return badInput("--istio-lease-name must be set, and differ from --rebalance-lease-name")
+		}
 	}
 
 	if err := f.source(); err != nil {
@@ -210,6 +229,12 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 		}
 		istioRun = rules
 	}
+	var istioLeader *istioLeader
+	if istioRun != nil && f.istioLeader.elect {
+		if istioLeader, err = newIstioLeader(istioRun.Run, inf.Client().CoordinationV1(), istioLease, processIdentity(), logger, reg); err != nil {
+			return err
+		}
+	}
 	var rb *rebalancer.Controller
 	if f.rebalance {
 		if rb, err = f.rebalancer.controller(inf, &f.clusterFlags, cluster, opts.DefaultLatencyMS, logger, reg); err != nil {
@@ -247,7 +272,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			xdsLis.Close()
 			return fmt.Errorf("metrics listener: %w", err)
 		}
-		httpSrv = newHTTPServer(serveMux(reg, srv, cluster, rules), time.Minute)
+		httpSrv = newHTTPServer(serveMux(reg, srv, cluster, rules, istioLeader), time.Minute)
 	}
 	if f.profilingAddr != "" {
 		if profLis, err = net.Listen("tcp", f.profilingAddr); err != nil {
@@ -285,8 +310,13 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	start("xDS push loop", func() error { return srv.Run(ctx) })
 	var listener watcher.Listener = srv
 	if istioRun != nil {
+		// Fed on every replica; it writes only while it runs: on the Istio Lease's holder.
 		listener = fanout{srv, istioRun}
-		start("Istio "+f.istio.mode, func() error { return istioRun.Run(ctx) })
+		if istioLeader != nil {
+			start("Istio "+f.istio.mode+" leader election", func() error { return istioLeader.Run(ctx) })
+		} else {
+			start("Istio "+f.istio.mode, func() error { return istioRun.Run(ctx) })
+		}
 	}
 	follower, uiSrv, uiLis, err := f.startWebView(srv, reg, policy, opts, cluster, logger)
 	if err != nil {
@@ -444,20 +474,28 @@ type topologySource interface {
 }
 
 // serveMux serves /metrics, /healthz and /readyz (watcher.ReadyHandler).
-// With Istio DestinationRules, /readyz also says at which granularity they plan.
-func serveMux(reg *prometheus.Registry, srv *xdsserver.Server, cluster *watcher.Live, rules *istio.RulesReconciler) *http.ServeMux {
+// With Istio DestinationRules, /readyz also says at which granularity they plan; with the Istio
+// writer elected (il non-nil), whether this replica leads (writes) or follows.
+func serveMux(reg *prometheus.Registry, srv *xdsserver.Server, cluster *watcher.Live, rules *istio.RulesReconciler, il *istioLeader) *http.ServeMux {
 	mux := metricsMux(reg)
 	var checks func() []watcher.Check
 	if cluster != nil {
-		checks = cluster.Checks
-		if rules != nil {
-			checks = func() []watcher.Check {
+		checks = func() []watcher.Check {
+			cs := cluster.Checks()
+			if rules != nil {
 				c := watcher.Check{Name: "istio-destinationrules", OK: true, Message: "planned per " + rules.Granularity()}
 				if rules.Granularity() == "" {
 					c.Message = "no plan yet"
+					if il != nil && !il.Leading() {
+						c.Message = "not planned here: the leader plans and writes"
+					}
 				}
-				return append(cluster.Checks(), c)
+				cs = append(cs, c)
 			}
+			if il != nil {
+				cs = append(cs, il.check())
+			}
+			return cs
 		}
 	}
 	mux.Handle("/readyz", watcher.ReadyHandler(srv.Published, checks))

@@ -273,6 +273,9 @@ func TestServeBadInput(t *testing.T) {
 		{"plaintext xDS on an empty host", []string{"-f", serveGood, "--xds-address", ":0"}, "not a loopback address"},
 		{"plaintext xDS on a host name", []string{"-f", serveGood, "--xds-address", "edgeflow.example:18000"}, "--insecure-xds"},
 		{"profiling beyond loopback", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--profiling-address", "0.0.0.0:0"}, "--profiling-address 0.0.0.0:0 is not a loopback address"},
+		{"Istio writer's Lease without a namespace outside a pod", []string{"--kubeconfig", filepath.Join(dir, "absent.kubeconfig"), "--xds-address", "127.0.0.1:0", "--istio-mode", "destinationrule"}, "--rebalance-lease-namespace is required"},
+		{"Istio writer's Lease renewed beyond its duration", []string{"--kubeconfig", filepath.Join(dir, "absent.kubeconfig"), "--xds-address", "127.0.0.1:0", "--istio-mode", "destinationrule", "--rebalance-lease-namespace", "edgeflow", "--istio-lease-renew-deadline", "20s"}, "must be below --istio-lease-duration"},
+		{"Istio writer's Lease the rebalancer's", []string{"--kubeconfig", filepath.Join(dir, "absent.kubeconfig"), "--xds-address", "127.0.0.1:0", "--istio-mode", "destinationrule", "--rebalance-lease-namespace", "edgeflow", "--rebalance", "--rebalance-dry-run=false", "--istio-lease-name", "edgeflow-rebalancer"}, "differ from --rebalance-lease-name"},
 		{"TLS key without certificate", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--xds-tls-key", filepath.Join(dir, "absent.key")}, "both a certificate and a key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
