@@ -10,7 +10,9 @@ import rbacv1 "k8s.io/api/rbac/v1"
 // gets, creates and updates its state ConfigMap and its leader-election Lease (both in the
 // Lease's namespace). Pods are never read one by one (the informer's cache is), nor created or
 // updated. install/helm/edgeflow grants exactly these for rebalancer.mode=act (the namespaced
-// ones in a Role of the release namespace), and its install test checks that.
+// ones in a Role of the release namespace), and its install test checks that. The Lease rule
+// is also granted with an Istio mode: serve elects the one replica that writes Istio's objects
+// on a Lease of its own (internal/leader), in the same namespace.
 func PolicyRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch", "patch", "delete"}},

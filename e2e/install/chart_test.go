@@ -51,6 +51,8 @@ func variants(t *testing.T) []variant {
 		{"istio destinationrule, node labels", map[string]any{"istio": map[string]any{"mode": "destinationrule", "labelNodes": true}},
 			features{rebalance: true, dr: true, labelNodes: true}},
 		{"istio envoyfilter", map[string]any{"istio": map[string]any{"mode": "envoyfilter"}}, features{rebalance: true, ef: true}},
+		{"istio destinationrule, rebalancer off", map[string]any{"istio": map[string]any{"mode": "destinationrule"}, "rebalancer": map[string]any{"mode": "off"}},
+			features{dr: true}},
 		{"prometheus operator, nodes listed, xds certificate by cert-manager", map[string]any{
 			"scrape":        map[string]any{"operator": true},
 			"latencyProbes": map[string]any{"nodes": probeNodes},
@@ -275,6 +277,7 @@ func TestBadValuesNamed(t *testing.T) {
 		{map[string]any{"rebalancer": map[string]any{"mode": "yes"}}, `rebalancer.mode "yes"`},
 		{map[string]any{"webhook": map[string]any{"certificate": "edgeflow"}}, `webhook.certificate "edgeflow"`},
 		{map[string]any{"istio": map[string]any{"labelNodes": true}}, "istio.labelNodes needs istio.mode=destinationrule"},
+		{map[string]any{"istio": map[string]any{"mode": "destinationrule", "leaseName": "edgeflow-rebalancer"}}, "istio.leaseName must differ from rebalancer.leaseName"},
 		{map[string]any{"rebalancer": map[string]any{"mode": "act"}, "webhook": map[string]any{"certificate": "secret"}}, "webhook.caBundle"},
 		{map[string]any{"prometheus": map[string]any{"url": ""}}, "callGraph"},
 		{map[string]any{"latencyProbes": map[string]any{"nodes": []any{map[string]any{"name": "a"}}}}, "latencyProbes.nodes"},

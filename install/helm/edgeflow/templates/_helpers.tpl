@@ -55,6 +55,9 @@ app.kubernetes.io/part-of: edgeflow
 {{- if and .Values.xds.tls.certManager.enabled (not .Values.xds.tls.certManager.issuerRef.name) -}}
 {{- fail "xds.tls.certManager.enabled needs xds.tls.certManager.issuerRef.name" -}}
 {{- end -}}
+{{- if and (ne .Values.istio.mode "off") (eq .Values.istio.leaseName .Values.rebalancer.leaseName) -}}
+{{- fail "istio.leaseName must differ from rebalancer.leaseName: the Istio writer and the rebalancer elect on Leases of their own" -}}
+{{- end -}}
 {{- if not (has .Values.antiAffinity (list "required" "preferred")) -}}
 {{- fail (printf "antiAffinity %q: want required or preferred" .Values.antiAffinity) -}}
 {{- end -}}
