@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -79,7 +80,8 @@ const (
 )
 
 // NewInformers builds the informers (started by Start). The Client's server-side filters
-// apply: nothing is listed outside Namespaces but the nodes (and, with AllPods, the pods).
+// apply: nothing is listed outside Namespaces but the nodes (and, with AllPods, the pods), and
+// no pod that has ended (ActivePods).
 func NewInformers(cfg InformersConfig) (*Informers, error) {
 	if cfg.Client == nil {
 		return nil, errors.New("kube: InformersConfig.Client is nil")
@@ -103,11 +105,11 @@ func NewInformers(cfg InformersConfig) (*Informers, error) {
 			in.EndpointSlices = append(in.EndpointSlices, Scoped{ns, f.Discovery().V1().EndpointSlices().Informer()})
 		}
 		if !cfg.AllPods {
-			in.Pods = append(in.Pods, Scoped{ns, f.Core().V1().Pods().Informer()})
+			in.Pods = append(in.Pods, Scoped{ns, in.podFactory(ns).Core().V1().Pods().Informer()})
 		}
 	}
 	if cfg.AllPods {
-		in.Pods = []Scoped{{"", all.Core().V1().Pods().Informer()}}
+		in.Pods = []Scoped{{"", in.podFactory("").Core().V1().Pods().Informer()}}
 	}
 	for _, p := range in.Pods {
 		if err := p.Informer.AddIndexers(cache.Indexers{IndexPodUID: indexPodUID}); err != nil {
@@ -120,6 +122,25 @@ func NewInformers(cfg InformersConfig) (*Informers, error) {
 		}
 	}
 	return in, nil
+}
+
+// ActivePods is the pods' server-side field selector: a pod that has ended (Succeeded or
+// Failed: a finished Job's pods, evicted or shut-down pods) holds no resources for the
+// scheduler and serves no traffic, so neither the watcher nor the rebalancer reads it, and the
+// API server does not send it. A pod that ends leaves the informer as a deletion.
+const ActivePods = "status.phase!=Succeeded,status.phase!=Failed"
+
+// podFactory returns a factory for the pods of namespace ns ("": all) that lists only
+// ActivePods. The pods get a factory of their own because the selector names a pod field.
+func (in *Informers) podFactory(ns string) informers.SharedInformerFactory {
+	opts := []informers.SharedInformerOption{informers.WithTransform(trim),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = ActivePods })}
+	if ns != "" {
+		opts = append(opts, informers.WithNamespace(ns))
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(in.cfg.Client, 0, opts...)
+	in.factories = append(in.factories, f)
+	return f
 }
 
 // Namespaces are the namespaces watched (nil: all).

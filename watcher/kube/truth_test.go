@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -195,4 +197,29 @@ func TestWatchFailuresReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the failure cleared", func() bool { return len(h.src.WatchFailures()) == 0 })
+}
+
+// Pods that have ended are not even listed: the pod list and watch carry ActivePods as their
+// field selector (the API server applies it; the fake client only records it), and no other
+// resource carries one.
+func TestEndedPodsNotListed(t *testing.T) {
+	var mu sync.Mutex
+	selectors := map[string]string{} // resource → field selector of its list
+	h := startWith(t, Config{}, func(c *fake.Clientset) {
+		c.PrependReactor("list", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if l, ok := a.(k8stesting.ListAction); ok {
+				mu.Lock()
+				selectors[a.GetResource().Resource] = l.GetListRestrictions().Fields.String()
+				mu.Unlock()
+			}
+			return false, nil, nil
+		})
+	}, append(append([]runtime.Object(nil), nodes...), managed("default", "a"))...)
+	h.first()
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[string]string{"pods": fields.ParseSelectorOrDie(ActivePods).String(), "nodes": "", "services": "", "endpointslices": ""}
+	if diff := cmp.Diff(want, selectors); diff != "" {
+		t.Errorf("field selectors of the lists (-want +got):\n%s", diff)
+	}
 }
