@@ -1091,8 +1091,8 @@ func TestMergeLatencyPerZone(t *testing.T) {
 	meas := &prom.Measurements{Latency: map[prom.Pair]float64{
 		// The representatives a1, b1 and lone probe each other; a2 probes b2 too.
 		{From: "a1", To: "b1"}: 4, {From: "a2", To: "b2"}: 6, {From: "b1", To: "a1"}: 5,
-		{From: "a1", To: "a2"}: 0.4, // inside r/a
-		{From: "lone", To: "a1"}: 9,
+		{From: "a1", To: "a2"}:    0.4, // inside r/a
+		{From: "lone", To: "a1"}:  9,
 		{From: "ghost", To: "a1"}: 1, // no such node: not used, named as today
 	}}
 	c, reg := newCluster(t, LiveConfig{Prom: fakePromSource(t, &fakeProm{}), CallGraph: &CallGraph{}, LatencyGranularity: optimizer.LatencyPerZone})
