@@ -36,8 +36,8 @@ type compileState struct {
 	top   *Topology
 	model *Model
 	opts  Options // those top was compiled with
-	// latIdx[i] is (u, v) of top.Latency[i]; mirror[i] says it also sets (v, u) (the reverse is
-	// not given).
+	// latIdx[i] is (u, v) of top.Latency[i] (node indices; zone indices when the latency is per
+	// zone); mirror[i] says it also sets (v, u) (the reverse is not given).
 	latIdx [][2]int
 	mirror []bool
 	// owner maps every pod name of model to its service's name (for duplicate checks).
@@ -71,9 +71,17 @@ func (inc *compileState) remember(t *Topology, m *Model, full bool, podsChanged 
 	inc.latIdx = make([][2]int, len(t.Latency))
 	inc.mirror = make([]bool, len(t.Latency))
 	given := make(map[[2]int]bool, len(t.Latency))
+	index := m.NodeIndex
+	if m.Latency.Zoned() { // the entries name zones; latIdx holds zone indices
+		zones := map[string]int{}
+		for i, z := range m.Latency.Zones() {
+			zones[z] = i
+		}
+		index = func(z string) (int, bool) { i, ok := zones[z]; return i, ok }
+	}
 	for i, l := range t.Latency {
-		u, _ := m.NodeIndex(l.From)
-		v, _ := m.NodeIndex(l.To)
+		u, _ := index(l.From)
+		v, _ := index(l.To)
 		inc.latIdx[i] = [2]int{u, v}
 		given[[2]int{u, v}] = true
 	}
@@ -85,7 +93,7 @@ func (inc *compileState) remember(t *Topology, m *Model, full bool, podsChanged 
 // sameStructure says whether b differs from a at most in latencies, call rates, ingress rates
 // and the pods of some services (their indices: podsChanged).
 func sameStructure(a, b *Topology) (ok bool, podsChanged []int) {
-	if len(a.Nodes) != len(b.Nodes) || len(a.Latency) != len(b.Latency) || len(a.Services) != len(b.Services) ||
+	if a.LatencyGranularity != b.LatencyGranularity || len(a.Nodes) != len(b.Nodes) || len(a.Latency) != len(b.Latency) || len(a.Services) != len(b.Services) ||
 		len(a.Calls) != len(b.Calls) || len(a.Ingress) != len(b.Ingress) {
 		return false, nil
 	}
@@ -172,12 +180,16 @@ func (inc *compileState) recompile(t *Topology, podsChanged []int, opts Options)
 		}
 		if !latencyChanged { // copy on first write: the previous model stays intact
 			latencyChanged = true
-			m.Latency = LatencyMatrix{n: prev.Latency.n, ms: append([]float64(nil), prev.Latency.ms...)}
+			m.Latency = prev.Latency.clone()
 		}
 		u, v := inc.latIdx[i][0], inc.latIdx[i][1]
-		m.Latency.Set(u, v, l.MS)
+		set := m.Latency.Set
+		if m.Latency.Zoned() {
+			set = m.Latency.SetZone
+		}
+		set(u, v, l.MS)
 		if inc.mirror[i] {
-			m.Latency.Set(v, u, l.MS)
+			set(v, u, l.MS)
 		}
 	}
 	m.Calls = append([]CallEdge(nil), prev.Calls...)

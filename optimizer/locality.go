@@ -119,9 +119,12 @@ func GroupByLocality(t *Topology, opts Options) (*Topology, *LocalityGrouping, e
 			weight[p.Node] += p.Weight
 		}
 	}
+	nodeGroup := make([]int, len(t.Nodes))
 	members := make([][]int, len(g.Groups)) // node indices per group
 	for u, n := range t.Nodes {
+		nodeGroup[u] = -1
 		if gi, ok := g.groupOf[n.Name]; ok {
+			nodeGroup[u] = gi
 			members[gi] = append(members[gi], u)
 		}
 	}
@@ -143,7 +146,40 @@ func GroupByLocality(t *Topology, opts Options) (*Topology, *LocalityGrouping, e
 			}
 		}
 	}
+	out, err := groupTopology(t, m, g, nodeGroup, members, func(gi, hi int) float64 {
+		var num, den float64
+		for _, u := range members[gi] {
+			for _, v := range members[hi] {
+				w := nodeWeight[u] * nodeWeight[v]
+				num += w * m.Latency.At(u, v)
+				den += w
+			}
+		}
+		return num / den
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	// Valid by construction (t compiled; every service keeps a pod of positive weight; the
+	// latencies are means of valid ones): the caller's Compile is the only one.
+	return out, g, nil
+}
 
+// groupTopology is the grouping both GroupByLocality and the zone plan (PlanZones) use: the
+// topology t (compiled: m) seen at the granularity of g's groups.
+//
+//   - Each group is one node, named after its Locality, with its nodes' cpu and memory summed;
+//     nodeGroup[u] is node u's group (-1: none, its pods are left out), members the nodes of
+//     each group.
+//   - The latency from group gi to group hi is latency(gi, hi), for every ordered pair.
+//   - Each service's pods in one group become one pod named GroupedPodName(service key,
+//     locality), of weight the sum of theirs (and capacity_rps the sum, when given), on that
+//     group's node; a service's grouped pods are in group order. Calls, ingress, ports and
+//     selectors are kept.
+//
+// It fails, naming the service, only when every pod of a service is on nodes of no group.
+// O(pods + groups²).
+func groupTopology(t *Topology, m *Model, g *LocalityGrouping, nodeGroup []int, members [][]int, latency func(gi, hi int) float64) (*Topology, error) {
 	out := &Topology{Calls: t.Calls, Ingress: t.Ingress}
 	for gi, grp := range g.Groups {
 		var cpu, mem int64
@@ -153,59 +189,58 @@ func GroupByLocality(t *Topology, opts Options) (*Topology, *LocalityGrouping, e
 		}
 		out.Nodes = append(out.Nodes, Node{Name: grp.Locality, CPU: cpu, Memory: mem, Locality: grp.Locality})
 	}
+	out.Latency = make([]Latency, 0, len(g.Groups)*len(g.Groups))
 	for gi := range g.Groups {
 		for hi := range g.Groups {
-			var num, den float64
-			for _, u := range members[gi] {
-				for _, v := range members[hi] {
-					w := nodeWeight[u] * nodeWeight[v]
-					num += w * m.Latency.At(u, v)
-					den += w
-				}
-			}
-			out.Latency = append(out.Latency, Latency{From: g.Groups[gi].Locality, To: g.Groups[hi].Locality, MS: num / den})
+			out.Latency = append(out.Latency, Latency{From: g.Groups[gi].Locality, To: g.Groups[hi].Locality, MS: latency(gi, hi)})
 		}
 	}
+	byGroup := make([]int, len(g.Groups)) // group → index+1 into order, per service
 	for si, s := range t.Services {
 		gs := s
 		gs.Pods = nil
-		byGroup := map[int]*Pod{}
+		clear(byGroup)
 		var order []int
-		for pi, p := range s.Pods {
-			gi, ok := g.groupOf[p.Node]
-			if !ok {
+		var pods []Pod
+		for pi := range s.Pods {
+			ref := m.Services[si].Pods[pi]
+			gi := nodeGroup[ref.Node]
+			if gi < 0 {
 				continue
 			}
-			gp := byGroup[gi]
-			if gp == nil {
-				gp = &Pod{Name: GroupedPodName(s.Key(), g.Groups[gi].Locality), Node: g.Groups[gi].Locality, Weight: new(float64)}
-				if p.CapacityRPS != nil || s.CapacityRPS != nil {
+			if byGroup[gi] == 0 {
+				gp := Pod{Name: GroupedPodName(s.Key(), g.Groups[gi].Locality), Node: g.Groups[gi].Locality, Weight: new(float64)}
+				if s.Pods[pi].CapacityRPS != nil || s.CapacityRPS != nil {
 					gp.CapacityRPS = new(float64)
 				}
-				byGroup[gi] = gp
+				pods = append(pods, gp)
 				order = append(order, gi)
+				byGroup[gi] = len(pods)
 			}
-			ref := m.Services[si].Pods[pi]
+			gp := &pods[byGroup[gi]-1]
 			*gp.Weight += ref.Weight
 			if gp.CapacityRPS != nil {
 				*gp.CapacityRPS += ref.CapacityRPS
 			}
 		}
 		if len(order) == 0 {
-			return nil, nil, invalidf("service %q: every pod is on a node without a locality (%s)", s.Key(), strings.Join(g.Unlocated, ", "))
+			return nil, invalidf("service %q: every pod is on a node without a locality (%s)", s.Key(), strings.Join(g.Unlocated, ", "))
 		}
-		slices.Sort(order)
-		for _, gi := range order {
-			gs.Pods = append(gs.Pods, *byGroup[gi])
+		// In group order.
+		idx := make([]int, len(order))
+		for i := range idx {
+			idx[i] = i
+		}
+		slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(order[a], order[b]) })
+		for _, i := range idx {
+			gs.Pods = append(gs.Pods, pods[i])
 		}
 		// Each grouped pod carries its own rate (the sum of its pods' μ, the service's rate
 		// times their weights included); the service's would be scaled by the weight again.
 		gs.CapacityRPS = nil
 		out.Services = append(out.Services, gs)
 	}
-	// Valid by construction (t compiled; every service keeps a pod of positive weight; the
-	// latencies are means of valid ones): the caller's Compile is the only one.
-	return out, g, nil
+	return out, nil
 }
 
 // groupNodes groups nodes by locality, merging overlapping localities under the coarser one.

@@ -24,23 +24,84 @@ type Options struct {
 // DefaultUtilizationCap is the utilisation cap of lata-q when Options gives none.
 const DefaultUtilizationCap = 0.9
 
-// LatencyMatrix is a dense node-to-node latency matrix in milliseconds, indexed by node index.
+// LatencyMatrix is the node-to-node latency in milliseconds, indexed by node index. It is
+// dense (n × n values) when the latency is given per node, and zone-backed when it is given per
+// zone (Topology.LatencyGranularity): each node's zone index and zones × zones values, so that
+// At(u, v) is the latency between u's zone and v's zone and memory is O(n + zones²). Every
+// reader (the policies, placement, the rebalancer) uses At and works on either.
 type LatencyMatrix struct {
 	n  int
 	ms []float64
+	// Zone-backed only: zone[u] is node u's zone index, zones the zone names.
+	zone  []int32
+	zones []string
 }
 
 // NewLatencyMatrix returns an n×n matrix of zeros.
 func NewLatencyMatrix(n int) LatencyMatrix { return LatencyMatrix{n: n, ms: make([]float64, n*n)} }
 
-// At returns the latency from node u to node v in milliseconds.
-func (m LatencyMatrix) At(u, v int) float64 { return m.ms[u*m.n+v] }
+// NewZoneLatencyMatrix returns a zone-backed matrix of zeros over len(zoneOf) nodes, node u in
+// zone zoneOf[u], an index into zones. It panics when an index is out of range.
+func NewZoneLatencyMatrix(zoneOf []int, zones []string) LatencyMatrix {
+	m := LatencyMatrix{n: len(zoneOf), ms: make([]float64, len(zones)*len(zones)), zone: make([]int32, len(zoneOf)), zones: zones}
+	for u, z := range zoneOf {
+		if z < 0 || z >= len(zones) {
+			panic(fmt.Sprintf("optimizer: NewZoneLatencyMatrix: node %d in zone %d of %d", u, z, len(zones)))
+		}
+		m.zone[u] = int32(z)
+	}
+	return m
+}
 
-// Set sets the latency from node u to node v.
-func (m LatencyMatrix) Set(u, v int, ms float64) { m.ms[u*m.n+v] = ms }
+// At returns the latency from node u to node v in milliseconds. O(1).
+func (m LatencyMatrix) At(u, v int) float64 {
+	if m.zone != nil {
+		return m.ms[int(m.zone[u])*len(m.zones)+int(m.zone[v])]
+	}
+	return m.ms[u*m.n+v]
+}
+
+// Set sets the latency from node u to node v; in a zone-backed matrix, from u's zone to v's
+// zone (so for every node pair of those zones).
+func (m LatencyMatrix) Set(u, v int, ms float64) {
+	if m.zone != nil {
+		m.SetZone(int(m.zone[u]), int(m.zone[v]), ms)
+		return
+	}
+	m.ms[u*m.n+v] = ms
+}
 
 // Len returns the number of nodes.
 func (m LatencyMatrix) Len() int { return m.n }
+
+// Zoned says whether the matrix is zone-backed.
+func (m LatencyMatrix) Zoned() bool { return m.zone != nil }
+
+// Zones returns the zone names of a zone-backed matrix (nil when dense); the caller must not
+// modify them.
+func (m LatencyMatrix) Zones() []string { return m.zones }
+
+// ZoneOf returns node u's zone index in a zone-backed matrix, -1 when dense.
+func (m LatencyMatrix) ZoneOf(u int) int {
+	if m.zone == nil {
+		return -1
+	}
+	return int(m.zone[u])
+}
+
+// ZoneAt returns the latency from zone g to zone h of a zone-backed matrix.
+func (m LatencyMatrix) ZoneAt(g, h int) float64 { return m.ms[g*len(m.zones)+h] }
+
+// SetZone sets the latency from zone g to zone h of a zone-backed matrix.
+func (m LatencyMatrix) SetZone(g, h int, ms float64) { m.ms[g*len(m.zones)+h] = ms }
+
+// clone returns a copy whose values can be set without touching m's (the zone index is shared:
+// it never changes).
+func (m LatencyMatrix) clone() LatencyMatrix {
+	c := m
+	c.ms = append([]float64(nil), m.ms...)
+	return c
+}
 
 // PodRef is a pod as the optimizer sees it: its node index and capacity weight.
 type PodRef struct {
@@ -272,17 +333,74 @@ func Compile(t *Topology, opts Options) (*Model, error) {
 func (m *Model) hasNode(name string) bool { _, ok := m.nodeIndex[name]; return ok }
 
 func compileLatency(t *Topology, nodes map[string]int, opts Options, bad *problems) LatencyMatrix {
+	switch t.LatencyGranularity {
+	case "", LatencyPerNode:
+	case LatencyPerZone:
+		return compileZoneLatency(t, opts, bad)
+	default:
+		bad.add("latency_granularity %q: want %q or %q", t.LatencyGranularity, LatencyPerNode, LatencyPerZone)
+		return NewZoneLatencyMatrix(make([]int, len(t.Nodes)), []string{""}) // a placeholder: Compile fails
+	}
 	n := len(t.Nodes)
 	lm := NewLatencyMatrix(n)
+	names := make([]string, n)
+	for i, nd := range t.Nodes {
+		names[i] = nd.Name
+	}
+	fillLatency(t.Latency, "node", nodes, names, lm.Set, lm.At, opts, bad)
+	return lm
+}
+
+// TopologyZones returns the zones of t's nodes (ZoneOf), sorted by name, and each node's zone
+// index.
+func TopologyZones(nodes []Node) (zones []string, zoneOf []int) {
+	index := map[string]int{}
+	for _, n := range nodes {
+		index[ZoneOf(n)] = 0
+	}
+	zones = make([]string, 0, len(index))
+	for z := range index {
+		zones = append(zones, z)
+	}
+	sort.Strings(zones)
+	for i, z := range zones {
+		index[z] = i
+	}
+	zoneOf = make([]int, len(nodes))
+	for u, n := range nodes {
+		zoneOf[u] = index[ZoneOf(n)]
+	}
+	return zones, zoneOf
+}
+
+// compileZoneLatency compiles latency entries that name zones into a zone-backed matrix: the
+// rules of the per-node entries, over zones.
+func compileZoneLatency(t *Topology, opts Options, bad *problems) LatencyMatrix {
+	zones, zoneOf := TopologyZones(t.Nodes)
+	lm := NewZoneLatencyMatrix(zoneOf, zones)
+	index := make(map[string]int, len(zones))
+	for i, z := range zones {
+		index[z] = i
+	}
+	fillLatency(t.Latency, "zone", index, zones, lm.SetZone, lm.ZoneAt, opts, bad)
+	return lm
+}
+
+// fillLatency reads latency entries naming the items (nodes or zones, kind says which) of
+// index into set, and applies the rules for what is not given: one direction given means
+// both, an item to itself is 0, any other pair takes the default latency or is an error.
+func fillLatency(entries []Latency, kind string, index map[string]int, names []string,
+	set func(u, v int, ms float64), at func(u, v int) float64, opts Options, bad *problems) {
+	n := len(names)
 	given := make([]bool, n*n)
-	for i, l := range t.Latency {
-		u, okU := nodes[l.From]
-		v, okV := nodes[l.To]
+	for i, l := range entries {
+		u, okU := index[l.From]
+		v, okV := index[l.To]
 		if !okU {
-			bad.add("latency[%d] %s → %s: unknown node %q", i, l.From, l.To, l.From)
+			bad.add("latency[%d] %s → %s: unknown %s %q", i, l.From, l.To, kind, l.From)
 		}
 		if !okV {
-			bad.add("latency[%d] %s → %s: unknown node %q", i, l.From, l.To, l.To)
+			bad.add("latency[%d] %s → %s: unknown %s %q", i, l.From, l.To, kind, l.To)
 		}
 		if why := badNumber(l.MS); why != "" {
 			bad.add("latency %s → %s: ms is %s (%v)", l.From, l.To, why, l.MS)
@@ -300,7 +418,7 @@ func compileLatency(t *Topology, nodes map[string]int, opts Options, bad *proble
 			continue
 		}
 		given[u*n+v] = true
-		lm.Set(u, v, l.MS)
+		set(u, v, l.MS)
 	}
 	if opts.DefaultLatencyMS != nil {
 		if d := *opts.DefaultLatencyMS; badNumber(d) != "" || d > MaxLatencyMS {
@@ -313,12 +431,12 @@ func compileLatency(t *Topology, nodes map[string]int, opts Options, bad *proble
 			switch {
 			case given[u*n+v]:
 			case given[v*n+u]:
-				lm.Set(u, v, lm.At(v, u))
+				set(u, v, at(v, u))
 			case u == v:
 			case opts.DefaultLatencyMS != nil:
-				lm.Set(u, v, *opts.DefaultLatencyMS)
+				set(u, v, *opts.DefaultLatencyMS)
 			case u < v:
-				missing = append(missing, t.Nodes[u].Name+" ↔ "+t.Nodes[v].Name)
+				missing = append(missing, names[u]+" ↔ "+names[v])
 			}
 		}
 	}
@@ -328,9 +446,12 @@ func compileLatency(t *Topology, nodes map[string]int, opts Options, bad *proble
 			more = fmt.Sprintf(" and %d more pairs", len(missing)-5)
 			missing = missing[:5]
 		}
-		bad.add("latency: no entry for %s%s (give one, or a default latency)", strings.Join(missing, ", "), more)
+		of := "" // the per-node message as it always read
+		if kind != "node" {
+			of = kind + "s "
+		}
+		bad.add("latency: no entry for %s%s%s (give one, or a default latency)", of, strings.Join(missing, ", "), more)
 	}
-	return lm
 }
 
 // checkPorts validates a service's ports: numbers in range, names unique.

@@ -37,7 +37,7 @@ const (
 // independently, in parallel (GOMAXPROCS workers); the result is identical for any degree of
 // parallelism. A caller pod whose weight is zero (it should receive no requests) still gets
 // routes: to its nearest callee pods, ties split by weight, so a sidecar never has an empty
-// configuration.
+// configuration. A model whose latency is per zone is planned between zones (PlanZones).
 func Plan(m *Model, p Policy) (*Allocation, error) {
 	if _, err := ParsePolicy(string(p)); err != nil {
 		return nil, err
@@ -63,6 +63,10 @@ type reuse struct {
 // planFrom is Plan, keeping what r allows; it returns the queueing cost per callee service
 // (lata-q) and the number of units (edges, or lata-q callee services) it solved.
 func planFrom(m *Model, p Policy, r *reuse) (*Allocation, *queueState, int, error) {
+	if m.Latency.Zoned() { // planned between zones, in full (see zoneplan.go)
+		a, err := PlanZones(m, p)
+		return a, nil, len(m.Calls), err
+	}
 	if p == LATAQ {
 		return planQueued(m, r)
 	}

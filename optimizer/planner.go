@@ -102,7 +102,8 @@ func (pl *Planner) PlanCompiled(t *Topology, cm *Compiled) (*PlanResult, error) 
 	recompiled := pl.inc.top != nil && cm.base.Value() == pl.inc.top
 	podsChanged, latencyChanged := cm.podsChanged, cm.latencyChanged
 	var re *reuse
-	if prev := pl.inc.model; prev != nil && sameShape(prev, m) {
+	// Per zone the plan is made between zones, in full (it is small): nothing to reuse.
+	if prev := pl.inc.model; prev != nil && sameShape(prev, m) && !m.Latency.Zoned() && !prev.Latency.Zoned() {
 		change := make([]int, len(m.Calls))
 		into := make([][]int, len(m.Services))
 		var nodes [][]int // nil: no latency changed, none to compare
@@ -269,6 +270,7 @@ func membershipKey(t *Topology) uint64 {
 func headKey(t *Topology) uint64 {
 	var h maphash.Hash
 	h.SetSeed(membershipSeed)
+	writeString(&h, t.LatencyGranularity)
 	maphash.WriteComparable(&h, len(t.Nodes))
 	for _, n := range t.Nodes {
 		writeString(&h, n.Name)

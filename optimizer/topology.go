@@ -25,11 +25,17 @@ const MaxLatencyMS = 1e4
 // (README, "The topology file") and the snapshot the cluster watcher produces. A Topology is treated as
 // immutable once handed to the optimizer or the xDS server.
 type Topology struct {
-	Nodes    []Node    `json:"nodes" yaml:"nodes"`
-	Latency  []Latency `json:"latency,omitempty" yaml:"latency,omitempty"`
-	Services []Service `json:"services" yaml:"services"`
-	Calls    []Call    `json:"calls,omitempty" yaml:"calls,omitempty"`
-	Ingress  []Ingress `json:"ingress,omitempty" yaml:"ingress,omitempty"`
+	// LatencyGranularity says what the Latency entries name: "" or LatencyPerNode, nodes; or
+	// LatencyPerZone, zones (ZoneOf: a node's region/zone, or the node's own name when it has no
+	// zone), every node taking its zone's latencies. Per zone, the model holds zones × zones
+	// values and never a node × node matrix, and the policies plan between zones
+	// (PlanZones).
+	LatencyGranularity string    `json:"latency_granularity,omitempty" yaml:"latency_granularity,omitempty"`
+	Nodes              []Node    `json:"nodes" yaml:"nodes"`
+	Latency            []Latency `json:"latency,omitempty" yaml:"latency,omitempty"`
+	Services           []Service `json:"services" yaml:"services"`
+	Calls              []Call    `json:"calls,omitempty" yaml:"calls,omitempty"`
+	Ingress            []Ingress `json:"ingress,omitempty" yaml:"ingress,omitempty"`
 }
 
 // Node is a machine that runs pods. CPU is in millicores and Memory in MiB (allocatable); both
@@ -40,12 +46,14 @@ type Node struct {
 	Memory int64  `json:"memory,omitempty" yaml:"memory,omitempty"`
 	// Locality is the node's "region/zone/subzone" as Istio reads it from the node's labels
 	// (topology.kubernetes.io/region, topology.kubernetes.io/zone, topology.istio.io/subzone);
-	// "" when the node has none. Only the Istio DestinationRule mode reads it (GroupByLocality).
+	// "" when the node has none. The Istio DestinationRule mode reads it (GroupByLocality), and
+	// a topology with latency per zone takes the node's zone from it (ZoneOf).
 	Locality string `json:"locality,omitempty" yaml:"locality,omitempty"`
 }
 
-// Latency is a measured latency in milliseconds from one node to another. One direction given
-// means both; a node's latency to itself is 0 unless given.
+// Latency is a measured latency in milliseconds from one node to another (from one zone to
+// another when the topology's LatencyGranularity is LatencyPerZone). One direction given means
+// both; a node's (zone's) latency to itself is 0 unless given.
 type Latency struct {
 	From string  `json:"from" yaml:"from"`
 	To   string  `json:"to" yaml:"to"`
@@ -118,6 +126,24 @@ const (
 	SidecarLabel      = "security.istio.io/tlsMode"
 	SidecarLabelValue = "istio"
 )
+
+// Latency granularities (Topology.LatencyGranularity).
+const (
+	LatencyPerNode = "node"
+	LatencyPerZone = "zone"
+)
+
+// ZoneOf is the zone a node takes its latencies from when they are given per zone: its
+// locality truncated to "region/zone", or, when its locality names no zone, the node's own
+// name (such a node is a zone of its own). A Kubernetes node name holds no '/', so a zone
+// named after a node never equals a region/zone.
+func ZoneOf(n Node) string {
+	region, zone, _ := SplitLocality(n.Locality)
+	if zone == "" {
+		return n.Name
+	}
+	return region + "/" + zone
+}
 
 // HasSidecar reports whether the pod runs an Istio sidecar: Sidecar, true when unset.
 func (p *Pod) HasSidecar() bool { return p.Sidecar == nil || *p.Sidecar }
@@ -237,11 +263,12 @@ func (s Service) ReplicaCount() int {
 // is already shared.
 func (t *Topology) Clone() *Topology {
 	c := &Topology{
-		Nodes:    append([]Node(nil), t.Nodes...),
-		Latency:  append([]Latency(nil), t.Latency...),
-		Services: make([]Service, len(t.Services)),
-		Calls:    make([]Call, len(t.Calls)),
-		Ingress:  append([]Ingress(nil), t.Ingress...),
+		LatencyGranularity: t.LatencyGranularity,
+		Nodes:              append([]Node(nil), t.Nodes...),
+		Latency:            append([]Latency(nil), t.Latency...),
+		Services:           make([]Service, len(t.Services)),
+		Calls:              make([]Call, len(t.Calls)),
+		Ingress:            append([]Ingress(nil), t.Ingress...),
 	}
 	for i, s := range t.Services {
 		s.Pods = append([]Pod(nil), s.Pods...)

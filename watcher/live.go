@@ -50,12 +50,29 @@ type LiveConfig struct {
 	// the label is the node's name) or NodeMatchInternalIP (the label is an address, "IP" or
 	// "IP:PORT" as a probe's instance is, matched to the node's InternalIP).
 	NodeMatch string
+	// LatencyGranularity is what the topology's latency is given per: LatencyAuto (or ""): per
+	// node while the cluster's ordered node pairs, nodes × (nodes − 1), are at most MaxNodePairs,
+	// else per zone; optimizer.LatencyPerNode; or optimizer.LatencyPerZone (see Live's rules).
+	LatencyGranularity string
+	// MaxNodePairs is LatencyAuto's bound (0 means DefaultMaxNodePairs).
+	MaxNodePairs int
 	// Clock is the time source (nil means time.Now).
 	Clock func() time.Time
 	// Logger and Registerer as elsewhere.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
+
+// LatencyAuto is LiveConfig.LatencyGranularity's default: per node up to MaxNodePairs ordered
+// node pairs, else per zone.
+const LatencyAuto = "auto"
+
+// DefaultMaxNodePairs is LatencyAuto's default bound: 250,000 ordered node pairs, a cluster of
+// 500 nodes (500 × 499 = 249,500). There one merge, compile and LATA plan per node took
+// 0.12 s, allocated 42 MB and held 12 MiB on the shared 2-core machine of the README's
+// "Measured" section (BenchmarkZoneScale; at 1,000 nodes 0.88 s, 163 MB, 47 MiB), and the
+// prober sends as many ICMP probes per scrape; both grow with nodes², per zone with zones².
+const DefaultMaxNodePairs = 250000
 
 // How latency labels name nodes (LiveConfig.NodeMatch).
 const (
@@ -76,6 +93,15 @@ const (
 //     probes, ms; an unreachable pair at the unreachable latency); a pair never measured gets
 //     DefaultLatencyMS, else the largest measured latency (edgeflow_latency_unmeasured_pairs
 //     counts them). Stale series keep their last good value (the Prometheus source's rule).
+//   - Granularity (LatencyGranularity): per node, the latency list holds every ordered node
+//     pair. Per zone (optimizer.ZoneOf: the node's region/zone, or the node itself when it has
+//     no zone), it holds every ordered zone pair and the model never holds a node × node
+//     matrix: the measured node pairs (the series are still labelled by node — one
+//     representative node per zone probes the others') are mapped to their nodes' zones and
+//     each zone pair takes the median of its measured node pairs (prom.AggregateLatency; a zone
+//     to itself: its pairs of distinct nodes, else its nodes to themselves, else 0); then the
+//     missing-pair rule runs over zones. Auto switches at MaxNodePairs; the choice and why is
+//     logged when it changes and shown in the latency check.
 //   - A label that names no node is an error the operator sees: the latency check fails naming
 //     it, edgeflow_watcher_unmatched_total{kind="node"} counts it, one log line per change of
 //     the set; its pairs are not used.
@@ -120,6 +146,9 @@ type latencyState struct {
 	usable    bool     // at least one measured pair between known nodes
 	merged    bool     // a Merge has run
 	unreach   string   // prom.DescribeUnreachable of the measurements
+	// granularity is the topology's (optimizer.LatencyPerNode or LatencyPerZone), why says
+	// why, as /readyz and the log show it.
+	granularity, why string
 }
 
 // Reasons a call is left out, the label values of edgeflow_cluster_calls_ignored.
@@ -147,12 +176,25 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 	default:
 		return nil, fmt.Errorf("watcher: node match %q: want %s or %s", cfg.NodeMatch, NodeMatchName, NodeMatchInternalIP)
 	}
+	switch cfg.LatencyGranularity {
+	case "":
+		cfg.LatencyGranularity = LatencyAuto
+	case LatencyAuto, optimizer.LatencyPerNode, optimizer.LatencyPerZone:
+	default:
+		return nil, fmt.Errorf("watcher: latency granularity %q: want %s, %s or %s", cfg.LatencyGranularity, LatencyAuto, optimizer.LatencyPerNode, optimizer.LatencyPerZone)
+	}
+	switch {
+	case cfg.MaxNodePairs == 0:
+		cfg.MaxNodePairs = DefaultMaxNodePairs
+	case cfg.MaxNodePairs < 0:
+		return nil, fmt.Errorf("watcher: max node pairs %d: want a positive number", cfg.MaxNodePairs)
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
 	c := &Live{cfg: cfg, log: cfg.Logger, changed: make(chan struct{}, 1), compiler: optimizer.Compiler{Options: cfg.Options},
 		unmeasured: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_latency_unmeasured_pairs",
-			Help: "Node pairs (unordered) with no latency measurement, given the default latency or the largest measured one."}),
+			Help: "Node pairs (unordered; zone pairs when the latency is per zone) with no latency measurement, given the default latency or the largest measured one."}),
 		ignored: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "edgeflow_cluster_calls_ignored",
 			Help: "Measured or configured call edges left out of the current topology, by reason."}, []string{"reason"}),
 		delivered: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_cluster_topologies_total",
@@ -264,6 +306,7 @@ func (c *Live) Checks() []Check {
 	if ls.unreach != "" {
 		lat.Message += "; unreachable pairs (at the unreachable latency): " + ls.unreach
 	}
+	lat.Message += "; " + ls.why
 	return append(checks, lat)
 }
 
@@ -370,13 +413,25 @@ func (c *Live) Merge(ks *kube.State, meas *prom.Measurements) *optimizer.Topolog
 		s.Ports = append([]optimizer.Port(nil), s.Ports...)
 		t.Services = append(t.Services, s)
 	}
-	names := make([]string, len(t.Nodes))
-	for i, n := range t.Nodes {
-		names[i] = n.Name
-	}
 	measured, ls := c.matchLatency(ks, meas)
 	if c.cfg.Prom != nil && !ls.usable {
 		measured = nil // every pair equal (prom.FillLatency), never a plan from unmatched names
+	}
+	var names []string
+	ls.granularity, ls.why = c.granularity(t.Nodes)
+	if ls.granularity == optimizer.LatencyPerZone {
+		t.LatencyGranularity = optimizer.LatencyPerZone
+		names, _ = optimizer.TopologyZones(t.Nodes)
+		zone := make(map[string]string, len(t.Nodes))
+		for _, n := range t.Nodes {
+			zone[n.Name] = optimizer.ZoneOf(n)
+		}
+		measured = prom.AggregateLatency(measured, func(n string) (string, bool) { z, ok := zone[n]; return z, ok })
+	} else {
+		names = make([]string, len(t.Nodes))
+		for i, n := range t.Nodes {
+			names[i] = n.Name
+		}
 	}
 	lat, unmeasured := prom.FillLatency(names, measured, c.latencyDefault(ls))
 	t.Latency = lat
@@ -448,6 +503,41 @@ func (c *Live) matchLatency(ks *kube.State, meas *prom.Measurements) (map[prom.P
 	return out, ls
 }
 
+// granularity decides the latency granularity of a topology of these nodes (LatencyGranularity)
+// and says why.
+func (c *Live) granularity(nodes []optimizer.Node) (string, string) {
+	n := int64(len(nodes))
+	pairs := n * (n - 1)
+	zones := func() string {
+		names, _ := optimizer.TopologyZones(nodes)
+		return fmt.Sprintf("%s zones", thousands(int64(len(names))))
+	}
+	switch c.cfg.LatencyGranularity {
+	case optimizer.LatencyPerNode:
+		return optimizer.LatencyPerNode, fmt.Sprintf("latency per node (--latency-granularity=node): %s nodes, %s node pairs", thousands(n), thousands(pairs))
+	case optimizer.LatencyPerZone:
+		return optimizer.LatencyPerZone, fmt.Sprintf("latency per zone (--latency-granularity=zone): %s nodes, %s", thousands(n), zones())
+	}
+	if pairs <= int64(c.cfg.MaxNodePairs) {
+		return optimizer.LatencyPerNode, fmt.Sprintf("latency per node: %s nodes, %s node pairs ≤ --max-node-pairs %d", thousands(n), thousands(pairs), c.cfg.MaxNodePairs)
+	}
+	return optimizer.LatencyPerZone, fmt.Sprintf("latency per zone: %s nodes, %s node pairs > --max-node-pairs %d; %s", thousands(n), thousands(pairs), c.cfg.MaxNodePairs, zones())
+}
+
+// thousands formats n with a comma every three digits.
+func thousands(n int64) string {
+	s := fmt.Sprint(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	if neg {
+		s = "-" + s
+	}
+	return s
+}
+
 // latencyDefault is the latency of unmeasured pairs: the configured default while some
 // latency is usable; none (every pair equal) in the degraded plan.
 func (c *Live) latencyDefault(ls latencyState) *float64 {
@@ -464,6 +554,9 @@ func (c *Live) noteLatency(ls latencyState) {
 	prev := c.latency
 	c.latency = ls
 	c.mu.Unlock()
+	if prev.granularity != ls.granularity {
+		c.log.Info("watcher: "+ls.why, "granularity", ls.granularity)
+	}
 	if c.cfg.Prom == nil {
 		return
 	}

@@ -1075,3 +1075,111 @@ func TestClusterRunMeasured(t *testing.T) {
 		t.Errorf("Checks with Prometheus up: %+v", checks)
 	}
 }
+
+// zoneState is a Kubernetes state of nodes "NAME@REGION/ZONE" (or bare "NAME": no zone).
+func zoneState(nodes []string, services ...optimizer.Service) *kube.State {
+	st := state(nil, services...)
+	for _, n := range nodes {
+		name, loc, _ := strings.Cut(n, "@")
+		st.Nodes = append(st.Nodes, optimizer.Node{Name: name, CPU: 4000, Memory: 8192, Locality: loc})
+	}
+	return st
+}
+
+func TestMergeLatencyPerZone(t *testing.T) {
+	st := zoneState([]string{"a1@r/a", "a2@r/a/s1", "b1@r/b", "b2@r/b", "lone"}, service("api", "api-1@a1", "api-2@b2"))
+	meas := &prom.Measurements{Latency: map[prom.Pair]float64{
+		// The representatives a1, b1 and lone probe each other; a2 probes b2 too.
+		{From: "a1", To: "b1"}: 4, {From: "a2", To: "b2"}: 6, {From: "b1", To: "a1"}: 5,
+		{From: "a1", To: "a2"}:    0.4, // inside r/a
+		{From: "lone", To: "a1"}:  9,
+		{From: "ghost", To: "a1"}: 1, // no such node: not used, named as today
+	}}
+	c, reg := newCluster(t, LiveConfig{Prom: fakePromSource(t, &fakeProm{}), CallGraph: &CallGraph{}, LatencyGranularity: optimizer.LatencyPerZone})
+	top := c.Merge(st, meas)
+	if top.LatencyGranularity != optimizer.LatencyPerZone {
+		t.Fatalf("granularity %q, want zone", top.LatencyGranularity)
+	}
+	got := map[prom.Pair]float64{}
+	for _, l := range top.Latency {
+		got[prom.Pair{From: l.From, To: l.To}] = l.MS
+	}
+	want := map[prom.Pair]float64{
+		{From: "r/a", To: "r/a"}: 0.4,
+		{From: "r/a", To: "r/b"}: 5, {From: "r/b", To: "r/a"}: 5, // median of 4 and 6; 5
+		{From: "lone", To: "r/a"}: 9, {From: "r/a", To: "lone"}: 9,
+		{From: "lone", To: "r/b"}: 9, {From: "r/b", To: "lone"}: 9, // never measured: the largest
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("zone latency (-want +got):\n%s", diff)
+	}
+	if g := metric(t, reg, "edgeflow_latency_unmeasured_pairs"); g != 1 {
+		t.Errorf("edgeflow_latency_unmeasured_pairs = %v, want 1 (lone ↔ r/b)", g)
+	}
+	if g := metric(t, reg, "edgeflow_watcher_unmatched_total", "kind", "node"); g != 1 {
+		t.Errorf("edgeflow_watcher_unmatched_total = %v, want 1 (ghost)", g)
+	}
+	lat := checkNamed(c, "latency")
+	if !strings.Contains(lat.Message, "ghost") || !strings.Contains(lat.Message, "latency per zone (--latency-granularity=zone): 5 nodes, 3 zones") {
+		t.Errorf("latency check: %+v", lat)
+	}
+	m, err := optimizer.Compile(top, optimizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.Latency.Zoned() {
+		t.Error("the compiled model is not zone-backed")
+	}
+	a2, _ := m.NodeIndex("a2")
+	b2, _ := m.NodeIndex("b2")
+	if got := m.Latency.At(a2, b2); got != 5 {
+		t.Errorf("a2 → b2 = %v, want its zones' 5", got)
+	}
+
+	// Nothing usable: every zone pair, each zone to itself included, equal.
+	top = c.Merge(st, &prom.Measurements{})
+	for _, l := range top.Latency {
+		if l.MS != prom.EqualLatencyMS {
+			t.Errorf("cold start: %s → %s = %v, want %v", l.From, l.To, l.MS, prom.EqualLatencyMS)
+		}
+	}
+	if len(top.Latency) != 9 {
+		t.Errorf("cold start: %d entries, want 9 (3 zones)", len(top.Latency))
+	}
+}
+
+func TestLatencyGranularityAuto(t *testing.T) {
+	nodes := []string{"a1@r/a", "a2@r/a", "b1@r/b", "b2@r/b"} // 12 ordered pairs
+	st := zoneState(nodes, service("api", "api-1@a1"))
+	var logs logBuffer
+	c, _ := newCluster(t, LiveConfig{Prom: fakePromSource(t, &fakeProm{}), CallGraph: &CallGraph{}, MaxNodePairs: 12,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if top := c.Merge(st, &prom.Measurements{}); top.LatencyGranularity != "" || len(top.Latency) != 16 {
+		t.Errorf("12 pairs ≤ 12: granularity %q with %d entries, want per node (16)", top.LatencyGranularity, len(top.Latency))
+	}
+	if lat := checkNamed(c, "latency"); !strings.Contains(lat.Message, "latency per node: 4 nodes, 12 node pairs ≤ --max-node-pairs 12") {
+		t.Errorf("latency check: %+v", lat)
+	}
+	st = zoneState(append(nodes, "c1@r/c"), service("api", "api-1@a1"))
+	top := c.Merge(st, &prom.Measurements{})
+	if top.LatencyGranularity != optimizer.LatencyPerZone || len(top.Latency) != 9 {
+		t.Errorf("20 pairs > 12: granularity %q with %d entries, want per zone (9)", top.LatencyGranularity, len(top.Latency))
+	}
+	why := "latency per zone: 5 nodes, 20 node pairs > --max-node-pairs 12; 3 zones"
+	if lat := checkNamed(c, "latency"); !strings.Contains(lat.Message, why) {
+		t.Errorf("latency check: %+v", lat)
+	}
+	c.Merge(st, &prom.Measurements{})
+	if n := strings.Count(logs.String(), "latency per zone"); n != 1 {
+		t.Errorf("the switch is logged %d times, want once:\n%s", n, logs.String())
+	}
+	for _, cfg := range []LiveConfig{{LatencyGranularity: "rack"}, {MaxNodePairs: -1}} {
+		cfg.Kube, cfg.CallGraph = kubeSource(t, fake.NewClientset()), &CallGraph{}
+		if _, err := NewLive(cfg); err == nil {
+			t.Errorf("%+v accepted", cfg)
+		}
+	}
+	if got := thousands(24995000); got != "24,995,000" {
+		t.Errorf("thousands = %q", got)
+	}
+}

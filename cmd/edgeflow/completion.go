@@ -4,6 +4,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/xds"
 )
 
@@ -29,6 +30,9 @@ func completeFlagValues(root *cobra.Command) {
 			_ = c.RegisterFlagCompletionFunc("policy", fixed(allocation...))
 		case "place":
 			_ = c.RegisterFlagCompletionFunc("policy", fixed(placement...))
+		}
+		if c.Flags().Lookup("latency-granularity") != nil {
+			_ = c.RegisterFlagCompletionFunc("latency-granularity", fixed(watcher.LatencyAuto, optimizer.LatencyPerNode, optimizer.LatencyPerZone))
 		}
 		if c.Name() == "serve" {
 			_ = c.RegisterFlagCompletionFunc("encoding", fixed(string(xds.EncodingLocality), string(xds.EncodingWeightedClusters)))

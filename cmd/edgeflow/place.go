@@ -104,6 +104,16 @@ func placedTopology(t *optimizer.Topology, m *optimizer.Model, pl *optimizer.Pla
 		given[[2]string{l.From, l.To}] = true
 		given[[2]string{l.To, l.From}] = true
 	}
+	if zones := m.Latency.Zones(); zones != nil { // the entries name zones
+		for g, a := range zones {
+			for h := g + 1; h < len(zones); h++ {
+				if !given[[2]string{a, zones[h]}] {
+					out.Latency = append(out.Latency, optimizer.Latency{From: a, To: zones[h], MS: m.Latency.ZoneAt(g, h)})
+				}
+			}
+		}
+		return out
+	}
 	for u, a := range m.Nodes {
 		for v := u + 1; v < len(m.Nodes); v++ {
 			b := m.Nodes[v]

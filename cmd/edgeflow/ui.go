@@ -239,10 +239,19 @@ func (p *publicationFollower) snapshot(n uint64, at time.Time) *ui.Snapshot {
 		s.Degraded = append(s.Degraded, ui.Degraded{Input: "topology", Message: err.Error()})
 		return s
 	}
-	for i, a := range m.Nodes {
-		for j, b := range m.Nodes {
-			if i != j {
-				s.Latency = append(s.Latency, ui.Latency{From: a.Name, To: b.Name, MS: m.Latency.At(i, j)})
+	if zones := m.Latency.Zones(); zones != nil {
+		// Per zone: the zone pairs (a node × node list would be nodes² entries).
+		for g, a := range zones {
+			for h, b := range zones {
+				s.Latency = append(s.Latency, ui.Latency{From: a, To: b, MS: m.Latency.ZoneAt(g, h)})
+			}
+		}
+	} else {
+		for i, a := range m.Nodes {
+			for j, b := range m.Nodes {
+				if i != j {
+					s.Latency = append(s.Latency, ui.Latency{From: a.Name, To: b.Name, MS: m.Latency.At(i, j)})
+				}
 			}
 		}
 	}

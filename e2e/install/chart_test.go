@@ -281,6 +281,7 @@ func TestBadValuesNamed(t *testing.T) {
 		{map[string]any{"rebalancer": map[string]any{"mode": "act"}, "webhook": map[string]any{"certificate": "secret"}}, "webhook.caBundle"},
 		{map[string]any{"prometheus": map[string]any{"url": ""}}, "callGraph"},
 		{map[string]any{"latencyProbes": map[string]any{"nodes": []any{map[string]any{"name": "a"}}}}, "latencyProbes.nodes"},
+		{map[string]any{"latencyProbes": map[string]any{"granularity": "rack"}}, `latencyProbes.granularity: want node or zone, not "rack"`},
 	} {
 		_, err := renderRaw(t, tc.values)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -337,5 +338,68 @@ func TestProbeNodesLookedUp(t *testing.T) {
 	want := []string{"edge-1→edge-2 [10.0.0.2] via 10.0.0.1:9115", "edge-2→edge-1 [10.0.0.1] via 10.0.0.2:9115"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("probe pairs from the cluster's Nodes (-want +got):\n%s", diff)
+	}
+}
+
+// latencyProbes.granularity=zone: one representative per zone probes the others' (the first
+// node by name of each region/zone, a node without a zone label being its own zone; the
+// labelled representatives when some node carries the label), and edgeflow plans per zone.
+func TestProbeNodesPerZone(t *testing.T) {
+	c, _ := startAPIServer(t, kubeapi.Options{})
+	ctx := kubeapi.Context(t)
+	zone := func(z string) map[string]string {
+		return map[string]string{"topology.kubernetes.io/region": "eu", "topology.kubernetes.io/zone": z}
+	}
+	for i, n := range []kubeapi.NodeSpec{{Name: "a-1", Labels: zone("a")}, {Name: "a-2", Labels: zone("a")},
+		{Name: "b-1", Labels: zone("b")}, {Name: "b-2", Labels: zone("b")}, {Name: "lone"}} {
+		n.Address = fmt.Sprintf("10.0.0.%d", i+1)
+		if _, err := kubeapi.CreateNode(ctx, c.Client, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pairs := func() []string {
+		t.Helper()
+		out, err := renderRaw(t, map[string]any{"latencyProbes": map[string]any{"granularity": "zone"}, "prometheus": map[string]any{"url": "http://prometheus:9090"}},
+			"--dry-run=server", "--kubeconfig", c.Kubeconfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs := decodeAll(t, out)
+		if !strings.Contains(string(out), "- --latency-granularity=zone") {
+			t.Error("edgeflow is not run with --latency-granularity=zone")
+		}
+		data, _, _ := unstructuredString(find(t, objs, "ConfigMap", release+"-scrape-config").Object, "data", "scrape_configs.yml")
+		var cfg struct {
+			ScrapeConfigs []struct {
+				StaticConfigs []struct {
+					Labels map[string]string `json:"labels"`
+				} `json:"static_configs"`
+			} `json:"scrape_configs"`
+		}
+		if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, sc := range cfg.ScrapeConfigs[0].StaticConfigs {
+			got = append(got, sc.Labels["source_node"]+"→"+sc.Labels["target_node"])
+		}
+		return got
+	}
+	want := []string{"a-1→b-1", "a-1→lone", "b-1→a-1", "b-1→lone", "lone→a-1", "lone→b-1"}
+	if diff := cmp.Diff(want, pairs()); diff != "" {
+		t.Errorf("probe pairs, first node of each zone (-want +got):\n%s", diff)
+	}
+	for _, n := range []string{"a-2", "b-2"} {
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node.Labels["edgeflow.io/latency-representative"] = "true"
+		if _, err := c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if diff := cmp.Diff([]string{"a-2→b-2", "b-2→a-2"}, pairs()); diff != "" {
+		t.Errorf("probe pairs, the labelled representatives (-want +got):\n%s", diff)
 	}
 }

@@ -88,6 +88,60 @@ func FillLatency(nodes []string, m map[Pair]float64, defaultMS *float64) (lat []
 	return lat, unmeasured
 }
 
+// AggregateLatency maps measured node pairs to pairs of groups (zones) and gives each group
+// pair the median of its measured node pairs (the mean of the two middle values for an even
+// count), so one slow or lost probe does not move a zone's latency. groupOf names a node's
+// group (false: the node is in none, and its pairs are not used). A group's latency to itself
+// is the median of its pairs of distinct nodes, else of its nodes' latencies to themselves,
+// else it is not measured (FillLatency then lists nothing for it: the optimizer takes 0, as
+// for a node to itself). NaN values count as not measured. The result is what FillLatency
+// takes over the groups; it is O(len(m) log len(m)) and does not modify m.
+func AggregateLatency(m map[Pair]float64, groupOf func(node string) (string, bool)) map[Pair]float64 {
+	type values struct{ distinct, self []float64 }
+	by := map[Pair]*values{}
+	for p, v := range m {
+		if math.IsNaN(v) {
+			continue
+		}
+		g, okF := groupOf(p.From)
+		h, okT := groupOf(p.To)
+		if !okF || !okT {
+			continue
+		}
+		gp := Pair{From: g, To: h}
+		vs := by[gp]
+		if vs == nil {
+			vs = &values{}
+			by[gp] = vs
+		}
+		if p.From == p.To {
+			vs.self = append(vs.self, v)
+		} else {
+			vs.distinct = append(vs.distinct, v)
+		}
+	}
+	out := make(map[Pair]float64, len(by))
+	for gp, vs := range by {
+		switch {
+		case len(vs.distinct) > 0:
+			out[gp] = median(vs.distinct)
+		case gp.From == gp.To:
+			out[gp] = median(vs.self)
+		}
+	}
+	return out
+}
+
+// median sorts vs and returns its median (vs is not empty).
+func median(vs []float64) float64 {
+	slices.Sort(vs)
+	n := len(vs)
+	if n%2 == 1 {
+		return vs[n/2]
+	}
+	return (vs[n/2-1] + vs[n/2]) / 2
+}
+
 // EqualLatencyMS is every pair's latency, self included, when nothing is measured (FillLatency).
 const EqualLatencyMS = 1.0
 

@@ -208,3 +208,49 @@ func BenchmarkFillLatency(b *testing.B) {
 		FillLatency(nodes, m, nil)
 	}
 }
+
+func TestAggregateLatency(t *testing.T) {
+	zone := map[string]string{"a1": "A", "a2": "A", "a3": "A", "b1": "B", "b2": "B", "c1": "C"}
+	groupOf := func(n string) (string, bool) { z, ok := zone[n]; return z, ok }
+	tests := []struct {
+		name string
+		m    map[Pair]float64
+		want map[Pair]float64
+	}{
+		{
+			name: "median of the measured node pairs, each direction apart",
+			m: map[Pair]float64{{"a1", "b1"}: 10, {"a2", "b1"}: 12, {"a3", "b2"}: 1000, // one lost probe does not move it
+				{"b1", "a1"}: 20, {"b2", "a2"}: 30},
+			want: map[Pair]float64{{"A", "B"}: 12, {"B", "A"}: 25},
+		},
+		{
+			name: "inside a zone: pairs of distinct nodes, not a node to itself",
+			m:    map[Pair]float64{{"a1", "a2"}: 2, {"a2", "a3"}: 4, {"a1", "a1"}: 0.01},
+			want: map[Pair]float64{{"A", "A"}: 3},
+		},
+		{
+			name: "inside a zone of one node: its latency to itself",
+			m:    map[Pair]float64{{"c1", "c1"}: 0.2, {"c1", "a1"}: 5},
+			want: map[Pair]float64{{"C", "C"}: 0.2, {"C", "A"}: 5},
+		},
+		{
+			name: "unknown nodes and NaN are not used",
+			m:    map[Pair]float64{{"x", "a1"}: 1, {"a1", "x"}: 1, {"a1", "b1"}: math.NaN(), {"b1", "c1"}: 7},
+			want: map[Pair]float64{{"B", "C"}: 7},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := AggregateLatency(tc.m, groupOf)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("(-want +got)\n%s", diff)
+			}
+		})
+	}
+	// Then the missing-pair rule runs over the zones: C ↔ B is never measured.
+	lat, unmeasured := FillLatency([]string{"A", "B", "C"}, AggregateLatency(map[Pair]float64{{"a1", "b1"}: 4, {"c1", "a2"}: 9}, groupOf), nil)
+	want := []optimizer.Latency{l("A", "B", 4), l("A", "C", 9), l("B", "A", 4), l("B", "C", 9), l("C", "A", 9), l("C", "B", 9)}
+	if diff := cmp.Diff(want, lat); diff != "" || unmeasured != 1 {
+		t.Errorf("FillLatency over zones: unmeasured %d, (-want +got)\n%s", unmeasured, diff)
+	}
+}
