@@ -239,8 +239,10 @@ func (p *publicationFollower) snapshot(n uint64, at time.Time) *ui.Snapshot {
 		s.Degraded = append(s.Degraded, ui.Degraded{Input: "topology", Message: err.Error()})
 		return s
 	}
+	s.LatencyPer = "node"
 	if zones := m.Latency.Zones(); zones != nil {
 		// Per zone: the zone pairs (a node × node list would be nodes² entries).
+		s.LatencyPer = "zone"
 		for g, a := range zones {
 			for h, b := range zones {
 				s.Latency = append(s.Latency, ui.Latency{From: a, To: b, MS: m.Latency.ZoneAt(g, h)})

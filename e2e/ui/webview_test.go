@@ -338,4 +338,35 @@ func TestWebViewInChromium(t *testing.T) {
 		t.Errorf("the page never showed publication 2 answered by the client: %v\n%+v", err, s)
 	}
 	t.Logf("push of publication 2: %q", s.Answers)
+
+	// Latency per zone (latency_granularity: zone): the table's rows and columns are the zones,
+	// not the nodes (at 5,000 nodes a node table would be 25 M cells).
+	zoned := changed.Clone()
+	zoned.LatencyGranularity = optimizer.LatencyPerZone
+	zoned.Latency = nil
+	var zones []string
+	for _, n := range zoned.Nodes {
+		if z := optimizer.ZoneOf(n); !slices.Contains(zones, z) {
+			zones = append(zones, z)
+		}
+	}
+	for i, a := range zones {
+		for _, b := range zones[i+1:] {
+			zoned.Latency = append(zoned.Latency, optimizer.Latency{From: a, To: b, MS: 7})
+		}
+	}
+	writeTopology(t, file, zoned)
+	s, err = waitPage(bctx, updateWithin, func(s *pageState) bool { return s.Publication == "3" })
+	if err != nil {
+		t.Fatalf("the page did not show the per-zone topology within %v: %v\n%+v", updateWithin, err, s)
+	}
+	if len(zones) < 2 {
+		t.Fatalf("the demo topology has %d zones, want several: %v", len(zones), zones)
+	}
+	if got := s.Latency[zones[0]+"→"+zones[1]]; got != "7" {
+		t.Errorf("per zone: latency cell %s→%s %q, want 7; cells %v", zones[0], zones[1], got, s.Latency)
+	}
+	if len(s.Latency) != len(zones)*len(zones) {
+		t.Errorf("per zone: %d latency cells, want %d zones² (%v); cells %v", len(s.Latency), len(zones)*len(zones), zones, s.Latency)
+	}
 }

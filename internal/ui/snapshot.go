@@ -15,10 +15,13 @@ type Snapshot struct {
 	Time        time.Time `json:"time"`
 	Policy      string    `json:"policy"`
 	Nodes       []Node    `json:"nodes"`
-	// Latency holds the measured (or given) latency of each ordered node pair, in ms.
-	Latency  []Latency `json:"latency"`
-	Services []Service `json:"services"`
-	Edges    []Edge    `json:"edges"`
+	// Latency holds the measured (or given) latency of each ordered node pair, in ms; per zone
+	// (LatencyPer "zone"), of each ordered zone pair, a zone to itself included.
+	Latency []Latency `json:"latency"`
+	// LatencyPer is "zone" when Latency lists zones (--latency-granularity), else "node".
+	LatencyPer string    `json:"latency_per"`
+	Services   []Service `json:"services"`
+	Edges      []Edge    `json:"edges"`
 	// CostMS is the served plan's cost, Σ rps × latency in ms·req/s, and RoundRobinCostMS what
 	// round-robin's equal shares would cost on the same topology (-1: unknown).
 	CostMS           float64 `json:"cost_ms"`

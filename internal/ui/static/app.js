@@ -78,16 +78,19 @@ function renderLatency(s) {
   const t = document.getElementById("latency");
   clear(t);
   const ms = new Map(s.latency.map(l => [l.from + "\u0000" + l.to, l.ms]));
+  // Per zone, the rows and columns are the zones the latency list names; else the nodes.
+  const perZone = s.latency_per === "zone";
+  const names = perZone ? [...new Set(s.latency.map(l => l.from))] : s.nodes.map(n => n.name);
   const head = el("tr", {});
-  head.appendChild(el("th", {}, "from \\ to"));
-  for (const n of s.nodes) head.appendChild(el("th", {}, n.name));
+  head.appendChild(el("th", {}, perZone ? "zone from \\ to" : "from \\ to"));
+  for (const n of names) head.appendChild(el("th", {}, n));
   t.appendChild(head);
-  for (const a of s.nodes) {
-    const tr = el("tr", { "data-node": a.name });
-    tr.appendChild(el("th", {}, a.name));
-    for (const b of s.nodes) {
-      const v = ms.get(a.name + "\u0000" + b.name);
-      tr.appendChild(el("td", { "data-from": a.name, "data-to": b.name }, v === undefined ? "—" : fmt(v, 2)));
+  for (const a of names) {
+    const tr = el("tr", perZone ? { "data-zone": a } : { "data-node": a });
+    tr.appendChild(el("th", {}, a));
+    for (const b of names) {
+      const v = ms.get(a + "\u0000" + b);
+      tr.appendChild(el("td", { "data-from": a, "data-to": b }, v === undefined ? "—" : fmt(v, 2)));
     }
     t.appendChild(tr);
   }
