@@ -43,13 +43,17 @@ func (pp *placeProblem) greedyInto(st *placeState, start int) bool {
 	chosen := make([]bool, n)
 	nChosen := 0
 	toChosen := make([]float64, n) // Σ_{c chosen} lsym(c, v)
+	var rowBuf, nearBuf []float64  // symRow's buffers when the latency is per zone
+	if pp.lat.zone != nil {
+		rowBuf, nearBuf = make([]float64, n), make([]float64, n)
+	}
 	choose := func(v int) {
 		if chosen[v] {
 			return
 		}
 		chosen[v] = true
 		nChosen++
-		row := pp.lsym[v*n : v*n+n]
+		row := pp.lat.symRow(v, rowBuf)
 		for u, l := range row {
 			toChosen[u] += l
 		}
@@ -59,7 +63,7 @@ func (pp *placeProblem) greedyInto(st *placeState, start int) bool {
 		if g > 0 {
 			home = pp.nextHome(st, grp, chosen, nChosen, toChosen)
 		}
-		near := pp.lsym[home*n : home*n+n]
+		near := pp.lat.symRow(home, nearBuf)
 		for _, i := range grp.pods {
 			v := home
 			if !st.canHost(i, v) {
@@ -425,13 +429,18 @@ func (pp *placeProblem) startNodes(k int) []int {
 		far[u] = math.Inf(1)
 	}
 	taken := make([]bool, n)
+	var rowBuf []float64 // symRow's buffer when the latency is per zone
+	if pp.lat.zone != nil {
+		rowBuf = make([]float64, n)
+	}
 	next := pp.mostFreeNode()
 	for len(out) < k {
 		out = append(out, next)
 		taken[next] = true
 		best := -1
+		row := pp.lat.symRow(next, rowBuf)
 		for u := 0; u < n; u++ {
-			far[u] = min(far[u], pp.lsym[next*n+u])
+			far[u] = min(far[u], row[u])
 			if !taken[u] && (best < 0 || far[u] > far[best]) {
 				best = u
 			}

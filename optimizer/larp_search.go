@@ -148,6 +148,7 @@ func (st *placeState) localSearchWithin(tune larpTuning, budget *stepsLeft) (pas
 func (st *placeState) price(s int, price []float64) {
 	pp := st.pp
 	n := pp.n
+	lq, w, zone := pp.lat.q, pp.lat.w, pp.lat.zone
 	for v := range price {
 		price[v] = 0
 	}
@@ -157,6 +158,13 @@ func (st *placeState) price(s int, price []float64) {
 			continue
 		}
 		d := &st.duals[e]
+		// The table's rows and columns of d's nodes: the nodes themselves when the latency
+		// is per node, their zones when it is per zone.
+		src, dst := d.src, d.dst
+		if zone != nil {
+			st.zoneSrc, st.zoneDst = pp.lat.zonesOf(d.src, st.zoneSrc[:0]), pp.lat.zonesOf(d.dst, st.zoneDst[:0])
+			src, dst = st.zoneSrc, st.zoneDst
+		}
 		if pe.from == s {
 			scale := pe.factor * float64(pp.svcs[pe.to].total)
 			k := 0
@@ -169,8 +177,12 @@ func (st *placeState) price(s int, price []float64) {
 					a = d.alpha[k]
 				} else {
 					a = math.Inf(1)
-					row := pp.lq[v*n:]
-					for j, x := range d.dst {
+					r := v
+					if zone != nil {
+						r = int(zone[v])
+					}
+					row := lq[r*w:]
+					for j, x := range dst {
 						a = min(a, float64(row[x])-d.beta[j])
 					}
 				}
@@ -188,8 +200,12 @@ func (st *placeState) price(s int, price []float64) {
 					b = d.beta[k]
 				} else {
 					b = math.Inf(1)
-					for i, x := range d.src {
-						b = min(b, float64(pp.lq[x*n+v])-d.alpha[i])
+					c := v
+					if zone != nil {
+						c = int(zone[v])
+					}
+					for i, x := range src {
+						b = min(b, float64(lq[x*w+c])-d.alpha[i])
 					}
 				}
 				price[v] += scale * b
@@ -400,9 +416,9 @@ func (st *placeState) trial(edges []int, old, limit float64) float64 {
 		if f := st.pp.edges[e].factor; f != 0 {
 			st.buildEdge(e)
 			if st.duals != nil {
-				b = f * st.eval.dualBound(st.pp.lq, st.pp.n, &st.duals[e])
+				b = f * st.eval.dualBound(&st.pp.lat, &st.duals[e])
 			} else {
-				b = f * float64(st.eval.bound(st.pp.lq, st.pp.n))
+				b = f * float64(st.eval.bound(&st.pp.lat))
 			}
 		}
 		bounds = append(bounds, b)

@@ -202,15 +202,19 @@ func groupTopology(t *Topology, m *Model, g *LocalityGrouping, nodeGroup []int, 
 		clear(byGroup)
 		var order []int
 		var pods []Pod
-		for pi := range s.Pods {
-			ref := m.Services[si].Pods[pi]
+		// The model's pods, not the file's: a service given by replicas lists none in the
+		// file (Place's placed model keeps the unplaced file).
+		for pi, ref := range m.Services[si].Pods {
+			if ref.Node < 0 {
+				continue
+			}
 			gi := nodeGroup[ref.Node]
 			if gi < 0 {
 				continue
 			}
 			if byGroup[gi] == 0 {
 				gp := Pod{Name: GroupedPodName(s.Key(), g.Groups[gi].Locality), Node: g.Groups[gi].Locality, Weight: new(float64)}
-				if s.Pods[pi].CapacityRPS != nil || s.CapacityRPS != nil {
+				if pi < len(s.Pods) && s.Pods[pi].CapacityRPS != nil || s.CapacityRPS != nil {
 					gp.CapacityRPS = new(float64)
 				}
 				pods = append(pods, gp)

@@ -89,6 +89,12 @@ func (m LatencyMatrix) ZoneOf(u int) int {
 	return int(m.zone[u])
 }
 
+// zoneIndex returns, for a zone-backed matrix, every node's zone index (shared: the caller
+// must not modify it) and the number of zones; ok is false when the matrix is dense.
+func (m LatencyMatrix) zoneIndex() (zoneOf []int32, zones int, ok bool) {
+	return m.zone, len(m.zones), m.zone != nil
+}
+
 // ZoneAt returns the latency from zone g to zone h of a zone-backed matrix.
 func (m LatencyMatrix) ZoneAt(g, h int) float64 { return m.ms[g*len(m.zones)+h] }
 

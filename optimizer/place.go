@@ -173,10 +173,9 @@ const maxServiceUnits = 1 << 15
 // call. Pods are numbered globally, service by service, in the model's order.
 type placeProblem struct {
 	m      *Model
-	n      int       // nodes
-	lq     []int64   // latency quantised to CostQuantumMS, n*n row-major (from, to)
-	lsym   []float64 // L(u,v)+L(v,u), n*n: the greedy's distance
-	cpu    []int64   // allocatable cpu per node; unlimited when not given
+	n      int // nodes
+	lat    placeLatency
+	cpu    []int64 // allocatable cpu per node; unlimited when not given
 	mem    []int64
 	svcs   []placeService
 	edges  []placeEdge
@@ -211,13 +210,9 @@ const unlimited = math.MaxInt64
 
 func newPlaceProblem(m *Model) (*placeProblem, error) {
 	n := len(m.Nodes)
-	pp := &placeProblem{m: m, n: n, lq: make([]int64, n*n), lsym: make([]float64, n*n),
+	pp := &placeProblem{m: m, n: n, lat: newPlaceLatency(m.Latency),
 		cpu: make([]int64, n), mem: make([]int64, n)}
 	for u := 0; u < n; u++ {
-		for v := 0; v < n; v++ {
-			pp.lq[u*n+v] = int64(math.Round(m.Latency.At(u, v) / CostQuantumMS))
-			pp.lsym[u*n+v] = m.Latency.At(u, v) + m.Latency.At(v, u)
-		}
 		pp.cpu[u], pp.mem[u] = m.Nodes[u].CPU, m.Nodes[u].Memory
 		if pp.cpu[u] == 0 {
 			pp.cpu[u] = unlimited
@@ -263,6 +258,60 @@ func newPlaceProblem(m *Model) (*placeProblem, error) {
 	}
 	pp.groups = pp.makeGroups()
 	return pp, nil
+}
+
+// placeLatency is the latency of every node pair as the placement search reads it. When the
+// model's latency is per node, it is two n×n tables, node u on row and column u; when it is
+// per zone, two zones×zones tables, node u on row and column zone[u] (the model's own index),
+// so 5,000 nodes in 50 zones take 2,500 entries per table instead of 25 million. The loops
+// that read it test zone once and run the per-node loop of old unchanged, or its per-zone
+// twin; both read the same values, so a placement does not depend on the granularity.
+type placeLatency struct {
+	q    []int64   // L(u,v) quantised to CostQuantumMS, w×w row-major (from, to)
+	sym  []float64 // L(u,v)+L(v,u), w×w: the greedy's distance
+	w    int       // rows (and columns): nodes, or zones
+	zone []int32   // node → row and column; nil when per node
+}
+
+func newPlaceLatency(lm LatencyMatrix) placeLatency {
+	zoneOf, k, zoned := lm.zoneIndex()
+	if !zoned {
+		k = lm.Len()
+	}
+	at := lm.At
+	if zoned {
+		at = lm.ZoneAt
+	}
+	lat := placeLatency{q: make([]int64, k*k), sym: make([]float64, k*k), w: k, zone: zoneOf}
+	for g := 0; g < k; g++ {
+		for h := 0; h < k; h++ {
+			lat.q[g*k+h] = int64(math.Round(at(g, h) / CostQuantumMS))
+			lat.sym[g*k+h] = at(g, h) + at(h, g)
+		}
+	}
+	return lat
+}
+
+// zonesOf appends to dst the zone of each node in nodes (per zone only).
+func (lat *placeLatency) zonesOf(nodes, dst []int) []int {
+	for _, u := range nodes {
+		dst = append(dst, int(lat.zone[u]))
+	}
+	return dst
+}
+
+// symRow returns L(u,v)+L(v,u) for every node v: a row of sym when per node; when per zone,
+// buf (n long) filled from u's zone's row.
+func (lat *placeLatency) symRow(u int, buf []float64) []float64 {
+	if lat.zone == nil {
+		return lat.sym[u*lat.w : u*lat.w+lat.w]
+	}
+	g := int(lat.zone[u])
+	row := lat.sym[g*lat.w : g*lat.w+lat.w]
+	for v, h := range lat.zone {
+		buf[v] = row[h]
+	}
+	return buf
 }
 
 // splitmix64 is one step of the SplitMix64 generator (a fixed sequence: no randomness).
@@ -358,6 +407,8 @@ type placeState struct {
 	bounds      []float64 // scratch of trial
 	swapEdges   []int     // scratch of trySwap
 	scratchPods []int     // scratch of exchange
+	zoneSrc     []int     // scratch of price: the zones of an edge's nodes
+	zoneDst     []int
 }
 
 func (pp *placeProblem) newState() *placeState {
@@ -505,8 +556,8 @@ func (st *placeState) resolveEdge(e int) {
 		return
 	}
 	st.buildEdge(e)
-	st.edgeCost[e] = st.eval.solve(st.pp.lq, st.pp.n)
-	st.eval.duals(st.pp.lq, st.pp.n, &st.duals[e])
+	st.edgeCost[e] = st.eval.solve(&st.pp.lat)
+	st.eval.duals(&st.pp.lat, &st.duals[e])
 }
 
 // cost is the placement's LATA cost in ms·req/s, summed in edge order.
@@ -530,7 +581,7 @@ func (st *placeState) solveEdge(e int) int64 {
 	}
 	if st.memo == nil {
 		st.buildEdge(e)
-		return st.eval.solve(st.pp.lq, st.pp.n)
+		return st.eval.solve(&st.pp.lat)
 	}
 	ha, hb := st.hash[pe.from], st.hash[pe.to]
 	h := ha[0] ^ hb[0]*0x9e3779b97f4a7c15 ^ uint64(e)*0xbf58476d1ce4e5b9
@@ -539,7 +590,7 @@ func (st *placeState) solveEdge(e int) int64 {
 		return slot.cost
 	}
 	st.buildEdge(e)
-	c := st.eval.solve(st.pp.lq, st.pp.n)
+	c := st.eval.solve(&st.pp.lat)
 	*slot = memoEntry{valid: true, edge: e, from: ha, to: hb, cost: c}
 	return c
 }

@@ -19,35 +19,49 @@ type transportEval struct {
 	dstAt          []int     // scratch of dualBound
 	alpha          []float64 // scratch of dualBound
 	flows          []mcf.Flow
+	rows, cols     []int // scratch of index: the zones of src and dst
 }
 
 func newTransportEval() transportEval { return transportEval{solver: mcf.NewSolver()} }
 
-// solve returns the minimum of Σ lq[u·n+v]·f_uv over the transport from ev.src/supply to
-// ev.dst/demand. One source or one sink has a single feasible flow, summed directly.
-func (ev *transportEval) solve(lq []int64, n int) int64 {
+// index returns the rows of lat.q that hold ev's sources and the columns that hold its sinks:
+// ev.src and ev.dst themselves when lat is per node, their zones when it is per zone.
+func (ev *transportEval) index(lat *placeLatency) (rows, cols []int) {
+	if lat.zone == nil {
+		return ev.src, ev.dst
+	}
+	ev.rows, ev.cols = lat.zonesOf(ev.src, ev.rows[:0]), lat.zonesOf(ev.dst, ev.cols[:0])
+	return ev.rows, ev.cols
+}
+
+// solve returns the minimum of Σ L_q(u,v)·f_uv (lat.q) over the transport from
+// ev.src/supply to ev.dst/demand. One source or one sink has a single feasible flow, summed
+// directly.
+func (ev *transportEval) solve(lat *placeLatency) int64 {
+	lq, n := lat.q, lat.w
+	src, dst := ev.index(lat)
 	switch {
-	case len(ev.src) == 0 || len(ev.dst) == 0:
+	case len(src) == 0 || len(dst) == 0:
 		return 0
-	case len(ev.src) == 1:
-		row := lq[ev.src[0]*n:]
+	case len(src) == 1:
+		row := lq[src[0]*n:]
 		var c int64
-		for j, v := range ev.dst {
+		for j, v := range dst {
 			c += row[v] * ev.demand[j]
 		}
 		return c
-	case len(ev.dst) == 1:
-		v := ev.dst[0]
+	case len(dst) == 1:
+		v := dst[0]
 		var c int64
-		for i, u := range ev.src {
+		for i, u := range src {
 			c += lq[u*n+v] * ev.supply[i]
 		}
 		return c
 	}
 	ev.cost = ev.cost[:0]
-	for _, u := range ev.src {
+	for _, u := range src {
 		row := lq[u*n:]
-		for _, v := range ev.dst {
+		for _, v := range dst {
 			ev.cost = append(ev.cost, row[v])
 		}
 	}
@@ -66,15 +80,17 @@ func (ev *transportEval) solve(lq []int64, n int) int64 {
 // objective of a feasible dual solution, α_i = min_j c_ij and β_j = min_i (c_ij − α_i), or
 // the same with the roles of sources and sinks exchanged, whichever is larger. Each dominates
 // "every source ships to its cheapest sink" (resp. "every sink is fed by its cheapest source").
-func (ev *transportEval) bound(lq []int64, n int) int64 {
+func (ev *transportEval) bound(lat *placeLatency) int64 {
 	if len(ev.src) <= 1 || len(ev.dst) <= 1 {
-		return ev.solve(lq, n) // exact and as cheap
+		return ev.solve(lat) // exact and as cheap
 	}
+	lq, n := lat.q, lat.w
+	src, dst := ev.index(lat)
 	k := len(ev.dst)
 	ev.cost = ev.cost[:0]
-	for _, u := range ev.src {
+	for _, u := range src {
 		row := lq[u*n:]
-		for _, v := range ev.dst {
+		for _, v := range dst {
 			ev.cost = append(ev.cost, row[v])
 		}
 	}
@@ -130,7 +146,7 @@ type edgeDual struct {
 // duals stores in d optimal duals of the problem solve has just solved: shortest-path distances
 // in the residual network of its optimal flow (Bellman–Ford from a virtual root; an optimal
 // flow leaves no negative cycle), so α_i = −dist(i) and β_j = dist(j).
-func (ev *transportEval) duals(lq []int64, n int, d *edgeDual) {
+func (ev *transportEval) duals(lat *placeLatency, d *edgeDual) {
 	d.src = append(d.src[:0], ev.src...)
 	d.dst = append(d.dst[:0], ev.dst...)
 	d.alpha, d.beta = d.alpha[:0], d.beta[:0]
@@ -139,14 +155,18 @@ func (ev *transportEval) duals(lq []int64, n int, d *edgeDual) {
 	case ns == 0 || nd == 0:
 		return
 	case ns == 1: // every arc carries flow
+		lq, n := lat.q, lat.w
+		src, dst := ev.index(lat)
 		d.alpha = append(d.alpha, 0)
-		for _, v := range ev.dst {
-			d.beta = append(d.beta, float64(lq[ev.src[0]*n+v]))
+		for _, v := range dst {
+			d.beta = append(d.beta, float64(lq[src[0]*n+v]))
 		}
 		return
 	case nd == 1:
-		for _, u := range ev.src {
-			d.alpha = append(d.alpha, float64(lq[u*n+ev.dst[0]]))
+		lq, n := lat.q, lat.w
+		src, dst := ev.index(lat)
+		for _, u := range src {
+			d.alpha = append(d.alpha, float64(lq[u*n+dst[0]]))
 		}
 		d.beta = append(d.beta, 0)
 		return
@@ -190,10 +210,12 @@ func (ev *transportEval) duals(lq []int64, n int, d *edgeDual) {
 // kept sinks allow; a new sink the largest β its constraints with all sources allow). By weak
 // duality its objective bounds the new optimum; for a small step it is nearly exact. O(sources
 // × sinks); float64, as potentials times amounts may exceed int64, with a margin for rounding.
-func (ev *transportEval) dualBound(lq []int64, n int, d *edgeDual) float64 {
+func (ev *transportEval) dualBound(lat *placeLatency, d *edgeDual) float64 {
 	if len(ev.src) == 0 || len(ev.dst) == 0 {
 		return 0
 	}
+	lq, n := lat.q, lat.w
+	rows, cols := ev.index(lat)
 	// Where each new sink is among the old ones (-1 if new); both lists ascend.
 	ev.dstAt = ev.dstAt[:0]
 	k := 0
@@ -218,16 +240,16 @@ func (ev *transportEval) dualBound(lq []int64, n int, d *edgeDual) float64 {
 		if k < len(d.src) && d.src[k] == u {
 			a = d.alpha[k]
 		} else {
-			row := lq[u*n:]
+			row := lq[rows[i]*n:]
 			kept := false
-			for j, v := range ev.dst {
+			for j, v := range cols {
 				if at := ev.dstAt[j]; at >= 0 {
 					a = min(a, float64(row[v])-d.beta[at])
 					kept = true
 				}
 			}
 			if !kept {
-				for _, v := range ev.dst {
+				for _, v := range cols {
 					a = min(a, float64(row[v]))
 				}
 			}
@@ -236,12 +258,12 @@ func (ev *transportEval) dualBound(lq []int64, n int, d *edgeDual) float64 {
 		lb += a * float64(ev.supply[i])
 		abs += math.Abs(a * float64(ev.supply[i]))
 	}
-	for j, v := range ev.dst {
+	for j, v := range cols {
 		b := math.Inf(1)
 		if at := ev.dstAt[j]; at >= 0 {
 			b = d.beta[at]
 		} else {
-			for i, u := range ev.src {
+			for i, u := range rows {
 				b = min(b, float64(lq[u*n+v])-ev.alpha[i])
 			}
 		}

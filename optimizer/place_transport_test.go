@@ -3,6 +3,7 @@ package optimizer
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -48,6 +49,7 @@ func TestTransportDualsAndBounds(t *testing.T) {
 	const n = 7
 	r := rand.New(rand.NewPCG(3, 4))
 	lq := make([]int64, n*n)
+	lat := &placeLatency{q: lq, w: n}
 	ev := newTransportEval()
 	var d edgeDual
 	for trial := 0; trial < 3000; trial++ {
@@ -58,11 +60,11 @@ func TestTransportDualsAndBounds(t *testing.T) {
 			}
 		}
 		randomTransport(r, &ev, n)
-		opt := ev.solve(lq, n)
-		if b := ev.bound(lq, n); b > opt {
+		opt := ev.solve(lat)
+		if b := ev.bound(lat); b > opt {
 			t.Fatalf("trial %d: bound %d above the optimum %d", trial, b, opt)
 		}
-		ev.duals(lq, n, &d)
+		ev.duals(lat, &d)
 		var obj float64
 		for i, u := range d.src {
 			obj += d.alpha[i] * float64(ev.supply[i])
@@ -80,9 +82,58 @@ func TestTransportDualsAndBounds(t *testing.T) {
 		}
 		// A new problem on the same nodes: the old duals still bound it.
 		randomTransport(r, &ev, n)
-		opt = ev.solve(lq, n)
-		if b := ev.dualBound(lq, n, &d); b > float64(opt)*(1+1e-12) {
+		opt = ev.solve(lat)
+		if b := ev.dualBound(lat, &d); b > float64(opt)*(1+1e-12) {
 			t.Fatalf("trial %d: dual bound %v above the optimum %d", trial, b, opt)
+		}
+	}
+}
+
+// TestTransportZoneTable checks that a zones×zones table gives the transport exactly what the
+// n×n table holding every node pair's zone latency gives: the same optimum, bounds and duals.
+func TestTransportZoneTable(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	zev, nev := newTransportEval(), newTransportEval()
+	var zd, nd edgeDual
+	for trial := 0; trial < 2000; trial++ {
+		n, k := 1+r.IntN(9), 1+r.IntN(4)
+		zoned := &placeLatency{q: make([]int64, k*k), w: k, zone: make([]int32, n)}
+		for i := range zoned.q {
+			zoned.q[i] = r.Int64N(20000)
+			if trial%3 == 0 {
+				zoned.q[i] = 1000 * r.Int64N(3)
+			}
+		}
+		for u := range zoned.zone {
+			zoned.zone[u] = int32(r.IntN(k))
+		}
+		dense := &placeLatency{q: make([]int64, n*n), w: n}
+		for u := 0; u < n; u++ {
+			for v := 0; v < n; v++ {
+				dense.q[u*n+v] = zoned.q[int(zoned.zone[u])*k+int(zoned.zone[v])]
+			}
+		}
+		randomTransport(r, &nev, n)
+		zev.src, zev.dst = nev.src, nev.dst
+		zev.supply, zev.demand = nev.supply, nev.demand
+		if z, d := zev.solve(zoned), nev.solve(dense); z != d {
+			t.Fatalf("trial %d: solve %d per zone, %d per node", trial, z, d)
+		}
+		if z, d := zev.bound(zoned), nev.bound(dense); z != d {
+			t.Fatalf("trial %d: bound %d per zone, %d per node", trial, z, d)
+		}
+		zev.solve(zoned)
+		nev.solve(dense)
+		zev.duals(zoned, &zd)
+		nev.duals(dense, &nd)
+		if !slices.Equal(zd.alpha, nd.alpha) || !slices.Equal(zd.beta, nd.beta) {
+			t.Fatalf("trial %d: duals %v %v per zone, %v %v per node", trial, zd.alpha, zd.beta, nd.alpha, nd.beta)
+		}
+		randomTransport(r, &nev, n)
+		zev.src, zev.dst = nev.src, nev.dst
+		zev.supply, zev.demand = nev.supply, nev.demand
+		if z, d := zev.dualBound(zoned, &zd), nev.dualBound(dense, &nd); z != d {
+			t.Fatalf("trial %d: dual bound %v per zone, %v per node", trial, z, d)
 		}
 	}
 }

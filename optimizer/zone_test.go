@@ -325,3 +325,35 @@ func TestPlanZonesLATAQ(t *testing.T) {
 		}
 	}
 }
+
+// Place costs its result with the zone plan, on a model whose file gives replicas, not pods.
+func TestPlaceZonesReplicas(t *testing.T) {
+	top, err := ParseTopology(strings.NewReader(`
+latency_granularity: zone
+nodes:
+  - {name: a1, locality: r/a}
+  - {name: b1, locality: r/b}
+latency:
+  - {from: r/a, to: r/b, ms: 4}
+services:
+  - {name: api, replicas: 2}
+  - {name: db, replicas: 1}
+calls:
+  - {from: api, to: db}
+ingress:
+  - {service: api, rps: 10}
+`), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := compileUnplaced(t, top)
+	for _, p := range PlacementPolicies() {
+		pl, err := PlaceWithOptions(m, p, PlaceOptions{})
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if len(pl.Placement) != 3 {
+			t.Fatalf("%s: placement %v, want 3 pods", p, pl.Placement)
+		}
+	}
+}
