@@ -42,7 +42,7 @@ e2e-ui:
 e2e-reproduce:
 	mkdir -p bin
 	cd e2e/reproduce && $(GO) vet ./... && $(GO) test -c -o $(CURDIR)/bin/reproduce.test .
-	REPRODUCE_PRESET=quick bin/reproduce.test -test.run '^(TestWriteReport|TestReproduce)$$' -test.v -test.count=1 -test.timeout 20m
+	REPRODUCE_PRESET=quick bin/reproduce.test -test.run '^(TestWriteReport|TestOverrideReplicas|TestReproduce)$$' -test.v -test.count=1 -test.timeout 20m
 
 ## reproduce: the paper's experiment on the live loop, real delay, real control plane (root; see
 ## e2e/reproduce): the full grid writes docs/reproduction.md, .json and the CDF PNGs; QUICK=1

@@ -245,7 +245,7 @@ func markdown(o *Outcome, plots []string) string {
 func describePreset(o *Outcome) string {
 	var apps []string
 	for _, a := range o.Preset.Apps {
-		apps = append(apps, a.Name)
+		apps = append(apps, a.Name+" ("+replicaCounts(a)+")")
 	}
 	return fmt.Sprintf("apps %s, scenarios %s, rates %v req/s%s, %d runs per cell, %d policies — %d cells, %d measured slices",
 		strings.Join(apps, ", "), strings.Join(o.Preset.Scenarios, ", "), o.Preset.Rates,

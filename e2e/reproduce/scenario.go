@@ -149,8 +149,9 @@ var Presets = map[string]Preset{
 
 // Override narrows or changes a preset from the environment, for a run that fits the time at
 // hand: REPRODUCE_APPS (bookinfo,dag), REPRODUCE_SCENARIOS (A,B), REPRODUCE_RATES (req/s,
-// comma-separated), REPRODUCE_RUNS, REPRODUCE_DURATION (measured time per slice), REPRODUCE_POLICIES (names), REPRODUCE_FIND_MAX (0 or 1). The report names the preset
-// and says what ran.
+// comma-separated), REPRODUCE_RUNS, REPRODUCE_DURATION (measured time per slice), REPRODUCE_POLICIES (names),
+// REPRODUCE_REPLICAS (COMPONENT=N,…: another replica count for the named components),
+// REPRODUCE_FIND_MAX (0 or 1). The report names the preset and says what ran.
 func Override(p Preset, getenv func(string) string) (Preset, error) {
 	if v := getenv("REPRODUCE_APPS"); v != "" {
 		p.Apps = nil
@@ -211,9 +212,56 @@ func Override(p Preset, getenv func(string) string) (Preset, error) {
 		}
 		p.Name += "+policies"
 	}
+	if v := getenv("REPRODUCE_REPLICAS"); v != "" {
+		set := map[string]int{}
+		for _, kv := range strings.Split(v, ",") {
+			name, count, ok := strings.Cut(kv, "=")
+			n, err := strconv.Atoi(count)
+			if !ok || err != nil || n < 1 {
+				return p, fmt.Errorf("REPRODUCE_REPLICAS: bad entry %q (want COMPONENT=N, N ≥ 1)", kv)
+			}
+			set[name] = n
+		}
+		used := map[string]bool{}
+		apps := make([]App, len(p.Apps))
+		for i, a := range p.Apps {
+			apps[i] = App{Name: a.Name, Components: slices.Clone(a.Components)}
+			for j, c := range apps[i].Components {
+				if n, ok := set[c.Name]; ok {
+					apps[i].Components[j].Replicas = n
+					used[c.Name] = true
+				}
+			}
+		}
+		for name := range set {
+			if !used[name] {
+				return p, fmt.Errorf("REPRODUCE_REPLICAS: no component %q in the apps %v", name, appNames(p.Apps))
+			}
+		}
+		p.Apps = apps
+		p.Name += "+replicas"
+	}
 	if v := getenv("REPRODUCE_FIND_MAX"); v != "" {
 		p.FindMax = v == "1"
 		p.Name += "+findmax"
 	}
 	return p, nil
+}
+
+// appNames lists the apps' names.
+func appNames(apps []App) []string {
+	var out []string
+	for _, a := range apps {
+		out = append(out, a.Name)
+	}
+	return out
+}
+
+// replicaCounts describes an app's replicas, e.g. "productpage 3, details 3".
+func replicaCounts(a App) string {
+	var parts []string
+	for _, c := range a.Components {
+		parts = append(parts, fmt.Sprintf("%s %d", c.Name, c.Replicas))
+	}
+	return strings.Join(parts, ", ")
 }
