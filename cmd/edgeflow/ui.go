@@ -22,7 +22,7 @@ import (
 // publisher is what publicationFollower reads from the xDS server.
 type publisher interface {
 	Published() uint64
-	Allocation() *optimizer.Allocation
+	Publication() (uint64, *optimizer.Topology, *optimizer.Allocation)
 	WaitPublished(ctx context.Context, n uint64) error
 	WaitConverged(ctx context.Context, n uint64) error
 }
@@ -43,9 +43,9 @@ const followerTick = time.Second
 
 // publicationFollower follows serve's publications: at each one it sets the plan-cost gauges
 // (the served plan's and round-robin's on the same topology) and, when the web view is on,
-// hands it a ui.Snapshot. It is a watcher.Listener (serve fans the topologies out to it), so it
-// knows the topology each publication was planned from, or a later one when the newest was
-// damped or rejected.
+// hands it a ui.Snapshot of the publication: the topology it was planned from, as the server
+// keeps it. It is a watcher.Listener (serve fans the topologies out to it) only to count the
+// topology file's rejected reads since the last good one.
 type publicationFollower struct {
 	srv      publisher
 	gatherer prometheus.Gatherer
@@ -57,7 +57,6 @@ type publicationFollower struct {
 	cost     *prometheus.GaugeVec
 
 	mu       sync.Mutex
-	topology *optimizer.Topology
 	fileErrs float64 // edgeflow_watcher_topology_errors_total when the last good topology came
 }
 
@@ -72,11 +71,12 @@ func newPublicationFollower(srv publisher, reg *prometheus.Registry, policy opti
 	return &publicationFollower{srv: srv, gatherer: reg, policy: policy, opts: opts, checks: checks, view: view, log: logger, cost: cost}, nil
 }
 
-// Update records the topology handed to the xDS server. It never blocks.
-func (p *publicationFollower) Update(t *optimizer.Topology) {
+// Update notes that a good topology came (the file's rejected reads count from here). It
+// never blocks.
+func (p *publicationFollower) Update(*optimizer.Topology) {
 	errs := p.gather().sum(fileErrors)
 	p.mu.Lock()
-	p.topology, p.fileErrs = t, errs
+	p.fileErrs = errs
 	p.mu.Unlock()
 }
 
@@ -110,7 +110,8 @@ func (p *publicationFollower) Run(ctx context.Context) error {
 			at := time.Now()
 			snap = &ui.Snapshot{RoundRobinCostMS: -1, Time: at}
 			if n > 0 {
-				snap = p.snapshot(n, at)
+				snap = p.snapshot(at)
+				n = snap.Publication // the publication shown: n, or one after it
 				pushes, nacks := g.byLabel(pushesTotal, "type"), g.sum(nacksTotal)
 				snap.Push.Resources = map[string]int{}
 				for t, v := range pushes {
@@ -194,12 +195,12 @@ func (p *publicationFollower) show(s *ui.Snapshot) {
 	}
 }
 
-// snapshot describes publication n: the topology, the allocation served and their costs.
-func (p *publicationFollower) snapshot(n uint64, at time.Time) *ui.Snapshot {
-	p.mu.Lock()
-	t := p.topology
-	p.mu.Unlock()
-	a := p.srv.Allocation()
+// snapshot describes the server's last publication: its topology, the allocation served and
+// their costs. The topology is the one the server planned from, not the follower's last
+// Update, which may come after the server has published (it follows the server in serve's
+// fan-out).
+func (p *publicationFollower) snapshot(at time.Time) *ui.Snapshot {
+	n, t, a := p.srv.Publication()
 	s := &ui.Snapshot{Publication: n, Time: at, Policy: string(p.policy), RoundRobinCostMS: -1, Push: ui.Push{At: at}}
 	if a != nil {
 		s.CostMS = a.Cost

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"path/filepath"
 	"regexp"
@@ -13,12 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	grpcxds "google.golang.org/grpc/xds"
 
 	"github.com/edgeflow/edgeflow/internal/ui"
+	"github.com/edgeflow/edgeflow/optimizer"
 )
 
 // TestServeWebView runs serve with --ui-address and a real grpc-go xDS client, and reads what
@@ -140,5 +143,51 @@ func TestServeWebViewOnlyOnLoopback(t *testing.T) {
 		if code != exitBadInput || stdout != "" || !strings.Contains(stderr, "--ui-address "+addr+" is not a loopback address") {
 			t.Errorf("--ui-address %s: exit %d, stdout %q, stderr %q; want exit 2 naming it", addr, code, stdout, stderr)
 		}
+	}
+}
+
+// publishedOnly is an xDS server that has published a topology the follower was never handed
+// (in serve's fan-out the follower's Update comes after the server's).
+type publishedOnly struct {
+	t *optimizer.Topology
+	a *optimizer.Allocation
+}
+
+func (p publishedOnly) Published() uint64 { return 1 }
+func (p publishedOnly) Publication() (uint64, *optimizer.Topology, *optimizer.Allocation) {
+	return 1, p.t, p.a
+}
+func (p publishedOnly) WaitPublished(ctx context.Context, _ uint64) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+func (p publishedOnly) WaitConverged(ctx context.Context, _ uint64) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// The view of a publication is the topology that publication was planned from, whether or not
+// the follower's own Update has come yet (a CI run under load showed an empty node list).
+func TestSnapshotIsThePublicationsTopology(t *testing.T) {
+	top, err := optimizer.ParseTopology(strings.NewReader(serveTopology(map[string]string{"e-0": "127.0.0.1:1", "e-1": "127.0.0.1:2"}, 5)), "t.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := optimizer.Compile(top, optimizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := optimizer.Plan(m, optimizer.LATA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := newPublicationFollower(publishedOnly{top, a}, prometheus.NewRegistry(), optimizer.LATA, optimizer.Options{}, nil, nil, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := f.snapshot(time.Now())
+	if s.Publication != 1 || len(s.Nodes) != 2 || len(s.Latency) != 2 || s.RoundRobinCostMS != 25 {
+		t.Errorf("snapshot: publication %d, nodes %+v, latency %+v, round-robin cost %v; want 1, n1 and n2, n1↔n2, 25",
+			s.Publication, s.Nodes, s.Latency, s.RoundRobinCostMS)
 	}
 }

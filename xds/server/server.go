@@ -161,6 +161,7 @@ type Server struct {
 	refusedAt   map[string]time.Time
 
 	allocation atomic.Pointer[optimizer.Allocation]
+	lastPub    atomic.Pointer[publication] // the last publication, stored before published
 	published  atomic.Uint64
 	converged  atomic.Uint64
 	signalMu   sync.Mutex
@@ -353,6 +354,17 @@ func (s *Server) Run(ctx context.Context) error {
 // Allocation returns the last published allocation (nil before the first publication).
 func (s *Server) Allocation() *optimizer.Allocation { return s.allocation.Load() }
 
+// Publication returns the last publication's number with the topology it was made from and
+// its allocation, all three of the same publication (0, nil, nil before the first). Its number
+// is at least what Published returned before the call.
+func (s *Server) Publication() (uint64, *optimizer.Topology, *optimizer.Allocation) {
+	p := s.lastPub.Load()
+	if p == nil {
+		return 0, nil, nil
+	}
+	return p.num, p.topology, p.alloc
+}
+
 // Published returns the number of publications so far; publication n is the n-th topology
 // that was published (not rejected).
 func (s *Server) Published() uint64 { return s.published.Load() }
@@ -458,6 +470,7 @@ func (s *Server) publish() {
 	s.m.publications.Inc()
 	s.planner.Pushed(res)
 	s.allocation.Store(alloc)
+	s.lastPub.Store(pub)
 	s.published.Store(pub.num)
 	s.notify()
 	now := s.clock.Now()
