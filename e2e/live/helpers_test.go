@@ -208,6 +208,18 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
+// waitUntil polls cond until it holds (true) or d has passed (false).
+func waitUntil(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
 // share runs n RPCs and returns the fraction each pod served.
 func share(t *testing.T, ctx context.Context, c *caller, n int) map[string]float64 {
 	t.Helper()

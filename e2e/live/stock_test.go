@@ -176,22 +176,38 @@ func stockScrape(t *testing.T, scrape time.Duration) {
 		t.Fatalf("scrape interval %v, window %v; want %v and %v", st.ScrapeInterval, st.Window, scrape, 4*scrape)
 	}
 	// Complete: every pair measured, every edge of the call graph at its rate.
+	var last string // what the last look found, for the failure message
 	complete := func() bool {
 		top := cl.Current()
-		if top == nil || len(top.Calls) != 2 || len(top.Latency) != 12 || gaugeValue(t, reg, "edgeflow_latency_unmeasured_pairs", "") != 0 {
+		if top == nil {
+			last = "no topology"
+			return false
+		}
+		unmeasured := gaugeValue(t, reg, "edgeflow_latency_unmeasured_pairs", "")
+		last = fmt.Sprintf("%d calls, %d latency pairs, %v unmeasured", len(top.Calls), len(top.Latency), unmeasured)
+		if len(top.Calls) != 2 || len(top.Latency) != 12 || unmeasured != 0 {
 			return false
 		}
 		m, err := optimizer.Compile(top, optimizer.Options{})
 		if err != nil {
+			last += ": " + err.Error()
 			return false
 		}
 		load := map[string]float64{}
 		for _, s := range m.Services {
 			load[s.Name] = s.Load
 		}
+		last += fmt.Sprintf(", loads web %.1f, api %.1f, batch %.1f", load["web.shop"], load["api.shop"], load["batch.shop"])
 		return math.Abs(load["web.shop"]-150) < 5 && math.Abs(load["api.shop"]-100) < 5 && math.Abs(load["batch.shop"]-50) < 3
 	}
-	eventually(t, 4*scrape+60*time.Second, "a complete topology (12 pairs, batch → web → api at 50 + 100 → 100 rps)", complete)
+	// The rates fill the query window (4 scrapes) from the first scrape of the telemetry, which
+	// may come up to a scrape after start, and the window's edges fall between scrapes: 4 + 2
+	// scrapes, and a minute for the control plane and Prometheus to start. Measured: 56–74 s at
+	// 15 s scrapes (one run under the race detector took 2m2s).
+	within := 6*scrape + 60*time.Second
+	if !waitUntil(within, complete) {
+		t.Fatalf("a complete topology (12 pairs, batch → web → api at 50 + 100 → 100 rps): not within %v; last seen: %s", within, last)
+	}
 	t.Logf("complete topology %v after start (scrape %v)", time.Since(began).Round(time.Second), scrape)
 	top := cl.Current()
 	for _, cl := range top.Calls {
