@@ -40,14 +40,7 @@ func placeZoneTopology(seed uint64, c placeGenConfig, zones int) (perZone, perNo
 			perZone.Latency = append(perZone.Latency, Latency{From: names[g], To: names[h], MS: ms})
 		}
 	}
-	perNode = t.Clone()
-	perNode.Latency = nil
-	for u := range t.Nodes {
-		for v := range t.Nodes {
-			perNode.Latency = append(perNode.Latency, Latency{From: t.Nodes[u].Name, To: t.Nodes[v].Name, MS: lat[[2]int{zoneOf[u], zoneOf[v]}]})
-		}
-	}
-	return perZone, perNode
+	return perZone, perNodeOf(t, zoneOf, lat)
 }
 
 // TestPlaceZoneEqualsNode checks that placing with zone-granular latency (zones×zones tables)

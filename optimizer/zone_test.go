@@ -38,14 +38,20 @@ func zoneTopology(seed uint64, c genConfig, zones int, ties bool) (perZone, perN
 			perZone.Latency = append(perZone.Latency, Latency{From: names[g], To: names[h], MS: ms})
 		}
 	}
-	perNode = t.Clone()
+	return perZone, perNodeOf(t, zoneOf, lat)
+}
+
+// perNodeOf is t with every ordered node pair, a node to itself included, given its zones'
+// latency lat[{zone(u), zone(v)}] (zoneOf as TopologyZones gives it).
+func perNodeOf(t *Topology, zoneOf []int, lat map[[2]int]float64) *Topology {
+	perNode := t.Clone()
 	perNode.Latency = nil
 	for u := range t.Nodes {
 		for v := range t.Nodes {
 			perNode.Latency = append(perNode.Latency, Latency{From: t.Nodes[u].Name, To: t.Nodes[v].Name, MS: lat[[2]int{zoneOf[u], zoneOf[v]}]})
 		}
 	}
-	return perZone, perNode
+	return perNode
 }
 
 func TestZoneOf(t *testing.T) {
