@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -363,15 +364,20 @@ func (h *Harness) endpoints(component string) []string {
 	return out
 }
 
-// callers counts the pods that call another service (the xDS clients serve must see).
-func callers(a App) int {
-	n := 0
+// callers counts the pods that call another service (the xDS node ids serve must see) and the
+// xDS streams they open: grpc-go (v1.85) keeps one xDS client, so one ADS stream, per channel
+// target (internal/xds/resolver/xds_resolver.go: newXDSClient(target.String(), …)), so a pod
+// calling two services holds two streams. Counting streams alone once let the first slice
+// after the rebalancer start while the pods of one service were still in their reconnect
+// backoff, their RPCs waiting for a listener: a slice of P50 ≈ 290 ms.
+func callers(a App) (pods, streams int) {
 	for _, c := range a.Components {
 		if len(c.Calls) > 0 {
-			n += c.Replicas
+			pods += c.Replicas
+			streams += c.Replicas * len(c.Calls)
 		}
 	}
-	return n
+	return pods, streams
 }
 
 // callGraph writes the application's call graph with the load rate as ingress, the file
@@ -397,6 +403,7 @@ type proc struct {
 	name, log string
 	cmd       *exec.Cmd
 	done      chan struct{}
+	ui        string // serve's web view (HOST:PORT), if it has one
 }
 
 func (h *Harness) start(name string, args ...string) *proc {
@@ -439,6 +446,34 @@ func (p *proc) tail() string {
 var metricsClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
 // metrics reads a Prometheus text endpoint and sums the samples of each metric name.
+// planned returns the callee pods' planned request rates (pod → req/s) of serve's last
+// publication, from its web view's snapshot.
+func planned(ui string) (map[string]float64, error) {
+	resp, err := metricsClient.Get("http://" + ui + "/snapshot.json")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var snap struct {
+		Edges []struct {
+			Routes []struct {
+				Callee string  `json:"callee"`
+				RPS    float64 `json:"rps"`
+			} `json:"routes"`
+		} `json:"edges"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&snap); err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, e := range snap.Edges {
+		for _, r := range e.Routes {
+			out[r.Callee] += r.RPS
+		}
+	}
+	return out, nil
+}
+
 func metrics(addr string) (map[string]float64, error) {
 	resp, err := metricsClient.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -487,17 +522,20 @@ func (h *Harness) eventually(d time.Duration, what string, cond func() bool) {
 // Serve starts `edgeflow serve` on the live inputs with the policy and the call graph at rate,
 // and waits until it has published and every caller pod's xDS client is connected to it.
 func (h *Harness) Serve(a App, p Policy, rate float64) *proc {
-	metricsAddr := freeLoopback(h.t)
+	metricsAddr, uiAddr := freeLoopback(h.t), freeLoopback(h.t)
 	s := h.start("serve", "serve", "--kubeconfig", h.cluster.Kubeconfig, "--prometheus-url", h.promURL,
 		"--calls", h.callGraph(a, rate), "--namespaces", ns, "--xds-address", h.xdsAddr, "--metrics-address", metricsAddr,
-		"--policy", p.Allocation, "--lb-policy", p.LB, "--prometheus-interval", "2s", "--log-level", "warn")
-	want := float64(callers(a))
-	h.eventually(60*time.Second, "serve ready and "+strconv.Itoa(int(want))+" caller pods connected", func() bool {
+		"--ui-address", uiAddr, "--policy", p.Allocation, "--lb-policy", p.LB, "--prometheus-interval", "2s", "--log-level", "warn")
+	s.ui = uiAddr
+	pods, streams := callers(a)
+	what := fmt.Sprintf("serve ready and %d caller pods connected with %d streams", pods, streams)
+	h.eventually(90*time.Second, what, func() bool {
 		if s.exited() {
 			h.t.Fatalf("edgeflow serve exited:\n%s", s.tail())
 		}
 		m, err := metrics(metricsAddr)
-		return err == nil && m["edgeflow_xds_publications_total"] > 0 && m["edgeflow_xds_connected_clients"] >= want
+		return err == nil && m["edgeflow_xds_publications_total"] > 0 &&
+			m["edgeflow_xds_nodes"] >= float64(pods) && m["edgeflow_xds_connected_clients"] >= float64(streams)
 	})
 	return s
 }

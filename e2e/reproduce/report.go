@@ -187,8 +187,8 @@ func markdown(o *Outcome, plots []string) string {
 	fmt.Fprintf(&b, "- **Pods**: simulated service time, %d worker per pod, exponential with mean %.0f ms (sleeping, not spinning: 2 cores cannot burn 4 × 4 cores' CPU); callers use grpc-go's xDS client against `edgeflow serve --kubeconfig --prometheus-url` (blackbox-exporter ICMP RTTs through Prometheus; the call graph from `--calls`, as there is no Istio telemetry here).\n",
 		o.Workload.Workers, ms(o.Workload.ServiceTime))
 	b.WriteString("- **Placement**: the default-placement rows run on the kube-scheduler's placement; then `edgeflow rebalance --dry-run=false` (with its placement webhook) moves pods on the cluster, and proposed and beyond run on the result.\n")
-	fmt.Fprintf(&b, "- **Load**: %s. Each run gives every policy %v of measured load after %v of warm-up, the policies taking turns within a run; `edgeflow serve` is restarted with the row's `--policy`/`--lb-policy` and measuring starts once every caller pod's xDS client is connected.\n\n",
-		j.Testbed.Load, o.Preset.Duration, o.Preset.Warmup)
+	fmt.Fprintf(&b, "- **Load**: %s. Each run gives every policy %v of measured load after %v of warm-up, the policies taking turns within a run; `edgeflow serve` is restarted with the row's `--policy`/`--lb-policy` and measuring starts once every caller pod is connected with one xDS stream per service it calls (grpc-go keeps an xDS client per channel target). A new placement (after the deployment, after the rebalancer) first gets %v of load that is not measured, while its pods' channels connect.\n\n",
+		j.Testbed.Load, o.Preset.Duration, o.Preset.Warmup, SettleTime)
 
 	b.WriteString("## Headline: P99 (ms) at the middle rate\n\n")
 	writeHeadline(&b, o)
@@ -201,9 +201,12 @@ func markdown(o *Outcome, plots []string) string {
 	b.WriteString("- **LARP moves few pods.** `edgeflow rebalance` acts only while the predicted LATA cost falls by at least its " +
 		"threshold (5 %), within its per-run move limits and cool-downs; it ran once per application × scenario, for up to 150 s. " +
 		"The placement table shows how far it went.\n")
-	b.WriteString("- **LATA keeps every pod at its share.** lata (and proposed) balance load by weight, so where every caller has a " +
-		"callee on its own node but the callee replicas are not spread like the callers, OptTraffic and Localization stay local " +
-		"and lata pays network time for the balance; they win whenever no pod is overloaded by it.\n")
+	b.WriteString("- **LATA keeps every pod at its share.** lata (and proposed) balance load by weight. With the paper's replica ratios " +
+		"(3 caller pods, 2 callee pods) Localization must overload a callee pod, and OptTraffic keeps every pod at its share too, so " +
+		"lata-only and OptTraffic differ only in where the traffic beyond the same-node pods goes: a few ms against a tail made " +
+		"mostly of queueing (exponential service time). With the neutral set (`REPRODUCE_REPLICAS=neutral`) a placement can give " +
+		"every caller a callee of its own, and then OptTraffic and Localization stay local where lata pays network time for the " +
+		"balance; they win whenever no pod is overloaded by it.\n")
 	b.WriteString("- **Time, not only policy, differs between rows.** The proposed and beyond rows run after the rebalancer, minutes " +
 		"after the default-placement rows; on a machine whose load changes by the minute, that difference is in their figures.\n")
 	b.WriteString("- **Simulated work on a shared 2-core machine.** Every pod's service time is a sleep; when the machine is busy, " +

@@ -17,7 +17,7 @@ import (
 // Markdown's rows and the PNG.
 func TestWriteReport(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	o := &Outcome{Preset: Presets["quick"], Workload: DefaultWorkload, Started: time.Now(), Ended: time.Now().Add(time.Minute)}
+	o := &Outcome{Preset: Presets["quick"], Workload: DefaultWorkload, Started: time.Now().Round(0), Ended: time.Now().Round(0).Add(time.Minute)} // wall clock, as a saved outcome has
 	o.Setups = []*Setup{{App: "bookinfo", Scenario: "B", Moves: 2,
 		Before: map[string]map[string]int{"details": {"n1": 1, "n2": 2}}, After: map[string]map[string]int{"details": {"n1": 3}},
 		RTT: []PairAccuracy{{Pair: "n1–n2", ConfiguredMS: 8, MedianMS: 8.2, MinMS: 8.1, MaxMS: 9, Pings: 20}}}}
@@ -75,5 +75,29 @@ func TestWriteReport(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(dir, "reproduction-bookinfo-B.png")); err != nil || fi.Size() < 1000 {
 		t.Errorf("plot: %v", err)
+	}
+
+	// The saved outcome gives the same report again.
+	raw := filepath.Join(t.TempDir(), "outcome.gob")
+	if err := SaveOutcome(o, raw); err != nil {
+		t.Fatal(err)
+	}
+	o2, err := LoadOutcome(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir2 := t.TempDir()
+	if err := WriteReport(o2, dir2); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"reproduction.json", "reproduction.md"} {
+		a, _ := os.ReadFile(filepath.Join(dir, f))
+		b, _ := os.ReadFile(filepath.Join(dir2, f))
+		if string(a) != string(b) {
+			t.Errorf("%s written from the saved outcome differs from the original's", f)
+		}
+	}
+	if _, err := LoadOutcome(filepath.Join(dir, "reproduction.json")); err == nil {
+		t.Error("LoadOutcome read a JSON report as an outcome")
 	}
 }

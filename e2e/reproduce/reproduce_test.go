@@ -3,6 +3,7 @@ package reproduce
 import (
 	"context"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,10 +16,13 @@ func TestMain(m *testing.M) {
 }
 
 // TestReproduce runs the experiment: the preset REPRODUCE_PRESET (quick, the default, or full),
-// writing the report into REPRODUCE_OUT when set (make reproduce: docs/). On scenario B at the
-// middle rate it asserts the paper's qualitative claims that hold here (checkClaims): proposed
-// and lata-only have a lower P99 than default-k8s (their comparisons with localization and
-// opttraffic are logged); and the rebalancer made at least one move with no pod left Pending.
+// writing the report into REPRODUCE_OUT when set (make reproduce: docs/) and everything it
+// measured into REPRODUCE_RAW when set (make reproduce: bin/reproduction.gob; make
+// reproduce-report writes the report again from it). On scenario B at the
+// middle rate it asserts the paper's qualitative claims that hold here (checkClaims, asserted):
+// proposed has a lower P99 than default-k8s, localization and opttraffic, lata-only than
+// default-k8s and localization (against opttraffic it is logged); and the rebalancer made at
+// least one move with no pod left Pending.
 func TestReproduce(t *testing.T) {
 	name := os.Getenv("REPRODUCE_PRESET")
 	if name == "" {
@@ -34,8 +38,13 @@ func TestReproduce(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 24*time.Hour)
 	defer cancel()
-	out := os.Getenv("REPRODUCE_OUT")
+	out, raw := os.Getenv("REPRODUCE_OUT"), os.Getenv("REPRODUCE_RAW")
 	write := func(o *Outcome) {
+		if raw != "" {
+			if err := SaveOutcome(o, raw); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if out == "" {
 			return
 		}
@@ -49,13 +58,36 @@ func TestReproduce(t *testing.T) {
 	checkClaims(t, o)
 }
 
-// asserted are the baselines checkClaims holds proposed and lata-only to. The comparisons with
-// localization and opttraffic are logged, not asserted: on this testbed every caller has a
-// callee pod on its own node and at 200 req/s nothing overloads, so the local-first baselines
-// pay no network time where lata's equal shares do (lata-only was second best in 1 of 12 cells
-// of the committed full run; proposed beat them in every scenario-B cell of it, but lost to
-// opttraffic in 2 of 3 quick runs on a loaded machine). docs/reproduction.md explains it.
-var asserted = map[string]bool{"default-k8s": true}
+// TestRenderReport writes the report again, into REPRODUCE_OUT, from the outcome a run saved in
+// REPRODUCE_RAW (make reproduce-report).
+func TestRenderReport(t *testing.T) {
+	raw, out := os.Getenv("REPRODUCE_RAW"), os.Getenv("REPRODUCE_OUT")
+	if raw == "" || out == "" {
+		t.Skip("REPRODUCE_RAW (a saved outcome) and REPRODUCE_OUT (where the report goes) are not both set")
+	}
+	o, err := LoadOutcome(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteReport(o, out); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("report written to %s from %s (%d cells, %d slices)", out, raw, len(o.Cells), o.Slices)
+}
+
+// asserted are the baselines checkClaims holds proposed and lata-only to on scenario B. With
+// the paper's replica ratios (3 caller pods, 2 callee pods) Localization must send two callers'
+// traffic to one callee pod (at 200 req/s ~80 % busy, against lata's 60 %), and default-k8s
+// sends most calls across nodes, so both lose structurally; proposed's placement also leaves
+// OptTraffic (on the scheduler's placement) cross-node remainders that proposed keeps local.
+// lata-only against OptTraffic is logged, not asserted: on one placement both keep every pod at
+// its share and differ only in where the remainder beyond the same-node pods goes (lata to the
+// nearest pods, OptTraffic spread), a few ms of a ~140 ms P99 (−4 % in the quick runs measured
+// while building this; docs/reproduction.md has the full run).
+var asserted = map[string][]string{
+	"proposed":  {"default-k8s", "localization", "opttraffic"},
+	"lata-only": {"default-k8s", "localization"},
+}
 
 // checkClaims asserts the qualitative claims on scenario B at the middle rate of every app that
 // hold on this testbed (asserted), and logs the others.
@@ -86,7 +118,7 @@ func checkClaims(t *testing.T, o *Outcome) {
 			for _, base := range []string{"default-k8s", "localization", "opttraffic"} {
 				w, b := p99(winner), p99(base)
 				t.Logf("%s B %g req/s: %s P99 %.1f ms vs %s %.1f ms (%+.0f %%)", st.App, mid, winner, w, base, b, pct(w, b))
-				if !asserted[base] {
+				if !slices.Contains(asserted[winner], base) {
 					continue
 				}
 				if !(w < b) {

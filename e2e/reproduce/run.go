@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,6 +74,21 @@ func (p *progress) slice(c Cell, run, runs int, took time.Duration, res *loadgen
 	fmt.Fprintf(p.w, "[%d/%d %s elapsed, ~%s left] %s %s %-13s %4g req/s run %d/%d: P50 %.1f P99 %.1f mean %.1f ms, %d errors, send lag ≤ %.1f ms (%.1fs)\n",
 		p.done, p.total, time.Since(p.start).Round(time.Second), left.Round(time.Second), c.App, c.Scenario, c.Policy, c.RPS,
 		run, runs, ms(res.Latency.Quantile(0.5)), ms(res.Latency.Quantile(0.99)), ms(res.Latency.Mean()), res.Errors, ms(res.MaxSendLag), took.Seconds())
+	if res.Errors > 0 {
+		fmt.Fprintf(p.w, "  errors%s\n", errorKinds(res))
+	}
+}
+
+// errorKinds describes a result's errors by kind (": N × message, …"), "" if none.
+func errorKinds(res *loadgen.Result) string {
+	if res.Errors == 0 {
+		return ""
+	}
+	var parts []string
+	for _, k := range sortedKeys(res.ErrorKinds) {
+		parts = append(parts, fmt.Sprintf("%d × %s", res.ErrorKinds[k], k))
+	}
+	return ": " + strings.Join(parts, "; ")
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -92,6 +108,7 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 		begin := time.Now()
 		s := h.Serve(a, pol, rate)
 		res, err := h.Load(a, p, rate)
+		plan, perr := planned(s.ui)
 		s.stop()
 		if err != nil {
 			t.Fatalf("%s %s %s %g req/s: %v", a.Name, sc, pol.Name, rate, err)
@@ -104,6 +121,11 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 		}
 		r.Results = append(r.Results, res)
 		pr.slice(c, run, p.Runs, time.Since(begin), res)
+		if perr != nil {
+			fmt.Fprintf(log, "  plan: %v\n", perr)
+		} else {
+			fmt.Fprintf(log, "  plan (callee req/s): %s\n", fmtPlan(plan))
+		}
 	}
 	for _, sc := range p.Scenarios {
 		for _, a := range p.Apps {
@@ -120,6 +142,7 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 			h.Deploy(a, o.Workload)
 			st.Before = h.Placement(a)
 			fmt.Fprintf(log, "%s %s: placed by kube-scheduler: %s\n", a.Name, sc, fmtPlacement(st.Before))
+			settle(h, a, p, sc, Policies[0], log)
 			rates := slices.Clone(p.Rates)
 			if p.FindMax {
 				st.MaxRate = findMax(h, a, p, sc, log)
@@ -150,6 +173,12 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 			st.Pending = h.Pending()
 			fmt.Fprintf(log, "%s %s: edgeflow rebalance made %d moves in %.0fs; placement now %s; pending: %v\n",
 				a.Name, sc, st.Moves, time.Since(begin).Seconds(), fmtPlacement(st.After), st.Pending)
+			for _, pol := range p.Rows() {
+				if pol.LARP {
+					settle(h, a, p, sc, pol, log)
+					break
+				}
+			}
 			for _, rate := range rates {
 				for run := 1; run <= p.Runs; run++ {
 					for _, pol := range p.Rows() {
@@ -179,6 +208,29 @@ func (o *Outcome) finish(pr *progress) {
 	}
 }
 
+// SettleTime is the load a placement gets, unmeasured, before its first measured slice.
+const SettleTime = 5 * time.Second
+
+// settle runs SettleTime of load at the middle rate under pol on a placement that just came up
+// (after Deploy, after the rebalancer) and discards it: the first slice on new pods would
+// otherwise also measure their channels connecting (the callers' xDS clients, which have had no
+// server since the last slice, come back from their reconnect backoff, and then open their
+// connections to the new pods).
+func settle(h *Harness, a App, p Preset, sc string, pol Policy, log io.Writer) {
+	begin := time.Now()
+	rate := p.Rates[len(p.Rates)/2]
+	s := h.Serve(a, pol, rate)
+	short := p
+	short.Warmup, short.Duration = 0, SettleTime
+	res, err := h.Load(a, short, rate)
+	s.stop()
+	if err != nil {
+		h.t.Fatalf("%s %s settle: %v", a.Name, sc, err)
+	}
+	fmt.Fprintf(log, "%s %s: settled under %s at %g req/s for %v, not measured (P99 %.1f ms, %d errors%s; %.1fs)\n",
+		a.Name, sc, pol.Name, rate, SettleTime, ms(res.Latency.Quantile(0.99)), res.Errors, errorKinds(res), time.Since(begin).Seconds())
+}
+
 // findMax raises the rate from the last of the preset's by MaxStep, one short run of
 // default-k8s each, until its P99 reaches 1 s (or errors appear), and returns the last rate
 // below (0 if none above the preset's rates held).
@@ -201,6 +253,14 @@ func findMax(h *Harness, a App, p Preset, sc string, log io.Writer) float64 {
 		best = rate
 	}
 	return best
+}
+
+func fmtPlan(plan map[string]float64) string {
+	var parts []string
+	for _, k := range sortedKeys(plan) {
+		parts = append(parts, fmt.Sprintf("%s %.0f", k, plan[k]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func fmtPlacement(pl map[string]map[string]int) string {

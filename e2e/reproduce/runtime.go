@@ -52,6 +52,7 @@ type processRuntime struct {
 	mu      sync.Mutex
 	running map[types.UID]*podProcess
 	used    map[string]bool // addresses in use
+	next    map[string]int  // node → where its next address search starts
 }
 
 type podProcess struct {
@@ -62,7 +63,24 @@ type podProcess struct {
 
 func newProcessRuntime(tb *testbed.Testbed, podBin, xdsAddr, logDir string, pool map[string][]string) *processRuntime {
 	return &processRuntime{tb: tb, podBin: podBin, xdsAddr: xdsAddr, logDir: logDir, pool: pool, deadline: 20 * time.Second,
-		running: map[types.UID]*podProcess{}, used: map[string]bool{}}
+		running: map[types.UID]*podProcess{}, used: map[string]bool{}, next: map[string]int{}}
+}
+
+// allocate returns the node's next free pod address after the last one given out, as the
+// host-local IPAM plugin does, so that a pod's address is not handed straight to the next pod:
+// callers of the pod that left still hold a connection to that address in grpc's reconnect
+// backoff (seconds, growing), and would skip the new pod until it expires. "" if none is free.
+// r.mu is held.
+func (r *processRuntime) allocate(node string) string {
+	pool := r.pool[node]
+	for k := range pool {
+		i := (r.next[node] + k) % len(pool)
+		if !r.used[pool[i]] {
+			r.next[node] = i + 1
+			return pool[i]
+		}
+	}
+	return ""
 }
 
 // Start runs the pod's process and returns its IP once it listens.
@@ -73,13 +91,7 @@ func (r *processRuntime) Start(ctx context.Context, pod *corev1.Pod) (netip.Addr
 		r.mu.Unlock()
 		return netip.MustParseAddr(p.ip), nil
 	}
-	ip := ""
-	for _, a := range r.pool[node] {
-		if !r.used[a] {
-			ip = a
-			break
-		}
-	}
+	ip := r.allocate(node)
 	if ip == "" {
 		r.mu.Unlock()
 		return netip.Addr{}, fmt.Errorf("pod %s: node %q has no free pod address", pod.Name, node)
