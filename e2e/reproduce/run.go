@@ -231,14 +231,14 @@ func settle(h *Harness, a App, p Preset, sc string, pol Policy, log io.Writer) {
 		a.Name, sc, pol.Name, rate, SettleTime, ms(res.Latency.Quantile(0.99)), res.Errors, errorKinds(res), time.Since(begin).Seconds())
 }
 
-// findMax raises the rate from the last of the preset's by MaxStep, one short run of
-// default-k8s each, until its P99 reaches 1 s (or errors appear), and returns the last rate
-// below (0 if none above the preset's rates held).
+// findMax returns the highest rate at which default-k8s keeps P99 under 1 s without errors, one
+// short run per rate tried: from the preset's last rate up in steps of MaxStep while it holds,
+// or, when the last rate already fails, down from it in steps of MaxStep/4 to the rate before
+// it (0 if none held).
 func findMax(h *Harness, a App, p Preset, sc string, log io.Writer) float64 {
-	best := 0.0
 	short := p
 	short.Duration = p.Duration / 2
-	for rate := p.Rates[len(p.Rates)-1] + p.MaxStep; rate <= 2000; rate += p.MaxStep {
+	holds := func(rate float64) bool {
 		s := h.Serve(a, Policies[0], rate)
 		res, err := h.Load(a, short, rate)
 		s.stop()
@@ -247,12 +247,26 @@ func findMax(h *Harness, a App, p Preset, sc string, log io.Writer) float64 {
 		}
 		p99 := res.Latency.Quantile(0.99)
 		fmt.Fprintf(log, "%s %s: max-rate search: default-k8s at %g req/s: P99 %.1f ms, %d errors\n", a.Name, sc, rate, ms(p99), res.Errors)
-		if p99 >= time.Second || res.Errors > 0 {
-			break
-		}
-		best = rate
+		return p99 < time.Second && res.Errors == 0
 	}
-	return best
+	top := p.Rates[len(p.Rates)-1]
+	if holds(top) {
+		best := top
+		for rate := top + p.MaxStep; rate <= 2000 && holds(rate); rate += p.MaxStep {
+			best = rate
+		}
+		return best
+	}
+	low := 0.0
+	if len(p.Rates) > 1 {
+		low = p.Rates[len(p.Rates)-2]
+	}
+	for rate := top - p.MaxStep/4; rate > low; rate -= p.MaxStep / 4 {
+		if holds(rate) {
+			return rate
+		}
+	}
+	return 0
 }
 
 func fmtPlan(plan map[string]float64) string {

@@ -118,8 +118,9 @@ type Preset struct {
 	Name      string
 	Apps      []App
 	Scenarios []string
-	// Rates are the constant load levels (req/s); FindMax adds the highest rate (in steps of
-	// MaxStep above the last) at which default-k8s keeps P99 under 1 s.
+	// Rates are the constant load levels (req/s); FindMax adds the highest rate at which
+	// default-k8s keeps P99 under 1 s (findMax: in steps of MaxStep above the last rate, or of
+	// MaxStep/4 below it when the last rate already fails).
 	Rates   []float64
 	FindMax bool
 	MaxStep float64
@@ -156,7 +157,8 @@ var Presets = map[string]Preset{
 
 // Override narrows or changes a preset from the environment, for a run that fits the time at
 // hand: REPRODUCE_APPS (bookinfo,dag), REPRODUCE_SCENARIOS (A,B), REPRODUCE_RATES (req/s,
-// comma-separated), REPRODUCE_RUNS, REPRODUCE_DURATION (measured time per slice), REPRODUCE_POLICIES (names),
+// comma-separated), REPRODUCE_RUNS, REPRODUCE_DURATION (measured time per slice), REPRODUCE_WARMUP (unmeasured load before it),
+// REPRODUCE_POLICIES (names),
 // REPRODUCE_REPLICAS (COMPONENT=N,…: another replica count for the named components; "neutral":
 // the Neutral set),
 // REPRODUCE_FIND_MAX (0 or 1). The report names the preset and says what ran.
@@ -210,6 +212,14 @@ func Override(p Preset, getenv func(string) string) (Preset, error) {
 		}
 		p.Duration = d
 		p.Name += "+duration"
+	}
+	if v := getenv("REPRODUCE_WARMUP"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return p, fmt.Errorf("REPRODUCE_WARMUP: bad duration %q", v)
+		}
+		p.Warmup = d
+		p.Name += "+warmup"
 	}
 	if v := getenv("REPRODUCE_POLICIES"); v != "" {
 		p.Policies = strings.Split(v, ",")

@@ -3,6 +3,7 @@ package reproduce
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestOverrideReplicas(t *testing.T) {
@@ -35,5 +36,12 @@ func TestOverrideReplicas(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "REPRODUCE_REPLICAS") {
 			t.Errorf("REPRODUCE_REPLICAS=%s: error %v, want one naming the variable", bad, err)
 		}
+	}
+	p, err = Override(Presets["full"], env(map[string]string{"REPRODUCE_WARMUP": "1s", "REPRODUCE_DURATION": "5s"}))
+	if err != nil || p.Warmup != time.Second || p.Duration != 5*time.Second {
+		t.Errorf("REPRODUCE_WARMUP=1s REPRODUCE_DURATION=5s: warm-up %v, duration %v, error %v", p.Warmup, p.Duration, err)
+	}
+	if _, err := Override(Presets["full"], env(map[string]string{"REPRODUCE_WARMUP": "-1s"})); err == nil {
+		t.Error("REPRODUCE_WARMUP=-1s accepted")
 	}
 }
