@@ -140,13 +140,22 @@ func build(t testing.TB, dir, out, pkg string) {
 }
 
 func freeLoopback(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return freeLoopbacks(t, 1)[0]
+}
+
+// freeLoopbacks returns n distinct free loopback addresses: all n are held open until the last
+// is picked, so that two calls in a row cannot return the same port.
+func freeLoopbacks(t testing.TB, n int) []string {
+	var out []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		out = append(out, l.Addr().String())
 	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
+	return out
 }
 
 // promProxy serves Prometheus (in the monitor namespace) on a root-namespace loopback port, for
@@ -522,22 +531,40 @@ func (h *Harness) eventually(d time.Duration, what string, cond func() bool) {
 // Serve starts `edgeflow serve` on the live inputs with the policy and the call graph at rate,
 // and waits until it has published and every caller pod's xDS client is connected to it.
 func (h *Harness) Serve(a App, p Policy, rate float64) *proc {
-	metricsAddr, uiAddr := freeLoopback(h.t), freeLoopback(h.t)
+	for try := 1; ; try++ {
+		s, err := h.serve(a, p, rate)
+		if err == nil {
+			return s
+		}
+		// A port picked free can be taken before serve binds it (an outgoing connection's
+		// ephemeral port): try again on others.
+		if try == 3 || !strings.Contains(err.Error(), "address already in use") {
+			h.t.Fatal(err)
+		}
+		fmt.Fprintf(h.log, "serve: %v; starting it again on other ports\n", err)
+	}
+}
+
+func (h *Harness) serve(a App, p Policy, rate float64) (*proc, error) {
+	addrs := freeLoopbacks(h.t, 2)
+	metricsAddr, uiAddr := addrs[0], addrs[1]
 	s := h.start("serve", "serve", "--kubeconfig", h.cluster.Kubeconfig, "--prometheus-url", h.promURL,
 		"--calls", h.callGraph(a, rate), "--namespaces", ns, "--xds-address", h.xdsAddr, "--metrics-address", metricsAddr,
 		"--ui-address", uiAddr, "--policy", p.Allocation, "--lb-policy", p.LB, "--prometheus-interval", "2s", "--log-level", "warn")
 	s.ui = uiAddr
 	pods, streams := callers(a)
 	what := fmt.Sprintf("serve ready and %d caller pods connected with %d streams", pods, streams)
+	var exited error
 	h.eventually(90*time.Second, what, func() bool {
 		if s.exited() {
-			h.t.Fatalf("edgeflow serve exited:\n%s", s.tail())
+			exited = fmt.Errorf("edgeflow serve exited:\n%s", s.tail())
+			return true
 		}
 		m, err := metrics(metricsAddr)
 		return err == nil && m["edgeflow_xds_publications_total"] > 0 &&
 			m["edgeflow_xds_nodes"] >= float64(pods) && m["edgeflow_xds_connected_clients"] >= float64(streams)
 	})
-	return s
+	return s, exited
 }
 
 // Rebalance runs `edgeflow rebalance --dry-run=false` on the cluster (with its placement
@@ -545,8 +572,8 @@ func (h *Harness) Serve(a App, p Policy, rate float64) *proc {
 // returns the moves it made.
 func (h *Harness) Rebalance(a App, rate float64, timeout time.Duration) int {
 	certFile, keyFile, caPEM := h.selfSigned()
-	webhookAddr := freeLoopback(h.t)
-	metricsAddr := freeLoopback(h.t)
+	addrs := freeLoopbacks(h.t, 2)
+	webhookAddr, metricsAddr := addrs[0], addrs[1]
 	r := h.start("rebalance", "rebalance", "--dry-run=false", "--kubeconfig", h.cluster.Kubeconfig, "--prometheus-url", h.promURL,
 		"--calls", h.callGraph(a, rate), "--namespaces", ns, "--lease-namespace", "default", "--period", "3s", "--min-age", "1s",
 		"--webhook-address", webhookAddr, "--webhook-tls-cert", certFile, "--webhook-tls-key", keyFile,
