@@ -194,6 +194,7 @@ func markdown(o *Outcome, plots []string) string {
 	writeHeadline(&b, o)
 	b.WriteString("\n## The paper's claims beside ours\n\n")
 	writeClaims(&b, o)
+	writeWhy(&b, o)
 	b.WriteString("\n## What is structurally different from the paper\n\n")
 	b.WriteString("- **beyond = proposed here.** `lata-q` needs each pod's service rate (`capacity_rps`); a live cluster gives " +
 		"edgeflow none (the Kubernetes source has no such field), and without it `lata-q` is exactly `lata`. The beyond row is " +

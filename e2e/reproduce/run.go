@@ -232,15 +232,14 @@ func settle(h *Harness, a App, p Preset, sc string, pol Policy, log io.Writer) {
 }
 
 // findMax returns the highest rate at which default-k8s keeps P99 under 1 s without errors, one
-// short run per rate tried: from the preset's last rate up in steps of MaxStep while it holds,
-// or, when the last rate already fails, down from it in steps of MaxStep/4 to the rate before
-// it (0 if none held).
+// run as long as a measured slice per rate tried (a shorter one let a rate above the services'
+// capacity pass: its queues had not yet grown): from the preset's last rate up in steps of
+// MaxStep while it holds, or, when the last rate already fails, down from it in steps of
+// MaxStep/4 to the rate before it (0 if none held).
 func findMax(h *Harness, a App, p Preset, sc string, log io.Writer) float64 {
-	short := p
-	short.Duration = p.Duration / 2
 	holds := func(rate float64) bool {
 		s := h.Serve(a, Policies[0], rate)
-		res, err := h.Load(a, short, rate)
+		res, err := h.Load(a, p, rate)
 		s.stop()
 		if err != nil {
 			h.t.Fatal(err)
