@@ -296,7 +296,9 @@ func writeWhy(b *strings.Builder, o *Outcome) {
 	var worse []string
 	for _, st := range o.Setups {
 		for _, rate := range o.cellsOf(st.App, st.Scenario) {
-			c := func(pol string) *Runs { return o.Find(Cell{App: st.App, Scenario: st.Scenario, Policy: pol, RPS: rate}) }
+			c := func(pol string) *Runs {
+				return o.Find(Cell{App: st.App, Scenario: st.Scenario, Policy: pol, RPS: rate})
+			}
 			l, p, q := c("lata-only"), c("proposed"), c("beyond")
 			if l == nil || p == nil || q == nil {
 				continue
