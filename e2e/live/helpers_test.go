@@ -199,16 +199,12 @@ func (c *caller) loop(ctx context.Context, interval time.Duration) (wait func())
 // eventually polls cond every 10 ms until it holds or the deadline passes.
 func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !waitUntil(d, cond) {
+		t.Fatalf("%s: not within %v", what, d)
 	}
 }
 
-// waitUntil polls cond until it holds (true) or d has passed (false).
+// waitUntil polls cond every 10 ms until it holds (true) or d has passed (false).
 func waitUntil(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
 	for !cond() {

@@ -454,7 +454,6 @@ func (p *proc) tail() string {
 // metricsClient keeps no idle connections: serve and rebalance come and go.
 var metricsClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
-// metrics reads a Prometheus text endpoint and sums the samples of each metric name.
 // planned returns the callee pods' planned request rates (pod → req/s) of serve's last
 // publication, from its web view's snapshot.
 func planned(ui string) (map[string]float64, error) {
@@ -483,6 +482,7 @@ func planned(ui string) (map[string]float64, error) {
 	return out, nil
 }
 
+// metrics reads a Prometheus text endpoint and sums the samples of each metric name.
 func metrics(addr string) (map[string]float64, error) {
 	resp, err := metricsClient.Get("http://" + addr + "/metrics")
 	if err != nil {

@@ -106,13 +106,7 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 	}
 	slice := func(a App, sc string, pol Policy, rate float64, run int) {
 		begin := time.Now()
-		s := h.Serve(a, pol, rate)
-		res, err := h.Load(a, p, rate)
-		plan, perr := planned(s.ui)
-		s.stop()
-		if err != nil {
-			t.Fatalf("%s %s %s %g req/s: %v", a.Name, sc, pol.Name, rate, err)
-		}
+		res, plan, perr := loadOnce(h, a, sc, pol, p, rate)
 		c := Cell{App: a.Name, Scenario: sc, Policy: pol.Name, RPS: rate}
 		r := o.Find(c)
 		if r == nil {
@@ -208,6 +202,20 @@ func (o *Outcome) finish(pr *progress) {
 	}
 }
 
+// loadOnce starts serve under pol, sends p's load (warm-up and duration) at rate, reads what
+// serve planned (callee pod → req/s; or why it could not), and stops serve. A load that fails
+// ends the test.
+func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) (*loadgen.Result, map[string]float64, error) {
+	s := h.Serve(a, pol, rate)
+	res, err := h.Load(a, p, rate)
+	plan, perr := planned(s.ui)
+	s.stop()
+	if err != nil {
+		h.t.Fatalf("%s %s %s %g req/s: %v", a.Name, sc, pol.Name, rate, err)
+	}
+	return res, plan, perr
+}
+
 // SettleTime is the load a placement gets, unmeasured, before its first measured slice.
 const SettleTime = 5 * time.Second
 
@@ -219,14 +227,9 @@ const SettleTime = 5 * time.Second
 func settle(h *Harness, a App, p Preset, sc string, pol Policy, log io.Writer) {
 	begin := time.Now()
 	rate := p.Rates[len(p.Rates)/2]
-	s := h.Serve(a, pol, rate)
 	short := p
 	short.Warmup, short.Duration = 0, SettleTime
-	res, err := h.Load(a, short, rate)
-	s.stop()
-	if err != nil {
-		h.t.Fatalf("%s %s settle: %v", a.Name, sc, err)
-	}
+	res, _, _ := loadOnce(h, a, sc, pol, short, rate)
 	fmt.Fprintf(log, "%s %s: settled under %s at %g req/s for %v, not measured (P99 %.1f ms, %d errors%s; %.1fs)\n",
 		a.Name, sc, pol.Name, rate, SettleTime, ms(res.Latency.Quantile(0.99)), res.Errors, errorKinds(res), time.Since(begin).Seconds())
 }
@@ -238,12 +241,7 @@ func settle(h *Harness, a App, p Preset, sc string, pol Policy, log io.Writer) {
 // MaxStep/4 to the rate before it (0 if none held).
 func findMax(h *Harness, a App, p Preset, sc string, log io.Writer) float64 {
 	holds := func(rate float64) bool {
-		s := h.Serve(a, Policies[0], rate)
-		res, err := h.Load(a, p, rate)
-		s.stop()
-		if err != nil {
-			h.t.Fatal(err)
-		}
+		res, _, _ := loadOnce(h, a, sc, Policies[0], p, rate)
 		p99 := res.Latency.Quantile(0.99)
 		fmt.Fprintf(log, "%s %s: max-rate search: default-k8s at %g req/s: P99 %.1f ms, %d errors\n", a.Name, sc, rate, ms(p99), res.Errors)
 		return p99 < time.Second && res.Errors == 0

@@ -238,18 +238,15 @@ func Override(p Preset, getenv func(string) string) (Preset, error) {
 					set[c.Name] = Neutral[c.Name]
 				}
 			}
-			v = ""
-		}
-		for _, kv := range strings.Split(v, ",") {
-			if kv == "" && len(set) > 0 {
-				continue
+		} else {
+			for _, kv := range strings.Split(v, ",") {
+				name, count, ok := strings.Cut(kv, "=")
+				n, err := strconv.Atoi(count)
+				if !ok || err != nil || n < 1 {
+					return p, fmt.Errorf("REPRODUCE_REPLICAS: bad entry %q (want COMPONENT=N, N ≥ 1)", kv)
+				}
+				set[name] = n
 			}
-			name, count, ok := strings.Cut(kv, "=")
-			n, err := strconv.Atoi(count)
-			if !ok || err != nil || n < 1 {
-				return p, fmt.Errorf("REPRODUCE_REPLICAS: bad entry %q (want COMPONENT=N, N ≥ 1)", kv)
-			}
-			set[name] = n
 		}
 		used := map[string]bool{}
 		apps := make([]App, len(p.Apps))
