@@ -1,6 +1,8 @@
 package rebalancer
 
 import (
+	"maps"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,6 +25,9 @@ type decider struct {
 	podOf map[string]topoPod
 	// newLeader: this replica has led for less than a period; nothing moves yet.
 	newLeader bool
+	// settling names what keeps the placement changing (a move in flight, a pod starting);
+	// empty when it is still. Set by decide.
+	settling string
 }
 
 type topoPod struct {
@@ -50,6 +55,11 @@ type topoPod struct {
 //     taint it does not tolerate, its node selector or required node affinity);
 //   - node_full: the destination has no room for it by the scheduler's count (every requested
 //     resource, pod slots) after the moves in flight and those chosen before it;
+//   - placement_settling: a move is in flight, or a pod of a managed service is starting (not
+//     ready, younger than 2 × GateTimeout + PlacementTimeout): the topology the plan was
+//     computed on lacks it (EndpointSlices list ready pods), and each planned move's cost
+//     assumes the moves before it were made — acting on it wanders (seen: a 3 s period moved
+//     Bookinfo's pods for 150 s while the predicted cost rose from 2,730 to 6,590);
 //   - new_leader: this replica has led for less than a period;
 //   - max_moves, max_moves_per_node (leaving or entering), max_moves_per_namespace: counted
 //     over the last period, with the moves of earlier leaders (the state they handed over).
@@ -65,6 +75,7 @@ func (d *decider) decide(plan *optimizer.Rebalance, gain float64) []Move {
 			perNS[r.Namespace]++
 		}
 	}
+	d.settling = d.changing()
 	busy := map[string]bool{} // services with a move chosen in this run
 	for _, pm := range plan.Moves {
 		out = append(out, d.one(pm, gain, &chosen, perNode, perNS, busy))
@@ -125,6 +136,8 @@ func (d *decider) one(pm optimizer.Move, gain float64, chosen *int, perNode, per
 		m.Reason = ReasonUnschedulable
 	case !d.fits(p, m.To):
 		m.Reason = ReasonNodeFull
+	case d.settling != "":
+		m.Reason = ReasonSettling
 	case d.newLeader:
 		m.Reason = ReasonNewLeader
 	case *chosen >= d.cfg.MaxMoves:
@@ -154,6 +167,28 @@ func (d *decider) cooling(p *corev1.Pod, m Move) bool {
 	}
 	at, ok := d.st.leftAt(m.Service, m.To)
 	return ok && d.now.Sub(at) < d.cfg.Cooldown
+}
+
+// changing says what keeps the placement from being still: a move in flight (evicted, its
+// replacement not placed yet), or a pod of a managed service starting — not ready and created
+// within 2 × GateTimeout + PlacementTimeout (the longest a replacement may take to be placed;
+// an older pod that is not ready is broken, not starting, and is left to replicas_not_ready).
+// It returns "" when the placement is still.
+func (d *decider) changing() string {
+	for _, r := range d.st.Moves {
+		if r.Outcome == outcomeInFlight {
+			return "move of " + r.Namespace + "/" + r.Pod + " in flight"
+		}
+	}
+	starting := 2*d.cfg.GateTimeout + d.cfg.PlacementTimeout
+	for _, svc := range slices.Sorted(maps.Keys(d.world.selected)) {
+		for _, p := range d.world.selected[svc] {
+			if !ready(p) && d.now.Sub(p.CreationTimestamp.Time) < starting {
+				return "pod " + p.Namespace + "/" + p.Name + " starting"
+			}
+		}
+	}
+	return ""
 }
 
 // allReady says whether every pod the service selects is ready (none pending, gated or

@@ -197,6 +197,21 @@ func TestDecideRules(t *testing.T) {
 			decider{world: testWorld(nodes(node("n1", 4000, 110), node("n2", 550, 110)),
 				withSidecar(pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 500), 100))},
 			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2")}, []string{ReasonNodeFull}},
+		{"while a pod of any managed service is starting, nothing moves (a broken old pod holds only its own service)",
+			decider{world: testWorld(freeNodes("n1", "n2", "n3"),
+				pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100), pod("shop", "a-2", "a", "n2", "ReplicaSet", old, 100),
+				notReadySince(pod("shop", "c-9", "c", "n3", "ReplicaSet", t0.Add(-10*time.Second), 100)))},
+			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n3")}, []string{ReasonSettling}},
+		{"a broken pod, not ready for longer than a replacement may take, does not hold other services",
+			decider{world: testWorld(freeNodes("n1", "n2", "n3"),
+				pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100), pod("shop", "a-2", "a", "n2", "ReplicaSet", old, 100),
+				notReadySince(pod("shop", "c-9", "c", "n3", "ReplicaSet", old, 100)))},
+			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n3")}, []string{"evict"}},
+		{"a move in flight holds every service",
+			decider{world: testWorld(freeNodes("n1", "n2"), pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100),
+				pod("shop", "a-2", "a", "n2", "ReplicaSet", old, 100)),
+				st: &state{Moves: []moveRecord{{Move: Move{Service: "b.shop", Namespace: "shop", Pod: "b-1", From: "n2", To: "n1"}, Evicted: t0.Add(-time.Second)}}}},
+			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2")}, []string{ReasonSettling}},
 		{"a new leader moves nothing in its first period",
 			decider{world: testWorld(freeNodes("n1", "n2"), pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100)), newLeader: true},
 			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n2")}, []string{ReasonNewLeader}},
@@ -215,6 +230,11 @@ func TestDecideRules(t *testing.T) {
 			}
 		})
 	}
+}
+
+func notReadySince(p *corev1.Pod) *corev1.Pod {
+	p.Status.Conditions[0].Status = corev1.ConditionFalse
+	return p
 }
 
 func cordoned(n *corev1.Node) *corev1.Node { n.Spec.Unschedulable = true; return n }
@@ -252,4 +272,16 @@ func withSidecar(p *corev1.Pod, cpu int64) *corev1.Pod {
 	p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: "proxy", RestartPolicy: &always,
 		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: *resource.NewMilliQuantity(cpu, resource.DecimalSI)}}})
 	return p
+}
+
+// The run's log line names each skipped move with its reason, and only those.
+func TestReportSkipped(t *testing.T) {
+	r := &Report{Moves: []Move{
+		{Namespace: "shop", Pod: "a-1", From: "n1", To: "n2", Action: ActionEvict},
+		{Namespace: "shop", Pod: "b-1", From: "n4", To: "n1", Action: ActionSkip, Reason: ReasonMaxPerNode},
+	}}
+	got, want := r.skipped(), []string{"shop/b-1 n4→n1: " + ReasonMaxPerNode}
+	if !same(got, want) {
+		t.Errorf("skipped() = %q, want %q", got, want)
+	}
 }

@@ -74,12 +74,17 @@ const (
 	ReasonTooYoung        = "min_age"
 	ReasonCooldown        = "cooldown"
 	ReasonReplicas        = "replicas_not_ready"
-	ReasonNodeFull        = "node_full"
-	ReasonPDB             = "pdb"
-	ReasonBackoff         = "backoff"
-	ReasonBlocked         = "blocked"
-	ReasonGone            = "pod_gone"
-	ReasonError           = "error"
+	// ReasonSettling: the placement is still changing — a move is in flight, or a pod of a
+	// managed service is starting (not ready, created within 2 × GateTimeout +
+	// PlacementTimeout) — so the plan was computed on a topology that lacks it, and its later
+	// moves assume ones not made yet.
+	ReasonSettling = "placement_settling"
+	ReasonNodeFull = "node_full"
+	ReasonPDB      = "pdb"
+	ReasonBackoff  = "backoff"
+	ReasonBlocked  = "blocked"
+	ReasonGone     = "pod_gone"
+	ReasonError    = "error"
 	// ReasonSingleReplica: the pod's service has one pod; evicting it is an outage
 	// (Config.AllowSingleReplica allows it).
 	ReasonSingleReplica = "single_replica"
@@ -218,8 +223,11 @@ type Report struct {
 	Gain      float64 `json:"gain"`
 	Threshold float64 `json:"threshold"`
 	// Truncated says the planning budget cut the search: the target is the best found in time.
-	Truncated bool   `json:"truncated,omitempty"`
-	Moves     []Move `json:"moves"`
+	Truncated bool `json:"truncated,omitempty"`
+	// Settling says what kept the placement changing in this run (a move in flight, a pod
+	// starting): every move that got that far is skipped with placement_settling.
+	Settling string `json:"settling,omitempty"`
+	Moves    []Move `json:"moves"`
 }
 
 // Evictions counts the moves the report carries out (or would, in dry-run).
@@ -231,6 +239,18 @@ func (r *Report) Evictions() int {
 		}
 	}
 	return n
+}
+
+// skipped lists the moves the report does not carry out, each as NS/POD FROM→TO: REASON, in
+// the plan's order, for the run's log line.
+func (r *Report) skipped() []string {
+	var out []string
+	for _, m := range r.Moves {
+		if m.Action != ActionEvict {
+			out = append(out, fmt.Sprintf("%s/%s %s→%s: %s", m.Namespace, m.Pod, m.From, m.To, m.Reason))
+		}
+	}
+	return out
 }
 
 // Actions of a Move.
@@ -439,6 +459,7 @@ func (c *Controller) Plan() (*Report, error) {
 		d.newLeader = true
 	}
 	r.Moves = d.decide(plan, r.Gain)
+	r.Settling = d.settling
 	return r, nil
 }
 

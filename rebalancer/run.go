@@ -269,7 +269,7 @@ func (c *Controller) runOnce(ctx context.Context, rec events.EventRecorder) *Rep
 	c.last = r
 	c.mu.Unlock()
 	c.log.Info("rebalancer: run", "dryRun", r.DryRun, "costBefore", r.CostBefore, "costTarget", r.CostTarget,
-		"gain", r.Gain, "planned", len(r.Moves), "evicted", r.Evictions())
+		"gain", r.Gain, "planned", len(r.Moves), "evicted", r.Evictions(), "skipped", r.skipped(), "settling", r.Settling)
 	return r
 }
 
