@@ -46,7 +46,7 @@ e2e-reproduce:
 
 ## reproduce: the paper's experiment on the live loop, real delay, real control plane (root; see
 ## e2e/reproduce): the full grid writes docs/reproduction.md, .json and the CDF PNGs; QUICK=1
-## runs one app, scenario B, 200 req/s, 3 runs (report in bin/reproduction/)
+## runs one app, scenario B, 200 req/s, 5 runs (report in bin/reproduction/)
 QUICK ?=
 reproduce: k8s
 	mkdir -p bin

@@ -446,6 +446,21 @@ func (p *proc) exited() bool {
 	}
 }
 
+// lines returns the lines of p's log that contain any of subs.
+func (p *proc) lines(subs ...string) []string {
+	b, _ := os.ReadFile(p.log)
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, sub := range subs {
+			if strings.Contains(line, sub) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	return out
+}
+
 func (p *proc) tail() string {
 	b, _ := os.ReadFile(p.log)
 	return lastLines(string(b), 15)
@@ -482,7 +497,8 @@ func planned(ui string) (map[string]float64, error) {
 	return out, nil
 }
 
-// metrics reads a Prometheus text endpoint and sums the samples of each metric name.
+// metrics reads a Prometheus text endpoint: each series by its name and labels as exposed
+// (NAME{L="V"}), and each metric name with the sum of its series.
 func metrics(addr string) (map[string]float64, error) {
 	resp, err := metricsClient.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -502,13 +518,15 @@ func metrics(addr string) (map[string]float64, error) {
 			continue
 		}
 		name := line[:i]
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
 		if j := strings.IndexByte(name, '{'); j >= 0 {
+			out[name] = v // one series, by its name and labels
 			name = name[:j]
 		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err == nil {
-			out[name] += v
-		}
+		out[name] += v
 	}
 	return out, sc.Err()
 }
@@ -555,22 +573,39 @@ func (h *Harness) serve(a App, p Policy, rate float64) (*proc, error) {
 	pods, streams := callers(a)
 	what := fmt.Sprintf("serve ready and %d caller pods connected with %d streams", pods, streams)
 	var exited error
+	var last map[string]float64
+	defer func() {
+		if last != nil && h.t.Failed() { // the wait timed out: say how far it got
+			fmt.Fprintf(h.log, "serve: at the timeout %g publications, %g caller pods, %g streams\n",
+				last["edgeflow_xds_publications_total"], last["edgeflow_xds_nodes"], last["edgeflow_xds_connected_clients"])
+		}
+	}()
 	h.eventually(90*time.Second, what, func() bool {
 		if s.exited() {
 			exited = fmt.Errorf("edgeflow serve exited:\n%s", s.tail())
 			return true
 		}
 		m, err := metrics(metricsAddr)
+		if err == nil {
+			last = m
+		}
 		return err == nil && m["edgeflow_xds_publications_total"] > 0 &&
 			m["edgeflow_xds_nodes"] >= float64(pods) && m["edgeflow_xds_connected_clients"] >= float64(streams)
 	})
 	return s, exited
 }
 
+// Rebalanced is what one `edgeflow rebalance` did: its evictions, and the predicted LATA cost
+// (its model: Σ req/s × measured RTT, ms·req/s) of the placement it found and of the one it
+// left.
+type Rebalanced struct {
+	Moves               int
+	CostBefore, CostNow float64
+}
+
 // Rebalance runs `edgeflow rebalance --dry-run=false` on the cluster (with its placement
-// webhook registered) until it has made its moves and the pods settled, or until timeout; it
-// returns the moves it made.
-func (h *Harness) Rebalance(a App, rate float64, timeout time.Duration) int {
+// webhook registered) until it has made its moves and the pods settled, or until timeout.
+func (h *Harness) Rebalance(a App, rate float64, timeout time.Duration) Rebalanced {
 	certFile, keyFile, caPEM := h.selfSigned()
 	addrs := freeLoopbacks(h.t, 2)
 	webhookAddr, metricsAddr := addrs[0], addrs[1]
@@ -586,9 +621,18 @@ func (h *Harness) Rebalance(a App, rate float64, timeout time.Duration) int {
 	defer func() {
 		r.stop()
 		_ = h.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(h.ctx, cfg.Name, metav1.DeleteOptions{})
+		// What it decided: every run that planned moves (its predicted costs, the moves it
+		// skipped and why) and every eviction.
+		for _, line := range r.lines("rebalancer: run", "rebalancer: evicted", "rebalancer: eviction refused") {
+			if !strings.Contains(line, "planned=0") {
+				fmt.Fprintf(h.log, "rebalance log: %s\n", line)
+			}
+		}
 	}()
 	deadline := time.Now().Add(timeout)
-	var moves, lastMoves, runsAtLast float64
+	var moves, lastMoves, runsAtLast, gain float64
+	var out Rebalanced
+	const current = `edgeflow_rebalance_predicted_latency_cost_seconds{placement="current"}`
 	for time.Now().Before(deadline) {
 		if r.exited() {
 			h.t.Fatalf("edgeflow rebalance exited:\n%s", r.tail())
@@ -600,17 +644,30 @@ func (h *Harness) Rebalance(a App, rate float64, timeout time.Duration) int {
 		}
 		moves = m["edgeflow_rebalance_moves_total"]
 		runs := m["edgeflow_rebalance_runs_total"]
+		if c, ok := m[current]; ok && runs > 0 {
+			if out.CostBefore == 0 {
+				out.CostBefore = c * 1000
+			}
+			out.CostNow = c * 1000
+		}
+		out.Moves = int(moves)
 		if moves != lastMoves {
 			lastMoves, runsAtLast = moves, runs
 			fmt.Fprintf(h.log, "rebalance: %g moves so far\n", moves)
 		}
-		// Settled: two runs since the last move planned nothing more, and every pod is placed.
-		if runs >= runsAtLast+2 && h.unsettled(a) == "" && (moves > 0 || runs >= 4) {
-			return int(moves)
+		// Settled: two runs since the last move, every pod placed, and the last run's target
+		// gains less than the threshold over the placement now. A run without an eviction is
+		// not enough: moves wait out the per-node limit and their service's replacements, and
+		// stopping between them leaves half a plan, whose predicted cost can be above the
+		// start's (each move's cost assumes the moves before it; a full run stopped DAG B
+		// after 2 of 3 moves that way).
+		gain = m["edgeflow_rebalance_planned_gain_ratio"]
+		if runs >= runsAtLast+2 && h.unsettled(a) == "" && gain < rebalancer.DefaultThreshold {
+			return out
 		}
 	}
-	fmt.Fprintf(h.log, "rebalance: not settled within %v (%g moves; %s)\n", timeout, moves, h.unsettled(a))
-	return int(moves)
+	fmt.Fprintf(h.log, "rebalance: not settled within %v (%g moves; the last run's planned gain %.3f; %s)\n", timeout, moves, gain, h.unsettled(a))
+	return out
 }
 
 // selfSigned writes a self-signed certificate for 127.0.0.1 and its key, for the webhook.

@@ -94,8 +94,11 @@ type jsonSetup struct {
 	Before   map[string]map[string]int `json:"placement_before"`
 	After    map[string]map[string]int `json:"placement_after"`
 	Moves    int                       `json:"rebalance_moves"`
-	Pending  []string                  `json:"pending_after_rebalance"`
-	MaxRate  float64                   `json:"max_rate_default_p99_under_1s,omitempty"`
+	// The rebalancer's predicted LATA cost (ms·req/s) of the two placements, when read.
+	CostBefore float64  `json:"predicted_cost_before,omitempty"`
+	CostAfter  float64  `json:"predicted_cost_after,omitempty"`
+	Pending    []string `json:"pending_after_rebalance"`
+	MaxRate    float64  `json:"max_rate_default_p99_under_1s,omitempty"`
 }
 
 type jsonRun struct {
@@ -139,7 +142,7 @@ func (o *Outcome) jsonReport() jsonReport {
 	}
 	for _, st := range o.Setups {
 		r.Setups = append(r.Setups, jsonSetup{App: st.App, Scenario: st.Scenario, Before: st.Before, After: st.After,
-			Moves: st.Moves, Pending: st.Pending, MaxRate: st.MaxRate})
+			Moves: st.Moves, CostBefore: round(st.CostBefore), CostAfter: round(st.CostAfter), Pending: st.Pending, MaxRate: st.MaxRate})
 	}
 	return r
 }
@@ -222,6 +225,10 @@ func markdown(o *Outcome, plots []string) string {
 	b.WriteString("\n## Placement before and after `edgeflow rebalance`\n\n")
 	for _, st := range o.Setups {
 		fmt.Fprintf(&b, "**%s, scenario %s** — %d moves; pods Pending afterwards: %d", st.App, st.Scenario, st.Moves, len(st.Pending))
+		if st.CostBefore > 0 {
+			fmt.Fprintf(&b, "; the rebalancer's predicted LATA cost (Σ req/s × measured RTT) %.0f → %.0f ms·req/s (%+.0f %%)",
+				st.CostBefore, st.CostAfter, 100*(st.CostAfter/st.CostBefore-1))
+		}
 		if st.MaxRate > 0 {
 			fmt.Fprintf(&b, "; highest rate with default-k8s P99 < 1 s: %g req/s", st.MaxRate)
 		}

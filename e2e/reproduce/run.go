@@ -31,8 +31,11 @@ type Setup struct {
 	RTT           []PairAccuracy
 	Before, After map[string]map[string]int
 	Moves         int
-	Pending       []string // pods not placed once the rebalancer settled
-	MaxRate       float64  // the highest rate at which default-k8s kept P99 < 1 s (FindMax), else 0
+	// CostBefore and CostAfter are the rebalancer's predicted LATA cost (Σ req/s × measured
+	// RTT, ms·req/s) of the scheduler's placement and of the one it left; 0 if not read.
+	CostBefore, CostAfter float64
+	Pending               []string // pods not placed once the rebalancer settled
+	MaxRate               float64  // the highest rate at which default-k8s kept P99 < 1 s (FindMax), else 0
 }
 
 // Outcome is everything one invocation measured.
@@ -160,19 +163,21 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 				o.finish(pr)
 				continue
 			}
+			larp := p.Rows()[slices.IndexFunc(p.Rows(), func(q Policy) bool { return q.LARP })]
 			begin := time.Now()
-			st.Moves = h.Rebalance(a, rates[len(p.Rates)/2], 150*time.Second)
+			// The mission's loop: serve runs while the rebalancer moves pods, so the callers' xDS
+			// clients stay connected (without a server for the rebalancer's minutes, their
+			// reconnect backoff grows toward grpc's 120 s cap, past the next serve's wait).
+			s := h.Serve(a, larp, rates[len(p.Rates)/2])
+			rb := h.Rebalance(a, rates[len(p.Rates)/2], 150*time.Second)
+			s.stop()
+			st.Moves, st.CostBefore, st.CostAfter = rb.Moves, rb.CostBefore, rb.CostNow
 			o.RebalanceSeconds = append(o.RebalanceSeconds, time.Since(begin).Seconds())
 			st.After = h.Placement(a)
 			st.Pending = h.Pending()
-			fmt.Fprintf(log, "%s %s: edgeflow rebalance made %d moves in %.0fs; placement now %s; pending: %v\n",
-				a.Name, sc, st.Moves, time.Since(begin).Seconds(), fmtPlacement(st.After), st.Pending)
-			for _, pol := range p.Rows() {
-				if pol.LARP {
-					settle(h, a, p, sc, pol, log)
-					break
-				}
-			}
+			fmt.Fprintf(log, "%s %s: edgeflow rebalance made %d moves in %.0fs (predicted LATA cost %.0f → %.0f ms·req/s); placement now %s; pending: %v\n",
+				a.Name, sc, st.Moves, time.Since(begin).Seconds(), st.CostBefore, st.CostAfter, fmtPlacement(st.After), st.Pending)
+			settle(h, a, p, sc, larp, log)
 			for _, rate := range rates {
 				for run := 1; run <= p.Runs; run++ {
 					for _, pol := range p.Rows() {

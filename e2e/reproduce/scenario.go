@@ -146,11 +146,11 @@ func (p Preset) Rows() []Policy {
 	return out
 }
 
-// Presets: quick is CI's (one app, scenario B, the middle rate, 3 runs); full is the paper's
+// Presets: quick is CI's (one app, scenario B, the middle rate, 5 runs); full is the paper's
 // grid with 5 runs per cell (the paper used 10).
 var Presets = map[string]Preset{
 	"quick": {Name: "quick", Apps: []App{Bookinfo}, Scenarios: []string{"B"}, Rates: []float64{200},
-		Runs: 3, Duration: 10 * time.Second, Warmup: 2 * time.Second, Timeout: 5 * time.Second},
+		Runs: 5, Duration: 10 * time.Second, Warmup: 2 * time.Second, Timeout: 5 * time.Second},
 	"full": {Name: "full", Apps: []App{Bookinfo, DAG}, Scenarios: []string{"A", "B"}, Rates: []float64{100, 200, 300},
 		FindMax: true, MaxStep: 100, Runs: 5, Duration: 10 * time.Second, Warmup: 2 * time.Second, Timeout: 5 * time.Second},
 }
