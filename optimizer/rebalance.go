@@ -21,6 +21,13 @@ type RebalanceOptions struct {
 	// placement and LARP from scratch), as PlaceOptions.Budget does (0: no limit). When it
 	// cuts either short, Rebalance.Truncated says so and the best found so far is used.
 	Budget time.Duration
+	// Previous is the target of the plan before (its Rebalance.TargetCounts). When it still
+	// fits the model — every service's replica count, every node known, the constraints held
+	// — it is one more candidate, preferred over the searches' targets on ties: a controller
+	// that carries a plan out a few moves per run keeps heading for the same target, instead
+	// of an equally cheap other one whose moves undo those made (live, a fresh target each
+	// run sent Bookinfo's pods back to nodes they had just left).
+	Previous map[string]map[string]int
 }
 
 // Move relocates one pod.
@@ -54,6 +61,9 @@ type Rebalance struct {
 	// Truncated says the budget (RebalanceOptions.Budget) cut a search short: the target is the
 	// best found in time, and the result depends on the machine and its load.
 	Truncated bool `json:"truncated,omitempty"`
+	// TargetCounts is Target as pods per node of each service (service name → node → pods),
+	// what RebalanceOptions.Previous takes in the next plan.
+	TargetCounts map[string]map[string]int `json:"-"`
 }
 
 // Placement returns the target as a Placement (policy LARP, cost CostTarget), whose Apply
@@ -78,7 +88,8 @@ func (r *Rebalance) Placement() *Placement {
 //
 // Three candidate targets are considered: local search (as LARP's) started from the current
 // placement; LARP's placement from scratch (what Place(m, LARP) gives); and the current
-// placement itself. Among those whose cost is within opt.Tolerance of the cheapest, the one of
+// placement itself; a fourth, the previous plan's target, when opt.Previous gives one that
+// still fits. Among those whose cost is within opt.Tolerance of the cheapest, the one of
 // fewest moves wins (ties: the cheaper, then that order). A current placement that breaks a
 // constraint — more pods of a service on a node than the spread cap, or requests over a node's
 // allocatable, both of which happen on live clusters — is no candidate; the local search then
@@ -123,8 +134,8 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 		return nil, err
 	}
 
-	// The candidates, in order of preference on ties: the current placement, local search
-	// from it, LARP from scratch. The two searches run in parallel; each writes its own slot.
+	// The candidates, in order of preference on ties: the current placement, the previous
+	// target, local search from it, LARP from scratch. The two searches run in parallel; each writes its own slot.
 	var fromCurrent, fromScratch []int
 	var scratchErr error
 	curOK := pp.feasible(cur) == ""
@@ -155,7 +166,7 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 		current = cur
 	}
 	var cands []candidate
-	for _, nodes := range [][]int{current, fromCurrent, fromScratch} {
+	for _, nodes := range [][]int{current, pp.fromCounts(opt.Previous), fromCurrent, fromScratch} {
 		if nodes == nil {
 			continue
 		}
@@ -194,11 +205,52 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 		return nil, err
 	}
 	out.Target = make(map[string]string, len(final))
+	out.TargetCounts = make(map[string]map[string]int, len(m.Services))
 	for i, u := range final {
 		s := pp.pods[i].svc
 		out.Target[m.Services[s].Pods[i-pp.svcs[s].first].Name] = m.Nodes[u].Name
+		counts := out.TargetCounts[m.Services[s].Name]
+		if counts == nil {
+			counts = map[string]int{}
+			out.TargetCounts[m.Services[s].Name] = counts
+		}
+		counts[m.Nodes[u].Name]++
 	}
 	return out, nil
+}
+
+// fromCounts is a placement with counts' pods per node of each service (nil counts: none),
+// or nil when it does not fit the model: a service's counts do not add up to its pods, name a
+// node the model lacks, or the placement breaks a constraint. Pods take the nodes in node
+// order; match assigns them to the current pods.
+func (pp *placeProblem) fromCounts(counts map[string]map[string]int) []int {
+	if counts == nil {
+		return nil
+	}
+	nodes := make([]int, len(pp.pods))
+	for s := range pp.m.Services {
+		want, i, end := counts[pp.m.Services[s].Name], pp.svcs[s].first, pp.svcs[s].first+pp.svcs[s].count
+		for u := range pp.m.Nodes {
+			for k := want[pp.m.Nodes[u].Name]; k > 0; k-- {
+				if i == end {
+					return nil
+				}
+				nodes[i] = u
+				i++
+			}
+		}
+		total := 0
+		for _, k := range want {
+			total += k
+		}
+		if i != end || total != pp.svcs[s].count {
+			return nil // too few pods for the service, or a node the model lacks
+		}
+	}
+	if pp.feasible(nodes) != "" {
+		return nil
+	}
+	return nodes
 }
 
 // feasible says which constraint the complete placement nodes breaks ("" if none).

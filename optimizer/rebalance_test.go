@@ -549,3 +549,44 @@ func TestRebalanceBudget(t *testing.T) {
 		t.Errorf("cut plan %v is worse than staying (%v)", rb.CostTarget, rb.CostBefore)
 	}
 }
+
+// The previous plan's target steers the plan among equally cheap ones: a on n1 and b on n3,
+// every pair 10 ms apart, can meet on n1 or on n3 (one move either way, cost 0). Without a
+// previous target the plan picks one; with the other as Previous it heads there instead. A
+// previous target that no longer fits (a replica more, a node gone) is ignored.
+func TestRebalancePrevious(t *testing.T) {
+	nodes := map[string]int64{"n1": 0, "n2": 0, "n3": 0, "n4": 0}
+	order := []string{"n1", "n2", "n3", "n4"}
+	lat := map[[2]string]float64{}
+	for i, a := range order {
+		for _, b := range order[i+1:] {
+			lat[[2]string{a, b}] = 10
+		}
+	}
+	m := compilePlaced(t, rebalanceWorld(nodes, order, lat, map[string][]string{"a": {"n1"}, "b": {"n3"}},
+		[]string{"a", "b"}, [][2]string{{"a", "b"}}))
+	free := mustRebalance(t, m, RebalanceOptions{})
+	if len(free.Moves) != 1 || free.CostTarget != 0 {
+		t.Fatalf("without a previous target: moves %+v, cost %v; want one move to cost 0", free.Moves, free.CostTarget)
+	}
+	meet := free.Moves[0].To
+	other := map[string]string{"n1": "n3", "n3": "n1"}[meet]
+	want := map[string]map[string]int{"a": {other: 1}, "b": {other: 1}}
+	if !reflect.DeepEqual(free.TargetCounts, map[string]map[string]int{"a": {meet: 1}, "b": {meet: 1}}) {
+		t.Fatalf("TargetCounts %v, want a and b on %s", free.TargetCounts, meet)
+	}
+	steered := mustRebalance(t, m, RebalanceOptions{Previous: want})
+	if len(steered.Moves) != 1 || steered.Moves[0].To != other || steered.CostTarget != 0 {
+		t.Fatalf("with Previous %v: moves %+v, cost %v; want one move to %s", want, steered.Moves, steered.CostTarget, other)
+	}
+	for _, stale := range []map[string]map[string]int{
+		{"a": {other: 2}, "b": {other: 1}}, // a has one pod
+		{"a": {"n9": 1}, "b": {"n9": 1}},   // no node n9
+		{"a": {other: 1}},                  // b missing
+	} {
+		got := mustRebalance(t, m, RebalanceOptions{Previous: stale})
+		if len(got.Moves) != 1 || got.Moves[0].To != meet {
+			t.Errorf("with a previous target that does not fit (%v): moves %+v, want the plan without it (to %s)", stale, got.Moves, meet)
+		}
+	}
+}

@@ -281,9 +281,13 @@ type Controller struct {
 	syncOnce sync.Once
 	store    stateStore
 
-	mu         sync.Mutex
-	st         state // the leader's state (state.go); read-only copy in dry-run
-	last       *Report
+	mu   sync.Mutex
+	st   state // the leader's state (state.go); read-only copy in dry-run
+	last *Report
+	// prevTarget is the last plan's target (pods per node of each service), which the next
+	// plan prefers while it is still as cheap: the moves of several runs head for one target.
+	// It is not handed over: a new leader plans afresh.
+	prevTarget map[string]map[string]int
 	leading    bool
 	leadSince  time.Time
 	stateDirty chan struct{}
@@ -442,7 +446,11 @@ func (c *Controller) Plan() (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rebalancer: %w", err)
 	}
-	plan, err := optimizer.PlanRebalance(m, optimizer.RebalanceOptions{Tolerance: c.cfg.Tolerance, Budget: max(0, c.cfg.Budget)})
+	c.mu.Lock()
+	prev := c.prevTarget
+	c.mu.Unlock()
+	plan, err := optimizer.PlanRebalance(m, optimizer.RebalanceOptions{Tolerance: c.cfg.Tolerance, Budget: max(0, c.cfg.Budget),
+		Previous: prev})
 	if err != nil {
 		return nil, fmt.Errorf("rebalancer: %w", err)
 	}
@@ -453,6 +461,7 @@ func (c *Controller) Plan() (*Report, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.prevTarget = plan.TargetCounts
 	c.st.expire(now, &c.cfg)
 	d := decider{cfg: &c.cfg, now: now, world: w, st: &c.st, namespaceOf: namespaceOf(t), podOf: podsOf(t)}
 	if c.leading && now.Sub(c.leadSince) < c.cfg.Period {
