@@ -309,12 +309,24 @@ func writeWhy(b *strings.Builder, o *Outcome) {
 		}
 	}
 	if len(worse) > 0 {
+		var predicted []string
+		for _, st := range o.Setups {
+			if st.CostBefore > 0 {
+				predicted = append(predicted, fmt.Sprintf("%s/%s %.0f → %.0f (%+.0f %%)", st.App, st.Scenario, st.CostBefore, st.CostAfter, pct(st.CostAfter, st.CostBefore)))
+			}
+		}
 		b.WriteString("- **Where the rebalancer's placement did worse than the scheduler's.** proposed and beyond route as lata-only does, " +
-			"on the placement `edgeflow rebalance` left; in these cells both were above lata-only: " + strings.Join(worse, "; ") + ". " +
-			"The rebalancer moves pods only when LATA's predicted cost (network time) falls, so by that model its placement is the " +
-			"better one; what the model leaves out (queueing where one node hosts more of a chain, and the minutes between the " +
-			"default-placement rows and the LARP rows on a machine whose load changes) is where to look. This run does not tell which: " +
-			"it is not explained yet.\n")
+			"on the placement `edgeflow rebalance` left; in these cells both were above lata-only: " + strings.Join(worse, "; ") + ". ")
+		if len(predicted) > 0 {
+			b.WriteString("The rebalancer's own prediction, its LATA cost (Σ req/s × measured RTT, ms·req/s) of the scheduler's placement " +
+				"and of the one it left: " + strings.Join(predicted, "; ") + ". ")
+		}
+		b.WriteString("That model prices network time with every pod at its share; the P99 here is mostly queueing (above), and the " +
+			"LARP rows run minutes after the default-placement rows on a machine whose load changes, so a placement that saves network " +
+			"time can still measure slower; this run does not separate the two. An earlier full run had DAG B's proposed about 2× above " +
+			"lata-only at 100 and 300 req/s: the harness had stopped the rebalancer after 2 of its 3 planned moves (the third waited out " +
+			"the per-node limit), a placement its own model priced 2 % above the scheduler's. The harness now waits until the planned " +
+			"gain is under the threshold, and the rebalancer no longer acts while the placement is still changing (placement_settling).\n")
 	}
 	b.WriteString("- **Noise.** Single runs of one row vary by ±20 % and more (the progress log gives the load generator's largest " +
 		"lag per slice; on 2 shared cores a sleep can end tens of ms late); the \"runs\" column gives the paired runs' range, and a " +

@@ -610,7 +610,8 @@ func (h *Harness) Rebalance(a App, rate float64, timeout time.Duration) Rebalanc
 	addrs := freeLoopbacks(h.t, 2)
 	webhookAddr, metricsAddr := addrs[0], addrs[1]
 	r := h.start("rebalance", "rebalance", "--dry-run=false", "--kubeconfig", h.cluster.Kubeconfig, "--prometheus-url", h.promURL,
-		"--calls", h.callGraph(a, rate), "--namespaces", ns, "--lease-namespace", "default", "--period", "3s", "--min-age", "1s",
+		"--calls", h.callGraph(a, rate), "--namespaces", ns, "--lease-namespace", "default", "--period", "10s", "--min-age", "1s",
+		"--prometheus-window", "20s",
 		"--webhook-address", webhookAddr, "--webhook-tls-cert", certFile, "--webhook-tls-key", keyFile,
 		"--metrics-address", metricsAddr, "--prometheus-interval", "2s")
 	u := "https://" + webhookAddr + rebalancer.WebhookPath

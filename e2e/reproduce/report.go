@@ -203,8 +203,10 @@ func markdown(o *Outcome, plots []string) string {
 		"edgeflow none (the Kubernetes source has no such field), and without it `lata-q` is exactly `lata`. The beyond row is " +
 		"therefore a second measurement of proposed's routes, and its difference from proposed is this testbed's noise.\n")
 	b.WriteString("- **LARP moves few pods.** `edgeflow rebalance` acts only while the predicted LATA cost falls by at least its " +
-		"threshold (5 %), within its per-run move limits and cool-downs; it ran once per application × scenario, for up to 150 s. " +
-		"The placement table shows how far it went.\n")
+		"threshold (5 %), within its per-run move limits (1 move per node per run) and cool-downs (a service does not move back " +
+		"to a node it left within the hour); it ran once per application × scenario, every 10 s (the product's default is 10 min; " +
+		"RTTs averaged over 20 s), beside serve, until its planned gain fell under the threshold or for at most 180 s. " +
+		"The placement table shows how far it went, with its predicted cost of both placements.\n")
 	b.WriteString("- **LATA keeps every pod at its share.** lata (and proposed) balance load by weight. With the paper's replica ratios " +
 		"(3 caller pods, 2 callee pods) Localization must overload a callee pod, and OptTraffic keeps every pod at its share too, so " +
 		"lata-only and OptTraffic differ only in where the traffic beyond the same-node pods goes: a few ms against a tail made " +

@@ -169,7 +169,7 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 			// clients stay connected (without a server for the rebalancer's minutes, their
 			// reconnect backoff grows toward grpc's 120 s cap, past the next serve's wait).
 			s := h.Serve(a, larp, rates[len(p.Rates)/2])
-			rb := h.Rebalance(a, rates[len(p.Rates)/2], 150*time.Second)
+			rb := h.Rebalance(a, rates[len(p.Rates)/2], 180*time.Second)
 			s.stop()
 			st.Moves, st.CostBefore, st.CostAfter = rb.Moves, rb.CostBefore, rb.CostNow
 			o.RebalanceSeconds = append(o.RebalanceSeconds, time.Since(begin).Seconds())
