@@ -58,8 +58,7 @@ type topoPod struct {
 //   - placement_settling: a move is in flight, or a pod of a managed service is starting (not
 //     ready, younger than 2 × GateTimeout + PlacementTimeout): the topology the plan was
 //     computed on lacks it (EndpointSlices list ready pods), and each planned move's cost
-//     assumes the moves before it were made — acting on it wanders (seen: a 3 s period moved
-//     Bookinfo's pods for 150 s while the predicted cost rose from 2,730 to 6,590);
+//     assumes the moves before it were made;
 //   - new_leader: this replica has led for less than a period;
 //   - max_moves, max_moves_per_node (leaving or entering), max_moves_per_namespace: counted
 //     over the last period, with the moves of earlier leaders (the state they handed over).
