@@ -28,6 +28,11 @@ type RebalanceOptions struct {
 	// of an equally cheap other one whose moves undo those made (live, a fresh target each
 	// run sent Bookinfo's pods back to nodes they had just left).
 	Previous map[string]map[string]int
+	// PreviousTolerance: the previous target is kept while its cost is within this (relative)
+	// of the cheapest candidate, so that measurement noise in the latencies does not swap one
+	// target for another run after run; a controller passes the gain it acts on. Below
+	// Tolerance (and 0) it is Tolerance.
+	PreviousTolerance float64
 }
 
 // Move relocates one pod.
@@ -90,9 +95,11 @@ func (r *Rebalance) Placement() *Placement {
 // placement; LARP's placement from scratch (what Place(m, LARP) gives); and the current
 // placement itself; a fourth, the previous plan's target, when opt.Previous gives one that
 // still fits. Among those whose cost is within opt.Tolerance of the cheapest, the one of
-// fewest moves wins (ties: the cheaper, then that order). A current placement that breaks a
-// constraint — more pods of a service on a node than the spread cap, or requests over a node's
-// allocatable, both of which happen on live clusters — is no candidate; the local search then
+// fewest moves wins (ties: the cheaper, then that order); but the previous target, while
+// within opt.PreviousTolerance of the cheapest, wins over any other but the current
+// placement. A current placement that breaks a constraint — more pods of a service on a node
+// than the spread cap, or requests over a node's allocatable, both of which happen on live
+// clusters — is no candidate; the local search then
 // starts from it after a repair that moves the offending pods, one at a time, to the feasible
 // node where they cost least (if some pod fits nowhere, that candidate is dropped). When no
 // candidate is feasible the error wraps ErrInfeasible, as Place's does.
@@ -135,7 +142,8 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 	}
 
 	// The candidates, in order of preference on ties: the current placement, the previous
-	// target, local search from it, LARP from scratch. The two searches run in parallel; each writes its own slot.
+	// target, local search from it, LARP from scratch. The two searches run in parallel; each
+	// writes its own slot.
 	var fromCurrent, fromScratch []int
 	var scratchErr error
 	curOK := pp.feasible(cur) == ""
@@ -166,9 +174,13 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 		current = cur
 	}
 	var cands []candidate
-	for _, nodes := range [][]int{current, pp.fromCounts(opt.Previous), fromCurrent, fromScratch} {
+	prev := -1
+	for k, nodes := range [][]int{current, pp.fromCounts(opt.Previous), fromCurrent, fromScratch} {
 		if nodes == nil {
 			continue
+		}
+		if k == 1 {
+			prev = len(cands)
 		}
 		nodes = rb.match(nodes)
 		c, err := rb.cost(nodes)
@@ -194,6 +206,12 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 		if chosen < 0 || c.moves < cands[chosen].moves || c.moves == cands[chosen].moves && c.cost < cands[chosen].cost {
 			chosen = i
 		}
+	}
+	// The previous target stays while it is within PreviousTolerance of the cheapest, even
+	// against a target of fewer moves (a fresh target each run is what undoes moves), unless
+	// the current placement won (nothing left to do).
+	if prev >= 0 && cands[chosen].moves > 0 && cands[prev].cost <= best*(1+max(tol, opt.PreviousTolerance)) {
+		chosen = prev
 	}
 
 	out := &Rebalance{CostBefore: before, Truncated: cutCurrent || cutScratch != nil}

@@ -590,3 +590,35 @@ func TestRebalancePrevious(t *testing.T) {
 		}
 	}
 }
+
+// PreviousTolerance keeps the previous target against a cheaper one within it: a has a pod on
+// every node (the spread cap pins them), b one pod on n4; b is cheapest on n1 (Σ RTT from a's
+// pods 30 ms), 3 % dearer on n2 (31 ms). With b on n2 as the previous target, a 5 % tolerance
+// keeps it and the default (1 %) does not; a previous target 33 % dearer (n3) is dropped.
+func TestRebalancePreviousTolerance(t *testing.T) {
+	nodes := map[string]int64{"n1": 0, "n2": 0, "n3": 0, "n4": 0}
+	order := []string{"n1", "n2", "n3", "n4"}
+	lat := map[[2]string]float64{{"n1", "n2"}: 10, {"n1", "n3"}: 10, {"n1", "n4"}: 10, {"n2", "n3"}: 10, {"n2", "n4"}: 11, {"n3", "n4"}: 20}
+	m := compilePlaced(t, rebalanceWorld(nodes, order, lat, map[string][]string{"a": {"n1", "n2", "n3", "n4"}, "b": {"n4"}},
+		[]string{"a", "b"}, [][2]string{{"a", "b"}}))
+	all := map[string]int{"n1": 1, "n2": 1, "n3": 1, "n4": 1}
+	for _, tc := range []struct {
+		prevB string
+		tol   float64
+		want  string
+	}{
+		{"", 0.05, "n1"},
+		{"n2", 0, "n1"},
+		{"n2", 0.05, "n2"},
+		{"n3", 0.05, "n1"},
+	} {
+		opt := RebalanceOptions{PreviousTolerance: tc.tol}
+		if tc.prevB != "" {
+			opt.Previous = map[string]map[string]int{"a": all, "b": {tc.prevB: 1}}
+		}
+		rb := mustRebalance(t, m, opt)
+		if len(rb.Moves) != 1 || rb.Moves[0].Service != "b" || rb.Moves[0].To != tc.want {
+			t.Errorf("previous b on %q, tolerance %v: moves %+v, want b to %s", tc.prevB, tc.tol, rb.Moves, tc.want)
+		}
+	}
+}

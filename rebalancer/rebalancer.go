@@ -450,7 +450,7 @@ func (c *Controller) Plan() (*Report, error) {
 	prev := c.prevTarget
 	c.mu.Unlock()
 	plan, err := optimizer.PlanRebalance(m, optimizer.RebalanceOptions{Tolerance: c.cfg.Tolerance, Budget: max(0, c.cfg.Budget),
-		Previous: prev})
+		Previous: prev, PreviousTolerance: c.cfg.Threshold})
 	if err != nil {
 		return nil, fmt.Errorf("rebalancer: %w", err)
 	}

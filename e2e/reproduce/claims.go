@@ -325,7 +325,8 @@ func writeWhy(b *strings.Builder, o *Outcome) {
 			"LARP rows run minutes after the default-placement rows on a machine whose load changes, so a placement that saves network " +
 			"time can still measure slower; this run does not separate the two. An earlier full run had DAG B's proposed about 2× above " +
 			"lata-only at 100 and 300 req/s: the harness had stopped the rebalancer after 2 of its 3 planned moves (the third waited out " +
-			"the per-node limit), a placement its own model priced 2 % above the scheduler's. The harness now waits until the planned " +
+			"the per-node limit), a placement LATA's cost prices 2 % above the scheduler's (6,667 against 6,533 ms·req/s with the " +
+			"configured RTTs; the third move would have taken it to 2,667). The harness now waits until the planned " +
 			"gain is under the threshold, and the rebalancer no longer acts while the placement is still changing (placement_settling).\n")
 	}
 	b.WriteString("- **Noise.** Single runs of one row vary by ±20 % and more (the progress log gives the load generator's largest " +
