@@ -410,6 +410,7 @@ func (h *Harness) callGraph(a App, rate float64) string {
 // proc is a child process of the harness (serve, rebalance) with its log.
 type proc struct {
 	name, log string
+	from      int64 // where this process's lines start in log (earlier ones append to it too)
 	cmd       *exec.Cmd
 	done      chan struct{}
 	ui        string // serve's web view (HOST:PORT), if it has one
@@ -422,6 +423,7 @@ func (h *Harness) start(name string, args ...string) *proc {
 		h.t.Fatal(err)
 	}
 	defer f.Close()
+	from, _ := f.Seek(0, io.SeekEnd)
 	fmt.Fprintf(f, "### %s %s\n", time.Now().Format(time.RFC3339), strings.Join(args, " "))
 	cmd := exec.Command(h.efBin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
@@ -429,7 +431,7 @@ func (h *Harness) start(name string, args ...string) *proc {
 	if err := cmd.Start(); err != nil {
 		h.t.Fatal(err)
 	}
-	p := &proc{name: name, log: logPath, cmd: cmd, done: make(chan struct{})}
+	p := &proc{name: name, log: logPath, from: from, cmd: cmd, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	h.t.Cleanup(p.stop)
 	return p
@@ -446,9 +448,10 @@ func (p *proc) exited() bool {
 	}
 }
 
-// lines returns the lines of p's log that contain any of subs.
+// lines returns the lines p wrote to its log that contain any of subs.
 func (p *proc) lines(subs ...string) []string {
 	b, _ := os.ReadFile(p.log)
+	b = b[min(p.from, int64(len(b))):]
 	var out []string
 	for _, line := range strings.Split(string(b), "\n") {
 		for _, sub := range subs {
