@@ -247,12 +247,9 @@ func (pp *placeProblem) fromCounts(counts map[string]map[string]int) []int {
 	}
 	nodes := make([]int, len(pp.pods))
 	for s := range pp.m.Services {
-		want, i, end := counts[pp.m.Services[s].Name], pp.svcs[s].first, pp.svcs[s].first+pp.svcs[s].count
+		want, i := counts[pp.m.Services[s].Name], pp.svcs[s].first
 		for u := range pp.m.Nodes {
-			for k := want[pp.m.Nodes[u].Name]; k > 0; k-- {
-				if i == end {
-					return nil
-				}
+			for k := want[pp.m.Nodes[u].Name]; k > 0 && i < len(nodes); k-- {
 				nodes[i] = u
 				i++
 			}
@@ -261,8 +258,9 @@ func (pp *placeProblem) fromCounts(counts map[string]map[string]int) []int {
 		for _, k := range want {
 			total += k
 		}
-		if i != end || total != pp.svcs[s].count {
-			return nil // too few pods for the service, or a node the model lacks
+		// Every pod placed, and on the model's nodes only (a node it lacks leaves i short).
+		if total != pp.svcs[s].count || i != pp.svcs[s].first+pp.svcs[s].count {
+			return nil
 		}
 	}
 	if pp.feasible(nodes) != "" {

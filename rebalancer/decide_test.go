@@ -99,8 +99,7 @@ func same(a, b []string) bool {
 
 func TestDecideRules(t *testing.T) {
 	old := t0.Add(-time.Hour)
-	notReady := pod("shop", "b-2", "b", "n1", "ReplicaSet", old, 100)
-	notReady.Status.Conditions[0].Status = corev1.ConditionFalse
+	notReady := unready(pod("shop", "b-2", "b", "n1", "ReplicaSet", old, 100))
 	terminating := pod("shop", "c-1", "c", "n1", "ReplicaSet", old, 100)
 	terminating.DeletionTimestamp = &metav1.Time{Time: t0}
 	for _, tc := range []struct {
@@ -200,12 +199,12 @@ func TestDecideRules(t *testing.T) {
 		{"while a pod of any managed service is starting, nothing moves (a broken old pod holds only its own service)",
 			decider{world: testWorld(freeNodes("n1", "n2", "n3"),
 				pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100), pod("shop", "a-2", "a", "n2", "ReplicaSet", old, 100),
-				notReadySince(pod("shop", "c-9", "c", "n3", "ReplicaSet", t0.Add(-10*time.Second), 100)))},
+				unready(pod("shop", "c-9", "c", "n3", "ReplicaSet", t0.Add(-10*time.Second), 100)))},
 			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n3")}, []string{ReasonSettling}},
 		{"a broken pod, not ready for longer than a replacement may take, does not hold other services",
 			decider{world: testWorld(freeNodes("n1", "n2", "n3"),
 				pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100), pod("shop", "a-2", "a", "n2", "ReplicaSet", old, 100),
-				notReadySince(pod("shop", "c-9", "c", "n3", "ReplicaSet", old, 100)))},
+				unready(pod("shop", "c-9", "c", "n3", "ReplicaSet", old, 100)))},
 			0.5, []optimizer.Move{mv("a.shop", "a-1", "n1", "n3")}, []string{"evict"}},
 		{"a move in flight holds every service",
 			decider{world: testWorld(freeNodes("n1", "n2"), pod("shop", "a-1", "a", "n1", "ReplicaSet", old, 100),
@@ -232,7 +231,8 @@ func TestDecideRules(t *testing.T) {
 	}
 }
 
-func notReadySince(p *corev1.Pod) *corev1.Pod {
+// unready marks the pod not Ready.
+func unready(p *corev1.Pod) *corev1.Pod {
 	p.Status.Conditions[0].Status = corev1.ConditionFalse
 	return p
 }
