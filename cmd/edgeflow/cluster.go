@@ -179,7 +179,7 @@ func (f *clusterFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.scrapeInterval, "scrape-interval", 0, "the probe job's scrape interval (default: read from Prometheus's /api/v1/targets for --probe-job, else 15s)")
 	fl.DurationVar(&f.promWindow, "prometheus-window", 0, "window of the queries ($window; default 4 × the scrape interval)")
 	fl.StringVar(&f.probeJob, "probe-job", prom.DefaultProbeJob, "job label of the blackbox-exporter ICMP probe series ($job): the default queries read only this job")
-	fl.StringVar(&f.latencyQuery, "latency-query", prom.DefaultLatencyQuery, "PromQL for node-to-node RTT in seconds over answered probes (NaN when none was answered), one series per ordered node pair; placeholders $window, $job, $source_label, $target_label")
+	fl.StringVar(&f.latencyQuery, "latency-query", prom.DefaultLatencyQuery, "PromQL for node-to-node RTT in seconds over answered probes (NaN or no series when none was answered), one series per ordered node pair; placeholders $window, $scrape_interval, $job, $source_label, $target_label")
 	fl.StringVar(&f.successQuery, "probe-success-query", prom.DefaultSuccessQuery, "PromQL for the share of answered probes per node pair (same placeholders; \"-\": none, every RTT counts as answered)")
 	fl.StringVar(&f.sourceLabel, "latency-source-label", prom.DefaultSourceLabel, "label of the latency series naming the probing node ($source_label)")
 	fl.StringVar(&f.targetLabel, "latency-target-label", prom.DefaultTargetLabel, "label of the latency series naming the probed node ($target_label)")

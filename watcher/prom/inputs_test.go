@@ -22,9 +22,9 @@ func success(from, to, ratio string) series {
 func TestLossNeverReadsAsZero(t *testing.T) {
 	prom := &fakeProm{
 		latency: []series{
-			lat("a", "b", "0.010"), // 20 % lost: the mean of the answered probes stands
+			lat("a", "b", "0.010"), // 20 % lost: the RTT of the answered probes stands
 			lat("a", "c", "0.040"), // 60 % lost: unreachable
-			lat("a", "d", "NaN"),   // every probe lost (0/0)
+			lat("a", "d", "NaN"),   // every probe lost (a custom query's 0/0; the default has no series)
 			lat("a", "e", "0.005"), // an RTT without a success ratio: not measured
 			lat("b", "a", "NaN"),   // no RTT, and the probes say they were answered: not measured
 		},
@@ -168,7 +168,8 @@ func TestPasswordNeverPrinted(t *testing.T) {
 	}
 }
 
-// The window follows the probe job's scrape interval read from Prometheus's targets API.
+// The window, and the latency query's subquery step, follow the probe job's scrape interval
+// read from Prometheus's targets API.
 func TestWindowFollowsScrapeInterval(t *testing.T) {
 	fake := &fakeProm{latency: []series{lat("a", "b", "0.002")}}
 	mux := http.NewServeMux()
@@ -188,8 +189,8 @@ func TestWindowFollowsScrapeInterval(t *testing.T) {
 	if m.Window != 2*time.Minute {
 		t.Errorf("window %v, want 4 × 30s", m.Window)
 	}
-	if q := fake.requests()[0].Get("query"); !strings.Contains(q, "[2m]") {
-		t.Errorf("query sent: %s", q)
+	if q := fake.requests()[0].Get("query"); !strings.Contains(q, "[2m:30s]") {
+		t.Errorf("latency query sent: %s, want the window and the subquery step [2m:30s]", q)
 	}
 	if st := h.src.Status(); st.ScrapeInterval != 30*time.Second || st.ScrapeIntervalFrom != "prometheus" {
 		t.Errorf("Status: %+v", st)

@@ -48,12 +48,16 @@ const (
 	// scrape configuration names it (e2e/testbed's ScrapeConfig, the install's Prometheus
 	// configuration). The default queries read only this job's series.
 	DefaultProbeJob = "edgeflow-icmp"
-	// DefaultLatencyQuery is the mean RTT over the answered probes of the window, per pair:
-	// blackbox-exporter reports phase="rtt" 0 for a lost probe, so the sum of the RTTs is the
-	// sum over answered probes and the sum of probe_success counts them. A pair that answered
-	// nothing divides 0 by 0 (NaN: no RTT), never 0 ms.
-	DefaultLatencyQuery = `sum by ($source_label, $target_label) (sum_over_time(probe_icmp_duration_seconds{job="$job",phase="rtt"}[$window]))` +
-		` / sum by ($source_label, $target_label) (sum_over_time(probe_success{job="$job"}[$window]))`
+	// DefaultLatencyQuery is the median RTT over the answered probes of the window, per pair:
+	// blackbox-exporter reports phase="rtt" 0 for a lost probe, so only samples above 0 count
+	// (a pair that answered nothing has no series: its success ratio of 0 makes it unreachable,
+	// never 0 ms). The median, not the mean: an RTT spike on a busy node (one probe read 20–60
+	// ms late) would move a mean of 4 samples by a quarter of itself, and with it the plan. The
+	// samples are taken by a subquery at the probe job's scrape interval, so the newest probe
+	// counts up to one interval later than in a plain range; several series of a pair (more
+	// than one exporter) give the median of their medians.
+	DefaultLatencyQuery = `quantile by ($source_label, $target_label) (0.5, quantile_over_time(0.5,` +
+		` (probe_icmp_duration_seconds{job="$job",phase="rtt"} > 0)[$window:$scrape_interval]))`
 	// DefaultSuccessQuery is the share of the window's probes that were answered, per pair.
 	DefaultSuccessQuery = `avg by ($source_label, $target_label) (avg_over_time(probe_success{job="$job"}[$window]))`
 	DefaultSourceLabel  = "source_node"
@@ -85,6 +89,9 @@ const DisableCalls = "-"
 const (
 	// WindowVar is replaced by the window in Prometheus duration syntax ("1m").
 	WindowVar = "$window"
+	// ScrapeIntervalVar is replaced by the probe job's scrape interval in use ("15s"), the step
+	// of a subquery that takes every sample once.
+	ScrapeIntervalVar = "$scrape_interval"
 	// JobVar is replaced by Config.ProbeJob.
 	JobVar = "$job"
 	// SourceLabelVar and TargetLabelVar are replaced by Config.SourceLabel and TargetLabel.
@@ -142,8 +149,9 @@ type Config struct {
 	// it also names the job whose scrape interval is read.
 	ProbeJob string
 	// LatencyQuery returns one series per measured (source node, target node) pair, labelled by
-	// SourceLabel and TargetLabel, in the unit LatencyUnit converts to ms: the mean RTT over the
-	// answered probes, NaN when none was answered. Several series for one pair are averaged.
+	// SourceLabel and TargetLabel, in the unit LatencyUnit converts to ms: the RTT over the
+	// answered probes (the default takes their median), NaN or no series when none was
+	// answered. Several series for one pair are averaged.
 	// Default DefaultLatencyQuery.
 	LatencyQuery string
 	// SuccessQuery returns the share of answered probes (0 to 1) per pair, labelled as
@@ -261,7 +269,7 @@ type Status struct {
 // Rules, per query round:
 //   - A round succeeds only if every query answers with a vector within the size and series
 //     caps; otherwise nothing changes downstream (see Run) and Status says why.
-//   - Latency is the mean RTT over the window's answered probes, the loss ratio beside it
+//   - Latency is the median RTT over the window's answered probes, the loss ratio beside it
 //     (SuccessQuery). A pair that lost more than MaxProbeLoss is unreachable and gets
 //     UnreachableMS (reported in the log once per change and in edgeflow_prometheus_unreachable_pairs);
 //     a pair without an answered probe and without a success ratio, or without an RTT while its
@@ -584,7 +592,7 @@ func (s *Source) windowFor() time.Duration {
 
 // expand substitutes the placeholders of a query.
 func (s *Source) expand(q string, window time.Duration) string {
-	return strings.NewReplacer(WindowVar, model.Duration(window).String(), JobVar, s.cfg.ProbeJob,
+	return strings.NewReplacer(WindowVar, model.Duration(window).String(), ScrapeIntervalVar, model.Duration(s.scrape).String(), JobVar, s.cfg.ProbeJob,
 		SourceLabelVar, s.cfg.SourceLabel, TargetLabelVar, s.cfg.TargetLabel).Replace(q)
 }
 

@@ -264,13 +264,13 @@ func TestFirstAnswerDelivered(t *testing.T) {
 		t.Errorf("Status after the first answer: %+v", st)
 	}
 
-	// The queries as sent: $window substituted, Prometheus's evaluation timeout set.
+	// The queries as sent: $window and $scrape_interval substituted, Prometheus's evaluation timeout set.
 	reqs := prom.requests()
 	if len(reqs) != 3 {
 		t.Fatalf("%d requests, want 3", len(reqs))
 	}
-	if q := reqs[0].Get("query"); q != `sum by (source_node, target_node) (sum_over_time(probe_icmp_duration_seconds{job="edgeflow-icmp",phase="rtt"}[1m]))`+
-		` / sum by (source_node, target_node) (sum_over_time(probe_success{job="edgeflow-icmp"}[1m]))` {
+	if q := reqs[0].Get("query"); q != `quantile by (source_node, target_node) (0.5, quantile_over_time(0.5,`+
+		` (probe_icmp_duration_seconds{job="edgeflow-icmp",phase="rtt"} > 0)[1m:15s]))` {
 		t.Errorf("latency query sent: %s", q)
 	}
 	if q := reqs[1].Get("query"); q != `avg by (source_node, target_node) (avg_over_time(probe_success{job="edgeflow-icmp"}[1m]))` {
