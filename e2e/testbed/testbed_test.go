@@ -26,7 +26,7 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 const (
-	toleranceMs   = 3.0              // measured RTT vs configured, ping median and Prometheus average
+	toleranceMs   = 3.0              // measured RTT vs configured, ping minimum and Prometheus average
 	probeDeadline = 90 * time.Second // for Prometheus to show a configured RTT
 )
 
@@ -188,7 +188,12 @@ func TestTestbed(t *testing.T) {
 
 var pingTime = regexp.MustCompile(`time=([0-9.]+) ms`)
 
-// checkPings pings every pair of want concurrently, 5 times each, and checks the median RTT.
+// checkPings pings every pair of want concurrently, 5 times each, and checks the smallest RTT
+// (ping's own estimate of a path's delay): the emulator's errors are one-sided — a release is
+// late when the machine is busy, never early — and on this VM a vCPU descheduled by the host
+// (steal time) made nqdelay's releases late by up to 29 ms at real-time priority (p90 4–7 ms),
+// which moved a 5-ping median 7.5 ms off in a CI run while every minimum was within 1.8 ms. A
+// wrong delay, or a packet released early, still moves the minimum; the median is logged.
 func checkPings(t *testing.T, tb *Testbed, want map[[2]string]float64) {
 	t.Helper()
 	var mu sync.Mutex
@@ -212,8 +217,8 @@ func checkPings(t *testing.T, tb *Testbed, want map[[2]string]float64) {
 			med := rtts[len(rtts)/2]
 			report = append(report, fmt.Sprintf("%s→%s configured %g ms, ping median %.3f ms (min %.3f max %.3f)",
 				pair[0], pair[1], ms, med, rtts[0], rtts[len(rtts)-1]))
-			if math.Abs(med-ms) > toleranceMs {
-				t.Errorf("ping %s→%s: median RTT %.3f ms, want %g ± %g ms (all: %v)", pair[0], pair[1], med, ms, toleranceMs, rtts)
+			if math.Abs(rtts[0]-ms) > toleranceMs {
+				t.Errorf("ping %s→%s: smallest RTT %.3f ms, want %g ± %g ms (all: %v)", pair[0], pair[1], rtts[0], ms, toleranceMs, rtts)
 			}
 		})
 	}
