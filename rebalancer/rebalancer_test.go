@@ -20,8 +20,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/edgeflow/edgeflow/internal/kubetest"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -63,7 +63,7 @@ func node(name string, cpu int64, slots int64) *corev1.Node {
 // started is a controller on a fake clientset holding objs, its caches synced.
 func started(t *testing.T, cfg Config, objs ...runtime.Object) *Controller {
 	t.Helper()
-	cfg.Client = fake.NewClientset(objs...)
+	cfg.Client = kubetest.NewClientset(objs...)
 	if cfg.Topology == nil {
 		cfg.Topology = func() *optimizer.Topology { return nil }
 	}

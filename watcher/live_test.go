@@ -30,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/edgeflow/edgeflow/internal/kubetest"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
@@ -43,7 +44,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func newCluster(t *testing.T, cfg LiveConfig) (*Live, *prometheus.Registry) {
 	t.Helper()
 	if cfg.Kube == nil {
-		ks, err := kube.NewSource(kube.Config{Client: fake.NewClientset()})
+		ks, err := kube.NewSource(kube.Config{Client: kubetest.NewClientset()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -728,7 +729,7 @@ func podNames(top *optimizer.Topology, key string) []string {
 
 func TestClusterRunFollowsKubernetes(t *testing.T) {
 	ctx := context.Background()
-	client := fake.NewClientset(clusterObjects()...)
+	client := kubetest.NewClientset(clusterObjects()...)
 	ks := kubeSource(t, client)
 	c, reg := newCluster(t, LiveConfig{Kube: ks, DefaultLatencyMS: ms(5),
 		CallGraph: &CallGraph{Calls: []optimizer.Call{{From: "a", To: "b"}}, Ingress: []optimizer.Ingress{{Service: "a", RPS: 10}}}})
@@ -782,7 +783,7 @@ func TestClusterRunFollowsKubernetes(t *testing.T) {
 // A topology that fails validation is counted and the last good one stays.
 func TestClusterRunRejects(t *testing.T) {
 	ctx := context.Background()
-	client := fake.NewClientset(clusterObjects()...)
+	client := kubetest.NewClientset(clusterObjects()...)
 	ks := kubeSource(t, client)
 	errTooBig := errors.New("more than two nodes")
 	c, reg := newCluster(t, LiveConfig{Kube: ks, CallGraph: &CallGraph{}, Check: func(t *optimizer.Topology) error {
@@ -806,7 +807,7 @@ func TestClusterRunRejects(t *testing.T) {
 
 func TestClusterRunStops(t *testing.T) {
 	t.Run("deadline", func(t *testing.T) {
-		c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), CallGraph: &CallGraph{}})
+		c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, kubetest.NewClientset(clusterObjects()...)), CallGraph: &CallGraph{}})
 		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 		defer cancel()
 		if err := c.Run(ctx, recorder{got: make(chan *optimizer.Topology, 16)}); err != nil {
@@ -821,7 +822,7 @@ func TestClusterRunStops(t *testing.T) {
 		if err := ps.Run(ctx, func(*prom.Measurements) {}); err != nil { // its one Run
 			t.Fatal(err)
 		}
-		c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), Prom: ps})
+		c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, kubetest.NewClientset(clusterObjects()...)), Prom: ps})
 		done := make(chan error, 1)
 		go func() { done <- c.Run(context.Background(), recorder{got: make(chan *optimizer.Topology, 16)}) }()
 		select {
@@ -941,7 +942,7 @@ func TestClusterColdStartAndUnmatchedNames(t *testing.T) {
 	fp := &fakeProm{status: http.StatusServiceUnavailable}
 	logs := &logBuffer{}
 	ps := fakePromSource(t, fp)
-	c, reg := newCluster(t, LiveConfig{Kube: kubeSource(t, fake.NewClientset(clusterObjects()...)), Prom: ps,
+	c, reg := newCluster(t, LiveConfig{Kube: kubeSource(t, kubetest.NewClientset(clusterObjects()...)), Prom: ps,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	rec := recorder{got: make(chan *optimizer.Topology, 16)}
 	runCluster(t, c, rec)
@@ -1003,7 +1004,7 @@ func TestClusterNodeMatchInternalIP(t *testing.T) {
 	for i, ip := range []string{"10.9.0.1", "10.9.0.2"} {
 		objs[i].(*corev1.Node).Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: "h"}}
 	}
-	c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, fake.NewClientset(objs...)), Prom: fakePromSource(t, fp), NodeMatch: NodeMatchInternalIP})
+	c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, kubetest.NewClientset(objs...)), Prom: fakePromSource(t, fp), NodeMatch: NodeMatchInternalIP})
 	rec := recorder{got: make(chan *optimizer.Topology, 16)}
 	runCluster(t, c, rec)
 	top := rec.next(t)
@@ -1017,7 +1018,7 @@ func TestClusterNodeMatchInternalIP(t *testing.T) {
 	if lat := checkNamed(c, "latency"); lat.OK || !strings.Contains(lat.Message, "10.9.9.9") {
 		t.Errorf("latency check: %+v", lat)
 	}
-	if _, err := NewLive(LiveConfig{Kube: kubeSource(t, fake.NewClientset()), CallGraph: &CallGraph{}, NodeMatch: "hostname"}); err == nil {
+	if _, err := NewLive(LiveConfig{Kube: kubeSource(t, kubetest.NewClientset()), CallGraph: &CallGraph{}, NodeMatch: "hostname"}); err == nil {
 		t.Error("NodeMatch hostname accepted")
 	}
 }
@@ -1037,7 +1038,7 @@ func TestClusterRunMeasured(t *testing.T) {
 	fp := &fakeProm{status: http.StatusServiceUnavailable}
 	reg := prometheus.NewRegistry()
 	ps := fakePromSource(t, fp, func(c *prom.Config) { c.Registerer = reg })
-	client := fake.NewClientset(clusterObjects()...)
+	client := kubetest.NewClientset(clusterObjects()...)
 	ks := kubeSource(t, client)
 	c, _ := newCluster(t, LiveConfig{Kube: ks, Prom: ps})
 	rec := recorder{got: make(chan *optimizer.Topology, 16)}
@@ -1174,7 +1175,7 @@ func TestLatencyGranularityAuto(t *testing.T) {
 		t.Errorf("the switch is logged %d times, want once:\n%s", n, logs.String())
 	}
 	for _, cfg := range []LiveConfig{{LatencyGranularity: "rack"}, {MaxNodePairs: -1}} {
-		cfg.Kube, cfg.CallGraph = kubeSource(t, fake.NewClientset()), &CallGraph{}
+		cfg.Kube, cfg.CallGraph = kubeSource(t, kubetest.NewClientset()), &CallGraph{}
 		if _, err := NewLive(cfg); err == nil {
 			t.Errorf("%+v accepted", cfg)
 		}

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/edgeflow/edgeflow/internal/kubetest"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
@@ -88,7 +88,7 @@ func BenchmarkZoneScale(b *testing.B) {
 		b.Run(fmt.Sprintf("%s/nodes=%d/zones=%d", c.granularity, c.nodes, c.zones), func(b *testing.B) {
 			perZone := c.granularity == optimizer.LatencyPerZone
 			st, meas := scaleInput(c.nodes, c.zones, perZone)
-			ks, err := kube.NewSource(kube.Config{Client: fake.NewClientset()})
+			ks, err := kube.NewSource(kube.Config{Client: kubetest.NewClientset()})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/edgeflow/edgeflow/internal/kubetest"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -147,7 +148,7 @@ func start(t *testing.T, cfg Config, objs ...runtime.Object) *harness {
 // startWith is start with a hook on the fake clientset (reactors) before the Source runs.
 func startWith(t *testing.T, cfg Config, hook func(*fake.Clientset), objs ...runtime.Object) *harness {
 	t.Helper()
-	h := &harness{t: t, client: fake.NewClientset(objs...), reg: prometheus.NewRegistry()}
+	h := &harness{t: t, client: kubetest.NewClientset(objs...), reg: prometheus.NewRegistry()}
 	if hook != nil {
 		hook(h.client)
 	}
@@ -646,7 +647,7 @@ func TestSourceCoalescesEvents(t *testing.T) {
 }
 
 func TestSourceStopsBeforeSync(t *testing.T) {
-	src, err := NewSource(Config{Client: fake.NewClientset(), Logger: slog.New(slog.DiscardHandler)})
+	src, err := NewSource(Config{Client: kubetest.NewClientset(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -664,8 +665,8 @@ func TestNewSourceErrors(t *testing.T) {
 		want string
 	}{
 		{"no client", Config{}, "Config.Client is nil"},
-		{"bad selector", Config{Client: fake.NewClientset(), Selector: "a in (b"}, `selector "a in (b"`},
-		{"metrics twice", Config{Client: fake.NewClientset(), Registerer: dupRegistry()}, "registering metrics"},
+		{"bad selector", Config{Client: kubetest.NewClientset(), Selector: "a in (b"}, `selector "a in (b"`},
+		{"metrics twice", Config{Client: kubetest.NewClientset(), Registerer: dupRegistry()}, "registering metrics"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -679,7 +680,7 @@ func TestNewSourceErrors(t *testing.T) {
 
 func dupRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	if _, err := NewSource(Config{Client: fake.NewClientset(), Registerer: reg}); err != nil {
+	if _, err := NewSource(Config{Client: kubetest.NewClientset(), Registerer: reg}); err != nil {
 		panic(err)
 	}
 	return reg

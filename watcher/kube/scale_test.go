@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/edgeflow/edgeflow/internal/kubetest"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -67,7 +68,7 @@ func TestWatchScale(t *testing.T) {
 		t.Skip("scale test: not in -short")
 	}
 	w := newScaleWorld(*scalePods, *scaleNodes, *scaleServices, *scaleNamespaces, *scaleZones)
-	cs := fake.NewSimpleClientset(w.objects()...)
+	cs := kubetest.CopyingWatches(fake.NewSimpleClientset(w.objects()...))
 	w.objs, w.podObj = nil, nil // the fake API server holds its own copies
 	runtime.GC()
 	base := liveHeap()
