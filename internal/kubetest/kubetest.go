@@ -2,6 +2,8 @@
 package kubetest
 
 import (
+	"sync"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -34,12 +36,46 @@ func CopyingWatches(cs *fake.Clientset) *fake.Clientset {
 		if err != nil {
 			return false, nil, err
 		}
-		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
-			if e.Object != nil {
-				e.Object = e.Object.DeepCopyObject()
-			}
-			return e, true
-		}), nil
+		return true, copying(w), nil
 	})
 	return cs
 }
+
+// copyingWatch passes on the events of in with their objects copied. Not watch.Filter: its
+// goroutine blocks for ever on a send once the reader has stopped reading (apimachinery
+// v0.37.2, watch/filter.go), which goleak reports; this one returns when stopped.
+type copyingWatch struct {
+	in   watch.Interface
+	out  chan watch.Event
+	stop chan struct{}
+	once sync.Once
+}
+
+func copying(in watch.Interface) watch.Interface {
+	c := &copyingWatch{in: in, out: make(chan watch.Event), stop: make(chan struct{})}
+	go c.loop()
+	return c
+}
+
+func (c *copyingWatch) loop() {
+	defer close(c.out)
+	for e := range c.in.ResultChan() {
+		if e.Object != nil {
+			e.Object = e.Object.DeepCopyObject()
+		}
+		select {
+		case c.out <- e:
+		case <-c.stop:
+			return
+		}
+	}
+}
+
+func (c *copyingWatch) Stop() {
+	c.once.Do(func() {
+		close(c.stop)
+		c.in.Stop()
+	})
+}
+
+func (c *copyingWatch) ResultChan() <-chan watch.Event { return c.out }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"testing"
 
+	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 )
@@ -53,4 +55,25 @@ func TestWatchDeliversCopies(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// A watch stopped while events wait unread leaves no goroutine behind (TestMain's goleak).
+func TestStoppedWatchLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	pods := NewClientset().CoreV1().Pods("shop")
+	w, err := pods.Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"cart-1", "cart-2"} {
+		if _, err := pods.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "shop"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e := <-w.ResultChan(); e.Type != watch.Added {
+		t.Fatalf("first event %v, want Added", e.Type)
+	}
+	w.Stop() // the second event stays unread: the copying goroutine must return anyway
 }
