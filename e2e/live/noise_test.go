@@ -37,12 +37,17 @@ type margins struct {
 	ms []float64
 }
 
+// marginMS is L(1,3) + L(2,4) − L(1,4) − L(2,3), the latencies read by at.
+func marginMS(at func(from, to string) float64) float64 {
+	return at("edge-1", "edge-3") + at("edge-2", "edge-4") - at("edge-1", "edge-4") - at("edge-2", "edge-3")
+}
+
 func (m *margins) Update(t *optimizer.Topology) {
 	l := map[[2]string]float64{}
 	for _, e := range t.Latency {
 		l[[2]string{e.From, e.To}] = e.MS
 	}
-	v := l[[2]string{"edge-1", "edge-3"}] + l[[2]string{"edge-2", "edge-4"}] - l[[2]string{"edge-1", "edge-4"}] - l[[2]string{"edge-2", "edge-3"}]
+	v := marginMS(func(from, to string) float64 { return l[[2]string{from, to}] })
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.ms = append(m.ms, v)
@@ -206,13 +211,12 @@ func TestLatencySpikeIsNotASlowLink(t *testing.T) {
 
 	// margin is L(1,3) + L(2,4) − L(1,4) − L(2,3) in ms, NaN until all four are measured.
 	margin := func(l map[prom.Pair]float64) float64 {
-		at := func(a, b string) float64 {
-			if v, ok := l[prom.Pair{From: a, To: b}]; ok {
+		return marginMS(func(from, to string) float64 {
+			if v, ok := l[prom.Pair{From: from, To: to}]; ok {
 				return v
 			}
 			return math.NaN()
-		}
-		return at("edge-1", "edge-3") + at("edge-2", "edge-4") - at("edge-1", "edge-4") - at("edge-2", "edge-3")
+		})
 	}
 	type reader struct {
 		name string
