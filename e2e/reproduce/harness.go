@@ -39,6 +39,7 @@ import (
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
 	"github.com/edgeflow/edgeflow/e2e/testbed"
+	webui "github.com/edgeflow/edgeflow/internal/ui"
 	"github.com/edgeflow/edgeflow/rebalancer"
 )
 
@@ -472,30 +473,61 @@ func (p *proc) tail() string {
 // metricsClient keeps no idle connections: serve and rebalance come and go.
 var metricsClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
-// planned returns the callee pods' planned request rates (pod → req/s) of serve's last
-// publication, from its web view's snapshot.
-func planned(ui string) (map[string]float64, error) {
+// Served is what serve had published when a slice ended: the callee pods' planned request
+// rates, and the plan's network cost priced at the scenario's configured RTTs.
+type Served struct {
+	CalleeRPS map[string]float64
+	// Cost is Σ route req/s × the configured RTT between the caller's and the callee's nodes
+	// (0 on one node), in ms·req/s: what the plan costs on the testbed's delays, whatever RTTs
+	// serve measured, so that the plans of different slices and policies are priced alike.
+	Cost float64
+}
+
+// planned reads serve's last publication from its web view's snapshot and prices it (price).
+func planned(ui string, rtt map[[2]string]float64) (Served, error) {
 	resp, err := metricsClient.Get("http://" + ui + "/snapshot.json")
 	if err != nil {
-		return nil, err
+		return Served{}, err
 	}
 	defer resp.Body.Close()
-	var snap struct {
-		Edges []struct {
-			Routes []struct {
-				Callee string  `json:"callee"`
-				RPS    float64 `json:"rps"`
-			} `json:"routes"`
-		} `json:"edges"`
-	}
+	var snap webui.Snapshot
 	if err := json.NewDecoder(resp.Body).Decode(&snap); err != nil {
-		return nil, err
+		return Served{}, err
 	}
-	out := map[string]float64{}
+	return price(&snap, rtt)
+}
+
+// price sums snap's routes by callee pod and prices them at rtt (node pair → ms, either order).
+func price(snap *webui.Snapshot, rtt map[[2]string]float64) (Served, error) {
+	node := map[string]string{}
+	for _, n := range snap.Nodes {
+		for _, p := range n.Pods {
+			node[p.Name] = n.Name
+		}
+	}
+	out := Served{CalleeRPS: map[string]float64{}}
 	for _, e := range snap.Edges {
 		for _, r := range e.Routes {
-			out[r.Callee] += r.RPS
+			out.CalleeRPS[r.Callee] += r.RPS
+			from, to := node[r.Caller], node[r.Callee]
+			if from == "" || to == "" {
+				return Served{}, fmt.Errorf("route %s → %s: a pod the snapshot places on no node", r.Caller, r.Callee)
+			}
+			if from == to {
+				continue
+			}
+			ms, ok := rtt[[2]string{from, to}]
+			if !ok {
+				ms, ok = rtt[[2]string{to, from}]
+			}
+			if !ok {
+				return Served{}, fmt.Errorf("route %s → %s: no configured RTT between %s and %s", r.Caller, r.Callee, from, to)
+			}
+			out.Cost += r.RPS * ms
 		}
+	}
+	if len(out.CalleeRPS) == 0 {
+		return Served{}, fmt.Errorf("serve has published no plan (publication %d)", snap.Publication)
 	}
 	return out, nil
 }

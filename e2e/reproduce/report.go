@@ -21,6 +21,9 @@ type Stats struct {
 	RunP99                         []float64
 	Errors                         int
 	Achieved                       float64 // mean over the runs, req/s
+	// NetMS is the network time a request's calls cost in the plan serve published, priced at
+	// the configured RTTs (Runs.PlanCost / req/s), the median over the runs; NaN if not read.
+	NetMS float64
 }
 
 func pooled(r *Runs) Stats {
@@ -31,7 +34,29 @@ func pooled(r *Runs) Stats {
 		s.RunP99 = append(s.RunP99, ms(res.Latency.Quantile(0.99)))
 		s.Achieved += res.Achieved() / float64(len(r.Results))
 	}
+	var costs []float64
+	for _, c := range r.PlanCost {
+		if !math.IsNaN(c) {
+			costs = append(costs, c)
+		}
+	}
+	s.NetMS = math.NaN()
+	if len(costs) > 0 && r.RPS > 0 {
+		s.NetMS = medianOf(costs) / r.RPS
+	}
 	return s
+}
+
+// medianOf is the median of v (the mean of the middle two for an even count).
+func medianOf(v []float64) float64 {
+	s := slices.Sorted(slices.Values(v))
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func q(r *loadgen.Result, f float64) float64 { return ms(r.Latency.Quantile(f)) }
@@ -86,6 +111,9 @@ type jsonResult struct {
 	P99SpreadMS [2]float64 `json:"p99_spread_ms"`
 	Errors      int        `json:"errors"`
 	AchievedRPS float64    `json:"achieved_rps"`
+	// PlanNetworkMS: the network time of a request's calls in serve's published plan, priced
+	// at the configured RTTs (median over the runs); absent when not read.
+	PlanNetworkMS *float64 `json:"plan_network_ms,omitempty"`
 }
 
 type jsonSetup struct {
@@ -136,9 +164,14 @@ func (o *Outcome) jsonReport() jsonReport {
 		Slices: o.Slices, SliceSeconds: o.SliceTime.Seconds(), RebalanceSeconds: o.RebalanceSeconds}}
 	for _, c := range o.Cells {
 		s := pooled(c)
-		r.Results = append(r.Results, jsonResult{App: c.App, Scenario: c.Scenario, Policy: c.Policy, RPS: c.RPS, Runs: s.Runs,
+		jr := jsonResult{App: c.App, Scenario: c.Scenario, Policy: c.Policy, RPS: c.RPS, Runs: s.Runs,
 			MeanMS: round(s.Mean), P50MS: round(s.P50), P90MS: round(s.P90), P99MS: round(s.P99), P999MS: round(s.P999),
-			P99SpreadMS: [2]float64{round(spread(s.RunP99)[0]), round(spread(s.RunP99)[1])}, Errors: s.Errors, AchievedRPS: round(s.Achieved)})
+			P99SpreadMS: [2]float64{round(spread(s.RunP99)[0]), round(spread(s.RunP99)[1])}, Errors: s.Errors, AchievedRPS: round(s.Achieved)}
+		if !math.IsNaN(s.NetMS) {
+			v := round(s.NetMS)
+			jr.PlanNetworkMS = &v
+		}
+		r.Results = append(r.Results, jr)
 	}
 	for _, st := range o.Setups {
 		r.Setups = append(r.Setups, jsonSetup{App: st.App, Scenario: st.Scenario, Before: st.Before, After: st.After,
@@ -219,10 +252,17 @@ func markdown(o *Outcome, plots []string) string {
 		"sleeps end late and the load generator falls behind its schedule (the latency still counts from the intended send time), " +
 		"so absolute latencies are inflated and single runs vary; compare rows within a cell, with the spread.\n")
 	b.WriteString("\n## Every cell\n\n")
-	b.WriteString("| app | scenario | policy | req/s | runs | mean | P50 | P90 | P99 | P99.9 | P99 spread (runs) | errors | achieved req/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("Latencies in ms. \"plan's network\" is the network time of a request's calls in the plan serve had published " +
+		"when the run ended, priced at the configured RTTs (the median over the runs; – where not read): what the allocation " +
+		"costs on this testbed's delays, apart from queueing.\n\n")
+	b.WriteString("| app | scenario | policy | req/s | runs | mean | P50 | P90 | P99 | P99.9 | P99 spread (runs) | errors | achieved req/s | plan's network |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range j.Results {
-		fmt.Fprintf(&b, "| %s | %s | %s | %g | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f–%.1f | %d | %.1f |\n", r.App, r.Scenario, r.Policy, r.RPS, r.Runs,
-			r.MeanMS, r.P50MS, r.P90MS, r.P99MS, r.P999MS, r.P99SpreadMS[0], r.P99SpreadMS[1], r.Errors, r.AchievedRPS)
+		net := "–"
+		if r.PlanNetworkMS != nil {
+			net = fmt.Sprintf("%.1f", *r.PlanNetworkMS)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %g | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f–%.1f | %d | %.1f | %s |\n", r.App, r.Scenario, r.Policy, r.RPS, r.Runs,
+			r.MeanMS, r.P50MS, r.P90MS, r.P99MS, r.P999MS, r.P99SpreadMS[0], r.P99SpreadMS[1], r.Errors, r.AchievedRPS, net)
 	}
 	b.WriteString("\n## Placement before and after `edgeflow rebalance`\n\n")
 	for _, st := range o.Setups {

@@ -2,6 +2,7 @@ package reproduce
 
 import (
 	"encoding/json"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
+	webui "github.com/edgeflow/edgeflow/internal/ui"
 )
 
 // TestWriteReport writes the report of a synthetic outcome (exponential latencies, a
@@ -29,9 +31,11 @@ func TestWriteReport(t *testing.T) {
 				lat = append(lat, time.Duration(rng.ExpFloat64()*float64(time.Duration(70-5*i)*time.Millisecond)))
 			}
 			r.Results = append(r.Results, &loadgen.Result{Sent: 1000, OK: 1000, Latency: loadgen.NewSamples(lat), Elapsed: 5 * time.Second})
+			r.PlanCost = append(r.PlanCost, float64(5000-100*i+10*len(r.PlanCost)))
 		}
 		o.Cells = append(o.Cells, r)
 	}
+	o.Cells[0].PlanCost[1] = math.NaN() // not read: the median is of the runs that were
 	dir := t.TempDir()
 	if err := WriteReport(o, dir); err != nil {
 		t.Fatal(err)
@@ -63,6 +67,12 @@ func TestWriteReport(t *testing.T) {
 	want := loadgen.Merge(o.Cells[0].Results...).Latency.Quantile(0.99)
 	if p := got.Results[0]["p99_ms"].(float64); p != round(ms(want)) {
 		t.Errorf("default-k8s p99_ms %v, want %v (pooled samples)", p, round(ms(want)))
+	}
+	if n, ok := got.Results[0]["plan_network_ms"].(float64); !ok || n != 25 {
+		t.Errorf("default-k8s plan_network_ms %v, want 25 (5000 ms·req/s, the one run read, at 200 req/s)", got.Results[0]["plan_network_ms"])
+	}
+	if n, ok := got.Results[1]["plan_network_ms"].(float64); !ok || n != 24.53 {
+		t.Errorf("least-request plan_network_ms %v, want 24.53 (the median of 4900 and 4910 ms·req/s at 200 req/s)", got.Results[1]["plan_network_ms"])
 	}
 	md, err := os.ReadFile(filepath.Join(dir, "reproduction.md"))
 	if err != nil {
@@ -99,5 +109,42 @@ func TestWriteReport(t *testing.T) {
 	}
 	if _, err := LoadOutcome(filepath.Join(dir, "reproduction.json")); err == nil {
 		t.Error("LoadOutcome read a JSON report as an outcome")
+	}
+}
+
+// TestPrice prices a snapshot's routes at the configured RTTs, and refuses one it cannot price.
+func TestPrice(t *testing.T) {
+	rtt := map[[2]string]float64{{"n1", "n2"}: 8, {"n1", "n3"}: 16}
+	snap := func(routes ...webui.Route) *webui.Snapshot {
+		return &webui.Snapshot{
+			Nodes: []webui.Node{{Name: "n1", Pods: []webui.Pod{{Name: "a-0", Service: "a"}, {Name: "b-0", Service: "b"}}},
+				{Name: "n2", Pods: []webui.Pod{{Name: "b-1", Service: "b"}}}, {Name: "n3", Pods: []webui.Pod{{Name: "a-1", Service: "a"}}}},
+			Edges: []webui.Edge{{From: "a", To: "b", Routes: routes}},
+		}
+	}
+	// a-0 (n1) sends 60 to b-0 (n1, free) and 40 to b-1 (n2, 8 ms); a-1 (n3) sends 50 to b-0
+	// (n1; the pair given as n1–n3, priced either way).
+	got, err := price(snap(webui.Route{Caller: "a-0", Callee: "b-0", RPS: 60}, webui.Route{Caller: "a-0", Callee: "b-1", RPS: 40},
+		webui.Route{Caller: "a-1", Callee: "b-0", RPS: 50}), rtt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 40*8 + 50*16.0; got.Cost != want {
+		t.Errorf("cost %v, want %v", got.Cost, want)
+	}
+	if got.CalleeRPS["b-0"] != 110 || got.CalleeRPS["b-1"] != 40 {
+		t.Errorf("callee req/s %v, want b-0 110, b-1 40", got.CalleeRPS)
+	}
+	for _, c := range []struct {
+		snap *webui.Snapshot
+		want string
+	}{
+		{snap(), "no plan"},
+		{snap(webui.Route{Caller: "a-9", Callee: "b-0", RPS: 1}), "a-9 → b-0"},
+		{snap(webui.Route{Caller: "a-1", Callee: "b-1", RPS: 1}), "between n3 and n2"},
+	} {
+		if _, err := price(c.snap, rtt); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("price: error %v, want one naming %q", err, c.want)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package reproduce
 
 import (
 	"context"
+	"math"
 	"os"
 	"slices"
 	"testing"
@@ -21,8 +22,8 @@ func TestMain(m *testing.M) {
 // reproduce-report writes the report again from it). On scenario B at the
 // middle rate it asserts the paper's qualitative claims that hold here (checkClaims, asserted):
 // proposed has a lower P99 than default-k8s, localization and opttraffic, lata-only than
-// default-k8s and localization (against opttraffic it is logged); and the rebalancer made at
-// least one move with no pod left Pending.
+// default-k8s and localization, and a plan no costlier in network time than opttraffic's
+// (asserted); and the rebalancer made at least one move with no pod left Pending.
 func TestReproduce(t *testing.T) {
 	name := os.Getenv("REPRODUCE_PRESET")
 	if name == "" {
@@ -76,39 +77,26 @@ func TestRenderReport(t *testing.T) {
 	checkClaims(t, o)
 }
 
-// asserted are the baselines checkClaims holds proposed and lata-only to on scenario B: all
-// three of the issue's for proposed; default-k8s and localization for lata-only, whose order
-// against OptTraffic is logged, not asserted (below: this testbed does not decide it). With the paper's replica ratios (3 caller pods, 2 callee pods)
-// Localization must send two callers' traffic to one callee pod (at 200 req/s ~80 % busy,
-// against lata's 60 %), and default-k8s sends most calls across nodes, so both lose
-// structurally; proposed's placement also leaves OptTraffic (on the scheduler's placement)
-// cross-node remainders that proposed keeps local. lata-only against OptTraffic is the close
-// one: on one placement both keep every pod at its share and differ only in where the
-// remainder beyond the same-node pods goes (lata to the nearest pods, OptTraffic spread), a
-// few ms of a ~150 ms P99. In the quick runs measured while building this lata-only was
-// 1–18 % below OptTraffic (every run). What is compared is the median over the runs of each
-// run's P99, not the P99 of the pooled latencies: in the full run of 2026-12-02 one slow
-// lata-only slice (P50 129 ms against 70–87 in its other four) lifted the pooled P99 to
-// 216 ms, above OptTraffic's 162 and Localization's 181, while its median run P99
-// (153) stayed below both (161, 166). The quick preset runs 5 (not the issue's 2) so that the
-// median has a majority to stand on. Even so, the last quick run of the session had lata-only
-// at 149.6 ms against OptTraffic's 150.5 (median; pooled 153.0 against 149.7): a difference
-// of 1 % either way is inside this testbed's noise, so asserting it would fail CI at random.
+// asserted are the baselines checkClaims holds proposed and lata-only to on scenario B, by P99:
+// all three of the issue's for proposed; default-k8s and localization for lata-only. With the
+// paper's replica ratios (3 caller pods, 2 callee pods) Localization must send two callers'
+// traffic to one callee pod (at 200 req/s ~80 % busy, against lata's 60 %), and default-k8s
+// sends most calls across nodes, so both lose structurally; proposed's placement also leaves
+// OptTraffic (on the scheduler's placement) cross-node remainders that proposed keeps local.
+//
+// lata-only against OptTraffic is asserted on what LATA decides, the network time of the plan
+// serve publishes priced at the testbed's configured RTTs (Stats.NetMS), not on P99. On one
+// placement both keep every pod at its share and differ only in where the traffic beyond the
+// same-node pods goes: `edgeflow plan` on the scheduler's placements of the full run of
+// 2026-12-02 prices that at 0 ms a request for Bookinfo A and 1.7 ms for Bookinfo B (24.0
+// against 25.7 ms), against a P99 of ~150 ms that is mostly queueing and moves by ±20 %
+// between single runs. The quick runs put lata-only's median P99 1–18 % below OptTraffic's,
+// once within 1 % (149.6 against 150.5 ms; pooled 153.0 against 149.7): P99 cannot decide a
+// 1 % difference here, so asserting it would fail CI at random; it is logged. The plan's network time can: LATA minimises it from serve's measured RTTs, so
+// it is above OptTraffic's only if serve's inputs misled it.
 var asserted = map[string][]string{
 	"proposed":  {"default-k8s", "localization", "opttraffic"},
 	"lata-only": {"default-k8s", "localization"},
-}
-
-// medianOf is the median of v (the mean of the middle two for an even count).
-func medianOf(v []float64) float64 {
-	s := slices.Sorted(slices.Values(v))
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // checkClaims asserts the qualitative claims on scenario B at the middle rate of every app that
@@ -151,6 +139,29 @@ func checkClaims(t *testing.T, o *Outcome) {
 				if !(w < b) {
 					t.Errorf("%s B %g req/s: %s's median P99 over the runs %.1f ms is not below %s's %.1f ms", st.App, mid, winner, w, base, b)
 				}
+			}
+		}
+		// net gives the network time a request's calls cost in serve's published plan at the
+		// configured RTTs (median over the runs), and whether it was recorded at all.
+		net := func(policy string) (float64, bool) {
+			r := o.Find(Cell{App: st.App, Scenario: "B", Policy: policy, RPS: mid})
+			return pooled(r).NetMS, len(r.PlanCost) > 0
+		}
+		l, lok := net("lata-only")
+		ot, ook := net("opttraffic")
+		pr, _ := net("proposed")
+		switch {
+		case !lok || !ook:
+			t.Logf("%s B %g req/s: the plans' network time was not recorded (an outcome saved before it was)", st.App, mid)
+		case math.IsNaN(l) || math.IsNaN(ot):
+			t.Errorf("%s B %g req/s: serve's plan could not be read in any run (lata-only %.1f, opttraffic %.1f ms)", st.App, mid, l, ot)
+		default:
+			t.Logf("%s B %g req/s: the plan's network time at the configured RTTs: lata-only %.2f ms a request, opttraffic %.2f, proposed %.2f (on LARP's placement)",
+				st.App, mid, l, ot, pr)
+			// 1 %: serve's measured RTTs are a few tenths of a ms off the configured ones, which
+			// can tip LATA between two plans that cost nearly the same.
+			if l > ot*1.01 {
+				t.Errorf("%s B %g req/s: lata-only's plan costs %.2f ms of network a request at the configured RTTs, more than opttraffic's %.2f", st.App, mid, l, ot)
 			}
 		}
 	}

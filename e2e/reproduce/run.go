@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -22,6 +23,10 @@ type Cell struct {
 type Runs struct {
 	Cell
 	Results []*loadgen.Result
+	// PlanCost is, per run, the network cost of the plan serve had published when the run's
+	// slice ended, priced at the configured RTTs (Served.Cost, ms·req/s); NaN where it could
+	// not be read. Outcomes saved before it was recorded have none.
+	PlanCost []float64
 }
 
 // Setup is what one application × scenario ran on: the measured RTTs, and the placement by
@@ -119,9 +124,12 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 		r.Results = append(r.Results, res)
 		pr.slice(c, run, p.Runs, time.Since(begin), res)
 		if perr != nil {
+			r.PlanCost = append(r.PlanCost, math.NaN())
 			fmt.Fprintf(log, "  plan: %v\n", perr)
 		} else {
-			fmt.Fprintf(log, "  plan (callee req/s): %s\n", fmtPlan(plan))
+			r.PlanCost = append(r.PlanCost, plan.Cost)
+			fmt.Fprintf(log, "  plan (callee req/s): %s; network cost at the configured RTTs %.0f ms·req/s (%.1f ms a request)\n",
+				fmtPlan(plan.CalleeRPS), plan.Cost, plan.Cost/rate)
 		}
 	}
 	for _, sc := range p.Scenarios {
@@ -208,12 +216,12 @@ func (o *Outcome) finish(pr *progress) {
 }
 
 // loadOnce starts serve under pol, sends p's load (warm-up and duration) at rate, reads what
-// serve planned (callee pod → req/s; or why it could not), and stops serve. A load that fails
+// serve had published (Served; or why it could not be read), and stops serve. A load that fails
 // ends the test.
-func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) (*loadgen.Result, map[string]float64, error) {
+func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) (*loadgen.Result, Served, error) {
 	s := h.Serve(a, pol, rate)
 	res, err := h.Load(a, p, rate)
-	plan, perr := planned(s.ui)
+	plan, perr := planned(s.ui, h.rtt)
 	s.stop()
 	if err != nil {
 		h.t.Fatalf("%s %s %s %g req/s: %v", a.Name, sc, pol.Name, rate, err)
