@@ -241,6 +241,15 @@ func cmpFloat(a, b float64) int {
 	return 0
 }
 
+// netMS is the cell's plan network time (Stats.NetMS), NaN if the cell or the figure is missing.
+func (o *Outcome) netMS(app, sc, policy string, rate float64) float64 {
+	r := o.Find(Cell{App: app, Scenario: sc, Policy: policy, RPS: rate})
+	if r == nil {
+		return math.NaN()
+	}
+	return pooled(r).NetMS
+}
+
 // writeWhy explains, claim by claim, where this testbed's figures part from the paper's and by
 // which mechanism, with the figures of this run that show the mechanism at work.
 func writeWhy(b *strings.Builder, o *Outcome) {
@@ -283,7 +292,21 @@ func writeWhy(b *strings.Builder, o *Outcome) {
 	b.WriteString("- **LATA alone is not always second.** On the scheduler's placement lata-only keeps every pod at its share, as " +
 		"OptTraffic does; the two differ only in where the traffic beyond the same-node pods goes (lata: the nearest pods; " +
 		"OptTraffic: spread), a few ms against a queueing tail, so their order within a cell is often inside the runs' spread. " +
-		"Where the placement overloads a pod for Localization (every cell at 300 req/s), lata-only stays well ahead of it.\n")
+		"Where the placement overloads a pod for Localization (every cell at 300 req/s), lata-only stays well ahead of it.")
+	var nets []string
+	for _, st := range o.Setups {
+		l, ot := o.netMS(st.App, st.Scenario, "lata-only", mid), o.netMS(st.App, st.Scenario, "opttraffic", mid)
+		lr := o.Find(Cell{App: st.App, Scenario: st.Scenario, Policy: "lata-only", RPS: mid})
+		if math.IsNaN(l) || math.IsNaN(ot) || lr == nil {
+			continue
+		}
+		nets = append(nets, fmt.Sprintf("%s/%s: %.1f against %.1f ms (%.0f %% of lata-only's P99)", st.App, st.Scenario, l, ot, 100*(ot-l)/pooled(lr).P99))
+	}
+	if len(nets) > 0 {
+		fmt.Fprintf(b, " The network time of a request's calls in the plans serve published, priced at the configured RTTs, lata-only "+
+			"against OptTraffic at %g req/s: %s.", mid, strings.Join(nets, "; "))
+	}
+	b.WriteString("\n")
 
 	if v, _, _, _ := o.changes("dag", "B", "opttraffic", "proposed", p65); len(v) > 0 && avg(v) >= 0 {
 		b.WriteString("- **OptTraffic's low percentiles.** The paper found OptTraffic faster than proposed for the fastest 65 % of DAG B's " +
@@ -321,9 +344,20 @@ func writeWhy(b *strings.Builder, o *Outcome) {
 			b.WriteString("The rebalancer's own prediction, its LATA cost (Σ req/s × measured RTT, ms·req/s) of the scheduler's placement " +
 				"and of the one it left: " + strings.Join(predicted, "; ") + ". ")
 		}
+		var served []string
+		for _, st := range o.Setups {
+			l, pr := o.netMS(st.App, st.Scenario, "lata-only", mid), o.netMS(st.App, st.Scenario, "proposed", mid)
+			if !math.IsNaN(l) && !math.IsNaN(pr) {
+				served = append(served, fmt.Sprintf("%s/%s %.1f → %.1f ms", st.App, st.Scenario, l, pr))
+			}
+		}
+		if len(served) > 0 {
+			fmt.Fprintf(b, "Priced at the configured RTTs instead, the network time of a request's calls in the plans serve published at "+
+				"%g req/s, lata-only on the scheduler's placement → proposed on the rebalancer's: %s. ", mid, strings.Join(served, "; "))
+		}
 		b.WriteString("That model prices network time with every pod at its share; the P99 here is mostly queueing (above), and the " +
 			"LARP rows run minutes after the default-placement rows on a machine whose load changes, so a placement that saves network " +
-			"time can still measure slower; this run does not separate the two. An earlier full run had DAG B's proposed about 2× above " +
+			"time can still measure slower. An earlier full run had DAG B's proposed about 2× above " +
 			"lata-only at 100 and 300 req/s: the harness had stopped the rebalancer after 2 of its 3 planned moves (the third waited out " +
 			"the per-node limit), a placement LATA's cost prices 2 % above the scheduler's (6,667 against 6,533 ms·req/s with the " +
 			"configured RTTs; the third move would have taken it to 2,667). The harness now waits until the planned " +
