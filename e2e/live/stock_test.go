@@ -37,9 +37,9 @@ import (
 // reportedRequests serves istio_requests_total as Istio reports it, by reporter: each series
 // grows at a constant rate. Each sample carries its own timestamp (the wall clock, as
 // Prometheus's), so its value is the count at that instant and rate() reads the configured
-// rate however late in the scrape Collect runs: without it a CI run read all three rates 4 %
-// low for two minutes (web 143.9, api 95.9, batch 48.0 rps) while the test's ±5 rps check is of
-// edgeflow's reading of the telemetry, not of Prometheus's rate() under a stalled exporter.
+// rate however late in the scrape Collect runs. (It was added for a CI run that read all three
+// rates 4 % low for minutes; that was the source's hysteresis, not the timestamps: see
+// complete in stockScrape.)
 type reportedRequests struct {
 	start time.Time
 	desc  *prometheus.Desc
@@ -204,7 +204,13 @@ func stockScrape(t *testing.T, scrape time.Duration) {
 			load[s.Name] = s.Load
 		}
 		last += fmt.Sprintf(", loads web %.1f, api %.1f, batch %.1f", load["web.shop"], load["api.shop"], load["batch.shop"])
-		return math.Abs(load["web.shop"]-150) < 5 && math.Abs(load["api.shop"]-100) < 5 && math.Abs(load["batch.shop"]-50) < 3
+		// At its rate within the source's hysteresis: a rate is delivered only when it moved
+		// by more than 5 % of the value last delivered (prom.DefaultHysteresisRelative), so
+		// the reading taken while the window was still filling can stand for good once it is
+		// within 5 % of the true rate. Two CI runs held all three 4.4 % low (web 143.4 of
+		// 150). Double counting (reporters source and destination) or a lost edge is far out.
+		near := func(got, want float64) bool { return math.Abs(got-want) <= prom.DefaultHysteresisRelative*want+2 }
+		return near(load["web.shop"], 150) && near(load["api.shop"], 100) && near(load["batch.shop"], 50)
 	}
 	// The rates fill the query window (4 scrapes) from the first scrape of the telemetry, which
 	// may come up to a scrape after start, and the window's edges fall between scrapes: 4 + 2
