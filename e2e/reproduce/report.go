@@ -254,7 +254,8 @@ func markdown(o *Outcome, plots []string) string {
 	b.WriteString("\n## Every cell\n\n")
 	b.WriteString("Latencies in ms. \"plan's network\" is the network time of a request's calls in the plan serve had published " +
 		"when the run ended, priced at the configured RTTs (the median over the runs; – where not read): what the allocation " +
-		"costs on this testbed's delays, apart from queueing.\n\n")
+		"costs on this testbed's delays, apart from queueing (least-request's is that of the equal weights serve published, " +
+		"which its clients' least-request picker does not follow).\n\n")
 	b.WriteString("| app | scenario | policy | req/s | runs | mean | P50 | P90 | P99 | P99.9 | P99 spread (runs) | errors | achieved req/s | plan's network |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range j.Results {
 		net := "–"
