@@ -227,10 +227,13 @@ func (p *publicationFollower) snapshot(at time.Time) *ui.Snapshot {
 	for _, sv := range t.Services {
 		key := sv.Key()
 		us := ui.Service{Name: key, Pods: []string{}}
-		for _, pod := range sv.Pods {
-			us.Pods = append(us.Pods, pod.Name)
-			if nd := byNode[pod.Node]; nd != nil {
-				nd.Pods = append(nd.Pods, ui.Pod{Name: pod.Name, Service: key})
+		for i := range sv.Pods {
+			// PodKey ("POD.NAMESPACE" outside the default namespace) is the name the plan's
+			// routes give, so the page can draw each route between its pods.
+			name := sv.PodKey(&sv.Pods[i])
+			us.Pods = append(us.Pods, name)
+			if nd := byNode[sv.Pods[i].Node]; nd != nil {
+				nd.Pods = append(nd.Pods, ui.Pod{Name: name, Service: key})
 			}
 		}
 		s.Services = append(s.Services, us)

@@ -191,3 +191,60 @@ func TestSnapshotIsThePublicationsTopology(t *testing.T) {
 			s.Publication, s.Nodes, s.Latency, s.RoundRobinCostMS)
 	}
 }
+
+// TestSnapshotNamesPodsAsRoutesDo: outside the default namespace the plan's routes name pods
+// "POD.NAMESPACE"; the snapshot's nodes and services must name them alike, or the page (which
+// places a route at its pods' positions by name) draws none of them.
+func TestSnapshotNamesPodsAsRoutesDo(t *testing.T) {
+	const file = `
+nodes: [{name: n1}, {name: n2}]
+latency: [{from: n1, to: n2, ms: 5}]
+services:
+  - {name: a, namespace: shop, pods: [{name: a-0, node: n1}]}
+  - {name: b, namespace: shop, pods: [{name: b-0, node: n1}, {name: b-1, node: n2}]}
+calls: [{from: a.shop, to: b.shop}]
+ingress: [{service: a.shop, rps: 10}]
+`
+	top, err := optimizer.ParseTopology(strings.NewReader(file), "t.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := optimizer.Compile(top, optimizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := optimizer.Plan(m, optimizer.LATA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := newPublicationFollower(publishedOnly{top, a}, prometheus.NewRegistry(), optimizer.LATA, optimizer.Options{}, nil, nil, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := f.snapshot(time.Now())
+	onNode, inService := map[string]bool{}, map[string]bool{}
+	for _, n := range s.Nodes {
+		for _, p := range n.Pods {
+			onNode[p.Name] = true
+		}
+	}
+	for _, sv := range s.Services {
+		for _, p := range sv.Pods {
+			inService[p] = true
+		}
+	}
+	var routes int
+	for _, e := range s.Edges {
+		for _, r := range e.Routes {
+			routes++
+			for _, pod := range []string{r.Caller, r.Callee} {
+				if !onNode[pod] || !inService[pod] {
+					t.Errorf("route %s → %s: pod %q is on no node (%v) or in no service (%v) of the snapshot", r.Caller, r.Callee, pod, onNode, inService)
+				}
+			}
+		}
+	}
+	if routes == 0 || !onNode["b-1.shop"] {
+		t.Errorf("snapshot: %d routes, pods on nodes %v; want routes, and b-1.shop on a node", routes, onNode)
+	}
+}
