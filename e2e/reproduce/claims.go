@@ -357,11 +357,19 @@ func writeWhy(b *strings.Builder, o *Outcome) {
 		}
 		b.WriteString("That model prices network time with every pod at its share; the P99 here is mostly queueing (above), and the " +
 			"LARP rows run minutes after the default-placement rows on a machine whose load changes, so a placement that saves network " +
-			"time can still measure slower. An earlier full run had DAG B's proposed about 2× above " +
-			"lata-only at 100 and 300 req/s: the harness had stopped the rebalancer after 2 of its 3 planned moves (the third waited out " +
-			"the per-node limit), a placement LATA's cost prices 2 % above the scheduler's (6,667 against 6,533 ms·req/s with the " +
-			"configured RTTs; the third move would have taken it to 2,667). The harness now waits until the planned " +
-			"gain is under the threshold, and the rebalancer no longer acts while the placement is still changing (placement_settling).\n")
+			"time can still measure slower.")
+		var idle []string
+		for _, st := range o.Setups {
+			if st.CostBefore > 0 && pct(st.CostAfter, st.CostBefore) > -5 {
+				idle = append(idle, fmt.Sprintf("%s/%s (%d moves, %+.0f %%)", st.App, st.Scenario, st.Moves, pct(st.CostAfter, st.CostBefore)))
+			}
+		}
+		if len(idle) > 0 {
+			b.WriteString(" Where the rebalancer's predicted gain stayed under its 5 % threshold, " + strings.Join(idle, ", ") +
+				", proposed ran on nearly the scheduler's placement: there its figures are lata-only's routes measured minutes later, " +
+				"and their difference from lata-only is this testbed's noise and drift, not LARP.")
+		}
+		b.WriteString("\n")
 	}
 	b.WriteString("- **Noise.** Single runs of one row vary by ±20 % and more (the progress log gives the load generator's largest " +
 		"lag per slice; on 2 shared cores a sleep can end tens of ms late); the \"runs\" column gives the paired runs' range, and a " +
