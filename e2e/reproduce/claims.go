@@ -247,7 +247,7 @@ func (o *Outcome) netMS(app, sc, policy string, rate float64) float64 {
 	if r == nil {
 		return math.NaN()
 	}
-	return pooled(r).NetMS
+	return planNetMS(r)
 }
 
 // writeWhy explains, claim by claim, where this testbed's figures part from the paper's and by

@@ -34,17 +34,23 @@ func pooled(r *Runs) Stats {
 		s.RunP99 = append(s.RunP99, ms(res.Latency.Quantile(0.99)))
 		s.Achieved += res.Achieved() / float64(len(r.Results))
 	}
+	s.NetMS = planNetMS(r)
+	return s
+}
+
+// planNetMS is Stats.NetMS of r's runs: the median of the plan costs read, per request; NaN if
+// none was read.
+func planNetMS(r *Runs) float64 {
 	var costs []float64
 	for _, c := range r.PlanCost {
 		if !math.IsNaN(c) {
 			costs = append(costs, c)
 		}
 	}
-	s.NetMS = math.NaN()
-	if len(costs) > 0 && r.RPS > 0 {
-		s.NetMS = medianOf(costs) / r.RPS
+	if len(costs) == 0 || r.RPS <= 0 {
+		return math.NaN()
 	}
-	return s
+	return medianOf(costs) / r.RPS
 }
 
 // medianOf is the median of v (the mean of the middle two for an even count).

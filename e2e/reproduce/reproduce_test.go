@@ -141,17 +141,13 @@ func checkClaims(t *testing.T, o *Outcome) {
 				}
 			}
 		}
-		// net gives the network time a request's calls cost in serve's published plan at the
-		// configured RTTs (median over the runs), and whether it was recorded at all.
-		net := func(policy string) (float64, bool) {
-			r := o.Find(Cell{App: st.App, Scenario: "B", Policy: policy, RPS: mid})
-			return pooled(r).NetMS, len(r.PlanCost) > 0
+		// recorded: the outcome has plan costs at all (one saved before they were has none).
+		recorded := func(policy string) bool {
+			return len(o.Find(Cell{App: st.App, Scenario: "B", Policy: policy, RPS: mid}).PlanCost) > 0
 		}
-		l, lok := net("lata-only")
-		ot, ook := net("opttraffic")
-		pr, _ := net("proposed")
+		l, ot, pr := o.netMS(st.App, "B", "lata-only", mid), o.netMS(st.App, "B", "opttraffic", mid), o.netMS(st.App, "B", "proposed", mid)
 		switch {
-		case !lok || !ook:
+		case !recorded("lata-only") || !recorded("opttraffic"):
 			t.Logf("%s B %g req/s: the plans' network time was not recorded (an outcome saved before it was)", st.App, mid)
 		case math.IsNaN(l) || math.IsNaN(ot):
 			t.Errorf("%s B %g req/s: serve's plan could not be read in any run (lata-only %.1f, opttraffic %.1f ms)", st.App, mid, l, ot)
