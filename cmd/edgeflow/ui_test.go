@@ -173,19 +173,7 @@ func TestSnapshotIsThePublicationsTopology(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := optimizer.Compile(top, optimizer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := optimizer.Plan(m, optimizer.LATA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := newPublicationFollower(publishedOnly{top, a}, prometheus.NewRegistry(), optimizer.LATA, optimizer.Options{}, nil, nil, slog.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := f.snapshot(time.Now())
+	s := lataSnapshot(t, top)
 	if s.Publication != 1 || len(s.Nodes) != 2 || len(s.Latency) != 2 || s.RoundRobinCostMS != 25 {
 		t.Errorf("snapshot: publication %d, nodes %+v, latency %+v, round-robin cost %v; want 1, n1 and n2, n1↔n2, 25",
 			s.Publication, s.Nodes, s.Latency, s.RoundRobinCostMS)
@@ -209,19 +197,7 @@ ingress: [{service: a.shop, rps: 10}]
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := optimizer.Compile(top, optimizer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := optimizer.Plan(m, optimizer.LATA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := newPublicationFollower(publishedOnly{top, a}, prometheus.NewRegistry(), optimizer.LATA, optimizer.Options{}, nil, nil, slog.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := f.snapshot(time.Now())
+	s := lataSnapshot(t, top)
 	onNode, inService := map[string]bool{}, map[string]bool{}
 	for _, n := range s.Nodes {
 		for _, p := range n.Pods {
@@ -247,4 +223,22 @@ ingress: [{service: a.shop, rps: 10}]
 	if routes == 0 || !onNode["b-1.shop"] {
 		t.Errorf("snapshot: %d routes, pods on nodes %v; want routes, and b-1.shop on a node", routes, onNode)
 	}
+}
+
+// lataSnapshot is the web view's snapshot of top's LATA plan, published as serve publishes it.
+func lataSnapshot(t *testing.T, top *optimizer.Topology) *ui.Snapshot {
+	t.Helper()
+	m, err := optimizer.Compile(top, optimizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := optimizer.Plan(m, optimizer.LATA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := newPublicationFollower(publishedOnly{top, a}, prometheus.NewRegistry(), optimizer.LATA, optimizer.Options{}, nil, nil, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.snapshot(time.Now())
 }
