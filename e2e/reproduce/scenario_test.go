@@ -37,9 +37,9 @@ func TestOverrideReplicas(t *testing.T) {
 			t.Errorf("REPRODUCE_REPLICAS=%s: error %v, want one naming the variable", bad, err)
 		}
 	}
-	p, err = Override(Presets["full"], env(map[string]string{"REPRODUCE_WARMUP": "1s", "REPRODUCE_DURATION": "5s"}))
-	if err != nil || p.Warmup != time.Second || p.Duration != 5*time.Second {
-		t.Errorf("REPRODUCE_WARMUP=1s REPRODUCE_DURATION=5s: warm-up %v, duration %v, error %v", p.Warmup, p.Duration, err)
+	p, err = Override(Presets["full"], env(map[string]string{"REPRODUCE_WARMUP": "3s", "REPRODUCE_DURATION": "7s"}))
+	if err != nil || p.Warmup != 3*time.Second || p.Duration != 7*time.Second {
+		t.Errorf("REPRODUCE_WARMUP=3s REPRODUCE_DURATION=7s: warm-up %v, duration %v, error %v", p.Warmup, p.Duration, err)
 	}
 	if _, err := Override(Presets["full"], env(map[string]string{"REPRODUCE_WARMUP": "-1s"})); err == nil {
 		t.Error("REPRODUCE_WARMUP=-1s accepted")
