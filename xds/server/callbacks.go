@@ -276,6 +276,7 @@ func (s *Server) onRequest(key streamKey, req *discovery.DiscoveryRequest) error
 	if known {
 		st.acked[i] = held
 	}
+	st.foreign[i] = !known
 	nonce := parseNonce(req.GetResponseNonce())
 	if !st.sotw.open[i] || nonce == st.sotw.nonce[i] {
 		// Not stale: the cache drops the type's old watch (and a response queued on it) and
@@ -386,6 +387,7 @@ func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequ
 			entries = append(entries, heldEntry{name, h})
 		}
 		st.delta.held[i].putAll(entries)
+		st.foreign[i] = true
 	}
 	if nonce, err := strconv.ParseInt(req.GetResponseNonce(), 10, 64); err == nil {
 		if j := slices.IndexFunc(st.delta.pending, func(p deltaSent) bool { return p.nonce == nonce && p.typ == i }); j >= 0 {
@@ -401,6 +403,7 @@ func (s *Server) onDeltaRequest(key streamKey, req *discovery.DeltaDiscoveryRequ
 				st.delta.held[i].removeAll(sent.removed)
 				st.acked[i] = sent.set
 				n.acked[i] = sent.set
+				st.foreign[i] = false
 			}
 			if st.awaiting[i] == sent.set.Version {
 				st.awaiting[i] = ""

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -480,12 +481,24 @@ func liveUpdate(t *testing.T, enc xds.Encoding) {
 	}
 }
 
+// TestRealClientsServerRestart restarts the server under real grpc-go xDS clients that keep
+// sending RPCs: every client reconnects, ACKs the same EDS version it held (the plan is the
+// same), and not one RPC fails. The clients may reconnect after the new server's first
+// publication or before it; the second order is made certain by publishing only once every
+// client has reconnected and asked for all four types, naming the versions it holds, which
+// the new server cannot know yet.
 func TestRealClientsServerRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real xDS clients")
 	}
 	bs := startBackends(t, realPods...)
 	top := realTopology(bs)
+	for _, order := range []string{"published first", "reconnected first"} {
+		t.Run(order, func(t *testing.T) { testServerRestart(t, bs, top, order == "reconnected first") })
+	}
+}
+
+func testServerRestart(t *testing.T, bs map[string]*backend, top *optimizer.Topology, reconnectFirst bool) {
 	h := startServer(t, Config{DebounceQuiet: -1})
 	h.srv.Update(top)
 	callers := []string{"c-0", "c-1", "c-2", "unknown-caller"}
@@ -507,36 +520,83 @@ func TestRealClientsServerRestart(t *testing.T) {
 		}
 		return out
 	}
-	var before map[string]string
-	eventually(t, 10*time.Second, "ACKs", func() bool {
-		before = acked(h)
-		for _, c := range callers {
-			if before[c] == "" {
-				return false
+	allAcked := func(h *harness, into *map[string]string) func() bool {
+		return func() bool {
+			*into = acked(h)
+			for _, c := range callers {
+				if (*into)[c] == "" {
+					return false
+				}
 			}
+			return true
 		}
-		return true
-	})
+	}
+	var before map[string]string
+	eventually(t, 10*time.Second, "ACKs", allAcked(h, &before))
+
+	// Every client sends RPCs one after another through the restart; none may fail.
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var sent, failed atomic.Int64
+	var firstErr atomic.Value
+	for _, c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+				_, err := clients[c].UnaryCall(rctx, &testgrpc.SimpleRequest{FillServerId: true}, grpc.WaitForReady(true))
+				rcancel()
+				if ctx.Err() != nil {
+					return
+				}
+				sent.Add(1)
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, fmt.Sprintf("%s: %v", c, err))
+				}
+			}
+		}()
+	}
+	stopLoad := sync.OnceFunc(func() { cancel(); wg.Wait() })
+	defer stopLoad()
 
 	h.stop() // the clients lose their ADS streams (and keep their last configuration)
 	h2 := startServerOn(t, Config{DebounceQuiet: -1}, h.addr)
+	if reconnectFirst {
+		eventually(t, 30*time.Second, "clients reconnected, asking for every type", func() bool {
+			h2.srv.nodesMu.Lock()
+			defer h2.srv.nodesMu.Unlock()
+			waiting := 0
+			for _, n := range h2.srv.nodes {
+				n.mu.Lock()
+				for _, st := range n.live {
+					if st.sotw != nil && !slices.Contains(st.sotw.watch[:], nil) {
+						waiting++
+					}
+				}
+				n.mu.Unlock()
+			}
+			return waiting == len(callers)
+		})
+	}
 	h2.srv.Update(top)
 	var after map[string]string
-	eventually(t, 30*time.Second, "clients reconnected and ACKed", func() bool {
-		after = acked(h2)
-		for _, c := range callers {
-			if after[c] == "" {
-				return false
-			}
-		}
-		return true
-	})
+	eventually(t, 30*time.Second, "clients reconnected and ACKed", allAcked(h2, &after))
 	for _, c := range callers {
 		if after[c] != before[c] {
 			t.Errorf("%s: EDS version %s before the restart, %s after: weights differ", c, before[c], after[c])
 		}
 	}
-	t.Logf("versions before and after the restart: %v", after)
+	time.Sleep(200 * time.Millisecond) // RPCs on the configuration the new server sent
+	stopLoad()
+	t.Logf("versions before and after the restart: %v; %d RPCs through the restart, %d failed", after, sent.Load(), failed.Load())
+	if sent.Load() == 0 {
+		t.Error("no RPC was sent through the restart")
+	}
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of %d RPCs failed through the restart; the first: %v", n, sent.Load(), firstErr.Load())
+	}
 	alloc := h2.srv.Allocation()
 	checkSplit(t, "after restart c-0→echo", measure(t, clients["c-0"], splitRPCs), planned(t, alloc, top, "c-0", "echo"))
 }

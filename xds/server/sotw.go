@@ -27,9 +27,9 @@ import (
 // node's current one for its type, or subscribing to a resource of the current set that the
 // stream was not returned, is answered at once; any other waits until the node's set of that
 // type changes to a version other than the one it named. Nothing is answered before the node
-// has its first snapshot. A response carries the set's resources that the stream subscribes
-// to (all of them for a wildcard subscription), each marshalled once per publication and
-// shared by every stream sent it.
+// has its first snapshot. A response carries the set's resources that the stream subscribes to (all of them for a
+// wildcard subscription), each marshalled once per publication and shared by every stream
+// sent it.
 type sotwCache struct {
 	s *Server
 	cache.Cache
@@ -134,6 +134,7 @@ func (w sotwCache) CreateWatch(req *cache.Request, _ cache.Subscription, ch chan
 		return noCancel, nil
 	}
 	st.sotw.watch[i], st.sotw.watchVersion[i] = ch, version
+	st.sotw.unchecked[i] = !n.served
 	return noCancel, nil
 }
 
@@ -158,14 +159,25 @@ func (s *Server) unheldLocked(n *nodeState, st *streamState, i int, version stri
 }
 
 // respondSOTWLocked answers the node's open SOTW watches whose type's set changed to a
-// version other than the one their request named. n.mu is held.
+// version other than the one their request named. A watch opened before the node was served
+// is answered by CreateWatch's rule (unheldLocked), which could not be applied then: a client
+// that reconnects to a restarted server before its first publication names the version it
+// holds, often the one that publication gives it, and was returned nothing on the new stream.
+// n.mu is held.
 func (s *Server) respondSOTWLocked(n *nodeState) {
 	for _, st := range n.live {
 		if st.sotw == nil {
 			continue
 		}
 		for i, ch := range st.sotw.watch {
-			if ch != nil && st.sotw.watchVersion[i] != n.sets[i].Version {
+			if ch == nil {
+				continue
+			}
+			unheld := st.sotw.watchVersion[i] != n.sets[i].Version
+			if st.sotw.unchecked[i] {
+				unheld = s.unheldLocked(n, st, i, st.sotw.watchVersion[i])
+			}
+			if unheld {
 				s.respondLocked(n, st, i, ch, nil)
 			}
 		}
@@ -185,7 +197,7 @@ var typeRequests = func() (r [xds.NumSets]*discovery.DiscoveryRequest) {
 // answered once), and closes st's watch of that type. n.mu is held.
 func (s *Server) respondLocked(n *nodeState, st *streamState, i int, ch chan cache.Response, req *discovery.DiscoveryRequest) {
 	if st.sotw.watch[i] == ch {
-		st.sotw.watch[i], st.sotw.watchVersion[i] = nil, ""
+		st.sotw.watch[i], st.sotw.watchVersion[i], st.sotw.unchecked[i] = nil, "", false
 	}
 	set := n.sets[i]
 	all, err := n.pub.anys(i, set, n.relabeled[i])

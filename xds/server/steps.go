@@ -8,7 +8,8 @@ package server
 //
 //  1. the new clusters and endpoints, together with every cluster a route the client may
 //     still hold names, under the old routes and listeners — while some stream of the node
-//     that takes clusters (or endpoints) does not hold the ones the new routes name;
+//     that takes clusters (or endpoints) does not hold the ones the new routes name, unless
+//     the old routes are none that the client holds (foreignRoutes);
 //  2. the new routes and listeners, still with the old clusters those routes named;
 //  3. the target, once no route the client may hold names the old clusters any more.
 //
@@ -49,7 +50,7 @@ func (s *Server) nextLocked(n *nodeState) [xds.NumSets]xds.Set {
 	}
 	next := want
 	routesMove := want[xds.ListenerSet].Version != cur[xds.ListenerSet].Version || want[xds.RouteSet].Version != cur[xds.RouteSet].Version
-	if routesMove && !s.holdsNamedLocked(n, &want) {
+	if routesMove && !s.holdsNamedLocked(n, &want) && !n.foreignRoutes() {
 		next[xds.ListenerSet], next[xds.RouteSet] = cur[xds.ListenerSet], cur[xds.RouteSet]
 	}
 	if !namesSubset(cur[xds.ClusterSet], next[xds.ClusterSet]) {
@@ -90,6 +91,25 @@ func (s *Server) nextLocked(n *nodeState) [xds.NumSets]xds.Set {
 		}
 	}
 	return next
+}
+
+// foreignRoutes reports whether the node was never given listeners or routes while its client
+// holds some from elsewhere: it reconnected to this server, restarted, naming versions the
+// server cannot know. Holding the node's routes back keeps the ones its client has; here it
+// would replace the client's with none (an empty Listener response), and grpc-go fails the
+// RPCs that then pick no cluster ("unknown cluster selected for RPC"). So the target's routes
+// go out with its clusters: a client that reconnects under the same plan already holds every
+// cluster they name. n.mu is held.
+func (n *nodeState) foreignRoutes() bool {
+	if n.writes[xds.ListenerSet] > 0 || n.writes[xds.RouteSet] > 0 {
+		return false
+	}
+	for _, st := range n.live {
+		if st.foreign[xds.ListenerSet] || st.foreign[xds.RouteSet] {
+			return true
+		}
+	}
+	return false
 }
 
 // holdsNamedLocked reports whether every stream of n that takes clusters (endpoints) holds

@@ -52,6 +52,10 @@ type streamState struct {
 	// awaiting is the version of each type the stream must answer before the node's
 	// publication converges ("" = none).
 	awaiting [xds.NumSets]string
+	// foreign: the client holds a set of the type that it got elsewhere, from a server
+	// restarted under it: its SOTW request named a version the node cannot resolve, or its
+	// delta stream listed resources in initial_resource_versions and has ACKed nothing since.
+	foreign [xds.NumSets]bool
 
 	sotw  *sotwStream  // SOTW streams only
 	delta *deltaStream // delta streams only
@@ -74,7 +78,10 @@ type sotwStream struct {
 	// version its request named; and the request onRequest hands to CreateWatch.
 	watch        [xds.NumSets]chan cache.Response
 	watchVersion [xds.NumSets]string
-	req          *discovery.DiscoveryRequest
+	// unchecked: the type's watch was opened before the node was served, so CreateWatch's
+	// rule is applied when it is (respondSOTWLocked).
+	unchecked [xds.NumSets]bool
+	req       *discovery.DiscoveryRequest
 }
 
 // deltaStream is what a delta stream's client holds and has not answered (guarded by node.mu).
