@@ -484,3 +484,113 @@ func TestNACKMidSteps(t *testing.T) {
 		t.Errorf("fallbacks{to=acked} = %v, want 2", got)
 	}
 }
+
+// TestRestartedServerKeepsRoutes: a raw client (SOTW or delta, wildcard, as Envoy is) holds a
+// plan from a server that then restarts; it reconnects to the new server before that server's
+// first publication, saying what it holds (SOTW: each type's version; delta:
+// initial_resource_versions), and the new plan has a pod, so a cluster, that it does not hold.
+// It must never be left without its listener and routes: the new server was never given the
+// old ones, so holding them back for make before break would send none (SOTW: an empty
+// Listener response; delta: the listener removed). It gets the new plan's.
+func TestRestartedServerKeepsRoutes(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		delta bool
+	}{{"sotw", false}, {"delta", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{Policy: optimizer.Localization, Encoding: xds.EncodingWeightedClusters, DebounceQuiet: -1}
+			h1 := startServer(t, cfg)
+			w := openWire(t, h1.addr, "x-0", tc.delta)
+			waitSubscribed(t, h1, "x-0")
+			top := two(5)
+			h1.srv.Update(top)
+			w.pump(t, h1, 1)
+			held := w.m
+			versions, resourceVersions := heldVersions(t, h1, "x-0", tc.delta)
+			h1.stop()
+
+			h2 := startServer(t, cfg)
+			poll := reconnectWire(t, h2.addr, "x-0", tc.delta, versions, resourceVersions, held)
+			waitSubscribed(t, h2, "x-0")
+			grown := top.Clone()
+			grown.Services[1].Pods = append(grown.Services[1].Pods, optimizer.Pod{Name: "y-2", Node: "n1", Address: "127.0.0.1:2003"})
+			h2.srv.Update(grown)
+			deadline := time.Now().Add(10 * time.Second)
+			for h2.srv.converged.Load() < 1 {
+				ack, ok := poll()
+				if !ok {
+					if time.Now().After(deadline) {
+						t.Fatal("the new server's publication did not converge")
+					}
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				for _, i := range []int{xds.ListenerSet, xds.RouteSet} {
+					if len(held.res[i]) == 0 {
+						t.Fatalf("the client was left without %s", xds.SetNames[i])
+					}
+				}
+				ack()
+			}
+			if !held.named()["y/y-2"] || !held.has(xds.ClusterSet, "y/y-2") {
+				t.Errorf("the client does not route to the new pod's cluster y/y-2: routes name %v", held.named())
+			}
+			if b := held.broken(); len(b) > 0 {
+				t.Errorf("the client ends with routes naming what it lacks: %s", strings.Join(b, ", "))
+			}
+		})
+	}
+}
+
+// heldVersions returns what node id's client holds, as it names it on reconnecting: the
+// version of each type (SOTW) or of each resource (delta).
+func heldVersions(t *testing.T, h *harness, id string, delta bool) (map[string]string, map[string]map[string]string) {
+	t.Helper()
+	h.srv.nodesMu.Lock()
+	n := h.srv.nodeByIDLocked(id)
+	h.srv.nodesMu.Unlock()
+	if n == nil {
+		t.Fatalf("no node %q", id)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	versions, resourceVersions := map[string]string{}, map[string]map[string]string{}
+	for i, typ := range typeURLs {
+		versions[typ] = n.sets[i].Version
+		if delta {
+			resourceVersions[typ] = n.snap.GetVersionMap(typ)
+		}
+	}
+	return versions, resourceVersions
+}
+
+// reconnectWire opens a wildcard stream that says it holds versions (SOTW) or
+// resourceVersions (delta); poll applies the next response to m, if one came.
+func reconnectWire(t *testing.T, addr, id string, delta bool, versions map[string]string, resourceVersions map[string]map[string]string, m *mirror) (poll func() (ack func(), ok bool)) {
+	if delta {
+		c := dialDelta(t, addr, id)
+		for _, typ := range allTypes {
+			c.send(&discovery.DeltaDiscoveryRequest{TypeUrl: typ, InitialResourceVersions: resourceVersions[typ]})
+		}
+		return func() (func(), bool) {
+			r := c.pendingOne()
+			if r == nil {
+				return nil, false
+			}
+			m.delta(t, r)
+			return func() { c.ack(r) }, true
+		}
+	}
+	c := dialADS(t, addr, id)
+	for _, typ := range allTypes {
+		c.subscribeAt(typ, versions[typ])
+	}
+	return func() (func(), bool) {
+		r := c.pendingOne()
+		if r == nil {
+			return nil, false
+		}
+		m.sotw(t, r)
+		return func() { c.ack(r) }, true
+	}
+}
