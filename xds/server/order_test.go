@@ -103,11 +103,18 @@ type rawWire struct {
 }
 
 func openWire(t *testing.T, addr, node string, delta bool) *rawWire {
-	w := &rawWire{m: newMirror()}
+	return reopenWire(t, addr, node, delta, newMirror(), nil, nil)
+}
+
+// reopenWire is openWire for a client that holds m and says so, as a client that reconnects
+// does: the version of each type (SOTW, versions) or of each resource (delta,
+// resourceVersions, sent as initial_resource_versions).
+func reopenWire(t *testing.T, addr, node string, delta bool, m *mirror, versions map[string]string, resourceVersions map[string]map[string]string) *rawWire {
+	w := &rawWire{m: m}
 	if delta {
 		c := dialDelta(t, addr, node)
 		for _, typ := range allTypes {
-			c.subscribe(typ)
+			c.send(&discovery.DeltaDiscoveryRequest{TypeUrl: typ, InitialResourceVersions: resourceVersions[typ]})
 		}
 		w.poll = func(wait bool) (func(), func(), bool) {
 			var r *discovery.DeltaDiscoveryResponse
@@ -125,7 +132,7 @@ func openWire(t *testing.T, addr, node string, delta bool) *rawWire {
 	}
 	c := dialADS(t, addr, node)
 	for _, typ := range allTypes {
-		c.subscribe(typ)
+		c.subscribeAt(typ, versions[typ])
 	}
 	w.poll = func(wait bool) (func(), func(), bool) {
 		var r *discovery.DiscoveryResponse
@@ -510,14 +517,14 @@ func TestRestartedServerKeepsRoutes(t *testing.T) {
 			h1.stop()
 
 			h2 := startServer(t, cfg)
-			poll := reconnectWire(t, h2.addr, "x-0", tc.delta, versions, resourceVersions, held)
+			w2 := reopenWire(t, h2.addr, "x-0", tc.delta, held, versions, resourceVersions)
 			waitSubscribed(t, h2, "x-0")
 			grown := top.Clone()
 			grown.Services[1].Pods = append(grown.Services[1].Pods, optimizer.Pod{Name: "y-2", Node: "n1", Address: "127.0.0.1:2003"})
 			h2.srv.Update(grown)
 			deadline := time.Now().Add(10 * time.Second)
 			for h2.srv.converged.Load() < 1 {
-				ack, ok := poll()
+				ack, _, ok := w2.poll(false)
 				if !ok {
 					if time.Now().After(deadline) {
 						t.Fatal("the new server's publication did not converge")
@@ -562,35 +569,4 @@ func heldVersions(t *testing.T, h *harness, id string, delta bool) (map[string]s
 		}
 	}
 	return versions, resourceVersions
-}
-
-// reconnectWire opens a wildcard stream that says it holds versions (SOTW) or
-// resourceVersions (delta); poll applies the next response to m, if one came.
-func reconnectWire(t *testing.T, addr, id string, delta bool, versions map[string]string, resourceVersions map[string]map[string]string, m *mirror) (poll func() (ack func(), ok bool)) {
-	if delta {
-		c := dialDelta(t, addr, id)
-		for _, typ := range allTypes {
-			c.send(&discovery.DeltaDiscoveryRequest{TypeUrl: typ, InitialResourceVersions: resourceVersions[typ]})
-		}
-		return func() (func(), bool) {
-			r := c.pendingOne()
-			if r == nil {
-				return nil, false
-			}
-			m.delta(t, r)
-			return func() { c.ack(r) }, true
-		}
-	}
-	c := dialADS(t, addr, id)
-	for _, typ := range allTypes {
-		c.subscribeAt(typ, versions[typ])
-	}
-	return func() (func(), bool) {
-		r := c.pendingOne()
-		if r == nil {
-			return nil, false
-		}
-		m.sotw(t, r)
-		return func() { c.ack(r) }, true
-	}
 }

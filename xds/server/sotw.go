@@ -27,9 +27,9 @@ import (
 // node's current one for its type, or subscribing to a resource of the current set that the
 // stream was not returned, is answered at once; any other waits until the node's set of that
 // type changes to a version other than the one it named. Nothing is answered before the node
-// has its first snapshot. A response carries the set's resources that the stream subscribes to (all of them for a
-// wildcard subscription), each marshalled once per publication and shared by every stream
-// sent it.
+// has its first snapshot. A response carries the set's resources that the stream subscribes
+// to (all of them for a wildcard subscription), each marshalled once per publication and
+// shared by every stream sent it.
 type sotwCache struct {
 	s *Server
 	cache.Cache

@@ -50,7 +50,7 @@ func (s *Server) nextLocked(n *nodeState) [xds.NumSets]xds.Set {
 	}
 	next := want
 	routesMove := want[xds.ListenerSet].Version != cur[xds.ListenerSet].Version || want[xds.RouteSet].Version != cur[xds.RouteSet].Version
-	if routesMove && !s.holdsNamedLocked(n, &want) && !n.foreignRoutes() {
+	if routesMove && !n.foreignRoutes() && !s.holdsNamedLocked(n, &want) {
 		next[xds.ListenerSet], next[xds.RouteSet] = cur[xds.ListenerSet], cur[xds.RouteSet]
 	}
 	if !namesSubset(cur[xds.ClusterSet], next[xds.ClusterSet]) {
