@@ -1,6 +1,8 @@
 # edgeflow — the front door. CI (.ci/run) calls `make test`, exactly as a person does.
 
 GO          ?= go
+SHELL       := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 CACHE       ?= $(HOME)/.cache/edgeflow
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(CACHE)/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
@@ -10,7 +12,7 @@ HELM        := $(CACHE)/bin/helm-$(HELM_VERSION)/helm
 KUBE_VERSION := v1.37.2
 FUZZTIME    ?= 20s
 
-.PHONY: all build demo test lint k8s helm manifests unit e2e-istio e2e-ui e2e-reproduce reproduce reproduce-report fuzz bench bench-solver bench-push bench-watch clean
+.PHONY: all build demo test test-lint test-unit test-e2e test-quiet test-istio test-ui test-smoke prebuild-unit prebuild-e2e prebuild-istio prebuild-smoke lint k8s helm manifests e2e-istio e2e-ui e2e-reproduce reproduce reproduce-report fuzz bench bench-solver bench-push bench-watch clean
 
 all: build
 
@@ -22,27 +24,94 @@ build:
 demo:
 	$(GO) run ./cmd/edgeflow demo
 
-## test: formatting, vet, staticcheck, go.mod tidy, then every test with the race detector
-## (the live tests need the Kubernetes control plane binaries and helm: built once, cached; see k8s, helm)
-test: lint k8s helm unit e2e-istio e2e-ui e2e-reproduce
+## test: lint, then every suite at once (the product's packages with -race; the e2e harnesses
+## without it, running the product as a -race binary; Istio's pilot; the web view; a smoke of the
+## paper's experiment), then the quiet group alone; go test -json goes to bin/test/, and the
+## report (each suite's and package's wall time, the 20 slowest tests, the totals) ends the run.
+## Builds of tools (staticcheck, Helm, the Kubernetes control plane, Istio's pilot) run niced
+## while tests wait.
+test:
+	@rm -rf $(TESTOUT) && mkdir -p $(TESTOUT)
+	@$(MAKE) --no-print-directory $(REPORT)
+	@status=0; start=$$(date +%s); \
+	  $(MAKE) --no-print-directory -j$(TEST_JOBS) test-lint test-unit test-e2e test-istio test-ui test-smoke || status=1; \
+	  $(MAKE) --no-print-directory test-quiet || status=1; \
+	  echo "make test: $$(( $$(date +%s) - start )) s, status $$status (go test -json in $(TESTOUT)/)"; \
+	  $(REPORT) $(TESTOUT)/*.json | tee $(TESTOUT)/report.txt; exit $$status
+
+TESTOUT     := bin/test
+REPORT      := bin/testreport
+# the edgeflow binary the e2e tests run as a process (testkit.Binary), built once, with -race
+EDGEFLOW_RACE := $(CURDIR)/bin/edgeflow-race
+TEST_JOBS   ?= 8
+NICE        := nice -n 10
+# the product's packages outside the quiet group: everything but e2e/ (the harnesses) and the demo
+UNIT_PKGS    = $$($(GO) list ./... | grep -v -e '/e2e/' -e '/internal/demo')
+
+# The quiet group: tests that time things or count allocations, run alone after every other
+# suite, without the race detector (it slows the code they time ~10x; they skip under it).
+QUIET_TESTS := TestInjectedLatency|TestPlaceLargeInstance|TestPlaceBudgetLargeInstance|TestNoAllocs|TestWatchScale|TestWatchAtScale
+QUIET_PKGS  := ./internal/demo ./optimizer ./optimizer/mcf ./watcher/kube ./e2e/live
+# Packages whose every test runs in the quiet group, with -race (the demo times its latencies).
+QUIET_RACE_PKGS := ./internal/demo/...
+
+$(REPORT): $(wildcard internal/testkit/testreport/*.go)
+	@mkdir -p bin && $(GO) build -o $@ ./internal/testkit/testreport
+
+$(EDGEFLOW_RACE): FORCE
+	@mkdir -p bin && $(GO) build -race -buildvcs=auto -o $@ ./cmd/edgeflow
+
+FORCE:
+
+## test-lint: gofmt, vet, staticcheck, go.mod tidy (niced: it runs beside the tests)
+test-lint: lint
+
+## test-unit: the product's packages, with the race detector (all but the quiet group)
+test-unit: k8s $(REPORT) prebuild-unit
+	$(GO) test -race -count=1 -json -timeout 30m -skip '^($(QUIET_TESTS))$$' $(UNIT_PKGS) | $(REPORT) -stream unit > $(TESTOUT)/unit.json
+
+## test-e2e: the harnesses (apiserver, testbed, install, rebalance, replicas), without -race; the
+## product they run as a process is the -race binary
+test-e2e: k8s helm $(EDGEFLOW_RACE) $(REPORT) prebuild-e2e
+	EDGEFLOW_BIN=$(EDGEFLOW_RACE) $(GO) test -count=1 -json -timeout 30m -p 4 -parallel 8 \
+	  -skip '^($(QUIET_TESTS))$$' ./e2e/... | $(REPORT) -stream e2e > $(TESTOUT)/e2e.json
+
+## test-quiet: the timing tests, alone, after every other suite
+test-quiet: $(REPORT)
+	$(GO) test -race -count=1 -json -timeout 20m -p 1 $(QUIET_RACE_PKGS) | $(REPORT) -stream quiet-race > $(TESTOUT)/quiet-race.json
+	$(GO) test -count=1 -json -timeout 20m -p 1 -run '^($(QUIET_TESTS))$$' $(QUIET_PKGS) | $(REPORT) -stream quiet > $(TESTOUT)/quiet.json
 
 ## e2e-istio: Istio's own pilot (in-process, the separate module e2e/istio) decides whether the
-## EnvoyFilters edgeflow manages work (cold build ~8 min on 2 cores, cached by Go afterwards)
-e2e-istio:
-	cd e2e/istio && $(GO) vet ./... && $(GO) test -count=1 ./...
+## EnvoyFilters edgeflow manages work (cold build ~8 min on 2 cores, niced, cached by Go afterwards)
+test-istio e2e-istio: k8s $(REPORT) prebuild-istio
+	cd e2e/istio && $(NICE) $(GO) test -count=1 -json -parallel 8 ./... \
+	  | $(CURDIR)/$(REPORT) -stream istio > $(CURDIR)/$(TESTOUT)/istio.json
 
 ## e2e-ui: the web view in headless Chromium (Debian's chromium, driven by chromedp from the separate
 ## module e2e/ui): the demo topology's nodes and edges shown, a changed file shown within 2 s;
 ## writes the screenshot docs/webview.png
-e2e-ui:
-	cd e2e/ui && $(GO) vet ./... && $(GO) test -count=1 ./...
+test-ui e2e-ui: $(EDGEFLOW_RACE) $(REPORT)
+	cd e2e/ui && $(GO) vet ./... && EDGEFLOW_BIN=$(EDGEFLOW_RACE) $(GO) test -count=1 -json ./... \
+	  | $(CURDIR)/$(REPORT) -stream ui > $(CURDIR)/$(TESTOUT)/ui.json
 
-## e2e-reproduce: the paper's experiment's quick preset as a test (make reproduce QUICK=1, report
-## in a temporary folder; ~6 min): asserts its qualitative claims on scenario B
-e2e-reproduce:
+## e2e-reproduce: a smoke of the paper's experiment (the live loop end to end, the report's schema,
+## the plan's network cost ordered as the policies promise); its P99 claims run in make reproduce
+test-smoke e2e-reproduce: k8s $(EDGEFLOW_RACE) $(REPORT) prebuild-smoke
+	EDGEFLOW_BIN=$(EDGEFLOW_RACE) REPRODUCE_PRESET=smoke $(GO) tool test2json -t -p github.com/edgeflow/edgeflow/e2e/reproduce \
+	  bin/reproduce.test -test.run '^(TestWriteReport|TestOverrideReplicas|TestReproduce)$$' -test.v=test2json -test.count=1 -test.timeout 20m \
+	  | $(REPORT) -stream smoke > $(TESTOUT)/smoke.json
+
+# prebuild-*: compile a suite's tests (niced) while the Kubernetes control plane it needs builds,
+# so that on a cold machine its tests start as soon as that build is done
+prebuild-unit:
+	$(NICE) $(GO) test -race -count=1 -run '^$$' $(UNIT_PKGS) > /dev/null
+prebuild-e2e:
+	$(NICE) $(GO) test -count=1 -run '^$$' ./e2e/... > /dev/null
+prebuild-istio:
+	cd e2e/istio && $(NICE) $(GO) vet ./... && $(NICE) $(GO) test -count=1 -run '^$$' ./... > /dev/null
+prebuild-smoke:
 	mkdir -p bin
-	cd e2e/reproduce && $(GO) vet ./... && $(GO) test -c -o $(CURDIR)/bin/reproduce.test .
-	REPRODUCE_PRESET=quick bin/reproduce.test -test.run '^(TestWriteReport|TestOverrideReplicas|TestReproduce)$$' -test.v -test.count=1 -test.timeout 20m
+	cd e2e/reproduce && $(NICE) $(GO) vet ./... && $(NICE) $(GO) test -c -o $(CURDIR)/bin/reproduce.test .
 
 ## reproduce: the paper's experiment on the live loop, real delay, real control plane (root; see
 ## e2e/reproduce): the full grid writes docs/reproduction.md, .json and the CDF PNGs; QUICK=1
@@ -72,34 +141,21 @@ k8s:
 helm: $(HELM)
 
 $(HELM):
-	GOBIN=$(dir $(HELM)) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	GOBIN=$(dir $(HELM)) $(NICE) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
 ## manifests: install/manifests/edgeflow.yaml, the chart rendered with its default values
 ## (e2e/install's TestManifestsUpToDate fails when it is stale)
 manifests: $(HELM)
 	$(HELM) template edgeflow install/helm/edgeflow --namespace edgeflow --kube-version $(KUBE_VERSION) > install/manifests/edgeflow.yaml
 
-# Tests that measure timing or allocations skip under the race detector (it slows them ~10x);
-# they run again without it, so every test runs once.
-NORACE_TESTS := TestInjectedLatency|TestPlaceLargeInstance|TestPlaceBudgetLargeInstance|TestNoAllocs|TestWatchScale|TestWatchAtScale
-
-# -timeout: e2e/rebalance runs eleven tests on a real control plane (~5 min on a busy machine).
-# The e2e packages and the demo (its latencies are timed) run one at a time (-p 1): the testbed's userspace delay, Prometheus scrapes and
-# the control plane's timings hold their tolerances only when another package's race-detector
-# run is not competing for the 2 cores (the testbed's ±3 ms check failed once that way).
-unit:
-	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e '/e2e/' -e '/internal/demo')
-	$(GO) test -race -count=1 -timeout 30m -p 1 ./e2e/... ./internal/demo/...
-	$(GO) test -count=1 -p 1 -run '^($(NORACE_TESTS))$$' ./internal/demo ./optimizer ./optimizer/mcf ./watcher/kube ./e2e/live
-
 lint: $(STATICCHECK)
 	@fmt=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$fmt" ]; then echo "gofmt would change:"; echo "$$fmt"; exit 1; fi
-	$(GO) vet ./...
-	$(STATICCHECK) ./...
+	$(NICE) $(GO) vet ./...
+	$(NICE) $(STATICCHECK) ./...
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 
 $(STATICCHECK):
-	GOBIN=$(dir $(STATICCHECK)) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	GOBIN=$(dir $(STATICCHECK)) $(NICE) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 ## fuzz: a short run of every fuzzer (FUZZTIME each)
 fuzz:

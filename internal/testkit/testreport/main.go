@@ -1,0 +1,236 @@
+// Command testreport reads `go test -json` streams, as make test writes them under bin/test/,
+// and says what ran and where the time went.
+//
+//	go test -json ./... | testreport -stream unit > bin/test/unit.json
+//	testreport bin/test/*.json
+//
+// With -stream it copies the JSON from stdin to stdout unchanged and prints to stderr, as the
+// run goes, one line per package (as go test does) and the whole output of every failed test.
+// Without it, it reads the files and prints each suite's wall time, each package's, the 20
+// slowest tests, every skipped test, and the totals on the last line:
+// "tests: N passed, N failed, N skipped".
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// event is one line of `go test -json` (cmd/test2json).
+type event struct {
+	Time    time.Time
+	Action  string
+	Package string
+	Test    string
+	Elapsed float64
+	Output  string
+}
+
+func main() {
+	stream := flag.String("stream", "", "copy stdin to stdout and print progress to stderr, naming the suite")
+	slowest := flag.Int("slowest", 20, "how many of the slowest tests to list")
+	flag.Parse()
+	if *stream != "" {
+		if err := streamRun(*stream, os.Stdin, os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, "testreport:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if flag.NArg() == 0 {
+		fmt.Fprintln(os.Stderr, "usage: testreport [-slowest N] FILE.json ... | testreport -stream SUITE")
+		os.Exit(2)
+	}
+	var suites []*suite
+	for _, f := range flag.Args() {
+		s, err := readSuite(f)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "testreport:", err)
+			os.Exit(1)
+		}
+		suites = append(suites, s)
+	}
+	report(os.Stdout, suites, *slowest)
+}
+
+// streamRun copies in to out and prints go test's usual per-package lines and every failed
+// test's output to progress.
+func streamRun(name string, in io.Reader, out, progress io.Writer) error {
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	outputs := map[[2]string][]string{} // package, test → output lines, until the test ends
+	for sc.Scan() {
+		line := sc.Bytes()
+		if _, err := out.Write(append(line, '\n')); err != nil {
+			return err
+		}
+		var e event
+		if json.Unmarshal(line, &e) != nil || e.Action == "" {
+			fmt.Fprintf(progress, "%s\n", line) // not JSON: a build error or a line a process wrote
+			continue
+		}
+		key := [2]string{e.Package, e.Test}
+		switch e.Action {
+		case "output", "build-output":
+			if e.Test != "" || e.Action == "build-output" {
+				outputs[key] = append(outputs[key], e.Output)
+			}
+		case "fail", "build-fail":
+			if e.Test != "" {
+				fmt.Fprintf(progress, "--- FAIL: %s %s (%.1fs)\n%s", e.Package, e.Test, e.Elapsed, strings.Join(outputs[key], ""))
+			} else {
+				fmt.Fprintf(progress, "%s", strings.Join(outputs[key], ""))
+				fmt.Fprintf(progress, "FAIL\t%s\t%.1fs\t[%s]\n", e.Package, e.Elapsed, name)
+			}
+			delete(outputs, key)
+		case "pass", "skip":
+			if e.Test == "" {
+				fmt.Fprintf(progress, "ok  \t%s\t%.1fs\t[%s]\n", e.Package, e.Elapsed, name)
+			}
+			delete(outputs, key)
+		}
+	}
+	return sc.Err()
+}
+
+type testResult struct {
+	pkg, name string
+	action    string
+	elapsed   float64
+}
+
+type suite struct {
+	name        string
+	first, last time.Time
+	packages    map[string]float64 // package → its test binary's run time
+	failedPkgs  []string
+	tests       []testResult // top-level and subtests, as they ended
+}
+
+func readSuite(path string) (*suite, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	s := &suite{name: strings.TrimSuffix(filepath.Base(path), ".json"), packages: map[string]float64{}}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var e event
+		if json.Unmarshal(sc.Bytes(), &e) != nil || e.Action == "" {
+			continue
+		}
+		if !e.Time.IsZero() {
+			if s.first.IsZero() || e.Time.Before(s.first) {
+				s.first = e.Time
+			}
+			if e.Time.After(s.last) {
+				s.last = e.Time
+			}
+		}
+		switch e.Action {
+		case "pass", "fail", "skip":
+			if e.Test == "" {
+				s.packages[e.Package] = e.Elapsed
+				if e.Action == "fail" {
+					s.failedPkgs = append(s.failedPkgs, e.Package)
+				}
+				continue
+			}
+			s.tests = append(s.tests, testResult{pkg: e.Package, name: e.Test, action: e.Action, elapsed: e.Elapsed})
+		case "build-fail":
+			s.failedPkgs = append(s.failedPkgs, e.Package+" (build)")
+		}
+	}
+	return s, sc.Err()
+}
+
+func report(w io.Writer, suites []*suite, slowest int) {
+	var all []testResult
+	passed, failed, skipped := 0, 0, 0
+	fmt.Fprintln(w, "== where the time went (go test -json under bin/test/)")
+	fmt.Fprintln(w, "suite            wall    packages")
+	for _, s := range suites {
+		wall := s.last.Sub(s.first)
+		fmt.Fprintf(w, "%-14s %6.0fs   %d\n", s.name, wall.Seconds(), len(s.packages))
+	}
+	fmt.Fprintln(w, "\npackage                                              test time  suite")
+	type pkgTime struct {
+		suite, pkg string
+		s          float64
+	}
+	var pkgs []pkgTime
+	outcome := map[string]string{} // "package test" → fail, pass or skip over every suite
+	for _, s := range suites {
+		for p, t := range s.packages {
+			pkgs = append(pkgs, pkgTime{s.name, p, t})
+		}
+		for _, t := range s.tests {
+			if strings.Contains(t.name, "/") {
+				continue // subtests: counted through their parent
+			}
+			all = append(all, t)
+			key := t.pkg + " " + t.name
+			switch {
+			case t.action == "fail" || outcome[key] == "fail":
+				outcome[key] = "fail"
+			case t.action == "pass" || outcome[key] == "pass":
+				outcome[key] = "pass"
+			default:
+				outcome[key] = "skip"
+			}
+		}
+	}
+	// A test that skips in one suite (the timing tests under -race) and runs in another is
+	// counted once, by what it did where it ran.
+	for _, o := range outcome {
+		switch o {
+		case "pass":
+			passed++
+		case "fail":
+			failed++
+		default:
+			skipped++
+		}
+	}
+	sort.Slice(pkgs, func(i, j int) bool { return pkgs[i].s > pkgs[j].s })
+	for _, p := range pkgs {
+		if p.s < 1 {
+			continue
+		}
+		fmt.Fprintf(w, "%-52s %8.1fs  %s\n", strings.TrimPrefix(p.pkg, "github.com/edgeflow/edgeflow/"), p.s, p.suite)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].elapsed > all[j].elapsed })
+	fmt.Fprintf(w, "\nthe %d slowest tests\n", slowest)
+	for i, t := range all {
+		if i == slowest {
+			break
+		}
+		fmt.Fprintf(w, "%7.1fs  %s %s\n", t.elapsed, strings.TrimPrefix(t.pkg, "github.com/edgeflow/edgeflow/"), t.name)
+	}
+	var skips []string
+	for key, o := range outcome {
+		if o == "skip" {
+			skips = append(skips, strings.TrimPrefix(key, "github.com/edgeflow/edgeflow/"))
+		}
+	}
+	if len(skips) > 0 {
+		sort.Strings(skips)
+		fmt.Fprintf(w, "\nskipped in every suite (go test -v says why):\n  %s\n", strings.Join(skips, "\n  "))
+	}
+	for _, s := range suites {
+		for _, p := range s.failedPkgs {
+			fmt.Fprintf(w, "FAIL %s [%s]\n", p, s.name)
+		}
+	}
+	fmt.Fprintf(w, "\ntests: %d passed, %d failed, %d skipped\n", passed, failed, skipped)
+}
