@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -22,9 +23,17 @@ type Namespace struct {
 // first.
 func NewNamespace(t testing.TB, cidr string) *Namespace {
 	t.Helper()
-	n := &Namespace{Name: fmt.Sprintf("ef%04x-pods", rand.Uint32()&0xffff)}
-	if out, err := exec.Command("ip", "netns", "add", n.Name).CombinedOutput(); err != nil {
-		t.Fatalf("testbed: ip netns add %s: %v: %s", n.Name, err, out)
+	// A name no other namespace has: `ip netns add` fails on a taken one, so try another.
+	n := &Namespace{}
+	for attempt := 0; ; attempt++ {
+		n.Name = fmt.Sprintf("ef%04x-pods", rand.Uint32()&0xffff)
+		err := newNamespace(n.Name)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errNamespaceExists) || attempt == 20 {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() {
 		if out, err := exec.Command("ip", "netns", "del", n.Name).CombinedOutput(); err != nil {

@@ -150,8 +150,10 @@ func rootProblem() string {
 // packet between testbed addresses to nqdelay. nqdelay is built from this package's source with
 // `go build` and runs at real-time priority (chrt -f 20) when the machine allows it; it holds
 // each direction of a pair RTT/2. Namespace names start with a random prefix (e.g.
-// "ef3a9c-n1"), so a crashed earlier run never collides. Start fails the test on any error; the
-// test's cleanup tears everything down.
+// "ef3a9c-n1") that no other namespace has, so neither a crashed earlier run nor a testbed
+// running at the same time collides; every address, port and NFQUEUE lives inside the
+// testbed's own namespaces, so testbeds of parallel tests do not meet. Start fails the test on
+// any error; the test's cleanup tears everything down.
 func Start(t testing.TB, cfg Config) *Testbed {
 	t.Helper()
 	begin := time.Now()
@@ -194,15 +196,13 @@ func newTestbed(cfg Config, dir string) (*Testbed, error) {
 		tb.interval = time.Second
 	}
 	for {
-		tb.prefix = fmt.Sprintf("ef%04x", rand.Uint32()&0xffff)
-		if _, err := os.Stat(filepath.Join(netnsDir, tb.prefix+"-sw")); errors.Is(err, os.ErrNotExist) {
+		tb.setPrefix(fmt.Sprintf("ef%04x", rand.Uint32()&0xffff))
+		if _, err := os.Stat(filepath.Join(netnsDir, tb.swNS)); errors.Is(err, os.ErrNotExist) {
 			break
 		}
 	}
-	tb.swNS, tb.monNS = tb.prefix+"-sw", tb.prefix+"-mon"
 	for i, n := range tb.nodes {
 		tb.ips[n] = fmt.Sprintf("%s.%d", subnet, i+1)
-		tb.netns[n] = fmt.Sprintf("%s-n%d", tb.prefix, i+1)
 	}
 	tb.transport = &http.Transport{
 		DialContext:         tb.dialMonitor,
@@ -210,6 +210,15 @@ func newTestbed(cfg Config, dir string) (*Testbed, error) {
 		IdleConnTimeout:     30 * time.Second,
 	}
 	return tb, nil
+}
+
+// setPrefix names the testbed's namespaces after prefix.
+func (tb *Testbed) setPrefix(prefix string) {
+	tb.prefix = prefix
+	tb.swNS, tb.monNS = prefix+"-sw", prefix+"-mon"
+	for i, n := range tb.nodes {
+		tb.netns[n] = fmt.Sprintf("%s-n%d", prefix, i+1)
+	}
 }
 
 // validate checks cfg and returns its RTT matrix keyed by pairs in Nodes order.
@@ -359,8 +368,18 @@ func (tb *Testbed) SetRTT(a, b string, ms float64) error {
 
 // up creates the namespaces, the bridge and the delay.
 func (tb *Testbed) up() error {
-	if err := tb.addNamespace(tb.swNS); err != nil {
-		return err
+	// The bridge's namespace is created first and deleted last: while it exists its prefix is
+	// taken. Another testbed (of this test process or another) may have taken the prefix since
+	// newTestbed looked; `ip netns add` never reuses a name, so pick another then.
+	for attempt := 0; ; attempt++ {
+		err := tb.addNamespace(tb.swNS)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errNamespaceExists) || attempt == 20 {
+			return err
+		}
+		tb.setPrefix(fmt.Sprintf("ef%04x", rand.Uint32()&0xffff))
 	}
 	for _, args := range [][]string{
 		{"-n", tb.swNS, "link", "set", "lo", "up"},
@@ -448,12 +467,30 @@ func (tb *Testbed) realtime(prio string) []string {
 }
 
 func (tb *Testbed) addNamespace(ns string) error {
-	if err := command("ip", "netns", "add", ns); err != nil {
+	if err := newNamespace(ns); err != nil {
 		return err
 	}
 	tb.mu.Lock()
 	tb.created = append(tb.created, ns)
 	tb.mu.Unlock()
+	return nil
+}
+
+// errNamespaceExists: `ip netns add` found the name taken.
+var errNamespaceExists = errors.New("namespace exists")
+
+// newNamespace runs `ip netns add ns`, which fails (errNamespaceExists) when the name is taken:
+// the name is this caller's alone once it returns nil.
+func newNamespace(ns string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ip", "netns", "add", ns).CombinedOutput()
+	if err != nil {
+		if bytes.Contains(out, []byte("File exists")) {
+			err = fmt.Errorf("%w: %w", errNamespaceExists, err)
+		}
+		return fmt.Errorf("testbed: ip netns add %s: %w: %s", ns, err, bytes.TrimSpace(out))
+	}
 	return nil
 }
 

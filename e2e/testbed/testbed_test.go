@@ -21,6 +21,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
+
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
@@ -33,6 +35,7 @@ const (
 // TestScrapeConfig compares the generated prometheus.yml with testdata/prometheus.yml and, when
 // promtool is installed, has Prometheus's own checker accept it.
 func TestScrapeConfig(t *testing.T) {
+	t.Parallel()
 	nodes := []string{"edge-1", "edge-2", "edge-3"}
 	ips := map[string]string{"edge-1": "198.18.0.1", "edge-2": "198.18.0.2", "edge-3": "198.18.0.3"}
 	got := ScrapeConfig(nodes, ips, time.Second)
@@ -67,6 +70,7 @@ func TestScrapeConfig(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	nodes := []string{"a", "b", "c"}
 	for _, tc := range []struct {
 		name string
@@ -233,52 +237,54 @@ func checkPings(t *testing.T, tb *Testbed, want map[[2]string]float64) {
 func waitForProbes(t *testing.T, client *http.Client, tb *Testbed, want map[[2]string]float64, since time.Time) {
 	t.Helper()
 	const expr = `avg_over_time(probe_icmp_duration_seconds{phase="rtt"}[5s])`
-	deadline := time.After(probeDeadline)
-	poll := time.NewTicker(250 * time.Millisecond)
-	defer poll.Stop()
+	var got []sample
 	problem, lastMiss, misses := "no query yet", "", 0
-	for {
-		got, err := query(client, tb.PrometheusURL(), expr)
+	held := testkit.WaitUntil(probeDeadline, func() bool {
+		var err error
+		got, err = query(client, tb.PrometheusURL(), expr)
 		if err != nil {
 			problem = err.Error()
 		} else if problem = checkProbes(tb, got, want); problem == "" && !since.IsZero() {
-			fresh, err := query(client, tb.PrometheusURL(), `timestamp(probe_success{job="edgeflow-icmp"})`)
-			switch {
-			case err != nil:
-				problem = err.Error()
-			case len(fresh) != len(want):
-				problem = fmt.Sprintf("%d probe_success series, want %d", len(fresh), len(want))
-			default:
-				for _, s := range fresh {
-					if s.value < float64(since.UnixMilli())/1e3 {
-						problem = fmt.Sprintf("no sample of %v since %v", s.labels, since.Format(time.StampMilli))
-					}
-				}
-			}
+			problem = checkFresh(client, tb, len(want), since)
 		}
 		if problem != "" {
 			lastMiss = problem
 			misses++
-		} else {
-			if misses > 0 {
-				t.Logf("%d polls missed, the last: %s", misses, lastMiss)
-			}
-			var report []string
-			for _, s := range got {
-				report = append(report, fmt.Sprintf("%s→%s configured %g ms, Prometheus 5s average %.3f ms",
-					s.labels["source_node"], s.labels["target_node"],
-					want[[2]string{s.labels["source_node"], s.labels["target_node"]}], s.value*1e3))
-			}
-			slices.Sort(report)
-			t.Logf("%s:\n%s", expr, strings.Join(report, "\n"))
-			return
 		}
-		select {
-		case <-deadline:
-			t.Fatalf("after %v, %s: %s", probeDeadline, expr, problem)
-		case <-poll.C:
+		return problem == ""
+	})
+	if !held {
+		t.Fatalf("after %v, %s: %s", probeDeadline, expr, problem)
+	}
+	if misses > 0 {
+		t.Logf("%d polls missed, the last: %s", misses, lastMiss)
+	}
+	var report []string
+	for _, s := range got {
+		report = append(report, fmt.Sprintf("%s→%s configured %g ms, Prometheus 5s average %.3f ms",
+			s.labels["source_node"], s.labels["target_node"],
+			want[[2]string{s.labels["source_node"], s.labels["target_node"]}], s.value*1e3))
+	}
+	slices.Sort(report)
+	t.Logf("%s:\n%s", expr, strings.Join(report, "\n"))
+}
+
+// checkFresh describes why not every one of the n probe series has a sample newer than since,
+// or returns "".
+func checkFresh(client *http.Client, tb *Testbed, n int, since time.Time) string {
+	fresh, err := query(client, tb.PrometheusURL(), `timestamp(probe_success{job="edgeflow-icmp"})`)
+	switch {
+	case err != nil:
+		return err.Error()
+	case len(fresh) != n:
+		return fmt.Sprintf("%d probe_success series, want %d", len(fresh), n)
+	}
+	for _, s := range fresh {
+		if s.value < float64(since.UnixMilli())/1e3 {
+			return fmt.Sprintf("no sample of %v since %v", s.labels, since.Format(time.StampMilli))
 		}
 	}
+	return ""
 }
 
 // logSpread logs, per pair, the minimum and maximum probe RTT of the last 4 s, less the
