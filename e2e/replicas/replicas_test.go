@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +34,8 @@ import (
 	grpcxds "google.golang.org/grpc/xds"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/edgeflow/edgeflow/e2e/testbed"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/xds"
 )
 
@@ -47,50 +50,28 @@ const (
 	moveBound = 5 * time.Second
 )
 
-var edgeflowBin string
-
+// TestMain removes the edgeflow binary testkit.Binary built (when EDGEFLOW_BIN is unset) and
+// fails the run if a process a test started is still running.
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "edgeflow-replicas-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	edgeflowBin = filepath.Join(dir, "edgeflow")
-	build := exec.Command("go", "build", "-o", edgeflowBin, "github.com/edgeflow/edgeflow/cmd/edgeflow")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "replicas: building edgeflow:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	testkit.RemoveBuilt()
+	if kids := testbed.Children(); code == 0 && len(kids) > 0 {
+		fmt.Fprintf(os.Stderr, "replicas: processes left running: %s\n", strings.Join(kids, ", "))
+		code = 1
+	}
 	os.Exit(code)
 }
 
-// echo answers every call with the pod's name.
-type echo struct {
-	testgrpc.UnimplementedTestServiceServer
-	name string
-}
-
-func (e echo) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-	return &testgrpc.SimpleResponse{Username: e.name}, nil
-}
-
-// startEcho starts the callee pods and returns their addresses.
+// startEcho starts the callee pods e-0…e-3 (each answers with its name) and returns their
+// addresses, in that order.
 func startEcho(t *testing.T) []string {
-	var addrs []string
+	var pods, addrs []string
 	for i := range echoPods {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := grpc.NewServer()
-		testgrpc.RegisterTestServiceServer(s, echo{name: fmt.Sprintf("e-%d", i)})
-		go s.Serve(l) //nolint:errcheck // ends with Stop
-		t.Cleanup(s.Stop)
-		addrs = append(addrs, l.Addr().String())
+		pods = append(pods, fmt.Sprintf("e-%d", i))
+	}
+	echoes := testkit.StartEchoes(t, pods...)
+	for _, p := range pods {
+		addrs = append(addrs, echoes[p].Addr)
 	}
 	return addrs
 }
@@ -132,6 +113,7 @@ type replica struct {
 	cmd     *exec.Cmd
 	xds     string // its xDS address
 	metrics string
+	addrs   chan []string // the xDS and metrics addresses, once printed
 	done    chan struct{}
 	log     *lockedBuffer
 }
@@ -148,18 +130,14 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+// announced matches the line edgeflow serve prints once it serves: the addresses it bound.
+var announced = regexp.MustCompile(`^edgeflow serve: xDS on (\S+), metrics http://(\S+)/metrics`)
 
 func startReplica(t *testing.T, name, file string) *replica {
-	r := &replica{name: name, xds: freeAddr(t), metrics: freeAddr(t), done: make(chan struct{}), log: &lockedBuffer{}}
-	r.cmd = exec.Command(edgeflowBin, "serve", "-f", file, "--xds-address", r.xds, "--metrics-address", r.metrics,
+	r := &replica{name: name, addrs: make(chan []string, 1), done: make(chan struct{}), log: &lockedBuffer{}}
+	// Port 0: the process binds its own ports and prints them (no port picked here and taken
+	// by another in between).
+	r.cmd = exec.Command(testkit.Binary(t), "serve", "-f", file, "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
 		"--poll-interval", "1h", "--debounce-quiet", "10ms", "--debounce-max", "50ms")
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	out, err := r.cmd.StderrPipe()
@@ -174,6 +152,12 @@ func startReplica(t *testing.T, name, file string) *replica {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			r.log.add(sc.Text())
+			if m := announced.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case r.addrs <- m[1:]:
+				default:
+				}
+			}
 		}
 		_ = r.cmd.Wait()
 		close(r.done)
@@ -185,7 +169,15 @@ func startReplica(t *testing.T, name, file string) *replica {
 			t.Logf("%s log:\n%s", r.name, r.log.String())
 		}
 	})
-	eventually(t, 20*time.Second, name+" ready", func() bool { return r.metric(t, "edgeflow_xds_publications_total") >= 1 })
+	select {
+	case a := <-r.addrs:
+		r.xds, r.metrics = a[0], a[1]
+	case <-r.done:
+		t.Fatalf("%s exited before it served", name)
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s printed no addresses within 20s", name)
+	}
+	testkit.Eventually(t, 20*time.Second, name+" ready", func() bool { return r.metric(t, "edgeflow_xds_publications_total") >= 1 })
 	return r
 }
 
@@ -221,10 +213,7 @@ type service struct {
 }
 
 func startService(t *testing.T, backends ...string) *service {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := testkit.Listen(t)
 	s := &service{l: l, backends: backends, conns: map[net.Conn]bool{}}
 	s.wg.Add(1)
 	go func() {
@@ -339,17 +328,6 @@ func (c *caller) loop(ctx context.Context, interval time.Duration, wg *sync.Wait
 	}
 }
 
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // fetch is a raw SOTW ADS client: it subscribes to every type with the names a proxyless
 // client asks for, and returns each type's version and resources as bytes.
 func fetch(t *testing.T, addr, node string) map[string]string {
@@ -406,6 +384,7 @@ func fetch(t *testing.T, addr, node string) map[string]string {
 // same version and the same bytes (versions are content hashes): a client that moves from one
 // to the other already holds what the other would send.
 func TestReplicasServeTheSameVersions(t *testing.T) {
+	t.Parallel()
 	echoAddrs := startEcho(t)
 	file := filepath.Join(t.TempDir(), "topology.yaml")
 	if err := os.WriteFile(file, []byte(topology(echoAddrs, 1)), 0o644); err != nil {
@@ -459,7 +438,7 @@ func TestReplicaKilledMidPush(t *testing.T) {
 		}
 	}
 	defer stop()
-	eventually(t, 60*time.Second, "every caller's first RPC", func() bool {
+	testkit.Eventually(t, 60*time.Second, "every caller's first RPC", func() bool {
 		for _, c := range callers {
 			if c.ok.Load() == 0 {
 				return false
@@ -497,11 +476,11 @@ func TestReplicaKilledMidPush(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-a.done
-	eventually(t, 10*time.Second, "replica-b published the change", func() bool {
+	testkit.Eventually(t, 10*time.Second, "replica-b published the change", func() bool {
 		return b.metric(t, "edgeflow_xds_publications_total") > pushesB
 	})
 	var onSurvivor []string
-	eventually(t, 60*time.Second, "every client's stream on replica-b", func() bool {
+	testkit.Eventually(t, 60*time.Second, "every client's stream on replica-b", func() bool {
 		n := b.metric(t, "edgeflow_xds_connected_clients")
 		onSurvivor = append(onSurvivor, fmt.Sprintf("%.1fs:%v", time.Since(killed).Seconds(), n))
 		return n >= clients
