@@ -27,6 +27,7 @@ import (
 	grpcxds "google.golang.org/grpc/xds"
 
 	"github.com/edgeflow/edgeflow/examples"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -99,15 +100,17 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// startServe builds and starts `edgeflow serve` on the file; it is stopped when the test ends.
-func startServe(t *testing.T, ctx context.Context, file string) (uiURL, xdsAddr string) {
-	bin := filepath.Join(t.TempDir(), "edgeflow")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/edgeflow")
-	build.Dir = filepath.Join("..", "..") // the product's module, with its own go.sum
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building edgeflow: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin, "serve", "-f", file, "--xds-address", "127.0.0.1:0", "--ui-address", "127.0.0.1:0",
+// TestMain removes the edgeflow binary testkit.Binary built (when EDGEFLOW_BIN is unset).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testkit.RemoveBuilt()
+	os.Exit(code)
+}
+
+// startServe starts `edgeflow serve` (testkit.Binary) on the file; it is stopped when the test
+// ends.
+func startServe(t *testing.T, file string) (uiURL, xdsAddr string) {
+	cmd := exec.Command(testkit.Binary(t), "serve", "-f", file, "--xds-address", "127.0.0.1:0", "--ui-address", "127.0.0.1:0",
 		"--poll-interval", "50ms", "--debounce-quiet", "10ms")
 	var stderr lockedBuffer
 	cmd.Stderr = &stderr
@@ -213,7 +216,7 @@ func TestWebViewInChromium(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "bookinfo.yaml")
 	top := demoTopology(t)
 	writeTopology(t, file, top)
-	uiURL, xdsAddr := startServe(t, ctx, file)
+	uiURL, xdsAddr := startServe(t, file)
 
 	// A real grpc-go xDS client (node productpage-0), so the page has a stream and answers.
 	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}], "node": {"id": "productpage-0"}}`, xdsAddr)
