@@ -20,7 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -39,6 +39,7 @@ import (
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
 	"github.com/edgeflow/edgeflow/e2e/testbed"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	webui "github.com/edgeflow/edgeflow/internal/ui"
 	"github.com/edgeflow/edgeflow/rebalancer"
 )
@@ -61,8 +62,12 @@ type Harness struct {
 	efBin   string
 	podBin  string
 	promURL string // Prometheus as processes in the root namespace reach it
-	xdsAddr string // 127.0.0.1:PORT where serve listens (the forwarder's upstream)
 	rtt     map[[2]string]float64
+
+	// xdsAddr is where the running serve listens for xDS (127.0.0.1:PORT, the kernel's pick,
+	// read from its log): the forwarder's upstream; "" while no serve runs.
+	xdsMu   sync.Mutex
+	xdsAddr string
 	log     io.Writer // progress and events
 }
 
@@ -79,16 +84,12 @@ func NewHarness(t testing.TB, ctx context.Context, scenario string, log io.Write
 		t.Fatal(err)
 	}
 	h := &Harness{t: t, ctx: ctx, dir: t.TempDir(), rtt: rtt, log: log}
-	h.efBin, h.podBin = filepath.Join(h.dir, "edgeflow"), filepath.Join(h.dir, "pod")
-	root := repoRoot()
-	build(t, root, h.efBin, "./cmd/edgeflow")
-	build(t, filepath.Join(root, "e2e", "reproduce"), h.podBin, "./pod")
+	h.efBin, h.podBin = testkit.Binary(t), podBinary(t)
 
 	pool := podAddresses(Nodes)
 	h.tb = testbed.Start(t, testbed.Config{Nodes: Nodes, RTT: rtt, Aliases: pool})
 	h.tb.StartProbes(t)
 	h.promURL = h.promProxy()
-	h.xdsAddr = freeLoopback(t)
 	h.xdsForwarder()
 
 	h.cluster = kubeapi.Start(t, kubeapi.Options{Scheduler: true, ControllerManager: true})
@@ -125,28 +126,47 @@ func (h *Harness) SetScenario(name string) {
 	h.rtt = rtt
 }
 
-// repoRoot is the edgeflow repository (two folders above this file).
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+// The pod binary, built once per test process (podBinary) into podDir, which TestMain removes.
+var (
+	podOnce sync.Once
+	podDir  string
+	podBin  string
+	podErr  error
+)
+
+// podBinary returns the pods' binary (./pod), built on first use in this test process.
+func podBinary(t testing.TB) string {
+	t.Helper()
+	podOnce.Do(func() {
+		if podDir, podErr = os.MkdirTemp("", "edgeflow-reproduce-pod-"); podErr != nil {
+			return
+		}
+		podBin = filepath.Join(podDir, "pod")
+		cmd := exec.Command("go", "build", "-o", podBin, "./pod")
+		cmd.Dir = filepath.Join(testkit.RepoRoot(), "e2e", "reproduce")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			podErr = fmt.Errorf("go build ./pod: %v\n%s", err, b)
+		}
+	})
+	if podErr != nil {
+		t.Fatal(podErr)
+	}
+	return podBin
 }
 
-func build(t testing.TB, dir, out, pkg string) {
-	t.Helper()
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Dir = dir
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build %s in %s: %v\n%s", pkg, dir, err, b)
+// removePodBinary removes what podBinary built (TestMain, after the tests).
+func removePodBinary() {
+	if podDir != "" {
+		os.RemoveAll(podDir)
 	}
 }
 
-func freeLoopback(t testing.TB) string {
-	return freeLoopbacks(t, 1)[0]
-}
-
-// freeLoopbacks returns n distinct free loopback addresses: all n are held open until the last
-// is picked, so that two calls in a row cannot return the same port.
-func freeLoopbacks(t testing.TB, n int) []string {
+// pickLoopbacks returns n distinct loopback addresses free when picked, for a child process
+// to bind (a process cannot be handed a listener): all n are held open until the last is
+// picked, so that two picks in a row cannot return one port. Another socket can take a port
+// between the pick and the child's bind; the caller starts the child again on new picks when
+// its bind fails (bindFailed).
+func pickLoopbacks(t testing.TB, n int) []string {
 	var out []string
 	for range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -158,6 +178,15 @@ func freeLoopbacks(t testing.TB, n int) []string {
 	}
 	return out
 }
+
+// bindFailed says whether a child process's error is its failure to bind a picked port.
+func bindFailed(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "address already in use")
+}
+
+// bindTries is how many times a child is started on new picks before its bind failure fails
+// the test.
+const bindTries = 3
 
 // promProxy serves Prometheus (in the monitor namespace) on a root-namespace loopback port, for
 // serve and rebalance, and returns its URL.
@@ -208,9 +237,13 @@ func (h *Harness) xdsForwarder() {
 			go func() {
 				defer wg.Done()
 				defer down.Close()
-				up, err := net.DialTimeout("tcp", h.xdsAddr, 2*time.Second)
-				if err != nil {
+				addr := h.upstream()
+				if addr == "" {
 					return // serve is not running (between rows): the client retries
+				}
+				up, err := net.DialTimeout("tcp", addr, 2*time.Second)
+				if err != nil {
+					return
 				}
 				defer up.Close()
 				track(down, true)
@@ -230,6 +263,29 @@ func (h *Harness) xdsForwarder() {
 		mu.Unlock()
 		wg.Wait()
 	})
+}
+
+// upstream is where the running serve listens for xDS, "" when none runs.
+func (h *Harness) upstream() string {
+	h.xdsMu.Lock()
+	defer h.xdsMu.Unlock()
+	return h.xdsAddr
+}
+
+func (h *Harness) setUpstream(addr string) {
+	h.xdsMu.Lock()
+	defer h.xdsMu.Unlock()
+	h.xdsAddr = addr
+}
+
+// clearUpstream forgets addr as the upstream (its serve stopped), unless another serve's has
+// replaced it.
+func (h *Harness) clearUpstream(addr string) {
+	h.xdsMu.Lock()
+	defer h.xdsMu.Unlock()
+	if h.xdsAddr == addr {
+		h.xdsAddr = ""
+	}
 }
 
 // pipe copies both ways until either side closes, then closes both.
@@ -425,6 +481,7 @@ type proc struct {
 	cmd       *exec.Cmd
 	done      chan struct{}
 	ui        string // serve's web view (HOST:PORT), if it has one
+	stopped   func() // called once the process has stopped, if set
 }
 
 func (h *Harness) start(name string, args ...string) *proc {
@@ -448,7 +505,12 @@ func (h *Harness) start(name string, args ...string) *proc {
 	return p
 }
 
-func (p *proc) stop() { stopProcess(p.cmd, p.done, 10*time.Second) }
+func (p *proc) stop() {
+	stopProcess(p.cmd, p.done, 10*time.Second)
+	if p.stopped != nil {
+		p.stopped()
+	}
+}
 
 func (p *proc) exited() bool {
 	select {
@@ -459,12 +521,16 @@ func (p *proc) exited() bool {
 	}
 }
 
+// text is what p wrote to its log.
+func (p *proc) text() string {
+	b, _ := os.ReadFile(p.log)
+	return string(b[min(p.from, int64(len(b))):])
+}
+
 // lines returns the lines p wrote to its log that contain any of subs.
 func (p *proc) lines(subs ...string) []string {
-	b, _ := os.ReadFile(p.log)
-	b = b[min(p.from, int64(len(b))):]
 	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(p.text(), "\n") {
 		for _, sub := range subs {
 			if strings.Contains(line, sub) {
 				out = append(out, line)
@@ -591,33 +657,39 @@ func (h *Harness) eventually(d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// Serve starts `edgeflow serve` on the live inputs with the policy and the call graph at rate,
-// and waits until it has published and every caller pod's xDS client is connected to it.
-func (h *Harness) Serve(a App, p Policy, rate float64) *proc {
-	for try := 1; ; try++ {
-		s, err := h.serve(a, p, rate)
-		if err == nil {
-			return s
-		}
-		// A port picked free can be taken before serve binds it (an outgoing connection's
-		// ephemeral port): try again on others.
-		if try == 3 || !strings.Contains(err.Error(), "address already in use") {
-			h.t.Fatal(err)
-		}
-		fmt.Fprintf(h.log, "serve: %v; starting it again on other ports\n", err)
-	}
-}
+// serveListens matches the lines where serve names the addresses it bound.
+var (
+	serveXDS = regexp.MustCompile(`edgeflow serve: xDS on (\S+), metrics http://(\S+)/metrics`)
+	serveUI  = regexp.MustCompile(`edgeflow serve: web view on http://(\S+)/`)
+)
 
-func (h *Harness) serve(a App, p Policy, rate float64) (*proc, error) {
-	addrs := freeLoopbacks(h.t, 2)
-	metricsAddr, uiAddr := addrs[0], addrs[1]
+// Serve starts `edgeflow serve` on the live inputs with the policy and the call graph at rate,
+// and waits until it has published and every caller pod's xDS client is connected to it. Its
+// listeners are on ports the kernel picks as serve binds them (127.0.0.1:0), read from the
+// lines where it names them: no port is picked here and bound later by another process. The
+// forwarder sends the pods' xDS connections to this serve until it stops.
+func (h *Harness) Serve(a App, p Policy, rate float64) *proc {
 	s := h.start("serve", "serve", "--kubeconfig", h.cluster.Kubeconfig, "--prometheus-url", h.promURL,
-		"--calls", h.callGraph(a, rate), "--namespaces", ns, "--xds-address", h.xdsAddr, "--metrics-address", metricsAddr,
-		"--ui-address", uiAddr, "--policy", p.Allocation, "--lb-policy", p.LB, "--prometheus-interval", "2s", "--log-level", "warn")
-	s.ui = uiAddr
+		"--calls", h.callGraph(a, rate), "--namespaces", ns, "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
+		"--ui-address", "127.0.0.1:0", "--policy", p.Allocation, "--lb-policy", p.LB, "--prometheus-interval", "2s", "--log-level", "warn")
+	var xdsAddr, metricsAddr string
+	h.eventually(60*time.Second, "serve naming its listeners", func() bool {
+		if s.exited() {
+			h.t.Fatalf("edgeflow serve exited:\n%s", s.tail())
+		}
+		text := s.text()
+		m, u := serveXDS.FindStringSubmatch(text), serveUI.FindStringSubmatch(text)
+		if m == nil || u == nil {
+			return false
+		}
+		xdsAddr, metricsAddr, s.ui = m[1], m[2], u[1]
+		return true
+	})
+	h.setUpstream(xdsAddr)
+	s.stopped = func() { h.clearUpstream(xdsAddr) }
+
 	pods, streams := callers(a)
 	what := fmt.Sprintf("serve ready and %d caller pods connected with %d streams", pods, streams)
-	var exited error
 	var last map[string]float64
 	defer func() {
 		if last != nil && h.t.Failed() { // the wait timed out: say how far it got
@@ -627,8 +699,7 @@ func (h *Harness) serve(a App, p Policy, rate float64) (*proc, error) {
 	}()
 	h.eventually(90*time.Second, what, func() bool {
 		if s.exited() {
-			exited = fmt.Errorf("edgeflow serve exited:\n%s", s.tail())
-			return true
+			h.t.Fatalf("edgeflow serve exited:\n%s", s.tail())
 		}
 		m, err := metrics(metricsAddr)
 		if err == nil {
@@ -637,7 +708,7 @@ func (h *Harness) serve(a App, p Policy, rate float64) (*proc, error) {
 		return err == nil && m["edgeflow_xds_publications_total"] > 0 &&
 			m["edgeflow_xds_nodes"] >= float64(pods) && m["edgeflow_xds_connected_clients"] >= float64(streams)
 	})
-	return s, exited
+	return s
 }
 
 // Rebalanced is what one `edgeflow rebalance` did: its evictions, and the predicted LATA cost
@@ -651,14 +722,7 @@ type Rebalanced struct {
 // Rebalance runs `edgeflow rebalance --dry-run=false` on the cluster (with its placement
 // webhook registered) until it has made its moves and the pods settled, or until timeout.
 func (h *Harness) Rebalance(a App, rate float64, timeout time.Duration) Rebalanced {
-	certFile, keyFile, caPEM := h.selfSigned()
-	addrs := freeLoopbacks(h.t, 2)
-	webhookAddr, metricsAddr := addrs[0], addrs[1]
-	r := h.start("rebalance", "rebalance", "--dry-run=false", "--kubeconfig", h.cluster.Kubeconfig, "--prometheus-url", h.promURL,
-		"--calls", h.callGraph(a, rate), "--namespaces", ns, "--lease-namespace", "default", "--period", "10s", "--min-age", "1s",
-		"--prometheus-window", "20s",
-		"--webhook-address", webhookAddr, "--webhook-tls-cert", certFile, "--webhook-tls-key", keyFile,
-		"--metrics-address", metricsAddr, "--prometheus-interval", "2s")
+	r, webhookAddr, metricsAddr, caPEM := h.startRebalance(a, rate)
 	u := "https://" + webhookAddr + rebalancer.WebhookPath
 	cfg := rebalancer.MutatingWebhookConfiguration(admissionregistrationv1.WebhookClientConfig{URL: &u, CABundle: caPEM})
 	if _, err := h.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(h.ctx, cfg, metav1.CreateOptions{}); err != nil {
@@ -714,6 +778,39 @@ func (h *Harness) Rebalance(a App, rate float64, timeout time.Duration) Rebalanc
 	}
 	fmt.Fprintf(h.log, "rebalance: not settled within %v (%g moves; the last run's planned gain %.3f; %s)\n", timeout, moves, gain, h.unsettled(a))
 	return out
+}
+
+// startRebalance starts `edgeflow rebalance --dry-run=false` with its webhook and metrics on
+// picked loopback ports and waits until its metrics answer (it binds the webhook's port
+// before them); a bind that fails (the port taken since the pick) starts it again on others.
+func (h *Harness) startRebalance(a App, rate float64) (r *proc, webhookAddr, metricsAddr string, caPEM []byte) {
+	certFile, keyFile, caPEM := h.selfSigned()
+	calls := h.callGraph(a, rate)
+	for try := 1; ; try++ {
+		addrs := pickLoopbacks(h.t, 2)
+		webhookAddr, metricsAddr = addrs[0], addrs[1]
+		r = h.start("rebalance", "rebalance", "--dry-run=false", "--kubeconfig", h.cluster.Kubeconfig, "--prometheus-url", h.promURL,
+			"--calls", calls, "--namespaces", ns, "--lease-namespace", "default", "--period", "10s", "--min-age", "1s",
+			"--prometheus-window", "20s",
+			"--webhook-address", webhookAddr, "--webhook-tls-cert", certFile, "--webhook-tls-key", keyFile,
+			"--metrics-address", metricsAddr, "--prometheus-interval", "2s")
+		var exited error
+		h.eventually(60*time.Second, "edgeflow rebalance's metrics", func() bool {
+			if r.exited() {
+				exited = fmt.Errorf("edgeflow rebalance exited:\n%s", r.tail())
+				return true
+			}
+			_, err := metrics(metricsAddr)
+			return err == nil
+		})
+		if exited == nil {
+			return r, webhookAddr, metricsAddr, caPEM
+		}
+		if try == bindTries || !bindFailed(exited) {
+			h.t.Fatal(exited)
+		}
+		fmt.Fprintf(h.log, "rebalance: a picked port was taken before it bound; starting it again on others\n")
+	}
 }
 
 // selfSigned writes a self-signed certificate for 127.0.0.1 and its key, for the webhook.

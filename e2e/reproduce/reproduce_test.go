@@ -2,19 +2,42 @@ package reproduce
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/edgeflow/edgeflow/e2e/testbed"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
 	raisePriority()
-	testbed.VerifyMain(m, "e2e/reproduce")
+	code := m.Run()
+	testkit.RemoveBuilt()
+	removePodBinary()
+	// As testbed.VerifyMain: fail the run if a child process or (goleak) a goroutine is left.
+	if code == 0 {
+		if kids := testbed.Children(); len(kids) > 0 {
+			fmt.Fprintf(os.Stderr, "e2e/reproduce: processes left running: %s\n", strings.Join(kids, ", "))
+			code = 1
+		}
+	}
+	if code == 0 {
+		goleak.VerifyTestMain(ran(code))
+	}
+	os.Exit(code)
 }
+
+// ran is a goleak.TestingM whose tests already ran.
+type ran int
+
+func (r ran) Run() int { return int(r) }
 
 // TestReproduce runs the experiment: the preset REPRODUCE_PRESET (quick, the default, or full),
 // writing the report into REPRODUCE_OUT when set (make reproduce: docs/) and everything it
