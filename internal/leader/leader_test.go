@@ -10,6 +10,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 // short timings: a released Lease is taken at the next try (RetryPeriod).
@@ -75,17 +77,6 @@ func (c *candidate) stop(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func holder(t *testing.T, cs *fake.Clientset) string {
 	t.Helper()
 	l, err := cs.CoordinationV1().Leases("ns").Get(context.Background(), "lease", metav1.GetOptions{})
@@ -105,7 +96,7 @@ func TestOneLeadsAndTheOtherTakesOverOnRelease(t *testing.T) {
 	cfg.RenewDeadline = 20 * time.Second
 	cfg.OnNewLeader = func(id string) { seen.Store(id, true) }
 	a := start(t, cs, cfg, "a", nil)
-	waitFor(t, 5*time.Second, "a leads", a.leading.Load)
+	testkit.Eventually(t, 5*time.Second, "a leads", a.leading.Load)
 	b := start(t, cs, cfg, "b", nil)
 	time.Sleep(500 * time.Millisecond) // b tries five times meanwhile
 	if b.leading.Load() {
@@ -116,7 +107,7 @@ func TestOneLeadsAndTheOtherTakesOverOnRelease(t *testing.T) {
 	}
 	began := time.Now()
 	a.stop(t)
-	waitFor(t, 5*time.Second, "b leads after a released the Lease", b.leading.Load)
+	testkit.Eventually(t, 5*time.Second, "b leads after a released the Lease", b.leading.Load)
 	if d := time.Since(began); d > 5*time.Second {
 		t.Errorf("takeover took %v", d)
 	}
@@ -137,7 +128,7 @@ func TestLeadReturningEarlyGivesUpTheLease(t *testing.T) {
 		}
 		<-ctx.Done()
 	})
-	waitFor(t, 5*time.Second, "a leads twice", func() bool { return a.terms.Load() >= 2 })
+	testkit.Eventually(t, 5*time.Second, "a leads twice", func() bool { return a.terms.Load() >= 2 })
 	quit.Store(false)
 	a.mu.Lock()
 	defer a.mu.Unlock()
