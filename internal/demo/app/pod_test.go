@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 // serve runs pod on a loopback port until the test ends and returns a channel to it.
@@ -49,18 +51,6 @@ func newPod(t *testing.T, cfg Config) *Pod {
 	return p
 }
 
-// eventually polls cond until it holds or 10 s have passed.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestPodWorkersBoundConcurrency: 5 requests at once on 2 workers with a fixed 100 ms service
 // time finish no earlier than 100, 100, 200, 200 and 300 ms.
 func TestPodWorkersBoundConcurrency(t *testing.T) {
@@ -83,7 +73,13 @@ func TestPodWorkersBoundConcurrency(t *testing.T) {
 			lat[i] = time.Since(start)
 		}()
 	}
-	eventually(t, "3 requests queued", func() bool { return pod.Stats().Waiting == 3 })
+	// Three wait only until the first two finish (100 ms): checked every millisecond, where the
+	// kit's Eventually (up to 50 ms between checks) could miss the moment on a busy machine.
+	for deadline := time.Now().Add(10 * time.Second); pod.Stats().Waiting != 3; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out after 10s waiting for 3 requests queued")
+		}
+	}
 	wg.Wait()
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	for i, want := range []time.Duration{service, service, 2 * service, 2 * service, 3 * service} {
@@ -202,7 +198,7 @@ func TestPodCancelledWhileQueued(t *testing.T) {
 	first, cancelFirst := context.WithCancel(context.Background())
 	defer cancelFirst()
 	go Call(first, conn, "", "") //nolint:errcheck // holds the only worker for a second
-	eventually(t, "the first request received", func() bool { return pod.Stats().Received[""] == 1 })
+	testkit.Eventually(t, 10*time.Second, "the first request received", func() bool { return pod.Stats().Received[""] == 1 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -210,7 +206,7 @@ func TestPodCancelledWhileQueued(t *testing.T) {
 	if status.Code(err) != codes.DeadlineExceeded {
 		t.Errorf("err = %v, want DeadlineExceeded", err)
 	}
-	eventually(t, "the queued request to leave the queue", func() bool { return pod.Stats().Waiting == 0 })
+	testkit.Eventually(t, 10*time.Second, "the queued request to leave the queue", func() bool { return pod.Stats().Waiting == 0 })
 }
 
 func TestServeStopsOnCancel(t *testing.T) {
