@@ -24,6 +24,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/edgeflow/edgeflow/internal/clock"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
 )
@@ -401,22 +402,22 @@ func TestRun(t *testing.T) {
 
 	topo := &optimizer.Topology{Services: bookinfo()}
 	r.Update(topo)
-	waitFor(t, "a retry timer after the failed pass", func() bool { return clock.pending() == DefaultRetryInterval })
+	testkit.Eventually(t, 10*time.Second, "a retry timer after the failed pass", func() bool { return clock.pending() == DefaultRetryInterval })
 	clock.Advance(DefaultRetryInterval)
-	waitFor(t, "the filters after the retry", func() bool { return len(listOwned(client)) == 2 })
-	waitFor(t, "a resync timer after the good pass", func() bool { return clock.pending() == DefaultResync })
+	testkit.Eventually(t, 10*time.Second, "the filters after the retry", func() bool { return len(listOwned(client)) == 2 })
+	testkit.Eventually(t, 10*time.Second, "a resync timer after the good pass", func() bool { return clock.pending() == DefaultResync })
 
 	// A resync repairs a filter deleted by hand.
 	if err := client.NetworkingV1alpha3().EnvoyFilters(DefaultNamespace).Delete(ctx, "edgeflow-eds.reviews.default", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	clock.Advance(DefaultResync)
-	waitFor(t, "the repaired filter", func() bool { return len(listOwned(client)) == 2 })
+	testkit.Eventually(t, 10*time.Second, "the repaired filter", func() bool { return len(listOwned(client)) == 2 })
 
 	// An Update with no services removes every owned object.
 	r.Update(&optimizer.Topology{})
-	waitFor(t, "no owned filter", func() bool { return len(listOwned(client)) == 0 })
-	waitFor(t, "no owned ConfigMap", func() bool {
+	testkit.Eventually(t, 10*time.Second, "no owned filter", func() bool { return len(listOwned(client)) == 0 })
+	testkit.Eventually(t, 10*time.Second, "no owned ConfigMap", func() bool {
 		l, err := e.kube.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{LabelSelector: managedSelector})
 		return err == nil && len(l.Items) == 0
 	})
@@ -458,7 +459,7 @@ func TestRunTermsWriteOnlyWhileRunning(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error)
 		go func() { done <- r.Run(ctx) }()
-		waitFor(t, what, cond)
+		testkit.Eventually(t, 10*time.Second, what, cond)
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatalf("Run: %v", err)
@@ -499,18 +500,6 @@ func listOwned(c *fake.Clientset) []string {
 		names = append(names, f.Name)
 	}
 	return names
-}
-
-// waitFor polls cond until it holds, failing the test after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // fakeClock is an clock.Clock whose time moves only by Advance.
