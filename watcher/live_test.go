@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/edgeflow/edgeflow/internal/kubetest"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
@@ -691,21 +692,6 @@ func runCluster(t *testing.T, c *Live, l Listener) {
 	})
 }
 
-// eventually polls cond until it holds, failing the test after a deadline.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.After(10 * time.Second)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		case <-tick.C:
-		}
-	}
-}
-
 func kubeSource(t *testing.T, client *fake.Clientset) *kube.Source {
 	t.Helper()
 	ks, err := kube.NewSource(kube.Config{Client: client, Selector: kube.DefaultSelector, Logger: slog.New(slog.DiscardHandler)})
@@ -766,7 +752,7 @@ func TestClusterRunFollowsKubernetes(t *testing.T) {
 	if _, err := client.DiscoveryV1().EndpointSlices("default").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the Kubernetes source to see a-2", func() bool { return ks.Current().Skipped[kube.SkipNotReady] == 1 })
+	testkit.Eventually(t, 10*time.Second, "the Kubernetes source to see a-2", func() bool { return ks.Current().Skipped[kube.SkipNotReady] == 1 })
 	if _, err := client.CoreV1().Nodes().Create(ctx, k8sNode("n3"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -798,7 +784,7 @@ func TestClusterRunRejects(t *testing.T) {
 	if _, err := client.CoreV1().Nodes().Create(ctx, k8sNode("n3"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a rejected topology", func() bool { return metric(t, reg, "edgeflow_cluster_rejected_topologies_total") == 1 })
+	testkit.Eventually(t, 10*time.Second, "a rejected topology", func() bool { return metric(t, reg, "edgeflow_cluster_rejected_topologies_total") == 1 })
 	rec.none(t)
 	if c.Current() != first {
 		t.Error("the last good topology was replaced")
@@ -968,7 +954,7 @@ func TestClusterColdStartAndUnmatchedNames(t *testing.T) {
 		f.status = 0
 		f.latency = []promSample{latSample("edge-x", "edge-y", "0.002"), latSample("n1", "edge-y", "0.003")}
 	})
-	eventually(t, "the unmatched names reported", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the unmatched names reported", func() bool {
 		return strings.Contains(checkNamed(c, "latency").Message, "edge-x, edge-y")
 	})
 	if cur := c.Current(); cur == nil || !cmp.Equal(equal, cur.Latency) {
@@ -988,7 +974,7 @@ func TestClusterColdStartAndUnmatchedNames(t *testing.T) {
 	if diff := cmp.Diff(want, top.Latency, approx); diff != "" {
 		t.Errorf("latency once measured (-want +got):\n%s", diff)
 	}
-	eventually(t, "the degraded plan flag cleared", func() bool { return metric(t, reg, "edgeflow_watcher_degraded_plan") == 0 })
+	testkit.Eventually(t, 10*time.Second, "the degraded plan flag cleared", func() bool { return metric(t, reg, "edgeflow_watcher_degraded_plan") == 0 })
 	if lat := checkNamed(c, "latency"); lat.OK || strings.Contains(lat.Message, "capacity-weighted") || !strings.Contains(lat.Message, "edge-x, edge-y") {
 		t.Errorf("latency check with one matched pair and unmatched names: %+v", lat)
 	}
@@ -1046,7 +1032,7 @@ func TestClusterRunMeasured(t *testing.T) {
 	if first := rec.next(t); len(first.Calls) != 0 {
 		t.Errorf("calls without Prometheus: %+v", first.Calls)
 	}
-	eventually(t, "failed Prometheus rounds after the caches synced", func() bool {
+	testkit.Eventually(t, 10*time.Second, "failed Prometheus rounds after the caches synced", func() bool {
 		return ks.Synced() && metric(t, reg, "edgeflow_prometheus_queries_total", "query", "latency", "result", "error") >= 3
 	})
 	if checks := c.Checks(); len(checks) != 3 || !checks[0].OK || checks[1].OK || checks[2].OK {
