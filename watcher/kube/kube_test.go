@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/edgeflow/edgeflow/internal/kubetest"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -210,32 +211,17 @@ func (h *harness) delivered() []*State {
 	return append([]*State(nil), h.states...)
 }
 
-// waitFor polls cond until it holds, failing the test after a deadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.After(10 * time.Second)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		case <-tick.C:
-		}
-	}
-}
-
 // first waits for the first State.
 func (h *harness) first() *State {
 	h.t.Helper()
-	waitFor(h.t, "the first State", func() bool { return len(h.delivered()) > 0 })
+	testkit.Eventually(h.t, 10*time.Second, "the first State", func() bool { return len(h.delivered()) > 0 })
 	return h.delivered()[0]
 }
 
 // nth waits for the n-th State (1-based).
 func (h *harness) nth(n int) *State {
 	h.t.Helper()
-	waitFor(h.t, fmt.Sprintf("State #%d", n), func() bool { return len(h.delivered()) >= n })
+	testkit.Eventually(h.t, 10*time.Second, fmt.Sprintf("State #%d", n), func() bool { return len(h.delivered()) >= n })
 	return h.delivered()[n-1]
 }
 
@@ -571,7 +557,7 @@ func TestSourceFollowsChanges(t *testing.T) {
 	if p, err = h.client.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the pod update's event", func() bool { return h.events() > events })
+	testkit.Eventually(t, 10*time.Second, "the pod update's event", func() bool { return h.events() > events })
 	if r := h.rebuilds(); r != rebuilds {
 		t.Errorf("%v rebuilds after an annotation changed, want none", r-rebuilds)
 	}
@@ -582,7 +568,7 @@ func TestSourceFollowsChanges(t *testing.T) {
 	if _, err := h.client.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a rebuild after the pod update", func() bool { return h.rebuilds() > rebuilds })
+	testkit.Eventually(t, 10*time.Second, "a rebuild after the pod update", func() bool { return h.rebuilds() > rebuilds })
 
 	// Then a real change (a node joins): exactly one more delivery.
 	if _, err := h.client.CoreV1().Nodes().Create(ctx, node("n3", "1", "1Gi"), metav1.CreateOptions{}); err != nil {
@@ -629,10 +615,10 @@ func TestSourceCoalescesEvents(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i%50 == 0 { // the fake clientset's watch buffer holds 100 events
-			waitFor(t, fmt.Sprintf("%d events received", i), func() bool { return h.events()-events >= float64(i) })
+			testkit.Eventually(t, 10*time.Second, fmt.Sprintf("%d events received", i), func() bool { return h.events()-events >= float64(i) })
 		}
 	}
-	waitFor(t, "every event received while the Run loop was busy", func() bool { return h.events()-events >= updates })
+	testkit.Eventually(t, 10*time.Second, "every event received while the Run loop was busy", func() bool { return h.events()-events >= updates })
 	if n := len(h.delivered()); n != 2 {
 		t.Fatalf("%d deliveries while the first was held, want 2", n)
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -187,7 +189,7 @@ func TestWatchFailuresReported(t *testing.T) {
 		})
 	}, append(append([]runtime.Object(nil), nodes...), managed("default", "a"))...)
 	h.first()
-	waitFor(t, "the failing pod watch reported", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the failing pod watch reported", func() bool {
 		f := h.src.WatchFailures()
 		return len(f) == 1 && f[0].Informer == "pods in all namespaces" && strings.Contains(f[0].Err.Error(), "forbidden") && !f[0].Since.IsZero()
 	})
@@ -196,7 +198,7 @@ func TestWatchFailuresReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the failure cleared", func() bool { return len(h.src.WatchFailures()) == 0 })
+	testkit.Eventually(t, 10*time.Second, "the failure cleared", func() bool { return len(h.src.WatchFailures()) == 0 })
 }
 
 // Pods that have ended are not even listed: the pod list and watch carry ActivePods as their
