@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/spf13/cobra"
+
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 // commandPaths lists every command a user can run, as its words after "edgeflow".
@@ -74,7 +76,7 @@ func TestVersion(t *testing.T) {
 // values through the script `edgeflow completion bash` prints.
 func TestBinaryVersionAndBashCompletion(t *testing.T) {
 	root := filepath.Join("..", "..")
-	bin := buildEdgeflow(t)
+	bin := testkit.Binary(t)
 	out, err := exec.Command(bin, "version", "-o", "json").Output()
 	if err != nil {
 		t.Fatal(err)

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 )
@@ -106,30 +105,17 @@ func TestCommandsOnALiveCluster(t *testing.T) {
 	t.Logf("edgeflow rebalance:\n%s", out)
 
 	// serve: the xDS server follows the cluster; /readyz lists the Kubernetes input.
-	ctx, cancel := context.WithCancel(context.Background())
-	var stderr syncBuffer
-	root := newRootCommand()
-	root.SetArgs(append([]string{"serve", "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--rebalance"}, common...))
-	root.SetErr(&stderr)
-	root.SetOut(io.Discard)
-	done := make(chan error, 1)
-	go func() { done <- root.ExecuteContext(ctx) }()
-	stopped := false
-	t.Cleanup(func() {
-		if !stopped {
-			cancel()
-			<-done
-		}
-	})
+	serve := startServeProcess(t, append([]string{"serve", "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--rebalance"}, common...)...)
+	stderr := serve.stderr
 	var metricsURL string
 	re := regexp.MustCompile(`metrics (http://\S+)/metrics, .*topology from the cluster`)
-	waitFor(t, "the listening line", func() bool {
+	testkit.Eventually(t, 15*time.Second, "the listening line", func() bool {
 		if m := re.FindStringSubmatch(stderr.String()); m != nil {
 			metricsURL = m[1]
 		}
 		return metricsURL != ""
 	})
-	waitFor(t, "/readyz", func() bool { code, _ := httpGet(metricsURL + "/readyz"); return code == 200 })
+	testkit.Eventually(t, 15*time.Second, "/readyz", func() bool { code, _ := httpGet(metricsURL + "/readyz"); return code == 200 })
 	_, body := httpGet(metricsURL + "/readyz")
 	if !strings.Contains(body, "[+]kubernetes") {
 		t.Errorf("/readyz does not list the Kubernetes input:\n%s", body)
@@ -143,7 +129,7 @@ func TestCommandsOnALiveCluster(t *testing.T) {
 	}
 	// serve --rebalance: the (dry-run) rebalancer runs once at start, without a Lease (dry-run
 	// writes nothing).
-	waitFor(t, "a rebalancer run", func() bool {
+	testkit.Eventually(t, 15*time.Second, "a rebalancer run", func() bool {
 		return strings.Contains(metrics(), `edgeflow_rebalance_runs_total{result="ok"} 1`)
 	})
 	if v := metricValue(metrics(), "edgeflow_rebalance_leader"); v != "0" {
@@ -152,15 +138,8 @@ func TestCommandsOnALiveCluster(t *testing.T) {
 	if !strings.Contains(metrics(), `edgeflow_rebalance_moves_skipped_total{reason="bare_pod"} 1`) {
 		t.Errorf("serve --rebalance: the bare pod's move is not counted:\n%s", grep(metrics(), "edgeflow_rebalance"))
 	}
-	cancel()
-	select {
-	case err := <-done:
-		stopped = true
-		if err != nil {
-			t.Errorf("serve returned %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not shut down")
+	if err := serve.stop(); err != nil {
+		t.Errorf("serve returned %v", err)
 	}
 }
 
@@ -234,29 +213,18 @@ func TestServeNeverPrintsThePrometheusPassword(t *testing.T) {
 	t.Cleanup(promSrv.Close)
 	promURL := strings.Replace(promSrv.URL, "http://", "http://edgeflow:"+secret+"@", 1)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	var stderr syncBuffer
-	root := newRootCommand()
-	root.SetArgs([]string{"serve", "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--kubeconfig", kubeconfig,
-		"--prometheus-url", promURL, "--log-level", "debug"})
-	root.SetErr(&stderr)
-	root.SetOut(io.Discard)
-	done := make(chan error, 1)
-	go func() { done <- root.ExecuteContext(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	stderr := startServeProcess(t, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--kubeconfig", kubeconfig,
+		"--prometheus-url", promURL, "--log-level", "debug").stderr
 	var metricsURL string
 	re := regexp.MustCompile(`metrics (http://\S+)/metrics, `)
-	waitFor(t, "the listening line", func() bool {
+	testkit.Eventually(t, 15*time.Second, "the listening line", func() bool {
 		if m := re.FindStringSubmatch(stderr.String()); m != nil {
 			metricsURL = m[1]
 		}
 		return metricsURL != ""
 	})
 	var body string
-	waitFor(t, "/readyz naming the failing Prometheus", func() bool {
+	testkit.Eventually(t, 15*time.Second, "/readyz naming the failing Prometheus", func() bool {
 		_, body = httpGet(metricsURL + "/readyz")
 		return strings.Contains(body, "[-]prometheus") && strings.Contains(body, "503")
 	})

@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -19,9 +19,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	grpcxds "google.golang.org/grpc/xds"
+
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 const dashboardFile = "../../install/grafana/edgeflow-dashboard.json"
@@ -100,44 +100,6 @@ func TestDashboardQueriesParse(t *testing.T) {
 	t.Logf("promtool check rules: %s", strings.TrimSpace(string(out)))
 }
 
-// startServeProcess runs the command line in this process until the test ends and returns
-// its stderr.
-func startServeProcess(t *testing.T, args ...string) *syncBuffer {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var stderr syncBuffer
-	root := newRootCommand()
-	root.SetArgs(args)
-	root.SetErr(&stderr)
-	root.SetOut(io.Discard)
-	done := make(chan error, 1)
-	go func() { done <- root.ExecuteContext(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("%v: %v", args, err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Errorf("%v did not shut down", args)
-		}
-	})
-	return &stderr
-}
-
-// buildEdgeflow builds the binary (as make build does) into the test's directory.
-func buildEdgeflow(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "edgeflow")
-	build := exec.Command("go", "build", "-buildvcs=auto", "-o", bin, "./cmd/edgeflow")
-	build.Dir = filepath.Join("..", "..")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // startServeBinary runs the binary until the test ends (SIGINT, then a kill after 15 s) and
 // returns its stderr and pid.
 func startServeBinary(t *testing.T, bin string, args ...string) (*syncBuffer, int) {
@@ -145,77 +107,127 @@ func startServeBinary(t *testing.T, bin string, args ...string) (*syncBuffer, in
 	var stderr syncBuffer
 	cmd := exec.Command(bin, args...)
 	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited := startProcess(t, cmd)
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case err := <-exited:
-			if err != nil {
-				t.Errorf("%v: %v", args, err)
-			}
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Errorf("%v did not stop on SIGINT", args)
+		if err := stopProcess(cmd, exited); err != nil {
+			t.Errorf("%v: %v", args, err)
 		}
 	})
 	return &stderr, cmd.Process.Pid
 }
 
-// freePort returns a loopback port nothing listens on now.
-func freePort(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// startPrometheus runs Debian's Prometheus on loopback, scraping targets every second; it is
-// stopped when the test ends.
-func startPrometheus(t *testing.T, bin string, targets ...string) string {
+// startProcess starts cmd and returns a channel that gets what cmd.Wait returns.
+func startProcess(t *testing.T, cmd *exec.Cmd) <-chan error {
 	t.Helper()
-	dir := t.TempDir()
-	cfg := fmt.Sprintf("global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n  - job_name: edgeflow\n    static_configs: [{targets: [%s]}]\n",
-		`"`+strings.Join(targets, `", "`)+`"`)
-	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	addr := freePort(t)
-	logf, err := os.Create(filepath.Join(dir, "prometheus.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+addr)
-	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
+	return exited
+}
+
+// stopProcess sends cmd SIGINT and returns how it exited, killing it (and saying so) when it
+// has not exited after 15 s.
+func stopProcess(cmd *exec.Cmd, exited <-chan error) error {
+	_ = cmd.Process.Signal(os.Interrupt)
+	select {
+	case err := <-exited:
+		return err
+	case <-time.After(15 * time.Second):
+		_ = cmd.Process.Kill()
+		<-exited
+		return errors.New("did not stop on SIGINT")
+	}
+}
+
+// listeningMetrics waits for serve's listening line in stderr and returns its metrics
+// address (HOST:PORT).
+func listeningMetrics(t *testing.T, what string, stderr *syncBuffer) string {
+	t.Helper()
+	re := regexp.MustCompile(`, metrics http://(\S+)/metrics, `)
+	var addr string
+	testkit.Eventually(t, 15*time.Second, what+"'s listening line", func() bool {
+		if m := re.FindStringSubmatch(stderr.String()); m != nil {
+			addr = m[1]
+		}
+		return addr != ""
+	})
+	return addr
+}
+
+// startPrometheus runs Debian's Prometheus on loopback, scraping every second the targets
+// written with the function it returns (file service discovery: a target can come after
+// Prometheus); it is stopped when the test ends. Prometheus cannot listen on a port it picks
+// and report it: the port is picked here, and when another process takes it before
+// Prometheus binds it, Prometheus is started again on another.
+func startPrometheus(t *testing.T, bin string) (promURL string, setTargets func(targets ...string)) {
+	t.Helper()
+	dir := t.TempDir()
+	targets := filepath.Join(dir, "targets.json")
+	setTargets = func(hosts ...string) {
+		t.Helper()
+		b, err := json.Marshal([]map[string][]string{{"targets": hosts}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, targets, string(b))
+	}
+	setTargets()
+	cfg := fmt.Sprintf("global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n  - job_name: edgeflow\n    file_sd_configs: [{files: [%q], refresh_interval: 1s}]\n", targets)
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for attempt := 1; ; attempt++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("prometheus-%d.log", attempt)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
+			"--web.listen-address="+addr)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		exited := startProcess(t, cmd)
+		u := "http://" + addr
+		var exitErr error
+		gone := false
+		ready := testkit.WaitUntil(15*time.Second, func() bool {
+			select {
+			case exitErr = <-exited:
+				gone = true
+				return true
+			default:
+			}
+			code, _ := httpGet(u + "/-/ready")
+			return code == 200
+		})
+		if ready && !gone {
+			t.Cleanup(func() {
+				_ = stopProcess(cmd, exited)
+				logf.Close()
+				if t.Failed() {
+					b, _ := os.ReadFile(logf.Name())
+					t.Logf("prometheus log (last 3000 bytes):\n%s", b[max(0, len(b)-3000):])
+				}
+			})
+			return u, setTargets
+		}
+		if !gone {
+			_ = stopProcess(cmd, exited)
 		}
 		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("prometheus log (last 3000 bytes):\n%s", b[max(0, len(b)-3000):])
+		b, _ := os.ReadFile(logf.Name())
+		if gone && attempt < 3 && strings.Contains(string(b), "address already in use") {
+			t.Logf("prometheus could not bind %s (taken since it was picked); starting it again on another port", addr)
+			continue
 		}
-	})
-	u := "http://" + addr
-	waitFor(t, "Prometheus ready", func() bool { code, _ := httpGet(u + "/-/ready"); return code == 200 })
-	return u
+		t.Fatalf("prometheus on %s not ready within 15 s (exited: %v, %v); its log (last 3000 bytes):\n%s", addr, gone, exitErr, b[max(0, len(b)-3000):])
+	}
 }
 
 // promQuery runs an instant query: the number of series returned, and an error for a query
@@ -251,20 +263,13 @@ func TestDashboardQueriesReturnData(t *testing.T) {
 	queries := dashboardQueries(t)
 
 	// edgeflow following a file, with a client whose pushes are answered.
-	addrs := startServeBackends(t, "e-0", "e-1")
+	addrs := echoAddrs(testkit.StartEchoes(t, "e-0", "e-1"))
 	path := filepath.Join(t.TempDir(), "topology.yaml")
 	writeFile(t, path, serveTopology(addrs, 5))
-	fileMetrics, clusterMetrics, rebalanceMetrics := freePort(t), freePort(t), freePort(t)
-	fileErr := startServeProcess(t, "serve", "-f", path, "--xds-address", "127.0.0.1:0", "--metrics-address", fileMetrics,
-		"--debounce-quiet", "5ms", "--poll-interval", "10ms")
-	var xdsAddr string
-	re := regexp.MustCompile(`xDS on (\S+), `)
-	waitFor(t, "the file serve's listening line", func() bool {
-		if m := re.FindStringSubmatch(fileErr.String()); m != nil {
-			xdsAddr = m[1]
-		}
-		return xdsAddr != ""
-	})
+	fileErr := startServeProcess(t, "serve", "-f", path, "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
+		"--debounce-quiet", "5ms", "--poll-interval", "10ms").stderr
+	fileMetrics := listeningMetrics(t, "the file serve", fileErr)
+	xdsAddr := regexp.MustCompile(`xDS on (\S+), `).FindStringSubmatch(fileErr.String())[1]
 
 	// Prometheus scrapes all three serves. One follows the cluster and reads that Prometheus,
 	// which holds no probe series: the capacity-weighted plan is served, so the degraded-input
@@ -272,32 +277,23 @@ func TestDashboardQueriesReturnData(t *testing.T) {
 	// third serve on the cluster with a default latency instead.
 	// Both run as processes of their own: client-go's logger (klog) is process-global.
 	kubeconfig, calls := clusterFixture(t)
-	promURL := startPrometheus(t, promBin, fileMetrics, clusterMetrics, rebalanceMetrics)
-	bin := buildEdgeflow(t)
-	clusterErr, _ := startServeBinary(t, bin, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", clusterMetrics, "--kubeconfig", kubeconfig,
+	promURL, setTargets := startPrometheus(t, promBin)
+	bin := testkit.Binary(t)
+	clusterErr, _ := startServeBinary(t, bin, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--kubeconfig", kubeconfig,
 		"--calls", calls, "--prometheus-url", promURL)
-	rebalanceErr, rebalancePID := startServeBinary(t, bin, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", rebalanceMetrics, "--kubeconfig", kubeconfig,
+	rebalanceErr, rebalancePID := startServeBinary(t, bin, "serve", "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--kubeconfig", kubeconfig,
 		"--calls", calls, "--default-latency", "20", "--rebalance")
+	setTargets(fileMetrics, listeningMetrics(t, "the cluster serve", clusterErr), listeningMetrics(t, "the rebalancing serve", rebalanceErr))
 	// The dry-run rebalancer runs at start only if the cluster's topology is already there
 	// (else it waits for its period): SIGUSR1, the operator's trigger, once it is.
-	waitFor(t, "the rebalancing serve's first publication", func() bool { return strings.Contains(rebalanceErr.String(), "xds: published") })
+	testkit.Eventually(t, 15*time.Second, "the rebalancing serve's first publication", func() bool { return strings.Contains(rebalanceErr.String(), "xds: published") })
 	if err := syscall.Kill(rebalancePID, syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
 
-	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}], "node": {"id": "c-0"}}`, xdsAddr)
-	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient("xds:///echo", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
+	if _, err := echoClient(t, xdsAddr, "c-0").UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
 	}
 	// A change the client is pushed and answers (convergence observed), and a bad file.

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/edgeflow/edgeflow/internal/leader"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 // TestIstioLeaderRunsTheReconcilerOnlyWhileLeading: of two replicas on one Lease only the
@@ -48,20 +49,10 @@ func TestIstioLeaderRunsTheReconcilerOnlyWhileLeading(t *testing.T) {
 		t.Cleanup(func() { cancel(); <-r.done })
 		return r
 	}
-	wait := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("not within 10 s: %s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 	a := start("a")
-	wait("a's reconciler runs", a.running.Load)
+	testkit.Eventually(t, 10*time.Second, "a's reconciler runs", a.running.Load)
 	b := start("b")
-	wait("b sees a lead", func() bool { return strings.Contains(b.l.check().Message, "follower: a writes") })
+	testkit.Eventually(t, 10*time.Second, "b sees a lead", func() bool { return strings.Contains(b.l.check().Message, "follower: a writes") })
 	if b.running.Load() || testutil.ToFloat64(b.l.gauge) != 0 || b.l.Leading() {
 		t.Fatal("b's reconciler runs while a leads")
 	}
@@ -79,7 +70,7 @@ func TestIstioLeaderRunsTheReconcilerOnlyWhileLeading(t *testing.T) {
 	if a.running.Load() || testutil.ToFloat64(a.l.gauge) != 0 {
 		t.Error("a's reconciler still runs after Run returned")
 	}
-	wait("b's reconciler runs once a released the Lease", b.running.Load)
+	testkit.Eventually(t, 10*time.Second, "b's reconciler runs once a released the Lease", b.running.Load)
 	if got := testutil.ToFloat64(b.l.gauge); got != 1 {
 		t.Errorf("b's edgeflow_istio_leader = %v, want 1", got)
 	}

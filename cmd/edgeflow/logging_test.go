@@ -1,13 +1,13 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"io"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 // runServeUntil runs serve with the extra flags until stderr holds want, then stops it and
@@ -16,26 +16,12 @@ func runServeUntil(t *testing.T, want string, extra ...string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "topology.yaml")
 	writeFile(t, path, serveTopology(map[string]string{"e-0": "127.0.0.1:1", "e-1": "127.0.0.1:2"}, 5))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stderr syncBuffer
-	root := newRootCommand()
-	root.SetArgs(append([]string{"serve", "-f", path, "--xds-address", "127.0.0.1:0", "--debounce-quiet", "5ms"}, extra...))
-	root.SetErr(&stderr)
-	root.SetOut(io.Discard)
-	done := make(chan error, 1)
-	go func() { done <- root.ExecuteContext(ctx) }()
-	waitFor(t, want, func() bool { return strings.Contains(stderr.String(), want) })
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not stop")
+	serve := startServeProcess(t, append([]string{"serve", "-f", path, "--xds-address", "127.0.0.1:0", "--debounce-quiet", "5ms"}, extra...)...)
+	testkit.Eventually(t, 15*time.Second, want, func() bool { return strings.Contains(serve.stderr.String(), want) })
+	if err := serve.stop(); err != nil {
+		t.Fatalf("serve: %v", err)
 	}
-	return stderr.String()
+	return serve.stderr.String()
 }
 
 func TestLogFormatJSON(t *testing.T) {

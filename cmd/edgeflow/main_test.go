@@ -7,7 +7,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testkit.RemoveBuilt()
+	os.Exit(code)
+}
 
 var update = flag.Bool("update", false, "rewrite golden files under testdata/")
 

@@ -3,9 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	grpcxds "google.golang.org/grpc/xds"
+
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 // syncBuffer is a bytes.Buffer safe for the command's goroutines and the test.
@@ -40,32 +42,80 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-type serveBackend struct {
-	testgrpc.UnimplementedTestServiceServer
-	pod string
-}
-
-func (b serveBackend) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-	return &testgrpc.SimpleResponse{ServerId: b.pod}, nil
-}
-
-// startServeBackends starts a gRPC TestService per pod on loopback and returns their addresses.
-func startServeBackends(t *testing.T, pods ...string) map[string]string {
-	t.Helper()
-	addrs := map[string]string{}
-	for _, p := range pods {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		g := grpc.NewServer()
-		testgrpc.RegisterTestServiceServer(g, serveBackend{pod: p})
-		done := make(chan struct{})
-		go func() { defer close(done); _ = g.Serve(lis) }()
-		t.Cleanup(func() { g.Stop(); <-done })
-		addrs[p] = lis.Addr().String()
+// echoAddrs is the address of each backend testkit.StartEchoes started, by pod.
+func echoAddrs(echoes map[string]*testkit.Echo) map[string]string {
+	addrs := make(map[string]string, len(echoes))
+	for pod, e := range echoes {
+		addrs[pod] = e.Addr
 	}
 	return addrs
+}
+
+// serveRun is edgeflow's command line running in this process (startServeProcess).
+type serveRun struct {
+	stderr *syncBuffer
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+	err    error
+	byTest bool // the test called stop
+}
+
+// startServeProcess runs the command line in this process until the test calls stop or ends
+// (then it is stopped and what it returned is checked), and returns it.
+func startServeProcess(t *testing.T, args ...string) *serveRun {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &serveRun{stderr: &syncBuffer{}, cancel: cancel, done: make(chan error, 1)}
+	root := newRootCommand()
+	root.SetArgs(args)
+	root.SetErr(s.stderr)
+	root.SetOut(io.Discard)
+	go func() { s.done <- root.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		if !s.byTest {
+			if err := s.halt(); err != nil {
+				t.Errorf("%v: %v", args, err)
+			}
+		}
+	})
+	return s
+}
+
+// stop cancels the command and returns what it returned, or an error when it has not
+// returned within 15 s.
+func (s *serveRun) stop() error {
+	s.byTest = true
+	return s.halt()
+}
+
+func (s *serveRun) halt() error {
+	s.once.Do(func() {
+		s.cancel()
+		select {
+		case s.err = <-s.done:
+		case <-time.After(15 * time.Second):
+			s.err = errors.New("did not shut down within 15 s")
+		}
+	})
+	return s.err
+}
+
+// echoClient is a real grpc-go xDS client, node id nodeID, of xds:///echo through the xDS
+// server at xdsAddr; closed when the test ends.
+func echoClient(t *testing.T, xdsAddr, nodeID string) testgrpc.TestServiceClient {
+	t.Helper()
+	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}], "node": {"id": %q}}`, xdsAddr, nodeID)
+	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient("xds:///echo", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return testgrpc.NewTestServiceClient(cc)
 }
 
 func serveTopology(addrs map[string]string, latency float64) string {
@@ -95,17 +145,6 @@ func writeFile(t *testing.T, path, content string) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func httpGet(url string) (int, string) {
 	resp, err := http.Get(url)
 	if err != nil {
@@ -126,44 +165,31 @@ func metricValue(page, name string) string {
 }
 
 func TestServeFollowsTheFile(t *testing.T) {
-	addrs := startServeBackends(t, "e-0", "e-1")
+	addrs := echoAddrs(testkit.StartEchoes(t, "e-0", "e-1"))
 	path := filepath.Join(t.TempDir(), "topology.yaml")
 	writeFile(t, path, serveTopology(addrs, 5))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	var stderr syncBuffer
-	root := newRootCommand()
-	root.SetArgs([]string{"serve", "-f", path, "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
-		"--policy", "localization", "--debounce-quiet", "5ms", "--poll-interval", "10ms", "--profiling-address", "127.0.0.1:0"})
-	root.SetErr(&stderr)
-	root.SetOut(io.Discard)
-	done := make(chan error, 1)
-	go func() { done <- root.ExecuteContext(ctx) }()
-	stopped := false
-	t.Cleanup(func() {
-		cancel()
-		if !stopped {
-			<-done
-		}
-	})
+	serve := startServeProcess(t, "serve", "-f", path, "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
+		"--policy", "localization", "--debounce-quiet", "5ms", "--poll-interval", "10ms", "--profiling-address", "127.0.0.1:0")
+	stderr := serve.stderr
 
 	var xdsAddr, metricsURL string
 	re := regexp.MustCompile(`xDS on (\S+), metrics (http://\S+)/metrics`)
-	waitFor(t, "the listening line", func() bool {
+	testkit.Eventually(t, 15*time.Second, "the listening line", func() bool {
 		m := re.FindStringSubmatch(stderr.String())
 		if m != nil {
 			xdsAddr, metricsURL = m[1], m[2]
 		}
 		return m != nil
 	})
-	waitFor(t, "/readyz", func() bool { code, _ := httpGet(metricsURL + "/readyz"); return code == 200 })
+	testkit.Eventually(t, 15*time.Second, "/readyz", func() bool { code, _ := httpGet(metricsURL + "/readyz"); return code == 200 })
 	if code, body := httpGet(metricsURL + "/healthz"); code != 200 {
 		t.Errorf("/healthz: %d %s", code, body)
 	}
 	// pprof is served on its own loopback listener, never on the metrics one.
 	var profURL string
 	reProf := regexp.MustCompile(`profiling on (http://\S+)/debug/pprof/`)
-	waitFor(t, "the profiling line", func() bool {
+	testkit.Eventually(t, 15*time.Second, "the profiling line", func() bool {
 		m := reProf.FindStringSubmatch(stderr.String())
 		if m != nil {
 			profURL = m[1]
@@ -183,19 +209,9 @@ func TestServeFollowsTheFile(t *testing.T) {
 
 	// A real grpc-go xDS client, node id c-0, follows the file: localization sends it to e-0
 	// (same node) …
-	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}], "node": {"id": "c-0"}}`, xdsAddr)
-	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient("xds:///echo", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	client := testgrpc.NewTestServiceClient(cc)
+	client := echoClient(t, xdsAddr, "c-0")
 	servedBy := func() string {
-		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+		rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer rcancel()
 		r, err := client.UnaryCall(rctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true))
 		if err != nil {
@@ -211,11 +227,11 @@ func TestServeFollowsTheFile(t *testing.T) {
 	moved := strings.Replace(serveTopology(addrs, 5), "{name: e-0, node: n1", "{name: e-0, node: n2", 1)
 	moved = strings.Replace(moved, "{name: e-1, node: n2", "{name: e-1, node: n1", 1)
 	writeFile(t, path, moved)
-	waitFor(t, "c-0 to follow the file", func() bool { return servedBy() == "e-1" })
+	testkit.Eventually(t, 15*time.Second, "c-0 to follow the file", func() bool { return servedBy() == "e-1" })
 
 	// A bad file is rejected and counted; the last good topology stays served.
 	writeFile(t, path, "nodes: [{name: n1}]\nservices: [{name: echo, pods: [{name: e-0, node: nowhere}]}]\n")
-	waitFor(t, "the reload error", func() bool { return metricValue(metrics(), "edgeflow_watcher_topology_errors_total") == "1" })
+	testkit.Eventually(t, 15*time.Second, "the reload error", func() bool { return metricValue(metrics(), "edgeflow_watcher_topology_errors_total") == "1" })
 	if got := servedBy(); got != "e-1" {
 		t.Errorf("after a bad file c-0 is served by %s", got)
 	}
@@ -228,21 +244,14 @@ func TestServeFollowsTheFile(t *testing.T) {
 
 	// A good file again is delivered; SIGHUP forces a re-read even when nothing changed.
 	writeFile(t, path, strings.Replace(moved, "ms: 5", "ms: 6", 1))
-	waitFor(t, "the good file again", func() bool { return metricValue(metrics(), "edgeflow_watcher_topology_updates_total") == "3" })
+	testkit.Eventually(t, 15*time.Second, "the good file again", func() bool { return metricValue(metrics(), "edgeflow_watcher_topology_updates_total") == "3" })
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the SIGHUP reload", func() bool { return metricValue(metrics(), "edgeflow_watcher_topology_updates_total") == "4" })
+	testkit.Eventually(t, 15*time.Second, "the SIGHUP reload", func() bool { return metricValue(metrics(), "edgeflow_watcher_topology_updates_total") == "4" })
 
-	cancel()
-	select {
-	case err := <-done:
-		stopped = true
-		if err != nil {
-			t.Errorf("serve returned %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not shut down")
+	if err := serve.stop(); err != nil {
+		t.Errorf("serve returned %v", err)
 	}
 }
 

@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"path/filepath"
@@ -16,10 +14,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	grpcxds "google.golang.org/grpc/xds"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/internal/ui"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
@@ -28,31 +25,16 @@ import (
 // the web view would show from /snapshot.json: the topology, the weights, the plan's cost
 // against round-robin's (also on /metrics), the push answered, and a bad file as a degraded input.
 func TestServeWebView(t *testing.T) {
-	addrs := startServeBackends(t, "e-0", "e-1")
+	addrs := echoAddrs(testkit.StartEchoes(t, "e-0", "e-1"))
 	path := filepath.Join(t.TempDir(), "topology.yaml")
 	writeFile(t, path, serveTopology(addrs, 5))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	var stderr syncBuffer
-	root := newRootCommand()
-	root.SetArgs([]string{"serve", "-f", path, "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
-		"--ui-address", "127.0.0.1:0", "--debounce-quiet", "5ms", "--poll-interval", "10ms"})
-	root.SetErr(&stderr)
-	root.SetOut(io.Discard)
-	done := make(chan error, 1)
-	go func() { done <- root.ExecuteContext(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			t.Error("serve did not shut down")
-		}
-	})
+	stderr := startServeProcess(t, "serve", "-f", path, "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
+		"--ui-address", "127.0.0.1:0", "--debounce-quiet", "5ms", "--poll-interval", "10ms").stderr
 	var xdsAddr, metricsURL, uiURL string
 	re := regexp.MustCompile(`xDS on (\S+), metrics (http://\S+)/metrics`)
 	reUI := regexp.MustCompile(`web view on (http://\S+)/\n`)
-	waitFor(t, "the listening lines", func() bool {
+	testkit.Eventually(t, 15*time.Second, "the listening lines", func() bool {
 		m, u := re.FindStringSubmatch(stderr.String()), reUI.FindStringSubmatch(stderr.String())
 		if m != nil && u != nil {
 			xdsAddr, metricsURL, uiURL = m[1], m[2], u[1]
@@ -70,25 +52,15 @@ func TestServeWebView(t *testing.T) {
 		}
 		return &s
 	}
-	waitFor(t, "publication 1 in the view", func() bool { return snapshot().Publication == 1 })
+	testkit.Eventually(t, 15*time.Second, "publication 1 in the view", func() bool { return snapshot().Publication == 1 })
 
 	// A real xDS client: the push is answered.
-	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}], "node": {"id": "c-0"}}`, xdsAddr)
-	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient("xds:///echo", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer rcancel()
-	if _, err := testgrpc.NewTestServiceClient(cc).UnaryCall(rctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
+	if _, err := echoClient(t, xdsAddr, "c-0").UnaryCall(rctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the view to see the stream", func() bool { return snapshot().Push.Streams >= 1 })
+	testkit.Eventually(t, 15*time.Second, "the view to see the stream", func() bool { return snapshot().Push.Streams >= 1 })
 
 	// e-0 on n1 and e-1 on n2, 5 ms apart: lata keeps each caller on its node.
 	s := snapshot()
@@ -122,14 +94,14 @@ func TestServeWebView(t *testing.T) {
 
 	// A bad file is a degraded input until a good one comes.
 	writeFile(t, path, "nodes: [{name: n1}]\nservices: [{name: echo, pods: [{name: e-0, node: nowhere}]}]\n")
-	waitFor(t, "the bad file in the view", func() bool {
+	testkit.Eventually(t, 15*time.Second, "the bad file in the view", func() bool {
 		d := snapshot().Degraded
 		return len(d) == 1 && d[0].Input == "topology file"
 	})
 	// e-0 moves to n2 (a membership change, so it is pushed), 7 ms from n1.
 	moved := strings.Replace(serveTopology(addrs, 7), "{name: e-0, node: n1", "{name: e-0, node: n2", 1)
 	writeFile(t, path, moved)
-	waitFor(t, "publication 2 without degraded inputs", func() bool {
+	testkit.Eventually(t, 15*time.Second, "publication 2 without degraded inputs", func() bool {
 		s := snapshot()
 		return s.Publication == 2 && len(s.Degraded) == 0 && s.RoundRobinCostMS == 35 && len(s.Nodes[1].Pods) == 3
 	})
