@@ -9,8 +9,6 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 )
@@ -43,17 +41,4 @@ func selfSigned(t *testing.T, cn string, hosts []string) (certPEM, keyPEM []byte
 		t.Fatal(err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-}
-
-// buildEdgeflow builds the edgeflow command into the test's temporary folder (Go's build
-// cache makes a second build a link) and returns its path.
-func buildEdgeflow(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "edgeflow")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/edgeflow")
-	cmd.Dir = repoRoot()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/edgeflow: %v\n%s", err, out)
-	}
-	return bin
 }

@@ -15,12 +15,13 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
 	"github.com/edgeflow/edgeflow/e2e/testbed"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/rebalancer"
 )
 
@@ -77,17 +78,14 @@ func variants(t *testing.T) []variant {
 // exactly the permission table's rules for its features, and deleting what was rendered
 // (helm uninstall) then edgeflow uninstall leaves no object of any kind behind.
 func TestChartOnTheAPIServer(t *testing.T) {
+	t.Parallel()
 	c, cl := startAPIServer(t, kubeapi.Options{})
 	// eight renderings, each listed kind by kind: minutes under -race on a busy machine
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	t.Cleanup(cancel)
 	installAllCRDs(ctx, t, cl)
-	for _, ns := range []string{namespace, "istio-system", "shop", "web"} {
-		if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	edgeflow := buildEdgeflow(t)
+	createNamespaces(ctx, t, c.Client, namespace, "istio-system", "shop", "web")
+	edgeflow := testkit.Binary(t)
 	before := cl.snapshot(ctx, t)
 	for _, v := range variants(t) {
 		t.Run(v.name, func(t *testing.T) {
@@ -127,6 +125,7 @@ func TestChartOnTheAPIServer(t *testing.T) {
 // The table's rebalancer rows are exactly the acting rebalancer's own list
 // (rebalancer.PolicyRules, which e2e/rebalance runs with), less the reads every mode has.
 func TestRebalancerRulesAreTheChartsRules(t *testing.T) {
+	t.Parallel()
 	acting, reading := expected(features{rebalance: true, act: true}), expected(features{})
 	code := flatten(rebalancer.PolicyRules())
 	// Every rule the rebalancer's list holds is granted when it acts, and every grant of the
@@ -156,6 +155,7 @@ func contains(s []string, v string) bool {
 // The rendered webhook registration is rebalancer.MutatingWebhookConfiguration's, with the
 // webhook Service as its client.
 func TestWebhookRegistrationIsTheRebalancers(t *testing.T) {
+	t.Parallel()
 	objs := render(t, map[string]any{"rebalancer": map[string]any{"mode": "act"}})
 	var got admissionregistrationv1.MutatingWebhookConfiguration
 	convert(t, find(t, objs, "MutatingWebhookConfiguration", rebalancer.WebhookName), &got)
@@ -180,6 +180,7 @@ func TestWebhookRegistrationIsTheRebalancers(t *testing.T) {
 // series carry exactly the labels edgeflow's latency queries read; the ScrapeConfig object
 // says the same; Prometheus' own promtool accepts the whole file.
 func TestScrapeConfigIsTheTestbeds(t *testing.T) {
+	t.Parallel()
 	objs := render(t, map[string]any{"latencyProbes": map[string]any{"nodes": probeNodes}, "scrape": map[string]any{"operator": true}})
 	cm := find(t, objs, "ConfigMap", release+"-scrape-config")
 	data, _, _ := unstructuredString(cm.Object, "data", "scrape_configs.yml")
@@ -254,11 +255,12 @@ func unstructuredString(obj map[string]any, fields ...string) (string, bool, err
 
 // install/manifests/edgeflow.yaml is the chart rendered with its defaults (make manifests).
 func TestManifestsUpToDate(t *testing.T) {
+	t.Parallel()
 	want, err := renderRaw(t, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := os.ReadFile(filepath.Join(repoRoot(), "install", "manifests", "edgeflow.yaml"))
+	got, err := os.ReadFile(filepath.Join(testkit.RepoRoot(), "install", "manifests", "edgeflow.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,6 +271,7 @@ func TestManifestsUpToDate(t *testing.T) {
 
 // Bad values fail the render with an error naming the value.
 func TestBadValuesNamed(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		values map[string]any
 		want   string
@@ -292,9 +295,10 @@ func TestBadValuesNamed(t *testing.T) {
 
 // The README and the chart's README list the permission table as the test knows it.
 func TestPermissionTableInTheREADMEs(t *testing.T) {
+	t.Parallel()
 	table := permissionTable()
 	for _, f := range []string{"README.md", filepath.Join("install", "helm", "edgeflow", "README.md")} {
-		b, err := os.ReadFile(filepath.Join(repoRoot(), f))
+		b, err := os.ReadFile(filepath.Join(testkit.RepoRoot(), f))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -304,12 +308,53 @@ func TestPermissionTableInTheREADMEs(t *testing.T) {
 	}
 }
 
+// TestProbeNodes: the chart's lookup of the cluster's Nodes, on one control plane. The
+// subtests run one after the other (the lookup sees every Node), each deleting its Nodes when
+// it ends.
+func TestProbeNodes(t *testing.T) {
+	t.Parallel()
+	c, _ := startAPIServer(t, kubeapi.Options{})
+	t.Run("LookedUp", func(t *testing.T) { probeNodesLookedUp(t, c) })
+	t.Run("PerZone", func(t *testing.T) { probeNodesPerZone(t, c) })
+}
+
+// staticConfig is one static configuration of a Prometheus scrape job.
+type staticConfig struct {
+	Targets []string          `json:"targets"`
+	Labels  map[string]string `json:"labels"`
+}
+
+// probeStatics is the probe job's (the first job's) static configurations in the rendered
+// scrape ConfigMap.
+func probeStatics(t *testing.T, objs []*unstructured.Unstructured) []staticConfig {
+	t.Helper()
+	data, _, _ := unstructuredString(find(t, objs, "ConfigMap", release+"-scrape-config").Object, "data", "scrape_configs.yml")
+	var cfg struct {
+		ScrapeConfigs []struct {
+			StaticConfigs []staticConfig `json:"static_configs"`
+		} `json:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg.ScrapeConfigs[0].StaticConfigs
+}
+
+// nodesDeletedAtEnd deletes every Node of c when t ends.
+func nodesDeletedAtEnd(t *testing.T, c *kubeapi.Cluster) {
+	t.Cleanup(func() {
+		if err := c.Client.CoreV1().Nodes().DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Errorf("deleting the Nodes: %v", err)
+		}
+	})
+}
+
 // Without latencyProbes.nodes, helm install (here helm template --dry-run=server, which runs
 // the same lookup against the cluster) probes every ordered pair of the cluster's Nodes, by
 // name and InternalIP.
-func TestProbeNodesLookedUp(t *testing.T) {
-	c, _ := startAPIServer(t, kubeapi.Options{})
+func probeNodesLookedUp(t *testing.T, c *kubeapi.Cluster) {
 	ctx := kubeapi.Context(t)
+	nodesDeletedAtEnd(t, c)
 	for i, n := range []string{"edge-1", "edge-2"} {
 		if _, err := kubeapi.CreateNode(ctx, c.Client, kubeapi.NodeSpec{Name: n, Address: fmt.Sprintf("10.0.0.%d", i+1)}); err != nil {
 			t.Fatal(err)
@@ -319,20 +364,8 @@ func TestProbeNodesLookedUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, _, _ := unstructuredString(find(t, decodeAll(t, out), "ConfigMap", release+"-scrape-config").Object, "data", "scrape_configs.yml")
-	var cfg struct {
-		ScrapeConfigs []struct {
-			StaticConfigs []struct {
-				Targets []string          `json:"targets"`
-				Labels  map[string]string `json:"labels"`
-			} `json:"static_configs"`
-		} `json:"scrape_configs"`
-	}
-	if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
-		t.Fatal(err)
-	}
 	var got []string
-	for _, sc := range cfg.ScrapeConfigs[0].StaticConfigs {
+	for _, sc := range probeStatics(t, decodeAll(t, out)) {
 		got = append(got, fmt.Sprintf("%s→%s %v via %s", sc.Labels["source_node"], sc.Labels["target_node"], sc.Targets, sc.Labels["__tmp_exporter"]))
 	}
 	want := []string{"edge-1→edge-2 [10.0.0.2] via 10.0.0.1:9115", "edge-2→edge-1 [10.0.0.1] via 10.0.0.2:9115"}
@@ -344,9 +377,9 @@ func TestProbeNodesLookedUp(t *testing.T) {
 // latencyProbes.granularity=zone: one representative per zone probes the others' (the first
 // node by name of each region/zone, a node without a zone label being its own zone; the
 // labelled representatives when some node carries the label), and edgeflow plans per zone.
-func TestProbeNodesPerZone(t *testing.T) {
-	c, _ := startAPIServer(t, kubeapi.Options{})
+func probeNodesPerZone(t *testing.T, c *kubeapi.Cluster) {
 	ctx := kubeapi.Context(t)
+	nodesDeletedAtEnd(t, c)
 	zone := func(z string) map[string]string {
 		return map[string]string{"topology.kubernetes.io/region": "eu", "topology.kubernetes.io/zone": z}
 	}
@@ -368,19 +401,8 @@ func TestProbeNodesPerZone(t *testing.T) {
 		if !strings.Contains(string(out), "- --latency-granularity=zone") {
 			t.Error("edgeflow is not run with --latency-granularity=zone")
 		}
-		data, _, _ := unstructuredString(find(t, objs, "ConfigMap", release+"-scrape-config").Object, "data", "scrape_configs.yml")
-		var cfg struct {
-			ScrapeConfigs []struct {
-				StaticConfigs []struct {
-					Labels map[string]string `json:"labels"`
-				} `json:"static_configs"`
-			} `json:"scrape_configs"`
-		}
-		if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
-			t.Fatal(err)
-		}
 		var got []string
-		for _, sc := range cfg.ScrapeConfigs[0].StaticConfigs {
+		for _, sc := range probeStatics(t, objs) {
 			got = append(got, sc.Labels["source_node"]+"→"+sc.Labels["target_node"])
 		}
 		return got

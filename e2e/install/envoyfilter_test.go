@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 var efGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1alpha3", Resource: "envoyfilters"}
@@ -21,16 +21,13 @@ var efGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "
 // EnvoyFilter per managed service and the bootstrap ConfigMap, with no forbidden request;
 // helm uninstall plus edgeflow uninstall then leave nothing.
 func TestEnvoyFilterModeWithTheChartsPermissions(t *testing.T) {
+	t.Parallel()
 	c, cl := startAPIServer(t, kubeapi.Options{AuditLog: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	cs := c.Client
 	cl.installCRDs(ctx, t, istioCRDs(t))
-	for _, ns := range []string{namespace, "istio-system"} {
-		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createNamespaces(ctx, t, cs, namespace, "istio-system")
 	k := kubeapi.NewKubelet(t, ctx, cs, appNS, appPort)
 	k.Namespace()
 	k.Node("n1")
@@ -60,7 +57,7 @@ func TestEnvoyFilterModeWithTheChartsPermissions(t *testing.T) {
 	r := a.launch(objs, c.Config.Host, nil)
 
 	var filters []string
-	a.eventually(60*time.Second, "an EnvoyFilter per managed service and the bootstrap ConfigMap", func() bool {
+	testkit.Eventually(t, 60*time.Second, "an EnvoyFilter per managed service and the bootstrap ConfigMap", func() bool {
 		list, err := cl.dyn.Resource(efGVR).Namespace("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=edgeflow"})
 		if err != nil {
 			t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 // The proxyless gRPC example's bootstrap, as Kubernetes expands it for a pod, is JSON naming
@@ -16,7 +18,8 @@ import (
 // seen to work by hand; its certificate watcher outlives the channel, which this package's
 // goroutine check would flag, so the test stops at the document.)
 func TestProxylessExampleBootstrap(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join(repoRoot(), "install", "helm", "edgeflow", "examples", "proxyless-grpc.yaml"))
+	t.Parallel()
+	raw, err := os.ReadFile(filepath.Join(testkit.RepoRoot(), "install", "helm", "edgeflow", "examples", "proxyless-grpc.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

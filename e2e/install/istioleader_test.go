@@ -10,17 +10,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 // Messages edgeflow serve logs (xds/istio's writes, cmd/edgeflow's Istio writer).
@@ -28,6 +29,9 @@ const (
 	logLeading = `msg="Istio writer: leading; this replica writes"`
 	ruleName   = "edgeflow.frontend.backend.shop"
 )
+
+// metricsAt finds the metrics address in the line edgeflow serve prints once it serves.
+var metricsAt = regexp.MustCompile(`^edgeflow serve: xDS on \S+, metrics http://(\S+)/metrics`)
 
 var logWrites = []string{`msg="DestinationRule created"`, `msg="DestinationRule updated"`, `msg="DestinationRule deleted"`}
 
@@ -51,11 +55,7 @@ func TestIstioWriterIsLeaderElected(t *testing.T) {
 	t.Cleanup(cancel)
 	cs := c.Client
 	cl.installCRDs(ctx, t, istioCRDs(t))
-	for _, ns := range []string{namespace, appNS} {
-		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createNamespaces(ctx, t, cs, namespace, appNS)
 	for _, n := range []string{"n1", "n2", "n3"} { // each its own locality: the plan is per node
 		if _, err := kubeapi.CreateNode(ctx, cs, kubeapi.NodeSpec{Name: n, Labels: map[string]string{
 			"topology.kubernetes.io/region": "edge", "topology.kubernetes.io/zone": "z1", "topology.istio.io/subzone": n}}); err != nil {
@@ -75,15 +75,16 @@ func TestIstioWriterIsLeaderElected(t *testing.T) {
 	if err := os.WriteFile(calls, []byte("calls:\n- {from: frontend.shop, to: backend.shop}\ningress:\n- {service: frontend.shop, rps: 300}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	bin := buildEdgeflow(t)
+	bin := testkit.Binary(t)
 	start := func(name string) *replica {
-		r := &replica{name: name, metrics: freeAddr(t), logFile: filepath.Join(dir, name+".log"), done: make(chan struct{})}
+		r := &replica{name: name, logFile: filepath.Join(dir, name+".log"), done: make(chan struct{})}
 		f, err := os.Create(r.logFile)
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Port 0: the process binds its own ports and prints them.
 		r.cmd = exec.Command(bin, "serve", "--kubeconfig", c.Kubeconfig, "--calls", calls, "--default-latency", "10",
-			"--xds-address", "127.0.0.1:0", "--metrics-address", r.metrics,
+			"--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
 			"--istio-mode", "destinationrule", "--rebalance-lease-namespace", namespace)
 		r.cmd.Stdout, r.cmd.Stderr = f, f
 		r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -104,6 +105,15 @@ func TestIstioWriterIsLeaderElected(t *testing.T) {
 				t.Logf("%s's log:\n%s", name, b)
 			}
 		})
+		testkit.Eventually(t, 60*time.Second, name+"'s metrics address", func() bool {
+			for _, l := range logLines(t, r) {
+				if m := metricsAt.FindStringSubmatch(l); m != nil {
+					r.metrics = m[1]
+					return true
+				}
+			}
+			return false
+		})
 		return r
 	}
 	a, b := start("a"), start("b")
@@ -112,7 +122,7 @@ func TestIstioWriterIsLeaderElected(t *testing.T) {
 
 	// Exactly one leads, and it wrote the rule.
 	var lead, follow *replica
-	poll(t, 30*time.Second, "one replica leads", func() bool {
+	testkit.Eventually(t, 30*time.Second, "one replica leads", func() bool {
 		la, lb := gauge(t, a, "edgeflow_istio_leader"), gauge(t, b, "edgeflow_istio_leader")
 		if la+lb > 1 {
 			t.Fatalf("both replicas lead (edgeflow_istio_leader %v, %v)", la, lb)
@@ -125,7 +135,7 @@ func TestIstioWriterIsLeaderElected(t *testing.T) {
 		}
 		return lead != nil
 	})
-	poll(t, 30*time.Second, "the rule written", func() bool { return ruleHas(ctx, t, cl, "edge/z1/n3") })
+	testkit.Eventually(t, 30*time.Second, "the rule written", func() bool { return ruleHas(ctx, t, cl, "edge/z1/n3") })
 	if h := leaseHolder(ctx, t, cs); h == "" {
 		t.Fatalf("the Lease %s/edgeflow-istio has no holder while %s leads", namespace, lead.name)
 	}
@@ -134,7 +144,7 @@ func TestIstioWriterIsLeaderElected(t *testing.T) {
 
 	// A change both replicas see: only the leader writes it.
 	k.Pod("backend", "backend-1", "n1", "198.18.3.11", true)
-	poll(t, 30*time.Second, "the rule naming n1's backend", func() bool { return ruleHas(ctx, t, cl, `"edge/z1/n1":`) })
+	testkit.Eventually(t, 30*time.Second, "the rule naming n1's backend", func() bool { return ruleHas(ctx, t, cl, `"edge/z1/n1":`) })
 	readyzSays(t, follow, "follower: ")
 	readyzSays(t, lead, "leader: ")
 	if n := count(t, lead, logWrites...); n < 2 {
@@ -156,14 +166,14 @@ func TestIstioWriterIsLeaderElected(t *testing.T) {
 	// 15 + 4.4 + 4.4 s after the kill; 1.2 s more for the write.
 	const leaseDuration, bound = 15 * time.Second, 10 * time.Second
 	var tookOver time.Duration
-	poll(t, leaseDuration+bound, "the follower leads", func() bool {
+	testkit.Eventually(t, leaseDuration+bound, "the follower leads", func() bool {
 		if gauge(t, follow, "edgeflow_istio_leader") == 1 {
 			tookOver = time.Since(killed)
 			return true
 		}
 		return false
 	})
-	poll(t, leaseDuration+bound-time.Since(killed), "the change written by the new leader", func() bool { return !ruleHas(ctx, t, cl, "edge/z1/n3") })
+	testkit.Eventually(t, leaseDuration+bound-time.Since(killed), "the change written by the new leader", func() bool { return !ruleHas(ctx, t, cl, "edge/z1/n3") })
 	written := time.Since(killed)
 	t.Logf("leader %s killed: %s led after %.1f s, the change was written %.1f s after the kill (LeaseDuration 15 s)",
 		lead.name, follow.name, tookOver.Seconds(), written.Seconds())
@@ -285,16 +295,4 @@ func count(t *testing.T, r *replica, subs ...string) int {
 		}
 	}
 	return n
-}
-
-// poll checks cond every 100 ms until it holds, failing the test after d.
-func poll(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", d, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -37,6 +38,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 )
@@ -58,16 +60,13 @@ const (
 // SubjectAccessReviews show what the account cannot do, and helm uninstall (deleting what was
 // rendered) plus edgeflow uninstall leave nothing behind.
 func TestRunsWithTheChartsPermissions(t *testing.T) {
+	t.Parallel()
 	c, cl := startAPIServer(t, kubeapi.Options{Scheduler: true, ControllerManager: true, AuditLog: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	t.Cleanup(cancel)
 	cs := c.Client
 	cl.installCRDs(ctx, t, istioCRDs(t))
-	for _, ns := range []string{namespace, appNS} {
-		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createNamespaces(ctx, t, cs, namespace, appNS)
 	for _, n := range []string{"n1", "n2", "n3"} {
 		// One zone: the subzone edgeflow gives each node (istio.labelNodes) is what lets the
 		// mesh weigh the nodes apart.
@@ -127,7 +126,7 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 	t.Logf("xDS: %s reached %s through edgeflow's weights", front, served)
 
 	// Istio: the node labels and a DestinationRule for frontend → backend.
-	a.eventually(60*time.Second, "every node labelled with its subzone", func() bool {
+	testkit.Eventually(t, 60*time.Second, "every node labelled with its subzone", func() bool {
 		nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false
@@ -140,7 +139,7 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 		return true
 	})
 	drs := destinationRules(t, ctx, cl, appNS)
-	a.eventually(60*time.Second, "edgeflow's DestinationRule frontend → backend", func() bool {
+	testkit.Eventually(t, 60*time.Second, "edgeflow's DestinationRule frontend → backend", func() bool {
 		drs = destinationRules(t, ctx, cl, appNS)
 		return slices.Contains(drs, "edgeflow.frontend.backend.shop")
 	})
@@ -153,7 +152,7 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 			t.Logf("edgeflow's rebalancer metrics:\n%s", grepLines(metricsText(addrs["metrics"]), "edgeflow_rebalance_"))
 		}
 	})
-	a.eventually(120*time.Second, "a replacement placed on its planned node", func() bool {
+	testkit.Eventually(t, 120*time.Second, "a replacement placed on its planned node", func() bool {
 		for _, app := range []string{"frontend", "backend"} {
 			for _, p := range a.podsOf(app) {
 				if on := p.Annotations["edgeflow.io/placed-on"]; on != "" && p.Spec.NodeName == on {
@@ -225,9 +224,8 @@ type apps struct {
 	ctx context.Context
 	cs  kubernetes.Interface
 
-	mu      sync.Mutex
-	servers map[string]*grpc.Server // POD_IP:PORT → its stand-in server
-	local   map[string]string       // POD_IP:PORT → the stand-in's loopback address
+	mu    sync.Mutex
+	local map[string]string // POD_IP:PORT → its stand-in's loopback address
 }
 
 // dial reaches a pod's address at its stand-in server.
@@ -320,7 +318,7 @@ func ready(p *corev1.Pod) bool {
 }
 
 func (a *apps) settled(app string) {
-	a.eventually(60*time.Second, "3 ready pods of "+app, func() bool {
+	testkit.Eventually(a.t, 60*time.Second, "3 ready pods of "+app, func() bool {
 		ps := a.podsOf(app)
 		n := 0
 		for i := range ps {
@@ -330,17 +328,6 @@ func (a *apps) settled(app string) {
 		}
 		return n == 3 && len(ps) == 3
 	})
-}
-
-func (a *apps) eventually(d time.Duration, what string, cond func() bool) {
-	a.t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			a.t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // containerArgs turns the rendered container's arguments into this host's: each volume's
@@ -390,7 +377,7 @@ func (a *apps) containerArgs(ctr corev1.Container, vols []corev1.Volume) ([]stri
 	for _, arg := range ctr.Args {
 		flag, val, _ := strings.Cut(arg, "=")
 		if name, ok := flagName[flag]; ok && strings.HasPrefix(val, "0.0.0.0:") {
-			addrs[name] = freeAddr(t)
+			addrs[name] = pickAddr(t)
 			arg = flag + "=" + addrs[name]
 		}
 		for mount, dir := range dirs {
@@ -403,7 +390,9 @@ func (a *apps) containerArgs(ctr corev1.Container, vols []corev1.Volume) ([]stri
 	return out, addrs
 }
 
-func freeAddr(t *testing.T) string {
+// pickAddr picks a free loopback port for a process to listen on (launch starts again when
+// another took it in between).
+func pickAddr(t *testing.T) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -457,7 +446,8 @@ current-context: c
 
 // runEdgeflow starts the binary with args and env (and KUBECONFIG), its output in logFile; the
 // returned stop sends SIGTERM and waits (SIGKILL after 15 s). It also runs at the test's end.
-func runEdgeflow(t *testing.T, bin string, args []string, env []corev1.EnvVar, kubeconfig, logFile string) (stop func()) {
+// exited is closed when the process has exited.
+func runEdgeflow(t *testing.T, bin string, args []string, env []corev1.EnvVar, kubeconfig, logFile string) (stop func(), exited <-chan struct{}) {
 	t.Helper()
 	f, err := os.Create(logFile)
 	if err != nil {
@@ -505,40 +495,32 @@ func runEdgeflow(t *testing.T, bin string, args []string, env []corev1.EnvVar, k
 			}
 		}
 	})
-	return stop
+	return stop, done
 }
 
 func waitHTTP(t *testing.T, url string, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not 200 after %v: %v", url, d, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	testkit.EventuallyNoError(t, d, url+" answering 200", func() error { return getOK(url) })
+}
+
+// getOK says why a GET of url did not answer 200 (nil when it did).
+func getOK(url string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
 	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(resp.Status)
+	}
+	return nil
 }
 
-// echo answers with the pod it stands in for.
-type echo struct {
-	testgrpc.UnimplementedTestServiceServer
-	pod string
-}
-
-func (e echo) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-	return &testgrpc.SimpleResponse{ServerId: e.pod}, nil
-}
-
-// serveBackends serves a gRPC stand-in for POD_IP:9000 of every backend pod, as pods come.
+// serveBackends serves a gRPC stand-in (testkit.Echo, answering with the pod's name) for
+// POD_IP:9000 of every backend pod, as pods come; stop ends the watch, the stand-ins stop when
+// the test ends.
 func (a *apps) serveBackends() (stop func()) {
-	a.servers, a.local = map[string]*grpc.Server{}, map[string]string{}
+	a.local = map[string]string{}
 	ctx, cancel := context.WithCancel(a.ctx)
 	done := make(chan struct{})
 	go func() {
@@ -550,12 +532,10 @@ func (a *apps) serveBackends() (stop func()) {
 				}
 				addr := net.JoinHostPort(p.Status.PodIP, fmt.Sprint(appPort))
 				a.mu.Lock()
-				if a.servers[addr] == nil {
+				if a.local[addr] == "" {
+					// not testkit.Listen: its Fatal must not run on this goroutine
 					if l, err := net.Listen("tcp", "127.0.0.1:0"); err == nil {
-						s := grpc.NewServer()
-						testgrpc.RegisterTestServiceServer(s, echo{pod: p.Name})
-						a.servers[addr], a.local[addr] = s, l.Addr().String()
-						go func() { _ = s.Serve(l) }()
+						a.local[addr] = testkit.ServeEcho(a.t, l, p.Name).Addr
 					}
 				}
 				a.mu.Unlock()
@@ -569,11 +549,6 @@ func (a *apps) serveBackends() (stop func()) {
 	return func() {
 		cancel()
 		<-done
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		for _, s := range a.servers {
-			s.Stop()
-		}
 	}
 }
 
@@ -605,19 +580,15 @@ func xdsClient(t *testing.T, xdsAddr, node, target string, dial func(context.Con
 // firstCall returns the pod that answered the client's first successful call.
 func firstCall(t *testing.T, client testgrpc.TestServiceClient, xdsAddr string) string {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	var served string
+	testkit.EventuallyNoError(t, 60*time.Second, "an RPC over xDS from "+xdsAddr, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		resp, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{})
-		cancel()
-		if err == nil {
-			return resp.GetServerId()
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no RPC over xDS from %s within 60s: %v", xdsAddr, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		served = resp.GetServerId()
+		return err
+	})
+	return served
 }
 
 // destinationRules lists the DestinationRules' names in ns.
@@ -766,17 +737,44 @@ func (a *apps) launch(objs []*unstructured.Unstructured, server string, before f
 	var dep appsv1.Deployment
 	convert(t, find(t, objs, "Deployment", release), &dep)
 	ctr := dep.Spec.Template.Spec.Containers[0]
-	args, addrs := a.containerArgs(ctr, dep.Spec.Template.Spec.Volumes)
-	if before != nil {
-		before(addrs)
-	}
 	kubeconfig := a.tokenKubeconfig(server)
-	r := &run{bin: buildEdgeflow(t), logFile: filepath.Join(t.TempDir(), "edgeflow.log"), addrs: addrs}
-	r.started = time.Now()
-	r.stop = runEdgeflow(t, r.bin, args, ctr.Env, kubeconfig, r.logFile)
-	t.Logf("edgeflow %s", strings.Join(args, " "))
-	waitHTTP(t, "http://"+addrs["metrics"]+"/readyz", 60*time.Second)
-	return r
+	r := &run{bin: testkit.Binary(t)}
+	// The listeners' ports are picked before the start (the webhook's address is registered
+	// first): when another process took one in between, edgeflow exits and starts again.
+	for attempt := 1; ; attempt++ {
+		args, addrs := a.containerArgs(ctr, dep.Spec.Template.Spec.Volumes)
+		if before != nil {
+			before(addrs)
+		}
+		r.addrs, r.logFile, r.started = addrs, filepath.Join(t.TempDir(), "edgeflow.log"), time.Now()
+		var exited <-chan struct{}
+		r.stop, exited = runEdgeflow(t, r.bin, args, ctr.Env, kubeconfig, r.logFile)
+		t.Logf("edgeflow %s", strings.Join(args, " "))
+		readyz := "http://" + addrs["metrics"] + "/readyz"
+		var last error
+		testkit.WaitUntil(60*time.Second, func() bool {
+			select {
+			case <-exited:
+				return true
+			default:
+			}
+			last = getOK(readyz)
+			return last == nil
+		})
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(r.logFile)
+			if attempt < 3 && strings.Contains(string(log), "address already in use") {
+				continue
+			}
+			t.Fatal("edgeflow exited during start-up (its log follows)")
+		default:
+		}
+		if last != nil {
+			t.Fatalf("%s not 200 after %v: %v", readyz, 60*time.Second, last)
+		}
+		return r
+	}
 }
 
 // checkRequests (after r stopped) fails on "forbidden" in the log, a 403 in the audit log or a

@@ -13,12 +13,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,11 +28,13 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 // helmVersion is the Helm the Makefile's helm target builds (keep them equal).
@@ -54,12 +56,6 @@ const (
 	release   = "edgeflow"
 	namespace = "edgeflow"
 )
-
-// repoRoot is the repository's root folder.
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
 
 // helmBinary is the cached helm (make helm), else the test skips (fails under CI=true).
 func helmBinary(t *testing.T) string {
@@ -92,7 +88,7 @@ func render(t *testing.T, values map[string]any) []*unstructured.Unstructured {
 
 func renderRaw(t *testing.T, values map[string]any, extra ...string) ([]byte, error) {
 	t.Helper()
-	args := []string{"template", release, filepath.Join(repoRoot(), "install", "helm", "edgeflow"), "--namespace", namespace, "--kube-version", kubeVersion}
+	args := []string{"template", release, filepath.Join(testkit.RepoRoot(), "install", "helm", "edgeflow"), "--namespace", namespace, "--kube-version", kubeVersion}
 	if values != nil {
 		raw, err := yaml.Marshal(values)
 		if err != nil {
@@ -252,17 +248,13 @@ func (c *client) installCRDs(ctx context.Context, t *testing.T, files ...string)
 		}
 	}
 	for _, n := range names {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		testkit.EventuallyNoError(t, 30*time.Second, "CRD "+n+" established", func() error {
 			crd, err := c.dyn.Resource(gvr).Get(ctx, n, metav1.GetOptions{})
-			if err == nil && established(crd) {
-				break
+			if err == nil && !established(crd) {
+				err = errors.New("not established")
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("CRD %s not established after 30s: %v", n, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return err
+		})
 	}
 	c.mapper.Reset()
 }
@@ -297,7 +289,7 @@ func moduleDir(t *testing.T, module string) string {
 func istioCRDs(t *testing.T) string {
 	t.Helper()
 	cmd := exec.Command("go", "mod", "download", "-json", "istio.io/istio")
-	cmd.Dir = filepath.Join(repoRoot(), "e2e", "istio")
+	cmd.Dir = filepath.Join(testkit.RepoRoot(), "e2e", "istio")
 	out, err := cmd.Output()
 	var info struct{ Dir, Error string }
 	if jerr := json.Unmarshal(out, &info); err != nil || jerr != nil || info.Dir == "" {
@@ -368,21 +360,27 @@ func leftovers(before, after map[string]bool) []string {
 // until the cluster holds nothing more than before, else fails naming what is left.
 func (c *client) waitNoLeftovers(ctx context.Context, t *testing.T, before map[string]bool, d time.Duration, ignore func(string) bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		var left []string
+	var left []string
+	if !testkit.WaitUntil(d, func() bool {
+		left = left[:0]
 		for _, k := range leftovers(before, c.snapshot(ctx, t)) {
 			if ignore == nil || !ignore(k) {
 				left = append(left, k)
 			}
 		}
-		if len(left) == 0 {
-			return
+		return len(left) == 0
+	}) {
+		t.Fatalf("left behind after uninstall (%v):\n  %s", d, strings.Join(left, "\n  "))
+	}
+}
+
+// createNamespaces creates the namespaces names.
+func createNamespaces(ctx context.Context, t *testing.T, cs kubernetes.Interface, names ...string) {
+	t.Helper()
+	for _, ns := range names {
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("left behind after uninstall (%v):\n  %s", d, strings.Join(left, "\n  "))
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
 }
 
