@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +27,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	efistio "github.com/edgeflow/edgeflow/xds/istio"
 )
@@ -67,17 +70,10 @@ func installIstioCRDs(t *testing.T, c *kubeapi.Cluster) versioned.Interface {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.EventuallyNoError(t, 30*time.Second, fmt.Sprintf("DestinationRules served after creating %d CRDs", n), func() error {
 		_, err := ic.NetworkingV1().DestinationRules(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("DestinationRules not served %v after creating %d CRDs: %v", 30*time.Second, n, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 	t.Logf("installed %d Istio CRDs from %s", n, crds)
 	return ic
 }
@@ -92,9 +88,36 @@ func istioModuleDir(t *testing.T) string {
 	return strings.TrimSpace(string(out))
 }
 
-func TestRulesReconcilerOnARealAPIServer(t *testing.T) {
+// TestReconcilersOnARealAPIServer: edgeflow's Istio reconcilers on one real kube-apiserver with
+// Istio's CRDs. The subtests run side by side, each in namespaces of its own, and remove what
+// they wrote when they end; the two that own every DestinationRule edgeflow manages (Uninstall
+// and the listings see them all) take turns.
+func TestReconcilersOnARealAPIServer(t *testing.T) {
+	t.Parallel()
 	c := kubeapi.Start(t, kubeapi.Options{})
 	ic := installIstioCRDs(t, c)
+	var rules sync.Mutex
+	inTurn := func(t *testing.T) {
+		rules.Lock()
+		t.Cleanup(rules.Unlock) // after the subtest's own cleanups
+	}
+	t.Run("RulesReconciler", func(t *testing.T) {
+		t.Parallel()
+		inTurn(t)
+		rulesReconcilerOnARealAPIServer(t, c, ic)
+	})
+	t.Run("RulesReconcilerLabelsNodes", func(t *testing.T) {
+		t.Parallel()
+		inTurn(t)
+		rulesReconcilerLabelsNodes(t, c, ic)
+	})
+	t.Run("EnvoyFilterReconciler", func(t *testing.T) {
+		t.Parallel()
+		envoyFilterReconcilerOnARealAPIServer(t, c, ic)
+	})
+}
+
+func rulesReconcilerOnARealAPIServer(t *testing.T, c *kubeapi.Cluster, ic versioned.Interface) {
 	ctx := kubeapi.Context(t)
 
 	// The user's own rules: one on reviews (carried into edgeflow's), one on something else.
@@ -105,11 +128,13 @@ func TestRulesReconcilerOnARealAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { deleteRule(t, ic, "default", "reviews") })
 	userOther := &clientnetworkingv1.DestinationRule{ObjectMeta: metav1.ObjectMeta{Name: "payments", Namespace: "other"}}
 	userOther.Spec.Host = "payments.other.svc.cluster.local"
 	if userOther, err = ic.NetworkingV1().DestinationRules("other").Create(ctx, userOther, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { deleteRule(t, ic, "other", "payments") })
 	userVersions := func() []string {
 		var out []string
 		for _, ref := range [][2]string{{"default", "reviews"}, {"other", "payments"}} {
@@ -127,6 +152,7 @@ func TestRulesReconcilerOnARealAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { uninstall(t, r) })
 	ours := func() map[string]*clientnetworkingv1.DestinationRule {
 		list, err := ic.NetworkingV1().DestinationRules(metav1.NamespaceAll).List(ctx,
 			metav1.ListOptions{LabelSelector: efistio.ManagedByLabel + "=" + efistio.ManagedByValue})
@@ -238,9 +264,7 @@ func TestRulesReconcilerOnARealAPIServer(t *testing.T) {
 	}
 }
 
-func TestRulesReconcilerLabelsNodes(t *testing.T) {
-	c := kubeapi.Start(t, kubeapi.Options{})
-	ic := installIstioCRDs(t, c)
+func rulesReconcilerLabelsNodes(t *testing.T, c *kubeapi.Cluster, ic versioned.Interface) {
 	ctx := kubeapi.Context(t)
 
 	// Nodes with regions and zones but no subzones; one without a zone.
@@ -248,13 +272,9 @@ func TestRulesReconcilerLabelsNodes(t *testing.T) {
 	for _, n := range topo.Nodes {
 		r, z, _ := optimizer.SplitLocality(n.Locality)
 		labels := map[string]string{corev1.LabelTopologyRegion: r, corev1.LabelTopologyZone: z}
-		if _, err := c.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: labels}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		createNode(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: labels}})
 	}
-	if _, err := c.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "bare"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createNode(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "bare"}})
 	topo.Nodes = append(topo.Nodes, optimizer.Node{Name: "bare"})
 	zero := 0.0
 	r, err := efistio.NewRulesReconciler(efistio.RulesReconcilerConfig{Client: ic, Nodes: c.Client,
@@ -262,6 +282,7 @@ func TestRulesReconcilerLabelsNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { uninstall(t, r) }) // once Run has ended: the rules it wrote
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
@@ -325,13 +346,38 @@ func mustCreateNamespace(t *testing.T, c *kubeapi.Cluster, name string) {
 	}
 }
 
+// createNode creates node and deletes it when t ends.
+func createNode(t *testing.T, c *kubeapi.Cluster, node *corev1.Node) {
+	t.Helper()
+	if _, err := c.Client.CoreV1().Nodes().Create(kubeapi.Context(t), node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Client.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("deleting node %s: %v", node.Name, err)
+		}
+	})
+}
+
+// deleteRule deletes the DestinationRule ns/name.
+func deleteRule(t *testing.T, ic versioned.Interface, ns, name string) {
+	if err := ic.NetworkingV1().DestinationRules(ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("deleting DestinationRule %s/%s: %v", ns, name, err)
+	}
+}
+
+// uninstall removes what a reconciler wrote, also when the test failed before its own Uninstall.
+func uninstall(t *testing.T, r interface{ Uninstall(context.Context) error }) {
+	if err := r.Uninstall(context.Background()); err != nil {
+		t.Errorf("Uninstall when the test ends: %v", err)
+	}
+}
+
 // The per-pod mode's reconciler on the same real apiserver: EnvoyFilters in the root namespace
 // and the bootstrap ConfigMap in each managed service's namespace are created, rewritten only
 // on change, and removed by Uninstall (twice); a user's ConfigMap of the same name is never
 // written.
-func TestEnvoyFilterReconcilerOnARealAPIServer(t *testing.T) {
-	c := kubeapi.Start(t, kubeapi.Options{})
-	ic := installIstioCRDs(t, c)
+func envoyFilterReconcilerOnARealAPIServer(t *testing.T, c *kubeapi.Cluster, ic versioned.Interface) {
 	ctx := kubeapi.Context(t)
 	mustCreateNamespace(t, c, efistio.DefaultNamespace)
 	mustCreateNamespace(t, c, "shop")
@@ -346,6 +392,7 @@ func TestEnvoyFilterReconcilerOnARealAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { uninstall(t, r) })
 	services := []optimizer.Service{
 		{Name: "reviews", Ports: []optimizer.Port{{Port: 9080}}},
 		{Name: "cart", Namespace: "shop", Ports: []optimizer.Port{{Port: 80}}},
@@ -403,8 +450,10 @@ func TestEnvoyFilterReconcilerOnARealAPIServer(t *testing.T) {
 	}
 }
 
-// Uninstall on a cluster without Istio's CRDs has nothing to remove and says no error.
+// Uninstall on a cluster without Istio's CRDs has nothing to remove and says no error (its own
+// control plane: TestReconcilersOnARealAPIServer's has the CRDs).
 func TestUninstallWithoutIstio(t *testing.T) {
+	t.Parallel()
 	c := kubeapi.Start(t, kubeapi.Options{})
 	ctx := kubeapi.Context(t)
 	ic, err := versioned.NewForConfig(c.Config)

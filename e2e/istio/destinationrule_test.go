@@ -315,6 +315,7 @@ func checkFollows(t *testing.T, s *xdsfake.FakeDiscoveryServer, managed *optimiz
 }
 
 func TestIstioValidatesTheDestinationRules(t *testing.T) {
+	t.Parallel()
 	for _, perNode := range []bool{true, false} {
 		managed := managedOnly(bookinfo(t, perNode))
 		p, err := efistio.PlanLocalities(managed, optimizer.LATA, optimizer.Options{})
@@ -339,6 +340,7 @@ func TestIstioValidatesTheDestinationRules(t *testing.T) {
 }
 
 func TestSidecarsFollowTheDestinationRules(t *testing.T) {
+	t.Parallel()
 	topo := bookinfo(t, true)
 	managed := managedOnly(topo)
 	user := userReviewsRule()
@@ -459,6 +461,7 @@ func TestSidecarsFollowTheDestinationRules(t *testing.T) {
 }
 
 func TestSidecarsFollowZoneLevelRules(t *testing.T) {
+	t.Parallel()
 	topo := bookinfo(t, false) // two nodes per zone, no subzones
 	managed := managedOnly(topo)
 	p, err := efistio.PlanLocalities(managed, optimizer.LATA, optimizer.Options{})

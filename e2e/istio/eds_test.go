@@ -2,7 +2,6 @@ package istio
 
 import (
 	"context"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	xdsfake "istio.io/istio/pilot/test/xds"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	efistio "github.com/edgeflow/edgeflow/xds/istio"
 	xdsserver "github.com/edgeflow/edgeflow/xds/server"
@@ -52,10 +52,7 @@ func startEdgeflow(t *testing.T) (*xdsserver.Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := testkit.Listen(t)
 	g := grpc.NewServer()
 	srv.Register(g)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -77,6 +74,7 @@ func startEdgeflow(t *testing.T) (*xdsserver.Server, string) {
 // assignment it subscribed to and held (Envoy's rule 2, envoyrules_test.go) — here when a
 // managed service leaves the topology while the sidecar still has its cluster.
 func TestEDSNeverOmitsAHeldAssignment(t *testing.T) {
+	t.Parallel()
 	both := []optimizer.Service{managed[0], {Name: "ratings", Ports: []optimizer.Port{{Name: "http", Port: 9080}}}}
 	filters, err := efistio.MarshalYAML(efistio.EnvoyFilters(efistio.Config{XDSAddress: "10.96.0.100:18000"}, both))
 	if err != nil {
@@ -167,6 +165,7 @@ func TestEDSNeverOmitsAHeldAssignment(t *testing.T) {
 // old server sent when a service left (SOTW: the held name left out; delta: sent as removed)
 // fails it; an empty assignment instead, or a name the sidecar no longer asks for, passes.
 func TestEDSCheckCatchesAnOmission(t *testing.T) {
+	t.Parallel()
 	s := newEDSStream()
 	s.sotwRequest([]string{"a", "b"})
 	if p := s.sotwResponse([]string{"a", "b"}); len(p) != 0 {

@@ -31,7 +31,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -56,11 +55,7 @@ type staticCluster struct {
 // template of the istio.io/istio module this test builds against.
 func istioBootstrapJSON(t *testing.T) []byte {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/istio").Output()
-	if err != nil {
-		t.Fatalf("go list -m istio.io/istio: %v", err)
-	}
-	template := filepath.Join(strings.TrimSpace(string(out)), "tools", "packaging", "common", "envoy_bootstrap.json")
+	template := filepath.Join(istioModuleDir(t), "tools", "packaging", "common", "envoy_bootstrap.json")
 	pc := mesh.DefaultProxyConfig()
 	pc.ConfigPath = t.TempDir()
 	node, err := bootstrap.GetNodeMetaData(bootstrap.MetadataOptions{

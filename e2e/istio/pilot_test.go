@@ -213,6 +213,7 @@ func asConfig(f *clientnetworking.EnvoyFilter) config.Config {
 }
 
 func TestIstioValidatesTheFilters(t *testing.T) {
+	t.Parallel()
 	for _, cfg := range []efistio.Config{
 		{XDSAddress: "edgeflow.edgeflow.svc.cluster.local:18000"},
 		{XDSAddress: "10.96.0.100:18000", ClusterDomain: "edge.example", TLS: true},
@@ -236,6 +237,7 @@ func TestIstioValidatesTheFilters(t *testing.T) {
 // with the bootstrap that sidecar has (Istio's, plus edgeflow's override for the labelled one)
 // pass Envoy's config-source rule.
 func TestSidecarTakesManagedEDSFromEdgeflow(t *testing.T) {
+	t.Parallel()
 	istioBootstrap := istioBootstrapJSON(t)
 	for _, cfg := range []efistio.Config{
 		{XDSAddress: "edgeflow.edgeflow.svc.cluster.local:18000"},
@@ -361,6 +363,7 @@ func checkManaged(t *testing.T, clusters map[string]*clusterv3.Cluster) {
 // for every sidecar, no bootstrap override — must fail it, with Envoy's error naming
 // edgeflow-xds for the managed cluster, while istiod's own clusters pass.
 func TestEnvoyRulesRejectTheOldDefault(t *testing.T) {
+	t.Parallel()
 	cfg := efistio.Config{XDSAddress: "edgeflow.edgeflow.svc.cluster.local:18000"}
 	old := efistio.EnvoyFilters(cfg, managed)
 	for _, f := range old {
@@ -431,6 +434,7 @@ func normalised(c *clusterv3.Cluster, svc string) *clusterv3.Cluster {
 // wrote to pilot, as istiod's Kubernetes config controller would. Each change must reach the
 // connected sidecar as a CDS push, without reconnecting.
 func TestSidecarFollowsTheReconciler(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	cfg := efistio.Config{XDSAddress: "10.96.0.100:18000"}
 	client := istiofake.NewSimpleClientset()
