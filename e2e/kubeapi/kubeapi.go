@@ -13,15 +13,20 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,6 +34,8 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 // Cluster is a running etcd + kube-apiserver on 127.0.0.1. Start registers its teardown with
@@ -66,6 +73,7 @@ type process struct {
 	ready string // the URL that answers 200 once it serves
 	cmd   *exec.Cmd
 	log   string
+	since int64 // where this run's output begins in log
 	done  chan struct{}
 }
 
@@ -95,13 +103,9 @@ func BinDir() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cache := os.Getenv("EDGEFLOW_CACHE")
-	if cache == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return "", err
-		}
-		cache = filepath.Join(home, ".cache", "edgeflow")
+	cache, err := cacheDir()
+	if err != nil {
+		return "", err
 	}
 	dir := filepath.Join(cache, "k8s-"+version)
 	for _, b := range []string{"kube-apiserver", "kube-scheduler", "kube-controller-manager"} {
@@ -110,6 +114,18 @@ func BinDir() (string, error) {
 		}
 	}
 	return dir, nil
+}
+
+// cacheDir is $EDGEFLOW_CACHE, else ~/.cache/edgeflow.
+func cacheDir() (string, error) {
+	if cache := os.Getenv("EDGEFLOW_CACHE"); cache != "" {
+		return cache, nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(home, ".cache", "edgeflow"), nil
 }
 
 func pinnedVersion(goMod string) (string, error) {
@@ -130,20 +146,112 @@ func pinnedVersion(goMod string) (string, error) {
 
 // Start runs etcd and kube-apiserver (and what opts asks for) and waits until the apiserver is
 // ready. It skips or fails the test as Require does when they cannot run.
+//
+// At most $EDGEFLOW_KUBEAPI_BOOTS control planes (default 2) boot at once on this machine, across
+// test processes: Start waits for a boot slot, holds it until every process it starts is ready and
+// lets it go when it returns. When etcd or a Kubernetes component cannot bind the port picked for
+// it (taken in between by another test), Start stops what it started and boots again on other
+// ports, a few times.
 func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
 	binDir := Require(t)
-	c := &Cluster{t: t, dir: t.TempDir(), binDir: binDir}
+	c := &Cluster{t: t, binDir: binDir}
 	t.Cleanup(c.stop)
 	tok := make([]byte, 16)
 	_, _ = rand.Read(tok)
 	c.token = hex.EncodeToString(tok)
-	if err := c.start(opts); err != nil {
+	base := t.TempDir()
+	dir, slots, err := bootSlots()
+	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	release, err := acquireBootSlot(t, dir, slots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	for attempt := 1; ; attempt++ {
+		c.dir = filepath.Join(base, fmt.Sprintf("boot%d", attempt))
+		err := c.start(opts)
+		if err == nil {
+			return c
+		}
+		var taken *portTakenError
+		if !errors.As(err, &taken) || attempt == bootAttempts {
+			t.Fatal(err)
+		}
+		t.Logf("kubeapi: %v; booting again on other ports", err)
+		if err := c.stopAll(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
+// bootAttempts bounds how many times Start boots a control plane whose ports were taken.
+const bootAttempts = 4
+
+// BootSlotsEnv names the environment variable that bounds how many control planes boot at once
+// on this machine (a positive integer; default 2).
+const BootSlotsEnv = "EDGEFLOW_KUBEAPI_BOOTS"
+
+// bootSlots is where the boot slots' lock files are (the cache folder) and how many there are.
+func bootSlots() (dir string, n int, err error) {
+	n = 2
+	if v := os.Getenv(BootSlotsEnv); v != "" {
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			return "", 0, fmt.Errorf("kubeapi: %s=%q: want a positive integer", BootSlotsEnv, v)
+		}
+	}
+	dir, err = cacheDir()
+	return dir, n, err
+}
+
+// acquireBootSlot takes one of n boot slots in dir, waiting while they are all held: slot i is
+// an exclusive flock on dir/kubeapi-boot-i.lock, held by an open file of this process (not
+// inherited by the processes it starts), so a test process that dies holding one lets it go.
+// release gives it back.
+func acquireBootSlot(t testing.TB, dir string, n int) (release func(), err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	began := time.Now()
+	for {
+		for i := range n {
+			f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("kubeapi-boot-%d.lock", i)), os.O_CREATE|os.O_RDWR, 0o644)
+			if err != nil {
+				return nil, err
+			}
+			err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+			if err == nil {
+				if waited := time.Since(began); waited > time.Second {
+					t.Logf("kubeapi: waited %v for one of %d boot slots (%s)", waited.Round(time.Millisecond), n, BootSlotsEnv)
+				}
+				return func() { f.Close() }, nil
+			}
+			f.Close()
+			if !errors.Is(err, syscall.EWOULDBLOCK) {
+				return nil, fmt.Errorf("kubeapi: boot slot %d: %w", i, err)
+			}
+		}
+		time.Sleep(20*time.Millisecond + time.Duration(mrand.Int64N(int64(30*time.Millisecond))))
+	}
+}
+
+// portTakenError: a process exited during start-up because its port was taken (line: the
+// line of its log that says so).
+type portTakenError struct {
+	name, line string
+}
+
+func (e *portTakenError) Error() string {
+	return fmt.Sprintf("%s could not bind its port: %s", e.name, e.line)
+}
+
+// pickPorts is freePorts (a test makes it hand out a port that is taken).
+var pickPorts = freePorts
+
+// freePorts picks n ports that are free now. They are closed again for the processes to bind:
+// another test may take one in between, which Start notices (portTakenError) and boots again.
 func freePorts(n int) ([]int, error) {
 	var ports []int
 	var ls []net.Listener
@@ -163,8 +271,12 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
+// start boots one attempt in c.dir, on ports picked afresh.
 func (c *Cluster) start(opts Options) error {
-	ports, err := freePorts(5)
+	if err := os.MkdirAll(c.dir, 0o700); err != nil {
+		return err
+	}
+	ports, err := pickPorts(5)
 	if err != nil {
 		return err
 	}
@@ -174,10 +286,16 @@ func (c *Cluster) start(opts Options) error {
 	}
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPeer)
-	if err := c.run("etcd", "etcd", "--name", "edgeflow-test", "--data-dir", filepath.Join(c.dir, "etcd"),
+	// The member name is this cluster's own: the apiserver is started only once the etcd at
+	// etcdURL answers with it, never on another test's etcd that holds the port.
+	member := "edgeflow-" + c.token[:12]
+	if err := c.run("etcd", "etcd", "--name", member, "--data-dir", filepath.Join(c.dir, "etcd"),
 		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
 		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
-		"--initial-cluster", "edgeflow-test="+peerURL, "--unsafe-no-fsync"); err != nil {
+		"--initial-cluster", member+"="+peerURL, "--unsafe-no-fsync"); err != nil {
+		return err
+	}
+	if err := c.waitEtcd(etcdURL, member); err != nil {
 		return err
 	}
 	var audit []string
@@ -283,6 +401,11 @@ func (c *Cluster) launch(p *process) error {
 	if err != nil {
 		return err
 	}
+	since, err := logFile.Seek(0, io.SeekEnd)
+	if err != nil {
+		logFile.Close()
+		return err
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -290,46 +413,101 @@ func (c *Cluster) launch(p *process) error {
 		logFile.Close()
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	p.cmd, p.log, p.done = cmd, logPath, make(chan struct{})
+	p.cmd, p.log, p.since, p.done = cmd, logPath, since, make(chan struct{})
 	done := p.done
 	go func() { _ = cmd.Wait(); logFile.Close(); close(done) }()
 	return nil
 }
 
-// waitReady waits until url answers 200, for the process started last.
-func (c *Cluster) waitReady(url string) error {
+// waitReady waits until ready (a URL) answers 200, for the process started last (while every process
+// started so far runs).
+func (c *Cluster) waitReady(ready string) error {
 	p := c.procs[len(c.procs)-1]
-	p.ready = url
-	return c.waitProcess(p)
+	p.ready = ready
+	return c.waitProcess(p, c.procs...)
 }
 
-func (c *Cluster) waitProcess(p *process) error {
-	url, name := p.ready, p.name
+// startupTimeout bounds how long a process may take to serve.
+const startupTimeout = 90 * time.Second
+
+// waitProcess waits until p's ready URL answers 200 to the cluster's token (a server of another
+// test that took the port answers 401), while the processes watched run.
+func (c *Cluster) waitProcess(p *process, watched ...*process) error {
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	defer client.CloseIdleConnections()
-	deadline := time.Now().Add(90 * time.Second)
-	var last string
-	for time.Now().Before(deadline) {
-		select {
-		case <-p.done:
-			return fmt.Errorf("%s exited during start-up:\n%s", name, tail(p.log, 30))
-		default:
-		}
-		req, _ := http.NewRequest(http.MethodGet, url, nil)
+	return c.waitServing(p, watched, func() error {
+		req, _ := http.NewRequest(http.MethodGet, p.ready, nil)
 		req.Header.Set("Authorization", "Bearer "+c.token)
 		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = resp.Status
-		} else {
-			last = err.Error()
+		if err != nil {
+			return err
 		}
-		time.Sleep(100 * time.Millisecond)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return errors.New(resp.Status)
+		}
+		return nil
+	})
+}
+
+// waitEtcd waits until the etcd at endpoint serves and is the member named member: the etcd started
+// last, not another test's.
+func (c *Cluster) waitEtcd(endpoint, member string) error {
+	p := c.procs[len(c.procs)-1]
+	client := &http.Client{Timeout: 2 * time.Second}
+	defer client.CloseIdleConnections()
+	return c.waitServing(p, c.procs, func() error {
+		resp, err := client.Post(endpoint+"/v3/cluster/member/list", "application/json", strings.NewReader("{}"))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var list struct {
+			Members []struct{ Name string } `json:"members"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+			return fmt.Errorf("%s: %w", resp.Status, err)
+		}
+		if len(list.Members) != 1 || list.Members[0].Name != member {
+			return fmt.Errorf("members %+v, want only %s", list.Members, member)
+		}
+		return nil
+	})
+}
+
+// waitServing checks serving until it holds, failing when one of the processes watched (p among
+// them) exits first (with a portTakenError when its port was taken) or startupTimeout passes.
+func (c *Cluster) waitServing(p *process, watched []*process, serving func() error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), startupTimeout)
+	defer cancel()
+	var exited error
+	err := testkit.WaitContext(ctx, func() (bool, error) {
+		for _, q := range watched {
+			select {
+			case <-q.done:
+				log := q.tail(30)
+				if i := strings.Index(log, "address already in use"); i >= 0 {
+					line := log[strings.LastIndexByte(log[:i], '\n')+1:]
+					line, _, _ = strings.Cut(line, "\n")
+					exited = &portTakenError{name: q.name, line: line}
+				} else {
+					exited = fmt.Errorf("%s exited during start-up:\n%s", q.name, log)
+				}
+				cancel()
+				return false, nil
+			default:
+			}
+		}
+		err := serving()
+		return err == nil, err
+	})
+	if exited != nil {
+		return exited
 	}
-	return fmt.Errorf("%s not ready within 90 s (last: %s):\n%s", name, last, tail(p.log, 30))
+	if err != nil {
+		return fmt.Errorf("%s not ready within %v (%v):\n%s", p.name, startupTimeout, err, p.tail(30))
+	}
+	return nil
 }
 
 // Stop stops one of the processes (by name, e.g. "kube-apiserver") and waits for it to exit.
@@ -352,12 +530,44 @@ func (c *Cluster) Restart(name string) error {
 		if err := p.stop(); err != nil {
 			return err
 		}
-		if err := c.launch(p); err != nil {
-			return err
+		for attempt := 1; ; attempt++ {
+			if err := c.launch(p); err != nil {
+				return err
+			}
+			err := c.waitProcess(p, p)
+			var taken *portTakenError
+			if err == nil || !errors.As(err, &taken) || attempt == bootAttempts || !p.repick() {
+				return err
+			}
+			c.t.Logf("kubeapi: %v; starting it again on another port", err)
 		}
-		return c.waitProcess(p)
 	}
 	return fmt.Errorf("kubeapi: no process %q", name)
+}
+
+// repick moves p to another --secure-port, picked afresh, when no other process dials it
+// (kube-scheduler, kube-controller-manager); it reports whether it did.
+func (p *process) repick() bool {
+	if p.name == "kube-apiserver" || p.name == "etcd" {
+		return false
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		return false
+	}
+	u, err := url.Parse(p.ready)
+	if err != nil {
+		return false
+	}
+	for i, a := range p.args {
+		if strings.HasPrefix(a, "--secure-port=") {
+			p.args[i] = fmt.Sprintf("--secure-port=%d", ports[0])
+			u.Host = fmt.Sprintf("127.0.0.1:%d", ports[0])
+			p.ready = u.String()
+			return true
+		}
+	}
+	return false
 }
 
 func (p *process) stop() error {
@@ -388,9 +598,20 @@ func (c *Cluster) stop() {
 			c.t.Error(err)
 		}
 		if c.t.Failed() {
-			c.t.Logf("%s log (tail):\n%s", p.name, tail(p.log, 20))
+			c.t.Logf("%s log (tail):\n%s", p.name, p.tail(20))
 		}
 	}
+}
+
+// stopAll stops every process of a failed boot and forgets them, for Start to boot again.
+func (c *Cluster) stopAll() error {
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		if err := c.procs[i].stop(); err != nil {
+			return err
+		}
+	}
+	c.procs = nil
+	return nil
 }
 
 // Context returns a context for API calls bounded by the test's deadline (or 2 minutes).
@@ -400,8 +621,17 @@ func Context(t testing.TB) context.Context {
 	return ctx
 }
 
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
+// tail is the last n lines p's current run wrote to its log.
+func (p *process) tail(n int) string {
+	f, err := os.Open(p.log)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if _, err := f.Seek(p.since, io.SeekStart); err != nil {
+		return err.Error()
+	}
+	data, err := io.ReadAll(f)
 	if err != nil {
 		return err.Error()
 	}
