@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 // The ground a pod rebalancer stands on: a Deployment's pods are created by the ReplicaSet
@@ -29,6 +31,12 @@ func TestDeploymentSchedules(t *testing.T) {
 	step("control plane up (etcd, apiserver, scheduler, kcm)", begin)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
+	waitFor := func(what string, cond func() (bool, error)) {
+		t.Helper()
+		if err := testkit.WaitContext(ctx, cond); err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+	}
 	cs := c.Client
 	const ns = "rebalance"
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
@@ -59,12 +67,12 @@ func TestDeploymentSchedules(t *testing.T) {
 	if _, err := cs.PolicyV1().PodDisruptionBudgets(ns).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(ctx, t, "3 pods created by the ReplicaSet", func() (bool, error) {
+	waitFor("3 pods created by the ReplicaSet", func() (bool, error) {
 		pods, err := webPods(ctx, cs, ns)
 		return len(pods) == 3, err
 	})
 	step("ReplicaSet created 3 pods", start)
-	waitFor(ctx, t, "3 pods bound", func() (bool, error) {
+	waitFor("3 pods bound", func() (bool, error) {
 		pods, err := webPods(ctx, cs, ns)
 		bound := 0
 		for _, p := range pods {
@@ -75,12 +83,12 @@ func TestDeploymentSchedules(t *testing.T) {
 		return bound == 3, err
 	})
 	step("kube-scheduler bound 3 pods", start)
-	waitFor(ctx, t, "Deployment 3 ready replicas", func() (bool, error) {
+	waitFor("Deployment 3 ready replicas", func() (bool, error) {
 		d, err := cs.AppsV1().Deployments(ns).Get(ctx, "web", metav1.GetOptions{})
 		return err == nil && d.Status.ReadyReplicas == 3 && d.Status.AvailableReplicas == 3, err
 	})
 	step("Deployment reports 3 ready", start)
-	waitFor(ctx, t, "PDB disruptionsAllowed 1", func() (bool, error) {
+	waitFor("PDB disruptionsAllowed 1", func() (bool, error) {
 		p, err := cs.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, "web", metav1.GetOptions{})
 		return err == nil && p.Status.DisruptionsAllowed == 1 && p.Status.CurrentHealthy == 3, err
 	})
@@ -110,7 +118,7 @@ func TestDeploymentSchedules(t *testing.T) {
 	} else {
 		t.Logf("  second eviction refused: %v", err)
 	}
-	waitFor(ctx, t, "evicted pod gone and a replacement ready", func() (bool, error) {
+	waitFor("evicted pod gone and a replacement ready", func() (bool, error) {
 		pods, err := webPods(ctx, cs, ns)
 		if err != nil {
 			return false, err
@@ -127,7 +135,7 @@ func TestDeploymentSchedules(t *testing.T) {
 		return ready == 3, nil
 	})
 	step("replacement bound and ready", start)
-	waitFor(ctx, t, "PDB disruptionsAllowed 1 again", func() (bool, error) {
+	waitFor("PDB disruptionsAllowed 1 again", func() (bool, error) {
 		p, err := cs.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, "web", metav1.GetOptions{})
 		return err == nil && p.Status.DisruptionsAllowed == 1, err
 	})
@@ -143,7 +151,7 @@ func TestDeploymentSchedules(t *testing.T) {
 	if _, err := cs.CoreV1().Pods(ns).Create(ctx, gated, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(ctx, t, "gated pod reported SchedulingGated", func() (bool, error) {
+	waitFor("gated pod reported SchedulingGated", func() (bool, error) {
 		p, err := cs.CoreV1().Pods(ns).Get(ctx, "gated", metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -177,7 +185,7 @@ func TestDeploymentSchedules(t *testing.T) {
 	if _, err = cs.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("removing the gate: %v", err)
 	}
-	waitFor(ctx, t, "ungated pod bound and ready", func() (bool, error) {
+	waitFor("ungated pod bound and ready", func() (bool, error) {
 		p, err := cs.CoreV1().Pods(ns).Get(ctx, "gated", metav1.GetOptions{})
 		return err == nil && p.Spec.NodeName != "" && podReady(p), err
 	})
@@ -225,24 +233,4 @@ func podReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
-}
-
-// waitFor polls cond every 50 ms until it holds, failing the test when ctx ends first.
-func waitFor(ctx context.Context, t testing.TB, what string, cond func() (bool, error)) {
-	t.Helper()
-	var last error
-	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		if err != nil {
-			last = err
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v (last error: %v)", what, ctx.Err(), last)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
