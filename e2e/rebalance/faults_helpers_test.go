@@ -19,10 +19,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/rebalancer"
 )
 
@@ -115,15 +114,8 @@ func (w *world) replicaWebhooks(certPEM []byte, addrs ...string) {
 func (w *world) serveAt(c *rebalancer.Controller, addr, certFile, keyFile string) (string, func()) {
 	var lis net.Listener
 	var err error
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		// The address of a stopped server can take a moment to be free again.
-		if lis, err = net.Listen("tcp", addr); err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
+	// The address of a stopped server can take a moment to be free again.
+	if !testkit.WaitUntil(10*time.Second, func() bool { lis, err = net.Listen("tcp", addr); return err == nil }) {
 		w.t.Fatal(err)
 	}
 	stop := w.run("webhook", func(ctx context.Context) error {
@@ -155,16 +147,7 @@ type tracker struct {
 
 func (w *world) track() *tracker {
 	tr := &tracker{pods: map[string]*podLife{}}
-	f := informers.NewSharedInformerFactoryWithOptions(w.cs, 0, informers.WithNamespace(ns))
-	inf := f.Core().V1().Pods().Informer()
-	update := func(obj any, gone bool) {
-		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
-		p, ok := obj.(*corev1.Pod)
-		if !ok {
-			return
-		}
+	w.watchPods(func(p *corev1.Pod, gone bool) {
 		now := time.Now()
 		tr.mu.Lock()
 		defer tr.mu.Unlock()
@@ -201,16 +184,7 @@ func (w *world) track() *tracker {
 		if gone && l.gone.IsZero() {
 			l.gone = now
 		}
-	}
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { update(obj, false) },
-		UpdateFunc: func(_, obj any) { update(obj, false) },
-		DeleteFunc: func(obj any) { update(obj, true) },
 	})
-	ctx, cancel := context.WithCancel(w.ctx)
-	f.Start(ctx.Done())
-	w.t.Cleanup(func() { cancel(); f.Shutdown() })
-	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
 	return tr
 }
 

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
@@ -21,7 +22,7 @@ import (
 // gatedOne waits until the tracker saw a pod gated and returns its name.
 func (w *world) gatedOne(tr *tracker, within time.Duration) string {
 	var name string
-	w.eventually(within, "a replacement gated", func() bool {
+	testkit.Eventually(w.t, within, "a replacement gated", func() bool {
 		for _, l := range tr.lives() {
 			if !l.gatedFrom.IsZero() {
 				name = l.name
@@ -48,10 +49,7 @@ func reportWaits(t *testing.T, tr *tracker, fault string) (gated, pending time.D
 // does not lead once --gate-timeout has passed, a scale-up meanwhile is never gated, and every
 // pod runs within --gate-timeout + 10 s.
 func TestNoLeaderNothingGated(t *testing.T) {
-	w := newWorld(t, threeNodes()...)
-	badLayout(w)
-	w.topology()
-	w.waitTopology(6)
+	w := badWorld(t)
 	tr := w.track()
 	certPEM, certFile, keyFile := w.webhookCert()
 	const gateTimeout = 20 * time.Second
@@ -71,9 +69,9 @@ func TestNoLeaderNothingGated(t *testing.T) {
 		w.serviceAccount("edgeflow-b", without(without(rebalancerRules(), "leases", "create"), "leases", "update")))
 	w.serveAt(b, addr, certFile, keyFile)
 	w.start(b, "b")
-	w.eventually(30*time.Second, "b synced", b.Synced)
+	testkit.Eventually(t, 30*time.Second, "b synced", b.Synced)
 	w.scale("frontend", 5)
-	w.eventually(gateTimeout+30*time.Second, "every pod running", func() bool {
+	testkit.Eventually(t, gateTimeout+30*time.Second, "every pod running", func() bool {
 		return w.allRunning() && len(w.pods("frontend")) == 5 && len(w.pods("backend")) == 3
 	})
 	if b.Leading() {
@@ -107,10 +105,7 @@ func TestNoLeaderNothingGated(t *testing.T) {
 // --placement-timeout, and its ReplicaSet recreates it ungated elsewhere. No pod stays Pending
 // past the timeout (+ 10 s).
 func TestTaintedTargetNeverPending(t *testing.T) {
-	w := newWorld(t, threeNodes()...)
-	badLayout(w)
-	w.topology()
-	w.waitTopology(6)
+	w := badWorld(t)
 	tr := w.track()
 	certPEM, certFile, keyFile := w.webhookCert()
 
@@ -121,7 +116,7 @@ func TestTaintedTargetNeverPending(t *testing.T) {
 	addr, stopHookA := w.serveAt(a, "127.0.0.1:0", certFile, keyFile)
 	w.replicaWebhooks(certPEM, addr)
 	stopA := w.start(a, "a")
-	w.eventually(60*time.Second, "runs past the new leader's first period", func() bool {
+	testkit.Eventually(t, 60*time.Second, "runs past the new leader's first period", func() bool {
 		return metric(t, regA, "edgeflow_rebalance_runs_total", map[string]string{"result": "ok"}) >= 3
 	})
 	stopHookA()
@@ -142,7 +137,7 @@ func TestTaintedTargetNeverPending(t *testing.T) {
 		t.Fatalf("no move skipped as %s: %+v", rebalancer.ReasonUnschedulable, r.Moves)
 	}
 	t.Logf("tainted n2, cordoned n3: %d moves skipped (%s)", unschedulable, rebalancer.ReasonUnschedulable)
-	w.eventually(30*time.Second, "every pod running", w.allRunning)
+	testkit.Eventually(t, 30*time.Second, "every pod running", w.allRunning)
 	w.taint("n2", nil)
 	w.cordon(false, "n3")
 
@@ -156,7 +151,7 @@ func TestTaintedTargetNeverPending(t *testing.T) {
 	w.serveAt(b, addr, certFile, keyFile)
 	w.start(b, "b")
 	var placing podLife
-	w.eventually(60*time.Second, "a replacement released to its planned node", func() bool {
+	testkit.Eventually(t, 60*time.Second, "a replacement released to its planned node", func() bool {
 		for _, l := range tr.lives() {
 			if l.placedOn != "" && l.bound.IsZero() {
 				placing = l
@@ -170,7 +165,7 @@ func TestTaintedTargetNeverPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%s released to %s; %s cordoned, kube-scheduler started again", placing.name, placing.placedOn, placing.placedOn)
-	w.eventually(placementTimeout+60*time.Second, "the replacement deleted and recreated, every pod running", func() bool {
+	testkit.Eventually(t, placementTimeout+60*time.Second, "the replacement deleted and recreated, every pod running", func() bool {
 		return metric(t, regB, "edgeflow_rebalance_placement_failures_total", nil) >= 1 && w.allRunning() &&
 			len(w.pods("frontend")) == 3 && len(w.pods("backend")) == 3
 	})
@@ -179,7 +174,7 @@ func TestTaintedTargetNeverPending(t *testing.T) {
 	}
 	for _, l := range tr.lives() {
 		if l.name == placing.name && l.gone.IsZero() {
-			w.eventually(10*time.Second, placing.name+" gone", func() bool {
+			testkit.Eventually(t, 10*time.Second, placing.name+" gone", func() bool {
 				_, err := w.cs.CoreV1().Pods(ns).Get(w.ctx, placing.name, metav1.GetOptions{})
 				return apierrors.IsNotFound(err)
 			})
@@ -220,10 +215,7 @@ func (w *world) taint(node string, taint *corev1.Taint) {
 // since the last one: with --max-moves 1, no two evictions less than a period apart. Nothing
 // placed by a move is moved again (cool-down), and every pod runs.
 func TestLeaderChangeMidMove(t *testing.T) {
-	w := newWorld(t, threeNodes()...)
-	badLayout(w)
-	w.topology()
-	w.waitTopology(6)
+	w := badWorld(t)
 	tr := w.track()
 	certPEM, certFile, keyFile := w.webhookCert()
 	const period = 6 * time.Second
@@ -236,16 +228,16 @@ func TestLeaderChangeMidMove(t *testing.T) {
 	addrB, _ := w.serveAt(b, "127.0.0.1:0", certFile, keyFile)
 	w.replicaWebhooks(certPEM, addrA, addrB)
 	stopA := w.start(a, "a")
-	w.eventually(30*time.Second, "a leading", a.Leading)
+	testkit.Eventually(t, 30*time.Second, "a leading", a.Leading)
 	w.start(b, "b")
 	gated := w.gatedOne(tr, 60*time.Second)
 	stopHookA()
 	stopA()
 	died := time.Now()
 	t.Logf("leader a stopped while %s was gated", gated)
-	w.eventually(30*time.Second, "b leading", b.Leading)
+	testkit.Eventually(t, 30*time.Second, "b leading", b.Leading)
 	t.Logf("b leads %v after a stopped", time.Since(died).Round(time.Millisecond))
-	w.eventually(60*time.Second, "the replacement placed by b", func() bool {
+	testkit.Eventually(t, 60*time.Second, "the replacement placed by b", func() bool {
 		for _, l := range tr.lives() {
 			if l.name == gated {
 				return l.placedOn != "" && !l.bound.IsZero()
@@ -255,10 +247,10 @@ func TestLeaderChangeMidMove(t *testing.T) {
 	})
 	// Three more periods of b.
 	runs := metric(t, regB, "edgeflow_rebalance_runs_total", nil)
-	w.eventually(5*period, "three runs of b", func() bool {
+	testkit.Eventually(t, 5*period, "three runs of b", func() bool {
 		return metric(t, regB, "edgeflow_rebalance_runs_total", nil) >= runs+3
 	})
-	w.eventually(60*time.Second, "every pod running", func() bool {
+	testkit.Eventually(t, 60*time.Second, "every pod running", func() bool {
 		return w.allRunning() && len(w.pods("frontend")) == 3 && len(w.pods("backend")) == 3
 	})
 	ev := tr.evictions()
@@ -304,7 +296,7 @@ func TestDryRunWritesNothing(t *testing.T) {
 
 	c, reg := w.controller(rebalancer.Config{Identity: "dry", DryRun: true, GateTimeout: time.Second})
 	stop := w.start(c, "dry")
-	w.eventually(30*time.Second, "three dry runs", func() bool {
+	testkit.Eventually(t, 30*time.Second, "three dry runs", func() bool {
 		return metric(t, reg, "edgeflow_rebalance_runs_total", map[string]string{"result": "ok"}) >= 3
 	})
 	stop()
@@ -357,7 +349,7 @@ func TestSingleReplicaNeverEvicted(t *testing.T) {
 	addr, _ := w.serveAt(c, "127.0.0.1:0", certFile, keyFile)
 	w.replicaWebhooks(certPEM, addr)
 	w.start(c, "a")
-	w.eventually(60*time.Second, "runs past the new leader's first period", func() bool {
+	testkit.Eventually(t, 60*time.Second, "runs past the new leader's first period", func() bool {
 		return metric(t, reg, "edgeflow_rebalance_runs_total", map[string]string{"result": "ok"}) >= 3
 	})
 	r := c.Last()
@@ -385,10 +377,7 @@ func TestSingleReplicaNeverEvicted(t *testing.T) {
 // uninstall removes the webhook registration, releases every gate edgeflow set (another's
 // gate stays) and removes the rebalancer's state; a second run finds nothing and succeeds.
 func TestUninstallReleasesGates(t *testing.T) {
-	w := newWorld(t, threeNodes()...)
-	badLayout(w)
-	w.topology()
-	w.waitTopology(6)
+	w := badWorld(t)
 	tr := w.track()
 	certPEM, certFile, keyFile := w.webhookCert()
 	a, _ := w.controllerAs(rebalancer.Config{Identity: "a"},
@@ -431,7 +420,7 @@ func TestUninstallReleasesGates(t *testing.T) {
 	if err := w.cs.CoreV1().Pods(ns).Delete(w.ctx, "two-gates", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w.eventually(30*time.Second, "every pod running", func() bool {
+	testkit.Eventually(t, 30*time.Second, "every pod running", func() bool {
 		return w.allRunning() && len(w.pods("frontend")) == 3 && len(w.pods("backend")) == 3
 	})
 	again, err := rebalancer.Uninstall(w.ctx, w.cs)
@@ -462,17 +451,17 @@ func TestRebalanceBurst(t *testing.T) {
 	for i := 0; i < pairs; i++ {
 		w.deployment(name("a", i), 2, "10m")
 	}
-	w.eventually(5*time.Minute, "every caller pod running", func() bool { return w.runningOn("a", "n1") == 2*pairs })
+	testkit.Eventually(t, 5*time.Minute, "every caller pod running", func() bool { return w.runningOn("a", "n1") == 2*pairs })
 	w.cordon(true, "n1")
 	w.cordon(false, "n2")
 	for i := 0; i < pairs; i++ {
 		w.deployment(name("b", i), 2, "10m")
 	}
-	w.eventually(5*time.Minute, "every callee pod running", func() bool { return w.runningOn("b", "n2") == 2*pairs })
+	testkit.Eventually(t, 5*time.Minute, "every callee pod running", func() bool { return w.runningOn("b", "n2") == 2*pairs })
 	w.cordon(false, "n1")
 	t.Logf("%d pods running in %v", 4*pairs, time.Since(t0).Round(time.Second))
 	w.topologyWith(&g)
-	w.eventually(2*time.Minute, "the topology", func() bool {
+	testkit.Eventually(t, 2*time.Minute, "the topology", func() bool {
 		t := w.topo.Current()
 		n := 0
 		if t != nil {
@@ -489,7 +478,7 @@ func TestRebalanceBurst(t *testing.T) {
 	addr, _ := w.serveAt(c, "127.0.0.1:0", certFile, keyFile)
 	w.replicaWebhooks(certPEM, addr)
 	w.start(c, "a")
-	w.eventually(3*time.Minute, "200 replacements released", func() bool {
+	testkit.Eventually(t, 3*time.Minute, "200 replacements released", func() bool {
 		n := 0
 		for _, l := range tr.lives() {
 			if !l.gatedTo.IsZero() {
@@ -526,7 +515,7 @@ func TestRebalanceBurst(t *testing.T) {
 	if n := metric(t, reg, "edgeflow_rebalance_gates_released_total", map[string]string{"placement": rebalancer.ReleasePlanned}); n != 2*pairs {
 		t.Errorf("%v replacements placed on their planned node, want %d", n, 2*pairs)
 	}
-	w.eventually(2*time.Minute, "every pod running", w.allRunning)
+	testkit.Eventually(t, 2*time.Minute, "every pod running", w.allRunning)
 }
 
 // runningOn counts the ready pods of apps named PREFIX… on node.

@@ -14,8 +14,6 @@ import (
 	"log/slog"
 	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +34,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
@@ -278,7 +277,7 @@ func (w *world) pdb(app string, minAvailable int) {
 	if _, err := w.cs.PolicyV1().PodDisruptionBudgets(ns).Create(w.ctx, p, metav1.CreateOptions{}); err != nil {
 		w.t.Fatal(err)
 	}
-	w.eventually(30*time.Second, "PDB "+app+" observed", func() bool {
+	testkit.Eventually(w.t, 30*time.Second, "PDB "+app+" observed", func() bool {
 		p, err := w.cs.PolicyV1().PodDisruptionBudgets(ns).Get(w.ctx, app, metav1.GetOptions{})
 		return err == nil && p.Status.ObservedGeneration == p.Generation && p.Status.ExpectedPods > 0
 	})
@@ -326,7 +325,7 @@ func isReady(p *corev1.Pod) bool {
 // settled waits until app has exactly n pods, all ready, and returns pod → node.
 func (w *world) settled(app string, n int) map[string]string {
 	var out map[string]string
-	w.eventually(60*time.Second, fmt.Sprintf("%d ready pods of %s", n, app), func() bool {
+	testkit.Eventually(w.t, 60*time.Second, fmt.Sprintf("%d ready pods of %s", n, app), func() bool {
 		out = map[string]string{}
 		ps := w.pods(app)
 		for i := range ps {
@@ -347,17 +346,6 @@ func perNode(pods map[string]string) map[string]int {
 		out[n]++
 	}
 	return out
-}
-
-func (w *world) eventually(d time.Duration, what string, cond func() bool) {
-	w.t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			w.t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // lataCost is the optimal LATA cost of the cluster source's current topology.
@@ -391,16 +379,8 @@ func (w *world) watchReady(apps ...string) *readyWatch {
 		rw.ready[a] = map[string]bool{}
 		rw.lowest[a] = -1
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(w.cs, 0, informers.WithNamespace(ns))
-	inf := f.Core().V1().Pods().Informer()
-	update := func(obj any, gone bool) {
-		p, ok := obj.(*corev1.Pod)
-		if !ok {
-			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				p, _ = d.Obj.(*corev1.Pod)
-			}
-		}
-		if p == nil || rw.ready[p.Labels["app"]] == nil {
+	w.watchPods(func(p *corev1.Pod, gone bool) {
+		if rw.ready[p.Labels["app"]] == nil {
 			return
 		}
 		rw.mu.Lock()
@@ -414,16 +394,7 @@ func (w *world) watchReady(apps ...string) *readyWatch {
 		if n := len(rw.ready[app]); rw.lowest[app] < 0 || n < rw.lowest[app] {
 			rw.lowest[app] = n
 		}
-	}
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { update(obj, false) },
-		UpdateFunc: func(_, obj any) { update(obj, false) },
-		DeleteFunc: func(obj any) { update(obj, true) },
 	})
-	ctx, cancel := context.WithCancel(w.ctx)
-	f.Start(ctx.Done())
-	w.t.Cleanup(func() { cancel(); f.Shutdown() })
-	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
 	// The initial list fills ready without counting the lows on the way up.
 	rw.mu.Lock()
 	for a := range rw.lowest {
@@ -431,6 +402,31 @@ func (w *world) watchReady(apps ...string) *readyWatch {
 	}
 	rw.mu.Unlock()
 	return rw
+}
+
+// watchPods calls update, on an informer's goroutine, with every pod of the namespace as it is
+// added or changes (gone false) or is deleted (gone true), until the test ends; it returns once
+// the informer has listed the pods there are.
+func (w *world) watchPods(update func(p *corev1.Pod, gone bool)) {
+	f := informers.NewSharedInformerFactoryWithOptions(w.cs, 0, informers.WithNamespace(ns))
+	inf := f.Core().V1().Pods().Informer()
+	on := func(obj any, gone bool) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if p, ok := obj.(*corev1.Pod); ok {
+			update(p, gone)
+		}
+	}
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { on(obj, false) },
+		UpdateFunc: func(_, obj any) { on(obj, false) },
+		DeleteFunc: func(obj any) { on(obj, true) },
+	})
+	ctx, cancel := context.WithCancel(w.ctx)
+	f.Start(ctx.Done())
+	w.t.Cleanup(func() { cancel(); f.Shutdown() })
+	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
 }
 
 func (rw *readyWatch) min(app string) int {
@@ -444,34 +440,16 @@ func (rw *readyWatch) min(app string) int {
 // API server (failurePolicy Ignore); up waits until it serves. stop stops the server and
 // leaves the registration: the API server then cannot reach it.
 func (w *world) webhook(c *rebalancer.Controller) (stop, up func()) {
-	dir := w.t.TempDir()
-	certPEM, keyPEM := selfSigned(w.t)
-	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
-		w.t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
-		w.t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	url := fmt.Sprintf("https://%s%s", lis.Addr(), rebalancer.WebhookPath)
-	stop = w.run("webhook", func(ctx context.Context) error {
-		if err := c.WaitSynced(ctx); err != nil {
-			lis.Close()
-			return nil
-		}
-		return c.ServeWebhook(ctx, lis, certFile, keyFile)
-	})
+	certPEM, certFile, keyFile := w.webhookCert()
+	addr, stop := w.serveAt(c, "127.0.0.1:0", certFile, keyFile)
+	url := fmt.Sprintf("https://%s%s", addr, rebalancer.WebhookPath)
 	cfg := rebalancer.MutatingWebhookConfiguration(admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: certPEM})
 	if _, err := w.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(w.ctx, cfg, metav1.CreateOptions{}); err != nil {
 		w.t.Fatal(err)
 	}
 	up = func() {
-		w.eventually(30*time.Second, "the webhook serving", func() bool {
-			conn, err := tls.Dial("tcp", lis.Addr().String(), &tls.Config{InsecureSkipVerify: true})
+		testkit.Eventually(w.t, 30*time.Second, "the webhook serving", func() bool {
+			conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true})
 			if err == nil {
 				conn.Close()
 			}

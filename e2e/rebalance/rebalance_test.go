@@ -14,6 +14,7 @@ import (
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
 	"github.com/edgeflow/edgeflow/e2e/testbed"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/rebalancer"
 )
 
@@ -40,6 +41,16 @@ func badLayout(w *world) {
 	w.cordon(false, "n1")
 }
 
+// badWorld is a world on three nodes laid out by badLayout, with the cluster source following
+// its six pods.
+func badWorld(t *testing.T) *world {
+	w := newWorld(t, threeNodes()...)
+	badLayout(w)
+	w.topology()
+	w.waitTopology(6)
+	return w
+}
+
 func threeNodes() []kubeapi.NodeSpec {
 	return []kubeapi.NodeSpec{{Name: "n1"}, {Name: "n2"}, {Name: "n3"}}
 }
@@ -57,7 +68,7 @@ func (w *world) uids(apps ...string) []string {
 }
 
 func (w *world) waitTopology(pods int) {
-	w.eventually(30*time.Second, fmt.Sprintf("a topology with %d pods", pods), func() bool {
+	testkit.Eventually(w.t, 30*time.Second, fmt.Sprintf("a topology with %d pods", pods), func() bool {
 		t := w.topo.Current()
 		if t == nil {
 			return false
@@ -90,7 +101,7 @@ func TestMovesDeploymentToPlan(t *testing.T) {
 	up()
 
 	var target float64
-	w.eventually(30*time.Second, "the first run", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the first run", func() bool {
 		if r := c.Last(); r != nil {
 			target = r.CostTarget
 			t.Logf("first run: cost %.1f → target %.1f (gain %.1f%%), %d moves planned, %d evicted now",
@@ -103,7 +114,7 @@ func TestMovesDeploymentToPlan(t *testing.T) {
 		t.Fatalf("target %.1f is not below the current cost %.1f by the threshold", target, before)
 	}
 	var firstEviction time.Time
-	w.eventually(150*time.Second, "the plan reached with every pod ready", func() bool {
+	testkit.Eventually(t, 150*time.Second, "the plan reached with every pod ready", func() bool {
 		if firstEviction.IsZero() && metric(t, reg, "edgeflow_rebalance_moves_total", nil) > 0 {
 			firstEviction = time.Now()
 		}
@@ -121,7 +132,6 @@ func TestMovesDeploymentToPlan(t *testing.T) {
 				}
 			}
 		}
-		w.waitTopologyQuiet()
 		return w.lataCost() <= target+1e-9
 	})
 	reached := time.Now()
@@ -171,9 +181,6 @@ func TestMovesDeploymentToPlan(t *testing.T) {
 	}
 }
 
-// waitTopologyQuiet gives the cluster source a moment to follow the last pod change.
-func (w *world) waitTopologyQuiet() { time.Sleep(300 * time.Millisecond) }
-
 // Dry-run changes nothing; a PodDisruptionBudget that allows no disruption stops every
 // eviction; of two replicas only the Lease holder runs, and when it stops the other takes over.
 func TestDryRunPDBAndLeaderElection(t *testing.T) {
@@ -188,7 +195,7 @@ func TestDryRunPDBAndLeaderElection(t *testing.T) {
 	t.Run("dry-run", func(t *testing.T) {
 		c, reg := w.controller(rebalancer.Config{Identity: "dry", DryRun: true})
 		stop := w.start(c, "dry")
-		w.eventually(30*time.Second, "three dry runs", func() bool {
+		testkit.Eventually(t, 30*time.Second, "three dry runs", func() bool {
 			return metric(t, reg, "edgeflow_rebalance_runs_total", map[string]string{"result": "ok"}) >= 3
 		})
 		stop()
@@ -208,9 +215,9 @@ func TestDryRunPDBAndLeaderElection(t *testing.T) {
 	a, regA := w.controller(rebalancer.Config{Identity: "a"})
 	b, regB := w.controller(rebalancer.Config{Identity: "b"})
 	stopA := w.start(a, "a")
-	w.eventually(30*time.Second, "a leading", a.Leading)
+	testkit.Eventually(t, 30*time.Second, "a leading", a.Leading)
 	w.start(b, "b")
-	w.eventually(30*time.Second, "two runs of a", func() bool {
+	testkit.Eventually(t, 30*time.Second, "two runs of a", func() bool {
 		return metric(t, regA, "edgeflow_rebalance_runs_total", nil) >= 2
 	})
 	r := a.Last()
@@ -236,7 +243,7 @@ func TestDryRunPDBAndLeaderElection(t *testing.T) {
 
 	stopped := time.Now()
 	stopA()
-	w.eventually(30*time.Second, "b taking over", func() bool { return b.Leading() && b.Last() != nil })
+	testkit.Eventually(t, 30*time.Second, "b taking over", func() bool { return b.Leading() && b.Last() != nil })
 	t.Logf("b took over and ran %v after a stopped", time.Since(stopped).Round(time.Millisecond))
 	if a.Leading() {
 		t.Errorf("a still leads after it stopped")
@@ -259,7 +266,7 @@ func TestWebhookDown(t *testing.T) {
 	stopWebhook, up := w.webhook(c)
 	w.start(c, "a")
 	up()
-	w.eventually(30*time.Second, "a leading", c.Leading)
+	testkit.Eventually(t, 30*time.Second, "a leading", c.Leading)
 
 	tr := w.track()
 	w.scale("frontend", 2)
@@ -307,7 +314,7 @@ func TestNodeFull(t *testing.T) {
 	_, up := w.webhook(c)
 	w.start(c, "a")
 	up()
-	w.eventually(30*time.Second, "two runs", func() bool {
+	testkit.Eventually(t, 30*time.Second, "two runs", func() bool {
 		return metric(t, reg, "edgeflow_rebalance_runs_total", map[string]string{"result": "ok"}) >= 2
 	})
 	r := c.Last()
