@@ -20,6 +20,7 @@ import (
 )
 
 func TestRoundWeights(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < 2000; i++ {
 		n := 1 + rng.IntN(12)
@@ -106,6 +107,7 @@ func planShop(t *testing.T) *LocalityPlan {
 }
 
 func TestDestinationRulesShape(t *testing.T) {
+	t.Parallel()
 	p := planShop(t)
 	rules, rep := DestinationRules(RulesConfig{ClusterDomain: "corp.local"}, p, nil)
 	if len(rules) != 1 {
@@ -150,6 +152,7 @@ func TestDestinationRulesShape(t *testing.T) {
 }
 
 func TestDestinationRulesCarryTheUsersRule(t *testing.T) {
+	t.Parallel()
 	p := planShop(t)
 	withSubset := func(s *networking.DestinationRule) {
 		s.Subsets = []*networking.Subset{{Name: "v1", Labels: map[string]string{"version": "v1"}}}
@@ -212,6 +215,7 @@ func TestDestinationRulesCarryTheUsersRule(t *testing.T) {
 }
 
 func TestDestinationRulesConflicts(t *testing.T) {
+	t.Parallel()
 	p := planShop(t)
 	for name, mutate := range map[string]func(*networking.DestinationRule){
 		"localityLbSetting": func(s *networking.DestinationRule) {
@@ -244,6 +248,7 @@ func TestDestinationRulesConflicts(t *testing.T) {
 }
 
 func TestDestinationRulesSkipWhatTheMeshCannotExpress(t *testing.T) {
+	t.Parallel()
 	topo := shopTopology()
 	topo.Nodes = append(topo.Nodes, optimizer.Node{Name: "c"})
 	topo.Latency = append(topo.Latency, optimizer.Latency{From: "a", To: "c", MS: 5}, optimizer.Latency{From: "b", To: "c", MS: 5})
@@ -271,6 +276,7 @@ func TestDestinationRulesSkipWhatTheMeshCannotExpress(t *testing.T) {
 }
 
 func TestRulesReconciler(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	user := userRule("shop", "api", "api", nil)
 	user.ResourceVersion = "7"

@@ -55,6 +55,7 @@ func golden(t *testing.T, name string, got []byte) {
 }
 
 func TestEnvoyFiltersGolden(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  Config
@@ -89,6 +90,7 @@ func TestEnvoyFiltersGolden(t *testing.T) {
 }
 
 func TestEnvoyFiltersShape(t *testing.T) {
+	t.Parallel()
 	filters := EnvoyFilters(testConfig, bookinfo())
 	var names []string
 	for _, f := range filters {
@@ -150,6 +152,7 @@ func TestEnvoyFiltersShape(t *testing.T) {
 // presents the sidecar's workload certificate and checks edgeflow's against the mesh root,
 // both from istio-agent's SDS cluster, exactly as Istio's bootstrap names them.
 func TestXDSCluster(t *testing.T) {
+	t.Parallel()
 	plain := XDSCluster(testConfig)
 	if err := plain.ValidateAll(); err != nil {
 		t.Errorf("edgeflow-xds cluster does not validate: %v", err)
@@ -204,6 +207,7 @@ func TestXDSCluster(t *testing.T) {
 // TestBootstrapConfigMaps: one ConfigMap per namespace of a managed service, owned, holding
 // the bootstrap override under the key Istio's injector mounts.
 func TestBootstrapConfigMaps(t *testing.T) {
+	t.Parallel()
 	cms := BootstrapConfigMaps(testConfig, bookinfo())
 	var namespaces []string
 	want, err := BootstrapOverride(testConfig)
@@ -258,6 +262,7 @@ func decodeCluster(t *testing.T, p *networking.EnvoyFilter_EnvoyConfigObjectPatc
 }
 
 func TestEnvoyFiltersDeterministic(t *testing.T) {
+	t.Parallel()
 	want, err := MarshalYAML(EnvoyFilters(testConfig, bookinfo()))
 	if err != nil {
 		t.Fatal(err)
@@ -282,6 +287,7 @@ func TestEnvoyFiltersDeterministic(t *testing.T) {
 }
 
 func TestEnvoyFiltersEdgeCases(t *testing.T) {
+	t.Parallel()
 	t.Run("no services", func(t *testing.T) {
 		if got := EnvoyFilters(testConfig, nil); len(got) != 0 {
 			t.Errorf("no services: got %d filters, want 0", len(got))
@@ -317,6 +323,7 @@ func TestEnvoyFiltersEdgeCases(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		cfg Config
 		ok  bool

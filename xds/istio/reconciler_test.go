@@ -176,6 +176,7 @@ func checkOwned(t *testing.T, e *testEnv, services []optimizer.Service) {
 }
 
 func TestReconcile(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	owned := map[string]string{ManagedByLabel: ManagedByValue}
 	e, r := newTestEnv(t, nil,
@@ -315,6 +316,7 @@ func TestReconcile(t *testing.T) {
 }
 
 func TestReconcileErrorsNameTheObject(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	t.Run("unlabelled filter of the same name", func(t *testing.T) {
 		e, r := newTestEnv(t, nil, foreign("edgeflow-eds.reviews.default", DefaultNamespace, nil))
@@ -364,6 +366,7 @@ func TestReconcileErrorsNameTheObject(t *testing.T) {
 }
 
 func TestNewReconcilerRejects(t *testing.T) {
+	t.Parallel()
 	client, kube := fake.NewSimpleClientset(), kubefake.NewClientset()
 	for _, cfg := range []ReconcilerConfig{
 		{Client: client, Kube: kube},
@@ -379,6 +382,7 @@ func TestNewReconcilerRejects(t *testing.T) {
 }
 
 func TestRun(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	clock := newFakeClock()
 	e, r := newTestEnv(t, clock)
@@ -432,6 +436,7 @@ func TestRun(t *testing.T) {
 }
 
 func TestRunWaitsForTheFirstUpdate(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	clock := newFakeClock()
 	e, r := newTestEnv(t, clock, foreign("edgeflow-eds.gone.default", DefaultNamespace, map[string]string{ManagedByLabel: ManagedByValue}))
@@ -452,6 +457,7 @@ func TestRunWaitsForTheFirstUpdate(t *testing.T) {
 // Updates while no Run runs write nothing; each new Run reconciles the latest topology at once
 // (no Update needed), and a Run that returned writes nothing more.
 func TestRunTermsWriteOnlyWhileRunning(t *testing.T) {
+	t.Parallel()
 	clock := newFakeClock()
 	e, r := newTestEnv(t, clock)
 	term := func(what string, cond func() bool) {
