@@ -98,6 +98,7 @@ func same(a, b []string) bool {
 }
 
 func TestDecideRules(t *testing.T) {
+	t.Parallel()
 	old := t0.Add(-time.Hour)
 	notReady := unready(pod("shop", "b-2", "b", "n1", "ReplicaSet", old, 100))
 	terminating := pod("shop", "c-1", "c", "n1", "ReplicaSet", old, 100)
@@ -276,6 +277,7 @@ func withSidecar(p *corev1.Pod, cpu int64) *corev1.Pod {
 
 // The run's log line names each skipped move with its reason, and only those.
 func TestReportSkipped(t *testing.T) {
+	t.Parallel()
 	r := &Report{Moves: []Move{
 		{Namespace: "shop", Pod: "a-1", From: "n1", To: "n2", Action: ActionEvict},
 		{Namespace: "shop", Pod: "b-1", From: "n4", To: "n1", Action: ActionSkip, Reason: ReasonMaxPerNode},

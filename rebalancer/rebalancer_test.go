@@ -109,6 +109,7 @@ func review(t *testing.T, p *corev1.Pod) []byte {
 // The webhook gates only the replacement of a move in flight of the leader: not a pod of
 // another owner, not while no move awaits, not on a replica that does not lead, not in dry-run.
 func TestWebhookGates(t *testing.T) {
+	t.Parallel()
 	objs := []runtime.Object{service("shop", "cart", true)}
 	leader := started(t, Config{}, objs...)
 	leadingWith(leader, "cart")
@@ -160,6 +161,7 @@ func TestWebhookGates(t *testing.T) {
 }
 
 func TestWebhookBadRequest(t *testing.T) {
+	t.Parallel()
 	c := started(t, Config{})
 	rr := httptest.NewRecorder()
 	c.Webhook().ServeHTTP(rr, httptest.NewRequest(http.MethodPost, WebhookPath, bytes.NewReader([]byte("{"))))
@@ -171,6 +173,7 @@ func TestWebhookBadRequest(t *testing.T) {
 // A review of another apiVersion or kind, or about another resource, is refused (400), never
 // answered allowed.
 func TestWebhookRefusesWrongKind(t *testing.T) {
+	t.Parallel()
 	c := started(t, Config{})
 	p := pod("shop", "cart-1", "cart", "", "ReplicaSet", t0, 100)
 	for _, tc := range []struct {
@@ -211,6 +214,7 @@ func TestWebhookRefusesWrongKind(t *testing.T) {
 
 // A body over MaxReviewBytes gets 413, read no further than the limit.
 func TestWebhookBodyLimit(t *testing.T) {
+	t.Parallel()
 	c := started(t, Config{})
 	p := pod("shop", "cart-1", "cart", "", "ReplicaSet", t0, 100)
 	p.Annotations = map[string]string{"pad": strings.Repeat("x", 5<<20)}
@@ -233,6 +237,7 @@ func TestWebhookBodyLimit(t *testing.T) {
 }
 
 func TestRequireNode(t *testing.T) {
+	t.Parallel()
 	var spec corev1.PodSpec
 	requireNode(&spec, "n2")
 	terms := spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
@@ -258,6 +263,7 @@ func TestRequireNode(t *testing.T) {
 // replacement whose planned node cannot take it any more is released without; a pod gated
 // past the timeout is released by any replica; a replica that does not lead waits for it.
 func TestReleaseGated(t *testing.T) {
+	t.Parallel()
 	gatedPod := func(name string, created time.Time) *corev1.Pod {
 		p := pod("shop", name, "cart", "", "ReplicaSet", created, 500)
 		p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: GateName}, {Name: "other.io/gate"}}
@@ -335,6 +341,7 @@ func TestReleaseGated(t *testing.T) {
 // A replacement released to its node and not bound within the placement timeout is deleted
 // once (its controller recreates it); before the timeout it is left alone.
 func TestPlacementTimeout(t *testing.T) {
+	t.Parallel()
 	p := pod("shop", "cart-1", "cart", "", "ReplicaSet", t0.Add(-time.Hour), 500)
 	p.Status = corev1.PodStatus{Phase: corev1.PodPending}
 	p.Annotations = map[string]string{AnnotationPlacedOn: "n2", AnnotationPlacedAt: t0.Add(-DefaultPlacementTimeout + time.Second).Format(time.RFC3339)}

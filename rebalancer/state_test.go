@@ -11,6 +11,7 @@ import (
 // What a leader writes, the next reads: moves in flight, cool-downs, back-offs. A write by a
 // leader that read an older version (its predecessor wrote meanwhile) still lands.
 func TestStateHandover(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	a := started(t, Config{})
 	a.store = stateStore{namespace: "edgeflow", name: DefaultLeaseName + stateSuffix}
