@@ -30,6 +30,7 @@ func readEvent(t *testing.T, r *bufio.Reader) *Snapshot {
 }
 
 func TestEventsStreamEachPublication(t *testing.T) {
+	t.Parallel()
 	v := New(Config{KeepAlive: 20 * time.Millisecond})
 	srv := httptest.NewServer(v.Handler())
 	defer srv.Close()
@@ -62,6 +63,7 @@ func TestEventsStreamEachPublication(t *testing.T) {
 }
 
 func TestReadOnlyAndSelfContained(t *testing.T) {
+	t.Parallel()
 	v := New(Config{})
 	srv := httptest.NewServer(v.Handler())
 	defer srv.Close()
@@ -100,6 +102,7 @@ func TestReadOnlyAndSelfContained(t *testing.T) {
 }
 
 func TestEventStreamsBounded(t *testing.T) {
+	t.Parallel()
 	v := New(Config{MaxStreams: 2})
 	srv := httptest.NewServer(v.Handler())
 	defer srv.Close()
@@ -128,6 +131,7 @@ func TestEventStreamsBounded(t *testing.T) {
 // TestEventStreamOutlivesWriteTimeout: the HTTP server's write timeout bounds a page, not an
 // event stream, which sets a deadline per event.
 func TestEventStreamOutlivesWriteTimeout(t *testing.T) {
+	t.Parallel()
 	v := New(Config{KeepAlive: 50 * time.Millisecond})
 	srv := httptest.NewUnstartedServer(v.Handler())
 	srv.Config.WriteTimeout = 200 * time.Millisecond
