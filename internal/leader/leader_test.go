@@ -89,6 +89,7 @@ func holder(t *testing.T, cs *fake.Clientset) string {
 // TestOneLeadsAndTheOtherTakesOverOnRelease: of two candidates exactly one leads; when it
 // stops, its Lease is released (ReleaseOnCancel) and the other leads well before LeaseDuration.
 func TestOneLeadsAndTheOtherTakesOverOnRelease(t *testing.T) {
+	t.Parallel()
 	cs := fake.NewClientset()
 	var seen sync.Map
 	cfg := short
@@ -119,6 +120,7 @@ func TestOneLeadsAndTheOtherTakesOverOnRelease(t *testing.T) {
 // TestLeadReturningEarlyGivesUpTheLease: a lead loop that returns before its context ends
 // gives the Lease up; Run stands again and a new term starts only after the last ended.
 func TestLeadReturningEarlyGivesUpTheLease(t *testing.T) {
+	t.Parallel()
 	cs := fake.NewClientset()
 	var quit atomic.Bool
 	quit.Store(true)
@@ -139,6 +141,7 @@ func TestLeadReturningEarlyGivesUpTheLease(t *testing.T) {
 
 // TestConfigRefused: a Config client-go refuses, or no Lease name, is ErrConfig.
 func TestConfigRefused(t *testing.T) {
+	t.Parallel()
 	cs := fake.NewClientset()
 	for _, tc := range []struct {
 		name string
@@ -159,6 +162,7 @@ func TestConfigRefused(t *testing.T) {
 }
 
 func TestDefaults(t *testing.T) {
+	t.Parallel()
 	c := Config{}.withDefaults()
 	if c.LeaseDuration != 15*time.Second || c.RenewDeadline != 10*time.Second || c.RetryPeriod != 2*time.Second {
 		t.Errorf("defaults %v/%v/%v, want 15s/10s/2s", c.LeaseDuration, c.RenewDeadline, c.RetryPeriod)
@@ -166,6 +170,7 @@ func TestDefaults(t *testing.T) {
 }
 
 func TestIdentityUniquePerCall(t *testing.T) {
+	t.Parallel()
 	if a, b := Identity(), Identity(); a == b {
 		t.Errorf("two identities %q", a)
 	}
