@@ -3,6 +3,7 @@ package watcher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -61,13 +63,12 @@ func write(t *testing.T, path, content string) {
 
 func waitCount(t *testing.T, c prometheus.Collector, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for testutil.ToFloat64(c) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("counter is %v, want %v", testutil.ToFloat64(c), want)
+	testkit.EventuallyNoError(t, 10*time.Second, fmt.Sprintf("the counter at %v", want), func() error {
+		if got := testutil.ToFloat64(c); got != want {
+			return fmt.Errorf("counter is %v, want %v", got, want)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // startFile runs a File on path until the test ends.
@@ -89,6 +90,7 @@ func startFile(t *testing.T, path string, cfg FileConfig) (*File, recorder, <-ch
 }
 
 func TestFileFollowsChanges(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "t.yaml")
 	write(t, path, topologyYAML("5"))
 	f, rec, _ := startFile(t, path, FileConfig{Interval: 5 * time.Millisecond})
@@ -124,6 +126,7 @@ func TestFileFollowsChanges(t *testing.T) {
 }
 
 func TestFileReloadForcesDelivery(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "t.yaml")
 	write(t, path, topologyYAML("5"))
 	f, rec, _ := startFile(t, path, FileConfig{Interval: time.Hour}) // no polling in this test
@@ -141,6 +144,7 @@ func TestFileReloadForcesDelivery(t *testing.T) {
 }
 
 func TestFileCheckHook(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "t.yaml")
 	write(t, path, topologyYAML("5"))
 	errNo6 := errors.New("6 ms is not allowed")
@@ -158,6 +162,7 @@ func TestFileCheckHook(t *testing.T) {
 }
 
 func TestFileBadAtStartup(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
 	write(t, bad, strings.Replace(topologyYAML("5"), "node: n2", "node: n9", 1))
@@ -173,6 +178,7 @@ func TestFileBadAtStartup(t *testing.T) {
 }
 
 func TestFileStopsWithContext(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "t.yaml")
 	write(t, path, topologyYAML("5"))
 	f, err := NewFile(path, FileConfig{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})

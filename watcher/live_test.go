@@ -176,6 +176,7 @@ func ms(v float64) *float64 { return &v }
 var approx = cmpopts.EquateApprox(1e-9, 1e-9)
 
 func TestMergeLatency(t *testing.T) {
+	t.Parallel()
 	st := state([]string{"n1", "n2", "n3"}, service("a", "a-1@n1"))
 	tests := []struct {
 		name           string
@@ -252,6 +253,7 @@ func TestMergeLatency(t *testing.T) {
 }
 
 func TestMergeMeasuredCalls(t *testing.T) {
+	t.Parallel()
 	nodes := []string{"n1", "n2"}
 	// front, mid, back and cache are Deployments of the same names; db is a StatefulSet whose
 	// two pods each back their own service; api lives in namespace shop.
@@ -380,6 +382,7 @@ func TestMergeMeasuredCalls(t *testing.T) {
 }
 
 func TestMergeStaticCallGraph(t *testing.T) {
+	t.Parallel()
 	// x has no ready pods, so the Kubernetes source left it out.
 	st := state([]string{"n1", "n2"}, service("a", "a-1@n1"), service("b", "b-1@n2"), service("c", "c-1@n1"), service("d.shop", "d-1@n2"))
 	graph := &CallGraph{
@@ -429,6 +432,7 @@ func TestMergeStaticCallGraph(t *testing.T) {
 // pods) is listed in both; a topology must still compile, since the optimizer requires unique
 // pod names.
 func TestMergeSharedPods(t *testing.T) {
+	t.Parallel()
 	web := service("web", "web-1@n1", "web-2@n2")
 	headless := web
 	headless.Name, headless.Ports = "web-headless", nil
@@ -469,6 +473,7 @@ func TestMergeSharedPods(t *testing.T) {
 // with cycles, self-calls, zeros and unmanaged ends, latency pairs missing, unknown or huge),
 // Merge's topology compiles.
 func TestMergeAlwaysCompiles(t *testing.T) {
+	t.Parallel()
 	for seed := uint64(1); seed <= 200; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 42))
 		st, meas, cfg := randomInput(rng)
@@ -714,6 +719,7 @@ func podNames(top *optimizer.Topology, key string) []string {
 }
 
 func TestClusterRunFollowsKubernetes(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	client := kubetest.NewClientset(clusterObjects()...)
 	ks := kubeSource(t, client)
@@ -768,6 +774,7 @@ func TestClusterRunFollowsKubernetes(t *testing.T) {
 
 // A topology that fails validation is counted and the last good one stays.
 func TestClusterRunRejects(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	client := kubetest.NewClientset(clusterObjects()...)
 	ks := kubeSource(t, client)
@@ -792,6 +799,7 @@ func TestClusterRunRejects(t *testing.T) {
 }
 
 func TestClusterRunStops(t *testing.T) {
+	t.Parallel()
 	t.Run("deadline", func(t *testing.T) {
 		c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, kubetest.NewClientset(clusterObjects()...)), CallGraph: &CallGraph{}})
 		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
@@ -925,6 +933,7 @@ func (b *logBuffer) String() string {
 // is served at once, flagged degraded; the first measurements replace it. Latency labels that
 // name no node are reported and never used.
 func TestClusterColdStartAndUnmatchedNames(t *testing.T) {
+	t.Parallel()
 	fp := &fakeProm{status: http.StatusServiceUnavailable}
 	logs := &logBuffer{}
 	ps := fakePromSource(t, fp)
@@ -985,6 +994,7 @@ func TestClusterColdStartAndUnmatchedNames(t *testing.T) {
 
 // --node-match=internal-ip: a probe's instance address identifies the node.
 func TestClusterNodeMatchInternalIP(t *testing.T) {
+	t.Parallel()
 	fp := &fakeProm{latency: []promSample{latSample("10.9.0.1", "10.9.0.2:0", "0.006"), latSample("10.9.0.1", "10.9.9.9", "0.001")}}
 	objs := clusterObjects()
 	for i, ip := range []string{"10.9.0.1", "10.9.0.2"} {
@@ -1021,6 +1031,7 @@ func checkNamed(c *Live, name string) Check {
 // Prometheus down at startup: the degraded plan, without calls; once it answers, the
 // measured call graph is mapped through the pods' workloads.
 func TestClusterRunMeasured(t *testing.T) {
+	t.Parallel()
 	fp := &fakeProm{status: http.StatusServiceUnavailable}
 	reg := prometheus.NewRegistry()
 	ps := fakePromSource(t, fp, func(c *prom.Config) { c.Registerer = reg })
@@ -1074,6 +1085,7 @@ func zoneState(nodes []string, services ...optimizer.Service) *kube.State {
 }
 
 func TestMergeLatencyPerZone(t *testing.T) {
+	t.Parallel()
 	st := zoneState([]string{"a1@r/a", "a2@r/a/s1", "b1@r/b", "b2@r/b", "lone"}, service("api", "api-1@a1", "api-2@b2"))
 	meas := &prom.Measurements{Latency: map[prom.Pair]float64{
 		// The representatives a1, b1 and lone probe each other; a2 probes b2 too.
@@ -1136,6 +1148,7 @@ func TestMergeLatencyPerZone(t *testing.T) {
 }
 
 func TestLatencyGranularityAuto(t *testing.T) {
+	t.Parallel()
 	nodes := []string{"a1@r/a", "a2@r/a", "b1@r/b", "b2@r/b"} // 12 ordered pairs
 	st := zoneState(nodes, service("api", "api-1@a1"))
 	var logs logBuffer
