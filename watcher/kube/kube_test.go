@@ -237,6 +237,7 @@ var httpPort = []optimizer.Port{{Name: "http", Port: 80, TargetPort: 8080}}
 func weight(w float64) *float64 { return &w }
 
 func TestStateFromCluster(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  Config
@@ -521,6 +522,7 @@ func TestStateFromCluster(t *testing.T) {
 
 // A State is delivered after every change, and only then.
 func TestSourceFollowsChanges(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	sl := slice("default", "a", "a-x1", nil, endpoint("10.0.0.1", "a-1", "n1"), notReady(endpoint("10.0.0.2", "a-2", "n2")))
 	a2 := deployed("default", "a", "a-2", "n2")
@@ -595,6 +597,7 @@ func TestSourceFollowsChanges(t *testing.T) {
 // Informer callbacks never block: while the Run loop is busy (its delivery held), 500 updates
 // are all received, and once it is free they cost one rebuild, whose State is the last one.
 func TestSourceCoalescesEvents(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	h := start(t, Config{}, append(append([]runtime.Object(nil), nodes...),
 		managed("default", "a"), slice("default", "a", "a-x1", []string{"http:1"}, endpoint("10.0.0.1", "", "n1")))...)
@@ -633,6 +636,7 @@ func TestSourceCoalescesEvents(t *testing.T) {
 }
 
 func TestSourceStopsBeforeSync(t *testing.T) {
+	t.Parallel()
 	src, err := NewSource(Config{Client: kubetest.NewClientset(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -645,6 +649,7 @@ func TestSourceStopsBeforeSync(t *testing.T) {
 }
 
 func TestNewSourceErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  Config

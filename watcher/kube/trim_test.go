@@ -12,6 +12,7 @@ import (
 
 // The transform keeps every field the watcher and the rebalancer read, and drops the rest.
 func TestTrimPod(t *testing.T) {
+	t.Parallel()
 	p := scalePod("shop", "api", 3, 7, "node-1", true)
 	p.Annotations["edgeflow.io/placed-on"] = "node-2"
 	p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "edgeflow.io/placement"}}
@@ -83,6 +84,7 @@ func TestTrimPod(t *testing.T) {
 }
 
 func TestTrimNode(t *testing.T) {
+	t.Parallel()
 	w := newScaleWorld(1, 1, 1, 1, 1)
 	n := w.nodeObj[0]
 	n.Spec.Taints = []corev1.Taint{{Key: "gpu", Effect: corev1.TaintEffectNoSchedule}}

@@ -56,6 +56,7 @@ func v6(sl *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
 
 // EndpointSlice conditions, address family, targetRef.uid and pod names, as the rules say.
 func TestEndpointTruth(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  Config
@@ -178,6 +179,7 @@ func TestEndpointTruth(t *testing.T) {
 // A failing watch is reported with the time it began, and cleared when the informer hears
 // from the API server again.
 func TestWatchFailuresReported(t *testing.T) {
+	t.Parallel()
 	var failing atomic.Bool
 	failing.Store(true) // the list works, every pod watch fails
 	h := startWith(t, Config{}, func(c *fake.Clientset) {
@@ -205,6 +207,7 @@ func TestWatchFailuresReported(t *testing.T) {
 // field selector (the API server applies it; the fake client only records it), and no other
 // resource carries one.
 func TestEndedPodsNotListed(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	selectors := map[string]string{} // resource → field selector of its list
 	h := startWith(t, Config{}, func(c *fake.Clientset) {
