@@ -18,6 +18,7 @@ func l(from, to string, ms float64) optimizer.Latency {
 }
 
 func TestFillLatency(t *testing.T) {
+	t.Parallel()
 	abc := []string{"a", "b", "c"}
 	tests := []struct {
 		name           string
@@ -210,6 +211,7 @@ func BenchmarkFillLatency(b *testing.B) {
 }
 
 func TestAggregateLatency(t *testing.T) {
+	t.Parallel()
 	zone := map[string]string{"a1": "A", "a2": "A", "a3": "A", "b1": "B", "b2": "B", "c1": "C"}
 	groupOf := func(n string) (string, bool) { z, ok := zone[n]; return z, ok }
 	tests := []struct {

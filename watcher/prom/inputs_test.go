@@ -20,6 +20,7 @@ func success(from, to, ratio string) series {
 // No query result and no rule turns a missing or failed measurement into 0 ms: a lost probe
 // is not a fast one.
 func TestLossNeverReadsAsZero(t *testing.T) {
+	t.Parallel()
 	prom := &fakeProm{
 		latency: []series{
 			lat("a", "b", "0.010"), // 20 % lost: the RTT of the answered probes stands
@@ -92,6 +93,7 @@ func TestLossNeverReadsAsZero(t *testing.T) {
 // Of a pair reported by both sides only the caller's report counts; a caller without a
 // sidecar is seen through the callee's.
 func TestCallReportersDeduplicated(t *testing.T) {
+	t.Parallel()
 	rep := func(reporter, from, to, rps string) series {
 		s := call(from, to, rps)
 		s.labels["reporter"] = reporter
@@ -117,6 +119,7 @@ func TestCallReportersDeduplicated(t *testing.T) {
 
 // A response over the size or series cap fails the round with an error naming the query.
 func TestResponseCaps(t *testing.T) {
+	t.Parallel()
 	many := []series{}
 	for i := range 20 {
 		many = append(many, lat("a", fmt.Sprint("n", i), "0.001"))
@@ -142,6 +145,7 @@ func TestResponseCaps(t *testing.T) {
 
 // A password in the URL reaches Prometheus but no log line, error or Status.
 func TestPasswordNeverPrinted(t *testing.T) {
+	t.Parallel()
 	const secret = "s3cr3t-Pa55"
 	var gotUser, gotPass string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -171,6 +175,7 @@ func TestPasswordNeverPrinted(t *testing.T) {
 // The window, and the latency query's subquery step, follow the probe job's scrape interval
 // read from Prometheus's targets API.
 func TestWindowFollowsScrapeInterval(t *testing.T) {
+	t.Parallel()
 	fake := &fakeProm{latency: []series{lat("a", "b", "0.002")}}
 	mux := http.NewServeMux()
 	mux.Handle("/api/v1/query", fake)

@@ -22,6 +22,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
+
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -235,6 +237,7 @@ func (h *harness) exposition(want string, names ...string) {
 }
 
 func TestFirstAnswerDelivered(t *testing.T) {
+	t.Parallel()
 	prom := &fakeProm{
 		latency: []series{lat("edge-a", "edge-b", "0.0125"), lat("edge-b", "edge-a", "0.013"), lat("edge-a", "edge-a", "0.0001")},
 		calls:   []series{call("shop/productpage", "shop/reviews", "100"), call("shop/frontend", "shop/productpage", "100")},
@@ -317,6 +320,7 @@ edgeflow_prometheus_up 1
 }
 
 func TestCustomWindowAndQuery(t *testing.T) {
+	t.Parallel()
 	prom := &fakeProm{latency: []series{{labels: map[string]string{"from": "a", "to": "b"}, value: "7"}}}
 	h := newHarness(t, Config{
 		Window:       90 * time.Second,
@@ -343,6 +347,7 @@ func TestCustomWindowAndQuery(t *testing.T) {
 }
 
 func TestHysteresis(t *testing.T) {
+	t.Parallel()
 	other := lat("x", "y", "0.050")
 	tests := []struct {
 		name           string
@@ -400,6 +405,7 @@ func TestHysteresis(t *testing.T) {
 }
 
 func TestSlowDriftIsDelivered(t *testing.T) {
+	t.Parallel()
 	prom := &fakeProm{}
 	at := func(seconds string) { prom.set(func(f *fakeProm) { f.latency = []series{lat("a", "b", seconds)} }) }
 	h := newHarness(t, Config{}, prom)
@@ -433,6 +439,7 @@ func TestSlowDriftIsDelivered(t *testing.T) {
 }
 
 func TestStaleSeriesKeptThenForgotten(t *testing.T) {
+	t.Parallel()
 	prom := &fakeProm{
 		latency: []series{lat("a", "b", "0.010"), lat("b", "a", "0.012")},
 		calls:   []series{call("ns/x", "ns/y", "5"), call("ns/y", "ns/z", "5")},
@@ -493,6 +500,7 @@ edgeflow_prometheus_stale_series{query="latency"} %d
 }
 
 func TestStaleSeriesComesBack(t *testing.T) {
+	t.Parallel()
 	prom := &fakeProm{latency: []series{lat("a", "b", "0.010"), lat("b", "a", "0.012")}, calls: []series{}}
 	h := newHarness(t, Config{}, prom)
 	h.mustDeliver("first answer")
@@ -634,6 +642,7 @@ func TestQueryFailures(t *testing.T) {
 }
 
 func TestFailureBeforeFirstAnswer(t *testing.T) {
+	t.Parallel()
 	prom := &fakeProm{status: http.StatusServiceUnavailable, latency: []series{lat("a", "b", "0.010")}}
 	h := newHarness(t, Config{CallsQuery: DisableCalls}, prom)
 	h.mustNotDeliver("Prometheus unavailable")
@@ -651,6 +660,7 @@ func TestFailureBeforeFirstAnswer(t *testing.T) {
 }
 
 func TestBadSamplesIgnored(t *testing.T) {
+	t.Parallel()
 	noTarget := lat("a", "z", "0.001")
 	delete(noTarget.labels, "target_node")
 	prom := &fakeProm{
@@ -708,6 +718,7 @@ func TestBadSamplesIgnored(t *testing.T) {
 }
 
 func TestCallRatesParsed(t *testing.T) {
+	t.Parallel()
 	prom := &fakeProm{
 		latency: []series{},
 		calls: []series{
@@ -744,6 +755,7 @@ func TestCallRatesParsed(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  Config
@@ -800,6 +812,7 @@ func TestConfigValidation(t *testing.T) {
 }
 
 func TestRunDeliversAndStops(t *testing.T) {
+	t.Parallel()
 	prom := &fakeProm{latency: []series{lat("a", "b", "0.010")}, calls: []series{}}
 	srv := httptest.NewServer(prom)
 	defer srv.Close()
@@ -835,13 +848,9 @@ func TestRunDeliversAndStops(t *testing.T) {
 		t.Errorf("second delivery: %v", m.Latency)
 	}
 	// Many rounds later, still nothing new was delivered.
-	deadline := time.Now().Add(10 * time.Second)
-	for testutil.ToFloat64(src.queries.WithLabelValues(queryLatency, "ok")) < 20 {
-		if time.Now().After(deadline) {
-			t.Fatal("Run stopped querying")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, "20 latency queries (Run stopped querying)", func() bool {
+		return testutil.ToFloat64(src.queries.WithLabelValues(queryLatency, "ok")) >= 20
+	})
 	if len(got) != 0 {
 		t.Errorf("%d deliveries of unchanged values", len(got))
 	}
@@ -861,6 +870,7 @@ func TestRunDeliversAndStops(t *testing.T) {
 }
 
 func TestRunCancelledMidQueryIsNotAFailure(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	var once sync.Once
 	started := make(chan struct{})
