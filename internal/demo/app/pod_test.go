@@ -98,6 +98,7 @@ func TestPodWorkersBoundConcurrency(t *testing.T) {
 }
 
 func TestWorkerQueue(t *testing.T) {
+	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 	q := newWorkerQueue(2)
@@ -122,6 +123,7 @@ func TestWorkerQueue(t *testing.T) {
 }
 
 func TestPodCallsDownstreamAsItself(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	delays := map[string]int{}
 	leaf := newPod(t, Config{Name: "leaf-0", Node: "n2", Workers: 1, Delay: func(from string) time.Duration {
@@ -181,6 +183,7 @@ func (failingConn) Invoke(context.Context, string, any, any, ...grpc.CallOption)
 }
 
 func TestPodPropagatesDownstreamErrors(t *testing.T) {
+	t.Parallel()
 	pod := newPod(t, Config{Name: "front-0", Workers: 1, Downstream: []Downstream{{Service: "leaf", Rate: 1, Conn: failingConn{}}}})
 	conn := serve(t, pod)
 	_, err := Call(context.Background(), conn, "", "")
@@ -193,6 +196,7 @@ func TestPodPropagatesDownstreamErrors(t *testing.T) {
 }
 
 func TestPodCancelledWhileQueued(t *testing.T) {
+	t.Parallel()
 	pod := newPod(t, Config{Name: "p-0", Workers: 1, ServiceTime: Fixed(time.Second)})
 	conn := serve(t, pod)
 	first, cancelFirst := context.WithCancel(context.Background())
@@ -210,6 +214,7 @@ func TestPodCancelledWhileQueued(t *testing.T) {
 }
 
 func TestServeStopsOnCancel(t *testing.T) {
+	t.Parallel()
 	pod := newPod(t, Config{Name: "p-0", Workers: 1})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -233,6 +238,7 @@ func TestServeStopsOnCancel(t *testing.T) {
 }
 
 func TestCallsPerRequest(t *testing.T) {
+	t.Parallel()
 	for _, rate := range []float64{0, 1, 2, 0.25, 1.5} {
 		const n = 100_000
 		total := 0
@@ -250,6 +256,7 @@ func TestCallsPerRequest(t *testing.T) {
 }
 
 func TestNewPodValidates(t *testing.T) {
+	t.Parallel()
 	for _, cfg := range []Config{
 		{Workers: 1},
 		{Name: "p", Workers: 0},

@@ -9,6 +9,7 @@ import (
 // TestExponentialMoments: the mean and the standard deviation of the draws are the configured
 // mean, within 2 % (with n = 200,000 draws the standard error of the mean is 0.22 %).
 func TestExponentialMoments(t *testing.T) {
+	t.Parallel()
 	for _, mean := range []time.Duration{time.Millisecond, 6 * time.Millisecond, 250 * time.Millisecond} {
 		e := NewExponential(mean, 42)
 		const n = 200_000
@@ -35,6 +36,7 @@ func TestExponentialMoments(t *testing.T) {
 
 // TestExponentialTail: P(X > 3·mean) = e⁻³ ≈ 4.98 %.
 func TestExponentialTail(t *testing.T) {
+	t.Parallel()
 	e := NewExponential(time.Millisecond, 7)
 	const n = 100_000
 	over := 0
@@ -49,6 +51,7 @@ func TestExponentialTail(t *testing.T) {
 }
 
 func TestExponentialReproducible(t *testing.T) {
+	t.Parallel()
 	a, b := NewExponential(time.Millisecond, 1), NewExponential(time.Millisecond, 1)
 	for i := range 100 {
 		if x, y := a.Draw(), b.Draw(); x != y {
