@@ -21,10 +21,7 @@ import (
 // serve runs pod on a loopback port until the test ends and returns a channel to it.
 func serve(t *testing.T, pod *Pod) *grpc.ClientConn {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := testkit.Listen(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- pod.Serve(ctx, lis) }()
@@ -216,10 +213,7 @@ func TestPodCancelledWhileQueued(t *testing.T) {
 func TestServeStopsOnCancel(t *testing.T) {
 	t.Parallel()
 	pod := newPod(t, Config{Name: "p-0", Workers: 1})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := testkit.Listen(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- pod.Serve(ctx, lis) }()
