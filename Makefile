@@ -34,8 +34,8 @@ test:
 	@rm -rf $(TESTOUT) && mkdir -p $(TESTOUT)
 	@$(MAKE) --no-print-directory $(REPORT)
 	@status=0; start=$$(date +%s); \
-	  $(MAKE) --no-print-directory -j$(TEST_JOBS) test-lint test-unit test-e2e test-istio test-ui test-smoke || status=1; \
-	  $(MAKE) --no-print-directory test-quiet || status=1; \
+	  $(MAKE) --no-print-directory -j$(TEST_JOBS) test-lint test-unit test-e2e test-istio test-smoke || status=1; \
+	  $(MAKE) --no-print-directory test-quiet test-ui || status=1; \
 	  echo "make test: $$(( $$(date +%s) - start )) s, status $$status (go test -json in $(TESTOUT)/)"; \
 	  $(REPORT) $(TESTOUT)/*.json | tee $(TESTOUT)/report.txt; exit $$status
 
@@ -50,8 +50,8 @@ UNIT_PKGS    = $$($(GO) list ./... | grep -v -e '/e2e/' -e '/internal/demo')
 
 # The quiet group: tests that time things or count allocations, run alone after every other
 # suite, without the race detector (it slows the code they time ~10x; they skip under it).
-QUIET_TESTS := TestInjectedLatency|TestPlaceLargeInstance|TestPlaceBudgetLargeInstance|TestNoAllocs|TestWatchScale|TestWatchAtScale
-QUIET_PKGS  := ./internal/demo ./optimizer ./optimizer/mcf ./watcher/kube ./e2e/live
+QUIET_TESTS := TestInjectedLatency|TestPlaceLargeInstance|TestPlaceBudgetLargeInstance|TestNoAllocs|TestWatchScale|TestWatchAtScale|TestIstioWriterIsLeaderElected|TestReplicaKilledMidPush
+QUIET_PKGS  := ./internal/demo ./optimizer ./optimizer/mcf ./watcher/kube ./e2e/live ./e2e/install ./e2e/replicas
 # Packages whose every test runs in the quiet group, with -race (the demo times its latencies).
 QUIET_RACE_PKGS := ./internal/demo/...
 
@@ -87,7 +87,7 @@ test-istio e2e-istio: k8s $(REPORT) prebuild-istio
 	cd e2e/istio && $(NICE) $(GO) test -count=1 -json -parallel 8 ./... \
 	  | $(CURDIR)/$(REPORT) -stream istio > $(CURDIR)/$(TESTOUT)/istio.json
 
-## e2e-ui: the web view in headless Chromium (Debian's chromium, driven by chromedp from the separate
+## test-ui, e2e-ui: (quiet: it runs after the parallel suites) the web view in headless Chromium (Debian's chromium, driven by chromedp from the separate
 ## module e2e/ui): the demo topology's nodes and edges shown, a changed file shown within 2 s;
 ## writes the screenshot docs/webview.png
 test-ui e2e-ui: $(EDGEFLOW_RACE) $(REPORT)
