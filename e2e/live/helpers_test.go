@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,77 +17,11 @@ import (
 	xdsclient "google.golang.org/grpc/xds"
 
 	"github.com/edgeflow/edgeflow/e2e/testbed"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
 	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
-
-// backend is a real gRPC server standing for one callee pod, on its own loopback IP.
-type backend struct {
-	pod    string
-	ip     string
-	served atomic.Int64
-	first  atomic.Int64 // unix nanos of the first RPC served
-	last   atomic.Int64
-}
-
-type echo struct {
-	testgrpc.UnimplementedTestServiceServer
-	b *backend
-}
-
-func (e echo) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-	now := time.Now().UnixNano()
-	if e.b.served.Add(1) == 1 {
-		e.b.first.Store(now)
-	}
-	e.b.last.Store(now)
-	return &testgrpc.SimpleResponse{ServerId: e.b.pod}, nil
-}
-
-// startBackends starts one gRPC server per pod inside the pod namespace podNS (198.18.1.0/24
-// on its loopback), pod i on 198.18.1.(i+2), all on one port (a Service's target port is the
-// same for all its pods). Stopped at cleanup.
-func startBackends(t *testing.T, podNS *testbed.Namespace, pods ...string) (map[string]*backend, int32) {
-	t.Helper()
-	for attempt := 0; attempt < 20; attempt++ {
-		var lis []net.Listener
-		port := 0
-		ok := true
-		for i := range pods {
-			l, err := podNS.Listen("tcp", net.JoinHostPort(podIP(i+2), strconv.Itoa(port)))
-			if err != nil {
-				ok = false
-				break
-			}
-			port = l.Addr().(*net.TCPAddr).Port
-			lis = append(lis, l)
-		}
-		if !ok {
-			for _, l := range lis {
-				l.Close()
-			}
-			continue
-		}
-		out := map[string]*backend{}
-		for i, p := range pods {
-			b := &backend{pod: p, ip: podIP(i + 2)}
-			out[p] = b
-			g := grpc.NewServer()
-			testgrpc.RegisterTestServiceServer(g, echo{b: b})
-			done := make(chan struct{})
-			l := lis[i]
-			go func() { defer close(done); _ = g.Serve(l) }()
-			t.Cleanup(func() { g.Stop(); <-done })
-		}
-		return out, int32(port)
-	}
-	t.Fatal("no free port shared by the backends' addresses")
-	return nil, 0
-}
-
-// podIP is the address of the i-th pod in the pod namespace.
-func podIP(i int) string { return "198.18.1." + strconv.Itoa(i) }
 
 // xdsServer runs edgeflow's xDS server fed by a source; returns its address. Stopped at cleanup.
 func xdsServer(t *testing.T, cfg xdsserver.Config, run func(context.Context, watcher.Listener) error) (*xdsserver.Server, string) {
@@ -97,10 +30,7 @@ func xdsServer(t *testing.T, cfg xdsserver.Config, run func(context.Context, wat
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := testkit.Listen(t)
 	g := grpc.NewServer()
 	srv.Register(g)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -135,6 +65,7 @@ type caller struct {
 	failed  atomic.Int64
 	sent    atomic.Int64
 	lastErr atomic.Value // string
+	first   sync.Map     // pod → time.Time the first answer from it arrived
 }
 
 // Its data-plane connections are opened inside podNS; its xDS stream stays on loopback.
@@ -171,7 +102,17 @@ func (c *caller) call(ctx context.Context) (string, error) {
 		c.failed.Add(1)
 		return "", err
 	}
+	c.first.LoadOrStore(resp.GetServerId(), time.Now())
 	return resp.GetServerId(), nil
+}
+
+// firstAnswer returns when the first answer from pod arrived (ok false: none yet).
+func (c *caller) firstAnswer(pod string) (at time.Time, ok bool) {
+	v, ok := c.first.Load(pod)
+	if !ok {
+		return time.Time{}, false
+	}
+	return v.(time.Time), true
 }
 
 // loop sends RPCs every interval until ctx is done; the returned wait ends when it has stopped.
@@ -194,26 +135,6 @@ func (c *caller) loop(ctx context.Context, interval time.Duration) (wait func())
 		}
 	}()
 	return func() { <-done }
-}
-
-// eventually polls cond every 10 ms until it holds or the deadline passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	if !waitUntil(d, cond) {
-		t.Fatalf("%s: not within %v", what, d)
-	}
-}
-
-// waitUntil polls cond every 10 ms until it holds (true) or d has passed (false).
-func waitUntil(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
 }
 
 // share runs n RPCs and returns the fraction each pod served.

@@ -6,20 +6,15 @@ package live
 import (
 	"context"
 	"math"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/edgeflow/edgeflow/e2e/kubeapi"
-	"github.com/edgeflow/edgeflow/e2e/testbed"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
-	"github.com/edgeflow/edgeflow/watcher/kube"
-	"github.com/edgeflow/edgeflow/xds"
-	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 const ns = "shop"
@@ -36,41 +31,29 @@ func must(t *testing.T, err error) {
 // EndpointSlice update to its first RPC is measured), a deleted pod gets none, and not-ready
 // pods and a managed service without ready pods never block the others.
 func TestKubernetesPodsDriveWeights(t *testing.T) {
-	testbed.RequireRoot(t)
-	c := kubeapi.Start(t, kubeapi.Options{})
-	ctx := kubeapi.Context(t)
-	podNS := testbed.NewNamespace(t, "198.18.1.0/24")
-	backends, port := startBackends(t, podNS, "api-0", "api-1", "api-2", "api-3")
-	k := kubeapi.NewKubelet(t, ctx, c.Client, ns, port)
-	k.Namespace()
-	for _, n := range []string{"n1", "n2", "n3"} {
-		k.Node(n)
-	}
-	k.Service("web", true)
-	k.Service("api", true)
-	k.Service("ghost", true)      // managed, never a ready pod
+	t.Parallel()
+	w := newWorld(t, worldOptions{kube: true, kubeNodes: []string{"n1", "n2", "n3"},
+		services: []string{"web", "api", "ghost"}, // ghost: managed, never a ready pod
+		backends: []string{"api-0", "api-1", "api-2", "api-3"}})
+	ctx, k, backends := w.ctx, w.k, w.backends
 	k.Service("unmanaged", false) // not labelled: ignored
-	k.Pod("web", "web-0", "n1", podIP(100), true)
-	k.Pod("api", "api-0", "n1", backends["api-0"].ip, true)
-	k.Pod("api", "api-1", "n2", backends["api-1"].ip, true)
-	k.Pod("api", "api-2", "n3", backends["api-2"].ip, false)
-	k.Pod("ghost", "ghost-0", "n3", podIP(101), false)
-	k.Pod("unmanaged", "u-0", "n3", podIP(102), true)
+	w.pod("web", "web-0", "n1", true)
+	w.pod("api", "api-0", "n1", true)
+	w.pod("api", "api-1", "n2", true)
+	w.pod("api", "api-2", "n3", false)
+	w.pod("ghost", "ghost-0", "n3", false)
+	w.pod("unmanaged", "u-0", "n3", true)
 
-	reg := prometheus.NewRegistry()
-	ks, err := kube.NewSource(kube.Config{Client: c.Client, Namespaces: []string{ns}, Selector: kube.DefaultSelector, Registerer: reg})
-	must(t, err)
 	defaultMS := 10.0
-	cl, err := watcher.NewLive(watcher.LiveConfig{Kube: ks, DefaultLatencyMS: &defaultMS, Check: xds.CheckTopology, Registerer: reg,
+	w.watch(watchOptions{live: watcher.LiveConfig{DefaultLatencyMS: &defaultMS,
 		CallGraph: &watcher.CallGraph{
 			Calls:   []optimizer.Call{{From: "web.shop", To: "api.shop"}, {From: "web.shop", To: "ghost.shop"}, {From: "web.shop", To: "unmanaged.shop"}},
-			Ingress: []optimizer.Ingress{{Service: "web.shop", RPS: 100}}}})
-	must(t, err)
-	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
-	web := newCaller(t, podNS, addr, "web-0.shop", "api.shop")
+			Ingress: []optimizer.Ingress{{Service: "web.shop", RPS: 100}}}}})
+	reg, cl, srv := w.reg, w.cl, w.srv
+	web := w.caller("web-0.shop", "api.shop")
 
 	// Two ready pods: each gets half (LATA's balance constraint with one caller pod).
-	eventually(t, 30*time.Second, "first publication", func() bool { return srv.Published() > 0 })
+	testkit.Eventually(t, 30*time.Second, "first publication", func() bool { return srv.Published() > 0 })
 	got := share(t, ctx, web, 2000)
 	t.Logf("api-2 not ready: %s", fmtShare(got))
 	if got["api-2"] != 0 || math.Abs(got["api-0"]-0.5) > 0.05 || math.Abs(got["api-1"]-0.5) > 0.05 {
@@ -88,8 +71,13 @@ func TestKubernetesPodsDriveWeights(t *testing.T) {
 	wait := web.loop(loopCtx, 2*time.Millisecond)
 	start := time.Now()
 	k.SetReady("api", "api-2", true)
-	eventually(t, 10*time.Second, "first RPC on api-2", func() bool { return backends["api-2"].served.Load() > 0 })
-	readyToRPC := time.Unix(0, backends["api-2"].first.Load()).Sub(start)
+	var first time.Time
+	testkit.Eventually(t, 10*time.Second, "first RPC on api-2", func() bool {
+		var ok bool
+		first, ok = web.firstAnswer("api-2")
+		return ok
+	})
+	readyToRPC := first.Sub(start)
 	stop()
 	wait()
 	t.Logf("pod ready → first RPC on it: %v (target ≤ 1 s)", readyToRPC.Round(time.Millisecond))
@@ -105,20 +93,20 @@ func TestKubernetesPodsDriveWeights(t *testing.T) {
 	}
 
 	// A not-ready newcomer never blocks the others: api-3 not ready, then api-1 deleted.
-	k.Pod("api", "api-3", "n2", backends["api-3"].ip, false)
+	w.pod("api", "api-3", "n2", false)
 	pub := srv.Published()
 	k.DeletePod("api", "api-1")
-	eventually(t, 10*time.Second, "publication after the deletion", func() bool { return srv.Published() > pub })
+	testkit.Eventually(t, 10*time.Second, "publication after the deletion", func() bool { return srv.Published() > pub })
 	// The push is done when the client has ACKed it; grpc-go swaps its picker just after the
 	// ACK, so wait until a run of RPCs avoids the pod, then require that it gets nothing.
 	if err := srv.WaitConverged(ctx, srv.Published()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the client's picker without api-1", func() bool { return share(t, ctx, web, 20)["api-1"] == 0 })
-	before := backends["api-1"].served.Load()
+	testkit.Eventually(t, 5*time.Second, "the client's picker without api-1", func() bool { return share(t, ctx, web, 20)["api-1"] == 0 })
+	before := backends["api-1"].Calls.Load()
 	got = share(t, ctx, web, 2000)
 	t.Logf("api-1 deleted, api-3 not ready: %s", fmtShare(got))
-	if n := backends["api-1"].served.Load() - before; n != 0 {
+	if n := backends["api-1"].Calls.Load() - before; n != 0 {
 		t.Errorf("deleted pod api-1 served %d RPCs after the push", n)
 	}
 	if got["api-3"] != 0 {
@@ -141,15 +129,15 @@ func TestKubernetesPodsDriveWeights(t *testing.T) {
 	// sends api-2 nothing new, while api-2 stays up (its in-flight work could finish).
 	pub = srv.Published()
 	k.Terminate("api", "api-2")
-	eventually(t, 10*time.Second, "publication after the graceful deletion", func() bool { return srv.Published() > pub })
+	testkit.Eventually(t, 10*time.Second, "publication after the graceful deletion", func() bool { return srv.Published() > pub })
 	if err := srv.WaitConverged(ctx, srv.Published()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the client's picker without api-2", func() bool { return share(t, ctx, web, 20)["api-2"] == 0 })
-	before = backends["api-2"].served.Load()
+	testkit.Eventually(t, 5*time.Second, "the client's picker without api-2", func() bool { return share(t, ctx, web, 20)["api-2"] == 0 })
+	before = backends["api-2"].Calls.Load()
 	got = share(t, ctx, web, 1000)
 	t.Logf("api-2 terminating (serving): %s", fmtShare(got))
-	if n := backends["api-2"].served.Load() - before; n != 0 {
+	if n := backends["api-2"].Calls.Load() - before; n != 0 {
 		t.Errorf("terminating pod api-2 served %d new RPCs after the push", n)
 	}
 	if got["api-0"] < 0.999 {
@@ -161,16 +149,15 @@ func TestKubernetesPodsDriveWeights(t *testing.T) {
 
 	// The API server goes away: the watches fail, /readyz says so and since when, and the last
 	// known state is still served.
-	ready := httptest.NewServer(watcher.ReadyHandler(srv.Published, cl.Checks))
-	t.Cleanup(ready.Close)
+	ready := w.ready
 	if code, body := get(t, ready.URL); code != 200 || strings.Contains(body, "degraded") {
 		t.Fatalf("/readyz before the API server stops: %d %q", code, body)
 	}
 	down := time.Now()
-	if err := c.Stop("kube-apiserver"); err != nil {
+	if err := w.cluster.Stop("kube-apiserver"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "/readyz naming the failing watches", func() bool {
+	testkit.Eventually(t, 30*time.Second, "/readyz naming the failing watches", func() bool {
 		_, body := get(t, ready.URL)
 		return strings.Contains(body, "[-]kubernetes") && strings.Contains(body, "failing since")
 	})

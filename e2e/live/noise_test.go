@@ -11,8 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/edgeflow/edgeflow/e2e/kubeapi"
-	"github.com/edgeflow/edgeflow/e2e/testbed"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/watcher/kube"
@@ -89,30 +88,16 @@ func (m *margins) len() int {
 // crosses 0 now and then (a CI run had 4 damped pushes in 70 s, an earlier "at most 3" bound
 // failed on it); it is logged.
 func TestNoisyLatencyNoPushStorm(t *testing.T) {
-	testbed.RequireRoot(t)
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("a minute of noise: skipped with -short")
 	}
-	nodes := []string{"edge-1", "edge-2", "edge-3", "edge-4"}
 	base := map[[2]string]float64{
 		{"edge-1", "edge-3"}: 10, {"edge-1", "edge-4"}: 11, {"edge-2", "edge-3"}: 11,
 		{"edge-2", "edge-4"}: 10, {"edge-1", "edge-2"}: 20, {"edge-3", "edge-4"}: 20}
-	tb := testbed.Start(t, testbed.Config{Nodes: nodes, ScrapeInterval: time.Second, RTT: base})
-	tb.StartProbes(t)
-
-	c := kubeapi.Start(t, kubeapi.Options{})
-	ctx := kubeapi.Context(t)
-	k := kubeapi.NewKubelet(t, ctx, c.Client, ns, 9000)
-	k.Namespace()
-	for _, n := range nodes {
-		k.Node(n)
-	}
-	k.Service("web", true)
-	k.Service("api", true)
-	k.DeploymentPod("web", "web-1", "edge-1", podIP(100))
-	k.DeploymentPod("web", "web-2", "edge-2", podIP(101))
-	k.DeploymentPod("api", "api-3", "edge-3", podIP(102))
-	k.DeploymentPod("api", "api-4", "edge-4", podIP(103))
+	w := newWorld(t, worldOptions{nodes: edges, rtt: base, scrape: time.Second,
+		kube: true, services: []string{"web", "api"}, pods: shopPods})
+	tb, c := w.tb, w.cluster
 
 	reg := prometheus.NewRegistry()
 	ks, err := kube.NewSource(kube.Config{Client: c.Client, Namespaces: []string{ns}, Selector: kube.DefaultSelector})
@@ -147,7 +132,7 @@ func TestNoisyLatencyNoPushStorm(t *testing.T) {
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
-	eventually(t, 60*time.Second, "first publication", func() bool { return damped.Published() > 0 && undamped.Published() > 0 })
+	testkit.Eventually(t, 60*time.Second, "first publication", func() bool { return damped.Published() > 0 && undamped.Published() > 0 })
 	// Let the 10 s window fill with samples of the base delays before the noise starts.
 	time.Sleep(12 * time.Second)
 	d0, u0 := damped.Published(), undamped.Published()
@@ -200,14 +185,12 @@ const meanLatencyQuery = `sum by ($source_label, $target_label) (sum_over_time(p
 // negative. The margin is wide so that the machine's own noise (a few ms per pair under load)
 // cannot decide the test.
 func TestLatencySpikeIsNotASlowLink(t *testing.T) {
-	testbed.RequireRoot(t)
-	nodes := []string{"edge-1", "edge-2", "edge-3", "edge-4"}
+	t.Parallel()
 	base := map[[2]string]float64{
 		{"edge-1", "edge-3"}: 10, {"edge-1", "edge-4"}: 15, {"edge-2", "edge-3"}: 15,
 		{"edge-2", "edge-4"}: 10, {"edge-1", "edge-2"}: 20, {"edge-3", "edge-4"}: 20}
 	const window = 10 * time.Second
-	tb := testbed.Start(t, testbed.Config{Nodes: nodes, ScrapeInterval: time.Second, RTT: base})
-	tb.StartProbes(t)
+	tb := newWorld(t, worldOptions{nodes: edges, rtt: base, scrape: time.Second}).tb
 
 	// margin is L(1,3) + L(2,4) − L(1,4) − L(2,3) in ms, NaN until all four are measured.
 	margin := func(l map[prom.Pair]float64) float64 {
@@ -255,7 +238,7 @@ func TestLatencySpikeIsNotASlowLink(t *testing.T) {
 		defer r.mu.Unlock()
 		return r.last, r.max
 	}
-	eventually(t, 60*time.Second, "every pair measured by both sources", func() bool {
+	testkit.Eventually(t, 60*time.Second, "every pair measured by both sources", func() bool {
 		for _, r := range readers {
 			if last, _ := state(r); math.IsNaN(last) {
 				return false

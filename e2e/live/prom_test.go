@@ -5,46 +5,18 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/edgeflow/edgeflow/e2e/kubeapi"
-	"github.com/edgeflow/edgeflow/e2e/testbed"
-	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/watcher"
-	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
-	"github.com/edgeflow/edgeflow/xds"
 	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
-
-// istioRequests serves istio_requests_total as Istio's sidecars report it (reporter=source),
-// each series growing at a constant rate: the call graph edgeflow reads from Prometheus.
-type istioRequests struct {
-	start time.Time
-	desc  *prometheus.Desc
-	edges []istioEdge
-}
-
-type istioEdge struct {
-	srcWorkload, srcNS, dstWorkload, dstNS string
-	rps                                    float64
-}
-
-func (c *istioRequests) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-func (c *istioRequests) Collect(ch chan<- prometheus.Metric) {
-	elapsed := time.Since(c.start).Seconds()
-	for _, e := range c.edges {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, e.rps*elapsed,
-			"source", e.srcWorkload, e.srcNS, e.dstWorkload, e.dstNS, "200")
-	}
-}
 
 // TestPrometheusLatencyDrivesWeights: the node-to-node RTT measured by real blackbox exporters
 // in a network-namespace testbed with real delay, stored in a real Prometheus, and the call graph
@@ -52,70 +24,27 @@ func (c *istioRequests) Collect(ch chan<- prometheus.Metric) {
 // changes → the weights follow (timed); Prometheus stops → the weights stay, no RPC fails,
 // nothing is pushed, /readyz says why; Prometheus restarts → edgeflow recovers.
 func TestPrometheusLatencyDrivesWeights(t *testing.T) {
-	testbed.RequireRoot(t)
+	t.Parallel()
 	const (
 		scrape   = time.Second
 		window   = 5 * time.Second
 		interval = 500 * time.Millisecond
 	)
-	nodes := []string{"edge-1", "edge-2", "edge-3", "edge-4"}
-	tb := testbed.Start(t, testbed.Config{Nodes: nodes, ScrapeInterval: scrape,
-		MetricsTargets: []string{"127.0.0.1:9300"},
-		RTT: map[[2]string]float64{
-			{"edge-1", "edge-3"}: 10, {"edge-1", "edge-4"}: 40, {"edge-2", "edge-3"}: 40,
-			{"edge-2", "edge-4"}: 10, {"edge-1", "edge-2"}: 20, {"edge-3", "edge-4"}: 20}})
-	metricsLis, err := tb.ListenMonitor("tcp", "127.0.0.1:9300")
-	if err != nil {
-		t.Fatal(err)
-	}
-	istio := prometheus.NewRegistry()
-	istio.MustRegister(&istioRequests{start: time.Now(),
-		desc: prometheus.NewDesc("istio_requests_total", "Requests, as Istio's sidecars count them.", []string{"reporter",
-			"source_workload", "source_workload_namespace", "destination_workload", "destination_workload_namespace", "response_code"}, nil),
-		edges: []istioEdge{{"istio-ingressgateway", "istio-system", "web", ns, 100}, {"web", ns, "api", ns, 100}}})
-	metricsSrv := &http.Server{Handler: promhttp.HandlerFor(istio, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-	metricsDone := make(chan struct{})
-	go func() { defer close(metricsDone); _ = metricsSrv.Serve(metricsLis) }()
-	t.Cleanup(func() { metricsSrv.Close(); <-metricsDone })
-	tb.StartProbes(t)
-
-	c := kubeapi.Start(t, kubeapi.Options{})
-	ctx := kubeapi.Context(t)
-	podNS := testbed.NewNamespace(t, "198.18.1.0/24")
-	backends, port := startBackends(t, podNS, "api-3", "api-4")
-	k := kubeapi.NewKubelet(t, ctx, c.Client, ns, port)
-	k.Namespace()
-	for _, n := range nodes {
-		k.Node(n)
-	}
-	k.Service("web", true)
-	k.Service("api", true)
-	k.DeploymentPod("web", "web-1", "edge-1", podIP(100))
-	k.DeploymentPod("web", "web-2", "edge-2", podIP(101))
-	k.DeploymentPod("api", "api-3", "edge-3", backends["api-3"].ip)
-	k.DeploymentPod("api", "api-4", "edge-4", backends["api-4"].ip)
-
-	reg := prometheus.NewRegistry()
-	ks, err := kube.NewSource(kube.Config{Client: c.Client, Namespaces: []string{ns}, Selector: kube.DefaultSelector, Registerer: reg})
-	must(t, err)
-	ps, err := prom.NewSource(prom.Config{URL: tb.PrometheusURL(), RoundTripper: tb.PrometheusTransport(),
-		Interval: interval, Window: window, Registerer: reg})
-	must(t, err)
-	cl, err := watcher.NewLive(watcher.LiveConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
-	must(t, err)
-	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
-	ready := httptest.NewServer(watcher.ReadyHandler(srv.Published, cl.Checks))
-	t.Cleanup(ready.Close)
+	w := newWorld(t, worldOptions{nodes: edges, rtt: edgeRTT(), scrape: scrape,
+		istio: []reportedEdge{{"source", "istio-ingressgateway", "istio-system", "web", ns, 100}, {"source", "web", ns, "api", ns, 100}},
+		kube:  true, services: []string{"web", "api"}, backends: []string{"api-3", "api-4"}, pods: shopPods})
+	w.watch(watchOptions{prom: &prom.Config{Interval: interval, Window: window}})
+	ctx, tb, reg, cl, srv, ready := w.ctx, w.tb, w.reg, w.cl, w.srv, w.ready
 	callers := map[string]*caller{
-		"web-1": newCaller(t, podNS, addr, "web-1.shop", "api.shop"),
-		"web-2": newCaller(t, podNS, addr, "web-2.shop", "api.shop"),
+		"web-1": w.caller("web-1.shop", "api.shop"),
+		"web-2": w.caller("web-2.shop", "api.shop"),
 	}
 
 	// The first topology is published once Kubernetes synced (the cold-start plan until
 	// Prometheus has latency data).
-	eventually(t, 60*time.Second, "first publication", func() bool { return srv.Published() > 0 })
+	testkit.Eventually(t, 60*time.Second, "first publication", func() bool { return srv.Published() > 0 })
 	// rate() over a window that is not yet full of samples reads low; wait for the full window.
-	eventually(t, 30*time.Second, "call graph from istio_requests_total", func() bool {
+	testkit.Eventually(t, 30*time.Second, "call graph from istio_requests_total", func() bool {
 		top := cl.Current()
 		return len(top.Calls) > 0 && len(top.Ingress) > 0 && math.Abs(top.Ingress[0].RPS-100) < 10
 	})
@@ -126,7 +55,7 @@ func TestPrometheusLatencyDrivesWeights(t *testing.T) {
 	if len(top.Ingress) != 1 || math.Abs(top.Ingress[0].RPS-100) > 10 {
 		t.Fatalf("ingress from istio_requests_total: %+v, want web.shop at 100 rps", top.Ingress)
 	}
-	eventually(t, 30*time.Second, "all node pairs measured", func() bool {
+	testkit.Eventually(t, 30*time.Second, "all node pairs measured", func() bool {
 		return len(cl.Current().Latency) == 12 && gaugeValue(t, reg, "edgeflow_latency_unmeasured_pairs", "") == 0
 	})
 	wantRoute(t, srv, "web-1.shop", "api-3.shop", 30*time.Second)
@@ -169,7 +98,7 @@ func TestPrometheusLatencyDrivesWeights(t *testing.T) {
 	if err := tb.StopPrometheus(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the Prometheus check failing", func() bool { return !check(cl, "prometheus").OK })
+	testkit.Eventually(t, 10*time.Second, "the Prometheus check failing", func() bool { return !check(cl, "prometheus").OK })
 	pub := srv.Published()
 	pushes := counterValue(t, reg, "edgeflow_xds_pushes_total")
 	code, body := get(t, ready.URL)
@@ -193,7 +122,7 @@ func TestPrometheusLatencyDrivesWeights(t *testing.T) {
 	if err := tb.StartPrometheus(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the Prometheus check recovering", func() bool { return check(cl, "prometheus").OK })
+	testkit.Eventually(t, 30*time.Second, "the Prometheus check recovering", func() bool { return check(cl, "prometheus").OK })
 	if code, body := get(t, ready.URL); code != http.StatusOK || strings.Contains(body, "degraded") {
 		t.Errorf("/readyz after recovery: %d %q", code, body)
 	}
@@ -218,20 +147,12 @@ func TestPrometheusLatencyDrivesWeights(t *testing.T) {
 func wantRoute(t *testing.T, srv *xdsserver.Server, caller, callee string, d time.Duration) time.Time {
 	t.Helper()
 	var at time.Time
-	eventually(t, d, caller+" → "+callee, func() bool {
-		a := srv.Allocation()
-		if a == nil {
+	testkit.Eventually(t, d, caller+" → "+callee, func() bool {
+		if !wantRouteNow(srv, caller, callee) {
 			return false
 		}
-		for _, c := range a.Calls {
-			for _, r := range c.Routes {
-				if r.Caller == caller && r.Callee == callee && r.Fraction > 0.999 {
-					at = time.Now()
-					return true
-				}
-			}
-		}
-		return false
+		at = time.Now()
+		return true
 	})
 	return at
 }
@@ -243,7 +164,7 @@ func follow(t *testing.T, ctx context.Context, srv *xdsserver.Server, c *caller,
 	if err := srv.WaitConverged(ctx, srv.Published()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the client's picker on "+pod, func() bool { return share(t, ctx, c, 20)[pod] > 0.999 })
+	testkit.Eventually(t, 5*time.Second, "the client's picker on "+pod, func() bool { return share(t, ctx, c, 20)[pod] > 0.999 })
 }
 
 // checkShares sends RPCs and checks every one reaches pod.
@@ -292,5 +213,3 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	return v
 }
-
-var _ = optimizer.LATA

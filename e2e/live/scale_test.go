@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
-	"github.com/edgeflow/edgeflow/e2e/testbed"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/watcher/kube"
@@ -57,27 +57,17 @@ func TestWatchAtScale(t *testing.T) {
 	if raceEnabled {
 		t.Skip("timing test: runs without the race detector (make unit's last pass)")
 	}
-	testbed.RequireRoot(t)
-	c := kubeapi.Start(t, kubeapi.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // setup, a minute of churn
-	t.Cleanup(cancel)
+	// The caller and its callee, with real backends; ctx covers the setup and a minute of churn.
+	lw := newWorld(t, worldOptions{kube: true, kubeNodes: []string{"n1", "n2"}, services: []string{"web", "api"},
+		backends: []string{"api-0", "api-1"}})
+	lw.pod("web", "web-0", "n1", true)
+	lw.pod("api", "api-0", "n1", true)
+	lw.pod("api", "api-1", "n2", true)
+	c, ctx := lw.cluster, lw.ctx
 	cfg := rest.CopyConfig(c.Config)
 	cfg.QPS, cfg.Burst = 5000, 10000 // the test plays every kubelet and controller at once
 	cs, err := kubernetes.NewForConfig(cfg)
 	must(t, err)
-
-	// The caller and its callee, with real backends.
-	podNS := testbed.NewNamespace(t, "198.18.1.0/24")
-	backends, port := startBackends(t, podNS, "api-0", "api-1")
-	k := kubeapi.NewKubelet(t, ctx, c.Client, ns, port)
-	k.Namespace()
-	k.Node("n1")
-	k.Node("n2")
-	k.Service("web", true)
-	k.Service("api", true)
-	k.Pod("web", "web-0", "n1", podIP(100), true)
-	k.Pod("api", "api-0", "n1", backends["api-0"].ip, true)
-	k.Pod("api", "api-1", "n2", backends["api-1"].ip, true)
 
 	w := newRealWorld(t, ctx, cs)
 	t.Logf("created %d nodes, %d services, %d pods in %v", scaleNodes, scaleServices, len(w.pods), w.took.Round(time.Millisecond))
@@ -97,8 +87,8 @@ func TestWatchAtScale(t *testing.T) {
 	t.Cleanup(func() { stopInf(); inf.Stop() })
 	xcfg := xdsserver.Config{Options: opts, Registerer: prometheus.NewRegistry()}
 	srv, addr := xdsServer(t, xcfg, cl.Run)
-	web := newCaller(t, podNS, addr, "web-0.shop", "api.shop")
-	eventually(t, 2*time.Minute, "the first publication", func() bool { return srv.Published() > 0 })
+	web := newCaller(t, lw.podNS, addr, "web-0.shop", "api.shop")
+	testkit.Eventually(t, 2*time.Minute, "the first publication", func() bool { return srv.Published() > 0 })
 	if st := ks.Current(); st == nil || len(st.Services) < scaleServices/2 {
 		t.Fatalf("the watcher's State lacks the managed services")
 	}

@@ -19,65 +19,16 @@ import (
 
 	promapi "github.com/prometheus/client_golang/api"
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/config"
 	"github.com/prometheus/common/model"
 
-	"github.com/edgeflow/edgeflow/e2e/kubeapi"
 	"github.com/edgeflow/edgeflow/e2e/testbed"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
-	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
-	"github.com/edgeflow/edgeflow/xds"
 	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
-
-// reportedRequests serves istio_requests_total as Istio reports it, by reporter: each series
-// grows at a constant rate. Each sample carries its own timestamp (the wall clock, as
-// Prometheus's), so its value is the count at that instant and rate() reads the configured
-// rate however late in the scrape Collect runs. (It was added for a CI run that read all three
-// rates 4 % low for minutes; that was the source's hysteresis, not the timestamps: see
-// complete in stockScrape.)
-type reportedRequests struct {
-	start time.Time
-	desc  *prometheus.Desc
-	edges []reportedEdge
-}
-
-type reportedEdge struct {
-	reporter, srcWorkload, srcNS, dstWorkload, dstNS string
-	rps                                              float64
-}
-
-func (c *reportedRequests) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-func (c *reportedRequests) Collect(ch chan<- prometheus.Metric) {
-	now := time.Now().Round(0) // wall clock only
-	elapsed := now.Sub(c.start).Seconds()
-	for _, e := range c.edges {
-		ch <- prometheus.NewMetricWithTimestamp(now, prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, e.rps*elapsed,
-			e.reporter, e.srcWorkload, e.srcNS, e.dstWorkload, e.dstNS, "200"))
-	}
-}
-
-// serveIstioMetrics serves edges as istio_requests_total at 127.0.0.1:9300 in the testbed's
-// monitor namespace (a Config.MetricsTargets entry) until the test ends.
-func serveIstioMetrics(t *testing.T, tb *testbed.Testbed, edges ...reportedEdge) {
-	t.Helper()
-	lis, err := tb.ListenMonitor("tcp", "127.0.0.1:9300")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(&reportedRequests{start: time.Now().Round(0), edges: edges,
-		desc: prometheus.NewDesc("istio_requests_total", "Requests, as Istio's sidecars count them.", []string{"reporter",
-			"source_workload", "source_workload_namespace", "destination_workload", "destination_workload_namespace", "response_code"}, nil)})
-	srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(lis) }()
-	t.Cleanup(func() { srv.Close(); <-done })
-}
 
 // guardedPrometheus fronts the testbed's real Prometheus with TLS and a bearer token, as a
 // Prometheus behind an authenticating proxy is reached: it returns the proxy's URL and the
@@ -120,61 +71,32 @@ func guardedPrometheus(t *testing.T, tb *testbed.Testbed) (string, config.HTTPCl
 // the callee's report, a pair reported by both sides counted once) and a latency change is
 // followed within 4 scrape intervals + 2 s.
 func TestStockScrapeIntervals(t *testing.T) {
-	testbed.RequireRoot(t)
+	t.Parallel()
 	for _, scrape := range []time.Duration{15 * time.Second, 30 * time.Second} {
-		t.Run(scrape.String(), func(t *testing.T) { stockScrape(t, scrape) })
+		t.Run(scrape.String(), func(t *testing.T) {
+			t.Parallel()
+			stockScrape(t, scrape)
+		})
 	}
 }
 
 func stockScrape(t *testing.T, scrape time.Duration) {
-	nodes := []string{"edge-1", "edge-2", "edge-3", "edge-4"}
-	tb := testbed.Start(t, testbed.Config{Nodes: nodes, ScrapeInterval: scrape, MetricsTargets: []string{"127.0.0.1:9300"},
-		RTT: map[[2]string]float64{
-			{"edge-1", "edge-3"}: 10, {"edge-1", "edge-4"}: 40, {"edge-2", "edge-3"}: 40,
-			{"edge-2", "edge-4"}: 10, {"edge-1", "edge-2"}: 20, {"edge-3", "edge-4"}: 20}})
-	serveIstioMetrics(t, tb,
-		reportedEdge{"source", "istio-ingressgateway", "istio-system", "web", ns, 100},
-		reportedEdge{"source", "web", ns, "api", ns, 100},
-		reportedEdge{"destination", "web", ns, "api", ns, 100},  // the same requests, seen by the callee
-		reportedEdge{"destination", "batch", ns, "web", ns, 50}, // batch has no sidecar: only the callee reports
-	)
-	tb.StartProbes(t)
-	promURL, httpConfig, passed, refused := guardedPrometheus(t, tb)
-
-	c := kubeapi.Start(t, kubeapi.Options{})
-	// Longer than kubeapi.Context's 2 minutes: at 30 s scrapes the test waits that long.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	t.Cleanup(cancel)
-	podNS := testbed.NewNamespace(t, "198.18.1.0/24")
-	backends, port := startBackends(t, podNS, "api-3", "api-4")
-	k := kubeapi.NewKubelet(t, ctx, c.Client, ns, port)
-	k.Namespace()
-	for _, n := range nodes {
-		k.Node(n)
-	}
-	for _, s := range []string{"web", "api", "batch"} {
-		k.Service(s, true)
-	}
-	k.DeploymentPod("web", "web-1", "edge-1", podIP(100))
-	k.DeploymentPod("web", "web-2", "edge-2", podIP(101))
-	k.DeploymentPod("batch", "batch-1", "edge-3", podIP(102))
-	k.DeploymentPod("api", "api-3", "edge-3", backends["api-3"].ip)
-	k.DeploymentPod("api", "api-4", "edge-4", backends["api-4"].ip)
-
-	reg := prometheus.NewRegistry()
-	ks, err := kube.NewSource(kube.Config{Client: c.Client, Namespaces: []string{ns}, Selector: kube.DefaultSelector, Registerer: reg})
-	must(t, err)
-	ps, err := prom.NewSource(prom.Config{URL: promURL, HTTP: httpConfig, Registerer: reg}) // the defaults
-	must(t, err)
-	cl, err := watcher.NewLive(watcher.LiveConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
-	must(t, err)
-	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
-	ready := httptest.NewServer(watcher.ReadyHandler(srv.Published, cl.Checks))
-	t.Cleanup(ready.Close)
-	web1 := newCaller(t, podNS, addr, "web-1.shop", "api.shop")
+	w := newWorld(t, worldOptions{nodes: edges, rtt: edgeRTT(), scrape: scrape,
+		istio: []reportedEdge{
+			{"source", "istio-ingressgateway", "istio-system", "web", ns, 100},
+			{"source", "web", ns, "api", ns, 100},
+			{"destination", "web", ns, "api", ns, 100},  // the same requests, seen by the callee
+			{"destination", "batch", ns, "web", ns, 50}, // batch has no sidecar: only the callee reports
+		},
+		kube: true, services: []string{"web", "api", "batch"}, backends: []string{"api-3", "api-4"},
+		pods: append(slices.Clone(shopPods), placement{"batch", "batch-1", "edge-3"})})
+	promURL, httpConfig, passed, refused := guardedPrometheus(t, w.tb)
+	w.watch(watchOptions{prom: &prom.Config{URL: promURL, HTTP: httpConfig}}) // the defaults
+	ctx, tb, reg, cl, ps, srv, ready := w.ctx, w.tb, w.reg, w.cl, w.ps, w.srv, w.ready
+	web1 := w.caller("web-1.shop", "api.shop")
 	began := time.Now()
 
-	eventually(t, 30*time.Second, "the scrape interval read from Prometheus", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the scrape interval read from Prometheus", func() bool {
 		st := ps.Status()
 		return st.ScrapeIntervalFrom == "prometheus"
 	})
@@ -217,7 +139,7 @@ func stockScrape(t *testing.T, scrape time.Duration) {
 	// scrapes, and a minute for the control plane and Prometheus to start. Measured: 56–74 s at
 	// 15 s scrapes (one run under the race detector took 2m2s).
 	within := 6*scrape + 60*time.Second
-	if !waitUntil(within, complete) {
+	if !testkit.WaitUntil(within, complete) {
 		t.Fatalf("a complete topology (12 pairs, batch → web → api at 50 + 100 → 100 rps): not within %v; last seen: %s", within, last)
 	}
 	t.Logf("complete topology %v after start (scrape %v)", time.Since(began).Round(time.Second), scrape)
@@ -258,7 +180,7 @@ func stockScrape(t *testing.T, scrape time.Duration) {
 	must(t, tb.SetRTT("edge-1", "edge-3", 200))
 	target := 4*scrape + 2*time.Second
 	var followedAt time.Time
-	eventually(t, target+30*time.Second, "web-1 → api-4", func() bool {
+	testkit.Eventually(t, target+30*time.Second, "web-1 → api-4", func() bool {
 		if !wantRouteNow(srv, "web-1.shop", "api-4.shop") {
 			return false
 		}
@@ -287,7 +209,7 @@ func stockScrape(t *testing.T, scrape time.Duration) {
 // moves off it; at 20 % its RTT is the median of the answered probes (within 1 ms of that median
 // computed here from the raw samples), never pulled toward 0 by the lost ones.
 func TestProbeLoss(t *testing.T) {
-	testbed.RequireRoot(t)
+	t.Parallel()
 	// Loss is a share of probes: 80 probes in the window (500 ms scrapes, 40 s) make the
 	// estimate's standard error about 5 %, so 60 % loss reads above the 50 % limit and 20 %
 	// below. (At a stock 15 s scrape a 1 m window holds 4 probes: see the README.)
@@ -295,40 +217,14 @@ func TestProbeLoss(t *testing.T) {
 		scrape = 500 * time.Millisecond
 		window = 40 * time.Second
 	)
-	nodes := []string{"edge-1", "edge-2", "edge-3", "edge-4"}
-	tb := testbed.Start(t, testbed.Config{Nodes: nodes, ScrapeInterval: scrape,
-		RTT: map[[2]string]float64{
-			{"edge-1", "edge-3"}: 10, {"edge-1", "edge-4"}: 40, {"edge-2", "edge-3"}: 40,
-			{"edge-2", "edge-4"}: 10, {"edge-1", "edge-2"}: 20, {"edge-3", "edge-4"}: 20}})
-	tb.StartProbes(t)
-	c := kubeapi.Start(t, kubeapi.Options{})
-	ctx := kubeapi.Context(t)
-	podNS := testbed.NewNamespace(t, "198.18.1.0/24")
-	backends, port := startBackends(t, podNS, "api-3", "api-4")
-	k := kubeapi.NewKubelet(t, ctx, c.Client, ns, port)
-	k.Namespace()
-	for _, n := range nodes {
-		k.Node(n)
-	}
-	k.Service("web", true)
-	k.Service("api", true)
-	k.DeploymentPod("web", "web-1", "edge-1", podIP(100))
-	k.DeploymentPod("web", "web-2", "edge-2", podIP(101))
-	k.DeploymentPod("api", "api-3", "edge-3", backends["api-3"].ip)
-	k.DeploymentPod("api", "api-4", "edge-4", backends["api-4"].ip)
-
-	reg := prometheus.NewRegistry()
-	ks, err := kube.NewSource(kube.Config{Client: c.Client, Namespaces: []string{ns}, Selector: kube.DefaultSelector, Registerer: reg})
-	must(t, err)
+	w := newWorld(t, worldOptions{nodes: edges, rtt: edgeRTT(), scrape: scrape,
+		kube: true, services: []string{"web", "api"}, backends: []string{"api-3", "api-4"}, pods: shopPods})
 	// No hysteresis: every round is delivered, so the topology holds the last round's values.
-	ps, err := prom.NewSource(prom.Config{URL: tb.PrometheusURL(), RoundTripper: tb.PrometheusTransport(), Window: window,
-		HysteresisRelative: -1, HysteresisLatencyMS: -1, Registerer: reg})
-	must(t, err)
-	cl, err := watcher.NewLive(watcher.LiveConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg,
-		CallGraph: &watcher.CallGraph{Calls: []optimizer.Call{{From: "web.shop", To: "api.shop"}}, Ingress: []optimizer.Ingress{{Service: "web.shop", RPS: 100}}}})
-	must(t, err)
-	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
-	web1 := newCaller(t, podNS, addr, "web-1.shop", "api.shop")
+	w.watch(watchOptions{prom: &prom.Config{Window: window, HysteresisRelative: -1, HysteresisLatencyMS: -1},
+		live: watcher.LiveConfig{CallGraph: &watcher.CallGraph{Calls: []optimizer.Call{{From: "web.shop", To: "api.shop"}},
+			Ingress: []optimizer.Ingress{{Service: "web.shop", RPS: 100}}}}})
+	ctx, tb, reg, ps, cl, srv := w.ctx, w.tb, w.reg, w.ps, w.cl, w.srv
+	web1 := w.caller("web-1.shop", "api.shop")
 	latency := func(from, to string) float64 {
 		for _, l := range cl.Current().Latency {
 			if l.From == from && l.To == to {
@@ -337,7 +233,7 @@ func TestProbeLoss(t *testing.T) {
 		}
 		return math.NaN()
 	}
-	eventually(t, 60*time.Second, "every pair measured", func() bool {
+	testkit.Eventually(t, 60*time.Second, "every pair measured", func() bool {
 		return cl.Current() != nil && len(cl.Current().Latency) == 12 && gaugeValue(t, reg, "edgeflow_latency_unmeasured_pairs", "") == 0
 	})
 	wantRoute(t, srv, "web-1.shop", "api-3.shop", 30*time.Second)
@@ -345,18 +241,18 @@ func TestProbeLoss(t *testing.T) {
 
 	drop := func(p float64, op string) {
 		t.Helper()
-		out, err := tb.Exec("edge-1", "iptables", op, "OUTPUT", "-p", "icmp", "--icmp-type", "echo-request", "-d", tb.NodeIP("edge-3"),
+		out, err := tb.Exec("edge-1", "iptables", "-w", op, "OUTPUT", "-p", "icmp", "--icmp-type", "echo-request", "-d", tb.NodeIP("edge-3"),
 			"-m", "statistic", "--mode", "random", "--probability", fmt.Sprint(p), "-j", "DROP").CombinedOutput()
 		if err != nil {
 			t.Fatalf("iptables %s: %v: %s", op, err, out)
 		}
 	}
-	t.Cleanup(func() { _ = tb.Exec("edge-1", "iptables", "-F", "OUTPUT").Run() })
+	t.Cleanup(func() { _ = tb.Exec("edge-1", "iptables", "-w", "-F", "OUTPUT").Run() })
 
 	// 60 % of edge-1's echo requests to edge-3 are dropped.
 	drop(0.6, "-A")
 	start := time.Now()
-	eventually(t, 2*window, "edge-1 → edge-3 unreachable", func() bool {
+	testkit.Eventually(t, 2*window, "edge-1 → edge-3 unreachable", func() bool {
 		return gaugeValue(t, reg, "edgeflow_prometheus_unreachable_pairs", "") >= 1 && latency("edge-1", "edge-3") == prom.DefaultUnreachableMS
 	})
 	t.Logf("60 %% loss → pair unreachable after %v; %s", time.Since(start).Round(time.Millisecond), checkMessage(cl, "latency"))
@@ -372,15 +268,15 @@ func TestProbeLoss(t *testing.T) {
 	drop(0.6, "-D")
 	drop(0.2, "-A")
 	lossy := time.Now()
-	eventually(t, 2*window, "edge-1 → edge-3 reachable at 20 % loss", func() bool {
+	testkit.Eventually(t, 2*window, "edge-1 → edge-3 reachable at 20 % loss", func() bool {
 		return gaugeValue(t, reg, "edgeflow_prometheus_unreachable_pairs", "") == 0
 	})
-	eventually(t, 2*window, "a window of probes at 20 % loss", func() bool { return time.Since(lossy) > window+time.Second })
+	testkit.Eventually(t, 2*window, "a window of probes at 20 % loss", func() bool { return time.Since(lossy) > window+time.Second })
 	api, err := promapi.NewClient(promapi.Config{Address: tb.PrometheusURL(), RoundTripper: tb.PrometheusTransport()})
 	must(t, err)
 	var got, answered, naive float64
 	var probes, lost int
-	eventually(t, 20*time.Second, "edgeflow's RTT within 1 ms of the answered probes' median", func() bool {
+	testkit.Eventually(t, 20*time.Second, "edgeflow's RTT within 1 ms of the answered probes' median", func() bool {
 		at := ps.Status().LastSuccess
 		got = latency("edge-1", "edge-3")
 		answered, naive, probes, lost = rawRTT(t, ctx, promv1.NewAPI(api), at, window)
@@ -443,50 +339,27 @@ func checkMessage(cl *watcher.Live, name string) string { return check(cl, name)
 // weights follow within one window of its first samples. A probed node that Kubernetes does
 // not know is reported by name and never used.
 func TestColdStartWithoutPrometheus(t *testing.T) {
-	testbed.RequireRoot(t)
-	nodes := []string{"edge-1", "edge-2", "edge-3", "edge-4", "edge-x"} // edge-x: no such Kubernetes node
-	tb := testbed.Start(t, testbed.Config{Nodes: nodes, MetricsTargets: []string{"127.0.0.1:9300"},
-		RTT: map[[2]string]float64{
+	t.Parallel()
+	nodes := append(slices.Clone(edges), "edge-x") // edge-x: no such Kubernetes node
+	w := newWorld(t, worldOptions{nodes: nodes, promDown: true,
+		rtt: map[[2]string]float64{
 			{"edge-1", "edge-3"}: 40, {"edge-1", "edge-4"}: 10, {"edge-2", "edge-3"}: 10,
-			{"edge-2", "edge-4"}: 40, {"edge-1", "edge-2"}: 20, {"edge-3", "edge-4"}: 20}})
-	serveIstioMetrics(t, tb, reportedEdge{"source", "web", ns, "api", ns, 100}, reportedEdge{"source", "gateway", "istio-system", "web", ns, 100})
-	tb.StartProbes(t)
-	must(t, tb.StopPrometheus())
+			{"edge-2", "edge-4"}: 40, {"edge-1", "edge-2"}: 20, {"edge-3", "edge-4"}: 20},
+		istio: []reportedEdge{{"source", "web", ns, "api", ns, 100}, {"source", "gateway", "istio-system", "web", ns, 100}},
+		kube:  true, kubeNodes: edges, services: []string{"web", "api"}, backends: []string{"api-3", "api-4", "web-1", "web-2"}})
+	w.watch(watchOptions{prom: &prom.Config{}})
+	ctx, tb, reg, ks, ps, cl, srv, ready := w.ctx, w.tb, w.reg, w.ks, w.ps, w.cl, w.srv, w.ready
+	testkit.Eventually(t, 30*time.Second, "the Kubernetes caches synced", ks.Synced)
 
-	c := kubeapi.Start(t, kubeapi.Options{})
-	ctx := kubeapi.Context(t)
-	podNS := testbed.NewNamespace(t, "198.18.1.0/24")
-	backends, port := startBackends(t, podNS, "api-3", "api-4", "web-1", "web-2")
-	k := kubeapi.NewKubelet(t, ctx, c.Client, ns, port)
-	k.Namespace()
-	for _, n := range nodes[:4] {
-		k.Node(n)
+	for _, p := range shopPods {
+		w.deploymentPod(p.svc, p.pod, p.node)
 	}
-	k.Service("web", true)
-	k.Service("api", true)
-
-	reg := prometheus.NewRegistry()
-	ks, err := kube.NewSource(kube.Config{Client: c.Client, Namespaces: []string{ns}, Selector: kube.DefaultSelector, Registerer: reg})
-	must(t, err)
-	ps, err := prom.NewSource(prom.Config{URL: tb.PrometheusURL(), RoundTripper: tb.PrometheusTransport(), Registerer: reg})
-	must(t, err)
-	cl, err := watcher.NewLive(watcher.LiveConfig{Kube: ks, Prom: ps, Check: xds.CheckTopology, Registerer: reg})
-	must(t, err)
-	srv, addr := xdsServer(t, xdsserver.Config{Registerer: reg}, cl.Run)
-	ready := httptest.NewServer(watcher.ReadyHandler(srv.Published, cl.Checks))
-	t.Cleanup(ready.Close)
-	eventually(t, 30*time.Second, "the Kubernetes caches synced", ks.Synced)
-
-	k.DeploymentPod("web", "web-1", "edge-1", backends["web-1"].ip)
-	k.DeploymentPod("web", "web-2", "edge-2", backends["web-2"].ip)
-	k.DeploymentPod("api", "api-3", "edge-3", backends["api-3"].ip)
-	k.DeploymentPod("api", "api-4", "edge-4", backends["api-4"].ip)
 	podsReady := time.Now()
-	web1 := newCaller(t, podNS, addr, "web-1.shop", "api.shop")
-	gateway := newCaller(t, podNS, addr, "istio-ingressgateway", "web.shop") // no pod of the topology: round-robin
+	web1 := w.caller("web-1.shop", "api.shop")
+	gateway := w.caller("istio-ingressgateway", "web.shop") // no pod of the topology: round-robin
 	for name, cl := range map[string]*caller{"web-1 → api": web1, "gateway → web": gateway} {
 		var took time.Duration
-		eventually(t, 10*time.Second, name+": a first RPC", func() bool {
+		testkit.Eventually(t, 10*time.Second, name+": a first RPC", func() bool {
 			rctx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()
 			if _, err := cl.call(rctx); err != nil {
@@ -515,7 +388,7 @@ func TestColdStartWithoutPrometheus(t *testing.T) {
 	must(t, tb.StartPrometheus())
 	promClient := &http.Client{Transport: tb.PrometheusTransport(), Timeout: 2 * time.Second}
 	var firstSample time.Time
-	eventually(t, 60*time.Second, "the first probe samples in Prometheus", func() bool {
+	testkit.Eventually(t, 60*time.Second, "the first probe samples in Prometheus", func() bool {
 		resp, err := promClient.Get(tb.PrometheusURL() + "/api/v1/query?query=" + url.QueryEscape(`count(probe_success{job="edgeflow-icmp"})`))
 		if err != nil {
 			return false
@@ -532,7 +405,7 @@ func TestColdStartWithoutPrometheus(t *testing.T) {
 	// web-1 (edge-1) is 10 ms from api-4 and 40 ms from api-3 (measured: the equal plan could
 	// pick either).
 	var at time.Time
-	eventually(t, 60*time.Second, "web-1 → api-4 on measured latency", func() bool {
+	testkit.Eventually(t, 60*time.Second, "web-1 → api-4 on measured latency", func() bool {
 		if !cl.LatencyUsable() || !wantRouteNow(srv, "web-1.shop", "api-4.shop") {
 			return false
 		}
@@ -544,7 +417,7 @@ func TestColdStartWithoutPrometheus(t *testing.T) {
 	if d := at.Sub(firstSample); d > window {
 		t.Errorf("weights followed %v after the first samples, want within one window (%v)", d, window)
 	}
-	eventually(t, 30*time.Second, "edge-x reported", func() bool { return strings.Contains(checkMessage(cl, "latency"), "edge-x") })
+	testkit.Eventually(t, 30*time.Second, "edge-x reported", func() bool { return strings.Contains(checkMessage(cl, "latency"), "edge-x") })
 	code, body = get(t, ready.URL)
 	t.Logf("/readyz with a probed node Kubernetes does not know (%d):\n%s", code, body)
 	if code != http.StatusOK || !strings.Contains(body, "degraded") || !strings.Contains(body, "edge-x") || strings.Contains(body, "capacity-weighted") {
