@@ -49,6 +49,7 @@ func reportWaits(t *testing.T, tr *tracker, fault string) (gated, pending time.D
 // does not lead once --gate-timeout has passed, a scale-up meanwhile is never gated, and every
 // pod runs within --gate-timeout + 10 s.
 func TestNoLeaderNothingGated(t *testing.T) {
+	t.Parallel()
 	w := badWorld(t)
 	tr := w.track()
 	certPEM, certFile, keyFile := w.webhookCert()
@@ -105,6 +106,7 @@ func TestNoLeaderNothingGated(t *testing.T) {
 // --placement-timeout, and its ReplicaSet recreates it ungated elsewhere. No pod stays Pending
 // past the timeout (+ 10 s).
 func TestTaintedTargetNeverPending(t *testing.T) {
+	t.Parallel()
 	w := badWorld(t)
 	tr := w.track()
 	certPEM, certFile, keyFile := w.webhookCert()
@@ -286,6 +288,7 @@ func gaps(ts []time.Time) []string {
 // make: the API server's audit log shows no write by edgeflow — no eviction, no release, no
 // event, no Lease, no state — while it shows edgeflow's reads.
 func TestDryRunWritesNothing(t *testing.T) {
+	t.Parallel()
 	w := newWorldWith(t, worldOptions{audit: true}, threeNodes()...)
 	badLayout(w)
 	w.topology()
@@ -330,6 +333,7 @@ func TestDryRunWritesNothing(t *testing.T) {
 // A service with one pod is never evicted (an outage wherever no PodDisruptionBudget forbids
 // it), however much a move would gain.
 func TestSingleReplicaNeverEvicted(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, threeNodes()...)
 	w.service("frontend")
 	w.service("backend")
@@ -377,6 +381,7 @@ func TestSingleReplicaNeverEvicted(t *testing.T) {
 // uninstall removes the webhook registration, releases every gate edgeflow set (another's
 // gate stays) and removes the rebalancer's state; a second run finds nothing and succeeds.
 func TestUninstallReleasesGates(t *testing.T) {
+	t.Parallel()
 	w := badWorld(t)
 	tr := w.track()
 	certPEM, certFile, keyFile := w.webhookCert()
@@ -434,6 +439,7 @@ func TestUninstallReleasesGates(t *testing.T) {
 // pod on n2, the plan moving one of each to the other node — are each released within 30 s of
 // their pod existing, with edgeflow's default client limits (50 QPS, burst 100).
 func TestRebalanceBurst(t *testing.T) {
+	t.Parallel()
 	const pairs = 100
 	nodes := []kubeapi.NodeSpec{{Name: "n1", CPU: "32", Memory: "128Gi", Pods: 600}, {Name: "n2", CPU: "32", Memory: "128Gi", Pods: 600}}
 	w := newWorldWith(t, worldOptions{podCIDR: "198.18.0.0/21"}, nodes...)

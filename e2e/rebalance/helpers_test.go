@@ -175,12 +175,14 @@ func (w *world) controllerAs(cfg rebalancer.Config, rc *rest.Config) (*rebalance
 	return c, reg
 }
 
-// start runs c, electing on default/edgeflow-rebalancer with short timings, until the test
-// ends or stop (which releases the Lease).
+// start runs c, electing on default/edgeflow-rebalancer, until the test ends or stop (which
+// releases the Lease: another replica takes it at its next try, every 500 ms). A leader keeps
+// the Lease while it renews within client-go's 10 s, also on an API server slowed by the tests
+// running beside it.
 func (w *world) start(c *rebalancer.Controller, name string) (stop func()) {
 	return w.run("rebalancer "+name, func(ctx context.Context) error {
 		return c.Run(ctx, rebalancer.LeaderConfig{Namespace: "default", Name: rebalancer.DefaultLeaseName,
-			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond})
+			LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 500 * time.Millisecond})
 	})
 }
 

@@ -1,6 +1,13 @@
 // Package rebalance tests the LARP rebalancer against a real control plane: etcd,
 // kube-apiserver, kube-scheduler and kube-controller-manager (ReplicaSets, the disruption
 // controller behind PodDisruptionBudgets), with a fake kubelet running the bound pods.
+//
+// Every test has a world of its own (control plane, namespace, ports, files), so they run in
+// parallel, all but TestLeaderChangeMidMove: it holds evictions observed through an informer to
+// at least a period apart less 1 s, and is run alone (make runs it by name, without other tests'
+// load). The other bounds on time leave ~10 s or more beside what they measure (a release at
+// --gate-timeout, a deletion at --placement-timeout, 200 releases within 30 s) and held with 22
+// worlds at once on 2 cores.
 package rebalance
 
 import (
@@ -85,6 +92,7 @@ func (w *world) waitTopology(pods int) {
 // every replacement lands on its planned node through the scheduling gate, and no service
 // ever has fewer ready pods than its PodDisruptionBudget's minAvailable.
 func TestMovesDeploymentToPlan(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, threeNodes()...)
 	badLayout(w)
 	w.pdb("frontend", 2)
@@ -184,6 +192,7 @@ func TestMovesDeploymentToPlan(t *testing.T) {
 // Dry-run changes nothing; a PodDisruptionBudget that allows no disruption stops every
 // eviction; of two replicas only the Lease holder runs, and when it stops the other takes over.
 func TestDryRunPDBAndLeaderElection(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, threeNodes()...)
 	badLayout(w)
 	w.pdb("frontend", 3)
@@ -256,6 +265,7 @@ func TestDryRunPDBAndLeaderElection(t *testing.T) {
 // With the webhook up, a new pod of a managed Deployment is not gated (no move awaits it);
 // with the webhook down, pods are created ungated (failurePolicy Ignore) and still schedule.
 func TestWebhookDown(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, threeNodes()...)
 	w.service("frontend")
 	w.deployment("frontend", 1, "100m")
@@ -295,6 +305,7 @@ func TestWebhookDown(t *testing.T) {
 // A move whose destination is full (no pod slot left) is skipped with the reason node_full;
 // nothing is evicted and nothing is left pending.
 func TestNodeFull(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, kubeapi.NodeSpec{Name: "n1", Pods: 2}, kubeapi.NodeSpec{Name: "n2", Pods: 2})
 	w.service("frontend")
 	w.service("backend")
