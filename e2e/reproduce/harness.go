@@ -559,18 +559,50 @@ type Served struct {
 	Cost float64
 }
 
-// planned reads serve's last publication from its web view's snapshot and prices it (price).
-func planned(ui string, rtt map[[2]string]float64) (Served, error) {
+// snapshot reads serve's last publication from its web view.
+func snapshot(ui string) (*webui.Snapshot, error) {
 	resp, err := metricsClient.Get("http://" + ui + "/snapshot.json")
 	if err != nil {
-		return Served{}, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	var snap webui.Snapshot
 	if err := json.NewDecoder(resp.Body).Decode(&snap); err != nil {
+		return nil, err
+	}
+	return &snap, nil
+}
+
+// planned reads serve's last publication from its web view's snapshot and prices it (price).
+func planned(ui string, rtt map[[2]string]float64) (Served, error) {
+	snap, err := snapshot(ui)
+	if err != nil {
 		return Served{}, err
 	}
-	return price(&snap, rtt)
+	return price(snap, rtt)
+}
+
+// onMeasuredLatency says why snap's publication is not planned on measured RTTs ("" when it
+// is): serve publishes before Prometheus first answers, on its degraded plan (every node pair
+// at one latency, which no scenario's RTT matrix has: LATA's routes are then blind to the
+// network), and replaces it when the measurements arrive (--prometheus-interval later, or
+// more on a busy machine); a slice measured before that measures a plan other than the row's
+// policy makes on the testbed's RTTs.
+func onMeasuredLatency(snap *webui.Snapshot, nodes []string) string {
+	for _, d := range snap.Degraded {
+		if d.Input == "latency" {
+			return "latency degraded: " + d.Message
+		}
+	}
+	if want := len(nodes) * (len(nodes) - 1); len(snap.Latency) != want {
+		return fmt.Sprintf("the publication has %d node pairs' latency, want %d", len(snap.Latency), want)
+	}
+	for _, l := range snap.Latency[1:] {
+		if l.MS != snap.Latency[0].MS {
+			return ""
+		}
+	}
+	return fmt.Sprintf("the publication has every node pair at %g ms (the degraded plan)", snap.Latency[0].MS)
 }
 
 // price sums snap's routes by callee pod and prices them at rtt (node pair → ms, either order).
@@ -664,10 +696,11 @@ var (
 )
 
 // Serve starts `edgeflow serve` on the live inputs with the policy and the call graph at rate,
-// and waits until it has published and every caller pod's xDS client is connected to it. Its
-// listeners are on ports the kernel picks as serve binds them (127.0.0.1:0), read from the
-// lines where it names them: no port is picked here and bound later by another process. The
-// forwarder sends the pods' xDS connections to this serve until it stops.
+// and waits until it has published a plan on measured RTTs (onMeasuredLatency) and every
+// caller pod's xDS client is connected to it. Its listeners are on ports the kernel picks as
+// serve binds them (127.0.0.1:0), read from the lines where it names them: no port is picked
+// here and bound later by another process. The forwarder sends the pods' xDS connections to
+// this serve until it stops.
 func (h *Harness) Serve(a App, p Policy, rate float64) *proc {
 	s := h.start("serve", "serve", "--kubeconfig", h.cluster.Kubeconfig, "--prometheus-url", h.promURL,
 		"--calls", h.callGraph(a, rate), "--namespaces", ns, "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
@@ -689,12 +722,13 @@ func (h *Harness) Serve(a App, p Policy, rate float64) *proc {
 	s.stopped = func() { h.clearUpstream(xdsAddr) }
 
 	pods, streams := callers(a)
-	what := fmt.Sprintf("serve ready and %d caller pods connected with %d streams", pods, streams)
+	what := fmt.Sprintf("serve publishing a plan on measured RTTs and %d caller pods connected with %d streams", pods, streams)
 	var last map[string]float64
+	latency := "not read"
 	defer func() {
 		if last != nil && h.t.Failed() { // the wait timed out: say how far it got
-			fmt.Fprintf(h.log, "serve: at the timeout %g publications, %g caller pods, %g streams\n",
-				last["edgeflow_xds_publications_total"], last["edgeflow_xds_nodes"], last["edgeflow_xds_connected_clients"])
+			fmt.Fprintf(h.log, "serve: at the timeout %g publications, %g caller pods, %g streams; latency: %s\n",
+				last["edgeflow_xds_publications_total"], last["edgeflow_xds_nodes"], last["edgeflow_xds_connected_clients"], latency)
 		}
 	}()
 	h.eventually(90*time.Second, what, func() bool {
@@ -702,11 +736,21 @@ func (h *Harness) Serve(a App, p Policy, rate float64) *proc {
 			h.t.Fatalf("edgeflow serve exited:\n%s", s.tail())
 		}
 		m, err := metrics(metricsAddr)
-		if err == nil {
-			last = m
+		if err != nil {
+			return false
 		}
-		return err == nil && m["edgeflow_xds_publications_total"] > 0 &&
-			m["edgeflow_xds_nodes"] >= float64(pods) && m["edgeflow_xds_connected_clients"] >= float64(streams)
+		last = m
+		if !(m["edgeflow_xds_publications_total"] > 0 && m["edgeflow_xds_nodes"] >= float64(pods) &&
+			m["edgeflow_xds_connected_clients"] >= float64(streams)) {
+			return false
+		}
+		snap, err := snapshot(s.ui)
+		if err != nil {
+			latency = err.Error()
+			return false
+		}
+		latency = onMeasuredLatency(snap, Nodes)
+		return latency == ""
 	})
 	return s
 }

@@ -148,3 +148,35 @@ func TestPrice(t *testing.T) {
 		}
 	}
 }
+
+// TestOnMeasuredLatency tells a publication planned on measured RTTs from serve's degraded plan
+// (every pair at one latency, or the latency input degraded) and from one missing pairs.
+func TestOnMeasuredLatency(t *testing.T) {
+	nodes := []string{"n1", "n2", "n3"}
+	pairs := func(ms ...float64) []webui.Latency {
+		var out []webui.Latency
+		for i, a := range nodes {
+			for j, b := range nodes {
+				if i != j {
+					out = append(out, webui.Latency{From: a, To: b, MS: ms[len(out)%len(ms)]})
+				}
+			}
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name string
+		snap webui.Snapshot
+		want string
+	}{
+		{"measured", webui.Snapshot{Latency: pairs(8, 16, 8, 12, 16, 12)}, ""},
+		{"degraded plan", webui.Snapshot{Latency: pairs(1)}, "every node pair at 1 ms"},
+		{"latency degraded", webui.Snapshot{Latency: pairs(8, 16), Degraded: []webui.Degraded{{Input: "latency", Message: "2 node pairs unmeasured"}}}, "2 node pairs unmeasured"},
+		{"pairs missing", webui.Snapshot{Latency: pairs(8, 16)[:4]}, "4 node pairs' latency, want 6"},
+	} {
+		got := onMeasuredLatency(&c.snap, nodes)
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+}
