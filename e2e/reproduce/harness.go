@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"maps"
 	"math/big"
 	"net"
 	"net/http"
@@ -112,11 +113,15 @@ func NewHarness(t testing.TB, ctx context.Context, scenario string, log io.Write
 	return h
 }
 
-// SetScenario sets every node pair's RTT to the scenario's.
-func (h *Harness) SetScenario(name string) {
+// SetScenario sets every node pair's RTT to the scenario's; it reports whether that changed
+// any (false: the testbed already had the scenario's RTTs).
+func (h *Harness) SetScenario(name string) bool {
 	rtt, err := Scenario(name)
 	if err != nil {
 		h.t.Fatal(err)
+	}
+	if maps.Equal(rtt, h.rtt) {
+		return false
 	}
 	for pair, ms := range rtt {
 		if err := h.tb.SetRTT(pair[0], pair[1], ms); err != nil {
@@ -124,6 +129,7 @@ func (h *Harness) SetScenario(name string) {
 		}
 	}
 	h.rtt = rtt
+	return true
 }
 
 // The pod binary, built once per test process (podBinary) into podDir, which TestMain removes.
@@ -557,6 +563,25 @@ type Served struct {
 	// (0 on one node), in ms·req/s: what the plan costs on the testbed's delays, whatever RTTs
 	// serve measured, so that the plans of different slices and policies are priced alike.
 	Cost float64
+	// Traffic is the plan's req/s from the caller's node to the callee's, per ordered pair of
+	// distinct nodes; PlannedRTT the latency (ms) of each ordered node pair that serve planned
+	// on (the publication's, measured), so that plans can be priced alike at serve's inputs
+	// (costAt).
+	Traffic, PlannedRTT map[[2]string]float64
+}
+
+// costAt prices traffic (req/s per ordered node pair) at rtt (ms per ordered node pair):
+// Σ req/s × ms; false if a pair with traffic has no latency.
+func costAt(traffic, rtt map[[2]string]float64) (float64, bool) {
+	var cost float64
+	for pair, rps := range traffic {
+		ms, ok := rtt[pair]
+		if !ok {
+			return 0, false
+		}
+		cost += rps * ms
+	}
+	return cost, true
 }
 
 // snapshot reads serve's last publication from its web view.
@@ -613,7 +638,7 @@ func price(snap *webui.Snapshot, rtt map[[2]string]float64) (Served, error) {
 			node[p.Name] = n.Name
 		}
 	}
-	out := Served{CalleeRPS: map[string]float64{}}
+	out := Served{CalleeRPS: map[string]float64{}, Traffic: map[[2]string]float64{}}
 	for _, e := range snap.Edges {
 		for _, r := range e.Routes {
 			out.CalleeRPS[r.Callee] += r.RPS
@@ -632,10 +657,15 @@ func price(snap *webui.Snapshot, rtt map[[2]string]float64) (Served, error) {
 				return Served{}, fmt.Errorf("route %s → %s: no configured RTT between %s and %s", r.Caller, r.Callee, from, to)
 			}
 			out.Cost += r.RPS * ms
+			out.Traffic[[2]string{from, to}] += r.RPS
 		}
 	}
 	if len(out.CalleeRPS) == 0 {
 		return Served{}, fmt.Errorf("serve has published no plan (publication %d)", snap.Publication)
+	}
+	out.PlannedRTT = map[[2]string]float64{}
+	for _, l := range snap.Latency {
+		out.PlannedRTT[[2]string{l.From, l.To}] = l.MS
 	}
 	return out, nil
 }
@@ -761,12 +791,16 @@ func (h *Harness) Serve(a App, p Policy, rate float64) *proc {
 type Rebalanced struct {
 	Moves               int
 	CostBefore, CostNow float64
+	// Settled: it finished its plan (two runs since its last move, every pod placed, its
+	// planned gain under the threshold) before the timeout.
+	Settled bool
 }
 
 // Rebalance runs `edgeflow rebalance --dry-run=false` on the cluster (with its placement
-// webhook registered) until it has made its moves and the pods settled, or until timeout.
-func (h *Harness) Rebalance(a App, rate float64, timeout time.Duration) Rebalanced {
-	r, webhookAddr, metricsAddr, caPEM := h.startRebalance(a, rate)
+// webhook registered), a run every period on RTTs averaged over window, until it has made its
+// moves and the pods settled, or until timeout.
+func (h *Harness) Rebalance(a App, rate float64, period, window, timeout time.Duration) Rebalanced {
+	r, webhookAddr, metricsAddr, caPEM := h.startRebalance(a, rate, period, window)
 	u := "https://" + webhookAddr + rebalancer.WebhookPath
 	cfg := rebalancer.MutatingWebhookConfiguration(admissionregistrationv1.WebhookClientConfig{URL: &u, CABundle: caPEM})
 	if _, err := h.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(h.ctx, cfg, metav1.CreateOptions{}); err != nil {
@@ -817,6 +851,7 @@ func (h *Harness) Rebalance(a App, rate float64, timeout time.Duration) Rebalanc
 		// after 2 of 3 moves that way).
 		gain = m["edgeflow_rebalance_planned_gain_ratio"]
 		if runs >= runsAtLast+2 && h.unsettled(a) == "" && gain < rebalancer.DefaultThreshold {
+			out.Settled = true
 			return out
 		}
 	}
@@ -827,15 +862,15 @@ func (h *Harness) Rebalance(a App, rate float64, timeout time.Duration) Rebalanc
 // startRebalance starts `edgeflow rebalance --dry-run=false` with its webhook and metrics on
 // picked loopback ports and waits until its metrics answer (it binds the webhook's port
 // before them); a bind that fails (the port taken since the pick) starts it again on others.
-func (h *Harness) startRebalance(a App, rate float64) (r *proc, webhookAddr, metricsAddr string, caPEM []byte) {
+func (h *Harness) startRebalance(a App, rate float64, period, window time.Duration) (r *proc, webhookAddr, metricsAddr string, caPEM []byte) {
 	certFile, keyFile, caPEM := h.selfSigned()
 	calls := h.callGraph(a, rate)
 	for try := 1; ; try++ {
 		addrs := pickLoopbacks(h.t, 2)
 		webhookAddr, metricsAddr = addrs[0], addrs[1]
 		r = h.start("rebalance", "rebalance", "--dry-run=false", "--kubeconfig", h.cluster.Kubeconfig, "--prometheus-url", h.promURL,
-			"--calls", calls, "--namespaces", ns, "--lease-namespace", "default", "--period", "10s", "--min-age", "1s",
-			"--prometheus-window", "20s",
+			"--calls", calls, "--namespaces", ns, "--lease-namespace", "default", "--period", period.String(), "--min-age", "1s",
+			"--prometheus-window", window.String(),
 			"--webhook-address", webhookAddr, "--webhook-tls-cert", certFile, "--webhook-tls-key", keyFile,
 			"--metrics-address", metricsAddr, "--prometheus-interval", "2s")
 		var exited error

@@ -229,8 +229,12 @@ func markdown(o *Outcome, plots []string) string {
 	fmt.Fprintf(&b, "- **Pods**: simulated service time, %d worker per pod, exponential with mean %.0f ms (sleeping, not spinning: 2 cores cannot burn 4 × 4 cores' CPU); callers use grpc-go's xDS client against `edgeflow serve --kubeconfig --prometheus-url` (blackbox-exporter ICMP RTTs through Prometheus; the call graph from `--calls`, as there is no Istio telemetry here).\n",
 		o.Workload.Workers, ms(o.Workload.ServiceTime))
 	b.WriteString("- **Placement**: the default-placement rows run on the kube-scheduler's placement; then `edgeflow rebalance --dry-run=false` (with its placement webhook) moves pods on the cluster, and proposed and beyond run on the result.\n")
-	fmt.Fprintf(&b, "- **Load**: %s. Each run gives every policy %v of measured load after %v of warm-up, the policies taking turns within a run; `edgeflow serve` is restarted with the row's `--policy`/`--lb-policy` and measuring starts once every caller pod is connected with one xDS stream per service it calls (grpc-go keeps an xDS client per channel target). A new placement (after the deployment, after the rebalancer) first gets %v of load that is not measured, while its pods' channels connect.\n\n",
-		j.Testbed.Load, o.Preset.Duration, o.Preset.Warmup, SettleTime)
+	fmt.Fprintf(&b, "- **Load**: %s. Each run gives every policy %v of measured load after %v of warm-up, the policies taking turns within a run; `edgeflow serve` is restarted with the row's `--policy`/`--lb-policy` and measuring starts once every caller pod is connected with one xDS stream per service it calls (grpc-go keeps an xDS client per channel target).",
+		j.Testbed.Load, o.Preset.Duration, o.Preset.Warmup)
+	if settle := o.Preset.settleTime(); settle > 0 {
+		fmt.Fprintf(&b, " A new placement (after the deployment, after the rebalancer) first gets %v of load that is not measured, while its pods' channels connect.", settle)
+	}
+	b.WriteString("\n\n")
 
 	b.WriteString("## Headline: P99 (ms) at the middle rate\n\n")
 	writeHeadline(&b, o)
@@ -243,8 +247,9 @@ func markdown(o *Outcome, plots []string) string {
 		"therefore a second measurement of proposed's routes, and its difference from proposed is this testbed's noise.\n")
 	b.WriteString("- **LARP moves few pods.** `edgeflow rebalance` acts only while the predicted LATA cost falls by at least its " +
 		"threshold (5 %), within its per-run move limits (1 move per node per run) and cool-downs (a service does not move back " +
-		"to a node it left within the hour); it ran once per application × scenario, every 10 s (the product's default is 10 min; " +
-		"RTTs averaged over 20 s), beside serve, until its planned gain fell under the threshold or for at most 180 s. " +
+		"to a node it left within the hour); it ran once per application × scenario, every " + fmt.Sprintf("%g s", o.Preset.rebalancePeriod().Seconds()) +
+		" (the product's default is 10 min; RTTs averaged over " + fmt.Sprintf("%g s", o.Preset.rebalanceWindow().Seconds()) + "), beside serve, " +
+		"until its planned gain fell under the threshold or for at most 180 s. " +
 		"The placement table shows how far it went, with its predicted cost of both placements.\n")
 	b.WriteString("- **LATA keeps every pod at its share.** lata (and proposed) balance load by weight. With the paper's replica ratios " +
 		"(3 caller pods, 2 callee pods) Localization must overload a callee pod, and OptTraffic keeps every pod at its share too, so " +

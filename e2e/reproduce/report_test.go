@@ -2,6 +2,7 @@ package reproduce
 
 import (
 	"encoding/json"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -54,15 +55,11 @@ func TestWriteReport(t *testing.T) {
 	if len(got.Results) != len(Policies) {
 		t.Fatalf("%d results, want %d", len(got.Results), len(Policies))
 	}
-	for _, k := range []string{"app", "scenario", "policy", "rps", "runs", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "p99_spread_ms", "errors", "achieved_rps"} {
-		if _, ok := got.Results[0][k]; !ok {
-			t.Errorf("result without %q: %v", k, got.Results[0])
-		}
+	if m := missing(got.Results[0], resultKeys); len(m) > 0 {
+		t.Errorf("result without %v: %v", m, got.Results[0])
 	}
-	for _, k := range []string{"delay", "rtt_accuracy", "service_time"} {
-		if _, ok := got.Testbed[k]; !ok {
-			t.Errorf("testbed without %q", k)
-		}
+	if m := missing(got.Testbed, testbedKeys); len(m) > 0 {
+		t.Errorf("testbed without %v", m)
 	}
 	want := loadgen.Merge(o.Cells[0].Results...).Latency.Quantile(0.99)
 	if p := got.Results[0]["p99_ms"].(float64); p != round(ms(want)) {
@@ -134,6 +131,15 @@ func TestPrice(t *testing.T) {
 	}
 	if got.CalleeRPS["b-0"] != 110 || got.CalleeRPS["b-1"] != 40 {
 		t.Errorf("callee req/s %v, want b-0 110, b-1 40", got.CalleeRPS)
+	}
+	if want := map[[2]string]float64{{"n1", "n2"}: 40, {"n3", "n1"}: 50}; !maps.Equal(got.Traffic, want) {
+		t.Errorf("traffic %v, want %v", got.Traffic, want)
+	}
+	if c, ok := costAt(got.Traffic, map[[2]string]float64{{"n1", "n2"}: 1, {"n3", "n1"}: 2}); !ok || c != 140 {
+		t.Errorf("costAt: %v %v, want 140", c, ok)
+	}
+	if _, ok := costAt(got.Traffic, map[[2]string]float64{{"n1", "n2"}: 1}); ok {
+		t.Error("costAt priced traffic on a pair without latency")
 	}
 	for _, c := range []struct {
 		snap *webui.Snapshot

@@ -27,6 +27,9 @@ type Runs struct {
 	// slice ended, priced at the configured RTTs (Served.Cost, ms·req/s); NaN where it could
 	// not be read. Outcomes saved before it was recorded have none.
 	PlanCost []float64
+	// Traffic and PlannedRTT are, per run, that plan's Served.Traffic and Served.PlannedRTT
+	// (nil where it could not be read, and in outcomes saved before they were recorded).
+	Traffic, PlannedRTT []map[[2]string]float64
 }
 
 // Setup is what one application × scenario ran on: the measured RTTs, and the placement by
@@ -36,6 +39,7 @@ type Setup struct {
 	RTT           []PairAccuracy
 	Before, After map[string]map[string]int
 	Moves         int
+	Settled       bool // the rebalancer finished its plan before its timeout (Rebalanced.Settled)
 	// CostBefore and CostAfter are the rebalancer's predicted LATA cost (Σ req/s × measured
 	// RTT, ms·req/s) of the scheduler's placement and of the one it left; 0 if not read.
 	CostBefore, CostAfter float64
@@ -123,20 +127,23 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 		}
 		r.Results = append(r.Results, res)
 		pr.slice(c, run, p.Runs, time.Since(begin), res)
+		r.Traffic = append(r.Traffic, plan.Traffic)
+		r.PlannedRTT = append(r.PlannedRTT, plan.PlannedRTT)
 		if perr != nil {
 			r.PlanCost = append(r.PlanCost, math.NaN())
 			fmt.Fprintf(log, "  plan: %v\n", perr)
 		} else {
 			r.PlanCost = append(r.PlanCost, plan.Cost)
-			fmt.Fprintf(log, "  plan (callee req/s): %s; network cost at the configured RTTs %.0f ms·req/s (%.1f ms a request)\n",
-				fmtPlan(plan.CalleeRPS), plan.Cost, plan.Cost/rate)
+			fmt.Fprintf(log, "  plan (callee req/s): %s; network cost at the configured RTTs %.0f ms·req/s (%.1f ms a request); planned on RTTs %s\n",
+				fmtPlan(plan.CalleeRPS), plan.Cost, plan.Cost/rate, fmtRTT(plan.PlannedRTT, h.rtt))
 		}
 	}
 	for _, sc := range p.Scenarios {
 		for _, a := range p.Apps {
-			h.SetScenario(sc)
-			// Prometheus's window (4 scrapes) must forget the old RTTs before serve reads them.
-			time.Sleep(6 * time.Second)
+			if h.SetScenario(sc) {
+				// Prometheus's window (4 scrapes) must forget the old RTTs before serve reads them.
+				time.Sleep(6 * time.Second)
+			}
 			st := &Setup{App: a.Name, Scenario: sc}
 			o.Setups = append(o.Setups, st)
 			acc, err := h.MeasureRTT(20)
@@ -177,9 +184,9 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 			// clients stay connected (without a server for the rebalancer's minutes, their
 			// reconnect backoff grows toward grpc's 120 s cap, past the next serve's wait).
 			s := h.Serve(a, larp, rates[len(p.Rates)/2])
-			rb := h.Rebalance(a, rates[len(p.Rates)/2], 180*time.Second)
+			rb := h.Rebalance(a, rates[len(p.Rates)/2], p.rebalancePeriod(), p.rebalanceWindow(), 180*time.Second)
 			s.stop()
-			st.Moves, st.CostBefore, st.CostAfter = rb.Moves, rb.CostBefore, rb.CostNow
+			st.Moves, st.Settled, st.CostBefore, st.CostAfter = rb.Moves, rb.Settled, rb.CostBefore, rb.CostNow
 			o.RebalanceSeconds = append(o.RebalanceSeconds, time.Since(begin).Seconds())
 			st.After = h.Placement(a)
 			st.Pending = h.Pending()
@@ -229,22 +236,26 @@ func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) 
 	return res, plan, perr
 }
 
-// SettleTime is the load a placement gets, unmeasured, before its first measured slice.
+// SettleTime is the load a placement gets, unmeasured, before its first measured slice (unless
+// the preset sets its own, Preset.Settle).
 const SettleTime = 5 * time.Second
 
-// settle runs SettleTime of load at the middle rate under pol on a placement that just came up
-// (after Deploy, after the rebalancer) and discards it: the first slice on new pods would
-// otherwise also measure their channels connecting (the callers' xDS clients, which have had no
-// server since the last slice, come back from their reconnect backoff, and then open their
-// connections to the new pods).
+// settle runs the preset's settle time of load at the middle rate under pol on a placement
+// that just came up (after Deploy, after the rebalancer) and discards it: the first slice on
+// new pods would otherwise also measure their channels connecting (the callers' xDS clients,
+// which have had no server since the last slice, come back from their reconnect backoff, and
+// then open their connections to the new pods).
 func settle(h *Harness, a App, p Preset, sc string, pol Policy, log io.Writer) {
+	if p.settleTime() == 0 {
+		return
+	}
 	begin := time.Now()
 	rate := p.Rates[len(p.Rates)/2]
 	short := p
-	short.Warmup, short.Duration = 0, SettleTime
+	short.Warmup, short.Duration = 0, p.settleTime()
 	res, _, _ := loadOnce(h, a, sc, pol, short, rate)
 	fmt.Fprintf(log, "%s %s: settled under %s at %g req/s for %v, not measured (P99 %.1f ms, %d errors%s; %.1fs)\n",
-		a.Name, sc, pol.Name, rate, SettleTime, ms(res.Latency.Quantile(0.99)), res.Errors, errorKinds(res), time.Since(begin).Seconds())
+		a.Name, sc, pol.Name, rate, short.Duration, ms(res.Latency.Quantile(0.99)), res.Errors, errorKinds(res), time.Since(begin).Seconds())
 }
 
 // findMax returns the highest rate at which default-k8s keeps P99 under 1 s without errors, one
@@ -309,4 +320,17 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(ks)
 	return ks
+}
+
+// fmtRTT lists the RTT serve planned on for each node pair (the mean of both directions)
+// beside the configured one ("n1–n2 8.3/8").
+func fmtRTT(planned, configured map[[2]string]float64) string {
+	var parts []string
+	for i, a := range Nodes {
+		for _, b := range Nodes[i+1:] {
+			ms := (planned[[2]string{a, b}] + planned[[2]string{b, a}]) / 2
+			parts = append(parts, fmt.Sprintf("%s–%s %.1f/%g", a, b, ms, configured[[2]string{a, b}]))
+		}
+	}
+	return strings.Join(parts, ", ") + " ms (planned on/configured)"
 }
