@@ -53,6 +53,8 @@ const (
 //     debounce (one per DebounceMax while events never pause for DebounceQuiet, plus one per
 //     pause), and the process's live heap is flat (the mean of the last 20 s within 5 % of the
 //     first 20 s).
+//
+// Not parallel: its latencies and event rate are timed.
 func TestWatchAtScale(t *testing.T) {
 	if raceEnabled {
 		t.Skip("timing test: runs without the race detector (make unit's last pass)")

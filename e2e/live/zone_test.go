@@ -17,6 +17,8 @@ import (
 // pairs, so the latency is kept per zone: each zone pair gets the median of its measured node
 // pairs, the topology lists zone pairs only, /readyz says why, and a grpc-go client follows the
 // plan made between zones, also when a link inside a zone slows.
+//
+// Not parallel: the zone latencies are checked within 2 ms of the configured delays.
 func TestPrometheusLatencyPerZone(t *testing.T) {
 	const (
 		scrape   = time.Second
