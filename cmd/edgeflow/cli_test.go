@@ -29,6 +29,7 @@ func commandPaths(c *cobra.Command, prefix []string, out *[][]string) {
 // TestEveryCommandHasAnExample: every command's --help shows an Examples section, cobra's own
 // (help, completion and its shells) included.
 func TestEveryCommandHasAnExample(t *testing.T) {
+	t.Parallel()
 	var paths [][]string
 	commandPaths(newRootCommand(), nil, &paths)
 	if len(paths) < 15 {
@@ -56,6 +57,7 @@ func TestEveryCommandHasAnExample(t *testing.T) {
 var versionLine = regexp.MustCompile(`^edgeflow \S+ \(commit (\S+?)(, modified)?, (go1\.\d+(\.\d+)?\S*)\)\n$`)
 
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	code, out, errOut := runCLI(t, "", "version")
 	m := versionLine.FindStringSubmatch(out)
 	if code != 0 || m == nil || m[3] != runtime.Version() {
@@ -75,6 +77,7 @@ func TestVersion(t *testing.T) {
 // names the commit it was built from, and that bash completes its commands, flags and flag
 // values through the script `edgeflow completion bash` prints.
 func TestBinaryVersionAndBashCompletion(t *testing.T) {
+	t.Parallel()
 	root := filepath.Join("..", "..")
 	bin := testkit.Binary(t)
 	out, err := exec.Command(bin, "version", "-o", "json").Output()

@@ -82,6 +82,7 @@ func needTool(t *testing.T, name string) string {
 // TestDashboardQueriesParse checks every expression of the Grafana dashboard with promtool, as
 // recording rules.
 func TestDashboardQueriesParse(t *testing.T) {
+	t.Parallel()
 	promtool := needTool(t, "promtool")
 	var rules strings.Builder
 	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")
@@ -259,6 +260,7 @@ func promQuery(promURL, expr string) (int, error) {
 // grpc-go xDS client, one following a real kube-apiserver and that Prometheus, and one on the
 // same cluster with the (dry-run) rebalancer on. Each query must return at least one series.
 func TestDashboardQueriesReturnData(t *testing.T) {
+	t.Parallel()
 	promBin := needTool(t, "prometheus")
 	queries := dashboardQueries(t)
 

@@ -128,6 +128,7 @@ func parseTable(t *testing.T, out string) map[string]map[string]string {
 }
 
 func TestParseRates(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		in   []string
 		want []float64
@@ -203,6 +204,7 @@ func TestDemoLeastRequestRates(t *testing.T) {
 }
 
 func TestDemoBadInput(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	unplaced := filepath.Join(dir, "unplaced.yaml")
 	if err := os.WriteFile(unplaced, []byte("nodes: [{name: n1}]\nservices: [{name: a, replicas: 2}]\ningress: [{service: a, rps: 10}]\n"), 0o644); err != nil {
@@ -254,6 +256,7 @@ func TestDemoBadInput(t *testing.T) {
 // TestPairedVsLATA: the comparison with lata counts the rounds at or below lata's P99, and
 // says so when lata-q serves lata's own routes (its difference is then the testbed's noise).
 func TestPairedVsLATA(t *testing.T) {
+	t.Parallel()
 	ms := func(v ...int) loadgen.Samples {
 		var s loadgen.Samples
 		for _, x := range v {

@@ -13,6 +13,7 @@ import (
 // TestIstioBootstrap: the printed ConfigMap is exactly the one serve manages, kubectl-appliable
 // YAML, followed by the pod template patch as comments.
 func TestIstioBootstrap(t *testing.T) {
+	t.Parallel()
 	code, out, errOut := runCLI(t, "", "istio", "bootstrap", "--istio-xds-address", "edgeflow.edgeflow.svc.cluster.local:18000",
 		"-n", "bookinfo", "--xds-tls", "--istio-xds-server-san", "spiffe://cluster.local/ns/edgeflow/sa/edgeflow")
 	if code != 0 {

@@ -21,6 +21,7 @@ import (
 // holder runs its reconciler, its gauge is 1 and /readyz says leader; the other's says
 // follower naming the holder. When the leader stops, the other's reconciler runs.
 func TestIstioLeaderRunsTheReconcilerOnlyWhileLeading(t *testing.T) {
+	t.Parallel()
 	cs := fake.NewClientset()
 	lease := leader.Config{Namespace: "edgeflow", Name: DefaultIstioLeaseName, LeaseDuration: 30 * time.Second,
 		RenewDeadline: 20 * time.Second, RetryPeriod: 50 * time.Millisecond}

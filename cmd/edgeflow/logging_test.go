@@ -25,6 +25,7 @@ func runServeUntil(t *testing.T, want string, extra ...string) string {
 }
 
 func TestLogFormatJSON(t *testing.T) {
+	t.Parallel()
 	out := runServeUntil(t, "xds: published", "--log-format", "json", "--log-level", "debug")
 	levels := map[string]int{}
 	var announced bool
@@ -56,6 +57,7 @@ func TestLogFormatJSON(t *testing.T) {
 }
 
 func TestLogLevel(t *testing.T) {
+	t.Parallel()
 	// serve logs at info by default; --log-level warn leaves the announcement, not the records.
 	out := runServeUntil(t, "edgeflow serve: xDS on", "--log-level", "warn")
 	if strings.Contains(out, "level=INFO") {
@@ -68,6 +70,7 @@ func TestLogLevel(t *testing.T) {
 }
 
 func TestLogFlagsBadInput(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		args []string
 		msg  string

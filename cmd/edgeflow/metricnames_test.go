@@ -75,6 +75,7 @@ func sourceMetrics(t *testing.T, root string) []metricDef {
 // table: edgeflow_ prefix, snake case, _total on counters and only on them, base units (seconds,
 // bytes, ratios), and a README row naming the metric with its type.
 func TestMetricNames(t *testing.T) {
+	t.Parallel()
 	root := filepath.Join("..", "..")
 	defs := sourceMetrics(t, root)
 	if len(defs) < 40 {

@@ -47,6 +47,7 @@ func writeTopology(t *testing.T, text string) string {
 }
 
 func TestPlaceJSONContract(t *testing.T) {
+	t.Parallel()
 	path := writeTopology(t, placeTopology)
 	for _, policy := range []string{"larp", "larp-greedy", "k8s-spread"} {
 		t.Run(policy, func(t *testing.T) {
@@ -91,6 +92,7 @@ func TestPlaceJSONContract(t *testing.T) {
 // TestPlaceTopologyPipesIntoPlan checks `place -o topology | plan -f -`: the placed topology is
 // a valid plan input and plan's LATA cost is the cost place reported.
 func TestPlaceTopologyPipesIntoPlan(t *testing.T) {
+	t.Parallel()
 	path := writeTopology(t, placeTopology)
 	for _, policy := range []string{"larp", "larp-greedy", "k8s-spread"} {
 		t.Run(policy, func(t *testing.T) {
@@ -121,6 +123,7 @@ func TestPlaceTopologyPipesIntoPlan(t *testing.T) {
 }
 
 func TestPlaceDefaultLatency(t *testing.T) {
+	t.Parallel()
 	// No latency between the zones: an error without --default-latency.
 	var kept []string
 	for _, line := range strings.Split(placeTopology, "\n") {
@@ -143,6 +146,7 @@ func TestPlaceDefaultLatency(t *testing.T) {
 }
 
 func TestPlaceRejectsBadInput(t *testing.T) {
+	t.Parallel()
 	good := writeTopology(t, placeTopology)
 	tests := []struct {
 		name     string
@@ -193,6 +197,7 @@ func TestPlaceRejectsBadInput(t *testing.T) {
 }
 
 func TestPlaceTable(t *testing.T) {
+	t.Parallel()
 	path := writeTopology(t, placeTopology)
 	code, stdout, stderr := runCLI(t, "", "place", "-f", path)
 	if code != 0 {
@@ -212,6 +217,7 @@ func TestPlaceTable(t *testing.T) {
 // TestPlaceBudget checks that a spent budget still gives a placement, says so on stderr, and
 // adds truncated and cut to the json; a run within its budget adds neither.
 func TestPlaceBudget(t *testing.T) {
+	t.Parallel()
 	path := writeTopology(t, placeTopology)
 	code, stdout, stderr := runCLI(t, "", "place", "-f", path, "--budget", "1ns", "-o", "json")
 	if code != 0 {

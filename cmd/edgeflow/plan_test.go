@@ -14,6 +14,7 @@ import (
 )
 
 func TestPlanGolden(t *testing.T) {
+	t.Parallel()
 	for _, example := range []string{"bookinfo", "dag"} {
 		file := filepath.Join("..", "..", "examples", example+".yaml")
 		for _, p := range optimizer.Policies() {
@@ -36,6 +37,7 @@ func TestPlanGolden(t *testing.T) {
 }
 
 func TestPlanJSONContract(t *testing.T) {
+	t.Parallel()
 	code, out, errOut := runCLI(t, "", "plan", "-f", "../../examples/bookinfo.yaml", "-o", "json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -71,6 +73,7 @@ func TestPlanJSONContract(t *testing.T) {
 }
 
 func TestPlanReadsStdinAndYAML(t *testing.T) {
+	t.Parallel()
 	src, err := os.ReadFile("../../examples/dag.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -85,6 +88,7 @@ func TestPlanReadsStdinAndYAML(t *testing.T) {
 }
 
 func TestPlanBadInput(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write := func(name, body string) string {
 		p := filepath.Join(dir, name)
@@ -152,6 +156,7 @@ services: [{name: a, pods: [{name: a-0, node: n1}]}]
 // routes are served (Bookinfo with the demo's pods, μ = 1000/6 rps: lata-q's own plan at 150
 // req/s, lata's at 300).
 func TestPlanTableLATAQ(t *testing.T) {
+	t.Parallel()
 	src, err := os.ReadFile(filepath.Join("..", "..", "examples", "bookinfo.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -180,6 +185,7 @@ func TestPlanTableLATAQ(t *testing.T) {
 // plan -o istio prints DestinationRules that parse back, one per call edge of the example,
 // each selecting its caller's pods, with weights of every from-locality summing to 100.
 func TestPlanIstio(t *testing.T) {
+	t.Parallel()
 	code, out, errOut := runCLI(t, "", "plan", "-f", "../../examples/bookinfo.yaml", "-o", "istio")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -253,6 +259,7 @@ func TestPlanIstio(t *testing.T) {
 }
 
 func TestServeIstioModeFlags(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		args []string
 		want string

@@ -256,6 +256,7 @@ func TestServeFollowsTheFile(t *testing.T) {
 }
 
 func TestServeBadInput(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	noAddress := filepath.Join(dir, "noaddr.yaml")
 	writeFile(t, noAddress, strings.ReplaceAll(serveTopology(map[string]string{"e-0": "", "e-1": "10.0.0.1:80"}, 5), `address: ""`, `weight: 1`))
@@ -299,6 +300,7 @@ func TestServeBadInput(t *testing.T) {
 // TestServeSecurityChecks: plaintext xDS beyond loopback needs --insecure-xds, or TLS; loopback
 // (IPv4, IPv6, localhost) needs neither.
 func TestServeSecurityChecks(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		addr, cert string
 		insecure   bool
@@ -323,6 +325,7 @@ func TestServeSecurityChecks(t *testing.T) {
 
 // TestHTTPServerTimeouts: edgeflow's HTTP servers time out slow clients at every stage.
 func TestHTTPServerTimeouts(t *testing.T) {
+	t.Parallel()
 	s := newHTTPServer(http.NewServeMux(), time.Minute)
 	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout <= 0 || s.IdleTimeout <= 0 {
 		t.Fatalf("timeouts: read header %v, read %v, write %v, idle %v; want all set", s.ReadHeaderTimeout, s.ReadTimeout, s.WriteTimeout, s.IdleTimeout)

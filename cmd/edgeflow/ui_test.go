@@ -25,6 +25,7 @@ import (
 // the web view would show from /snapshot.json: the topology, the weights, the plan's cost
 // against round-robin's (also on /metrics), the push answered, and a bad file as a degraded input.
 func TestServeWebView(t *testing.T) {
+	t.Parallel()
 	addrs := echoAddrs(testkit.StartEchoes(t, "e-0", "e-1"))
 	path := filepath.Join(t.TempDir(), "topology.yaml")
 	writeFile(t, path, serveTopology(addrs, 5))
@@ -108,6 +109,7 @@ func TestServeWebView(t *testing.T) {
 }
 
 func TestServeWebViewOnlyOnLoopback(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "good.yaml")
 	writeFile(t, path, serveTopology(map[string]string{"e-0": "10.0.0.1:80", "e-1": "10.0.0.2:80"}, 5))
 	for _, addr := range []string{"0.0.0.0:0", ":0", "edgeflow.example:8080"} {
@@ -141,6 +143,7 @@ func (p publishedOnly) WaitConverged(ctx context.Context, _ uint64) error {
 // The view of a publication is the topology that publication was planned from, whether or not
 // the follower's own Update has come yet (a CI run under load showed an empty node list).
 func TestSnapshotIsThePublicationsTopology(t *testing.T) {
+	t.Parallel()
 	top, err := optimizer.ParseTopology(strings.NewReader(serveTopology(map[string]string{"e-0": "127.0.0.1:1", "e-1": "127.0.0.1:2"}, 5)), "t.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -156,6 +159,7 @@ func TestSnapshotIsThePublicationsTopology(t *testing.T) {
 // "POD.NAMESPACE"; the snapshot's nodes and services must name them alike, or the page (which
 // places a route at its pods' positions by name) draws none of them.
 func TestSnapshotNamesPodsAsRoutesDo(t *testing.T) {
+	t.Parallel()
 	const file = `
 nodes: [{name: n1}, {name: n2}]
 latency: [{from: n1, to: n2, ms: 5}]
