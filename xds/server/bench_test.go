@@ -35,6 +35,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -377,7 +378,7 @@ func benchEdgeflow(b *testing.B, n int) {
 	fl.connect(b, h.addr, ids, []string{"callee"})
 	defer fl.close()
 	// Every client registered, then the first publication reaches them all.
-	eventually(b, time.Minute, "all nodes registered", func() bool { return counter(b, h.srv.m.nodes) == float64(n) })
+	testkit.Eventually(b, time.Minute, "all nodes registered", func() bool { return counter(b, h.srv.m.nodes) == float64(n) })
 	done, k := fl.expect(want[0])
 	h.srv.Update(tops[0])
 	waitRound(b, done, k)
@@ -400,7 +401,7 @@ func benchOneService(b *testing.B, n int) {
 	fl := newFleet(n)
 	fl.connect(b, h.addr, ids, []string{"s1", "s2"})
 	defer fl.close()
-	eventually(b, time.Minute, "all nodes registered", func() bool { return counter(b, h.srv.m.nodes) == float64(n) })
+	testkit.Eventually(b, time.Minute, "all nodes registered", func() bool { return counter(b, h.srv.m.nodes) == float64(n) })
 	done, k := fl.expect(want[0])
 	h.srv.Update(tops[0])
 	waitRound(b, done, k)
@@ -478,10 +479,10 @@ func benchRealClients(b *testing.B, n int) {
 	for j := range pods {
 		pods[j] = fmt.Sprintf("callee-%d", j)
 	}
-	bs := startBackends(b, pods...)
+	bs := testkit.StartEchoes(b, pods...)
 	withAddrs := func(t *optimizer.Topology) *optimizer.Topology {
 		for i := range t.Services[1].Pods {
-			t.Services[1].Pods[i].Address = bs[t.Services[1].Pods[i].Name].addr
+			t.Services[1].Pods[i].Address = bs[t.Services[1].Pods[i].Name].Addr
 		}
 		return t
 	}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -31,10 +32,11 @@ func deltaWeights(t testing.TB, r *discovery.DeltaDiscoveryResponse) string {
 // sent that again), and counts as the answer; a publication that changes nothing a delta client
 // subscribes to sends it nothing and still converges.
 func TestDeltaACKAndNACK(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	c := dialDelta(t, h.addr, "x-0")
 	c.subscribe(resource.EndpointType, "y")
-	eventually(t, 5*time.Second, "node registered", func() bool { return counter(t, h.srv.m.nodes) == 1 })
+	testkit.Eventually(t, 5*time.Second, "node registered", func() bool { return counter(t, h.srv.m.nodes) == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -97,6 +99,7 @@ func TestDeltaACKAndNACK(t *testing.T) {
 // TestPerTypeStreams: the per-type services (EDS here, SOTW and delta) send no type_url after
 // the stream's first request, or none at all; their ACKs are tracked all the same.
 func TestPerTypeStreams(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -120,7 +123,7 @@ func TestPerTypeStreams(t *testing.T) {
 	if err := delta.Send(&discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: "x-1"}, ResourceNamesSubscribe: []string{"y"}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "both nodes registered", func() bool { return counter(t, h.srv.m.nodes) == 2 })
+	testkit.Eventually(t, 5*time.Second, "both nodes registered", func() bool { return counter(t, h.srv.m.nodes) == 2 })
 	round := func(pub uint64) {
 		t.Helper()
 		r, err := sotw.Recv()
@@ -137,7 +140,7 @@ func TestPerTypeStreams(t *testing.T) {
 		if err := sotw.Send(&discovery.DiscoveryRequest{ResourceNames: []string{"y"}, VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 5*time.Second, "the SOTW ACK handled", func() bool { return !awaits(h, "x-0") })
+		testkit.Eventually(t, 5*time.Second, "the SOTW ACK handled", func() bool { return !awaits(h, "x-0") })
 		if h.srv.converged.Load() >= pub {
 			t.Fatalf("publication %d converged before the delta stream ACKed", pub)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -65,6 +66,7 @@ func nodeEDSNames(t *testing.T, s *Server, id string) []string {
 // unchanged; once the sidecar unsubscribes, the empty assignment is no longer kept. SOTW and
 // delta, over real ADS streams.
 func TestDroppedServiceGetsAnEmptyAssignment(t *testing.T) {
+	t.Parallel()
 	for _, delta := range []bool{false, true} {
 		name := "sotw"
 		if delta {
@@ -148,12 +150,12 @@ func TestDroppedServiceGetsAnEmptyAssignment(t *testing.T) {
 			if err := h.srv.WaitPublished(ctx, 3); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 10*time.Second, "the node's sets after publication 3", func() bool {
+			testkit.Eventually(t, 10*time.Second, "the node's sets after publication 3", func() bool {
 				return slices.Contains(nodeEDSNames(t, h.srv, ppSidecar), detailsCLA)
 			})
 			// … and goes once the sidecar no longer asks for it.
 			unsubscribeDetails()
-			eventually(t, 10*time.Second, "the empty assignment to go after the unsubscription", func() bool {
+			testkit.Eventually(t, 10*time.Second, "the empty assignment to go after the unsubscription", func() bool {
 				return !slices.Contains(nodeEDSNames(t, h.srv, ppSidecar), detailsCLA)
 			})
 			if names := nodeEDSNames(t, h.srv, ppSidecar); !slices.Contains(names, reviewsCLA) {

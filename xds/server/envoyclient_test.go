@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -420,6 +421,7 @@ func assignmentsEqual(want map[string]string) func(envoyState) error {
 }
 
 func TestEnvoyClientFollowsThePlan(t *testing.T) {
+	t.Parallel()
 	top := loadTopology(t, bookinfoPath)
 	h := startServer(t, Config{DebounceQuiet: -1})
 	h.srv.Update(top)
@@ -524,15 +526,16 @@ func TestEnvoyClientFollowsThePlan(t *testing.T) {
 // a node that does not say it is Envoy gets the proxyless gRPC resources, whose api_listeners
 // Envoy takes only from its bootstrap. The client keeps nothing of the rejected response.
 func TestEnvoyClientRejectsProxylessListeners(t *testing.T) {
+	t.Parallel()
 	top := loadTopology(t, bookinfoPath)
 	h := startServer(t, Config{DebounceQuiet: -1})
 	h.srv.Update(top)
 	c := dialEnvoyAs(t, h.addr, &core.Node{Id: "productpage-0", UserAgentName: "gRPC Go"})
-	eventually(t, 10*time.Second, "a NACK of the api_listeners", func() bool {
+	testkit.Eventually(t, 10*time.Second, "a NACK of the api_listeners", func() bool {
 		_, nacks, _ := c.state()
 		return slices.ContainsFunc(nacks, func(n string) bool { return strings.Contains(n, "api_listener") })
 	})
-	eventually(t, 10*time.Second, "the server counting the LDS NACK", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the server counting the LDS NACK", func() bool {
 		return counter(t, h.srv.m.nacks.WithLabelValues("lds")) > 0
 	})
 	s, _, _ := c.state()
@@ -546,6 +549,7 @@ func TestEnvoyClientRejectsProxylessListeners(t *testing.T) {
 // stream (not ADS) and names Istio's cluster names. It gets the caller's weights with Istio's
 // mTLS endpoint metadata.
 func TestIstioSidecarGetsEDS(t *testing.T) {
+	t.Parallel()
 	top := loadTopology(t, bookinfoPath)
 	h := startServer(t, Config{DebounceQuiet: -1})
 	h.srv.Update(top)

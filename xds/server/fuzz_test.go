@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -77,7 +78,7 @@ func FuzzStreamRequests(f *testing.F) {
 	if held.GetVersionInfo() == first.GetVersionInfo() {
 		f.Fatal("the second publication did not change x-0's weights")
 	}
-	eventually(f, 10*time.Second, "the control client's ACK", func() bool {
+	testkit.Eventually(f, 10*time.Second, "the control client's ACK", func() bool {
 		snap, err := h.srv.cached("x-0")
 		return err == nil && snap.GetVersion(resource.EndpointType) == held.GetVersionInfo()
 	})
@@ -179,7 +180,7 @@ func FuzzStreamRequests(f *testing.F) {
 		}
 		cancel()
 		conn.Close()
-		eventually(t, 10*time.Second, "the fuzzed streams' state gone", func() bool {
+		testkit.Eventually(t, 10*time.Second, "the fuzzed streams' state gone", func() bool {
 			h.srv.nodesMu.Lock()
 			nodes := len(h.srv.nodes)
 			h.srv.nodesMu.Unlock()

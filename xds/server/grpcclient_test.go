@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"net"
 	"os"
 	"slices"
 	"sort"
@@ -23,6 +22,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	grpcxds "google.golang.org/grpc/xds"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -34,58 +34,6 @@ const (
 	splitRPCs    = 10000
 	splitTolerPP = 2.0
 )
-
-type backend struct {
-	pod     string
-	addr    string
-	accepts atomic.Int64
-	served  atomic.Int64
-	last    atomic.Int64 // unix nanos of the last RPC served
-}
-
-type echoServer struct {
-	testgrpc.UnimplementedTestServiceServer
-	b *backend
-}
-
-func (s echoServer) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-	s.b.served.Add(1)
-	s.b.last.Store(time.Now().UnixNano())
-	return &testgrpc.SimpleResponse{ServerId: s.b.pod}, nil
-}
-
-type countingListener struct {
-	net.Listener
-	b *backend
-}
-
-func (l countingListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err == nil {
-		l.b.accepts.Add(1)
-	}
-	return c, err
-}
-
-// startBackends starts one gRPC TestService per pod on 127.0.0.1:0; stopped at cleanup.
-func startBackends(t testing.TB, pods ...string) map[string]*backend {
-	t.Helper()
-	out := map[string]*backend{}
-	for _, p := range pods {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b := &backend{pod: p, addr: lis.Addr().String()}
-		g := grpc.NewServer()
-		testgrpc.RegisterTestServiceServer(g, echoServer{b: b})
-		done := make(chan struct{})
-		go func() { defer close(done); _ = g.Serve(countingListener{lis, b}) }()
-		t.Cleanup(func() { g.Stop(); <-done })
-		out[p] = b
-	}
-	return out
-}
 
 // xdsConn dials xds:///target with its own xDS client whose node id is nodeID; closed at
 // cleanup.
@@ -113,12 +61,12 @@ func dialXDS(t testing.TB, controlPlane, nodeID, target string) (testgrpc.TestSe
 }
 
 // realTopology: callers c-0…c-2 call echo (4 pods) and aux (2 pods) on a 4-node line.
-func realTopology(bs map[string]*backend) *optimizer.Topology {
+func realTopology(bs map[string]*testkit.Echo) *optimizer.Topology {
 	l := func(a, b string, ms float64) optimizer.Latency { return optimizer.Latency{From: a, To: b, MS: ms} }
 	pod := func(name, node string) optimizer.Pod {
 		p := optimizer.Pod{Name: name, Node: node}
 		if b := bs[name]; b != nil {
-			p.Address = b.addr
+			p.Address = b.Addr
 		}
 		return p
 	}
@@ -237,12 +185,13 @@ func checkSplit(t testing.TB, label string, counts map[string]int, want map[stri
 }
 
 func TestRealClientsFollowThePlan(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real xDS clients: 100k RPCs")
 	}
 	for _, enc := range []xds.Encoding{xds.EncodingLocality, xds.EncodingWeightedClusters} {
 		t.Run(string(enc), func(t *testing.T) {
-			bs := startBackends(t, realPods...)
+			bs := testkit.StartEchoes(t, realPods...)
 			top := realTopology(bs)
 			h := startServer(t, Config{Encoding: enc, DebounceQuiet: -1})
 			h.srv.Update(top)
@@ -340,6 +289,7 @@ func (p *probe) progress() (int, time.Time) {
 }
 
 func TestRealClientsLiveUpdate(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real xDS clients")
 	}
@@ -349,7 +299,7 @@ func TestRealClientsLiveUpdate(t *testing.T) {
 }
 
 func liveUpdate(t *testing.T, enc xds.Encoding) {
-	bs := startBackends(t, realPods...)
+	bs := testkit.StartEchoes(t, realPods...)
 	top := realTopology(bs)
 	h := startServer(t, Config{Encoding: enc, DebounceQuiet: -1})
 	h.srv.Update(top)
@@ -368,7 +318,7 @@ func liveUpdate(t *testing.T, enc xds.Encoding) {
 	accepts := func() int64 {
 		var n int64
 		for _, b := range bs {
-			n += b.accepts.Load()
+			n += b.Accepts.Load()
 		}
 		return n
 	}
@@ -392,7 +342,7 @@ func liveUpdate(t *testing.T, enc xds.Encoding) {
 		}
 		probing := func(what string, done func(n int, last time.Time) bool) {
 			t.Helper()
-			eventually(t, 10*time.Second, what, func() bool {
+			testkit.Eventually(t, 10*time.Second, what, func() bool {
 				for _, p := range probes {
 					if n, last := p.progress(); !done(n, last) {
 						return false
@@ -472,11 +422,11 @@ func liveUpdate(t *testing.T, enc xds.Encoding) {
 	removed := top.Clone()
 	removed.Services[1].Pods = removed.Services[1].Pods[1:]
 	step("pod e-0 removed", removed, 3, false)
-	before := bs["e-0"].served.Load()
+	before := bs["e-0"].Calls.Load()
 	for _, c := range callers {
 		measure(t, clients[c], 3000)
 	}
-	if got := bs["e-0"].served.Load() - before; got != 0 {
+	if got := bs["e-0"].Calls.Load() - before; got != 0 {
 		t.Errorf("removed pod e-0 served %d RPCs after the push", got)
 	}
 }
@@ -488,17 +438,18 @@ func liveUpdate(t *testing.T, enc xds.Encoding) {
 // client has reconnected and asked for all four types, naming the versions it holds, which
 // the new server cannot know yet.
 func TestRealClientsServerRestart(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real xDS clients")
 	}
-	bs := startBackends(t, realPods...)
+	bs := testkit.StartEchoes(t, realPods...)
 	top := realTopology(bs)
 	for _, order := range []string{"published first", "reconnected first"} {
 		t.Run(order, func(t *testing.T) { testServerRestart(t, bs, top, order == "reconnected first") })
 	}
 }
 
-func testServerRestart(t *testing.T, bs map[string]*backend, top *optimizer.Topology, reconnectFirst bool) {
+func testServerRestart(t *testing.T, bs map[string]*testkit.Echo, top *optimizer.Topology, reconnectFirst bool) {
 	h := startServer(t, Config{DebounceQuiet: -1})
 	h.srv.Update(top)
 	callers := []string{"c-0", "c-1", "c-2", "unknown-caller"}
@@ -532,7 +483,7 @@ func testServerRestart(t *testing.T, bs map[string]*backend, top *optimizer.Topo
 		}
 	}
 	var before map[string]string
-	eventually(t, 10*time.Second, "ACKs", allAcked(h, &before))
+	testkit.Eventually(t, 10*time.Second, "ACKs", allAcked(h, &before))
 
 	// Every client sends RPCs one after another through the restart; none may fail.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -564,7 +515,7 @@ func testServerRestart(t *testing.T, bs map[string]*backend, top *optimizer.Topo
 	h.stop() // the clients lose their ADS streams (and keep their last configuration)
 	h2 := startServerOn(t, Config{DebounceQuiet: -1}, h.addr)
 	if reconnectFirst {
-		eventually(t, 30*time.Second, "clients reconnected, asking for every type", func() bool {
+		testkit.Eventually(t, 30*time.Second, "clients reconnected, asking for every type", func() bool {
 			h2.srv.nodesMu.Lock()
 			defer h2.srv.nodesMu.Unlock()
 			waiting := 0
@@ -582,7 +533,7 @@ func testServerRestart(t *testing.T, bs map[string]*backend, top *optimizer.Topo
 	}
 	h2.srv.Update(top)
 	var after map[string]string
-	eventually(t, 30*time.Second, "clients reconnected and ACKed", allAcked(h2, &after))
+	testkit.Eventually(t, 30*time.Second, "clients reconnected and ACKed", allAcked(h2, &after))
 	for _, c := range callers {
 		if after[c] != before[c] {
 			t.Errorf("%s: EDS version %s before the restart, %s after: weights differ", c, before[c], after[c])
@@ -633,7 +584,7 @@ func TestPodRemovalNeverFailsRPCs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real xDS clients")
 	}
-	bs := startBackends(t, realPods...)
+	bs := testkit.StartEchoes(t, realPods...)
 	full := realTopology(bs)
 	callers := []string{"c-0", "c-1", "c-2"}
 	encodings := []xds.Encoding{xds.EncodingLocality, xds.EncodingWeightedClusters}
@@ -682,7 +633,7 @@ func TestPodRemovalNeverFailsRPCs(t *testing.T) {
 					return true
 				}
 			}
-			eventually(t, 10*time.Second, "probes running", running(5, t0))
+			testkit.Eventually(t, 10*time.Second, "probes running", running(5, t0))
 			removed := full.Clone()
 			removed.Services[1].Pods = append(removed.Services[1].Pods[:gone:gone], removed.Services[1].Pods[gone+1:]...)
 			h.srv.Update(removed)
@@ -691,9 +642,9 @@ func TestPodRemovalNeverFailsRPCs(t *testing.T) {
 			}
 			// The removed pod's cluster leaves after the grace, in a step of its own: wait until
 			// every node holds its target and has its answers in.
-			eventually(t, 10*time.Second, "every node at its target after the removal grace", func() bool { return h.srv.allAtTarget() })
+			testkit.Eventually(t, 10*time.Second, "every node at its target after the removal grace", func() bool { return h.srv.allAtTarget() })
 			// Every client has applied the last step; RPCs picked before it have finished.
-			eventually(t, 10*time.Second, "probes past the last ACK", running(0, time.Now().Add(20*time.Millisecond)))
+			testkit.Eventually(t, 10*time.Second, "probes past the last ACK", running(0, time.Now().Add(20*time.Millisecond)))
 			close(stop)
 			wg.Wait()
 			stop = make(chan struct{}) // for the deferred close
@@ -739,7 +690,7 @@ func TestRemovalGraceKeepsThenRemoves(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real xDS clients")
 	}
-	bs := startBackends(t, realPods...)
+	bs := testkit.StartEchoes(t, realPods...)
 	full := realTopology(bs)
 	removed := full.Clone()
 	gone := removed.Services[1].Pods[2].Name
@@ -791,7 +742,7 @@ func TestRemovalGraceKeepsThenRemoves(t *testing.T) {
 			if !holds(h, "c-0") {
 				t.Fatalf("grace %v: %s gone at convergence, want it kept", grace, cluster)
 			}
-			eventually(t, 10*time.Second, "the cluster gone and ACKed", func() bool { return !holds(h, "c-0") && h.srv.allAtTarget() })
+			testkit.Eventually(t, 10*time.Second, "the cluster gone and ACKed", func() bool { return !holds(h, "c-0") && h.srv.allAtTarget() })
 			if took := time.Since(converged); took < grace/2 || took > grace+2*time.Second {
 				t.Errorf("grace %v: the cluster left %v after convergence", grace, took)
 			}

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/edgeflow/edgeflow/internal/certfile"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -184,6 +185,7 @@ func clientTLS(t *testing.T, ca *testCA, certFile, keyFile string) *tls.Config {
 
 // With mutual TLS, a node may claim only a pod identity its certificate proves.
 func TestMutualTLSIdentity(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ca := newTestCA(t, "mesh-ca")
 	other := newTestCA(t, "other-ca")
@@ -228,6 +230,7 @@ func TestMutualTLSIdentity(t *testing.T) {
 
 // A rotated server certificate is served on new connections without a restart.
 func TestTLSCertificateReload(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ca := newTestCA(t, "mesh-ca")
 	certFile, keyFile := ca.issue(t, dir, "server", "")
@@ -266,7 +269,7 @@ func TestTLSCertificateReload(t *testing.T) {
 	first := served()
 	time.Sleep(10 * time.Millisecond) // a distinct modification time
 	ca.issue(t, dir, "server", "")
-	eventually(t, 5*time.Second, "the rotated certificate", func() bool { return served().Cmp(first) != 0 })
+	testkit.Eventually(t, 5*time.Second, "the rotated certificate", func() bool { return served().Cmp(first) != 0 })
 
 	// A broken rotation keeps the last good certificate.
 	now := served()
@@ -278,6 +281,7 @@ func TestTLSCertificateReload(t *testing.T) {
 }
 
 func TestTLSConfigErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		files TLSFiles

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -41,10 +41,7 @@ func TestRealClientLeastRequest(t *testing.T) {
 	}
 	addr := map[string]string{}
 	for pod, delay := range map[string]time.Duration{"fast": 0, "slow": 20 * time.Millisecond} {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
+		lis := testkit.Listen(t)
 		g := grpc.NewServer()
 		testgrpc.RegisterTestServiceServer(g, slowServer{pod: pod, delay: delay})
 		done := make(chan struct{})
@@ -84,7 +81,7 @@ func TestRealClientLeastRequest(t *testing.T) {
 			c := xdsConn(t, h.addr, "c-0", "echo")
 			// Both pods connected: least-request picks among READY endpoints only.
 			seen := map[string]bool{}
-			eventually(t, 10*time.Second, "RPCs to both pods", func() bool {
+			testkit.Eventually(t, 10*time.Second, "RPCs to both pods", func() bool {
 				pod, err := call(c)
 				if err != nil {
 					t.Fatal(err)

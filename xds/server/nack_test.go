@@ -7,6 +7,7 @@ import (
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -36,6 +37,7 @@ func withW() *optimizer.Topology {
 // keep what the cache holds. Answering with version "" and no resources would delete every
 // listener or cluster on the client.
 func TestNACKAfterUnknownVersionNeverEmpties(t *testing.T) {
+	t.Parallel()
 	// What an earlier server sent for a topology with a service z this one never sees.
 	other := two(5)
 	other.Services = append(other.Services, optimizer.Service{Name: "z", Pods: []optimizer.Pod{{Name: "z-0", Node: "n1", Address: "127.0.0.1:5001"}}})
@@ -68,7 +70,7 @@ func TestNACKAfterUnknownVersionNeverEmpties(t *testing.T) {
 				}
 				c.nack(r, tc.held)
 			}
-			eventually(t, 5*time.Second, "both NACKs handled", func() bool {
+			testkit.Eventually(t, 5*time.Second, "both NACKs handled", func() bool {
 				return counter(t, h.srv.m.nacks.WithLabelValues("lds")) == 1 && counter(t, h.srv.m.nacks.WithLabelValues("cds")) == 1
 			})
 			for _, typ := range types {
@@ -99,13 +101,14 @@ func TestNACKAfterUnknownVersionNeverEmpties(t *testing.T) {
 // TestNACKFallsBackToPreviousSet: a node that never ACKed anything here NACKs a push; the set
 // it had before the rejected one is what it gets back, never an empty one.
 func TestNACKFallsBackToPreviousSet(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	h.srv.Update(two(5))
 	c := dialADS(t, h.addr, "x-0")
 	c.subscribeAt(resource.ListenerType, "garbage")
 	v1 := c.next()
 	c.nack(v1, "garbage") // nothing to fall back to: the cache keeps v1's listeners
-	eventually(t, 5*time.Second, "first NACK handled", func() bool { return counter(t, h.srv.m.nacks.WithLabelValues("lds")) == 1 })
+	testkit.Eventually(t, 5*time.Second, "first NACK handled", func() bool { return counter(t, h.srv.m.nacks.WithLabelValues("lds")) == 1 })
 
 	h.srv.Update(withW())
 	v2 := c.next()

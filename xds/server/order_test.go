@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -189,7 +190,7 @@ func (w *rawWire) until(t *testing.T, what string, cond func() bool) []func() {
 // clusters before it even asks for clusters).
 func waitSubscribed(t *testing.T, h *harness, id string) {
 	t.Helper()
-	eventually(t, 5*time.Second, "all four types subscribed", func() bool {
+	testkit.Eventually(t, 5*time.Second, "all four types subscribed", func() bool {
 		h.srv.nodesMu.Lock()
 		n := h.srv.nodeByIDLocked(id)
 		h.srv.nodesMu.Unlock()
@@ -225,6 +226,7 @@ func cachedNames(t testing.TB, h *harness, id, typeURL string) map[string]bool {
 }
 
 func TestMakeBeforeBreak(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		delta bool
@@ -303,6 +305,7 @@ func TestMakeBeforeBreak(t *testing.T) {
 // holds no route naming what it lacks; at the end it holds exactly the last publication's
 // resources.
 func TestMakeBeforeBreakRandom(t *testing.T) {
+	t.Parallel()
 	pool := []optimizer.Pod{
 		{Name: "y-0", Node: "n2", Address: "127.0.0.1:2001"}, {Name: "y-1", Node: "n3", Address: "127.0.0.1:2002"},
 		{Name: "y-2", Node: "n1", Address: "127.0.0.1:2003"}, {Name: "y-3", Node: "n4", Address: "127.0.0.1:2004"},
@@ -404,6 +407,7 @@ func makeBeforeBreakRandom(t *testing.T, delta bool, pool []optimizer.Pod, seed 
 // it: a rejected new cluster is never named by a route, and a rejected route keeps the
 // clusters it names.
 func TestNACKMidSteps(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, Encoding: xds.EncodingWeightedClusters, DebounceQuiet: -1})
 	c := dialADS(t, h.addr, "x-0")
 	for _, typ := range allTypes {
@@ -413,7 +417,7 @@ func TestNACKMidSteps(t *testing.T) {
 	acked := map[string]*discovery.DiscoveryResponse{} // by type: the last response the client took
 	settle := func(pub uint64) {
 		t.Helper()
-		eventually(t, 10*time.Second, fmt.Sprint("publication ", pub, " converged"), func() bool {
+		testkit.Eventually(t, 10*time.Second, fmt.Sprint("publication ", pub, " converged"), func() bool {
 			for r := c.pendingOne(); r != nil; r = c.pendingOne() {
 				acked[r.GetTypeUrl()] = r
 				c.ack(r)
@@ -500,6 +504,7 @@ func TestNACKMidSteps(t *testing.T) {
 // old ones, so holding them back for make before break would send none (SOTW: an empty
 // Listener response; delta: the listener removed). It gets the new plan's.
 func TestRestartedServerKeepsRoutes(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		delta bool

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -12,6 +13,7 @@ import (
 // Pod "x.shop" in default and pod "x" in shop would share the key "x.shop": a sidecar of the
 // first must not claim the second (its identity under mTLS, its weights).
 func TestDottedDefaultPodClaimsNoOtherPod(t *testing.T) {
+	t.Parallel()
 	if pod, ip, ok := xds.ParseSidecarID("sidecar~10.0.0.9~x.shop.default~default.svc.cluster.local"); !ok || pod != "" || ip != "10.0.0.9" {
 		t.Errorf("ParseSidecarID of a dotted default-namespace pod = %q, %q, %v; want no pod, the IP", pod, ip, ok)
 	}
@@ -28,13 +30,7 @@ func TestDottedDefaultPodClaimsNoOtherPod(t *testing.T) {
 		Services: []optimizer.Service{{Name: "a", Namespace: "shop", Ports: []optimizer.Port{{Name: "http", Port: 80}},
 			Pods: []optimizer.Pod{{Name: "x", Node: "n1", IP: "10.0.1.1", ServiceAccount: "sa-x"}}}},
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for srv.Published() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("nothing published within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, "the first publication", func() bool { return srv.Published() > 0 })
 	if id, pod, ok := srv.ClaimedIdentity("sidecar~10.0.1.1~x.shop~shop.svc.cluster.local"); !ok || pod != "x.shop" || id.ServiceAccount != "sa-x" {
 		t.Errorf("the real pod's sidecar claims %q %+v %v, want x.shop as sa-x", pod, id, ok)
 	}

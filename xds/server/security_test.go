@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -38,6 +39,7 @@ import (
 // id's and the connection's). Before: one NACK set the real pod back to stale weights and
 // held the version back from it for good.
 func TestAnonymousNACKLeavesThePodAlone(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	h.srv.Update(two(5))
 	real := dialADS(t, h.addr, "x-0")
@@ -68,7 +70,7 @@ func TestAnonymousNACKLeavesThePodAlone(t *testing.T) {
 		t.Fatalf("the attacker got version %s, want the pod's %s", a.GetVersionInfo(), r2.GetVersionInfo())
 	}
 	attacker.nack(a, r1.GetVersionInfo())
-	eventually(t, 5*time.Second, "the NACK handled", func() bool { return counter(t, h.srv.m.nacks.WithLabelValues("eds")) == 1 })
+	testkit.Eventually(t, 5*time.Second, "the NACK handled", func() bool { return counter(t, h.srv.m.nacks.WithLabelValues("eds")) == 1 })
 	real.ack(r2)
 
 	// The real client goes to the first weights and back: the NACKed version reaches it again.
@@ -173,7 +175,7 @@ func TestNodeIDSwitchRefused(t *testing.T) {
 	}
 	settled := func() {
 		t.Helper()
-		eventually(t, 10*time.Second, "every stream and cache entry gone", func() bool {
+		testkit.Eventually(t, 10*time.Second, "every stream and cache entry gone", func() bool {
 			h.srv.nodesMu.Lock()
 			nodes := len(h.srv.nodes)
 			h.srv.nodesMu.Unlock()
@@ -321,6 +323,7 @@ func threadCPU(f func()) time.Duration {
 // bound (100 by default) end with ResourceExhausted and are counted, and no more than the
 // bound are served. Before: all 5,000 were served (5,000 nodes, 10,016 goroutines).
 func TestStreamsPerConnectionBounded(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	h.srv.Update(two(5))
 	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -373,6 +376,7 @@ func TestStreamsPerConnectionBounded(t *testing.T) {
 // claiming another account's pod is refused with PermissionDenied, one claiming its own pod
 // is answered. Before: only streams were checked.
 func TestFetchChecksIdentity(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ca := newTestCA(t, "mesh-ca")
 	ca.issue(t, dir, "server", "")
@@ -407,6 +411,7 @@ func TestFetchChecksIdentity(t *testing.T) {
 // appears under the certificate's own account keeps its stream. Before: the check ran only at
 // stream open, and the stream was later served the pod's weights.
 func TestStreamClosedWhenItsPodAppearsUnderAnotherAccount(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ca := newTestCA(t, "mesh-ca")
 	ca.issue(t, dir, "server", "")
@@ -489,6 +494,7 @@ func TestStreamClosedWhenItsPodAppearsUnderAnotherAccount(t *testing.T) {
 // TestBounds: each bound of Limits, when hit, ends the stream (or connection) with a clear
 // status and counts it in edgeflow_xds_refused_total{reason}.
 func TestBounds(t *testing.T) {
+	t.Parallel()
 	// openADS opens an ADS stream on a connection of its own, sends a first request and
 	// returns the stream and the error of its first answer (nil: a response).
 	openADS := func(t *testing.T, addr, id string) (discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient, error) {
@@ -579,6 +585,7 @@ func TestBounds(t *testing.T) {
 // TestNACKLoggedOncePerVersion: ten NACKs of one version, each with a 512 KiB error_detail,
 // are logged once, clipped; every one is counted. Before: each was logged in full (5.2 MB).
 func TestNACKLoggedOncePerVersion(t *testing.T) {
+	t.Parallel()
 	var logs strings.Builder
 	var mu sync.Mutex
 	s, err := New(Config{Policy: optimizer.Localization, DebounceQuiet: -1,

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/xds"
@@ -66,6 +67,7 @@ func subscribeAll(t *testing.T, c *adsClient, enc xds.Encoding) map[string]strin
 }
 
 func TestOnlyChangedNodesArePushed(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		enc     xds.Encoding
 		changed string
@@ -143,6 +145,7 @@ func TestOnlyChangedNodesArePushed(t *testing.T) {
 }
 
 func TestDebounce(t *testing.T) {
+	t.Parallel()
 	clock := newFakeClock()
 	start := clock.Now()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: 100 * time.Millisecond,
@@ -152,7 +155,7 @@ func TestDebounce(t *testing.T) {
 	// the pending one due at the given offset.
 	waitTimer := func(at time.Duration) {
 		t.Helper()
-		eventually(t, 5*time.Second, "debounce timer at "+at.String(), func() bool {
+		testkit.Eventually(t, 5*time.Second, "debounce timer at "+at.String(), func() bool {
 			d := clock.deadlines(start)
 			return clock.timersCreated() == updates && len(d) == 1 && d[0] == at
 		})
@@ -191,7 +194,7 @@ func TestDebounce(t *testing.T) {
 	t2 := clock.Now()
 	h.srv.Update(two(5))
 	updates++
-	eventually(t, 5*time.Second, "quiet timer", func() bool {
+	testkit.Eventually(t, 5*time.Second, "quiet timer", func() bool {
 		d := clock.deadlines(t2)
 		return clock.timersCreated() == updates && len(d) == 1 && d[0] == 100*time.Millisecond
 	})
@@ -209,6 +212,7 @@ func TestDebounce(t *testing.T) {
 }
 
 func TestDebounceDisabledPublishesEveryUpdate(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -221,15 +225,16 @@ func TestDebounceDisabledPublishesEveryUpdate(t *testing.T) {
 }
 
 func TestNothingServedBeforeFirstCompleteTopology(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	c := dialADS(t, h.addr, "x-0")
 	c.subscribe(resource.EndpointType, "y")
-	eventually(t, 5*time.Second, "node registered", func() bool { return counter(t, h.srv.m.nodes) == 1 })
+	testkit.Eventually(t, 5*time.Second, "node registered", func() bool { return counter(t, h.srv.m.nodes) == 1 })
 
 	bad := two(5)
 	bad.Services[1].Pods[1].Address = "" // y-1 is called but has no address
 	h.srv.Update(bad)
-	eventually(t, 5*time.Second, "incomplete topology rejected", func() bool { return counter(t, h.srv.m.rejected) == 1 })
+	testkit.Eventually(t, 5*time.Second, "incomplete topology rejected", func() bool { return counter(t, h.srv.m.rejected) == 1 })
 	if got := c.pending(); len(got) != 0 || h.srv.Published() != 0 || h.srv.Allocation() != nil {
 		t.Fatalf("something was served from an incomplete topology: %d responses", len(got))
 	}
@@ -243,7 +248,7 @@ func TestNothingServedBeforeFirstCompleteTopology(t *testing.T) {
 
 	// A later incomplete topology keeps the previous publication.
 	h.srv.Update(bad)
-	eventually(t, 5*time.Second, "second rejection", func() bool { return counter(t, h.srv.m.rejected) == 2 })
+	testkit.Eventually(t, 5*time.Second, "second rejection", func() bool { return counter(t, h.srv.m.rejected) == 2 })
 	if h.srv.Published() != 1 || h.srv.Allocation() == nil {
 		t.Errorf("published = %d after a rejected topology", h.srv.Published())
 	}
@@ -254,6 +259,7 @@ func TestNothingServedBeforeFirstCompleteTopology(t *testing.T) {
 }
 
 func TestNACKKeepsPreviousVersion(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	c := dialADS(t, h.addr, "x-0")
 	h.srv.Update(two(5))
@@ -267,8 +273,8 @@ func TestNACKKeepsPreviousVersion(t *testing.T) {
 		t.Fatal("no new version")
 	}
 	c.nack(v2, v1.GetVersionInfo())
-	eventually(t, 5*time.Second, "NACK counted", func() bool { return counter(t, h.srv.m.nacks.WithLabelValues("eds")) == 1 })
-	eventually(t, 5*time.Second, "snapshot set back", func() bool {
+	testkit.Eventually(t, 5*time.Second, "NACK counted", func() bool { return counter(t, h.srv.m.nacks.WithLabelValues("eds")) == 1 })
+	testkit.Eventually(t, 5*time.Second, "snapshot set back", func() bool {
 		snap, err := h.srv.cached("x-0")
 		return err == nil && snap.GetVersion(resource.EndpointType) == v1.GetVersionInfo()
 	})
@@ -298,6 +304,7 @@ func TestNACKKeepsPreviousVersion(t *testing.T) {
 }
 
 func TestNACKOfFirstResponse(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	h.srv.Update(two(5))
 	c := dialADS(t, h.addr, "x-0")
@@ -306,7 +313,7 @@ func TestNACKOfFirstResponse(t *testing.T) {
 	c.nack(v1, "")
 	// Nothing to fall back to: the cache keeps the assignments under the version the client
 	// holds (""), so it neither resends v1 in a loop nor answers with nothing.
-	eventually(t, 5*time.Second, "NACK handled", func() bool {
+	testkit.Eventually(t, 5*time.Second, "NACK handled", func() bool {
 		snap, err := h.srv.cached("x-0")
 		return err == nil && snap.GetVersion(resource.EndpointType) == ""
 	})
@@ -320,6 +327,7 @@ func TestNACKOfFirstResponse(t *testing.T) {
 }
 
 func TestNodeIdentity(t *testing.T) {
+	t.Parallel()
 	top := two(5)
 	top.Services[0].Pods[0].Address = "127.0.0.40:1" // x pods get addresses, so they match by IP
 	top.Services[0].Pods[1].Address = "127.0.0.41:1"
@@ -372,6 +380,7 @@ func TestNodeIdentity(t *testing.T) {
 }
 
 func TestRunEndsStreams(t *testing.T) {
+	t.Parallel()
 	srv, err := New(Config{Policy: optimizer.Localization, DebounceQuiet: -1, Damping: -1, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -402,7 +411,7 @@ func TestRunEndsStreams(t *testing.T) {
 		t.Errorf("Run returned %v", err)
 	}
 	// The stream ends, so a graceful stop does not hang on it.
-	eventually(t, 5*time.Second, "stream end", func() bool {
+	testkit.Eventually(t, 5*time.Second, "stream end", func() bool {
 		select {
 		case _, ok := <-c.resp:
 			return !ok
@@ -420,6 +429,7 @@ func TestRunEndsStreams(t *testing.T) {
 }
 
 func TestMetricNames(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	if _, err := New(Config{Registerer: reg}); err != nil {
 		t.Fatal(err)
@@ -450,6 +460,7 @@ func TestMetricNames(t *testing.T) {
 }
 
 func TestConvergenceAwaitsOnlySubscribedTypes(t *testing.T) {
+	t.Parallel()
 	// A sidecar that takes only EDS (Istio's integration) never answers for CDS or LDS: a
 	// publication that changes those too still converges on its EDS ACK.
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
@@ -475,6 +486,7 @@ func TestConvergenceAwaitsOnlySubscribedTypes(t *testing.T) {
 }
 
 func TestOnePushInFlight(t *testing.T) {
+	t.Parallel()
 	// Updates from many goroutines while pushes run: publications never overlap, and the
 	// last topology is the one published in the end.
 	srv, err := New(Config{Policy: optimizer.Localization, DebounceQuiet: -1, Damping: -1, Logger: testLogger(t)})
@@ -515,7 +527,7 @@ func TestOnePushInFlight(t *testing.T) {
 	last := two(15)
 	last.Ingress[0].RPS = 999 // recognisable in the allocation's rates
 	srv.Update(last)
-	eventually(t, 10*time.Second, "the last topology published", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the last topology published", func() bool {
 		a := srv.Allocation()
 		return a != nil && a.Call("x", "y").Routes[0].RPS == 499.5 && inFlight.Load() == 0
 	})
@@ -528,6 +540,7 @@ func TestOnePushInFlight(t *testing.T) {
 // Flap damping in the server: a recompute that moves nothing (here: the same plan under new
 // latencies) is not published and is counted; a new pod is published whatever it moves.
 func TestServerDamping(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{DebounceQuiet: -1, Damping: optimizer.DefaultDamping})
 	top := &optimizer.Topology{
 		Nodes:   []optimizer.Node{{Name: "n1"}, {Name: "n2"}},
@@ -548,7 +561,7 @@ func TestServerDamping(t *testing.T) {
 	slower := top.Clone()
 	slower.Latency[0].MS = 12 // LATA's equal shares do not move
 	h.srv.Update(slower)
-	eventually(t, 10*time.Second, "the recompute suppressed", func() bool { return counter(t, h.srv.m.suppressed) == 1 })
+	testkit.Eventually(t, 10*time.Second, "the recompute suppressed", func() bool { return counter(t, h.srv.m.suppressed) == 1 })
 	if n := h.srv.Published(); n != 1 {
 		t.Errorf("%d publications, want 1: the recompute that moved nothing was pushed", n)
 	}
@@ -566,6 +579,7 @@ func TestServerDamping(t *testing.T) {
 // TestNewRejectsBadWireConfig: New refuses what the translator would refuse to write (the
 // same check), naming the bad value, before anything is served.
 func TestNewRejectsBadWireConfig(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  Config

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -119,6 +120,7 @@ func (d *sotwDriver) send(t *testing.T) map[string]string {
 // cache filters a response by the request's names, "*" included, and so answers it with no
 // resources; the server sends every resource (TestSOTWExplicitWildcard).
 func TestSOTWWatchesMirrorSnapshotCache(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	s := h.srv
 	ours := sotwCache{s: s, Cache: nil}
@@ -232,6 +234,7 @@ func cutSpace(s string) (string, string, bool) {
 // TestSOTWExplicitWildcard: a SOTW request naming "*" (with or without other names) is sent
 // every resource of the node's set, over a real ADS stream.
 func TestSOTWExplicitWildcard(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	h.srv.Update(two(5))
 	for _, names := range [][]string{{"*"}, {"*", "y"}} {
@@ -256,6 +259,7 @@ func TestSOTWExplicitWildcard(t *testing.T) {
 // TestFetch: the per-type services' Fetch answers, over gRPC, what a node is served, also for
 // a node with no stream; a request naming that version is told there is nothing new.
 func TestFetch(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -301,6 +305,7 @@ func TestFetch(t *testing.T) {
 // both, converges once both ACKed, and keeps getting changes on the SOTW stream after its delta
 // stream (and with it the node's snapshot in the snapshot cache) is gone.
 func TestSOTWAndDeltaStreamsOfOneNode(t *testing.T) {
+	t.Parallel()
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -325,7 +330,7 @@ func TestSOTWAndDeltaStreamsOfOneNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	delta.close()
-	eventually(t, 5*time.Second, "the delta stream closed", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the delta stream closed", func() bool {
 		h.srv.nodesMu.Lock()
 		n := h.srv.nodeByIDLocked("x-0")
 		h.srv.nodesMu.Unlock()

@@ -13,6 +13,7 @@ import (
 // agrees with go-control-plane's own (stream.Subscription, legacy wildcard on, as the server
 // runs it) over random SOTW and delta request sequences.
 func TestSubscriptionMirrorsGoControlPlane(t *testing.T) {
+	t.Parallel()
 	r := rand.New(rand.NewSource(1))
 	names := func() []string {
 		var out []string

@@ -14,6 +14,7 @@ import (
 // TestWireForm checks that every resource of every node kind and encoding marshals, in wire
 // form, to exactly its own bytes, keeps its name, and gives delta streams the same version.
 func TestWireForm(t *testing.T) {
+	t.Parallel()
 	top := loadTopology(t, bookinfoPath)
 	alloc := plan(t, top, optimizer.LATA)
 	det := proto.MarshalOptions{Deterministic: true}
