@@ -102,7 +102,9 @@ func (c *caller) call(ctx context.Context) (string, error) {
 		c.failed.Add(1)
 		return "", err
 	}
-	c.first.LoadOrStore(resp.GetServerId(), time.Now())
+	if _, seen := c.first.Load(resp.GetServerId()); !seen {
+		c.first.LoadOrStore(resp.GetServerId(), time.Now())
+	}
 	return resp.GetServerId(), nil
 }
 
