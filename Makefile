@@ -98,7 +98,7 @@ test-ui e2e-ui: $(EDGEFLOW_RACE) $(REPORT)
 ## the plan's network cost ordered as the policies promise); its P99 claims run in make reproduce
 test-smoke e2e-reproduce: k8s $(EDGEFLOW_RACE) $(REPORT) prebuild-smoke
 	EDGEFLOW_BIN=$(EDGEFLOW_RACE) REPRODUCE_PRESET=smoke $(GO) tool test2json -t -p github.com/edgeflow/edgeflow/e2e/reproduce \
-	  bin/reproduce.test -test.run '^(TestWriteReport|TestOverrideReplicas|TestReproduce)$$' -test.v=test2json -test.count=1 -test.timeout 20m \
+	  bin/reproduce.test -test.run '^(TestWriteReport|TestPrice|TestOnMeasuredLatency|TestOverrideReplicas|TestSmokeChecks|TestReproduce)$$' -test.v=test2json -test.count=1 -test.timeout 10m \
 	  | $(REPORT) -stream smoke > $(TESTOUT)/smoke.json
 
 # prebuild-*: compile a suite's tests (niced) while the Kubernetes control plane it needs builds,
