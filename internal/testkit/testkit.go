@@ -113,9 +113,15 @@ type Echo struct {
 // goroutine waited for at cleanup).
 func ServeEcho(t testing.TB, lis net.Listener, pod string) *Echo {
 	t.Helper()
+	return ServeSlowEcho(t, lis, pod, 0)
+}
+
+// ServeSlowEcho is ServeEcho answering each call delay late (or when the call is cancelled).
+func ServeSlowEcho(t testing.TB, lis net.Listener, pod string, delay time.Duration) *Echo {
+	t.Helper()
 	e := &Echo{Pod: pod, Addr: lis.Addr().String()}
 	g := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(g, echoService{e: e})
+	testgrpc.RegisterTestServiceServer(g, echoService{e: e, delay: delay})
 	done := make(chan struct{})
 	go func() { defer close(done); _ = g.Serve(countingListener{lis, e}) }()
 	t.Cleanup(func() { g.Stop(); <-done })
@@ -134,10 +140,18 @@ func StartEchoes(t testing.TB, pods ...string) map[string]*Echo {
 
 type echoService struct {
 	testgrpc.UnimplementedTestServiceServer
-	e *Echo
+	e     *Echo
+	delay time.Duration
 }
 
-func (s echoService) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+func (s echoService) UnaryCall(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+	if s.delay > 0 {
+		select {
+		case <-time.After(s.delay):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	s.e.Calls.Add(1)
 	return &testgrpc.SimpleResponse{ServerId: s.e.Pod, Username: s.e.Pod}, nil
 }

@@ -6,29 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-
 	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
-
-// slowServer answers after delay.
-type slowServer struct {
-	testgrpc.UnimplementedTestServiceServer
-	pod   string
-	delay time.Duration
-}
-
-func (s slowServer) UnaryCall(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-	select {
-	case <-time.After(s.delay):
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	return &testgrpc.SimpleResponse{ServerId: s.pod}, nil
-}
 
 // TestRealClientLeastRequest shows that grpc-go's xDS client runs least-request on what
 // LBLeastRequest serves: of two equal-weight pods, one answering 20 ms later than the other,
@@ -41,13 +22,7 @@ func TestRealClientLeastRequest(t *testing.T) {
 	}
 	addr := map[string]string{}
 	for pod, delay := range map[string]time.Duration{"fast": 0, "slow": 20 * time.Millisecond} {
-		lis := testkit.Listen(t)
-		g := grpc.NewServer()
-		testgrpc.RegisterTestServiceServer(g, slowServer{pod: pod, delay: delay})
-		done := make(chan struct{})
-		go func() { defer close(done); _ = g.Serve(lis) }()
-		t.Cleanup(func() { g.Stop(); <-done })
-		addr[pod] = lis.Addr().String()
+		addr[pod] = testkit.ServeSlowEcho(t, testkit.Listen(t), pod, delay).Addr
 	}
 	top := &optimizer.Topology{
 		Nodes:   []optimizer.Node{{Name: "n1"}, {Name: "n2"}},
