@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 // Cell is one measured configuration.
@@ -49,12 +51,15 @@ type Setup struct {
 
 // Outcome is everything one invocation measured.
 type Outcome struct {
-	Preset           Preset
-	Workload         Workload
-	Netem            bool
-	Setups           []*Setup
-	Cells            []*Runs
-	Started, Ended   time.Time
+	Preset         Preset
+	Workload       Workload
+	Netem          bool
+	Setups         []*Setup
+	Cells          []*Runs
+	Started, Ended time.Time
+	// Commit is the edgeflow commit that ran (git rev-parse; "-dirty" when the work tree had
+	// uncommitted changes; "unknown" outside a git checkout).
+	Commit           string
 	Slices           int
 	SliceTime        time.Duration // mean wall time of one slice (serve start + load + stop)
 	RebalanceSeconds []float64
@@ -109,7 +114,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // Scenarios are the outer loop (the first one listed runs first for every app). checkpoint, if
 // set, is called with the outcome so far after each application × scenario.
 func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint func(*Outcome)) *Outcome {
-	o := &Outcome{Preset: p, Workload: DefaultWorkload, Started: time.Now()}
+	o := &Outcome{Preset: p, Workload: DefaultWorkload, Started: time.Now(), Commit: commit()}
 	h := NewHarness(t, ctx, p.Scenarios[0], log)
 	o.Netem = h.NetemAvailable()
 	pr := &progress{w: log, start: time.Now(), total: len(p.Apps) * len(p.Scenarios) * len(p.Rates) * p.Runs * len(p.Rows())}
@@ -333,4 +338,21 @@ func fmtRTT(planned, configured map[[2]string]float64) string {
 		}
 	}
 	return strings.Join(parts, ", ") + " ms (planned on/configured)"
+}
+
+// commit names the checkout's commit, "-dirty" when its work tree has uncommitted changes, or
+// "unknown" when git cannot say.
+func commit() string {
+	git := func(args ...string) (string, error) {
+		out, err := exec.Command("git", append([]string{"-C", testkit.RepoRoot()}, args...)...).Output()
+		return strings.TrimSpace(string(out)), err
+	}
+	head, err := git("rev-parse", "--short=12", "HEAD")
+	if err != nil || head == "" {
+		return "unknown"
+	}
+	if st, err := git("status", "--porcelain", "--untracked-files=no"); err != nil || st != "" {
+		head += "-dirty"
+	}
+	return head
 }

@@ -130,7 +130,7 @@ var (
 	setupKeys   = []string{"app", "scenario", "placement_before", "placement_after", "rebalance_moves", "pending_after_rebalance"}
 	testbedKeys = []string{"delay", "netem_in_kernel", "rtt_accuracy", "rtt_max_abs_error_ms", "service_time", "workers_per_pod",
 		"mean_service_time_ms", "pods", "load", "machine"}
-	runKeys = []string{"preset", "runs_per_cell", "measured_seconds_per_run", "warmup_seconds_per_run", "started", "wall_seconds",
+	runKeys = []string{"preset", "commit", "runs_per_cell", "measured_seconds_per_run", "warmup_seconds_per_run", "started", "wall_seconds",
 		"slices", "mean_slice_seconds", "rebalance_seconds"}
 )
 
@@ -176,6 +176,9 @@ func reportProblems(o *Outcome, dir string) []string {
 	}
 	if j.Run["preset"] != o.Preset.Name || j.Run["slices"] != float64(o.Slices) {
 		bad("reproduction.json: run of preset %v with %v slices, want %s with %d", j.Run["preset"], j.Run["slices"], o.Preset.Name, o.Slices)
+	}
+	if c, _ := j.Run["commit"].(string); c == "" || c != o.Commit {
+		bad("reproduction.json: run of commit %q, want %q (not empty)", c, o.Commit)
 	}
 	if len(j.Setups) != len(o.Setups) {
 		bad("reproduction.json: %d setups, want %d", len(j.Setups), len(o.Setups))
@@ -245,7 +248,7 @@ func TestSmokeChecks(t *testing.T) {
 	traffic := func(cost float64) map[[2]string]float64 { return map[[2]string]float64{{"n1", "n2"}: cost / 8} }
 	outcome := func() *Outcome {
 		rng := rand.New(rand.NewPCG(3, 4))
-		o := &Outcome{Preset: Presets["smoke"], Workload: DefaultWorkload, Started: time.Now().Round(0), Slices: len(Policies)}
+		o := &Outcome{Preset: Presets["smoke"], Workload: DefaultWorkload, Started: time.Now().Round(0), Slices: len(Policies), Commit: "0123456789ab"}
 		o.Ended = o.Started.Add(time.Minute)
 		o.Setups = []*Setup{{App: "bookinfo", Scenario: "B", Moves: 2, Settled: true,
 			Before: map[string]map[string]int{"details": {"n1": 1, "n2": 1}}, After: map[string]map[string]int{"details": {"n1": 2}},
@@ -277,6 +280,14 @@ func TestSmokeChecks(t *testing.T) {
 	if got := reportProblems(o, dir); len(got) > 0 {
 		t.Errorf("a good run's report: %q", got)
 	}
+	o.Commit = ""
+	if err := WriteReport(o, dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := reportProblems(o, dir); !slices.ContainsFunc(got, func(p string) bool { return strings.Contains(p, "run of commit") }) {
+		t.Errorf("a report without its commit: problems %q, want one naming the commit", got)
+	}
+	o.Commit = "0123456789ab"
 
 	for _, c := range []struct {
 		name, want string
