@@ -74,7 +74,8 @@ func avg(v []float64) float64 {
 	return s / float64(len(v))
 }
 
-// writeClaims writes EXPERIMENT.md's table of the paper's figures with ours beside each.
+// writeClaims writes the table of the paper's claims, each with the paper's figure and ours
+// beside it (docs/reproduction.md, "The paper's claims beside ours").
 func writeClaims(b *strings.Builder, o *Outcome) {
 	b.WriteString("Our figure is the change of P99 (or the mean) against the baseline from the latencies pooled over the runs; " +
 		"\"runs\" gives the lowest and highest change between single runs paired by index (run i of each). " +

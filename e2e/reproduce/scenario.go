@@ -35,11 +35,13 @@ type App struct {
 // Entry is the service the load generator calls.
 func (a App) Entry() string { return a.Components[0].Name }
 
-// The paper's two applications with the paper's kind of replica ratios (EXPERIMENT.md: "3
-// callers and 2 callees sharing nodes", which favour OptTraffic): every caller service has 3
-// pods and every service it calls 2, so no placement gives each caller pod a callee pod of its
-// own. CPU requests as in examples/bookinfo.yaml and examples/dag.yaml. Neutral is the other set
-// EXPERIMENT.md asks for (REPRODUCE_REPLICAS=neutral).
+// The paper's two applications with the paper's kind of replica ratios (3 caller pods and 2
+// callee pods sharing nodes, which favour OptTraffic): every caller service has 3 pods and every
+// service it calls 2, so no placement gives each caller pod a callee pod of its own. CPU
+// requests as in examples/bookinfo.yaml and examples/dag.yaml. Neutral is the other set the
+// experiment runs (REPRODUCE_REPLICAS=neutral), where a placement can give every caller pod a
+// callee pod of its own; docs/reproduction.md ("What is structurally different from the
+// paper") says what each set favours.
 var (
 	Bookinfo = App{Name: "bookinfo", Components: []Component{
 		{Name: "productpage", Replicas: 3, CPU: "500m", Calls: []string{"details", "reviews"}},

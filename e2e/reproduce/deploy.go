@@ -1,0 +1,198 @@
+package reproduce
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/rebalancer"
+)
+
+// Deploy creates the application's managed Services and Deployments (the kube-scheduler places
+// the pods) and waits until every pod runs and is ready.
+func (h *Harness) Deploy(a App, w Workload) {
+	for _, c := range a.Components {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: ns, Labels: map[string]string{kubeapi.ManagedLabel: "true"}},
+			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": c.Name},
+				Ports: []corev1.ServicePort{{Name: "grpc", Port: podPort, TargetPort: intstr.FromInt32(podPort)}}}}
+		if _, err := h.cs.CoreV1().Services(ns).Create(h.ctx, svc, metav1.CreateOptions{}); err != nil {
+			h.t.Fatal(err)
+		}
+		args := []string{"--workers", strconv.Itoa(w.Workers), "--service-time", w.ServiceTime.String()}
+		for _, callee := range c.Calls {
+			args = append(args, "--call", callee+"."+ns)
+		}
+		replicas := int32(c.Replicas)
+		d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: ns},
+			Spec: appsv1.DeploymentSpec{Replicas: &replicas,
+				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": c.Name}},
+				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": c.Name}},
+					Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "edgeflow-reproduce-pod", Args: args,
+						Ports: []corev1.ContainerPort{{Name: "grpc", ContainerPort: podPort}},
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+							corev1.ResourceCPU: resource.MustParse(c.CPU), corev1.ResourceMemory: resource.MustParse("128Mi")}}}}}}}}
+		if _, err := h.cs.AppsV1().Deployments(ns).Create(h.ctx, d, metav1.CreateOptions{}); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	h.waitSettled(a, 90*time.Second)
+}
+
+// Undeploy deletes the application and waits until its pods are gone. It also deletes the
+// rebalancer's state ConfigMap: each application × scenario is a new experiment, but its
+// Deployments have the names of the last one, and the state's cool-downs ("productpage left
+// n1") would refuse the next rebalance moves planned on a new RTT matrix. A full run of
+// 2026-12-02 had scenario B's rebalancer make 1 of its planned moves in 184 s for Bookinfo,
+// every other refused by scenario A's cool-down.
+func (h *Harness) Undeploy(a App) {
+	for _, c := range a.Components {
+		_ = h.cs.AppsV1().Deployments(ns).Delete(h.ctx, c.Name, metav1.DeleteOptions{})
+		_ = h.cs.CoreV1().Services(ns).Delete(h.ctx, c.Name, metav1.DeleteOptions{})
+	}
+	state := metav1.ListOptions{LabelSelector: rebalancer.ManagedByLabel + "=" + rebalancer.ManagedByValue + "," +
+		rebalancer.ComponentLabel + "=" + rebalancer.ComponentValue}
+	if err := h.cs.CoreV1().ConfigMaps("default").DeleteCollection(h.ctx, metav1.DeleteOptions{}, state); err != nil {
+		h.t.Fatalf("deleting the rebalancer's state: %v", err)
+	}
+	h.eventually(90*time.Second, "the application's pods gone", func() bool {
+		l, err := h.cs.CoreV1().Pods(ns).List(h.ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 0
+	})
+}
+
+// waitSettled waits until every component has exactly its replicas, all bound, running and
+// ready, none terminating.
+func (h *Harness) waitSettled(a App, d time.Duration) {
+	h.eventually(d, "every pod of "+a.Name+" ready", func() bool { return h.unsettled(a) == "" })
+}
+
+// unsettled says what is not settled yet ("" when all is).
+func (h *Harness) unsettled(a App) string {
+	l, err := h.cs.CoreV1().Pods(ns).List(h.ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	count := map[string]int{}
+	for _, p := range l.Items {
+		if p.DeletionTimestamp != nil {
+			return "pod " + p.Name + " terminating"
+		}
+		if p.Spec.NodeName == "" {
+			return "pod " + p.Name + " pending"
+		}
+		if !podReady(&p) {
+			return "pod " + p.Name + " not ready"
+		}
+		count[p.Labels["app"]]++
+	}
+	for _, c := range a.Components {
+		if count[c.Name] != c.Replicas {
+			return fmt.Sprintf("%s has %d pods, want %d", c.Name, count[c.Name], c.Replicas)
+		}
+	}
+	return ""
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// Pending lists the pods not bound to a node (and not terminating).
+func (h *Harness) Pending() []string {
+	l, err := h.cs.CoreV1().Pods(ns).List(h.ctx, metav1.ListOptions{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []string
+	for _, p := range l.Items {
+		if p.Spec.NodeName == "" && p.DeletionTimestamp == nil {
+			out = append(out, p.Name)
+		}
+	}
+	return out
+}
+
+// Placement returns, per component, how many of its pods run on each node.
+func (h *Harness) Placement(a App) map[string]map[string]int {
+	l, err := h.cs.CoreV1().Pods(ns).List(h.ctx, metav1.ListOptions{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	out := map[string]map[string]int{}
+	for _, c := range a.Components {
+		out[c.Name] = map[string]int{}
+	}
+	for _, p := range l.Items {
+		if p.DeletionTimestamp == nil && p.Spec.NodeName != "" && out[p.Labels["app"]] != nil {
+			out[p.Labels["app"]][p.Spec.NodeName]++
+		}
+	}
+	return out
+}
+
+// endpoints returns the IPs of the ready pods of a component.
+func (h *Harness) endpoints(component string) []string {
+	l, err := h.cs.CoreV1().Pods(ns).List(h.ctx, metav1.ListOptions{LabelSelector: "app=" + component})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []string
+	for _, p := range l.Items {
+		if p.DeletionTimestamp == nil && podReady(&p) && p.Status.PodIP != "" {
+			out = append(out, net.JoinHostPort(p.Status.PodIP, strconv.Itoa(podPort)))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// callers counts the pods that call another service (the xDS node ids serve must see) and the
+// xDS streams they open: grpc-go (v1.85) keeps one xDS client, so one ADS stream, per channel
+// target (internal/xds/resolver/xds_resolver.go: newXDSClient(target.String(), …)), so a pod
+// calling two services holds two streams. Counting streams alone once let the first slice
+// after the rebalancer start while the pods of one service were still in their reconnect
+// backoff, their RPCs waiting for a listener: a slice of P50 ≈ 290 ms.
+func callers(a App) (pods, streams int) {
+	for _, c := range a.Components {
+		if len(c.Calls) > 0 {
+			pods += c.Replicas
+			streams += c.Replicas * len(c.Calls)
+		}
+	}
+	return pods, streams
+}
+
+// callGraph writes the application's call graph with the load rate as ingress, the file
+// `--calls` of serve and rebalance reads (there is no Istio telemetry to measure it here).
+func (h *Harness) callGraph(a App, rate float64) string {
+	var b strings.Builder
+	b.WriteString("calls:\n")
+	for _, c := range a.Components {
+		for _, callee := range c.Calls {
+			fmt.Fprintf(&b, "  - {from: %s.%s, to: %s.%s}\n", c.Name, ns, callee, ns)
+		}
+	}
+	fmt.Fprintf(&b, "ingress:\n  - {service: %s.%s, rps: %g}\n", a.Entry(), ns, rate)
+	path := filepath.Join(h.dir, fmt.Sprintf("calls-%s-%g.yaml", a.Name, rate))
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	return path
+}
