@@ -308,19 +308,9 @@ func (a *edgeAllocator) solveQueuedUnits(lat LatencyMatrix, pods []PodRef, piece
 		sinkSegs[s] = append(sinkSegs[s], j)
 	}
 	g := len(srcNode) // the slack source's index
-	// Latency quanta first (the tie-break needs the longest), then each arc's cost.
-	cost := a.prob.Cost[:0]
-	var longest int64
-	for _, u := range srcNode {
-		for _, v := range sinkNode {
-			c := int64(math.Round(lat.At(u, v) / quantum))
-			longest = max(longest, c)
-			cost = append(cost, c)
-		}
-	}
-	for i, c := range cost {
-		cost[i] = (c+sinkSlope[i%len(sinkNode)])<<TieBreakBits + tieBreak(c, longest)
-	}
+	// Each arc: its latency plus the sink's slope, tie-broken by the latency; the slack
+	// source's row costs 0.
+	cost := latencyCosts(a.prob.Cost, lat, srcNode, sinkNode, quantum, sinkSlope)
 	for range sinkNode {
 		cost = append(cost, 0)
 	}

@@ -299,18 +299,7 @@ func (a *edgeAllocator) lata(callers, callees []PodRef, lat LatencyMatrix) ([][]
 	supply, demand, exact := flowUnits(weights(callers), weights(callees))
 	srcNode, srcGroups := podGroups(podNodes(callers))
 	dstNode, dstGroups := podGroups(podNodes(callees))
-	cost := a.prob.Cost[:0]
-	var longest int64
-	for _, u := range srcNode {
-		for _, v := range dstNode {
-			c := int64(math.Round(lat.At(u, v) / CostQuantumMS))
-			longest = max(longest, c)
-			cost = append(cost, c)
-		}
-	}
-	for i, c := range cost {
-		cost[i] = c<<TieBreakBits + tieBreak(c, longest)
-	}
+	cost := latencyCosts(a.prob.Cost, lat, srcNode, dstNode, CostQuantumMS, nil)
 	a.prob = mcf.Transport{Sources: len(srcNode), Sinks: len(dstNode), Cost: cost,
 		Supply: groupTotals(a.prob.Supply[:0], srcGroups, supply), Demand: groupTotals(a.prob.Demand[:0], dstGroups, demand)}
 	flows, _, err := a.solver.Solve(&a.prob, a.flows)
@@ -343,6 +332,39 @@ func (a *edgeAllocator) lata(callers, callees []PodRef, lat LatencyMatrix) ([][]
 		}
 	}
 	return out, nil
+}
+
+// latencyCosts returns the unit costs of the arcs from the nodes from to the nodes to, row by
+// row (one row per from node, len(to) long), in buf's memory. With c the latency L(u, v)
+// rounded to a whole number of quanta (quantum ms) and longest the largest c of the matrix,
+// the arc into to[j] costs
+//
+//	(c + extra[j])·2^TieBreakBits + tieBreak(c, longest)
+//
+// where extra is an integer cost per sink in quanta (lata-q's queueing slopes; nil: none). The
+// tie-break t(c) < 2^TieBreakBits depends on the latency alone, not on extra, and grows with
+// the square of c/longest: of two allocations of equal cost in quanta the one with fewer long
+// paths is cheaper, and it costs less than one quantum per unit of flow (see TieBreakBits).
+func latencyCosts(buf []int64, lat LatencyMatrix, from, to []int, quantum float64, extra []int64) []int64 {
+	cost := buf[:0]
+	var longest int64
+	for _, u := range from {
+		for _, v := range to {
+			c := int64(math.Round(lat.At(u, v) / quantum))
+			longest = max(longest, c)
+			cost = append(cost, c)
+		}
+	}
+	for row := cost; len(row) > 0; row = row[len(to):] {
+		for j, c := range row[:len(to)] {
+			x := c
+			if extra != nil {
+				x += extra[j]
+			}
+			row[j] = x<<TieBreakBits + tieBreak(c, longest)
+		}
+	}
+	return cost
 }
 
 // tieBreak is the tie-break t(c) < 2^TieBreakBits of a path of c quanta when the longest is
