@@ -1,0 +1,335 @@
+package prom
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/config"
+	"github.com/prometheus/common/model"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// Defaults for the zero fields of Config.
+const (
+	DefaultInterval = 2 * time.Second
+	// DefaultScrapeInterval is the probe job's scrape interval assumed when Prometheus does not
+	// say it (its /api/v1/targets has no active target of the job): stock Prometheus's 15 s.
+	DefaultScrapeInterval = 15 * time.Second
+	// WindowScrapes is the default window in scrape intervals: a window of 4 intervals holds at
+	// least 3 samples of every series, so rate() and the per-window means never come back empty.
+	WindowScrapes     = 4
+	DefaultTimeout    = 5 * time.Second
+	DefaultStaleAfter = 10 * time.Minute
+	// DefaultProbeJob is the job label of the blackbox-exporter ICMP probes, as edgeflow's
+	// scrape configuration names it (e2e/testbed's ScrapeConfig, the install's Prometheus
+	// configuration). The default queries read only this job's series.
+	DefaultProbeJob = "edgeflow-icmp"
+	// DefaultLatencyQuery is the median RTT over the answered probes of the window, per pair:
+	// blackbox-exporter reports phase="rtt" 0 for a lost probe, so only samples above 0 count
+	// (a pair that answered nothing has no series: its success ratio of 0 makes it unreachable,
+	// never 0 ms). The median, not the mean: an RTT spike on a busy node (one probe read 20–60
+	// ms late) would move a mean of 4 samples by a quarter of itself, and with it the plan. The
+	// samples are taken by a subquery at the probe job's scrape interval, so the newest probe
+	// counts up to one interval later than in a plain range; several series of a pair (more
+	// than one exporter) give the median of their medians.
+	DefaultLatencyQuery = `quantile by ($source_label, $target_label) (0.5, quantile_over_time(0.5,` +
+		` (probe_icmp_duration_seconds{job="$job",phase="rtt"} > 0)[$window:$scrape_interval]))`
+	// DefaultSuccessQuery is the share of the window's probes that were answered, per pair.
+	DefaultSuccessQuery = `avg by ($source_label, $target_label) (avg_over_time(probe_success{job="$job"}[$window]))`
+	DefaultSourceLabel  = "source_node"
+	DefaultTargetLabel  = "target_node"
+	DefaultLatencyUnit  = 1000.0 // seconds → ms
+	// DefaultCallsQuery reads both reporters; the Source keeps, per caller → callee pair, the
+	// caller's own report (reporter="source": the caller has a sidecar) when there is one, else
+	// the callee's (reporter="destination": a caller without a sidecar, proxyless or ambient).
+	DefaultCallsQuery = `sum by (reporter, source_workload, source_workload_namespace, destination_workload, destination_workload_namespace)` +
+		` (rate(istio_requests_total{reporter=~"source|destination"}[$window]))`
+	DefaultHysteresisRelative  = 0.05
+	DefaultHysteresisLatencyMS = 0.5
+	DefaultHysteresisRPS       = 1.0
+	// DefaultMaxProbeLoss is the share of lost probes above which a pair is unreachable.
+	DefaultMaxProbeLoss = 0.5
+	// DefaultUnreachableMS is the latency an unreachable pair gets: high enough that LATA
+	// routes around it wherever the balance allows, finite so that balance still holds.
+	DefaultUnreachableMS = 1000.0
+	// DefaultMaxResponseBytes bounds one query's response body.
+	DefaultMaxResponseBytes = 64 << 20
+	// DefaultMaxSeries bounds the series of one query's answer (a full mesh of 316 nodes).
+	DefaultMaxSeries = 100_000
+)
+
+// DisableCalls as Config.CallsQuery turns the call-rate query off.
+const DisableCalls = "-"
+
+// Placeholders in a query, replaced before it is sent.
+const (
+	// WindowVar is replaced by the window in Prometheus duration syntax ("1m").
+	WindowVar = "$window"
+	// ScrapeIntervalVar is replaced by the probe job's scrape interval in use ("15s"), the step
+	// of a subquery that takes every sample once.
+	ScrapeIntervalVar = "$scrape_interval"
+	// JobVar is replaced by Config.ProbeJob.
+	JobVar = "$job"
+	// SourceLabelVar and TargetLabelVar are replaced by Config.SourceLabel and TargetLabel.
+	SourceLabelVar = "$source_label"
+	TargetLabelVar = "$target_label"
+)
+
+// DisableSuccess as Config.SuccessQuery turns the probe-success query off: every RTT the
+// latency query returns then counts as answered (for a latency query that is not blackbox's).
+const DisableSuccess = "-"
+
+// LabelReporter is Istio's reporter label ("source" or "destination").
+const LabelReporter = "reporter"
+
+// The labels a calls query must return on every series (Istio's standard labels).
+const (
+	LabelSourceWorkload               = "source_workload"
+	LabelSourceWorkloadNamespace      = "source_workload_namespace"
+	LabelDestinationWorkload          = "destination_workload"
+	LabelDestinationWorkloadNamespace = "destination_workload_namespace"
+)
+
+var (
+	// ErrInvalidConfig is wrapped by every NewSource validation error; the message names the field.
+	ErrInvalidConfig = errors.New("prom: invalid config")
+	// ErrQuery is wrapped by every failed query round; the message names the query and the URL.
+	ErrQuery = errors.New("prom: query failed")
+)
+
+// Config configures a Source. Zero fields take the defaults above.
+type Config struct {
+	// URL is the Prometheus base URL, e.g. http://prometheus.monitoring:9090 (required). A
+	// password in it is sent (HTTP basic auth) but never printed: logs, errors and Status show
+	// url.URL.Redacted().
+	URL string
+	// HTTP configures the client as Prometheus's own scrape and remote-read clients are
+	// configured (bearer token file, CA file, client certificate…; prometheus/common/config).
+	// It is used when RoundTripper is nil.
+	HTTP config.HTTPClientConfig
+	// RoundTripper carries the HTTP requests (nil means one made from HTTP; Run closes its
+	// idle connections when it returns).
+	RoundTripper http.RoundTripper
+	// Interval is how often the queries run (default 2s).
+	Interval time.Duration
+	// ScrapeInterval is the probe job's scrape interval. Zero means: read it from Prometheus's
+	// /api/v1/targets (the largest scrapeInterval of the job's active targets), asked at each
+	// round until it answers; DefaultScrapeInterval until then.
+	ScrapeInterval time.Duration
+	// Window is the window of the queries, substituted for $window. Zero means WindowScrapes ×
+	// the scrape interval (so it follows a discovered interval); a whole number of milliseconds.
+	Window time.Duration
+	// Timeout bounds each query, on the client and as Prometheus's evaluation timeout (default 5s).
+	Timeout time.Duration
+	// ProbeJob is the job of the probe series, substituted for $job (default DefaultProbeJob);
+	// it also names the job whose scrape interval is read.
+	ProbeJob string
+	// LatencyQuery returns one series per measured (source node, target node) pair, labelled by
+	// SourceLabel and TargetLabel, in the unit LatencyUnit converts to ms: the RTT over the
+	// answered probes (the default takes their median), NaN or no series when none was
+	// answered. Several series for one pair are averaged.
+	// Default DefaultLatencyQuery.
+	LatencyQuery string
+	// SuccessQuery returns the share of answered probes (0 to 1) per pair, labelled as
+	// LatencyQuery. Default DefaultSuccessQuery; DisableSuccess ("-") turns it off.
+	SuccessQuery string
+	// SourceLabel and TargetLabel name the probing node and the probed node
+	// (default "source_node", "target_node", the documented label convention).
+	SourceLabel, TargetLabel string
+	// LatencyUnit multiplies the query's values into milliseconds (default 1000: seconds → ms).
+	LatencyUnit float64
+	// MaxProbeLoss: a pair that lost more than this share of its probes in the window is
+	// unreachable (default DefaultMaxProbeLoss; in [0, 1)).
+	MaxProbeLoss float64
+	// UnreachableMS is the latency given to an unreachable pair (default DefaultUnreachableMS).
+	UnreachableMS float64
+	// CallsQuery returns requests per second by caller and callee workload, labelled with
+	// LabelSourceWorkload, LabelSourceWorkloadNamespace, LabelDestinationWorkload and
+	// LabelDestinationWorkloadNamespace, and optionally LabelReporter; several series for one
+	// edge and reporter are summed, and of an edge's two reporters only "source" is kept when
+	// both report it. Default DefaultCallsQuery; DisableCalls ("-") turns the query off.
+	CallsQuery string
+	// Hysteresis: a value is delivered when it moved, from the value last delivered, by more
+	// than the relative threshold (fraction of the old value) AND more than the absolute one
+	// (ms for latency, requests/s for call rates). Zero means the default (0.05, 0.5 ms,
+	// 1 rps); a negative value means no threshold of that kind.
+	HysteresisRelative  float64
+	HysteresisLatencyMS float64
+	HysteresisRPS       float64
+	// StaleAfter is how long a vanished series is kept at its last good value before it is
+	// forgotten (default 10 minutes).
+	StaleAfter time.Duration
+	// MaxResponseBytes and MaxSeries bound one query's answer; beyond them the round fails
+	// with an error naming the query (defaults DefaultMaxResponseBytes, DefaultMaxSeries).
+	MaxResponseBytes int64
+	MaxSeries        int
+	// Clock is the time source for timestamps, Status and StaleAfter (nil means time.Now).
+	// The query interval itself runs on a real ticker.
+	Clock func() time.Time
+	// Logger receives query failures and ignored series (nil means slog.Default()).
+	Logger *slog.Logger
+	// Registerer receives the source's metrics (nil means they are not registered).
+	Registerer prometheus.Registerer
+}
+
+// redact is a URL with its password replaced by "xxxxx" (url.URL.Redacted); a URL that does
+// not parse is not printed at all.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(an unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+// defaults validates cfg and fills in its zero fields.
+func defaults(cfg *Config) error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: Config.%s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
+	}
+	u, err := url.Parse(cfg.URL)
+	switch {
+	case cfg.URL == "":
+		return bad("URL", "empty; want the Prometheus base URL, e.g. http://prometheus.monitoring:9090")
+	case err != nil:
+		return bad("URL", "does not parse (%s)", redactErr(err, cfg.URL))
+	case u.Scheme != "http" && u.Scheme != "https":
+		return bad("URL", "%s: scheme %q, want http or https", u.Redacted(), u.Scheme)
+	case u.Host == "":
+		return bad("URL", "%s: no host", u.Redacted())
+	}
+	for _, d := range []struct {
+		field string
+		v     *time.Duration
+		def   time.Duration
+	}{
+		{"Interval", &cfg.Interval, DefaultInterval},
+		{"ScrapeInterval", &cfg.ScrapeInterval, 0},
+		{"Window", &cfg.Window, 0},
+		{"Timeout", &cfg.Timeout, DefaultTimeout},
+		{"StaleAfter", &cfg.StaleAfter, DefaultStaleAfter},
+	} {
+		if *d.v < 0 {
+			return bad(d.field, "negative (%v)", *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if cfg.Window%time.Millisecond != 0 {
+		return bad("Window", "%v is not a whole number of milliseconds (Prometheus duration syntax)", cfg.Window)
+	}
+	if cfg.ScrapeInterval%time.Millisecond != 0 {
+		return bad("ScrapeInterval", "%v is not a whole number of milliseconds (Prometheus duration syntax)", cfg.ScrapeInterval)
+	}
+	if cfg.ProbeJob == "" {
+		cfg.ProbeJob = DefaultProbeJob
+	}
+	if strings.ContainsAny(cfg.ProbeJob, "\"\\\n") {
+		return bad("ProbeJob", "%q: a job name with a quote, backslash or newline cannot go into a label matcher", cfg.ProbeJob)
+	}
+	if cfg.LatencyQuery == "" {
+		cfg.LatencyQuery = DefaultLatencyQuery
+	}
+	if strings.TrimSpace(cfg.LatencyQuery) == "" || cfg.LatencyQuery == DisableCalls {
+		return bad("LatencyQuery", "%q is not a query", cfg.LatencyQuery)
+	}
+	if cfg.SuccessQuery == "" {
+		cfg.SuccessQuery = DefaultSuccessQuery
+	}
+	if strings.TrimSpace(cfg.SuccessQuery) == "" {
+		return bad("SuccessQuery", "blank; leave it empty for the default or set %q to disable", DisableSuccess)
+	}
+	if cfg.CallsQuery == "" {
+		cfg.CallsQuery = DefaultCallsQuery
+	}
+	if strings.TrimSpace(cfg.CallsQuery) == "" {
+		return bad("CallsQuery", "blank; leave it empty for the default or set %q to disable", DisableCalls)
+	}
+	if cfg.SourceLabel == "" {
+		cfg.SourceLabel = DefaultSourceLabel
+	}
+	if cfg.TargetLabel == "" {
+		cfg.TargetLabel = DefaultTargetLabel
+	}
+	for field, l := range map[string]string{"SourceLabel": cfg.SourceLabel, "TargetLabel": cfg.TargetLabel} {
+		if !model.LegacyValidation.IsValidLabelName(l) {
+			return bad(field, "%q is not a label name", l)
+		}
+	}
+	if cfg.SourceLabel == cfg.TargetLabel {
+		return bad("TargetLabel", "%q is also the SourceLabel", cfg.TargetLabel)
+	}
+	if cfg.LatencyUnit == 0 {
+		cfg.LatencyUnit = DefaultLatencyUnit
+	}
+	if !(cfg.LatencyUnit > 0) || math.IsInf(cfg.LatencyUnit, 0) {
+		return bad("LatencyUnit", "%v, want a positive finite multiplier to ms", cfg.LatencyUnit)
+	}
+	if cfg.MaxProbeLoss == 0 {
+		cfg.MaxProbeLoss = DefaultMaxProbeLoss
+	}
+	if !(cfg.MaxProbeLoss > 0 && cfg.MaxProbeLoss < 1) {
+		return bad("MaxProbeLoss", "%v, want a share of lost probes in (0, 1)", cfg.MaxProbeLoss)
+	}
+	if cfg.UnreachableMS == 0 {
+		cfg.UnreachableMS = DefaultUnreachableMS
+	}
+	if !(cfg.UnreachableMS > 0) || cfg.UnreachableMS > optimizer.MaxLatencyMS {
+		return bad("UnreachableMS", "%v, want a latency in (0, %v] ms", cfg.UnreachableMS, optimizer.MaxLatencyMS)
+	}
+	if cfg.MaxResponseBytes == 0 {
+		cfg.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if cfg.MaxResponseBytes < 0 {
+		return bad("MaxResponseBytes", "negative (%d)", cfg.MaxResponseBytes)
+	}
+	if cfg.MaxSeries == 0 {
+		cfg.MaxSeries = DefaultMaxSeries
+	}
+	if cfg.MaxSeries < 0 {
+		return bad("MaxSeries", "negative (%d)", cfg.MaxSeries)
+	}
+	for _, h := range []struct {
+		field string
+		v     *float64
+		def   float64
+	}{
+		{"HysteresisRelative", &cfg.HysteresisRelative, DefaultHysteresisRelative},
+		{"HysteresisLatencyMS", &cfg.HysteresisLatencyMS, DefaultHysteresisLatencyMS},
+		{"HysteresisRPS", &cfg.HysteresisRPS, DefaultHysteresisRPS},
+	} {
+		switch {
+		case math.IsNaN(*h.v) || math.IsInf(*h.v, 0):
+			return bad(h.field, "%v, want a finite number", *h.v)
+		case *h.v == 0:
+			*h.v = h.def
+		case *h.v < 0:
+			*h.v = 0
+		}
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return nil
+}
+
+// redactErr is a URL parse error's message without the URL (which may hold a password).
+func redactErr(err error, raw string) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err.Error()
+	}
+	return strings.ReplaceAll(err.Error(), raw, "…")
+}

@@ -1,0 +1,152 @@
+package prom
+
+import (
+	"math"
+
+	"github.com/prometheus/common/model"
+)
+
+// ignore counts an ignored sample and logs it the first time in a row that the series is bad.
+func (s *Source) ignore(seen map[string]bool, query, reason string, metric model.Metric, msg string, args ...any) {
+	s.ignored.WithLabelValues(query, reason).Inc()
+	key := query + " " + metric.String()
+	seen[key] = true
+	if !s.reported[key] {
+		s.log.Warn(msg, append([]any{"query", query, "series", metric.String()}, args...)...)
+	}
+}
+
+// pairOf reads a series' node labels; ok is false (the sample counted and logged) without them.
+func (s *Source) pairOf(seen map[string]bool, query string, smp *model.Sample) (Pair, bool) {
+	from := string(smp.Metric[model.LabelName(s.cfg.SourceLabel)])
+	to := string(smp.Metric[model.LabelName(s.cfg.TargetLabel)])
+	if from == "" || to == "" {
+		s.ignore(seen, query, reasonMissingLabel, smp.Metric, "prom: ignoring a latency series without its node labels",
+			"source_label", s.cfg.SourceLabel, "target_label", s.cfg.TargetLabel)
+		return Pair{}, false
+	}
+	return Pair{From: from, To: to}, true
+}
+
+// parseLatency combines the RTT and success vectors into one last good value per measured pair (see
+// Source's rules). Several series of a pair are averaged.
+func (s *Source) parseLatency(latVec, sucVec model.Vector, seen map[string]bool) map[Pair]lastGood {
+	rtt, n := map[Pair]float64{}, map[Pair]int{}
+	noAnswer := map[Pair]bool{} // an RTT series that is NaN: no answered probe in the window
+	for _, smp := range latVec {
+		p, ok := s.pairOf(seen, queryLatency, smp)
+		if !ok {
+			continue
+		}
+		v := float64(smp.Value) * s.cfg.LatencyUnit
+		switch {
+		case smp.Histogram == nil && math.IsNaN(v):
+			noAnswer[p] = true
+			continue
+		case smp.Histogram != nil || math.IsInf(v, 0) || v < 0:
+			s.ignore(seen, queryLatency, reasonBadValue, smp.Metric, "prom: ignoring an RTT that is infinite, negative or a histogram", "value", smp.Value.String())
+			continue
+		}
+		rtt[p] += v
+		n[p]++
+	}
+	out := map[Pair]lastGood{}
+	if s.cfg.SuccessQuery == DisableSuccess {
+		for p := range rtt {
+			out[p] = lastGood{value: rtt[p] / float64(n[p]), loss: math.NaN()}
+		}
+		for p := range noAnswer {
+			if n[p] == 0 {
+				s.ignore(seen, queryLatency, reasonIncomplete, model.Metric{model.LabelName(s.cfg.SourceLabel): model.LabelValue(p.From), model.LabelName(s.cfg.TargetLabel): model.LabelValue(p.To)},
+					"prom: a pair has no RTT (NaN) and no success query is configured to say why; not measured")
+			}
+		}
+		return out
+	}
+	ok, cnt := map[Pair]float64{}, map[Pair]int{}
+	for _, smp := range sucVec {
+		p, good := s.pairOf(seen, querySuccess, smp)
+		if !good {
+			continue
+		}
+		v := float64(smp.Value)
+		if smp.Histogram != nil || math.IsNaN(v) || v < 0 || v > 1 {
+			s.ignore(seen, querySuccess, reasonBadValue, smp.Metric, "prom: ignoring a probe success ratio outside [0, 1]", "value", smp.Value.String())
+			continue
+		}
+		ok[p] += v
+		cnt[p]++
+	}
+	pairMetric := func(p Pair) model.Metric {
+		return model.Metric{model.LabelName(s.cfg.SourceLabel): model.LabelValue(p.From), model.LabelName(s.cfg.TargetLabel): model.LabelValue(p.To)}
+	}
+	for p, sum := range ok {
+		loss := 1 - sum/float64(cnt[p])
+		switch {
+		case loss > s.cfg.MaxProbeLoss:
+			out[p] = lastGood{value: s.cfg.UnreachableMS, loss: loss, unreachable: true}
+		case n[p] > 0:
+			out[p] = lastGood{value: rtt[p] / float64(n[p]), loss: loss}
+		default:
+			s.ignore(seen, querySuccess, reasonIncomplete, pairMetric(p),
+				"prom: a pair answered its probes but has no RTT; not measured this round", "loss", loss)
+		}
+	}
+	for p := range rtt {
+		if _, measured := ok[p]; !measured {
+			s.ignore(seen, queryLatency, reasonIncomplete, pairMetric(p),
+				"prom: a pair has an RTT but no probe success ratio; not measured this round")
+		}
+	}
+	return out
+}
+
+// parseCalls turns the calls vector into requests/s per edge, summing several series of an
+// edge and reporter, and keeping, of the two reporters, the source's when it reports the edge.
+func (s *Source) parseCalls(vec model.Vector, seen map[string]bool) map[CallEdge]lastGood {
+	bySource, byDest, other := map[CallEdge]float64{}, map[CallEdge]float64{}, map[CallEdge]float64{}
+	for _, smp := range vec {
+		e := CallEdge{
+			From: Workload{Name: string(smp.Metric[LabelSourceWorkload]), Namespace: string(smp.Metric[LabelSourceWorkloadNamespace])},
+			To:   Workload{Name: string(smp.Metric[LabelDestinationWorkload]), Namespace: string(smp.Metric[LabelDestinationWorkloadNamespace])},
+		}
+		if e.From.Name == "" || e.From.Namespace == "" || e.To.Name == "" || e.To.Namespace == "" {
+			s.ignore(seen, queryCalls, reasonMissingLabel, smp.Metric, "prom: ignoring a call series without its workload labels",
+				"labels", []string{LabelSourceWorkload, LabelSourceWorkloadNamespace, LabelDestinationWorkload, LabelDestinationWorkloadNamespace})
+			continue
+		}
+		v := float64(smp.Value)
+		if smp.Histogram != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			s.ignore(seen, queryCalls, reasonBadValue, smp.Metric, "prom: ignoring a call rate that is NaN, infinite, negative or a histogram", "value", smp.Value.String())
+			continue
+		}
+		switch r, has := smp.Metric[LabelReporter]; {
+		case !has:
+			other[e] += v
+		case r == "source":
+			bySource[e] += v
+		case r == "destination":
+			byDest[e] += v
+		default:
+			s.ignore(seen, queryCalls, reasonBadValue, smp.Metric, "prom: ignoring a call series of an unknown reporter (want source or destination)")
+		}
+	}
+	rates := map[CallEdge]lastGood{}
+	add := func(e CallEdge, v float64) {
+		rate := rates[e]
+		rate.value += v
+		rates[e] = rate
+	}
+	for e, v := range bySource {
+		add(e, v)
+	}
+	for e, v := range byDest {
+		if _, dup := bySource[e]; !dup {
+			add(e, v)
+		}
+	}
+	for e, v := range other {
+		add(e, v)
+	}
+	return rates
+}
