@@ -387,10 +387,10 @@ func (a *edgeAllocator) solveQueuedUnits(lat LatencyMatrix, pods []PodRef, piece
 }
 
 // planQueued is Plan for lata-q: one problem per callee service with a service rate, lata per
-// edge into the others, level by level of the call graph (see above). It keeps what r allows
-// (see reuse: a callee service whose inputs, its callers' planned loads among them, are
+// edge into the others, level by level of the call graph (see above). It keeps what prev allows
+// (see previousPlan: a callee service whose inputs, its callers' planned loads among them, are
 // unchanged) and returns the per-service state and the number of callee services it solved.
-func planQueued(m *Model, r *reuse) (*Allocation, *queueState, int, error) {
+func planQueued(m *Model, prev *previousPlan) (*Allocation, *queueState, int, error) {
 	alloc := &Allocation{Policy: LATAQ, Calls: make([]CallAllocation, len(m.Calls))}
 	into := make([][]int, len(m.Services))
 	for k, e := range m.Calls {
@@ -407,11 +407,11 @@ func planQueued(m *Model, r *reuse) (*Allocation, *queueState, int, error) {
 			if len(into[b]) == 0 && !hasCapacity(&m.Services[b]) {
 				continue // no edge to allocate; its pods receive their shares by weight
 			}
-			if r != nil && r.keepService(b) && sameCallerLoads(m, into[b], r.load, st.load) {
+			if prev != nil && prev.keepService(b) && sameCallerLoads(m, into[b], prev.load, st.load) {
 				for _, k := range into[b] {
-					alloc.Calls[k] = r.raw[k]
+					alloc.Calls[k] = prev.raw[k]
 				}
-				st.queue[b], st.saturated[b], st.load[b] = r.queue[b], r.saturated[b], r.load[b]
+				st.queue[b], st.saturated[b], st.load[b] = prev.queue[b], prev.saturated[b], prev.load[b]
 				continue
 			}
 			targets = append(targets, b)
@@ -442,7 +442,7 @@ func planQueued(m *Model, r *reuse) (*Allocation, *queueState, int, error) {
 		}
 	}
 	st.raw = alloc.Calls
-	lata, err := lataUnlessBeaten(m, alloc, st, r)
+	lata, err := lataUnlessBeaten(m, alloc, st, prev)
 	if err != nil {
 		return nil, nil, 0, err
 	}
@@ -452,7 +452,7 @@ func planQueued(m *Model, r *reuse) (*Allocation, *queueState, int, error) {
 // lataUnlessBeaten returns lata's allocation, as lata-q's (ServedAsLATA), when it costs no more
 // than lata-q's own, alloc, in lata-q's objective: Σ rps × latency plus, for the pods of the
 // services lata-q solved as queues, 1000·ℓ/(μ−ℓ), exactly (not linearised), at the loads each
-// allocation really puts on them. Otherwise it returns alloc. The lata plan is kept in st; r
+// allocation really puts on them. Otherwise it returns alloc. The lata plan is kept in st; prev
 // lets it keep what the previous one allows, edge by edge, as Plan under lata does.
 //
 // lata-q solves one callee service at a time, top down: each solve takes its callers' loads
@@ -460,15 +460,15 @@ func planQueued(m *Model, r *reuse) (*Allocation, *queueState, int, error) {
 // calls more from its node). Where lata-q's gain is small (loads near the cap, or little to
 // localise) that blindness can make its plan a little worse than lata's equal shares, and lata's
 // is then served: lata-q's plan is never worse than lata's in the objective it minimises.
-func lataUnlessBeaten(m *Model, alloc *Allocation, st *queueState, r *reuse) (*Allocation, error) {
+func lataUnlessBeaten(m *Model, alloc *Allocation, st *queueState, prev *previousPlan) (*Allocation, error) {
 	if alloc.QueueCost == 0 {
 		return alloc, nil // no service solved as queues: alloc is lata's already
 	}
-	var prev *reuse
-	if r != nil && r.queueState != nil && r.lata != nil {
-		prev = &reuse{alloc: r.lata, keepEdge: r.keepEdge, keepSplits: r.keepSplits}
+	var prevLATA *previousPlan
+	if prev != nil && prev.queueState != nil && prev.lata != nil {
+		prevLATA = &previousPlan{alloc: prev.lata, keepEdge: prev.keepEdge, keepSplits: prev.keepSplits}
 	}
-	lata, _, _, err := planFrom(m, LATA, prev)
+	lata, _, _, err := planFrom(m, LATA, prevLATA)
 	if err != nil {
 		return nil, err
 	}

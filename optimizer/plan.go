@@ -46,10 +46,10 @@ func Plan(m *Model, p Policy) (*Allocation, error) {
 	return a, err
 }
 
-// reuse says which parts of a previous allocation a solve may keep (incremental recompute): a
-// call edge k with keepEdge(k), and under lata-q a callee service b with keepService(b) (its
-// queueing cost from queue[b]). nil keeps nothing.
-type reuse struct {
+// previousPlan is the last plan made of the model's previous version (incremental recompute),
+// and which parts of it a solve may keep: a call edge k with keepEdge(k), and under lata-q a
+// callee service b with keepService(b) (its queueing cost from queue[b]). nil keeps nothing.
+type previousPlan struct {
 	alloc *Allocation
 	*queueState
 	keepEdge    func(k int) bool
@@ -60,24 +60,24 @@ type reuse struct {
 	keepSplits func(k int) bool
 }
 
-// planFrom is Plan, keeping what r allows; it returns the queueing cost per callee service
+// planFrom is Plan, keeping what prev allows; it returns the queueing cost per callee service
 // (lata-q) and the number of units (edges, or lata-q callee services) it solved.
-func planFrom(m *Model, p Policy, r *reuse) (*Allocation, *queueState, int, error) {
+func planFrom(m *Model, p Policy, prev *previousPlan) (*Allocation, *queueState, int, error) {
 	if m.Latency.Zoned() { // planned between zones, in full (see zoneplan.go)
 		a, err := PlanZones(m, p)
 		return a, nil, len(m.Calls), err
 	}
 	if p == LATAQ {
-		return planQueued(m, r)
+		return planQueued(m, prev)
 	}
 	alloc := &Allocation{Policy: p, Calls: make([]CallAllocation, len(m.Calls))}
 	var todo []int
 	for k := range m.Calls {
 		switch {
-		case r != nil && r.keepEdge(k):
-			alloc.Calls[k] = r.alloc.Calls[k]
-		case r != nil && r.keepSplits(k):
-			alloc.Calls[k] = buildCall(m, m.Calls[k], splitsOf(m, m.Calls[k], &r.alloc.Calls[k]))
+		case prev != nil && prev.keepEdge(k):
+			alloc.Calls[k] = prev.alloc.Calls[k]
+		case prev != nil && prev.keepSplits(k):
+			alloc.Calls[k] = buildCall(m, m.Calls[k], splitsOf(m, m.Calls[k], &prev.alloc.Calls[k]))
 		default:
 			todo = append(todo, k)
 		}

@@ -101,7 +101,7 @@ func (pl *Planner) PlanCompiled(t *Topology, cm *Compiled) (*PlanResult, error) 
 	// Incremental only from the topology this Planner solved last (else as a full compile).
 	recompiled := pl.inc.top != nil && cm.base.Value() == pl.inc.top
 	podsChanged, latencyChanged := cm.podsChanged, cm.latencyChanged
-	var re *reuse
+	var prevPlan *previousPlan
 	// Per zone the plan is made between zones, in full (it is small): nothing to reuse.
 	if prev := pl.inc.model; prev != nil && sameShape(prev, m) && !m.Latency.Zoned() && !prev.Latency.Zoned() {
 		change := make([]int, len(m.Calls))
@@ -114,7 +114,7 @@ func (pl *Planner) PlanCompiled(t *Topology, cm *Compiled) (*PlanResult, error) 
 			change[k] = edgeChange(prev, m, k, nodes)
 			into[m.Calls[k].To] = append(into[m.Calls[k].To], k)
 		}
-		re = &reuse{alloc: pl.inc.alloc, queueState: pl.inc.queue,
+		prevPlan = &previousPlan{alloc: pl.inc.alloc, queueState: pl.inc.queue,
 			keepEdge:   func(k int) bool { return change[k] == edgeSame },
 			keepSplits: func(k int) bool { return change[k] == edgeLoad },
 			keepService: func(b int) bool {
@@ -129,7 +129,7 @@ func (pl *Planner) PlanCompiled(t *Topology, cm *Compiled) (*PlanResult, error) 
 				return true
 			}}
 	}
-	alloc, queue, solved, err := planFrom(m, policy, re)
+	alloc, queue, solved, err := planFrom(m, policy, prevPlan)
 	if err != nil {
 		return nil, err
 	}
