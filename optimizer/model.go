@@ -28,7 +28,7 @@ const DefaultUtilizationCap = 0.9
 // dense (n × n values) when the latency is given per node, and zone-backed when it is given per
 // zone (Topology.LatencyGranularity): each node's zone index and zones × zones values, so that
 // At(u, v) is the latency between u's zone and v's zone and memory is O(n + zones²). Every
-// reader (the policies, placement, the rebalancer) uses At and works on either.
+// reader (the policies, placement, PlanRebalance) uses At and works on either.
 type LatencyMatrix struct {
 	n  int
 	ms []float64

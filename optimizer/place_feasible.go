@@ -76,6 +76,31 @@ func (pp *placeProblem) overTotal() string {
 	return ""
 }
 
+// feasible says which constraint the complete placement nodes breaks ("" if none).
+func (pp *placeProblem) feasible(nodes []int) string {
+	n := pp.n
+	count := make(map[[2]int]int) // (service, node) → pods
+	usedCPU, usedMem := make([]int64, n), make([]int64, n)
+	for i, u := range nodes {
+		s := pp.pods[i].svc
+		count[[2]int{s, u}]++
+		usedCPU[u] = satAdd(usedCPU[u], pp.svcs[s].cpu)
+		usedMem[u] = satAdd(usedMem[u], pp.svcs[s].mem)
+	}
+	for i, u := range nodes {
+		s := pp.pods[i].svc
+		if k := count[[2]int{s, u}]; k > pp.svcs[s].cap {
+			return fmt.Sprintf("%d pods of service %q on node %q, spread cap %d", k, pp.m.Services[s].Name, pp.m.Nodes[u].Name, pp.svcs[s].cap)
+		}
+	}
+	for u := 0; u < n; u++ {
+		if usedCPU[u] > pp.cpu[u] || usedMem[u] > pp.mem[u] {
+			return fmt.Sprintf("requests over node %q's allocatable (cpu %dm, memory %d MiB)", pp.m.Nodes[u].Name, usedCPU[u], usedMem[u])
+		}
+	}
+	return ""
+}
+
 // fitsOne is how many requests of size req fit in free (at most limit; unlimited if req is 0
 // or the node is not limited).
 func (pp *placeProblem) fitsOne(req, free int64, limit int) int {
@@ -244,4 +269,61 @@ func maxFinite(v []int64) int64 {
 		}
 	}
 	return m
+}
+
+// repair moves pods off nodes where the loaded placement breaks a constraint (a service over
+// its spread cap, cpu or memory over the allocatable) until none does: each step moves one pod
+// that relieves a violated constraint of the first such node to a node that can host it, the
+// (pod, node) of lowest resulting cost (ties: lower node, earlier pod). No step creates a
+// violation, and each removes part of one, so it ends; false if some offending pod fits
+// nowhere.
+func (st *placeState) repair() bool {
+	pp := st.pp
+	n := pp.n
+	var reps []int
+	for u := 0; u < n; u++ {
+		for {
+			overCPU, overMem := st.freeCPU[u] < 0, st.freeMem[u] < 0
+			reps = reps[:0]
+			for _, p := range st.podsOn[u] {
+				s := pp.pods[p].svc
+				ps := &pp.svcs[s]
+				relieves := int(st.count[s*n+u]) > ps.cap || overCPU && ps.cpu > 0 || overMem && ps.mem > 0
+				if relieves && !st.hasClass(reps, p) {
+					reps = append(reps, p)
+				}
+			}
+			if len(reps) == 0 {
+				break
+			}
+			bestD, bestP, bestV := math.Inf(1), -1, -1
+			for _, p := range reps {
+				for v := 0; v < n; v++ {
+					if v == u || !st.canHost(p, v) {
+						continue
+					}
+					if d := st.tryMove(p, v, math.Inf(1)); bestP < 0 || d < bestD {
+						bestD, bestP, bestV = d, p, v
+					}
+				}
+			}
+			if bestP < 0 {
+				return false
+			}
+			st.remove(bestP)
+			st.add(bestP, bestV)
+			st.resolve(pp.svcs[pp.pods[bestP].svc].edges)
+		}
+	}
+	return true
+}
+
+// hasClass says whether pods holds a pod of p's service and integer weight.
+func (st *placeState) hasClass(pods []int, p int) bool {
+	for _, q := range pods {
+		if st.pp.pods[q].svc == st.pp.pods[p].svc && st.pp.pods[q].w == st.pp.pods[p].w {
+			return true
+		}
+	}
+	return false
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -168,6 +169,80 @@ func (a *edgeAllocator) allocate(p Policy, m *Model, e CallEdge) ([][]split, err
 		return a.lata(callers, callees, m.Latency)
 	}
 	return nil, fmt.Errorf("unknown policy %q", p)
+}
+
+// planCoster computes Plan's LATA cost of placements of one model, re-solving only the call
+// edges of the services whose pods moved. Its total is summed in call order, as Plan sums it,
+// so it equals Plan's cost of the same placement exactly.
+type planCoster struct {
+	m     Model // a copy whose pods (only their nodes) change
+	alloc *edgeAllocator
+	calls []float64 // per call, its cost
+}
+
+func newPlanCoster(m *Model) *planCoster {
+	c := &planCoster{m: *m, alloc: newEdgeAllocator(), calls: make([]float64, len(m.Calls))}
+	c.m.Services = slices.Clone(m.Services)
+	for s := range c.m.Services {
+		c.m.Services[s].Pods = slices.Clone(m.Services[s].Pods)
+	}
+	return c
+}
+
+// set puts global pod i (pp's numbering) on node u; no call is re-solved.
+func (c *planCoster) set(pp *placeProblem, i, u int) {
+	s := pp.pods[i].svc
+	c.m.Services[s].Pods[i-pp.svcs[s].first].Node = u
+}
+
+// load puts every pod on its node in nodes (pp's numbering) and solves every call.
+func (c *planCoster) load(pp *placeProblem, nodes []int) error {
+	for i, u := range nodes {
+		c.set(pp, i, u)
+	}
+	for k := range c.m.Calls {
+		if err := c.solveCall(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cost is Plan's LATA cost of the placement nodes (pp's numbering), which it loads.
+func (c *planCoster) cost(pp *placeProblem, nodes []int) (float64, error) {
+	if err := c.load(pp, nodes); err != nil {
+		return 0, err
+	}
+	return c.total(), nil
+}
+
+// solveService re-solves the calls of service s (after only s's pods moved).
+func (c *planCoster) solveService(s int) error {
+	for k, e := range c.m.Calls {
+		if e.From == s || e.To == s {
+			if err := c.solveCall(k); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (c *planCoster) solveCall(k int) error {
+	call, err := c.alloc.call(LATA, &c.m, c.m.Calls[k])
+	if err != nil {
+		return err
+	}
+	c.calls[k] = call.Cost
+	return nil
+}
+
+func (c *planCoster) total() float64 {
+	var sum float64
+	for _, x := range c.calls {
+		sum += x
+	}
+	return sum
 }
 
 func weights(pods []PodRef) []float64 {

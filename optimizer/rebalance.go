@@ -135,8 +135,9 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 	if err != nil {
 		return nil, err
 	}
-	rb := pp.newRebalancer(cur)
-	before, err := rb.cost(cur)
+	coster := newPlanCoster(m)
+	seq := pp.newMoveSequencer(cur, coster)
+	before, err := coster.cost(pp, cur)
 	if err != nil {
 		return nil, err
 	}
@@ -182,12 +183,12 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 		if k == 1 {
 			prev = len(cands)
 		}
-		nodes = rb.match(nodes)
-		c, err := rb.cost(nodes)
+		nodes = seq.match(nodes)
+		c, err := coster.cost(pp, nodes)
 		if err != nil {
 			return nil, err
 		}
-		cands = append(cands, candidate{nodes: nodes, moves: rb.moves(nodes), cost: c})
+		cands = append(cands, candidate{nodes: nodes, moves: seq.moves(nodes), cost: c})
 	}
 	if len(cands) == 0 {
 		// Only when LARP found no placement and the current one breaks a constraint that the
@@ -215,11 +216,11 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 	}
 
 	out := &Rebalance{CostBefore: before, Truncated: cutCurrent || cutScratch != nil}
-	final, err := rb.order(cands[chosen].nodes, out)
+	final, err := seq.order(cands[chosen].nodes, out)
 	if err != nil {
 		return nil, err
 	}
-	if out.CostTarget, err = rb.cost(final); err != nil {
+	if out.CostTarget, err = coster.cost(pp, final); err != nil {
 		return nil, err
 	}
 	out.Target = make(map[string]string, len(final))
@@ -269,92 +270,13 @@ func (pp *placeProblem) fromCounts(counts map[string]map[string]int) []int {
 	return nodes
 }
 
-// feasible says which constraint the complete placement nodes breaks ("" if none).
-func (pp *placeProblem) feasible(nodes []int) string {
-	n := pp.n
-	count := make(map[[2]int]int) // (service, node) → pods
-	usedCPU, usedMem := make([]int64, n), make([]int64, n)
-	for i, u := range nodes {
-		s := pp.pods[i].svc
-		count[[2]int{s, u}]++
-		usedCPU[u] = satAdd(usedCPU[u], pp.svcs[s].cpu)
-		usedMem[u] = satAdd(usedMem[u], pp.svcs[s].mem)
-	}
-	for i, u := range nodes {
-		s := pp.pods[i].svc
-		if k := count[[2]int{s, u}]; k > pp.svcs[s].cap {
-			return fmt.Sprintf("%d pods of service %q on node %q, spread cap %d", k, pp.m.Services[s].Name, pp.m.Nodes[u].Name, pp.svcs[s].cap)
-		}
-	}
-	for u := 0; u < n; u++ {
-		if usedCPU[u] > pp.cpu[u] || usedMem[u] > pp.mem[u] {
-			return fmt.Sprintf("requests over node %q's allocatable (cpu %dm, memory %d MiB)", pp.m.Nodes[u].Name, usedCPU[u], usedMem[u])
-		}
-	}
-	return ""
-}
-
-// repair moves pods off nodes where the loaded placement breaks a constraint (a service over
-// its spread cap, cpu or memory over the allocatable) until none does: each step moves one pod
-// that relieves a violated constraint of the first such node to a node that can host it, the
-// (pod, node) of lowest resulting cost (ties: lower node, earlier pod). No step creates a
-// violation, and each removes part of one, so it ends; false if some offending pod fits
-// nowhere.
-func (st *placeState) repair() bool {
-	pp := st.pp
-	n := pp.n
-	var reps []int
-	for u := 0; u < n; u++ {
-		for {
-			overCPU, overMem := st.freeCPU[u] < 0, st.freeMem[u] < 0
-			reps = reps[:0]
-			for _, p := range st.podsOn[u] {
-				s := pp.pods[p].svc
-				ps := &pp.svcs[s]
-				relieves := int(st.count[s*n+u]) > ps.cap || overCPU && ps.cpu > 0 || overMem && ps.mem > 0
-				if relieves && !st.hasClass(reps, p) {
-					reps = append(reps, p)
-				}
-			}
-			if len(reps) == 0 {
-				break
-			}
-			bestD, bestP, bestV := math.Inf(1), -1, -1
-			for _, p := range reps {
-				for v := 0; v < n; v++ {
-					if v == u || !st.canHost(p, v) {
-						continue
-					}
-					if d := st.tryMove(p, v, math.Inf(1)); bestP < 0 || d < bestD {
-						bestD, bestP, bestV = d, p, v
-					}
-				}
-			}
-			if bestP < 0 {
-				return false
-			}
-			st.remove(bestP)
-			st.add(bestP, bestV)
-			st.resolve(pp.svcs[pp.pods[bestP].svc].edges)
-		}
-	}
-	return true
-}
-
-// hasClass says whether pods holds a pod of p's service and integer weight.
-func (st *placeState) hasClass(pods []int, p int) bool {
-	for _, q := range pods {
-		if st.pp.pods[q].svc == st.pp.pods[p].svc && st.pp.pods[q].w == st.pp.pods[p].w {
-			return true
-		}
-	}
-	return false
-}
-
-// rebalancer holds what one PlanRebalance shares between its steps: the current placement and
-// the pods' classes — interchangeable pods: one service, equal weight (the model's, not the
-// integer one, which largest remainder may make unequal).
-type rebalancer struct {
+// moveSequencer sequences the moves from the current placement to a target (order: each next
+// move the feasible one of lowest resulting cost); it also relabels a target's pods to keep
+// them where they are (match) and counts the moves a target takes (moves). It holds what one
+// PlanRebalance shares between its steps: the current placement and the pods' classes —
+// interchangeable pods: one service, equal weight (the model's, not the integer one, which
+// largest remainder may make unequal).
+type moveSequencer struct {
 	pp    *placeProblem
 	cur   []int
 	class []int   // per pod
@@ -362,39 +284,39 @@ type rebalancer struct {
 	svcOf []int   // per class
 	// classesOf[s] are the classes of service s; they go dirty when s or a neighbour moves.
 	classesOf [][]int
-	coster    *planCoster
+	coster    *planCoster // for each move's CostAfter
 }
 
-func (pp *placeProblem) newRebalancer(cur []int) *rebalancer {
-	rb := &rebalancer{pp: pp, cur: cur, class: make([]int, len(pp.pods)), classesOf: make([][]int, len(pp.svcs)),
-		coster: newPlanCoster(pp.m)}
+func (pp *placeProblem) newMoveSequencer(cur []int, coster *planCoster) *moveSequencer {
+	seq := &moveSequencer{pp: pp, cur: cur, class: make([]int, len(pp.pods)), classesOf: make([][]int, len(pp.svcs)),
+		coster: coster}
 	for s, sm := range pp.m.Services {
-		first := len(rb.pods)
+		first := len(seq.pods)
 		for k, p := range sm.Pods {
 			c := first
-			for c < len(rb.pods) && sm.Pods[rb.pods[c][0]-pp.svcs[s].first].Weight != p.Weight {
+			for c < len(seq.pods) && sm.Pods[seq.pods[c][0]-pp.svcs[s].first].Weight != p.Weight {
 				c++
 			}
-			if c == len(rb.pods) {
-				rb.pods = append(rb.pods, nil)
-				rb.svcOf = append(rb.svcOf, s)
-				rb.classesOf[s] = append(rb.classesOf[s], c)
+			if c == len(seq.pods) {
+				seq.pods = append(seq.pods, nil)
+				seq.svcOf = append(seq.svcOf, s)
+				seq.classesOf[s] = append(seq.classesOf[s], c)
 			}
 			i := pp.svcs[s].first + k
-			rb.pods[c] = append(rb.pods[c], i)
-			rb.class[i] = c
+			seq.pods[c] = append(seq.pods[c], i)
+			seq.class[i] = c
 		}
 	}
-	return rb
+	return seq
 }
 
 // moves counts the moves from the current placement to target: Σ over (class, node) of
 // max(0, current − target).
-func (rb *rebalancer) moves(target []int) int {
+func (seq *moveSequencer) moves(target []int) int {
 	surplus := make(map[[2]int]int)
 	for i := range target {
-		surplus[[2]int{rb.class[i], rb.cur[i]}]++
-		surplus[[2]int{rb.class[i], target[i]}]--
+		surplus[[2]int{seq.class[i], seq.cur[i]}]++
+		surplus[[2]int{seq.class[i], target[i]}]--
 	}
 	k := 0
 	for _, x := range surplus {
@@ -413,10 +335,10 @@ type slot struct {
 // diff returns, for class c, the nodes with a surplus of its pods (the pods that leave: those
 // beyond the target's count, the later ones in model order) and those with a deficit, both by
 // ascending node.
-func (rb *rebalancer) diff(c int, target []int) (src, dst []slot) {
-	pods := rb.pods[c]
+func (seq *moveSequencer) diff(c int, target []int) (src, dst []slot) {
+	pods := seq.pods[c]
 	from := slices.Clone(pods)
-	slices.SortStableFunc(from, func(a, b int) int { return rb.cur[a] - rb.cur[b] })
+	slices.SortStableFunc(from, func(a, b int) int { return seq.cur[a] - seq.cur[b] })
 	to := make([]int, len(pods))
 	for k, i := range pods {
 		to[k] = target[i]
@@ -426,13 +348,13 @@ func (rb *rebalancer) diff(c int, target []int) (src, dst []slot) {
 	for a < len(from) || b < len(to) {
 		u := math.MaxInt
 		if a < len(from) {
-			u = rb.cur[from[a]]
+			u = seq.cur[from[a]]
 		}
 		if b < len(to) {
 			u = min(u, to[b])
 		}
 		a0, b0 := a, b
-		for a < len(from) && rb.cur[from[a]] == u {
+		for a < len(from) && seq.cur[from[a]] == u {
 			a++
 		}
 		for b < len(to) && to[b] == u {
@@ -451,10 +373,10 @@ func (rb *rebalancer) diff(c int, target []int) (src, dst []slot) {
 
 // match returns target with the pods relabelled so that pods stay where the target keeps
 // their class: leaving pods fill the deficit slots in node order.
-func (rb *rebalancer) match(target []int) []int {
-	out := slices.Clone(rb.cur)
-	for c := range rb.pods {
-		src, dst := rb.diff(c, target)
+func (seq *moveSequencer) match(target []int) []int {
+	out := slices.Clone(seq.cur)
+	for c := range seq.pods {
+		src, dst := seq.diff(c, target)
 		d := 0
 		for _, sl := range src {
 			for _, i := range sl.pods {
@@ -469,17 +391,6 @@ func (rb *rebalancer) match(target []int) []int {
 	return out
 }
 
-// cost is Plan's LATA cost of the placement nodes.
-func (rb *rebalancer) cost(nodes []int) (float64, error) {
-	for i, u := range nodes {
-		rb.coster.set(rb.pp, i, u)
-	}
-	if err := rb.coster.solveAll(); err != nil {
-		return 0, err
-	}
-	return rb.coster.total(), nil
-}
-
 // pending is one class's moves still to make, and the cached cost changes of its (source,
 // destination) pairs.
 type pending struct {
@@ -491,22 +402,19 @@ type pending struct {
 // order appends to out.Moves the moves from the current placement to target (a match result)
 // in greedy order, and to out.Blocked those that never become feasible; it returns the target
 // with every pod's final node (which pod of a class goes where follows the order).
-func (rb *rebalancer) order(target []int, out *Rebalance) ([]int, error) {
-	pp := rb.pp
+func (seq *moveSequencer) order(target []int, out *Rebalance) ([]int, error) {
+	pp := seq.pp
 	m, n := pp.m, pp.n
-	final := slices.Clone(rb.cur)
+	final := slices.Clone(seq.cur)
 	st := pp.newState()
 	st.memo = make([]memoEntry, pp.memoSize())
-	st.load(rb.cur)
-	for i, u := range rb.cur {
-		rb.coster.set(pp, i, u)
-	}
-	if err := rb.coster.solveAll(); err != nil {
+	st.load(seq.cur)
+	if err := seq.coster.load(pp, seq.cur); err != nil {
 		return nil, err
 	}
-	work := make([]pending, len(rb.pods))
+	work := make([]pending, len(seq.pods))
 	for c := range work {
-		work[c].src, work[c].dst = rb.diff(c, target)
+		work[c].src, work[c].dst = seq.diff(c, target)
 		work[c].dirty = true
 	}
 	name := func(i int) (svc, pod string) {
@@ -520,7 +428,7 @@ func (rb *rebalancer) order(target []int, out *Rebalance) ([]int, error) {
 			if len(w.src) == 0 {
 				continue
 			}
-			s := rb.svcOf[c]
+			s := seq.svcOf[c]
 			if w.dirty {
 				w.dirty = false
 				w.delta = w.delta[:0]
@@ -552,24 +460,24 @@ func (rb *rebalancer) order(target []int, out *Rebalance) ([]int, error) {
 		st.add(i, v)
 		st.resolve(pp.svcs[s].edges)
 		final[i] = v
-		rb.coster.set(pp, i, v)
-		if err := rb.coster.solveService(s); err != nil {
+		seq.coster.set(pp, i, v)
+		if err := seq.coster.solveService(s); err != nil {
 			return nil, err
 		}
 		svc, pod := name(i)
-		out.Moves = append(out.Moves, Move{Service: svc, Pod: pod, From: m.Nodes[u].Name, To: m.Nodes[v].Name, CostAfter: rb.coster.total()})
+		out.Moves = append(out.Moves, Move{Service: svc, Pod: pod, From: m.Nodes[u].Name, To: m.Nodes[v].Name, CostAfter: seq.coster.total()})
 		if w.src[bestA].pods = w.src[bestA].pods[1:]; len(w.src[bestA].pods) == 0 {
 			w.src = slices.Delete(w.src, bestA, bestA+1)
 		}
 		if w.dst[bestB].need--; w.dst[bestB].need == 0 {
 			w.dst = slices.Delete(w.dst, bestB, bestB+1)
 		}
-		for _, c := range rb.classesOf[s] {
+		for _, c := range seq.classesOf[s] {
 			work[c].dirty = true
 		}
 		for _, e := range pp.svcs[s].edges {
 			for _, t := range [2]int{pp.edges[e].from, pp.edges[e].to} {
-				for _, c := range rb.classesOf[t] {
+				for _, c := range seq.classesOf[t] {
 					work[c].dirty = true
 				}
 			}
@@ -592,68 +500,4 @@ func (rb *rebalancer) order(target []int, out *Rebalance) ([]int, error) {
 		}
 	}
 	return final, nil
-}
-
-// planCoster computes Plan's LATA cost of placements of one model, re-solving only the call
-// edges of the services whose pods moved. Its total is summed in call order, as Plan sums it,
-// so it equals Plan's cost of the same placement exactly.
-type planCoster struct {
-	m     Model // a copy whose pods (only their nodes) change
-	alloc *edgeAllocator
-	calls []float64 // per call, its cost
-}
-
-func newPlanCoster(m *Model) *planCoster {
-	c := &planCoster{m: *m, alloc: newEdgeAllocator(), calls: make([]float64, len(m.Calls))}
-	c.m.Services = slices.Clone(m.Services)
-	for s := range c.m.Services {
-		c.m.Services[s].Pods = slices.Clone(m.Services[s].Pods)
-	}
-	return c
-}
-
-// set puts global pod i on node u.
-func (c *planCoster) set(pp *placeProblem, i, u int) {
-	s := pp.pods[i].svc
-	c.m.Services[s].Pods[i-pp.svcs[s].first].Node = u
-}
-
-func (c *planCoster) solveCall(k int) error {
-	e := c.m.Calls[k]
-	splits, err := c.alloc.allocate(LATA, &c.m, e)
-	if err != nil {
-		return fmt.Errorf("optimizer: call %s → %s: %w", c.m.Services[e.From].Name, c.m.Services[e.To].Name, err)
-	}
-	c.calls[k] = buildCall(&c.m, e, splits).Cost
-	return nil
-}
-
-// solveAll re-solves every call.
-func (c *planCoster) solveAll() error {
-	for k := range c.m.Calls {
-		if err := c.solveCall(k); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// solveService re-solves the calls of service s (after only s's pods moved).
-func (c *planCoster) solveService(s int) error {
-	for k, e := range c.m.Calls {
-		if e.From == s || e.To == s {
-			if err := c.solveCall(k); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-func (c *planCoster) total() float64 {
-	var sum float64
-	for _, x := range c.calls {
-		sum += x
-	}
-	return sum
 }
