@@ -216,16 +216,15 @@ func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, outp
 	// informers stop after that, once every reader has ended.
 	g, ctx := newRunGroup(ctx)
 	defer inf.Stop()
-	defer g.Wait()    // the error paths below return their own error
-	defer g.Stop(nil) // first: end the group on every return
+	defer g.Wait() // the error paths below return their own error
+	defer g.Stop() // first: end the group on every return
 	inf.Start(ctx)
-	cancel := g.Stop
 	start := g.Go
 	start("topology source", func() error { return cluster.Run(ctx, ignore{}) })
 
 	if rf.dryRun {
 		r, err := planOnce(ctx, c, cluster, cf.waitTimeout)
-		cancel(nil)
+		g.Stop()
 		if err != nil {
 			return err
 		}
@@ -235,13 +234,13 @@ func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, outp
 		return writeRebalanceTable(cmd.OutOrStdout(), r)
 	}
 	if err := rf.start(ctx, c, start); err != nil {
-		cancel(nil)
+		g.Stop()
 		return err
 	}
 	if metricsAddress != "" {
 		lis, err := net.Listen("tcp", metricsAddress)
 		if err != nil {
-			cancel(nil)
+			g.Stop()
 			return fmt.Errorf("metrics listener: %w", err)
 		}
 		g.ServeHTTP("metrics server", newHTTPServer(metricsMux(reg), time.Minute), lis)

@@ -302,8 +302,8 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	// Every goroutine below is owned by the group: it ends when ctx is cancelled (signal, or
 	// the first component failing) and is waited for before runServe returns.
 	g, ctx := newRunGroup(ctx)
-	defer g.Stop(nil)
-	cancel, start := g.Stop, g.Go
+	defer g.Stop()
+	start := g.Go
 	if inf != nil {
 		inf.Start(ctx) // stopped below, once every reader has ended
 	}
@@ -320,7 +320,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	}
 	follower, uiSrv, uiLis, err := f.startWebView(srv, reg, policy, opts, cluster, logger)
 	if err != nil {
-		cancel(err)
+		g.Fail(err)
 	} else {
 		listener = fanout{listener, follower}
 		start("publication follower", func() error { return follower.Run(ctx) })
@@ -331,7 +331,7 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	start("topology source", func() error { return source.Run(ctx, listener) })
 	if rb != nil {
 		if err := f.rebalancer.start(ctx, rb, start); err != nil {
-			cancel(err)
+			g.Fail(err)
 		}
 	}
 	start("xDS server", func() error {
