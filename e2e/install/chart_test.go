@@ -40,7 +40,7 @@ var probeNodes = []any{
 }
 
 func variants(t *testing.T) []variant {
-	caPEM, _ := selfSigned(t, "webhook-ca", nil)
+	caPEM, _ := testkit.SelfSigned(t, "webhook-ca")
 	return []variant{
 		{"defaults", nil, features{rebalance: true}},
 		{"rebalancer off", map[string]any{"rebalancer": map[string]any{"mode": "off"}}, features{}},

@@ -21,10 +21,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	"google.golang.org/grpc/resolver"
-	xdsresolver "google.golang.org/grpc/xds"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -39,6 +36,7 @@ import (
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
 	"github.com/edgeflow/edgeflow/internal/testkit"
+	"github.com/edgeflow/edgeflow/internal/testkit/xdsclient"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 )
@@ -84,7 +82,7 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 	before := cl.snapshot(ctx, t)
 
 	// The operator's part: the webhook's certificate (cert-manager's, in a cluster).
-	webhookCert, webhookKey := selfSigned(t, "edgeflow-webhook", []string{"127.0.0.1", release + "-webhook." + namespace + ".svc"})
+	webhookCert, webhookKey := testkit.SelfSigned(t, "edgeflow-webhook", "127.0.0.1", release+"-webhook."+namespace+".svc")
 	values := map[string]any{
 		"replicaCount":     1,
 		"watch":            map[string]any{"namespaces": []any{appNS}},
@@ -556,24 +554,7 @@ func (a *apps) serveBackends() (stop func()) {
 // addresses through dial); its connection closes at the test's end.
 func xdsClient(t *testing.T, xdsAddr, node, target string, dial func(context.Context, string) (net.Conn, error)) testgrpc.TestServiceClient {
 	t.Helper()
-	bootstrap, err := json.Marshal(map[string]any{
-		"xds_servers": []any{map[string]any{"server_uri": xdsAddr,
-			"channel_creds": []any{map[string]any{"type": "insecure"}}, "server_features": []string{"xds_v3"}}},
-		"node": map[string]any{"id": node, "cluster": "edgeflow-install"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b resolver.Builder
-	if b, err = xdsresolver.NewXDSResolverWithConfigForTesting(bootstrap); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient("xds:///"+target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(b),
-		grpc.WithContextDialer(dial))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := xdsclient.Dial(t, xdsAddr, xdsclient.Node{ID: node, Cluster: "edgeflow-install"}, target, grpc.WithContextDialer(dial))
 	return testgrpc.NewTestServiceClient(conn)
 }
 

@@ -2,7 +2,6 @@ package live
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"sync"
@@ -11,13 +10,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	"google.golang.org/grpc/resolver"
-	xdsclient "google.golang.org/grpc/xds"
 
 	"github.com/edgeflow/edgeflow/e2e/testbed"
 	"github.com/edgeflow/edgeflow/internal/testkit"
+	"github.com/edgeflow/edgeflow/internal/testkit/xdsclient"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
 	xdsserver "github.com/edgeflow/edgeflow/xds/server"
@@ -71,24 +68,8 @@ type caller struct {
 // Its data-plane connections are opened inside podNS; its xDS stream stays on loopback.
 func newCaller(t *testing.T, podNS *testbed.Namespace, xdsAddr, pod, target string) *caller {
 	t.Helper()
-	bootstrap, err := json.Marshal(map[string]any{
-		"xds_servers": []any{map[string]any{"server_uri": xdsAddr,
-			"channel_creds": []any{map[string]any{"type": "insecure"}}, "server_features": []string{"xds_v3"}}},
-		"node": map[string]any{"id": pod, "cluster": "edgeflow-live"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b resolver.Builder
-	if b, err = xdsclient.NewXDSResolverWithConfigForTesting(bootstrap); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient("xds:///"+target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(b),
+	conn := xdsclient.Dial(t, xdsAddr, xdsclient.Node{ID: pod, Cluster: "edgeflow-live"}, target,
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return podNS.DialContext(ctx, "tcp", addr) }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
 	return &caller{conn: conn, client: testgrpc.NewTestServiceClient(conn)}
 }
 

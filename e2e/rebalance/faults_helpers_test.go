@@ -80,7 +80,7 @@ func (w *world) serviceAccount(name string, rules []rbacv1.PolicyRule) *rest.Con
 // webhookCert writes one self-signed certificate for every webhook server of the world.
 func (w *world) webhookCert() (certPEM []byte, certFile, keyFile string) {
 	dir := w.t.TempDir()
-	certPEM, keyPEM := selfSigned(w.t)
+	certPEM, keyPEM := testkit.SelfSigned(w.t, "edgeflow-webhook", "127.0.0.1")
 	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
 		w.t.Fatal(err)

@@ -31,11 +31,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	grpcxds "google.golang.org/grpc/xds"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/edgeflow/edgeflow/e2e/testbed"
 	"github.com/edgeflow/edgeflow/internal/testkit"
+	"github.com/edgeflow/edgeflow/internal/testkit/xdsclient"
 	"github.com/edgeflow/edgeflow/xds"
 )
 
@@ -287,17 +287,8 @@ type caller struct {
 }
 
 func newCaller(t *testing.T, xdsAddr, pod string) *caller {
-	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
-		"node": {"id": %q}}`, xdsAddr, pod)
-	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient("xds:///echo", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
+	t.Helper()
+	cc := xdsclient.Dial(t, xdsAddr, xdsclient.Node{ID: pod}, "echo")
 	return &caller{cc: cc, client: testgrpc.NewTestServiceClient(cc)}
 }
 

@@ -22,12 +22,10 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	grpcxds "google.golang.org/grpc/xds"
 
 	"github.com/edgeflow/edgeflow/examples"
 	"github.com/edgeflow/edgeflow/internal/testkit"
+	"github.com/edgeflow/edgeflow/internal/testkit/xdsclient"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -219,16 +217,7 @@ func TestWebViewInChromium(t *testing.T) {
 	uiURL, xdsAddr := startServe(t, file)
 
 	// A real grpc-go xDS client (node productpage-0), so the page has a stream and answers.
-	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}], "node": {"id": "productpage-0"}}`, xdsAddr)
-	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient("xds:///reviews", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := xdsclient.Dial(t, xdsAddr, xdsclient.Node{ID: "productpage-0"}, "reviews")
 	cc.Connect()
 
 	// Chromium runs as root in CI, hence --no-sandbox; the page needs no network but loopback.

@@ -18,11 +18,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	grpcxds "google.golang.org/grpc/xds"
 
 	"github.com/edgeflow/edgeflow/internal/testkit"
+	"github.com/edgeflow/edgeflow/internal/testkit/xdsclient"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -47,16 +46,7 @@ func xdsConn(t testing.TB, controlPlane, nodeID, target string) testgrpc.TestSer
 // dialXDS is xdsConn for a caller that closes the connection itself.
 func dialXDS(t testing.TB, controlPlane, nodeID, target string) (testgrpc.TestServiceClient, *grpc.ClientConn) {
 	t.Helper()
-	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
-		"node": {"id": %q, "locality": {"zone": "test"}}}`, controlPlane, nodeID)
-	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient("xds:///"+target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := xdsclient.Dial(t, controlPlane, xdsclient.Node{ID: nodeID, Zone: "test"}, target)
 	return testgrpc.NewTestServiceClient(cc), cc
 }
 

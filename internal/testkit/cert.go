@@ -1,4 +1,4 @@
-package install
+package testkit
 
 import (
 	"crypto/ecdsa"
@@ -13,16 +13,17 @@ import (
 	"time"
 )
 
-// selfSigned returns a self-signed CA certificate (PEM) with cn, valid for hosts (DNS names
-// or IPs; none: a CA only), and its key (PEM).
-func selfSigned(t *testing.T, cn string, hosts []string) (certPEM, keyPEM []byte) {
+// SelfSigned returns a self-signed CA certificate (PEM) with common name cn, for server
+// authentication, valid a day for hosts (DNS names or IPs; none: a CA only), and its P-256
+// key (PEM).
+func SelfSigned(t testing.TB, cn string, hosts ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true}
 	for _, h := range hosts {
