@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -80,12 +77,4 @@ func (g *runGroup) ServeHTTP(name string, srv *http.Server, l net.Listener) {
 		defer cancel()
 		return srv.Shutdown(sctx)
 	})
-}
-
-// metricsMux serves /metrics from reg and /healthz; callers add /readyz where they have one.
-func metricsMux(reg *prometheus.Registry) *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-	return mux
 }

@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
-	"net/netip"
 	"os"
 	"os/signal"
 	"runtime"
@@ -21,13 +19,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/edgeflow/edgeflow/internal/leader"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/xds"
-	"github.com/edgeflow/edgeflow/xds/istio"
 	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
@@ -77,7 +73,11 @@ func newServeCommand() *cobra.Command {
 		Example: "  edgeflow serve -f topology.yaml --xds-address 127.0.0.1:18000 --metrics-address 127.0.0.1:9090",
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runServe(cmd.Context(), cmd, &f)
+			app, err := newServeApp(cmd, &f)
+			if err != nil {
+				return err
+			}
+			return app.run(cmd.Context())
 		},
 	}
 	f.register(cmd)
@@ -115,19 +115,117 @@ func newServeCommand() *cobra.Command {
 	return cmd
 }
 
-func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
+// serveApp is serve validated and wired: newServeApp checks the flags and builds every
+// component, starting nothing; run listens, starts them in one run group and waits.
+type serveApp struct {
+	cmd    *cobra.Command // the announcement lines go to its standard error
+	f      *serveFlags
+	logger *slog.Logger
+	policy optimizer.Policy
+	enc    xds.Encoding
+	reg    *prometheus.Registry
+
+	source  topologySource
+	cluster *watcher.Live          // with a cluster source
+	inf     *kube.Informers        // the process's one set of informers (with a cluster source)
+	istio   istioRunner            // with --istio-mode
+	leader  *istioLeader           // with --istio-mode and --istio-leader-elect
+	rb      *rebalancer.Controller // with --rebalance
+
+	srv      *xdsserver.Server
+	gs       *grpc.Server
+	follower *publicationFollower
+	httpSrv  *http.Server // with --metrics-address
+	profSrv  *http.Server // with --profiling-address
+	uiSrv    *http.Server // with --ui-address
+
+	xdsLis, metricsLis, profLis, uiLis net.Listener // opened by run
+}
+
+// newServeApp validates the flags and builds serve's components; nothing listens or runs yet.
+// Bad input is a usage error (exit 2), reported before anything is built.
+func newServeApp(cmd *cobra.Command, f *serveFlags) (*serveApp, error) {
+	a := &serveApp{cmd: cmd, f: f}
+	var lb xds.LBPolicy
+	var err error
+	if a.policy, a.enc, lb, err = f.parseEnums(); err != nil {
+		return nil, err
+	}
+	if err := f.check(); err != nil {
+		return nil, err
+	}
+	istioLease, err := f.checkIstio()
+	if err != nil {
+		return nil, err
+	}
+	if err := f.source(); err != nil {
+		return nil, err
+	}
+	a.logger = newLogger(cmd, slog.LevelInfo)
+	opts := f.options(cmd)
+	a.reg = prometheus.NewRegistry()
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := a.buildSource(opts); err != nil {
+		return nil, err
+	}
+	rules, err := a.buildIstio(opts, istioLease)
+	if err != nil {
+		return nil, err
+	}
+	if f.rebalance {
+		if a.rb, err = f.rebalancer.controller(a.inf, &f.clusterFlags, a.cluster, opts.DefaultLatencyMS, a.logger, a.reg); err != nil {
+			return nil, err
+		}
+	}
+	if a.srv, err = xdsserver.New(xdsserver.Config{Policy: a.policy, Encoding: a.enc, LBPolicy: lb, Options: opts, ClusterDomain: f.istio.clusterDomain,
+		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, RemovalGrace: f.removalGrace, Damping: f.damping, Logger: a.logger, Registerer: a.reg,
+		Limits: f.limits, RequireIdentity: f.tls.ClientCAFile != "", TrustDomain: f.trustDomain}); err != nil {
+		return nil, err
+	}
+	// Sidecars hold one long-lived stream each; keepalives notice dead peers. The server's
+	// options bound what a client may make it do (xdsserver.Limits).
+	gopts := a.srv.ServerOptions()
+	if f.tls.CertFile != "" || f.tls.KeyFile != "" || f.tls.ClientCAFile != "" {
+		tlsCfg, err := xdsserver.NewTLSConfig(f.tls, a.logger)
+		if err != nil {
+			return nil, usageError{err}
+		}
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	a.gs = grpc.NewServer(gopts...)
+	a.srv.Register(a.gs)
+	if f.metricsAddress != "" {
+		a.httpSrv = newHTTPServer(serveMux(a.reg, a.srv, a.cluster, rules, a.leader), time.Minute)
+	}
+	if f.profilingAddr != "" {
+		a.profSrv = newHTTPServer(pprofMux(), 10*time.Minute) // a CPU profile or trace writes for its whole duration
+	}
+	if a.follower, a.uiSrv, err = f.webView(a.srv, a.reg, a.policy, opts, a.cluster, a.logger); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// parseEnums parses the flags that name one of a fixed set.
+func (f *serveFlags) parseEnums() (optimizer.Policy, xds.Encoding, xds.LBPolicy, error) {
 	policy, err := optimizer.ParsePolicy(f.policy)
 	if err != nil {
-		return usageError{err}
+		return "", "", "", usageError{err}
 	}
 	enc, err := xds.ParseEncoding(f.encoding)
 	if err != nil {
-		return usageError{err}
+		return "", "", "", usageError{err}
 	}
 	lb, err := xds.ParseLBPolicy(f.lbPolicy)
 	if err != nil {
-		return usageError{err}
+		return "", "", "", usageError{err}
 	}
+	return policy, enc, lb, nil
+}
+
+// check validates the flags of serving (checkIstio those of Istio's, source the topology's),
+// in the order their errors are reported.
+func (f *serveFlags) check() error {
 	if f.file == "-" {
 		return badInput("serve follows a file; it cannot read the topology from standard input")
 	}
@@ -148,151 +246,82 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	if f.debounceQuiet == 0 || f.debounceMax <= 0 || f.pollInterval <= 0 {
 		return badInput("--debounce-quiet must be non-zero, --debounce-max and --poll-interval positive")
 	}
-	logger := newLogger(cmd, slog.LevelInfo)
-	opts := f.options(cmd)
-	if err := f.istio.checkMode(); err != nil {
-		return err
-	}
-	if f.istio.mode != istioModeOff && f.file != "" {
-		return badInput("--istio-mode=%s needs the cluster flags (--kubeconfig or in-cluster), not -f", f.istio.mode)
-	}
-	var istioLease leader.Config
-	if f.istio.mode != istioModeOff && f.istioLeader.elect {
-		if err := f.istioLeader.check(); err != nil {
-			return err
-		}
-		istioLease = f.istioLeader.timings
-		istioLease.Namespace, istioLease.Name = f.rebalancer.lease().Namespace, f.istioLeader.leaseName
-		if istioLease.Namespace == "" {
-			return badInput("--istio-mode=%s: the replicas elect the one that writes on a Lease, and outside a pod "+
-				"--rebalance-lease-namespace is required to say where (a laptop run and the in-cluster replicas must share it); "+
-				"or --istio-leader-elect=false to write from every replica", f.istio.mode)
-		}
-		if f.istioLeader.leaseName == "" || (f.rebalance && !f.rebalancer.dryRun && f.istioLeader.leaseName == f.rebalancer.leaseName) {
-			return badInput("--istio-lease-name must be set, and differ from --rebalance-lease-name")
-		}
-	}
+	return nil
+}
 
-	if err := f.source(); err != nil {
-		return err
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var source topologySource
-	var cluster *watcher.Live
-	var inf *kube.Informers // the process's one set of informers (with a cluster source)
+// buildSource builds what serve follows: the topology file, loaded once (bad input at startup
+// is the user's to fix: exit 2 before anything listens), or the cluster on the process's
+// informers.
+func (a *serveApp) buildSource(opts optimizer.Options) error {
+	f := a.f
 	if f.file != "" {
 		file, err := watcher.NewFile(f.file, watcher.FileConfig{Options: opts, Check: xds.CheckTopology,
-			Interval: f.pollInterval, Logger: logger, Registerer: reg})
+			Interval: f.pollInterval, Logger: a.logger, Registerer: a.reg})
 		if err != nil {
 			return err
 		}
-		// Bad input at startup is the user's to fix: exit 2 before anything listens.
 		if _, err := file.Load(); err != nil {
 			return usageError{err}
 		}
-		source = file
-	} else {
-		if inf, err = f.informers(f.rebalance, logger); err != nil {
-			return err
-		}
-		if cluster, err = f.cluster(inf, opts, xds.CheckTopology, logger, reg); err != nil {
-			return err
-		}
-		source = cluster
+		a.source = file
+		return nil
 	}
-	var istioRun interface {
-		watcher.Listener
-		Run(context.Context) error
-	}
-	var rules *istio.RulesReconciler
-	switch f.istio.mode {
-	case istioModeEnvoyFilter:
-		f.istio.xdsTLS = f.tls.CertFile != ""
-		if istioRun, err = f.envoyFilterReconciler(f.istio.config(), logger); err != nil {
-			return err
-		}
-	case istioModeDestinationRule:
-		ic, err := f.istioClient()
-		if err != nil {
-			return err
-		}
-		cfg := istio.RulesReconcilerConfig{Rules: f.istio.rulesConfig(), Policy: policy, Options: opts,
-			Damping: f.damping, Client: ic, Logger: logger, Registerer: reg}
-		if f.istio.labelNodes {
-			if cfg.Nodes, err = f.clientset(); err != nil {
-				return err
-			}
-		}
-		if rules, err = istio.NewRulesReconciler(cfg); err != nil {
-			return usageError{err}
-		}
-		istioRun = rules
-	}
-	var istioLeader *istioLeader
-	if istioRun != nil && f.istioLeader.elect {
-		if istioLeader, err = newIstioLeader(istioRun.Run, inf.Client().CoordinationV1(), istioLease, processIdentity(), logger, reg); err != nil {
-			return err
-		}
-	}
-	var rb *rebalancer.Controller
-	if f.rebalance {
-		if rb, err = f.rebalancer.controller(inf, &f.clusterFlags, cluster, opts.DefaultLatencyMS, logger, reg); err != nil {
-			return err
-		}
-	}
-	srv, err := xdsserver.New(xdsserver.Config{Policy: policy, Encoding: enc, LBPolicy: lb, Options: opts, ClusterDomain: f.istio.clusterDomain,
-		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, RemovalGrace: f.removalGrace, Damping: f.damping, Logger: logger, Registerer: reg,
-		Limits: f.limits, RequireIdentity: f.tls.ClientCAFile != "", TrustDomain: f.trustDomain})
-	if err != nil {
+	var err error
+	if a.inf, err = f.informers(f.rebalance, a.logger); err != nil {
 		return err
 	}
+	if a.cluster, err = f.cluster(a.inf, opts, xds.CheckTopology, a.logger, a.reg); err != nil {
+		return err
+	}
+	a.source = a.cluster
+	return nil
+}
 
-	xdsLis, err := net.Listen("tcp", f.xdsAddress)
-	if err != nil {
+// listen opens serve's listeners; on an error none stays open.
+func (a *serveApp) listen() error {
+	var err error
+	if a.xdsLis, err = net.Listen("tcp", a.f.xdsAddress); err != nil {
 		return fmt.Errorf("xDS listener: %w", err)
 	}
-	// Sidecars hold one long-lived stream each; keepalives notice dead peers. The server's
-	// options bound what a client may make it do (xdsserver.Limits).
-	gopts := srv.ServerOptions()
-	if f.tls.CertFile != "" || f.tls.KeyFile != "" || f.tls.ClientCAFile != "" {
-		tlsCfg, err := xdsserver.NewTLSConfig(f.tls, logger)
-		if err != nil {
-			xdsLis.Close()
-			return usageError{err}
+	for _, l := range []struct {
+		what string
+		srv  *http.Server
+		addr string
+		lis  *net.Listener
+	}{
+		{"metrics", a.httpSrv, a.f.metricsAddress, &a.metricsLis},
+		{"profiling", a.profSrv, a.f.profilingAddr, &a.profLis},
+		{"web view", a.uiSrv, a.f.uiAddress, &a.uiLis},
+	} {
+		if l.srv == nil {
+			continue
 		}
-		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+		if *l.lis, err = net.Listen("tcp", l.addr); err != nil {
+			a.closeListeners()
+			return fmt.Errorf("%s listener: %w", l.what, err)
+		}
 	}
-	gs := grpc.NewServer(gopts...)
-	srv.Register(gs)
-	var httpSrv, profSrv *http.Server
-	var metricsLis, profLis net.Listener
-	if f.metricsAddress != "" {
-		if metricsLis, err = net.Listen("tcp", f.metricsAddress); err != nil {
-			xdsLis.Close()
-			return fmt.Errorf("metrics listener: %w", err)
+	return nil
+}
+
+func (a *serveApp) closeListeners() {
+	for _, l := range []net.Listener{a.xdsLis, a.metricsLis, a.profLis, a.uiLis} {
+		if l != nil {
+			l.Close()
 		}
-		httpSrv = newHTTPServer(serveMux(reg, srv, cluster, rules, istioLeader), time.Minute)
 	}
-	if f.profilingAddr != "" {
-		if profLis, err = net.Listen("tcp", f.profilingAddr); err != nil {
-			xdsLis.Close()
-			if metricsLis != nil {
-				metricsLis.Close()
-			}
-			return fmt.Errorf("profiling listener: %w", err)
-		}
+}
+
+// run listens, runs every component until ctx ends, SIGINT or SIGTERM comes or one fails, and
+// returns after every one has returned: nil after a clean stop, else the first failure.
+func (a *serveApp) run(ctx context.Context) error {
+	if err := a.listen(); err != nil {
+		return err
+	}
+	if a.profSrv != nil {
 		runtime.SetMutexProfileFraction(10)
 		runtime.SetBlockProfileRate(int(time.Millisecond))
-		mux := http.NewServeMux()
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		profSrv = newHTTPServer(mux, 10*time.Minute) // a CPU profile or trace writes for its whole duration
 	}
-
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	hup := make(chan os.Signal, 1)
@@ -300,51 +329,46 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 	defer signal.Stop(hup)
 
 	// Every goroutine below is owned by the group: it ends when ctx is cancelled (signal, or
-	// the first component failing) and is waited for before runServe returns.
+	// the first component failing) and is waited for before run returns.
 	g, ctx := newRunGroup(ctx)
 	defer g.Stop()
 	start := g.Go
-	if inf != nil {
-		inf.Start(ctx) // stopped below, once every reader has ended
+	if a.inf != nil {
+		a.inf.Start(ctx) // stopped below, once every reader has ended
 	}
-	start("xDS push loop", func() error { return srv.Run(ctx) })
-	var listener watcher.Listener = srv
-	if istioRun != nil {
+	start("xDS push loop", func() error { return a.srv.Run(ctx) })
+	var listener watcher.Listener = a.srv
+	if a.istio != nil {
 		// Fed on every replica; it writes only while it runs: on the Istio Lease's holder.
-		listener = fanout{srv, istioRun}
-		if istioLeader != nil {
-			start("Istio "+f.istio.mode+" leader election", func() error { return istioLeader.Run(ctx) })
+		listener = fanout{a.srv, a.istio}
+		if a.leader != nil {
+			start("Istio "+a.f.istio.mode+" leader election", func() error { return a.leader.Run(ctx) })
 		} else {
-			start("Istio "+f.istio.mode, func() error { return istioRun.Run(ctx) })
+			start("Istio "+a.f.istio.mode, func() error { return a.istio.Run(ctx) })
 		}
 	}
-	follower, uiSrv, uiLis, err := f.startWebView(srv, reg, policy, opts, cluster, logger)
-	if err != nil {
-		g.Fail(err)
-	} else {
-		listener = fanout{listener, follower}
-		start("publication follower", func() error { return follower.Run(ctx) })
-		if uiSrv != nil {
-			g.ServeHTTP("web view", uiSrv, uiLis)
-		}
+	listener = fanout{listener, a.follower}
+	start("publication follower", func() error { return a.follower.Run(ctx) })
+	if a.uiSrv != nil {
+		g.ServeHTTP("web view", a.uiSrv, a.uiLis)
 	}
-	start("topology source", func() error { return source.Run(ctx, listener) })
-	if rb != nil {
-		if err := f.rebalancer.start(ctx, rb, start); err != nil {
+	start("topology source", func() error { return a.source.Run(ctx, listener) })
+	if a.rb != nil {
+		if err := a.f.rebalancer.start(ctx, a.rb, start); err != nil {
 			g.Fail(err)
 		}
 	}
 	start("xDS server", func() error {
-		if err := gs.Serve(srv.Listener(xdsLis)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := a.gs.Serve(a.srv.Listener(a.xdsLis)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return err
 		}
 		return nil
 	})
-	if httpSrv != nil {
-		g.ServeHTTP("metrics server", httpSrv, metricsLis)
+	if a.httpSrv != nil {
+		g.ServeHTTP("metrics server", a.httpSrv, a.metricsLis)
 	}
-	if profSrv != nil {
-		g.ServeHTTP("profiling server", profSrv, profLis)
+	if a.profSrv != nil {
+		g.ServeHTTP("profiling server", a.profSrv, a.profLis)
 	}
 	start("SIGHUP", func() error {
 		for {
@@ -352,108 +376,47 @@ func runServe(ctx context.Context, cmd *cobra.Command, f *serveFlags) error {
 			case <-ctx.Done():
 				return nil
 			case <-hup:
-				if file, ok := source.(*watcher.File); ok {
-					logger.Info("SIGHUP: reloading the topology file")
+				if file, ok := a.source.(*watcher.File); ok {
+					a.logger.Info("SIGHUP: reloading the topology file")
 					file.Reload()
 				}
 			}
 		}
 	})
+	a.announce()
+
+	<-ctx.Done()
+	a.logger.Info("edgeflow serve: shutting down", "reason", context.Cause(ctx))
+	stopGRPC(a.gs)
+	err := g.Wait() // run maps bad input to exit 2
+	if a.inf != nil {
+		a.inf.Stop()
+	}
+	return err
+}
+
+// announce writes the lines a person or script waits for: where serve listens, and on what.
+func (a *serveApp) announce() {
+	f := a.f
 	metricsAt := "not served"
-	if metricsLis != nil {
-		metricsAt = "http://" + metricsLis.Addr().String() + "/metrics"
+	if a.metricsLis != nil {
+		metricsAt = "http://" + a.metricsLis.Addr().String() + "/metrics"
 	}
 	from := "file " + f.file
-	if cluster != nil {
+	if a.cluster != nil {
 		from = "the cluster"
 		if f.prometheusURL != "" {
 			from += " and Prometheus " + redactURL(f.prometheusURL)
 		}
 	}
-	announce(cmd, "edgeflow serve: xDS on %s, metrics %s, policy %s, encoding %s, topology from %s",
-		xdsLis.Addr(), metricsAt, policy, enc, from)
-	if profLis != nil {
-		announce(cmd, "edgeflow serve: profiling on http://%s/debug/pprof/", profLis.Addr())
+	announce(a.cmd, "edgeflow serve: xDS on %s, metrics %s, policy %s, encoding %s, topology from %s",
+		a.xdsLis.Addr(), metricsAt, a.policy, a.enc, from)
+	if a.profLis != nil {
+		announce(a.cmd, "edgeflow serve: profiling on http://%s/debug/pprof/", a.profLis.Addr())
 	}
-	if uiLis != nil {
-		announce(cmd, "edgeflow serve: web view on http://%s/", uiLis.Addr())
+	if a.uiLis != nil {
+		announce(a.cmd, "edgeflow serve: web view on http://%s/", a.uiLis.Addr())
 	}
-
-	<-ctx.Done()
-	logger.Info("edgeflow serve: shutting down", "reason", context.Cause(ctx))
-	stopGRPC(gs)
-	err = g.Wait() // run maps bad input to exit 2
-	if inf != nil {
-		inf.Stop()
-	}
-	return err
-}
-
-// stopGRPC stops the xDS server: Run has ended the xDS streams, so the gRPC server drains
-// quickly; a hard stop follows after a grace period.
-func stopGRPC(g *grpc.Server) {
-	const grace = 5 * time.Second
-	done := make(chan struct{})
-	go func() { g.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(grace):
-		g.Stop()
-		<-done
-	}
-}
-
-// HTTP server timeouts: a client gets 10 s to send its headers and 30 s for its whole request,
-// an idle keep-alive connection is closed after 2 minutes, and a response must be written
-// within write (a scrape of /metrics: one minute).
-const (
-	httpReadHeaderTimeout = 10 * time.Second
-	httpReadTimeout       = 30 * time.Second
-	httpIdleTimeout       = 2 * time.Minute
-)
-
-// newHTTPServer returns an HTTP server with read, write and idle timeouts.
-func newHTTPServer(h http.Handler, write time.Duration) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, ReadTimeout: httpReadTimeout,
-		WriteTimeout: write, IdleTimeout: httpIdleTimeout}
-}
-
-// checkSecurity refuses what would expose the xDS port or the profiles beyond loopback
-// without protection, saying why and which flag relaxes it.
-func (f *serveFlags) checkSecurity() error {
-	tls := f.tls.CertFile != "" || f.tls.KeyFile != ""
-	if f.xdsAddress != "" && !tls && !f.insecureXDS && !isLoopback(f.xdsAddress) {
-		return badInput("--xds-address %s is not a loopback address and xDS would be plaintext and unauthenticated: "+
-			"anyone who reaches it could read every service's pods, addresses and weights and claim any pod's weights. "+
-			"Serve TLS (--xds-tls-cert, --xds-tls-key; with --xds-tls-client-ca, mutual TLS and the pod identity check), "+
-			"or accept the exposure with --insecure-xds", f.xdsAddress)
-	}
-	if f.profilingAddr != "" && !isLoopback(f.profilingAddr) {
-		return badInput("--profiling-address %s is not a loopback address: profiles (and the command line) are served "+
-			"without authentication, so only on loopback (reach it with kubectl port-forward)", f.profilingAddr)
-	}
-	if f.uiAddress != "" && !isLoopback(f.uiAddress) {
-		return badInput("--ui-address %s is not a loopback address: the web view shows every pod, node, latency and weight "+
-			"without authentication, so only on loopback (reach it with kubectl port-forward)", f.uiAddress)
-	}
-	if f.limits.RequestBurst < 0 {
-		return badInput("--xds-request-burst %d: need 0 or more", f.limits.RequestBurst)
-	}
-	return nil
-}
-
-// isLoopback reports whether a HOST:PORT listens on loopback only: a loopback IP or
-// "localhost". An empty host, an unspecified address or any other name is not.
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.IsLoopback()
 }
 
 // fanout hands every topology to several listeners.
@@ -471,33 +434,4 @@ func (f fanout) UpdateCompiled(t *optimizer.Topology, cm *optimizer.Compiled) {
 // topologySource is what serve follows: the file or the cluster.
 type topologySource interface {
 	Run(context.Context, watcher.Listener) error
-}
-
-// serveMux serves /metrics, /healthz and /readyz (watcher.ReadyHandler).
-// With Istio DestinationRules, /readyz also says at which granularity they plan; with the Istio
-// writer elected (il non-nil), whether this replica leads (writes) or follows.
-func serveMux(reg *prometheus.Registry, srv *xdsserver.Server, cluster *watcher.Live, rules *istio.RulesReconciler, il *istioLeader) *http.ServeMux {
-	mux := metricsMux(reg)
-	var checks func() []watcher.Check
-	if cluster != nil {
-		checks = func() []watcher.Check {
-			cs := cluster.Checks()
-			if rules != nil {
-				c := watcher.Check{Name: "istio-destinationrules", OK: true, Message: "planned per " + rules.Granularity()}
-				if rules.Granularity() == "" {
-					c.Message = "no plan yet"
-					if il != nil && !il.Leading() {
-						c.Message = "not planned here: the leader plans and writes"
-					}
-				}
-				cs = append(cs, c)
-			}
-			if il != nil {
-				cs = append(cs, il.check())
-			}
-			return cs
-		}
-	}
-	mux.Handle("/readyz", watcher.ReadyHandler(srv.Published, checks))
-	return mux
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"sync"
@@ -348,23 +347,18 @@ func value(m *dto.Metric) float64 {
 	return 0
 }
 
-// startWebView makes serve's publication follower and, with --ui-address, the web view's
-// listener and HTTP server (not yet serving). The follower must be added to the listeners and
-// run; the server is served in serve's run group (runGroup.ServeHTTP), which shuts it down.
-func (f *serveFlags) startWebView(srv *xdsserver.Server, reg *prometheus.Registry, policy optimizer.Policy, opts optimizer.Options,
-	cluster *watcher.Live, logger *slog.Logger) (*publicationFollower, *http.Server, net.Listener, error) {
+// webView makes serve's publication follower and, with --ui-address, the web view's HTTP
+// server (serve listens for it). The follower must be added to the listeners and run; the
+// server is served in serve's run group (runGroup.ServeHTTP), which shuts it down.
+func (f *serveFlags) webView(srv *xdsserver.Server, reg *prometheus.Registry, policy optimizer.Policy, opts optimizer.Options,
+	cluster *watcher.Live, logger *slog.Logger) (*publicationFollower, *http.Server, error) {
 	var view *ui.View
 	var uiSrv *http.Server
-	var uiLis net.Listener
 	if f.uiAddress != "" {
-		l, err := net.Listen("tcp", f.uiAddress)
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("web view listener: %w", err)
-		}
 		view = ui.New(ui.Config{})
 		// The event stream sets a deadline per write, so the write timeout bounds only the
 		// page and its assets.
-		uiSrv, uiLis = newHTTPServer(view.Handler(), time.Minute), l
+		uiSrv = newHTTPServer(view.Handler(), time.Minute)
 	}
 	var checks func() []watcher.Check
 	if cluster != nil {
@@ -372,10 +366,7 @@ func (f *serveFlags) startWebView(srv *xdsserver.Server, reg *prometheus.Registr
 	}
 	follower, err := newPublicationFollower(srv, reg, policy, opts, checks, view, logger)
 	if err != nil {
-		if uiLis != nil {
-			uiLis.Close()
-		}
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	return follower, uiSrv, uiLis, nil
+	return follower, uiSrv, nil
 }
