@@ -1,0 +1,73 @@
+package watcher
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Check is the state of one input, for /readyz.
+type Check struct {
+	Name string
+	OK   bool
+	// Message says what is wrong (or, when OK, a short state).
+	Message string
+}
+
+// Checks reports each input's state: kubernetes (synced, watches failing), prometheus (the
+// last query round) and latency (names that match no node, the degraded plan, unreachable
+// pairs). It is safe for concurrent use.
+func (c *Live) Checks() []Check {
+	k := Check{Name: "kubernetes", OK: c.cfg.Kube.Synced(), Message: "informer caches synced"}
+	if !k.OK {
+		k.Message = "informer caches not synced yet"
+	}
+	if fails := c.cfg.Kube.WatchFailures(); len(fails) > 0 {
+		k.OK = false
+		var parts []string
+		for _, f := range fails {
+			parts = append(parts, fmt.Sprintf("%s: failing since %s: %v", f.Informer, f.Since.Format(time.RFC3339), f.Err))
+		}
+		k.Message = strings.Join(parts, "; ") + "; serving the last known state"
+	}
+	checks := []Check{k}
+	if c.cfg.Prom == nil {
+		return checks
+	}
+	st := c.cfg.Prom.Status()
+	ck := Check{Name: "prometheus", OK: st.OK, Message: fmt.Sprintf("%s: last query %s; window %v (scrape interval %v, %s)",
+		c.cfg.Prom.URL(), st.LastSuccess.Format(time.RFC3339), st.Window, st.ScrapeInterval, st.ScrapeIntervalFrom)}
+	if !st.OK {
+		ck.Message = st.Reason
+		if !st.Since.IsZero() {
+			ck.Message += fmt.Sprintf(" (failing since %s", st.Since.Format(time.RFC3339))
+			if st.Synced {
+				ck.Message += "; serving the last good weights"
+			}
+			ck.Message += ")"
+		}
+	}
+	checks = append(checks, ck)
+	c.mu.Lock()
+	ls := c.latency
+	c.mu.Unlock()
+	if !ls.merged {
+		return checks
+	}
+	lat := Check{Name: "latency", OK: true, Message: "measured"}
+	var problems []string
+	if len(ls.unmatched) > 0 {
+		problems = append(problems, fmt.Sprintf("latency labels naming no node (--node-match=%s): %s", c.cfg.NodeMatch, strings.Join(ls.unmatched, ", ")))
+	}
+	if !ls.usable {
+		problems = append(problems, "no usable latency measurement: serving the capacity-weighted plan (every node pair equal) until one arrives")
+	}
+	if len(problems) > 0 {
+		lat.OK, lat.Message = false, strings.Join(problems, "; ")
+	}
+	if ls.unreach != "" {
+		lat.Message += "; unreachable pairs (at the unreachable latency): " + ls.unreach
+	}
+	lat.Message += "; " + ls.why
+	return append(checks, lat)
+}

@@ -1,0 +1,169 @@
+package watcher
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"strings"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/watcher/kube"
+	"github.com/edgeflow/edgeflow/watcher/prom"
+)
+
+// Merge builds the topology from one Kubernetes state and one set of measurements (nil: none)
+// by the rules of Live. It is pure apart from the metrics it sets.
+//
+// A pod that backs several services (a Service and its headless twin select the same pods)
+// keeps its name in the first of them (by key) and is listed as "POD@SERVICE" in the others:
+// pod names are unique in a topology, and a pod calls as the first service it backs (see
+// measuredCalls) while it is called as each. '@' cannot occur in a Kubernetes name.
+func (c *Live) Merge(ks *kube.State, meas *prom.Measurements) *optimizer.Topology {
+	t := &optimizer.Topology{Nodes: append([]optimizer.Node(nil), ks.Nodes...)}
+	listed := map[string]bool{} // pod keys
+	for _, s := range ks.Services {
+		s.Pods = append([]optimizer.Pod(nil), s.Pods...)
+		for i := range s.Pods {
+			if key := s.PodKey(&s.Pods[i]); listed[key] {
+				s.Pods[i].Name += "@" + s.Name
+			} else {
+				listed[key] = true
+			}
+		}
+		s.Ports = append([]optimizer.Port(nil), s.Ports...)
+		t.Services = append(t.Services, s)
+	}
+	measured, ls := c.matchLatency(ks, meas)
+	if c.cfg.Prom != nil && !ls.usable {
+		measured = nil // every pair equal (prom.FillLatency), never a plan from unmatched names
+	}
+	var names []string
+	ls.granularity, ls.why = c.granularity(t.Nodes)
+	if ls.granularity == optimizer.LatencyPerZone {
+		t.LatencyGranularity = optimizer.LatencyPerZone
+		names, _ = optimizer.TopologyZones(t.Nodes)
+		zone := make(map[string]string, len(t.Nodes))
+		for _, n := range t.Nodes {
+			zone[n.Name] = optimizer.ZoneOf(n)
+		}
+		measured = prom.AggregateLatency(measured, func(n string) (string, bool) { z, ok := zone[n]; return z, ok })
+	} else {
+		names = make([]string, len(t.Nodes))
+		for i, n := range t.Nodes {
+			names[i] = n.Name
+		}
+	}
+	lat, unmeasured := prom.FillLatency(names, measured, c.latencyDefault(ls))
+	t.Latency = lat
+	c.unmeasured.Set(float64(unmeasured))
+	c.noteLatency(ls)
+	ignored := map[string]int{}
+	var calls []optimizer.Call
+	var ingress []optimizer.Ingress
+	if c.cfg.CallGraph != nil {
+		calls, ingress = c.staticCalls(t, ignored)
+	} else if meas != nil {
+		calls, ingress = measuredCalls(ks, meas.Calls, ignored)
+	}
+	t.Calls = dropCycles(calls, ignored)
+	t.Ingress = ingress
+	for _, r := range []string{CallUnmanaged, CallNoService, CallCycle} {
+		c.ignored.WithLabelValues(r).Set(float64(ignored[r]))
+	}
+	return t
+}
+
+// matchLatency maps the measured pairs' node labels to node names by NodeMatch, and says what
+// matched.
+func (c *Live) matchLatency(ks *kube.State, meas *prom.Measurements) (map[prom.Pair]float64, latencyState) {
+	ls := latencyState{merged: true}
+	if meas == nil {
+		return nil, ls
+	}
+	ls.unreach = prom.DescribeUnreachable(meas, 10)
+	known := make(map[string]bool, len(ks.Nodes))
+	for _, n := range ks.Nodes {
+		known[n.Name] = true
+	}
+	resolve := func(label string) (string, bool) {
+		if c.cfg.NodeMatch == NodeMatchName {
+			return label, known[label]
+		}
+		host := label
+		if h, _, err := net.SplitHostPort(label); err == nil {
+			host = h
+		}
+		ip, err := netip.ParseAddr(host)
+		if err != nil {
+			return "", false
+		}
+		n, ok := ks.NodeAddresses[ip.Unmap().String()]
+		return n, ok
+	}
+	unmatched := map[string]bool{}
+	out := make(map[prom.Pair]float64, len(meas.Latency))
+	for p, v := range meas.Latency {
+		from, okF := resolve(p.From)
+		to, okT := resolve(p.To)
+		if !okF {
+			unmatched[p.From] = true
+		}
+		if !okT {
+			unmatched[p.To] = true
+		}
+		if okF && okT {
+			out[prom.Pair{From: from, To: to}] = v
+			ls.usable = true
+		}
+	}
+	for n := range unmatched {
+		ls.unmatched = append(ls.unmatched, n)
+	}
+	sort.Strings(ls.unmatched)
+	return out, ls
+}
+
+// granularity decides the latency granularity of a topology of these nodes (LatencyGranularity)
+// and says why.
+func (c *Live) granularity(nodes []optimizer.Node) (string, string) {
+	n := int64(len(nodes))
+	pairs := n * (n - 1)
+	zones := func() string {
+		names, _ := optimizer.TopologyZones(nodes)
+		return fmt.Sprintf("%s zones", thousands(int64(len(names))))
+	}
+	switch c.cfg.LatencyGranularity {
+	case optimizer.LatencyPerNode:
+		return optimizer.LatencyPerNode, fmt.Sprintf("latency per node (--latency-granularity=node): %s nodes, %s node pairs", thousands(n), thousands(pairs))
+	case optimizer.LatencyPerZone:
+		return optimizer.LatencyPerZone, fmt.Sprintf("latency per zone (--latency-granularity=zone): %s nodes, %s", thousands(n), zones())
+	}
+	if pairs <= int64(c.cfg.MaxNodePairs) {
+		return optimizer.LatencyPerNode, fmt.Sprintf("latency per node: %s nodes, %s node pairs ≤ --max-node-pairs %d", thousands(n), thousands(pairs), c.cfg.MaxNodePairs)
+	}
+	return optimizer.LatencyPerZone, fmt.Sprintf("latency per zone: %s nodes, %s node pairs > --max-node-pairs %d; %s", thousands(n), thousands(pairs), c.cfg.MaxNodePairs, zones())
+}
+
+// thousands formats n with a comma every three digits.
+func thousands(n int64) string {
+	s := fmt.Sprint(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	if neg {
+		s = "-" + s
+	}
+	return s
+}
+
+// latencyDefault is the latency of unmeasured pairs: the configured default while some
+// latency is usable; none (every pair equal) in the degraded plan.
+func (c *Live) latencyDefault(ls latencyState) *float64 {
+	if c.cfg.Prom != nil && !ls.usable {
+		return nil
+	}
+	return c.cfg.DefaultLatencyMS
+}
