@@ -238,9 +238,30 @@ func (c *Live) Measured() *optimizer.Topology {
 	return c.current
 }
 
-// noteLatency records what the last Merge made of the measurements, logging and counting
-// changes of the unmatched names and of the degraded plan once per change.
-func (c *Live) noteLatency(ls latencyState) {
+// Merge builds the topology from one Kubernetes state and one set of measurements (nil: none)
+// by the rules of Live (merge, which is pure), then records what it made of them (record): the
+// latency state Checks, LatencyUsable and Measured read, the metrics and the log lines. Run
+// calls it for each change; it writes neither of its inputs.
+//
+// A pod that backs several services (a Service and its headless twin select the same pods)
+// keeps its name in the first of them (by key) and is listed as "POD@SERVICE" in the others:
+// pod names are unique in a topology, and a pod calls as the first service it backs (see
+// measuredCalls) while it is called as each. '@' cannot occur in a Kubernetes name.
+func (c *Live) Merge(ks *kube.State, meas *prom.Measurements) *optimizer.Topology {
+	t, notes := c.merge(ks, meas)
+	c.record(notes)
+	return t
+}
+
+// record applies what a merge made of its inputs: it sets the latency state (under mu) and the
+// metrics, and logs and counts changes of the granularity, of the unmatched names and of the
+// degraded plan once per change.
+func (c *Live) record(n mergeNotes) {
+	c.unmeasured.Set(float64(n.unmeasured))
+	for _, r := range []string{CallUnmanaged, CallNoService, CallCycle} {
+		c.ignored.WithLabelValues(r).Set(float64(n.ignored[r]))
+	}
+	ls := n.latency
 	c.mu.Lock()
 	prev := c.latency
 	c.latency = ls

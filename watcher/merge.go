@@ -12,14 +12,19 @@ import (
 	"github.com/edgeflow/edgeflow/watcher/prom"
 )
 
-// Merge builds the topology from one Kubernetes state and one set of measurements (nil: none)
-// by the rules of Live. It is pure apart from the metrics it sets.
-//
-// A pod that backs several services (a Service and its headless twin select the same pods)
-// keeps its name in the first of them (by key) and is listed as "POD@SERVICE" in the others:
-// pod names are unique in a topology, and a pod calls as the first service it backs (see
-// measuredCalls) while it is called as each. '@' cannot occur in a Kubernetes name.
-func (c *Live) Merge(ks *kube.State, meas *prom.Measurements) *optimizer.Topology {
+// mergeNotes is what one merge made of its inputs besides the topology, for the caller to
+// record (Live.record): the latency state, the unmeasured pairs and the calls left out.
+type mergeNotes struct {
+	latency    latencyState
+	unmeasured int            // pairs given the default latency (prom.FillLatency)
+	ignored    map[string]int // calls left out, by reason (CallUnmanaged, …)
+}
+
+// merge builds the topology from one Kubernetes state and one set of measurements (nil: none)
+// by the rules of Live and Merge, and says what it made of them. It is pure: it reads only the
+// configuration NewLive fixed and its inputs, and writes nothing (neither its inputs nor the
+// Live's state, metrics or log).
+func (c *Live) merge(ks *kube.State, meas *prom.Measurements) (*optimizer.Topology, mergeNotes) {
 	t := &optimizer.Topology{Nodes: append([]optimizer.Node(nil), ks.Nodes...)}
 	listed := map[string]bool{} // pod keys
 	for _, s := range ks.Services {
@@ -54,24 +59,18 @@ func (c *Live) Merge(ks *kube.State, meas *prom.Measurements) *optimizer.Topolog
 			names[i] = n.Name
 		}
 	}
-	lat, unmeasured := prom.FillLatency(names, measured, c.latencyDefault(ls))
-	t.Latency = lat
-	c.unmeasured.Set(float64(unmeasured))
-	c.noteLatency(ls)
-	ignored := map[string]int{}
+	notes := mergeNotes{latency: ls, ignored: map[string]int{}}
+	t.Latency, notes.unmeasured = prom.FillLatency(names, measured, c.latencyDefault(ls))
 	var calls []optimizer.Call
 	var ingress []optimizer.Ingress
 	if c.cfg.CallGraph != nil {
-		calls, ingress = c.staticCalls(t, ignored)
+		calls, ingress = c.staticCalls(t, notes.ignored)
 	} else if meas != nil {
-		calls, ingress = measuredCalls(ks, meas.Calls, ignored)
+		calls, ingress = measuredCalls(ks, meas.Calls, notes.ignored)
 	}
-	t.Calls = dropCycles(calls, ignored)
+	t.Calls = dropCycles(calls, notes.ignored)
 	t.Ingress = ingress
-	for _, r := range []string{CallUnmanaged, CallNoService, CallCycle} {
-		c.ignored.WithLabelValues(r).Set(float64(ignored[r]))
-	}
-	return t
+	return t, notes
 }
 
 // matchLatency maps the measured pairs' node labels to node names by NodeMatch, and says what
