@@ -2,12 +2,15 @@ package watcher
 
 import (
 	"context"
-	"sync"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
 )
 
+// poke tells the merge loop (deliver) that an input changed, without waiting: one pending
+// signal stands for any number of changes.
 func (c *Live) poke() {
 	select {
 	case c.changed <- struct{}{}:
@@ -16,48 +19,48 @@ func (c *Live) poke() {
 }
 
 // Run runs the sources and delivers merged topologies to l until ctx is done (then it returns
-// nil, after every goroutine it started has ended), or until a source fails (its error).
+// nil, after every goroutine it started has ended), or until a source fails (its error, after
+// the other source and the merge loop ended).
+//
+// The sources run in an errgroup (errgroup.WithContext): the first to fail cancels the group's
+// context, which ends the other source and the merge loop; Wait returns that first error. A
+// source that returns nil cancels nothing.
 func (c *Live) Run(ctx context.Context, l Listener) error {
-	parent := ctx
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		err := c.cfg.Kube.Run(ctx, func(st *kube.State) {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return c.cfg.Kube.Run(gctx, func(st *kube.State) {
 			c.mu.Lock()
 			c.kube = st
 			c.mu.Unlock()
 			c.poke()
 		})
-		if err != nil {
-			cancel(err)
-		}
-	}()
+	})
 	if c.cfg.Prom != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := c.cfg.Prom.Run(ctx, func(m *prom.Measurements) {
+		g.Go(func() error {
+			return c.cfg.Prom.Run(gctx, func(m *prom.Measurements) {
 				c.mu.Lock()
 				c.meas = m
 				c.mu.Unlock()
 				c.poke()
 			})
-			if err != nil {
-				cancel(err)
-			}
-		}()
+		})
 	}
-	defer wg.Wait()
+	c.deliver(gctx, l)
+	stopped := ctx.Err() != nil // the caller stopped us (cancelled, or its deadline passed)
+	err := g.Wait()
+	if stopped {
+		return nil // whatever a source returned as it stopped
+	}
+	return err // a source failed
+}
+
+// deliver merges the latest inputs on each change and delivers what differs from the last
+// topology delivered, until ctx is done. Run's only; it alone uses c.compiler.
+func (c *Live) deliver(ctx context.Context, l Listener) {
 	for {
 		select {
 		case <-ctx.Done():
-			if parent.Err() != nil {
-				return nil // the caller stopped us (cancelled, or its deadline passed)
-			}
-			return context.Cause(ctx) // a source failed
+			return
 		case <-c.changed:
 		}
 		c.mu.Lock()
