@@ -81,7 +81,8 @@ const (
 //   - Nothing is delivered before the Kubernetes caches synced: never a half-built topology.
 //     From then on a topology is always delivered, Prometheus or not (a cold start serves).
 //   - Each source delivers into the Live source without waiting for the other; the merge runs on
-//     its own goroutine and delivers only a topology that differs from the last one.
+//     its own goroutine (Run's, apart from the sources') and delivers only a topology that
+//     differs from the last one.
 //   - Latency: a series' node labels name nodes by NodeMatch (the node's name, or an address
 //     matched to the node's InternalIP). Measured pairs as measured (the mean RTT over answered
 //     probes, ms; an unreachable pair at the unreachable latency); a pair never measured gets
