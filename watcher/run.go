@@ -4,10 +4,18 @@ import (
 	"context"
 
 	"golang.org/x/sync/errgroup"
-
-	"github.com/edgeflow/edgeflow/watcher/kube"
-	"github.com/edgeflow/edgeflow/watcher/prom"
 )
+
+// keepLatest is a source's callback: it keeps what the source delivered in *latest (under
+// c.mu), replacing what was there, and pokes the merge loop.
+func keepLatest[T any](c *Live, latest **T) func(*T) {
+	return func(v *T) {
+		c.mu.Lock()
+		*latest = v
+		c.mu.Unlock()
+		c.poke()
+	}
+}
 
 // poke tells the merge loop (deliver) that an input changed, without waiting: one pending
 // signal stands for any number of changes.
@@ -28,21 +36,11 @@ func (c *Live) poke() {
 func (c *Live) Run(ctx context.Context, l Listener) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		return c.cfg.Kube.Run(gctx, func(st *kube.State) {
-			c.mu.Lock()
-			c.kube = st
-			c.mu.Unlock()
-			c.poke()
-		})
+		return c.cfg.Kube.Run(gctx, keepLatest(c, &c.kube))
 	})
 	if c.cfg.Prom != nil {
 		g.Go(func() error {
-			return c.cfg.Prom.Run(gctx, func(m *prom.Measurements) {
-				c.mu.Lock()
-				c.meas = m
-				c.mu.Unlock()
-				c.poke()
-			})
+			return c.cfg.Prom.Run(gctx, keepLatest(c, &c.meas))
 		})
 	}
 	c.deliver(gctx, l)
