@@ -430,14 +430,14 @@ func latencyCosts(buf []int64, lat LatencyMatrix, from, to []int, quantum float6
 			cost = append(cost, c)
 		}
 	}
-	for row := cost; len(row) > 0; row = row[len(to):] {
-		for j, c := range row[:len(to)] {
-			x := c
-			if extra != nil {
-				x += extra[j]
-			}
-			row[j] = x<<TieBreakBits + tieBreak(c, longest)
+	if extra == nil { // lata's hot path: no per-sink term to look up
+		for i, c := range cost {
+			cost[i] = c<<TieBreakBits + tieBreak(c, longest)
 		}
+		return cost
+	}
+	for i, c := range cost {
+		cost[i] = (c+extra[i%len(to)])<<TieBreakBits + tieBreak(c, longest)
 	}
 	return cost
 }
