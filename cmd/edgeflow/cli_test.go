@@ -68,7 +68,7 @@ func TestVersion(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.GoVersion != runtime.Version() || v.Version == "" {
 		t.Fatalf("version -o json: exit %d, %v: %s", code, err, out)
 	}
-	if code, out, errOut := runCLI(t, "", "version", "-o", "yaml"); code != exitBadInput || out != "" || !strings.Contains(errOut, `-o "yaml"`) {
+	if code, out, errOut := runCLI(t, "", "version", "-o", "yaml"); code != exitBadInput || out != "" || !strings.Contains(errOut, `-o: unknown output format "yaml"`) {
 		t.Errorf("version -o yaml: exit %d, stdout %q, stderr %q; want exit 2 naming it", code, out, errOut)
 	}
 }

@@ -76,8 +76,7 @@ type demoFlags struct {
 	serviceTime    time.Duration
 	latencyScale   float64
 	timeout        time.Duration
-	rates          []string // --rates: one table per rate; replaces rate
-	rateSet        bool     // --rate was given
+	rates          []string // --rates: one table per rate; replaces rate (not both: cobra checks)
 	policies       []string
 	rounds         int
 	seed           uint64
@@ -138,7 +137,6 @@ func newDemoCommand() *cobra.Command {
 			"  edgeflow demo --policies round-robin,least-request,lata\n  edgeflow demo --latency-scale 2   # scenario B",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f.rateSet = cmd.Flags().Changed("rate")
 			f.logger = newLogger(cmd, slog.LevelWarn)
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -160,6 +158,7 @@ func newDemoCommand() *cobra.Command {
 	fl.StringSliceVar(&f.policies, "policies", demo.RowNames(), "policies to run, in order (the optimizer's, and least-request)")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the pods' service-time draws")
 	fl.Float64Var(&f.utilizationCap, "utilization-cap", optimizer.DefaultUtilizationCap, "lata-q: the most of a pod's service rate it is loaded to, in (0, 1)")
+	cmd.MarkFlagsMutuallyExclusive("rate", "rates")
 	return cmd
 }
 
@@ -181,8 +180,6 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 		return nil, badInput("--warmup must not be negative, got %v", f.warmup)
 	case !(f.rate > 0) || f.rate > 1e5:
 		return nil, badInput("--rate must be in (0, 100000], got %v", f.rate)
-	case f.rateSet && f.rates != nil:
-		return nil, badInput("--rate and --rates are mutually exclusive: put every rate in --rates")
 	case f.workers < 1:
 		return nil, badInput("--workers must be ≥ 1, got %d", f.workers)
 	case f.serviceTime < 0:

@@ -231,7 +231,7 @@ func TestDemoBadInput(t *testing.T) {
 		{"rates: negative", []string{"--rates=-5,150"}, `--rates: "-5" is not in (0, 100000]`},
 		{"rates: too high", []string{"--rates", "150,1e6"}, `--rates: "1e6" is not in (0, 100000]`},
 		{"rates: empty", []string{"--rates="}, "--rates is empty"},
-		{"rate and rates", []string{"--rate", "200", "--rates", "150,300"}, "mutually exclusive"},
+		{"rate and rates", []string{"--rate", "200", "--rates", "150,300"}, "[rate rates] were all set"},
 		{"missing file", []string{"--topology", filepath.Join(dir, "nope.yaml")}, "nope.yaml"},
 		{"unplaced pods", []string{"--topology", unplaced}, "no placed pods"},
 		{"no ingress", []string{"--topology", noIngress}, "ingress"},

@@ -112,12 +112,3 @@ func writeStructured(w io.Writer, format string, v any) error {
 	_, err := w.Write(buf.Bytes())
 	return err
 }
-
-func checkOutput(format string, allowed ...string) error {
-	for _, a := range allowed {
-		if format == a {
-			return nil
-		}
-	}
-	return badInput("unknown output format %q (want one of %v)", format, allowed)
-}

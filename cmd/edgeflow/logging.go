@@ -23,22 +23,10 @@ type logFlags struct {
 
 func (f *logFlags) register(root *cobra.Command) {
 	pf := root.PersistentFlags()
-	pf.StringVar(&f.format, "log-format", logFormatText, "log format: text (key=value) or json (one object per line)")
-	pf.StringVar(&f.level, "log-level", "", "log level: debug, info, warn, error (default: info for serve and the rebalancer controller, warn otherwise)")
-}
-
-// check validates the flags, naming the bad one.
-func (f *logFlags) check() error {
-	if f.format != logFormatText && f.format != logFormatJSON {
-		return badInput("--log-format %q: want text or json", f.format)
-	}
-	if f.level != "" {
-		var l slog.Level
-		if err := l.UnmarshalText([]byte(f.level)); err != nil {
-			return badInput("--log-level %q: want debug, info, warn or error", f.level)
-		}
-	}
-	return nil
+	enumVar(root, pf, &enumFlag[string]{p: &f.format, values: []string{logFormatText, logFormatJSON}, typ: "format"},
+		"log-format", "", logFormatText, "log format: text (key=value) or json (one object per line)")
+	enumVar(root, pf, &enumFlag[string]{p: &f.level, values: []string{"debug", "info", "warn", "error"}, parse: parseLogLevel, typ: "level"},
+		"log-level", "", "", "log level: debug, info, warn, error (default: info for serve and the rebalancer controller, warn otherwise)")
 }
 
 // logger returns a logger writing to w in the chosen format, at the chosen level or def.
@@ -46,7 +34,7 @@ func (f *logFlags) check() error {
 func (f *logFlags) logger(w io.Writer, def slog.Level) *slog.Logger {
 	level := def
 	if f.level != "" {
-		_ = level.UnmarshalText([]byte(f.level)) // checked in check
+		_ = level.UnmarshalText([]byte(f.level)) // checked by the flag (parseLogLevel)
 	}
 	opts := &slog.HandlerOptions{Level: level}
 	if f.format == logFormatJSON {
@@ -58,11 +46,11 @@ func (f *logFlags) logger(w io.Writer, def slog.Level) *slog.Logger {
 // commandLogFlags reads the root's persistent log flags as cmd parsed them.
 func commandLogFlags(cmd *cobra.Command) *logFlags {
 	f := &logFlags{format: logFormatText}
-	if v, err := cmd.Flags().GetString("log-format"); err == nil {
-		f.format = v
+	if fl := cmd.Flags().Lookup("log-format"); fl != nil {
+		f.format = fl.Value.String()
 	}
-	if v, err := cmd.Flags().GetString("log-level"); err == nil {
-		f.level = v
+	if fl := cmd.Flags().Lookup("log-level"); fl != nil {
+		f.level = fl.Value.String()
 	}
 	return f
 }

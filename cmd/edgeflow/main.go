@@ -46,14 +46,18 @@ func newRootCommand() *cobra.Command {
 	}
 	root.Example = "  edgeflow plan -f examples/bookinfo.yaml\n" +
 		"  edgeflow serve -f topology.yaml --xds-address 127.0.0.1:18000 --ui-address 127.0.0.1:8080\n  edgeflow demo\n  edgeflow version"
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		var bad *enumError // names the flag itself: not inside pflag's "invalid argument … for … flag"
+		if errors.As(err, &bad) {
+			return usageError{bad}
+		}
+		return usageError{err}
+	})
 	var logs logFlags
 	logs.register(root)
-	root.PersistentPreRunE = func(*cobra.Command, []string) error { return logs.check() }
 	for _, add := range subcommands {
 		root.AddCommand(add())
 	}
-	completeFlagValues(root)
 	addBuiltinExamples(root)
 	return root
 }
@@ -91,10 +95,12 @@ func isBadInput(err error) bool {
 		errors.Is(err, xds.ErrIncompleteTopology) || isCobraUsage(err)
 }
 
-// isCobraUsage recognises cobra's own usage errors, which it does not type.
+// isCobraUsage recognises cobra's own usage errors, which it does not type (the flag groups'
+// among them: MarkFlagsMutuallyExclusive, MarkFlagsRequiredTogether, MarkFlagsOneRequired).
 func isCobraUsage(err error) bool {
 	msg := err.Error()
-	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "accepts ", "requires at least", "required flag"} {
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "accepts ", "requires at least", "required flag",
+		"if any flags in the group", "at least one of the flags in the group"} {
 		if strings.HasPrefix(msg, p) || strings.Contains(msg, "required flag(s)") {
 			return true
 		}

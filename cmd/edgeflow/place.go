@@ -17,7 +17,7 @@ func init() { subcommands = append(subcommands, newPlaceCommand) }
 func newPlaceCommand() *cobra.Command {
 	var (
 		tf     topologyFlags
-		policy string
+		policy optimizer.PlacementPolicy
 		output string
 		budget time.Duration
 	)
@@ -42,13 +42,6 @@ func newPlaceCommand() *cobra.Command {
 			"  edgeflow place -f topology.yaml -o topology | edgeflow plan -f -",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, err := optimizer.ParsePlacementPolicy(policy)
-			if err != nil {
-				return usageError{err}
-			}
-			if err := checkOutput(output, "table", "json", "yaml", "topology"); err != nil {
-				return err
-			}
 			if budget < 0 {
 				return usageError{fmt.Errorf("--budget %v: must be >= 0 (0: no limit)", budget)}
 			}
@@ -58,7 +51,7 @@ func newPlaceCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			pl, err := optimizer.PlaceWithOptions(m, p, optimizer.PlaceOptions{Budget: budget})
+			pl, err := optimizer.PlaceWithOptions(m, policy, optimizer.PlaceOptions{Budget: budget})
 			if err != nil {
 				return err
 			}
@@ -74,8 +67,8 @@ func newPlaceCommand() *cobra.Command {
 				return writeStructured(cmd.OutOrStdout(), "yaml", placedTopology(t, m, pl, opts))
 			}
 			base := pl
-			if p != optimizer.K8sSpread {
-				// The baseline is only shown: if its packing gives up where p found a
+			if policy != optimizer.K8sSpread {
+				// The baseline is only shown: if its packing gives up where policy found a
 				// placement, the table says n/a.
 				if base, err = optimizer.Place(m, optimizer.K8sSpread); err != nil {
 					base = nil
@@ -85,8 +78,9 @@ func newPlaceCommand() *cobra.Command {
 		},
 	}
 	tf.register(cmd)
-	cmd.Flags().StringVar(&policy, "policy", string(optimizer.LARP), "placement policy: larp, larp-greedy, k8s-spread")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json, yaml, topology")
+	enumVar(cmd, cmd.Flags(), &enumFlag[optimizer.PlacementPolicy]{p: &policy, values: optimizer.PlacementPolicies(),
+		parse: optimizer.ParsePlacementPolicy, typ: "policy", noun: "placement policy"}, "policy", "", optimizer.LARP, "placement policy: larp, larp-greedy, k8s-spread")
+	outputVar(cmd, &output, "output format: table, json, yaml, topology", "table", "json", "yaml", "topology")
 	cmd.Flags().DurationVar(&budget, "budget", optimizer.DefaultPlaceBudget, "wall-time budget of larp's search; when it runs out the best placement so far is printed (0: no limit)")
 	return cmd
 }

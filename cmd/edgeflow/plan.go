@@ -20,7 +20,7 @@ func init() { subcommands = append(subcommands, newPlanCommand) }
 func newPlanCommand() *cobra.Command {
 	var (
 		tf     topologyFlags
-		policy string
+		policy optimizer.Policy
 		output string
 		istioF istioFlags
 	)
@@ -38,21 +38,14 @@ func newPlanCommand() *cobra.Command {
 			"  edgeflow plan -f examples/bookinfo-localities.yaml -o istio | kubectl apply -f -",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, err := optimizer.ParsePolicy(policy)
-			if err != nil {
-				return usageError{err}
-			}
-			if err := checkOutput(output, "table", "json", "yaml", "istio"); err != nil {
-				return err
-			}
 			t, m, err := tf.load(cmd, tf.options(cmd))
 			if err != nil {
 				return err
 			}
 			if output == "istio" {
-				return writeIstioRules(cmd, &tf, &istioF, t, p)
+				return writeIstioRules(cmd, &tf, &istioF, t, policy)
 			}
-			alloc, err := optimizer.Plan(m, p)
+			alloc, err := optimizer.Plan(m, policy)
 			if err != nil {
 				return err
 			}
@@ -67,8 +60,9 @@ func newPlanCommand() *cobra.Command {
 		},
 	}
 	tf.register(cmd)
-	cmd.Flags().StringVar(&policy, "policy", string(optimizer.LATA), "allocation policy: round-robin, localization, opttraffic, lata, lata-q")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json, yaml, istio (the DestinationRules serve --istio-mode=destinationrule applies)")
+	policyVar(cmd, &policy)
+	outputVar(cmd, &output, "output format: table, json, yaml, istio (the DestinationRules serve --istio-mode=destinationrule applies)",
+		"table", "json", "yaml", "istio")
 	istioF.registerRules(cmd)
 	return cmd
 }

@@ -57,6 +57,7 @@ func (f *rebalanceFlags) register(cmd *cobra.Command, prefix string) {
 	fl.StringVar(&f.webhookAddress, "webhook-address", "", "HOST:PORT to serve the placement webhook on (HTTPS, path "+rebalancer.WebhookPath+"); empty: not served")
 	fl.StringVar(&f.webhookCert, "webhook-tls-cert", "", "the webhook's certificate (PEM; read again when the file changes)")
 	fl.StringVar(&f.webhookKey, "webhook-tls-key", "", "the key of --webhook-tls-cert (PEM)")
+	cmd.MarkFlagsRequiredTogether("webhook-tls-cert", "webhook-tls-key")
 }
 
 func (f *rebalanceFlags) check() error {
@@ -71,8 +72,6 @@ func (f *rebalanceFlags) check() error {
 		return badInput("the period, the gate timeout and the placement timeout must be positive")
 	case !f.dryRun && f.lease().Namespace == "":
 		return badInput("--lease-namespace is required outside a pod: replicas elect their leader on a Lease there (a laptop run and the in-cluster replicas must share it)")
-	case (f.webhookCert == "") != (f.webhookKey == ""):
-		return badInput("give both --webhook-tls-cert and --webhook-tls-key")
 	case f.webhookAddress != "" && f.webhookCert == "":
 		return badInput("--webhook-address needs --webhook-tls-cert and --webhook-tls-key (the API server calls webhooks over HTTPS)")
 	}
@@ -169,9 +168,6 @@ func newRebalanceCommand() *cobra.Command {
 			"  edgeflow rebalance --dry-run=false --webhook-address :8443 --webhook-tls-cert tls.crt --webhook-tls-key tls.key",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(output, "table", "json"); err != nil {
-				return err
-			}
 			if err := rf.check(); err != nil {
 				return err
 			}
@@ -185,7 +181,7 @@ func newRebalanceCommand() *cobra.Command {
 	cf.register(cmd)
 	rf.register(cmd, "")
 	cmd.Flags().Float64Var(&defLat, "default-latency", 0, "latency in ms for node pairs never measured (default: the largest measured)")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "dry-run output format: table, json")
+	outputVar(cmd, &output, "dry-run output format: table, json", "table", "json")
 	cmd.Flags().StringVar(&metricsAddress, "metrics-address", "", "HOST:PORT for /metrics and /healthz (controller mode)")
 	return cmd
 }

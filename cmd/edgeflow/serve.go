@@ -36,9 +36,9 @@ type serveFlags struct {
 	topologyFlags
 	xdsAddress     string
 	metricsAddress string
-	policy         string
-	encoding       string
-	lbPolicy       string
+	policy         optimizer.Policy
+	encoding       xds.Encoding
+	lbPolicy       xds.LBPolicy
 	debounceQuiet  time.Duration
 	debounceMax    time.Duration
 	removalGrace   time.Duration
@@ -85,9 +85,13 @@ func newServeCommand() *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&f.xdsAddress, "xds-address", "", "HOST:PORT the xDS server listens on (port 0 picks one; the address is logged)")
 	fl.StringVar(&f.metricsAddress, "metrics-address", "", "HOST:PORT for /metrics, /healthz and /readyz (empty: not served)")
-	fl.StringVar(&f.policy, "policy", string(optimizer.LATA), "allocation policy: round-robin, localization, opttraffic, lata, lata-q")
-	fl.StringVar(&f.encoding, "encoding", string(xds.EncodingLocality), "wire encoding of the weights: locality (EDS locality weights) or weighted-clusters")
-	fl.StringVar(&f.lbPolicy, "lb-policy", string(xds.LBRoundRobin), "how clients balance within the weights: round-robin, or least-request (LEAST_REQUEST over each callee's pods, power of two choices; locality encoding only)")
+	policyVar(cmd, &f.policy)
+	enumVar(cmd, fl, &enumFlag[xds.Encoding]{p: &f.encoding, values: []xds.Encoding{xds.EncodingLocality, xds.EncodingWeightedClusters},
+		parse: xds.ParseEncoding, typ: "encoding", noun: "encoding"},
+		"encoding", "", xds.EncodingLocality, "wire encoding of the weights: locality (EDS locality weights) or weighted-clusters")
+	enumVar(cmd, fl, &enumFlag[xds.LBPolicy]{p: &f.lbPolicy, values: []xds.LBPolicy{xds.LBRoundRobin, xds.LBLeastRequest},
+		parse: xds.ParseLBPolicy, typ: "lb-policy", noun: "lb policy"},
+		"lb-policy", "", xds.LBRoundRobin, "how clients balance within the weights: round-robin, or least-request (LEAST_REQUEST over each callee's pods, power of two choices; locality encoding only)")
 	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xdsserver.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
 	fl.DurationVar(&f.debounceMax, "debounce-max", xdsserver.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
 	fl.DurationVar(&f.removalGrace, "removal-grace", xdsserver.DefaultRemovalGrace, "keep a removed pod's cluster and endpoints this long after the routes that named it are acknowledged (0: none)")
@@ -121,8 +125,6 @@ type serveApp struct {
 	cmd    *cobra.Command // the announcement lines go to its standard error
 	f      *serveFlags
 	logger *slog.Logger
-	policy optimizer.Policy
-	enc    xds.Encoding
 	reg    *prometheus.Registry
 
 	source  topologySource
@@ -146,11 +148,6 @@ type serveApp struct {
 // Bad input is a usage error (exit 2), reported before anything is built.
 func newServeApp(cmd *cobra.Command, f *serveFlags) (*serveApp, error) {
 	a := &serveApp{cmd: cmd, f: f}
-	var lb xds.LBPolicy
-	var err error
-	if a.policy, a.enc, lb, err = f.parseEnums(); err != nil {
-		return nil, err
-	}
 	if err := f.check(); err != nil {
 		return nil, err
 	}
@@ -177,7 +174,7 @@ func newServeApp(cmd *cobra.Command, f *serveFlags) (*serveApp, error) {
 			return nil, err
 		}
 	}
-	if a.srv, err = xdsserver.New(xdsserver.Config{Policy: a.policy, Encoding: a.enc, LBPolicy: lb, Options: opts, ClusterDomain: f.istio.clusterDomain,
+	if a.srv, err = xdsserver.New(xdsserver.Config{Policy: f.policy, Encoding: f.encoding, LBPolicy: f.lbPolicy, Options: opts, ClusterDomain: f.istio.clusterDomain,
 		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, RemovalGrace: f.removalGrace, Damping: f.damping, Logger: a.logger, Registerer: a.reg,
 		Limits: f.limits, RequireIdentity: f.tls.ClientCAFile != "", TrustDomain: f.trustDomain}); err != nil {
 		return nil, err
@@ -200,27 +197,10 @@ func newServeApp(cmd *cobra.Command, f *serveFlags) (*serveApp, error) {
 	if f.profilingAddr != "" {
 		a.profSrv = newHTTPServer(pprofMux(), 10*time.Minute) // a CPU profile or trace writes for its whole duration
 	}
-	if a.follower, a.uiSrv, err = f.webView(a.srv, a.reg, a.policy, opts, a.cluster, a.logger); err != nil {
+	if a.follower, a.uiSrv, err = f.webView(a.srv, a.reg, f.policy, opts, a.cluster, a.logger); err != nil {
 		return nil, err
 	}
 	return a, nil
-}
-
-// parseEnums parses the flags that name one of a fixed set.
-func (f *serveFlags) parseEnums() (optimizer.Policy, xds.Encoding, xds.LBPolicy, error) {
-	policy, err := optimizer.ParsePolicy(f.policy)
-	if err != nil {
-		return "", "", "", usageError{err}
-	}
-	enc, err := xds.ParseEncoding(f.encoding)
-	if err != nil {
-		return "", "", "", usageError{err}
-	}
-	lb, err := xds.ParseLBPolicy(f.lbPolicy)
-	if err != nil {
-		return "", "", "", usageError{err}
-	}
-	return policy, enc, lb, nil
 }
 
 // check validates the flags of serving (checkIstio those of Istio's, source the topology's),
@@ -410,7 +390,7 @@ func (a *serveApp) announce() {
 		}
 	}
 	announce(a.cmd, "edgeflow serve: xDS on %s, metrics %s, policy %s, encoding %s, topology from %s",
-		a.xdsLis.Addr(), metricsAt, a.policy, a.enc, from)
+		a.xdsLis.Addr(), metricsAt, f.policy, f.encoding, from)
 	if a.profLis != nil {
 		announce(a.cmd, "edgeflow serve: profiling on http://%s/debug/pprof/", a.profLis.Addr())
 	}

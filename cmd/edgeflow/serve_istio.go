@@ -65,7 +65,7 @@ func (a *serveApp) buildIstio(opts optimizer.Options, lease leader.Config) (*ist
 		if err != nil {
 			return nil, err
 		}
-		cfg := istio.RulesReconcilerConfig{Rules: f.istio.rulesConfig(), Policy: a.policy, Options: opts,
+		cfg := istio.RulesReconcilerConfig{Rules: f.istio.rulesConfig(), Policy: f.policy, Options: opts,
 			Damping: f.damping, Client: ic, Logger: a.logger, Registerer: a.reg}
 		if f.istio.labelNodes {
 			if cfg.Nodes, err = f.clientset(); err != nil {

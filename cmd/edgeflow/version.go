@@ -66,18 +66,15 @@ func newVersionCommand() *cobra.Command {
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v := readBuildVersion()
-			switch output {
-			case "text":
-				_, err := fmt.Fprintln(cmd.OutOrStdout(), v)
-				return err
-			case "json":
+			if output == "json" {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
 				return enc.Encode(v)
 			}
-			return badInput("-o %q: want text or json", output)
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), v)
+			return err
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text, json")
+	outputVar(cmd, &output, "output format: text, json", "text", "json")
 	return cmd
 }

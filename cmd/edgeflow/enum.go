@@ -1,0 +1,111 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+)
+
+// enumFlag is a flag that takes one of a fixed set of values: Set validates while the command
+// line is parsed, and its error names the flag, the value and the values allowed; Type names
+// the enum in --help (--policy policy); enumVar registers the values as the flag's shell
+// completion.
+type enumFlag[T ~string] struct {
+	p      *T
+	values []T                     // allowed, in the order the error and the completion give them
+	parse  func(string) (T, error) // the domain's parser, where there is one (it may take an alias: "" for the default); nil: one of values exactly
+	typ    string                  // Type
+	noun   string                  // what a value names, for the error (FLAG: unknown NOUN "VALUE" (want …); "": FLAG "VALUE": want …)
+	flag   string                  // the flag as the error names it (-o, --policy): enumVar sets it
+}
+
+var _ pflag.Value = (*enumFlag[string])(nil)
+
+func (e *enumFlag[T]) String() string {
+	if e.p == nil {
+		return ""
+	}
+	return string(*e.p)
+}
+
+func (e *enumFlag[T]) Type() string { return e.typ }
+
+func (e *enumFlag[T]) Set(s string) error {
+	v, ok := T(s), slices.Contains(e.values, T(s))
+	if e.parse != nil {
+		var err error
+		v, err = e.parse(s)
+		ok = err == nil
+	}
+	if !ok {
+		return &enumError{flag: e.flag, value: s, noun: e.noun, values: e.strings()}
+	}
+	*e.p = v
+	return nil
+}
+
+func (e *enumFlag[T]) strings() []string {
+	out := make([]string, len(e.values))
+	for i, v := range e.values {
+		out[i] = string(v)
+	}
+	return out
+}
+
+// enumVar defines e as the flag name (shorthand short, "" for none) of fs with the default def,
+// and registers its values as the flag's completion on cmd, whose flags fs is (its own, or its
+// persistent ones).
+func enumVar[T ~string](cmd *cobra.Command, fs *pflag.FlagSet, e *enumFlag[T], name, short string, def T, usage string) {
+	*e.p = def
+	e.flag = "--" + name
+	if short != "" {
+		e.flag = "-" + short
+	}
+	fs.VarP(e, name, short, usage)
+	_ = cmd.RegisterFlagCompletionFunc(name, cobra.FixedCompletions(e.strings(), cobra.ShellCompDirectiveNoFileComp))
+}
+
+// enumError is an enum flag's bad value. The root's flag error function shows it as it is,
+// not inside pflag's "invalid argument … for … flag", since it names the flag itself.
+type enumError struct {
+	flag, value, noun string
+	values            []string
+}
+
+func (e *enumError) Error() string {
+	want := e.values[len(e.values)-1]
+	if n := len(e.values); n > 1 {
+		want = strings.Join(e.values[:n-1], ", ") + " or " + want
+	}
+	if e.noun != "" {
+		return fmt.Sprintf("%s: unknown %s %q (want %s)", e.flag, e.noun, e.value, want)
+	}
+	return fmt.Sprintf("%s %q: want %s", e.flag, e.value, want)
+}
+
+// policyVar defines --policy, the allocation policy (plan, serve).
+func policyVar(cmd *cobra.Command, p *optimizer.Policy) {
+	enumVar(cmd, cmd.Flags(), &enumFlag[optimizer.Policy]{p: p, values: optimizer.Policies(), parse: optimizer.ParsePolicy,
+		typ: "policy", noun: "policy"}, "policy", "", optimizer.LATA, "allocation policy: round-robin, localization, opttraffic, lata, lata-q")
+}
+
+// outputVar defines -o/--output, the output format: one of values, the first the default.
+func outputVar(cmd *cobra.Command, p *string, usage string, values ...string) {
+	enumVar(cmd, cmd.Flags(), &enumFlag[string]{p: p, values: values, typ: "format", noun: "output format"}, "output", "o", values[0], usage)
+}
+
+// parseLogLevel takes what slog.Level reads (debug, info, warn, error, any case, with an
+// offset such as debug-4), and "" (the command's own default).
+func parseLogLevel(s string) (string, error) {
+	if s == "" {
+		return s, nil
+	}
+	var l slog.Level
+	return s, l.UnmarshalText([]byte(s))
+}
