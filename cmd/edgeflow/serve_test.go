@@ -17,11 +17,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	grpcxds "google.golang.org/grpc/xds"
 
 	"github.com/edgeflow/edgeflow/internal/testkit"
+	"github.com/edgeflow/edgeflow/internal/testkit/xdsclient"
 )
 
 // syncBuffer is a bytes.Buffer safe for the command's goroutines and the test.
@@ -105,16 +104,7 @@ func (s *serveRun) halt() error {
 // server at xdsAddr; closed when the test ends.
 func echoClient(t *testing.T, xdsAddr, nodeID string) testgrpc.TestServiceClient {
 	t.Helper()
-	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}], "node": {"id": %q}}`, xdsAddr, nodeID)
-	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient("xds:///echo", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
+	cc := xdsclient.Dial(t, xdsAddr, xdsclient.Node{ID: nodeID}, "echo")
 	return testgrpc.NewTestServiceClient(cc)
 }
 
