@@ -1,5 +1,6 @@
 // Package testkit is what edgeflow's tests share: polling with a deadline, loopback listeners
-// bound on port 0 and handed over, gRPC echo backends, and the edgeflow binary built once.
+// bound on port 0 and handed over, gRPC echo backends, the edgeflow binary built once, and a
+// FakeClock (k8s.io/utils/clock/testing's) that reports the timers armed on it.
 //
 // Test-only: it is imported by _test.go files and by the harnesses under e2e/, never by the
 // product. Every server it starts is stopped, and every file it writes removed, when the test
