@@ -46,25 +46,31 @@ func (s *Server) wakeAtLocked(n *nodeState, t time.Time) {
 		n.graceTimer.Stop()
 	}
 	n.graceAt = t
-	n.graceTimer = time.AfterFunc(t.Sub(s.clock.Now()), func() {
-		n.mu.Lock()
-		defer n.mu.Unlock()
-		n.graceTimer = nil
-		if n.closed {
-			return
+	// The callback goes on in a goroutine of its own: a fake clock calls it from Step with its
+	// lock held, and advancing the node reads the clock (time.AfterFunc already runs it apart).
+	n.graceTimer = s.clock.AfterFunc(t.Sub(s.clock.Now()), func() { go s.graceEnded(n) })
+}
+
+// graceEnded advances the node when a removal grace has ended, and wakes it again for the
+// names whose grace has not.
+func (s *Server) graceEnded(n *nodeState) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.graceTimer = nil
+	if n.closed {
+		return
+	}
+	s.advanceLocked(n)
+	// Names whose grace has not ended (they started later) need another wake-up.
+	var next time.Time
+	for _, until := range n.leaving {
+		if next.IsZero() || until.Before(next) {
+			next = until
 		}
-		s.advanceLocked(n)
-		// Names whose grace has not ended (they started later) need another wake-up.
-		var next time.Time
-		for _, until := range n.leaving {
-			if next.IsZero() || until.Before(next) {
-				next = until
-			}
-		}
-		if !next.IsZero() {
-			s.wakeAtLocked(n, next)
-		}
-	})
+	}
+	if !next.IsZero() {
+		s.wakeAtLocked(n, next)
+	}
 }
 
 // stopGraceLocked stops the node's grace timer (its last stream closed). n.mu is held.

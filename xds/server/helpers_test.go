@@ -22,92 +22,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/edgeflow/edgeflow/internal/clock"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/xds/internal/xdstest"
 )
 
-// fakeClock is a Clock whose time moves only by Advance; timers fire synchronously in Advance.
-type fakeClock struct {
-	mu      sync.Mutex
-	now     time.Time
-	timers  []*fakeTimer
-	created int
-}
-
-type fakeTimer struct {
-	c        chan time.Time
-	deadline time.Time
-	clock    *fakeClock
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) NewTimer(d time.Duration) clock.Timer {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.created++
-	t := &fakeTimer{c: make(chan time.Time, 1), deadline: c.now.Add(d), clock: c}
-	if d <= 0 {
-		t.c <- c.now // like time.NewTimer: a timer already due fires at once
-		return t
-	}
-	c.timers = append(c.timers, t)
-	return t
-}
-
-func (t *fakeTimer) C() <-chan time.Time { return t.c }
-
-func (t *fakeTimer) Stop() bool {
-	t.clock.mu.Lock()
-	defer t.clock.mu.Unlock()
-	for i, x := range t.clock.timers {
-		if x == t {
-			t.clock.timers = append(t.clock.timers[:i], t.clock.timers[i+1:]...)
-			return true
-		}
-	}
-	return false
-}
-
-// Advance moves time forward by d and fires the timers that are due.
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	kept := c.timers[:0]
-	for _, t := range c.timers {
-		if !t.deadline.After(c.now) {
-			t.c <- c.now
-		} else {
-			kept = append(kept, t)
-		}
-	}
-	c.timers = kept
-}
-
-// timersCreated returns how many timers NewTimer made.
-func (c *fakeClock) timersCreated() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.created
-}
-
-// deadlines returns the pending timers' deadlines as offsets from start.
-func (c *fakeClock) deadlines(start time.Time) []time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []time.Duration
-	for _, t := range c.timers {
-		out = append(out, t.deadline.Sub(start))
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
+// newFakeClock returns the clock of tests that drive the server's timers by hand.
+func newFakeClock() *testkit.FakeClock {
+	return testkit.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 }
 
 func testLogger(t testing.TB) *slog.Logger {

@@ -9,6 +9,7 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"k8s.io/utils/clock"
 
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -52,7 +53,7 @@ type nodeState struct {
 	// leave, and the timer that advances the node then.
 	leaving    map[string]time.Time
 	graceAt    time.Time
-	graceTimer *time.Timer
+	graceTimer clock.Timer
 }
 
 // rejectedVersion is the version of type i the node's clients last NACKed ("" = none).

@@ -21,8 +21,8 @@ import (
 	gcpserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"k8s.io/utils/clock"
 
-	"github.com/edgeflow/edgeflow/internal/clock"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -68,8 +68,9 @@ type Config struct {
 	// picked the old route before the client applied the new one still find their cluster.
 	// Zero means none; `edgeflow serve --removal-grace` defaults to DefaultRemovalGrace.
 	RemovalGrace time.Duration
-	// Clock is the time source (nil means the wall clock).
-	Clock clock.Clock
+	// Clock is the time source of the debounce timers, the rate limits and the removal grace
+	// (nil means clock.RealClock{}).
+	Clock clock.WithTickerAndDelayedExecution
 	// Logger receives the server's logs (nil means slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the server's metrics (nil means they are not registered).
@@ -132,7 +133,7 @@ type Config struct {
 type Server struct {
 	cfg    Config
 	log    *slog.Logger
-	clock  clock.Clock
+	clock  clock.WithTickerAndDelayedExecution
 	m      *metrics
 	shards [numShards]cache.SnapshotCache // by shardOf(node id)
 	xds    gcpserver.Server
@@ -199,7 +200,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("xds: negative RemovalGrace %v", cfg.RemovalGrace)
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = clock.System()
+		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

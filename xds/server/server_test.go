@@ -156,8 +156,8 @@ func TestDebounce(t *testing.T) {
 	waitTimer := func(at time.Duration) {
 		t.Helper()
 		testkit.Eventually(t, 5*time.Second, "debounce timer at "+at.String(), func() bool {
-			d := clock.deadlines(start)
-			return clock.timersCreated() == updates && len(d) == 1 && d[0] == at
+			d := clock.Deadlines(start)
+			return clock.TimersCreated() == updates && len(d) == 1 && d[0] == at
 		})
 	}
 	// Updates every 90 ms keep the quiet period from ever elapsing: the push happens at the
@@ -174,10 +174,10 @@ func TestDebounce(t *testing.T) {
 			t.Fatalf("published at %v, before the quiet period or the maximum", at)
 		}
 		if at+90*time.Millisecond < time.Second {
-			clock.Advance(90 * time.Millisecond)
+			clock.Step(90 * time.Millisecond)
 		}
 	}
-	clock.Advance(time.Second - clock.Now().Sub(start)) // to exactly 1 s
+	clock.Step(time.Second - clock.Now().Sub(start)) // to exactly 1 s
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := h.srv.WaitPublished(ctx, 1); err != nil {
@@ -186,7 +186,7 @@ func TestDebounce(t *testing.T) {
 	if got := h.srv.Allocation().Call("x", "y").Fractions()["x-0"]["y-1"]; got != 1 {
 		t.Errorf("published an older topology (x-0 → y-1 = %v)", got)
 	}
-	if d := clock.deadlines(start); len(d) != 0 {
+	if d := clock.Deadlines(start); len(d) != 0 {
 		t.Errorf("timers left after the push: %v", d)
 	}
 
@@ -195,14 +195,14 @@ func TestDebounce(t *testing.T) {
 	h.srv.Update(two(5))
 	updates++
 	testkit.Eventually(t, 5*time.Second, "quiet timer", func() bool {
-		d := clock.deadlines(t2)
-		return clock.timersCreated() == updates && len(d) == 1 && d[0] == 100*time.Millisecond
+		d := clock.Deadlines(t2)
+		return clock.TimersCreated() == updates && len(d) == 1 && d[0] == 100*time.Millisecond
 	})
-	clock.Advance(99 * time.Millisecond)
+	clock.Step(99 * time.Millisecond)
 	if h.srv.Published() != 1 {
 		t.Fatal("published before the quiet period")
 	}
-	clock.Advance(time.Millisecond)
+	clock.Step(time.Millisecond)
 	if err := h.srv.WaitPublished(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
