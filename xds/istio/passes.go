@@ -5,14 +5,14 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/edgeflow/edgeflow/internal/clock"
+	"k8s.io/utils/clock"
 )
 
 // passLoop is how both reconcilers run: a pass after every wake-up, then every resync, and
 // every retry while passes fail.
 type passLoop struct {
 	wake          <-chan struct{}
-	clock         clock.Clock
+	clock         clock.WithTickerAndDelayedExecution
 	resync, retry time.Duration
 	log           *slog.Logger
 	what          string // names the objects in the failure log line

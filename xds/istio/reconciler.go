@@ -20,8 +20,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 
-	"github.com/edgeflow/edgeflow/internal/clock"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -45,8 +45,8 @@ type ReconcilerConfig struct {
 	// RetryInterval is how long Run waits after a failed pass before the next; 0 means
 	// DefaultRetryInterval.
 	RetryInterval time.Duration
-	// Clock times Resync and RetryInterval (nil means the wall clock).
-	Clock clock.Clock
+	// Clock times Resync and RetryInterval (nil means clock.RealClock{}).
+	Clock clock.WithTickerAndDelayedExecution
 	// Logger receives one line per change and per failed pass (nil means slog.Default()).
 	Logger *slog.Logger
 }
@@ -104,7 +104,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		cfg.RetryInterval = DefaultRetryInterval
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = clock.System()
+		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

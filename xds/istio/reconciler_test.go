@@ -22,8 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/clock"
 
-	"github.com/edgeflow/edgeflow/internal/clock"
 	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
@@ -43,7 +43,7 @@ type testEnv struct {
 	log   []string
 }
 
-func newTestEnv(t *testing.T, clock clock.Clock, objs ...runtime.Object) (*testEnv, *Reconciler) {
+func newTestEnv(t *testing.T, clock clock.WithTickerAndDelayedExecution, objs ...runtime.Object) (*testEnv, *Reconciler) {
 	t.Helper()
 	var iobjs, kobjs []runtime.Object
 	for _, o := range objs {
@@ -406,16 +406,16 @@ func TestRun(t *testing.T) {
 
 	topo := &optimizer.Topology{Services: bookinfo()}
 	r.Update(topo)
-	testkit.Eventually(t, 10*time.Second, "a retry timer after the failed pass", func() bool { return clock.pending() == DefaultRetryInterval })
-	clock.Advance(DefaultRetryInterval)
+	testkit.Eventually(t, 10*time.Second, "a retry timer after the failed pass", func() bool { return pending(clock) == DefaultRetryInterval })
+	clock.Step(DefaultRetryInterval)
 	testkit.Eventually(t, 10*time.Second, "the filters after the retry", func() bool { return len(listOwned(client)) == 2 })
-	testkit.Eventually(t, 10*time.Second, "a resync timer after the good pass", func() bool { return clock.pending() == DefaultResync })
+	testkit.Eventually(t, 10*time.Second, "a resync timer after the good pass", func() bool { return pending(clock) == DefaultResync })
 
 	// A resync repairs a filter deleted by hand.
 	if err := client.NetworkingV1alpha3().EnvoyFilters(DefaultNamespace).Delete(ctx, "edgeflow-eds.reviews.default", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	clock.Advance(DefaultResync)
+	clock.Step(DefaultResync)
 	testkit.Eventually(t, 10*time.Second, "the repaired filter", func() bool { return len(listOwned(client)) == 2 })
 
 	// An Update with no services removes every owned object.
@@ -448,8 +448,8 @@ func TestRunWaitsForTheFirstUpdate(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if got := e.writes(); len(got) != 0 || clock.pending() != 0 {
-		t.Errorf("before any Update Run wrote %v and set a timer of %v", got, clock.pending())
+	if got := e.writes(); len(got) != 0 || pending(clock) != 0 {
+		t.Errorf("before any Update Run wrote %v and set a timer of %v", got, pending(clock))
 	}
 }
 
@@ -508,65 +508,14 @@ func listOwned(c *fake.Clientset) []string {
 	return names
 }
 
-// fakeClock is an clock.Clock whose time moves only by Advance.
-type fakeClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	timers []*fakeTimer
-}
+// newFakeClock returns the clock of tests that drive the reconcilers' timers by hand.
+func newFakeClock() *testkit.FakeClock { return testkit.NewFakeClock(time.Unix(1e9, 0)) }
 
-type fakeTimer struct {
-	clock *fakeClock
-	at    time.Time
-	c     chan time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1e9, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) NewTimer(d time.Duration) clock.Timer {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t := &fakeTimer{clock: c, at: c.now.Add(d), c: make(chan time.Time, 1)}
-	c.timers = append(c.timers, t)
-	return t
-}
-
-// pending is the delay of the one pending timer (0 when there is none).
-func (c *fakeClock) pending() time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.timers) != 1 {
+// pending is the delay of the clock's one pending timer (0 when there is none, or several).
+func pending(c *testkit.FakeClock) time.Duration {
+	d := c.Deadlines(c.Now())
+	if len(d) != 1 {
 		return 0
 	}
-	return c.timers[0].at.Sub(c.now)
-}
-
-// Advance moves time by d and fires the timers due.
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	c.timers = slices.DeleteFunc(c.timers, func(t *fakeTimer) bool {
-		if t.at.After(c.now) {
-			return false
-		}
-		t.c <- c.now
-		return true
-	})
-}
-
-func (t *fakeTimer) C() <-chan time.Time { return t.c }
-
-func (t *fakeTimer) Stop() bool {
-	t.clock.mu.Lock()
-	defer t.clock.mu.Unlock()
-	n := len(t.clock.timers)
-	t.clock.timers = slices.DeleteFunc(t.clock.timers, func(o *fakeTimer) bool { return o == t })
-	return len(t.clock.timers) < n
+	return d[0]
 }

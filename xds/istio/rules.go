@@ -19,8 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 
-	"github.com/edgeflow/edgeflow/internal/clock"
 	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
@@ -50,7 +50,7 @@ type RulesReconcilerConfig struct {
 	// Resync, RetryInterval, Clock and Logger as in ReconcilerConfig.
 	Resync        time.Duration
 	RetryInterval time.Duration
-	Clock         clock.Clock
+	Clock         clock.WithTickerAndDelayedExecution
 	Logger        *slog.Logger
 	// Registerer, when set, receives the edgeflow_istio_* metrics.
 	Registerer prometheus.Registerer
@@ -99,7 +99,7 @@ func NewRulesReconciler(cfg RulesReconcilerConfig) (*RulesReconciler, error) {
 	cfg.Resync = cmpOr(cfg.Resync, DefaultResync)
 	cfg.RetryInterval = cmpOr(cfg.RetryInterval, DefaultRetryInterval)
 	if cfg.Clock == nil {
-		cfg.Clock = clock.System()
+		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
