@@ -72,7 +72,7 @@ func (c *Controller) syncPod(ctx context.Context, rec events.EventRecorder, key 
 	if err != nil || p.DeletionTimestamp != nil {
 		return 0, err
 	}
-	now := c.cfg.Clock()
+	now := c.cfg.Clock.Now()
 	switch {
 	case hasGate(p):
 		return c.syncGated(ctx, rec, p, now)
@@ -210,7 +210,7 @@ func (c *Controller) releaseAs(ctx context.Context, p *corev1.Pod, node, how str
 // its gates and its affinity as read from the cache, so a pod changed meanwhile is not
 // overwritten (the error is retried on the next look). A pod already released is no error.
 func (c *Controller) release(ctx context.Context, p *corev1.Pod, node string) error {
-	patch, err := releasePatch(p, node, c.cfg.Clock())
+	patch, err := releasePatch(p, node, c.cfg.Clock.Now())
 	if err != nil {
 		return err
 	}

@@ -33,6 +33,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher/kube"
@@ -152,8 +153,8 @@ type Config struct {
 
 	// Identity names this replica in the Lease and in Events (default: the hostname).
 	Identity string
-	// Clock is the time source (nil: time.Now).
-	Clock func() time.Time
+	// Clock is the time source (nil: clock.RealClock{}).
+	Clock clock.WithTickerAndDelayedExecution
 	// Logger and Registerer as elsewhere (nil: slog.Default(), metrics not registered).
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -191,7 +192,7 @@ func (cfg *Config) defaults() {
 		cfg.Budget = optimizer.DefaultPlaceBudget
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = time.Now
+		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -436,7 +437,7 @@ func (c *Controller) Plan() (*Report, error) {
 	if t == nil {
 		return nil, errors.New("rebalancer: no topology yet")
 	}
-	now := c.cfg.Clock()
+	now := c.cfg.Clock.Now()
 	w, err := c.world()
 	if err != nil {
 		return nil, err

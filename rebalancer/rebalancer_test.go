@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/edgeflow/edgeflow/internal/kubetest"
 	"github.com/edgeflow/edgeflow/optimizer"
@@ -70,7 +71,7 @@ func started(t *testing.T, cfg Config, objs ...runtime.Object) *Controller {
 	if cfg.Selector == "" {
 		cfg.Selector = "edgeflow.io/managed=true"
 	}
-	cfg.Clock = func() time.Time { return t0 }
+	cfg.Clock = testingclock.NewFakeClock(t0)
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	c, err := New(cfg)
 	if err != nil {
@@ -350,7 +351,7 @@ func TestPlacementTimeout(t *testing.T) {
 	if err != nil || after <= 0 || after > time.Second {
 		t.Fatalf("before the timeout: look again after %v (%v), want within 1 s", after, err)
 	}
-	c.cfg.Clock = func() time.Time { return t0.Add(time.Second) }
+	c.cfg.Clock.(*testingclock.FakeClock).Step(time.Second)
 	if _, err := c.syncPod(context.Background(), discard{}, "shop/cart-1"); err != nil {
 		t.Fatal(err)
 	}

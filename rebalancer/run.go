@@ -228,7 +228,7 @@ func (c *Controller) setLeading(on bool) {
 	c.mu.Lock()
 	c.leading = on
 	if on {
-		c.leadSince = c.cfg.Clock()
+		c.leadSince = c.cfg.Clock.Now()
 	}
 	c.mu.Unlock()
 	if on {
@@ -279,7 +279,7 @@ func (c *Controller) runOnce(ctx context.Context, rec events.EventRecorder) *Rep
 // cannot be written nothing is evicted. A refused eviction (429: a PodDisruptionBudget)
 // backs off and is marked skip pdb, a pod already gone pod_gone, any other error error.
 func (c *Controller) act(ctx context.Context, r *Report, rec events.EventRecorder) {
-	now := c.cfg.Clock()
+	now := c.cfg.Clock.Now()
 	type chosen struct {
 		m   *Move
 		pod *corev1.Pod
@@ -341,7 +341,7 @@ func (c *Controller) act(ctx context.Context, r *Report, rec events.EventRecorde
 			m.Reason = ReasonPDB
 			b := c.st.Backoff[pod.UID]
 			b.Delay = min(max(2*b.Delay, initialBackoff), c.cfg.Period)
-			b.Until = c.cfg.Clock().Add(b.Delay)
+			b.Until = c.cfg.Clock.Now().Add(b.Delay)
 			c.st.Backoff[pod.UID] = b
 		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 			m.Reason = ReasonGone
