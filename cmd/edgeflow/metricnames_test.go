@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // metricDef is a metric defined in the source: its name and kind (counter, gauge, histogram).
@@ -19,10 +21,17 @@ type metricDef struct {
 }
 
 // sourceMetrics finds every prometheus.{Counter,Gauge,Histogram}Opts literal with a Name in
-// the repository's non-test Go files (e2e/ excepted: test harnesses).
+// the repository's non-test Go files (e2e/ excepted: test harnesses). Its name is built from
+// the literal's Namespace, Subsystem and Name, each a string literal or a constant of its
+// package.
 func sourceMetrics(t *testing.T, root string) []metricDef {
 	t.Helper()
-	var defs []metricDef
+	type file struct {
+		dir string
+		f   *ast.File
+	}
+	var files []file
+	consts := map[string]map[string]string{} // dir → constant → value
 	fset := token.NewFileSet()
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -38,7 +47,47 @@ func sourceMetrics(t *testing.T, root string) []metricDef {
 		if err != nil {
 			return err
 		}
-		ast.Inspect(f, func(n ast.Node) bool {
+		dir := filepath.Dir(path)
+		files = append(files, file{dir, f})
+		for _, decl := range f.Decls {
+			gd, ok := decl.(*ast.GenDecl)
+			if !ok || gd.Tok != token.CONST {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				vs := spec.(*ast.ValueSpec)
+				for i, n := range vs.Names {
+					if i >= len(vs.Values) {
+						continue
+					}
+					if bl, ok := vs.Values[i].(*ast.BasicLit); ok && bl.Kind == token.STRING {
+						if consts[dir] == nil {
+							consts[dir] = map[string]string{}
+						}
+						consts[dir][n.Name], _ = strconv.Unquote(bl.Value)
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var defs []metricDef
+	for _, fl := range files {
+		str := func(e ast.Expr) (string, bool) {
+			switch e := e.(type) {
+			case *ast.BasicLit:
+				s, err := strconv.Unquote(e.Value)
+				return s, err == nil
+			case *ast.Ident:
+				s, ok := consts[fl.dir][e.Name]
+				return s, ok
+			}
+			return "", false
+		}
+		ast.Inspect(fl.f, func(n ast.Node) bool {
 			lit, ok := n.(*ast.CompositeLit)
 			if !ok {
 				return true
@@ -47,26 +96,32 @@ func sourceMetrics(t *testing.T, root string) []metricDef {
 			if !ok || sel.X.(*ast.Ident).Name != "prometheus" || !strings.HasSuffix(sel.Sel.Name, "Opts") {
 				return true
 			}
+			parts := map[string]string{}
+			var at token.Pos
 			for _, e := range lit.Elts {
 				kv, ok := e.(*ast.KeyValueExpr)
-				if !ok || kv.Key.(*ast.Ident).Name != "Name" {
-					continue
-				}
-				bl, ok := kv.Value.(*ast.BasicLit)
 				if !ok {
-					t.Errorf("%s: a metric name that is not a literal", fset.Position(kv.Pos()))
 					continue
 				}
-				name, _ := strconv.Unquote(bl.Value)
-				defs = append(defs, metricDef{name: name, kind: strings.ToLower(strings.TrimSuffix(sel.Sel.Name, "Opts")),
-					at: fset.Position(kv.Pos()).String()})
+				switch key := kv.Key.(*ast.Ident).Name; key {
+				case "Namespace", "Subsystem", "Name":
+					v, ok := str(kv.Value)
+					if !ok {
+						t.Errorf("%s: a metric %s that is neither a literal nor a constant", fset.Position(kv.Pos()), key)
+						continue
+					}
+					parts[key] = v
+					if key == "Name" {
+						at = kv.Pos()
+					}
+				}
+			}
+			if at.IsValid() {
+				defs = append(defs, metricDef{name: prometheus.BuildFQName(parts["Namespace"], parts["Subsystem"], parts["Name"]),
+					kind: strings.ToLower(strings.TrimSuffix(sel.Sel.Name, "Opts")), at: fset.Position(at).String()})
 			}
 			return true
 		})
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	return defs
 }
