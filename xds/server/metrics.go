@@ -1,11 +1,25 @@
 package server
 
 import (
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/edgeflow/edgeflow/xds"
+)
 
-	edgemetrics "github.com/edgeflow/edgeflow/internal/metrics"
+// The metrics' namespace and subsystem: every name starts edgeflow_xds_.
+const (
+	namespace = "edgeflow"
+	subsystem = "xds"
+)
+
+// Label names of the metrics.
+const (
+	labelReason = "reason"
+	labelType   = "type"
+	labelTo     = "to"
 )
 
 // metrics are the server's Prometheus metrics. Names follow Prometheus conventions:
@@ -32,75 +46,119 @@ type metrics struct {
 // latencyBuckets span 100 µs … ~26 s.
 var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2, 19)
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
-		connected: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edgeflow_xds_connected_clients",
-			Help: "xDS streams currently open (an ADS client holds one).",
+// newMetrics makes the metrics and registers them with reg (nil: with none). A registration
+// that fails (a name registered twice, say) is returned as an error.
+func newMetrics(reg prometheus.Registerer) (m *metrics, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			e, ok := r.(error)
+			if !ok {
+				panic(r)
+			}
+			m, err = nil, fmt.Errorf("xds: registering metrics: %w", e)
+		}
+	}()
+	f := promauto.With(reg)
+	m = &metrics{
+		connected: f.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "connected_clients",
+			Help:      "xDS streams currently open (an ADS client holds one).",
 		}),
-		connections: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edgeflow_xds_connections",
-			Help: "Client connections open on the xDS port (Server.Listener).",
+		connections: f.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "connections",
+			Help:      "Client connections open on the xDS port (Server.Listener).",
 		}),
-		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edgeflow_xds_refused_total",
-			Help: "Connections, streams and requests refused or closed at a bound or check, by reason: connections, streams, streams_per_connection, resource_names, request_rate, node_switch, no_node, identity.",
-		}, []string{"reason"}),
-		nodes: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edgeflow_xds_nodes",
-			Help: "Distinct xDS node ids with at least one open stream.",
+		refused: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "refused_total",
+			Help:      "Connections, streams and requests refused or closed at a bound or check, by reason: connections, streams, streams_per_connection, resource_names, request_rate, node_switch, no_node, identity.",
+		}, []string{labelReason}),
+		nodes: f.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "nodes",
+			Help:      "Distinct xDS node ids with at least one open stream.",
 		}),
-		streamsOpened: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "edgeflow_xds_streams_opened_total",
-			Help: "xDS streams opened since start; grows on client reconnects.",
+		streamsOpened: f.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "streams_opened_total",
+			Help:      "xDS streams opened since start; grows on client reconnects.",
 		}),
-		publications: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "edgeflow_xds_publications_total",
-			Help: "Topologies solved, translated and published to the snapshot cache.",
+		publications: f.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "publications_total",
+			Help:      "Topologies solved, translated and published to the snapshot cache.",
 		}),
-		suppressed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "edgeflow_xds_suppressed_publications_total",
-			Help: "Recomputes not pushed by flap damping: the membership was unchanged and they moved less than the damping threshold of the traffic.",
+		suppressed: f.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "suppressed_publications_total",
+			Help:      "Recomputes not pushed by flap damping: the membership was unchanged and they moved less than the damping threshold of the traffic.",
 		}),
-		rejected: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "edgeflow_xds_rejected_topologies_total",
-			Help: "Topologies not published (invalid, incomplete, or unsolvable); the previous publication stays.",
+		rejected: f.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "rejected_topologies_total",
+			Help:      "Topologies not published (invalid, incomplete, or unsolvable); the previous publication stays.",
 		}),
-		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edgeflow_xds_pushes_total",
-			Help: "Per-node resource-type versions changed and pushed, by xDS type (lds, rds, cds, eds).",
-		}, []string{"type"}),
-		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edgeflow_xds_nacks_total",
-			Help: "Responses rejected by clients (requests with error_detail), by xDS type.",
-		}, []string{"type"}),
-		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edgeflow_xds_nack_fallbacks_total",
-			Help: "What a node was set back to after a NACK: acked (its last ACKed set), previous (the set before the rejected one), kept (the cache's set, nothing earlier exists; kept-relabeled: under the version the client holds).",
-		}, []string{"to"}),
-		steps: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "edgeflow_xds_intermediate_snapshots_total",
-			Help: "Snapshots set on a node's way to its publication's resources, for make before break: new clusters before the routes that name them, old clusters kept until no route names them.",
+		pushes: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "pushes_total",
+			Help:      "Per-node resource-type versions changed and pushed, by xDS type (lds, rds, cds, eds).",
+		}, []string{labelType}),
+		nacks: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "nacks_total",
+			Help:      "Responses rejected by clients (requests with error_detail), by xDS type.",
+		}, []string{labelType}),
+		fallbacks: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "nack_fallbacks_total",
+			Help:      "What a node was set back to after a NACK: acked (its last ACKed set), previous (the set before the rejected one), kept (the cache's set, nothing earlier exists; kept-relabeled: under the version the client holds).",
+		}, []string{labelTo}),
+		steps: f.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "intermediate_snapshots_total",
+			Help:      "Snapshots set on a node's way to its publication's resources, for make before break: new clusters before the routes that name them, old clusters kept until no route names them.",
 		}),
-		solve: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "edgeflow_xds_solve_duration_seconds",
-			Help:    "Time to compute the allocation of a topology (validate + solve).",
-			Buckets: latencyBuckets,
+		solve: f.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "solve_duration_seconds",
+			Help:      "Time to compute the allocation of a topology (validate + solve).",
+			Buckets:   latencyBuckets,
 		}),
-		translate: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "edgeflow_xds_translate_duration_seconds",
-			Help:    "Time to translate an allocation into per-node xDS resources.",
-			Buckets: latencyBuckets,
+		translate: f.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "translate_duration_seconds",
+			Help:      "Time to translate an allocation into per-node xDS resources.",
+			Buckets:   latencyBuckets,
 		}),
-		push: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "edgeflow_xds_push_duration_seconds",
-			Help:    "From the first topology change of a debounced batch to the last SetSnapshot of its publication.",
-			Buckets: latencyBuckets,
+		push: f.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "push_duration_seconds",
+			Help:      "From the first topology change of a debounced batch to the last SetSnapshot of its publication.",
+			Buckets:   latencyBuckets,
 		}),
-		convergence: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "edgeflow_xds_convergence_duration_seconds",
-			Help:    "From the first topology change of a batch until every client pushed by its publication answered (ACK or NACK); publications superseded before that are not observed.",
-			Buckets: latencyBuckets,
+		convergence: f.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "convergence_duration_seconds",
+			Help:      "From the first topology change of a batch until every client pushed by its publication answered (ACK or NACK); publications superseded before that are not observed.",
+			Buckets:   latencyBuckets,
 		}),
 	}
 	for _, r := range []string{"connections", "streams", "streams_per_connection", "resource_names", "request_rate", "node_switch", "no_node", "identity"} {
@@ -112,10 +170,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, t := range xds.SetNames {
 		m.pushes.WithLabelValues(t)
 		m.nacks.WithLabelValues(t)
-	}
-	if err := edgemetrics.Register("xds", reg, m.connected, m.connections, m.refused, m.nodes, m.streamsOpened, m.publications, m.rejected, m.suppressed,
-		m.pushes, m.nacks, m.fallbacks, m.steps, m.solve, m.translate, m.push, m.convergence); err != nil {
-		return nil, err
 	}
 	return m, nil
 }

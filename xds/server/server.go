@@ -211,7 +211,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
-		return nil, fmt.Errorf("xds: registering metrics: %w", err)
+		return nil, err
 	}
 	s := &Server{
 		cfg:     cfg,
