@@ -1,9 +1,23 @@
 package prom
 
 import (
-	"github.com/prometheus/client_golang/prometheus"
+	"fmt"
 
-	"github.com/edgeflow/edgeflow/internal/metrics"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// The metrics' namespace and subsystem: every name starts edgeflow_prometheus_.
+const (
+	namespace = "edgeflow"
+	subsystem = "prometheus"
+)
+
+// Label names of the metrics.
+const (
+	labelQuery  = "query"
+	labelResult = "result"
+	labelReason = "reason"
 )
 
 // Query names, as in the metrics' query label.
@@ -35,49 +49,80 @@ type sourceMetrics struct {
 }
 
 // newSourceMetrics makes the metrics of a Source of cfg (defaults applied), every series of its
-// queries visible at 0. It registers nothing.
-func newSourceMetrics(cfg Config) sourceMetrics {
-	m := sourceMetrics{
-		queries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edgeflow_prometheus_queries_total",
-			Help: "Prometheus queries run, by query (latency, success, calls) and result (ok, error).",
-		}, []string{"query", "result"}),
-		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edgeflow_prometheus_last_success_timestamp_seconds",
-			Help: "Unix time of the last query round that succeeded.",
+// queries visible at 0, and registers them with cfg.Registerer (nil: with none). A registration
+// that fails (a name registered twice, say) is returned as an error.
+func newSourceMetrics(cfg Config) (m sourceMetrics, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			e, ok := r.(error)
+			if !ok {
+				panic(r)
+			}
+			err = fmt.Errorf("prom: registering metrics: %w", e)
+		}
+	}()
+	f := promauto.With(cfg.Registerer)
+	m = sourceMetrics{
+		queries: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "queries_total",
+			Help:      "Prometheus queries run, by query (latency, success, calls) and result (ok, error).",
+		}, []string{labelQuery, labelResult}),
+		lastSuccess: f.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "last_success_timestamp_seconds",
+			Help:      "Unix time of the last query round that succeeded.",
 		}),
-		up: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edgeflow_prometheus_up",
-			Help: "1 if the last query round succeeded, else 0.",
+		up: f.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "up",
+			Help:      "1 if the last query round succeeded, else 0.",
 		}),
-		stale: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "edgeflow_prometheus_stale_series",
-			Help: "Series seen before that vanished from the query result, kept at their last good value.",
-		}, []string{"query"}),
-		ignored: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edgeflow_prometheus_ignored_samples_total",
-			Help: "Samples ignored, by query and reason (bad_value: infinite, negative, out of range or a histogram; missing_label; incomplete: an RTT without a success ratio or the reverse).",
-		}, []string{"query", "reason"}),
-		deliveries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "edgeflow_prometheus_deliveries_total",
-			Help: "Measurements delivered (first answer, a changed set of pairs or edges, or a change beyond hysteresis).",
+		stale: f.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "stale_series",
+			Help:      "Series seen before that vanished from the query result, kept at their last good value.",
+		}, []string{labelQuery}),
+		ignored: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "ignored_samples_total",
+			Help:      "Samples ignored, by query and reason (bad_value: infinite, negative, out of range or a histogram; missing_label; incomplete: an RTT without a success ratio or the reverse).",
+		}, []string{labelQuery, labelReason}),
+		deliveries: f.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "deliveries_total",
+			Help:      "Measurements delivered (first answer, a changed set of pairs or edges, or a change beyond hysteresis).",
 		}),
-		suppressed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "edgeflow_prometheus_suppressed_changes_total",
-			Help: "Query rounds whose values changed, but within hysteresis, so nothing was delivered.",
+		suppressed: f.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "suppressed_changes_total",
+			Help:      "Query rounds whose values changed, but within hysteresis, so nothing was delivered.",
 		}),
-		unreachable: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edgeflow_prometheus_unreachable_pairs",
-			Help: "Node pairs (ordered) that lost more than --max-probe-loss of their probes in the window.",
+		unreachable: f.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "unreachable_pairs",
+			Help:      "Node pairs (ordered) that lost more than --max-probe-loss of their probes in the window.",
 		}),
-		window: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edgeflow_prometheus_window_seconds",
-			Help: "The window of the queries in use.",
+		window: f.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "window_seconds",
+			Help:      "The window of the queries in use.",
 		}),
-		vanished: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edgeflow_prometheus_series_vanished_total",
-			Help: "Series that vanished from a query result (then kept stale), by query: a flapping series counts at every vanishing.",
-		}, []string{"query"}),
+		vanished: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Subsystem: subsystem,
+			Name:      "series_vanished_total",
+			Help:      "Series that vanished from a query result (then kept stale), by query: a flapping series counts at every vanishing.",
+		}, []string{labelQuery}),
 	}
 	names := []string{queryLatency}
 	if cfg.SuccessQuery != DisableSuccess {
@@ -98,10 +143,5 @@ func newSourceMetrics(cfg Config) sourceMetrics {
 		m.stale.WithLabelValues(queryCalls)
 		m.vanished.WithLabelValues(queryCalls)
 	}
-	return m
-}
-
-// register registers the metrics with r (nil: they are not registered).
-func (m *sourceMetrics) register(r prometheus.Registerer) error {
-	return metrics.Register("prom", r, m.queries, m.lastSuccess, m.up, m.stale, m.ignored, m.deliveries, m.suppressed, m.unreachable, m.window, m.vanished)
+	return m, nil
 }

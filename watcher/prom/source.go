@@ -132,15 +132,14 @@ func NewSource(cfg Config) (*Source, error) {
 		reported:      map[string]bool{},
 		scrape:        cfg.ScrapeInterval,
 		scrapeFrom:    "config",
-		sourceMetrics: newSourceMetrics(cfg),
+	}
+	if s.sourceMetrics, err = newSourceMetrics(cfg); err != nil {
+		return nil, err
 	}
 	if s.scrape == 0 {
 		s.scrape, s.scrapeFrom = DefaultScrapeInterval, "default"
 	}
 	s.status = Status{Reason: "prom: no query round has run yet", ScrapeInterval: s.scrape, ScrapeIntervalFrom: s.scrapeFrom, Window: s.windowFor()}
-	if err := s.register(cfg.Registerer); err != nil {
-		return nil, err
-	}
 	return s, nil
 }
 
