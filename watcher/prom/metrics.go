@@ -9,8 +9,8 @@ import (
 
 // The metrics' namespace and subsystem: every name starts edgeflow_prometheus_.
 const (
-	namespace = "edgeflow"
-	subsystem = "prometheus"
+	metricNamespace = "edgeflow"
+	metricSubsystem = "prometheus"
 )
 
 // Label names of the metrics.
@@ -64,62 +64,62 @@ func newSourceMetrics(cfg Config) (m sourceMetrics, err error) {
 	f := promauto.With(cfg.Registerer)
 	m = sourceMetrics{
 		queries: f.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "queries_total",
 			Help:      "Prometheus queries run, by query (latency, success, calls) and result (ok, error).",
 		}, []string{labelQuery, labelResult}),
 		lastSuccess: f.NewGauge(prometheus.GaugeOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "last_success_timestamp_seconds",
 			Help:      "Unix time of the last query round that succeeded.",
 		}),
 		up: f.NewGauge(prometheus.GaugeOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "up",
 			Help:      "1 if the last query round succeeded, else 0.",
 		}),
 		stale: f.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "stale_series",
 			Help:      "Series seen before that vanished from the query result, kept at their last good value.",
 		}, []string{labelQuery}),
 		ignored: f.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "ignored_samples_total",
 			Help:      "Samples ignored, by query and reason (bad_value: infinite, negative, out of range or a histogram; missing_label; incomplete: an RTT without a success ratio or the reverse).",
 		}, []string{labelQuery, labelReason}),
 		deliveries: f.NewCounter(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "deliveries_total",
 			Help:      "Measurements delivered (first answer, a changed set of pairs or edges, or a change beyond hysteresis).",
 		}),
 		suppressed: f.NewCounter(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "suppressed_changes_total",
 			Help:      "Query rounds whose values changed, but within hysteresis, so nothing was delivered.",
 		}),
 		unreachable: f.NewGauge(prometheus.GaugeOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "unreachable_pairs",
 			Help:      "Node pairs (ordered) that lost more than --max-probe-loss of their probes in the window.",
 		}),
 		window: f.NewGauge(prometheus.GaugeOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "window_seconds",
 			Help:      "The window of the queries in use.",
 		}),
 		vanished: f.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "series_vanished_total",
 			Help:      "Series that vanished from a query result (then kept stale), by query: a flapping series counts at every vanishing.",
 		}, []string{labelQuery}),

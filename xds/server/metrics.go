@@ -11,8 +11,8 @@ import (
 
 // The metrics' namespace and subsystem: every name starts edgeflow_xds_.
 const (
-	namespace = "edgeflow"
-	subsystem = "xds"
+	metricNamespace = "edgeflow"
+	metricSubsystem = "xds"
 )
 
 // Label names of the metrics.
@@ -61,101 +61,101 @@ func newMetrics(reg prometheus.Registerer) (m *metrics, err error) {
 	f := promauto.With(reg)
 	m = &metrics{
 		connected: f.NewGauge(prometheus.GaugeOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "connected_clients",
 			Help:      "xDS streams currently open (an ADS client holds one).",
 		}),
 		connections: f.NewGauge(prometheus.GaugeOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "connections",
 			Help:      "Client connections open on the xDS port (Server.Listener).",
 		}),
 		refused: f.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "refused_total",
 			Help:      "Connections, streams and requests refused or closed at a bound or check, by reason: connections, streams, streams_per_connection, resource_names, request_rate, node_switch, no_node, identity.",
 		}, []string{labelReason}),
 		nodes: f.NewGauge(prometheus.GaugeOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "nodes",
 			Help:      "Distinct xDS node ids with at least one open stream.",
 		}),
 		streamsOpened: f.NewCounter(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "streams_opened_total",
 			Help:      "xDS streams opened since start; grows on client reconnects.",
 		}),
 		publications: f.NewCounter(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "publications_total",
 			Help:      "Topologies solved, translated and published to the snapshot cache.",
 		}),
 		suppressed: f.NewCounter(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "suppressed_publications_total",
 			Help:      "Recomputes not pushed by flap damping: the membership was unchanged and they moved less than the damping threshold of the traffic.",
 		}),
 		rejected: f.NewCounter(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "rejected_topologies_total",
 			Help:      "Topologies not published (invalid, incomplete, or unsolvable); the previous publication stays.",
 		}),
 		pushes: f.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "pushes_total",
 			Help:      "Per-node resource-type versions changed and pushed, by xDS type (lds, rds, cds, eds).",
 		}, []string{labelType}),
 		nacks: f.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "nacks_total",
 			Help:      "Responses rejected by clients (requests with error_detail), by xDS type.",
 		}, []string{labelType}),
 		fallbacks: f.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "nack_fallbacks_total",
 			Help:      "What a node was set back to after a NACK: acked (its last ACKed set), previous (the set before the rejected one), kept (the cache's set, nothing earlier exists; kept-relabeled: under the version the client holds).",
 		}, []string{labelTo}),
 		steps: f.NewCounter(prometheus.CounterOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "intermediate_snapshots_total",
 			Help:      "Snapshots set on a node's way to its publication's resources, for make before break: new clusters before the routes that name them, old clusters kept until no route names them.",
 		}),
 		solve: f.NewHistogram(prometheus.HistogramOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "solve_duration_seconds",
 			Help:      "Time to compute the allocation of a topology (validate + solve).",
 			Buckets:   latencyBuckets,
 		}),
 		translate: f.NewHistogram(prometheus.HistogramOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "translate_duration_seconds",
 			Help:      "Time to translate an allocation into per-node xDS resources.",
 			Buckets:   latencyBuckets,
 		}),
 		push: f.NewHistogram(prometheus.HistogramOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "push_duration_seconds",
 			Help:      "From the first topology change of a debounced batch to the last SetSnapshot of its publication.",
 			Buckets:   latencyBuckets,
 		}),
 		convergence: f.NewHistogram(prometheus.HistogramOpts{
-			Namespace: namespace,
-			Subsystem: subsystem,
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
 			Name:      "convergence_duration_seconds",
 			Help:      "From the first topology change of a batch until every client pushed by its publication answered (ACK or NACK); publications superseded before that are not observed.",
 			Buckets:   latencyBuckets,
