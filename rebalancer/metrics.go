@@ -1,9 +1,23 @@
 package rebalancer
 
 import (
-	"github.com/prometheus/client_golang/prometheus"
+	"fmt"
 
-	edgemetrics "github.com/edgeflow/edgeflow/internal/metrics"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// The metrics' namespace and subsystem: every name starts edgeflow_rebalance_.
+const (
+	metricNamespace = "edgeflow"
+	metricSubsystem = "rebalance"
+)
+
+// Label names of the metrics.
+const (
+	labelPlacement = "placement"
+	labelReason    = "reason"
+	labelResult    = "result"
 )
 
 // Label values of edgeflow_rebalance_gates_released_total.
@@ -27,29 +41,38 @@ type metrics struct {
 	placementFailures prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
-		gain: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_rebalance_planned_gain_ratio",
+// newMetrics makes the metrics and registers them with reg (nil: with none). A registration
+// that fails (a name registered twice, say) is returned as an error.
+func newMetrics(reg prometheus.Registerer) (m *metrics, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			e, ok := r.(error)
+			if !ok {
+				panic(r)
+			}
+			m, err = nil, fmt.Errorf("rebalancer: registering metrics: %w", e)
+		}
+	}()
+	f := promauto.With(reg)
+	m = &metrics{
+		gain: f.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "planned_gain_ratio",
 			Help: "Relative fall of the predicted LATA cost from the current placement to the last run's target."}),
-		cost: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "edgeflow_rebalance_predicted_latency_cost_seconds",
-			Help: "Predicted LATA latency cost of the current placement and of the target, at the last run: Σ requests/s × network latency in seconds, the network latency accrued per second of traffic."}, []string{"placement"}),
-		moves: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_rebalance_moves_total",
+		cost: f.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "predicted_latency_cost_seconds",
+			Help: "Predicted LATA latency cost of the current placement and of the target, at the last run: Σ requests/s × network latency in seconds, the network latency accrued per second of traffic."}, []string{labelPlacement}),
+		moves: f.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "moves_total",
 			Help: "Pods evicted to move them to their planned node."}),
-		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "edgeflow_rebalance_moves_skipped_total",
-			Help: "Planned moves not carried out, by reason."}, []string{"reason"}),
-		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "edgeflow_rebalance_runs_total",
-			Help: "Rebalancer runs, by result (ok, error)."}, []string{"result"}),
-		lastRun: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_rebalance_last_run_timestamp_seconds",
+		skipped: f.NewCounterVec(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "moves_skipped_total",
+			Help: "Planned moves not carried out, by reason."}, []string{labelReason}),
+		runs: f.NewCounterVec(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "runs_total",
+			Help: "Rebalancer runs, by result (ok, error)."}, []string{labelResult}),
+		lastRun: f.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "last_run_timestamp_seconds",
 			Help: "Unix time of the last rebalancer run that planned."}),
-		released: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "edgeflow_rebalance_gates_released_total",
-			Help: "Pods whose edgeflow.io/placement scheduling gate was lifted, by how they were placed."}, []string{"placement"}),
-		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_rebalance_leader",
+		released: f.NewCounterVec(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "gates_released_total",
+			Help: "Pods whose edgeflow.io/placement scheduling gate was lifted, by how they were placed."}, []string{labelPlacement}),
+		leader: f.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "leader",
 			Help: "1 while this replica holds the rebalancer's Lease."}),
-		placementFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_rebalance_placement_failures_total",
+		placementFailures: f.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "placement_failures_total",
 			Help: "Replacements not scheduled on their planned node within the placement timeout, deleted so that their controller recreates them without a node."}),
-	}
-	if err := edgemetrics.Register("rebalancer", reg, m.gain, m.cost, m.moves, m.skipped, m.runs, m.lastRun, m.released, m.leader, m.placementFailures); err != nil {
-		return nil, err
 	}
 	return m, nil
 }
