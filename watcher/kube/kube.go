@@ -28,7 +28,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -202,16 +201,8 @@ func NewSource(cfg Config) (*Source, error) {
 	}
 	cfg.Namespaces = UniqueNamespaces(cfg.Namespaces)
 	s := &Source{cfg: cfg, log: cfg.Logger, selector: sel, wake: make(chan struct{}, 1), failures: map[string]*watchFailure{},
-		dirty: dirty{services: map[string]bool{}}, inf: cfg.Informers,
-		events: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_kube_events_total",
-			Help: "Informer events received (nodes, pods, services, endpointslices)."}),
-		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_kube_rebuilds_total",
-			Help: "Cluster states rebuilt from the informer caches (events are coalesced)."}),
-		skipped: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "edgeflow_kube_skipped",
-			Help: "Endpoints (not_ready, terminating, no_address, no_node, unknown_node, bad_name, ambiguous_name) and managed services (no_ready_pods) left out of the current state."},
-			[]string{"reason"}),
-	}
-	if err := metrics.Register("kube", cfg.Registerer, s.events, s.rebuilds, s.skipped); err != nil {
+		dirty: dirty{services: map[string]bool{}}, inf: cfg.Informers}
+	if err := s.newMetrics(cfg.Registerer); err != nil {
 		return nil, err
 	}
 	if s.inf == nil {
