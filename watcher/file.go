@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -71,20 +70,8 @@ func NewFile(path string, cfg FileConfig) (*File, error) {
 		cfg:    cfg,
 		log:    cfg.Logger,
 		reload: make(chan struct{}, 1),
-		updates: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "edgeflow_watcher_topology_updates_total",
-			Help: "Topologies read from the topology file, validated and delivered.",
-		}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "edgeflow_watcher_topology_errors_total",
-			Help: "Reads of the topology file that were rejected (unreadable or invalid); the last good topology stays.",
-		}),
-		lastGood: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "edgeflow_watcher_topology_last_success_timestamp_seconds",
-			Help: "Unix time of the last topology delivered from the file.",
-		}),
 	}
-	if err := metrics.Register("watcher", cfg.Registerer, f.updates, f.errors, f.lastGood); err != nil {
+	if err := f.newMetrics(cfg.Registerer); err != nil {
 		return nil, err
 	}
 	return f, nil

@@ -10,7 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
@@ -187,22 +186,8 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
-	c := &Live{cfg: cfg, log: cfg.Logger, changed: make(chan struct{}, 1), compiler: optimizer.Compiler{Options: cfg.Options},
-		unmeasured: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_latency_unmeasured_pairs",
-			Help: "Node pairs (unordered; zone pairs when the latency is per zone) with no latency measurement, given the default latency or the largest measured one."}),
-		ignored: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "edgeflow_cluster_calls_ignored",
-			Help: "Measured or configured call edges left out of the current topology, by reason."}, []string{"reason"}),
-		delivered: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_cluster_topologies_total",
-			Help: "Topologies merged from the cluster sources and delivered."}),
-		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "edgeflow_cluster_rejected_topologies_total",
-			Help: "Merged topologies that failed validation; the last good one stayed."}),
-		unmatched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "edgeflow_watcher_unmatched_total",
-			Help: "Names in the measurements that match no Kubernetes object, counted each time one appears, by kind (node)."}, []string{"kind"}),
-		noLatency: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_watcher_degraded_plan",
-			Help: "1 while the topology has no usable latency and the capacity-weighted plan (every node pair equal) is served."}),
-	}
-	c.unmatched.WithLabelValues("node")
-	if err := metrics.Register("watcher", cfg.Registerer, c.unmeasured, c.ignored, c.delivered, c.rejected, c.unmatched, c.noLatency); err != nil {
+	c := &Live{cfg: cfg, log: cfg.Logger, changed: make(chan struct{}, 1), compiler: optimizer.Compiler{Options: cfg.Options}}
+	if err := c.newMetrics(cfg.Registerer); err != nil {
 		return nil, err
 	}
 	return c, nil

@@ -1,0 +1,68 @@
+package watcher
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// The metrics' namespace (every name starts edgeflow_) and subsystems.
+const (
+	metricNamespace  = "edgeflow"
+	subsystemWatcher = "watcher"
+	subsystemCluster = "cluster"
+	subsystemLatency = "latency"
+)
+
+// Label names of the metrics.
+const (
+	labelReason = "reason"
+	labelKind   = "kind"
+)
+
+// registered turns a panic of promauto registering a metric (a name registered twice, say)
+// into an error; other panics go on.
+func registered(r any) error {
+	if r == nil {
+		return nil
+	}
+	e, ok := r.(error)
+	if !ok {
+		panic(r)
+	}
+	return fmt.Errorf("watcher: registering metrics: %w", e)
+}
+
+// newMetrics makes the File's metrics and registers them with reg (nil: with none).
+func (f *File) newMetrics(reg prometheus.Registerer) (err error) {
+	defer func() { err = registered(recover()) }()
+	a := promauto.With(reg)
+	f.updates = a.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: subsystemWatcher, Name: "topology_updates_total",
+		Help: "Topologies read from the topology file, validated and delivered."})
+	f.errors = a.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: subsystemWatcher, Name: "topology_errors_total",
+		Help: "Reads of the topology file that were rejected (unreadable or invalid); the last good topology stays."})
+	f.lastGood = a.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemWatcher, Name: "topology_last_success_timestamp_seconds",
+		Help: "Unix time of the last topology delivered from the file."})
+	return nil
+}
+
+// newMetrics makes the Live's metrics and registers them with reg (nil: with none).
+func (c *Live) newMetrics(reg prometheus.Registerer) (err error) {
+	defer func() { err = registered(recover()) }()
+	a := promauto.With(reg)
+	c.unmeasured = a.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemLatency, Name: "unmeasured_pairs",
+		Help: "Node pairs (unordered; zone pairs when the latency is per zone) with no latency measurement, given the default latency or the largest measured one."})
+	c.ignored = a.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemCluster, Name: "calls_ignored",
+		Help: "Measured or configured call edges left out of the current topology, by reason."}, []string{labelReason})
+	c.delivered = a.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: subsystemCluster, Name: "topologies_total",
+		Help: "Topologies merged from the cluster sources and delivered."})
+	c.rejected = a.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: subsystemCluster, Name: "rejected_topologies_total",
+		Help: "Merged topologies that failed validation; the last good one stayed."})
+	c.unmatched = a.NewCounterVec(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: subsystemWatcher, Name: "unmatched_total",
+		Help: "Names in the measurements that match no Kubernetes object, counted each time one appears, by kind (node)."}, []string{labelKind})
+	c.noLatency = a.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemWatcher, Name: "degraded_plan",
+		Help: "1 while the topology has no usable latency and the capacity-weighted plan (every node pair equal) is served."})
+	c.unmatched.WithLabelValues("node")
+	return nil
+}
