@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"google.golang.org/protobuf/proto"
 	clientnetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	"istio.io/client-go/pkg/clientset/versioned"
@@ -21,7 +22,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
-	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -109,12 +109,10 @@ func NewRulesReconciler(cfg RulesReconcilerConfig) (*RulesReconciler, error) {
 		log:     cfg.Logger.With("component", "istio-destinationrules"),
 		planner: optimizer.Planner{Policy: cfg.Policy, Options: cfg.Options, Damping: cfg.Damping},
 		wake:    make(chan struct{}, 1),
-		metrics: newRulesMetrics(),
 	}
-	if cfg.Registerer != nil {
-		if err := r.metrics.register(cfg.Registerer); err != nil {
-			return nil, err
-		}
+	var err error
+	if r.metrics, err = newRulesMetrics(cfg.Registerer); err != nil {
+		return nil, err
 	}
 	return r, nil
 }
@@ -392,6 +390,15 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
+// The metrics' namespace and subsystem: every name starts edgeflow_istio_.
+const (
+	metricNamespace = "edgeflow"
+	metricSubsystem = "istio"
+)
+
+// labelStatus is the label name of edgeflow_istio_call_edges.
+const labelStatus = "status"
+
 type rulesMetrics struct {
 	localities prometheus.Gauge
 	perNode    prometheus.Gauge
@@ -399,21 +406,29 @@ type rulesMetrics struct {
 	deviation  prometheus.Gauge
 }
 
-func newRulesMetrics() *rulesMetrics {
+// newRulesMetrics makes the metrics and registers them with reg (nil: with none). A
+// registration that fails (a name registered twice, say) is returned as an error.
+func newRulesMetrics(reg prometheus.Registerer) (m *rulesMetrics, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			e, ok := r.(error)
+			if !ok {
+				panic(r)
+			}
+			m, err = nil, fmt.Errorf("xds/istio: registering metrics: %w", e)
+		}
+	}()
+	f := promauto.With(reg)
 	return &rulesMetrics{
-		localities: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_istio_localities",
+		localities: f.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "localities",
 			Help: "Locality groups the DestinationRule plan is made between."}),
-		perNode: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_istio_per_node_localities",
+		perNode: f.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "per_node_localities",
 			Help: "1 when every node is its own locality (the DestinationRule plan is per node), else 0."}),
-		edges: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "edgeflow_istio_call_edges",
-			Help: "Call edges by what became of them: written (a DestinationRule), skipped, conflict (a user's rule edgeflow cannot merge)."}, []string{"status"}),
-		deviation: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_istio_weight_deviation_ratio",
+		edges: f.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "call_edges",
+			Help: "Call edges by what became of them: written (a DestinationRule), skipped, conflict (a user's rule edgeflow cannot merge)."}, []string{labelStatus}),
+		deviation: f.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "weight_deviation_ratio",
 			Help: "Largest fraction of one call edge's planned traffic that integer locality weights send elsewhere."}),
-	}
-}
-
-func (m *rulesMetrics) register(reg prometheus.Registerer) error {
-	return metrics.Register("xds/istio", reg, m.localities, m.perNode, m.edges, m.deviation)
+	}, nil
 }
 
 func (m *rulesMetrics) observe(rep *RulesReport) {
