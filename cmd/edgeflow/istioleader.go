@@ -6,11 +6,11 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/spf13/cobra"
 	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 
 	"github.com/edgeflow/edgeflow/internal/leader"
-	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/watcher"
 )
 
@@ -70,15 +70,12 @@ type istioLeader struct {
 }
 
 func newIstioLeader(reconcile func(context.Context) error, client coordinationv1.LeasesGetter, lease leader.Config,
-	identity string, logger *slog.Logger, reg prometheus.Registerer) (*istioLeader, error) {
-	l := &istioLeader{reconcile: reconcile, client: client, lease: lease, identity: identity,
+	identity string, logger *slog.Logger, reg prometheus.Registerer) (_ *istioLeader, err error) {
+	defer func() { err = registered("istio leader", recover()) }()
+	return &istioLeader{reconcile: reconcile, client: client, lease: lease, identity: identity,
 		log: logger.With("component", "istio-leader", "lease", lease.Namespace+"/"+lease.Name),
-		gauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "edgeflow_istio_leader",
-			Help: "1 while this replica holds the Istio writer's Lease (only it writes DestinationRules or EnvoyFilters), else 0."})}
-	if err := metrics.Register("istio leader", reg, l.gauge); err != nil {
-		return nil, err
-	}
-	return l, nil
+		gauge: promauto.With(reg).NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: "istio", Name: "leader",
+			Help: "1 while this replica holds the Istio writer's Lease (only it writes DestinationRules or EnvoyFilters), else 0."})}, nil
 }
 
 // Run stands for election until ctx is done (the run group owns ctx), running the reconciler

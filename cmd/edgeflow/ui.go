@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/edgeflow/edgeflow/internal/ui"
@@ -60,13 +61,11 @@ type publicationFollower struct {
 }
 
 func newPublicationFollower(srv publisher, reg *prometheus.Registry, policy optimizer.Policy, opts optimizer.Options,
-	checks func() []watcher.Check, view *ui.View, logger *slog.Logger) (*publicationFollower, error) {
-	cost := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "edgeflow_plan_latency_cost_seconds",
+	checks func() []watcher.Check, view *ui.View, logger *slog.Logger) (_ *publicationFollower, err error) {
+	defer func() { err = registered("plan cost", recover()) }()
+	cost := promauto.With(reg).NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: "plan", Name: "latency_cost_seconds",
 		Help: "Latency cost of the allocation served (allocation=served) and of round-robin's equal shares on the same topology (allocation=round_robin): Σ requests/s × network latency in seconds, the network latency accrued per second of traffic."},
-		[]string{"allocation"})
-	if err := reg.Register(cost); err != nil {
-		return nil, fmt.Errorf("registering plan cost metrics: %w", err)
-	}
+		[]string{labelAllocation})
 	return &publicationFollower{srv: srv, gatherer: reg, policy: policy, opts: opts, checks: checks, view: view, log: logger, cost: cost}, nil
 }
 
