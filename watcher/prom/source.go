@@ -122,16 +122,16 @@ func NewSource(cfg Config) (*Source, error) {
 		return nil, fmt.Errorf("%w: Config.URL %s: %w", ErrInvalidConfig, redacted, err)
 	}
 	s := &Source{
-		cfg:           cfg,
-		log:           cfg.Logger,
-		api:           v1.NewAPI(client),
-		client:        client,
-		url:           redacted,
-		latency:       map[Pair]lastGood{},
-		calls:         map[CallEdge]lastGood{},
-		reported:      map[string]bool{},
-		scrape:        cfg.ScrapeInterval,
-		scrapeFrom:    "config",
+		cfg:        cfg,
+		log:        cfg.Logger,
+		api:        v1.NewAPI(client),
+		client:     client,
+		url:        redacted,
+		latency:    map[Pair]lastGood{},
+		calls:      map[CallEdge]lastGood{},
+		reported:   map[string]bool{},
+		scrape:     cfg.ScrapeInterval,
+		scrapeFrom: "config",
 	}
 	if s.sourceMetrics, err = newSourceMetrics(cfg); err != nil {
 		return nil, err
