@@ -1,10 +1,10 @@
 package rebalancer
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	edgemetrics "github.com/edgeflow/edgeflow/internal/metrics"
 )
 
 // The metrics' namespace and subsystem: every name starts edgeflow_rebalance_.
@@ -44,15 +44,7 @@ type metrics struct {
 // newMetrics makes the metrics and registers them with reg (nil: with none). A registration
 // that fails (a name registered twice, say) is returned as an error.
 func newMetrics(reg prometheus.Registerer) (m *metrics, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			e, ok := r.(error)
-			if !ok {
-				panic(r)
-			}
-			m, err = nil, fmt.Errorf("rebalancer: registering metrics: %w", e)
-		}
-	}()
+	defer func() { err = edgemetrics.Registered("rebalancer", recover()) }()
 	f := promauto.With(reg)
 	m = &metrics{
 		gain: f.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "planned_gain_ratio",

@@ -1,10 +1,10 @@
 package watcher
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/edgeflow/edgeflow/internal/metrics"
 )
 
 // The metrics' namespace (every name starts edgeflow_) and subsystems.
@@ -21,22 +21,9 @@ const (
 	labelKind   = "kind"
 )
 
-// registered turns a panic of promauto registering a metric (a name registered twice, say)
-// into an error; other panics go on.
-func registered(r any) error {
-	if r == nil {
-		return nil
-	}
-	e, ok := r.(error)
-	if !ok {
-		panic(r)
-	}
-	return fmt.Errorf("watcher: registering metrics: %w", e)
-}
-
 // newMetrics makes the File's metrics and registers them with reg (nil: with none).
 func (f *File) newMetrics(reg prometheus.Registerer) (err error) {
-	defer func() { err = registered(recover()) }()
+	defer func() { err = metrics.Registered("watcher", recover()) }()
 	a := promauto.With(reg)
 	f.updates = a.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: subsystemWatcher, Name: "topology_updates_total",
 		Help: "Topologies read from the topology file, validated and delivered."})
@@ -49,7 +36,7 @@ func (f *File) newMetrics(reg prometheus.Registerer) (err error) {
 
 // newMetrics makes the Live's metrics and registers them with reg (nil: with none).
 func (c *Live) newMetrics(reg prometheus.Registerer) (err error) {
-	defer func() { err = registered(recover()) }()
+	defer func() { err = metrics.Registered("watcher", recover()) }()
 	a := promauto.With(reg)
 	c.unmeasured = a.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemLatency, Name: "unmeasured_pairs",
 		Help: "Node pairs (unordered; zone pairs when the latency is per zone) with no latency measurement, given the default latency or the largest measured one."})

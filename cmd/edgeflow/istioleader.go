@@ -11,6 +11,7 @@ import (
 	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 
 	"github.com/edgeflow/edgeflow/internal/leader"
+	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/watcher"
 )
 
@@ -71,7 +72,7 @@ type istioLeader struct {
 
 func newIstioLeader(reconcile func(context.Context) error, client coordinationv1.LeasesGetter, lease leader.Config,
 	identity string, logger *slog.Logger, reg prometheus.Registerer) (_ *istioLeader, err error) {
-	defer func() { err = registered("istio leader", recover()) }()
+	defer func() { err = metrics.Registered("istio leader", recover()) }()
 	return &istioLeader{reconcile: reconcile, client: client, lease: lease, identity: identity,
 		log: logger.With("component", "istio-leader", "lease", lease.Namespace+"/"+lease.Name),
 		gauge: promauto.With(reg).NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: "istio", Name: "leader",

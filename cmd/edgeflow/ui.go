@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/internal/ui"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
@@ -62,7 +63,7 @@ type publicationFollower struct {
 
 func newPublicationFollower(srv publisher, reg *prometheus.Registry, policy optimizer.Policy, opts optimizer.Options,
 	checks func() []watcher.Check, view *ui.View, logger *slog.Logger) (_ *publicationFollower, err error) {
-	defer func() { err = registered("plan cost", recover()) }()
+	defer func() { err = metrics.Registered("plan cost", recover()) }()
 	cost := promauto.With(reg).NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: "plan", Name: "latency_cost_seconds",
 		Help: "Latency cost of the allocation served (allocation=served) and of round-robin's equal shares on the same topology (allocation=round_robin): Σ requests/s × network latency in seconds, the network latency accrued per second of traffic."},
 		[]string{labelAllocation})

@@ -1,10 +1,10 @@
 package kube
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/edgeflow/edgeflow/internal/metrics"
 )
 
 // The metrics' namespace and subsystem: every name starts edgeflow_kube_.
@@ -19,15 +19,7 @@ const labelReason = "reason"
 // newMetrics makes the Source's metrics and registers them with reg (nil: with none). A
 // registration that fails (a name registered twice, say) is returned as an error.
 func (s *Source) newMetrics(reg prometheus.Registerer) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			e, ok := r.(error)
-			if !ok {
-				panic(r)
-			}
-			err = fmt.Errorf("kube: registering metrics: %w", e)
-		}
-	}()
+	defer func() { err = metrics.Registered("kube", recover()) }()
 	f := promauto.With(reg)
 	s.events = f.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "events_total",
 		Help: "Informer events received (nodes, pods, services, endpointslices)."})

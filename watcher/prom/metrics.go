@@ -1,10 +1,10 @@
 package prom
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/edgeflow/edgeflow/internal/metrics"
 )
 
 // The metrics' namespace and subsystem: every name starts edgeflow_prometheus_.
@@ -52,15 +52,7 @@ type sourceMetrics struct {
 // queries visible at 0, and registers them with cfg.Registerer (nil: with none). A registration
 // that fails (a name registered twice, say) is returned as an error.
 func newSourceMetrics(cfg Config) (m sourceMetrics, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			e, ok := r.(error)
-			if !ok {
-				panic(r)
-			}
-			err = fmt.Errorf("prom: registering metrics: %w", e)
-		}
-	}()
+	defer func() { err = metrics.Registered("prom", recover()) }()
 	f := promauto.With(cfg.Registerer)
 	m = sourceMetrics{
 		queries: f.NewCounterVec(prometheus.CounterOpts{

@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/edgeflow/edgeflow/internal/metrics"
 	"google.golang.org/protobuf/proto"
 	clientnetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	"istio.io/client-go/pkg/clientset/versioned"
@@ -409,15 +411,7 @@ type rulesMetrics struct {
 // newRulesMetrics makes the metrics and registers them with reg (nil: with none). A
 // registration that fails (a name registered twice, say) is returned as an error.
 func newRulesMetrics(reg prometheus.Registerer) (m *rulesMetrics, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			e, ok := r.(error)
-			if !ok {
-				panic(r)
-			}
-			m, err = nil, fmt.Errorf("xds/istio: registering metrics: %w", e)
-		}
-	}()
+	defer func() { err = metrics.Registered("xds/istio", recover()) }()
 	f := promauto.With(reg)
 	return &rulesMetrics{
 		localities: f.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "localities",

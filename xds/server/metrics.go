@@ -1,10 +1,10 @@
 package server
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	edgemetrics "github.com/edgeflow/edgeflow/internal/metrics"
 
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -49,15 +49,7 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2, 19)
 // newMetrics makes the metrics and registers them with reg (nil: with none). A registration
 // that fails (a name registered twice, say) is returned as an error.
 func newMetrics(reg prometheus.Registerer) (m *metrics, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			e, ok := r.(error)
-			if !ok {
-				panic(r)
-			}
-			m, err = nil, fmt.Errorf("xds: registering metrics: %w", e)
-		}
-	}()
+	defer func() { err = edgemetrics.Registered("xds", recover()) }()
 	f := promauto.With(reg)
 	m = &metrics{
 		connected: f.NewGauge(prometheus.GaugeOpts{
