@@ -7,7 +7,6 @@ toolchain go1.26.8
 require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/edgeflow/edgeflow v0.0.0
-	google.golang.org/grpc v1.85.0
 )
 
 require (
@@ -30,8 +29,10 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/grpc v1.85.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
+	k8s.io/utils v0.0.0-20260626114624-be93311217bd // indirect
 )
 
 replace github.com/edgeflow/edgeflow => ../..
