@@ -37,7 +37,7 @@ test:
 	  $(MAKE) --no-print-directory -j$(TEST_JOBS) test-lint test-unit test-e2e test-istio test-smoke || status=1; \
 	  $(MAKE) --no-print-directory test-quiet test-ui || status=1; \
 	  echo "make test: $$(( $$(date +%s) - start )) s, status $$status (go test -json in $(TESTOUT)/)"; \
-	  $(REPORT) $(TESTOUT)/*.json | tee $(TESTOUT)/report.txt; exit $$status
+	  $(REPORT) -want unit,e2e,istio,smoke,quiet-race,quiet,ui $(TESTOUT)/*.json | tee $(TESTOUT)/report.txt; exit $$status
 
 TESTOUT     := bin/test
 REPORT      := bin/testreport

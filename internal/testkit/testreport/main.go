@@ -8,7 +8,8 @@
 // run goes, one line per package (as go test does) and the whole output of every failed test.
 // Without it, it reads the files and prints each suite's wall time, each package's, the 20
 // slowest tests, every skipped test, and the totals on the last line:
-// "tests: N passed, N failed, N skipped".
+// "tests: N passed, N failed, N skipped" — followed, with -want, by a line naming any wanted
+// suite that wrote no results.
 package main
 
 import (
@@ -37,6 +38,7 @@ type event struct {
 func main() {
 	stream := flag.String("stream", "", "copy stdin to stdout and print progress to stderr, naming the suite")
 	slowest := flag.Int("slowest", 20, "how many of the slowest tests to list")
+	want := flag.String("want", "", "comma-separated suites that must have written results (a suite that failed before go test ran has none)")
 	flag.Parse()
 	if *stream != "" {
 		if err := streamRun(*stream, os.Stdin, os.Stdout, os.Stderr); err != nil {
@@ -59,6 +61,24 @@ func main() {
 		suites = append(suites, s)
 	}
 	report(os.Stdout, suites, *slowest)
+	if m := missingSuites(suites, *want); len(m) > 0 {
+		fmt.Printf("no results from suite %s: it failed before its tests ran (see make's output)\n", strings.Join(m, ", "))
+	}
+}
+
+// missingSuites lists the suites of want (comma-separated) that are not among suites.
+func missingSuites(suites []*suite, want string) []string {
+	have := map[string]bool{}
+	for _, s := range suites {
+		have[s.name] = true
+	}
+	var out []string
+	for _, w := range strings.Split(want, ",") {
+		if w = strings.TrimSpace(w); w != "" && !have[w] {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // streamRun copies in to out and prints go test's usual per-package lines and every failed
