@@ -114,8 +114,8 @@ var skipReasons = []string{SkipNotReady, SkipTerminating, SkipNoAddress, SkipNoN
 //     a pod's container statuses or annotations) is dropped there; any other event marks what it
 //     touches — the nodes, or the services whose EndpointSlices name the pod, node or service
 //     (the slice indexes) — and returns. The Run loop rebuilds only what was marked (coalescing
-//     every event that arrived meanwhile), compares each rebuilt service with its cached part,
-//     and when any part changed assembles the State from the cached parts and delivers it.
+//     every event that arrived meanwhile), compares each rebuilt service with its cached entry,
+//     and when any entry changed assembles the State from the cached entries and delivers it.
 //   - The informers are the process's shared ones (Config.Informers), or the Source's own.
 //   - An endpoint counts only when its EndpointSlice conditions say so: ready (unset counts
 //     as ready, as kube-proxy reads it) and not terminating — a pod in graceful deletion gets

@@ -217,7 +217,7 @@ func (s *Source) Run(ctx context.Context, deliver func(*State)) error {
 	s.mu.Unlock()
 	s.log.Info("kube: informer caches synced", "namespaces", s.cfg.Namespaces, "selector", s.cfg.Selector)
 	s.touch(func(d *dirty) { d.all = true })
-	b := &builder{parts: map[string]*part{}}
+	b := &builder{entries: map[string]*serviceEntry{}}
 	for {
 		select {
 		case <-ctx.Done():
@@ -236,29 +236,29 @@ func (s *Source) Run(ctx context.Context, deliver func(*State)) error {
 	}
 }
 
-// builder holds the parts the last State was assembled from.
+// builder holds the entries the last State was assembled from.
 type builder struct {
-	nodes *nodesPart
-	parts map[string]*part // NAMESPACE/NAME of each managed service
-	last  *State
+	nodes   *nodesEntry
+	entries map[string]*serviceEntry // NAMESPACE/NAME of each managed service
+	last    *State
 }
 
-// nodesPart is what the State takes from the nodes.
-type nodesPart struct {
+// nodesEntry is what the State takes from the nodes.
+type nodesEntry struct {
 	list  []optimizer.Node
 	addrs map[string]string
 	known map[string]bool
 }
 
-// part is one managed service as the State holds it.
-type part struct {
+// serviceEntry is one managed service as the State holds it.
+type serviceEntry struct {
 	key       string             // optimizer.Service.Key
 	svc       *optimizer.Service // nil: no ready endpoint, left out
 	workloads []Workload
 	skipped   map[string]int
 }
 
-// pass rebuilds what d touched and delivers a new State if any part changed.
+// pass rebuilds what d touched and delivers a new State if any service entry changed.
 func (s *Source) pass(b *builder, d dirty, deliver func(*State)) {
 	s.rebuilds.Inc()
 	changed := b.last == nil
@@ -271,7 +271,7 @@ func (s *Source) pass(b *builder, d dirty, deliver func(*State)) {
 	keys := d.services
 	if d.all {
 		keys = map[string]bool{}
-		for k := range b.parts {
+		for k := range b.entries {
 			keys[k] = true
 		}
 		for _, sc := range s.inf.Services {
@@ -283,15 +283,15 @@ func (s *Source) pass(b *builder, d dirty, deliver func(*State)) {
 		}
 	}
 	for k := range keys {
-		p := s.buildPart(k, b.nodes.known)
-		old, had := b.parts[k]
+		p := s.buildEntry(k, b.nodes.known)
+		old, had := b.entries[k]
 		switch {
 		case p == nil && !had:
 		case p == nil:
-			delete(b.parts, k)
+			delete(b.entries, k)
 			changed = true
 		case !had || !reflect.DeepEqual(old, p):
-			b.parts[k] = p
+			b.entries[k] = p
 			changed = true
 		}
 	}
@@ -310,12 +310,12 @@ func (s *Source) pass(b *builder, d dirty, deliver func(*State)) {
 	deliver(st)
 }
 
-// assemble makes a State of the cached parts: O(services), the parts shared, not copied (no
+// assemble makes a State of the cached entries: O(services), the entries shared, not copied (no
 // State is modified once delivered).
 func (b *builder) assemble() *State {
 	st := &State{Nodes: b.nodes.list, NodeAddresses: b.nodes.addrs, Workloads: map[Workload][]string{}, Skipped: map[string]int{}}
-	ps := make([]*part, 0, len(b.parts))
-	for _, p := range b.parts {
+	ps := make([]*serviceEntry, 0, len(b.entries))
+	for _, p := range b.entries {
 		for r, n := range p.skipped {
 			st.Skipped[r] += n
 		}
@@ -337,8 +337,8 @@ func (b *builder) assemble() *State {
 }
 
 // buildNodes reads every node. O(nodes).
-func (s *Source) buildNodes() *nodesPart {
-	np := &nodesPart{addrs: map[string]string{}, known: map[string]bool{}}
+func (s *Source) buildNodes() *nodesEntry {
+	np := &nodesEntry{addrs: map[string]string{}, known: map[string]bool{}}
 	for _, obj := range s.inf.Nodes.GetStore().List() {
 		n, ok := obj.(*corev1.Node)
 		if !ok {
@@ -360,15 +360,15 @@ func (s *Source) buildNodes() *nodesPart {
 	return np
 }
 
-// buildPart reads one service (NAMESPACE/NAME) and its EndpointSlices; nil when it is not
+// buildEntry reads one service (NAMESPACE/NAME) and its EndpointSlices; nil when it is not
 // managed (gone, not selected, outside the namespaces, ExternalName).
-func (s *Source) buildPart(key string, known map[string]bool) *part {
+func (s *Source) buildEntry(key string, known map[string]bool) *serviceEntry {
 	ns, name, _ := strings.Cut(key, "/")
 	svc := s.inf.Service(ns, name)
 	if svc == nil || !s.inNamespaces(ns) || svc.Spec.Type == corev1.ServiceTypeExternalName || !s.selector.Matches(labels.Set(svc.Labels)) {
 		return nil
 	}
-	p := &part{key: (&optimizer.Service{Name: name, Namespace: ns}).Key(), skipped: map[string]int{}}
+	p := &serviceEntry{key: (&optimizer.Service{Name: name, Namespace: ns}).Key(), skipped: map[string]int{}}
 	p.svc, p.workloads = s.service(svc, known, p.skipped)
 	if p.svc == nil {
 		p.skipped[SkipNoReadyPods]++
