@@ -36,18 +36,18 @@ type nodeState struct {
 	// relabeled marks a set kept after a NACK under the version its client named (no
 	// fallback existed): not interned, not remembered.
 	relabeled [xds.NumSets]bool
-	closed    bool                 // the node's last stream closed (next to relabeled: one word for both)
-	served    bool                 // the node has been given its sets (SOTW watches wait until then)
-	snap      *nodeSnapshot        // the snapshot last set in the snapshot cache, while the node has delta streams
-	writes    [xds.NumSets]uint64  // sets written so far, per type
-	history   [xds.NumSets][]past  // sets written, oldest first (see rememberLocked)
-	acked     [xds.NumSets]xds.Set // the set a stream of the node last ACKed, per type
-	rejected  *[xds.NumSets]string // the version last NACKed, per type: never set again (nil until a NACK)
-	live      []*streamState       // streams that sent a request, in arrival order
-	deltas    int                  // how many of live are delta streams
-	awaitPub  *publication         // the publication waiting for this node's answers
-	revoked   error                // its claim no longer holds (RequireIdentity): served nothing more
-	nackLog   [xds.NumSets]string  // the version whose NACK was last logged, per type
+	closed    bool                   // the node's last stream closed (next to relabeled: one word for both)
+	served    bool                   // the node has been given its sets (SOTW watches wait until then)
+	snap      *nodeSnapshot          // the snapshot last set in the snapshot cache, while the node has delta streams
+	writes    [xds.NumSets]uint64    // sets written so far, per type
+	history   [xds.NumSets][]sentSet // sets written, oldest first (see rememberLocked)
+	acked     [xds.NumSets]xds.Set   // the set a stream of the node last ACKed, per type
+	rejected  *[xds.NumSets]string   // the version last NACKed, per type: never set again (nil until a NACK)
+	live      []*streamState         // streams that sent a request, in arrival order
+	deltas    int                    // how many of live are delta streams
+	awaitPub  *publication           // the publication waiting for this node's answers
+	revoked   error                  // its claim no longer holds (RequireIdentity): served nothing more
+	nackLog   [xds.NumSets]string    // the version whose NACK was last logged, per type
 
 	// Removal grace (grace.go): clusters no route names any more, by the time they may
 	// leave, and the timer that advances the node then.
@@ -64,8 +64,8 @@ func (n *nodeState) rejectedVersion(i int) string {
 	return n.rejected[i]
 }
 
-// past is a set the node was given, with its write number.
-type past struct {
+// sentSet is a set the node was given, with its write number.
+type sentSet struct {
 	set xds.Set
 	seq uint64
 }
@@ -98,9 +98,9 @@ func (n *nodeState) rememberLocked(before [xds.NumSets]xds.Set) {
 		if len(h) == cap(h) && len(h) > 0 && len(h) <= historyLen {
 			// A type written more than once is usually written again: room for historyLen
 			// and the newest at once, instead of growing by doubling past it.
-			h = append(make([]past, 0, historyLen+1), h...)
+			h = append(make([]sentSet, 0, historyLen+1), h...)
 		}
-		h = append(h, past{set: set, seq: n.writes[i]})
+		h = append(h, sentSet{set: set, seq: n.writes[i]})
 		oldest := n.writes[i]
 		for _, st := range n.live {
 			if st.sub[i].started {
