@@ -13,11 +13,11 @@ import (
 
 // decider applies the safety rules to a plan's moves, in the plan's order (most gain first).
 // It is pure: everything it reads is in its fields; it reserves the chosen moves' requests on
-// world's nodes.
+// the snapshot's nodes.
 type decider struct {
 	cfg         *Config
 	now         time.Time
-	world       *world
+	snap        *cacheSnapshot
 	st          *state
 	namespaceOf map[string]string
 	// podOf maps a topology pod key (optimizer.Service.PodKey) to its pod; shared pods (listed
@@ -107,7 +107,7 @@ func (d *decider) one(pm optimizer.Move, gain float64, chosen *int, perNode, per
 		m.Reason = ReasonBlocked // a pod backing two services: its other service is not planned with it
 		return m
 	}
-	p := d.world.pods[podKey{m.Namespace, m.Pod}]
+	p := d.snap.pods[podKey{m.Namespace, m.Pod}]
 	var owner *metav1.OwnerReference
 	if p != nil {
 		owner = metav1.GetControllerOf(p)
@@ -121,7 +121,7 @@ func (d *decider) one(pm optimizer.Move, gain float64, chosen *int, perNode, per
 		m.Reason = ReasonDaemonSet
 	case owner.Kind != "ReplicaSet" && owner.Kind != "StatefulSet", unsupported(p) != "":
 		m.Reason = ReasonUnsupported
-	case !d.cfg.AllowSingleReplica && len(d.world.selected[m.Service]) <= 1:
+	case !d.cfg.AllowSingleReplica && len(d.snap.selected[m.Service]) <= 1:
 		m.Reason = ReasonSingleReplica
 	case d.cfg.MinAge > 0 && d.now.Sub(p.CreationTimestamp.Time) < d.cfg.MinAge:
 		m.Reason = ReasonTooYoung
@@ -131,7 +131,7 @@ func (d *decider) one(pm optimizer.Move, gain float64, chosen *int, perNode, per
 		m.Reason = ReasonBackoff
 	case busy[m.Service] || d.st.serviceInFlight(m.Service) || !d.allReady(m.Service):
 		m.Reason = ReasonReplicas
-	case d.world.nodes[m.To] == nil || unschedulable(p, d.world.nodes[m.To].node) != "":
+	case d.snap.nodes[m.To] == nil || unschedulable(p, d.snap.nodes[m.To].node) != "":
 		m.Reason = ReasonUnschedulable
 	case !d.fits(p, m.To):
 		m.Reason = ReasonNodeFull
@@ -152,7 +152,7 @@ func (d *decider) one(pm optimizer.Move, gain float64, chosen *int, perNode, per
 		perNode[m.To]++
 		perNS[m.Namespace]++
 		busy[m.Service] = true
-		d.world.nodes[m.To].reserve(podRequests(p))
+		d.snap.nodes[m.To].reserve(podRequests(p))
 	}
 	return m
 }
@@ -180,8 +180,8 @@ func (d *decider) changing() string {
 		}
 	}
 	starting := 2*d.cfg.GateTimeout + d.cfg.PlacementTimeout
-	for _, svc := range slices.Sorted(maps.Keys(d.world.selected)) {
-		for _, p := range d.world.selected[svc] {
+	for _, svc := range slices.Sorted(maps.Keys(d.snap.selected)) {
+		for _, p := range d.snap.selected[svc] {
 			if !ready(p) && d.now.Sub(p.CreationTimestamp.Time) < starting {
 				return "pod " + p.Namespace + "/" + p.Name + " starting"
 			}
@@ -193,7 +193,7 @@ func (d *decider) changing() string {
 // allReady says whether every pod the service selects is ready (none pending, gated or
 // starting).
 func (d *decider) allReady(service string) bool {
-	for _, p := range d.world.selected[service] {
+	for _, p := range d.snap.selected[service] {
 		if !ready(p) {
 			return false
 		}
@@ -204,7 +204,7 @@ func (d *decider) allReady(service string) bool {
 // fits says whether the pod fits on node now, counting the replacements still on their way
 // there (moves in flight) and the moves chosen before it.
 func (d *decider) fits(p *corev1.Pod, node string) bool {
-	n := d.world.nodes[node]
+	n := d.snap.nodes[node]
 	if n == nil {
 		return false
 	}

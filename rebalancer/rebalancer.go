@@ -438,7 +438,7 @@ func (c *Controller) Plan() (*Report, error) {
 		return nil, errors.New("rebalancer: no topology yet")
 	}
 	now := c.cfg.Clock.Now()
-	w, err := c.world()
+	w, err := c.readCaches()
 	if err != nil {
 		return nil, err
 	}
@@ -464,7 +464,7 @@ func (c *Controller) Plan() (*Report, error) {
 	defer c.mu.Unlock()
 	c.prevTarget = plan.TargetCounts
 	c.st.expire(now, &c.cfg)
-	d := decider{cfg: &c.cfg, now: now, world: w, st: &c.st, namespaceOf: namespaceOf(t), podOf: podsOf(t)}
+	d := decider{cfg: &c.cfg, now: now, snap: w, st: &c.st, namespaceOf: namespaceOf(t), podOf: podsOf(t)}
 	if c.leading && now.Sub(c.leadSince) < c.cfg.Period {
 		d.newLeader = true
 	}

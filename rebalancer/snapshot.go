@@ -65,9 +65,9 @@ func placedAt(p *corev1.Pod) time.Time {
 	return t
 }
 
-// world is what one planning run reads from the informer caches: every pod, and each node
+// cacheSnapshot is what one planning run reads from the informer caches: every pod, and each node
 // with what its pods request. It is built only for a planning run.
-type world struct {
+type cacheSnapshot struct {
 	pods  map[podKey]*corev1.Pod
 	nodes map[string]*nodeUse
 	// selected maps a managed service key to the pods its selector picks (not terminating).
@@ -76,8 +76,8 @@ type world struct {
 
 type podKey struct{ namespace, name string }
 
-// world reads the caches.
-func (c *Controller) world() (*world, error) {
+// readCaches reads the caches into a cacheSnapshot.
+func (c *Controller) readCaches() (*cacheSnapshot, error) {
 	pods, err := c.pods.List(labels.Everything())
 	if err != nil {
 		return nil, fmt.Errorf("rebalancer: listing pods: %w", err)
@@ -86,7 +86,7 @@ func (c *Controller) world() (*world, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rebalancer: listing nodes: %w", err)
 	}
-	w := &world{pods: make(map[podKey]*corev1.Pod, len(pods)), nodes: make(map[string]*nodeUse, len(nodes)),
+	w := &cacheSnapshot{pods: make(map[podKey]*corev1.Pod, len(pods)), nodes: make(map[string]*nodeUse, len(nodes)),
 		selected: map[string][]*corev1.Pod{}}
 	for _, n := range nodes {
 		w.nodes[n.Name] = newNodeUse(n)
@@ -145,7 +145,7 @@ func (c *Controller) nodeUse(name string) (*nodeUse, error) {
 // free: allocatable minus the requests of every pod bound to the node that is not one of t's
 // pods (DaemonSets, unmanaged workloads, managed pods not ready). A node with nothing left
 // offers 1 (0 would mean unlimited).
-func (w *world) forPlanning(t *optimizer.Topology) *optimizer.Topology {
+func (w *cacheSnapshot) forPlanning(t *optimizer.Topology) *optimizer.Topology {
 	c := t.Clone()
 	mine := map[podKey]bool{}
 	for i := range c.Services {
