@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/config"
 	"github.com/prometheus/common/model"
+	"k8s.io/utils/clock"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 )
@@ -171,9 +172,9 @@ type Config struct {
 	// with an error naming the query (defaults DefaultMaxResponseBytes, DefaultMaxSeries).
 	MaxResponseBytes int64
 	MaxSeries        int
-	// Clock is the time source for timestamps, Status and StaleAfter (nil means time.Now).
-	// The query interval itself runs on a real ticker.
-	Clock func() time.Time
+	// Clock is the time source for timestamps, Status and StaleAfter, and Run's query
+	// interval ticks on its ticker (nil means clock.RealClock{}).
+	Clock clock.WithTicker
 	// Logger receives query failures and ignored series (nil means slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the source's metrics (nil means they are not registered).
@@ -317,7 +318,7 @@ func defaults(cfg *Config) error {
 		}
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = time.Now
+		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

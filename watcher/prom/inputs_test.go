@@ -63,17 +63,17 @@ func TestLossNeverReadsAsZero(t *testing.T) {
 		t.Errorf("DescribeUnreachable: %q", d)
 	}
 	// Logged once per change of the set, not per round nor per change of the loss.
-	h.clock.Advance(2 * time.Second)
+	h.advance(2 * time.Second)
 	h.mustNotDeliver("the same answer")
 	prom.set(func(f *fakeProm) { f.success[1] = success("a", "c", "0.3") })
-	h.clock.Advance(2 * time.Second)
+	h.advance(2 * time.Second)
 	h.round()
 	if n := h.logs.count("node pairs unreachable"); n != 1 {
 		t.Errorf("%d log lines about unreachable pairs after two identical rounds, want 1:\n%s", n, h.logs.String())
 	}
 	// The pair recovers: a change, delivered, logged.
 	prom.set(func(f *fakeProm) { f.success[1] = success("a", "c", "1") })
-	h.clock.Advance(2 * time.Second)
+	h.advance(2 * time.Second)
 	m = h.mustDeliver("a→c answers again")
 	if m.Unreachable[Pair{"a", "c"}] || m.Latency[Pair{"a", "c"}] != 40 {
 		t.Errorf("after recovery: latency %v, unreachable %v", m.Latency, m.Unreachable)

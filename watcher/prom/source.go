@@ -143,16 +143,17 @@ func NewSource(cfg Config) (*Source, error) {
 	return s, nil
 }
 
-// Run queries Prometheus at once and then every Config.Interval until ctx is done; then it
-// closes its idle connections and returns nil. It calls deliver, on its own goroutine, with a
-// new Measurements when the first round succeeds, when the set of measured pairs, unreachable
-// pairs or call edges changes (a new series, or a stale one forgotten), or when a value moved
-// beyond hysteresis from the value last delivered (so slow drift accumulates and is delivered
-// eventually); otherwise it delivers nothing. A series going stale or coming back at the same
-// value is not a change. A failed round (Prometheus unreachable, an HTTP or query error, a
-// result that is not a vector or is over a cap) delivers nothing, so the last good values stay
-// in effect downstream; Status and the metrics report it. deliver must not block for long. Run
-// may be called once; the caller stops it by cancelling ctx.
+// Run queries Prometheus at once and then every Config.Interval, on Config.Clock's ticker,
+// until ctx is done; then it closes its idle connections and returns nil. It calls deliver, on
+// its own goroutine, with a new Measurements when the first round succeeds, when the set of
+// measured pairs, unreachable pairs or call edges changes (a new series, or a stale one
+// forgotten), or when a value moved beyond hysteresis from the value last delivered (so slow
+// drift accumulates and is delivered eventually); otherwise it delivers nothing. A series going
+// stale or coming back at the same value is not a change. A failed round (Prometheus
+// unreachable, an HTTP or query error, a result that is not a vector or is over a cap) delivers
+// nothing, so the last good values stay in effect downstream; Status and the metrics report it.
+// deliver must not block for long. Run may be called once; the caller stops it by cancelling
+// ctx.
 func (s *Source) Run(ctx context.Context, deliver func(*Measurements)) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("prom: Run called twice on one Source")
@@ -160,7 +161,7 @@ func (s *Source) Run(ctx context.Context, deliver func(*Measurements)) error {
 	if ci, ok := s.client.(api.CloseIdler); ok {
 		defer ci.CloseIdleConnections()
 	}
-	ticker := time.NewTicker(s.cfg.Interval)
+	ticker := s.cfg.Clock.NewTicker(s.cfg.Interval)
 	defer ticker.Stop()
 	for {
 		if m := s.round(ctx); m != nil {
@@ -169,7 +170,7 @@ func (s *Source) Run(ctx context.Context, deliver func(*Measurements)) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-ticker.C:
+		case <-ticker.C():
 		}
 	}
 }
@@ -204,7 +205,7 @@ func (s *Source) round(ctx context.Context) *Measurements {
 	if ctx.Err() != nil {
 		return nil // shutting down: not a Prometheus failure
 	}
-	now := s.cfg.Clock()
+	now := s.cfg.Clock.Now()
 	s.mu.Lock()
 	s.status.ScrapeInterval, s.status.ScrapeIntervalFrom, s.status.Window = s.scrape, s.scrapeFrom, window
 	s.mu.Unlock()

@@ -129,25 +129,6 @@ func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// fakeClock is a settable Config.Clock.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	return c.now
-}
-
 // syncBuffer collects log output written from any goroutine.
 type syncBuffer struct {
 	mu  sync.Mutex
@@ -178,7 +159,7 @@ type harness struct {
 	prom  *fakeProm
 	srv   *httptest.Server
 	src   *Source
-	clock *fakeClock
+	clock *testkit.FakeClock
 	reg   *prometheus.Registry
 	logs  *syncBuffer
 }
@@ -187,14 +168,14 @@ var t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 
 func newHarness(t *testing.T, cfg Config, prom *fakeProm) *harness {
 	t.Helper()
-	h := &harness{t: t, prom: prom, clock: &fakeClock{now: t0}, reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	h := &harness{t: t, prom: prom, clock: testkit.NewFakeClock(t0), reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
 	h.srv = httptest.NewServer(prom)
 	t.Cleanup(h.srv.Close)
 	if cfg.URL == "" {
 		cfg.URL = h.srv.URL
 	}
 	cfg.RoundTripper = h.srv.Client().Transport
-	cfg.Clock = h.clock.Now
+	cfg.Clock = h.clock
 	cfg.Logger = slog.New(slog.NewTextHandler(h.logs, nil))
 	cfg.Registerer = h.reg
 	src, err := NewSource(cfg)
@@ -203,6 +184,12 @@ func newHarness(t *testing.T, cfg Config, prom *fakeProm) *harness {
 	}
 	h.src = src
 	return h
+}
+
+// advance moves the fake clock forward by d and returns the new time.
+func (h *harness) advance(d time.Duration) time.Time {
+	h.clock.Step(d)
+	return h.clock.Now()
 }
 
 // round runs one query round and returns what would be delivered (nil for nothing).
@@ -312,7 +299,7 @@ edgeflow_prometheus_up 1
 		"edgeflow_prometheus_queries_total", "edgeflow_prometheus_up")
 
 	// The same answer again is no change.
-	h.clock.Advance(2 * time.Second)
+	h.advance(2 * time.Second)
 	h.mustNotDeliver("an identical answer")
 	if n := h.metric(h.src.suppressed); n != 0 {
 		t.Errorf("suppressed = %v after an identical answer, want 0", n)
@@ -386,7 +373,7 @@ func TestHysteresis(t *testing.T) {
 			put(tt.old)
 			first := h.mustDeliver("first answer")
 			put(tt.new)
-			h.clock.Advance(2 * time.Second)
+			h.advance(2 * time.Second)
 			got := h.round()
 			if (got != nil) != tt.wantDeliver {
 				t.Errorf("delivered = %v, want %v", got != nil, tt.wantDeliver)
@@ -422,7 +409,7 @@ func TestSlowDriftIsDelivered(t *testing.T) {
 	}
 	for i, s := range steps {
 		at(s.seconds)
-		h.clock.Advance(2 * time.Second)
+		h.advance(2 * time.Second)
 		m := h.round()
 		switch {
 		case s.want == 0 && m != nil:
@@ -461,13 +448,13 @@ edgeflow_prometheus_stale_series{query="latency"} %d
 		f.latency = []series{lat("a", "b", "0.010")}
 		f.calls = []series{call("ns/y", "ns/z", "5")}
 	})
-	h.clock.Advance(10 * time.Second)
+	h.advance(10 * time.Second)
 	h.mustNotDeliver("series vanished")
 	h.exposition(staleMetric(1, 1), "edgeflow_prometheus_stale_series")
 
 	// Another change is delivered with the stale values kept.
 	prom.set(func(f *fakeProm) { f.latency = []series{lat("a", "b", "0.020")} })
-	h.clock.Advance(10 * time.Second)
+	h.advance(10 * time.Second)
 	m := h.mustDeliver("a change beside stale series")
 	if m.Latency[Pair{"b", "a"}] != 12 || !m.Stale[Pair{"b", "a"}] || m.Stale[Pair{"a", "b"}] || m.Latency[Pair{"a", "b"}] != 20 {
 		t.Errorf("latency with a stale pair: %v stale %v", m.Latency, m.Stale)
@@ -478,7 +465,7 @@ edgeflow_prometheus_stale_series{query="latency"} %d
 	}
 
 	// StaleAfter after they were last seen, they are forgotten: the sets changed, so a delivery.
-	h.clock.Advance(40 * time.Second) // 60 s since last seen
+	h.advance(40 * time.Second) // 60 s since last seen
 	m = h.mustDeliver("stale series forgotten")
 	if _, ok := m.Latency[Pair{"b", "a"}]; ok || len(m.Stale) != 0 {
 		t.Errorf("after StaleAfter: latency %v stale %v", m.Latency, m.Stale)
@@ -505,20 +492,20 @@ func TestStaleSeriesComesBack(t *testing.T) {
 	h := newHarness(t, Config{}, prom)
 	h.mustDeliver("first answer")
 	prom.set(func(f *fakeProm) { f.latency = f.latency[:1] })
-	h.clock.Advance(time.Minute)
+	h.advance(time.Minute)
 	h.mustNotDeliver("vanished")
 	if n := h.metric(h.src.stale.WithLabelValues(queryLatency)); n != 1 {
 		t.Errorf("stale series = %v, want 1", n)
 	}
 	prom.set(func(f *fakeProm) { f.latency = []series{lat("a", "b", "0.010"), lat("b", "a", "0.012")} })
-	h.clock.Advance(time.Minute)
+	h.advance(time.Minute)
 	h.mustNotDeliver("back at the same value")
 	if n := h.metric(h.src.stale.WithLabelValues(queryLatency)); n != 0 {
 		t.Errorf("stale series = %v, want 0", n)
 	}
 	// Staleness is measured from the last time the series was seen, so coming back renews it.
 	prom.set(func(f *fakeProm) { f.latency = f.latency[:1] })
-	h.clock.Advance(9 * time.Minute)
+	h.advance(9 * time.Minute)
 	h.mustNotDeliver("vanished again, within StaleAfter of its return")
 }
 
@@ -598,9 +585,9 @@ func TestQueryFailures(t *testing.T) {
 			okBefore := h.metric(h.src.queries.WithLabelValues(tt.query, "ok"))
 
 			tt.break_(h)
-			t1 := h.clock.Advance(2 * time.Second)
+			t1 := h.advance(2 * time.Second)
 			h.mustNotDeliver("failing round")
-			h.clock.Advance(2 * time.Second)
+			h.advance(2 * time.Second)
 			h.mustNotDeliver("second failing round")
 			st := h.src.Status()
 			if st.OK || !st.Synced || !st.Since.Equal(t1) || !st.LastSuccess.Equal(t0) {
@@ -627,7 +614,7 @@ func TestQueryFailures(t *testing.T) {
 
 			// Recovery: Status OK again; the same values as delivered before are no change.
 			tt.fix(h)
-			t3 := h.clock.Advance(2 * time.Second)
+			t3 := h.advance(2 * time.Second)
 			if m := h.round(); m != nil {
 				t.Errorf("recovery with unchanged values delivered %+v", m)
 			}
@@ -650,7 +637,7 @@ func TestFailureBeforeFirstAnswer(t *testing.T) {
 		t.Errorf("Status: %+v", st)
 	}
 	prom.set(func(f *fakeProm) { f.status = 0 })
-	h.clock.Advance(2 * time.Second)
+	h.advance(2 * time.Second)
 	if m := h.mustDeliver("first answer after a failure"); m.Latency[Pair{"a", "b"}] != 10 {
 		t.Errorf("Measurements: %+v", m)
 	}
@@ -695,7 +682,7 @@ func TestBadSamplesIgnored(t *testing.T) {
 	check(1)
 
 	// Counted every round, logged once per series.
-	h.clock.Advance(2 * time.Second)
+	h.advance(2 * time.Second)
 	h.mustNotDeliver("the same answer")
 	check(2)
 	if n := h.logs.count("ignoring an RTT") + h.logs.count("ignoring a call rate"); n != 3 {
@@ -710,7 +697,7 @@ func TestBadSamplesIgnored(t *testing.T) {
 
 	// A measured pair turning bad is a vanished series: kept at its last good value, stale.
 	prom.set(func(f *fakeProm) { f.latency[3] = lat("b", "a", "-1") })
-	h.clock.Advance(2 * time.Second)
+	h.advance(2 * time.Second)
 	h.mustNotDeliver("a good pair turned negative")
 	if n := h.metric(h.src.stale.WithLabelValues(queryLatency)); n != 1 {
 		t.Errorf("stale latency series = %v, want 1", n)
@@ -866,6 +853,52 @@ func TestRunDeliversAndStops(t *testing.T) {
 	}
 	if err := src.Run(context.Background(), func(*Measurements) {}); err == nil {
 		t.Error("a second Run should fail")
+	}
+}
+
+// TestRunTicksOnClock: the rounds after the first come from Config.Clock's ticker, so a fake
+// clock stepped by the interval runs a round at once, however long the interval.
+func TestRunTicksOnClock(t *testing.T) {
+	t.Parallel()
+	prom := &fakeProm{latency: []series{lat("a", "b", "0.010")}, calls: []series{}}
+	srv := httptest.NewServer(prom)
+	defer srv.Close()
+	clk := testkit.NewFakeClock(t0)
+	src, err := NewSource(Config{
+		URL: srv.URL, Interval: time.Hour, Clock: clk, Logger: slog.New(slog.DiscardHandler),
+		Registerer: prometheus.NewRegistry(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Measurements, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx, func(m *Measurements) { got <- m }) }()
+	next := func(what string) *Measurements {
+		t.Helper()
+		select {
+		case m := <-got:
+			return m
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: nothing delivered within 10s", what)
+			return nil
+		}
+	}
+	if m := next("first round"); !m.At.Equal(t0) {
+		t.Errorf("first round at %v, want the fake clock's %v", m.At, t0)
+	}
+	if !clk.HasWaiters() {
+		t.Fatal("Run armed no ticker on Config.Clock")
+	}
+	prom.set(func(f *fakeProm) { f.latency = []series{lat("a", "b", "0.020")} })
+	clk.Step(time.Hour)
+	if m := next("after one interval on the fake clock"); m.Latency[Pair{"a", "b"}] != 20 || !m.At.Equal(t0.Add(time.Hour)) {
+		t.Errorf("second round: latency %v at %v", m.Latency, m.At)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
 	}
 }
 
