@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 )
@@ -57,8 +58,9 @@ type Config struct {
 	// primary IP's family (status.podIP), else the Service's primary family (spec.ipFamilies[0]),
 	// else IPv4.
 	IPFamily corev1.IPFamily
-	// Clock is the time source of the watch-failure times (nil means time.Now).
-	Clock func() time.Time
+	// Clock is the time source of the watch-failure times, and the API server check ticks
+	// on its ticker every HealthInterval (nil means clock.RealClock{}).
+	Clock clock.WithTicker
 	// HealthInterval is how often the API server is asked for its version while Run runs
 	// (default DefaultHealthInterval): client-go retries a refused watch without telling its
 	// watch error handler, so an API server that is down is found this way.
@@ -189,7 +191,7 @@ func NewSource(cfg Config) (*Source, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = time.Now
+		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.HealthInterval <= 0 {
 		cfg.HealthInterval = DefaultHealthInterval
@@ -269,16 +271,16 @@ func (s *Source) WatchFailures() []WatchFailure {
 // apiServerCheck names the API server's health in WatchFailures.
 const apiServerCheck = "the API server (GET /version)"
 
-// checkAPIServer asks the API server for its version every HealthInterval until ctx is done,
-// recording when it stops answering and when it answers again.
+// checkAPIServer asks the API server for its version every HealthInterval (on Config.Clock's
+// ticker) until ctx is done, recording when it stops answering and when it answers again.
 func (s *Source) checkAPIServer(ctx context.Context) {
-	t := time.NewTicker(s.cfg.HealthInterval)
+	t := s.cfg.Clock.NewTicker(s.cfg.HealthInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		rctx, cancel := context.WithTimeout(ctx, s.cfg.HealthInterval)
 		var err error
@@ -294,7 +296,7 @@ func (s *Source) checkAPIServer(ctx context.Context) {
 		s.mu.Lock()
 		switch {
 		case err != nil && s.apiDown == nil:
-			s.apiDown = &watchFailure{since: s.cfg.Clock(), last: err}
+			s.apiDown = &watchFailure{since: s.cfg.Clock.Now(), last: err}
 			s.log.Error("kube: the API server does not answer; the last known state stays in effect", "error", err)
 		case err != nil:
 			s.apiDown.last = err
@@ -315,7 +317,7 @@ func (s *Source) watchFailed(name string, inf cache.SharedIndexInformer, err err
 		f.rv = inf.LastSyncResourceVersion()
 		return
 	}
-	s.failures[name] = &watchFailure{since: s.cfg.Clock(), last: err, rv: inf.LastSyncResourceVersion(), inf: inf}
+	s.failures[name] = &watchFailure{since: s.cfg.Clock.Now(), last: err, rv: inf.LastSyncResourceVersion(), inf: inf}
 	s.log.Error("kube: watch failing; the last known state stays in effect", "informer", name, "error", err)
 }
 

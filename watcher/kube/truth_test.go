@@ -203,6 +203,37 @@ func TestWatchFailuresReported(t *testing.T) {
 	testkit.Eventually(t, 10*time.Second, "the failure cleared", func() bool { return len(h.src.WatchFailures()) == 0 })
 }
 
+// The API server check ticks on Config.Clock every HealthInterval: a fake clock stepped by
+// the interval runs it at once, and the failure is stamped with the clock's time.
+func TestAPIServerCheckTicksOnClock(t *testing.T) {
+	t.Parallel()
+	var failing atomic.Bool
+	failing.Store(true)
+	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	clk := testkit.NewFakeClock(at)
+	h := startWith(t, Config{Clock: clk, HealthInterval: time.Hour}, func(c *fake.Clientset) {
+		c.PrependReactor("get", "version", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if failing.Load() {
+				return true, nil, errors.New("connection refused")
+			}
+			return false, nil, nil
+		})
+	}, nodes...)
+	h.first()
+	testkit.Eventually(t, 10*time.Second, "the API server check armed a ticker on Config.Clock", clk.HasWaiters)
+	if f := h.src.WatchFailures(); len(f) != 0 {
+		t.Fatalf("failures before the first check: %v", f)
+	}
+	clk.Step(time.Hour)
+	testkit.Eventually(t, 10*time.Second, "the API server reported down", func() bool {
+		f := h.src.WatchFailures()
+		return len(f) == 1 && f[0].Informer == apiServerCheck && f[0].Since.Equal(at.Add(time.Hour))
+	})
+	failing.Store(false)
+	clk.Step(time.Hour)
+	testkit.Eventually(t, 10*time.Second, "the API server reported up", func() bool { return len(h.src.WatchFailures()) == 0 })
+}
+
 // Pods that have ended are not even listed: the pod list and watch carry ActivePods as their
 // field selector (the API server applies it; the fake client only records it), and no other
 // resource carries one.
