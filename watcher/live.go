@@ -6,9 +6,9 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher/kube"
@@ -49,8 +49,10 @@ type LiveConfig struct {
 	LatencyGranularity string
 	// MaxNodePairs is LatencyAuto's bound (0 means DefaultMaxNodePairs).
 	MaxNodePairs int
-	// Clock is the time source (nil means time.Now).
-	Clock func() time.Time
+	// Clock is Live's time source (nil means clock.RealClock{}). Live reads no time of its own
+	// today; the Kubernetes and Prometheus sources take their own clocks (kube.Config.Clock,
+	// prom.Config.Clock).
+	Clock clock.PassiveClock
 	// Logger and Registerer as elsewhere.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -184,7 +186,7 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 		return nil, fmt.Errorf("watcher: max node pairs %d: want a positive number", cfg.MaxNodePairs)
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = time.Now
+		cfg.Clock = clock.RealClock{}
 	}
 	c := &Live{cfg: cfg, log: cfg.Logger, changed: make(chan struct{}, 1), compiler: optimizer.Compiler{Options: cfg.Options}}
 	if err := c.newMetrics(cfg.Registerer); err != nil {
