@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edgeflow/edgeflow/internal/latest"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -47,7 +48,7 @@ type File struct {
 	path   string
 	cfg    FileConfig
 	log    *slog.Logger
-	reload chan struct{}
+	reload latest.Signal // Reload's request to Run
 
 	updates  prometheus.Counter
 	errors   prometheus.Counter
@@ -66,10 +67,9 @@ func NewFile(path string, cfg FileConfig) (*File, error) {
 		cfg.Logger = slog.Default()
 	}
 	f := &File{
-		path:   path,
-		cfg:    cfg,
-		log:    cfg.Logger,
-		reload: make(chan struct{}, 1),
+		path: path,
+		cfg:  cfg,
+		log:  cfg.Logger,
 	}
 	if err := f.newMetrics(cfg.Registerer); err != nil {
 		return nil, err
@@ -119,12 +119,7 @@ func (f *File) Current() *optimizer.Topology {
 
 // Reload asks Run to re-read the file now, even if its content hash is unchanged (the serve
 // command calls it on SIGHUP). It never blocks; reloads requested while one is pending merge.
-func (f *File) Reload() {
-	select {
-	case f.reload <- struct{}{}:
-	default:
-	}
-}
+func (f *File) Reload() { f.reload.Notify() }
 
 // Run reads the file, delivers it to l, and follows it until ctx is done (then it returns
 // nil). If the first read fails, Run returns that error at once (wrapping
@@ -151,7 +146,7 @@ func (f *File) Run(ctx context.Context, l Listener) error {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
-		case <-f.reload:
+		case <-f.reload.C():
 			force = true
 		}
 		data, err := os.ReadFile(f.path)

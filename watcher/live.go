@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
+	"github.com/edgeflow/edgeflow/internal/latest"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
@@ -127,7 +128,7 @@ type Live struct {
 	unmatched  *prometheus.CounterVec
 	noLatency  prometheus.Gauge
 
-	changed  chan struct{}
+	changed  latest.Signal      // an input changed: deliver merges again
 	compiler optimizer.Compiler // Run's only
 	mu       sync.Mutex         // guards kube, meas, current, latency
 	kube     *kube.State
@@ -188,7 +189,7 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	c := &Live{cfg: cfg, log: cfg.Logger, changed: make(chan struct{}, 1), compiler: optimizer.Compiler{Options: cfg.Options}}
+	c := &Live{cfg: cfg, log: cfg.Logger, compiler: optimizer.Compiler{Options: cfg.Options}}
 	if err := c.newMetrics(cfg.Registerer); err != nil {
 		return nil, err
 	}

@@ -7,22 +7,14 @@ import (
 )
 
 // keepLatest is a source's callback: it keeps what the source delivered in *latest (under
-// c.mu), replacing what was there, and pokes the merge loop.
+// c.mu), replacing what was there, and tells the merge loop (deliver) without waiting: one
+// pending signal stands for any number of changes.
 func keepLatest[T any](c *Live, latest **T) func(*T) {
 	return func(v *T) {
 		c.mu.Lock()
 		*latest = v
 		c.mu.Unlock()
-		c.poke()
-	}
-}
-
-// poke tells the merge loop (deliver) that an input changed, without waiting: one pending
-// signal stands for any number of changes.
-func (c *Live) poke() {
-	select {
-	case c.changed <- struct{}{}:
-	default:
+		c.changed.Notify()
 	}
 }
 
@@ -59,7 +51,7 @@ func (c *Live) deliver(ctx context.Context, l Listener) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-c.changed:
+		case <-c.changed.C():
 		}
 		c.mu.Lock()
 		ks, meas, last := c.kube, c.meas, c.current
