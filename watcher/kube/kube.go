@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
+	"github.com/edgeflow/edgeflow/internal/latest"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -143,7 +144,7 @@ type Source struct {
 	inf      *Informers
 	// ownInformers: the Source made inf (Config.Informers was nil), so Run stops it.
 	ownInformers bool
-	wake         chan struct{} // an event touched something: a pass is due
+	wake         latest.Signal // an event touched something: a pass is due
 
 	events   prometheus.Counter
 	rebuilds prometheus.Counter
@@ -202,7 +203,7 @@ func NewSource(cfg Config) (*Source, error) {
 		return nil, fmt.Errorf("kube: IP family %q: want IPv4, IPv6 or empty (each pod's primary family)", cfg.IPFamily)
 	}
 	cfg.Namespaces = UniqueNamespaces(cfg.Namespaces)
-	s := &Source{cfg: cfg, log: cfg.Logger, selector: sel, wake: make(chan struct{}, 1), failures: map[string]*watchFailure{},
+	s := &Source{cfg: cfg, log: cfg.Logger, selector: sel, failures: map[string]*watchFailure{},
 		dirty: dirty{services: map[string]bool{}}, inf: cfg.Informers}
 	if err := s.newMetrics(cfg.Registerer); err != nil {
 		return nil, err

@@ -150,10 +150,7 @@ func (s *Source) heard(informer string, obj any, touched bool) {
 	}
 	s.mu.Unlock()
 	if touched {
-		select {
-		case s.wake <- struct{}{}:
-		default:
-		}
+		s.wake.Notify()
 	}
 	if s.trace != nil {
 		s.trace.event(obj, touched)
@@ -222,7 +219,7 @@ func (s *Source) Run(ctx context.Context, deliver func(*State)) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-s.wake:
+		case <-s.wake.C():
 		}
 		s.mu.Lock()
 		d := s.dirty
