@@ -293,9 +293,4 @@ func requireNode(spec *corev1.PodSpec, node string) {
 }
 
 // markDirty asks the leader's state writer to write the state; it never blocks.
-func (c *Controller) markDirty() {
-	select {
-	case c.stateDirty <- struct{}{}:
-	default:
-	}
-}
+func (c *Controller) markDirty() { c.stateDirty.Notify() }

@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 
+	"github.com/edgeflow/edgeflow/internal/latest"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 )
@@ -266,7 +267,7 @@ type Controller struct {
 	log      *slog.Logger
 	cs       kubernetes.Interface
 	selector labels.Selector
-	trigger  chan struct{}
+	trigger  latest.Signal // Trigger's request for a run now
 	metrics  *metrics
 
 	pods     corelisters.PodLister
@@ -291,7 +292,7 @@ type Controller struct {
 	prevTarget map[string]map[string]int
 	leading    bool
 	leadSince  time.Time
-	stateDirty chan struct{}
+	stateDirty latest.Signal // the state changed: writeState writes it
 }
 
 // New validates cfg and registers the metrics; it starts nothing.
@@ -312,8 +313,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger, cs: cfg.Client, selector: sel, metrics: m,
-		trigger: make(chan struct{}, 1), synced: make(chan struct{}), st: newState(),
-		stateDirty: make(chan struct{}, 1)}
+		synced: make(chan struct{}), st: newState()}
 	if err := c.setupInformers(); err != nil {
 		return nil, err
 	}
@@ -412,12 +412,7 @@ func (c *Controller) Stop() {
 }
 
 // Trigger asks for a run now (on demand); it never blocks.
-func (c *Controller) Trigger() {
-	select {
-	case c.trigger <- struct{}{}:
-	default:
-	}
-}
+func (c *Controller) Trigger() { c.trigger.Notify() }
 
 // Last returns the report of the last run (nil before the first).
 func (c *Controller) Last() *Report {

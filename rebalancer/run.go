@@ -131,7 +131,7 @@ func (c *Controller) runDry(ctx context.Context, le LeaderConfig) error {
 			return nil
 		case <-period.C:
 			ran = false
-		case <-c.trigger:
+		case <-c.trigger.C():
 			ran = false
 		case <-retry:
 		}
@@ -199,7 +199,7 @@ func (c *Controller) lead(lctx context.Context, rec events.EventRecorder) {
 			return
 		case <-period.C:
 			ran = false
-		case <-c.trigger:
+		case <-c.trigger.C():
 			ran = false
 		}
 	}
@@ -213,7 +213,7 @@ func (c *Controller) writeState(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-c.stateDirty:
+		case <-c.stateDirty.C():
 		case <-retry:
 		}
 		retry = nil
