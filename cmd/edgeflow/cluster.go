@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/edgeflow/edgeflow/internal/latest"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
@@ -350,28 +350,12 @@ func readCallGraph(path string) (*watcher.CallGraph, error) {
 	return &watcher.CallGraph{Calls: t.Calls, Ingress: t.Ingress}, nil
 }
 
-// latestTopology is a Listener that keeps the last topology and signals each one.
+// latestTopology is a Listener that keeps the last topology and signals each one (on C).
 type latestTopology struct {
-	mu      sync.Mutex
-	t       *optimizer.Topology
-	arrived chan struct{}
+	latest.Value[*optimizer.Topology]
 }
 
-func (l *latestTopology) Update(t *optimizer.Topology) {
-	l.mu.Lock()
-	l.t = t
-	l.mu.Unlock()
-	select {
-	case l.arrived <- struct{}{}:
-	default:
-	}
-}
-
-func (l *latestTopology) get() *optimizer.Topology {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.t
-}
+func (l *latestTopology) Update(t *optimizer.Topology) { l.Set(t) }
 
 // clusterSnapshot runs the cluster sources until their first complete topology: one with
 // usable latency when Prometheus is given. If none has arrived by --inputs-timeout, the
@@ -390,23 +374,23 @@ func (f *clusterFlags) clusterSnapshot(ctx context.Context, opts optimizer.Optio
 	defer inf.Stop() // after cancel (deferred calls run last first)
 	defer cancel()
 	inf.Start(ctx)
-	got := &latestTopology{arrived: make(chan struct{}, 1)}
+	got := &latestTopology{}
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx, got) }()
 	for {
 		select {
-		case <-got.arrived:
+		case <-got.C():
 			if c.LatencyUsable() {
 				cancel()
 				<-done
-				return got.get(), nil
+				return got.Get(), nil
 			}
 		case err := <-done:
 			if err == nil {
 				err = ctx.Err()
 			}
 			if errors.Is(err, context.DeadlineExceeded) {
-				if t := got.get(); t != nil {
+				if t := got.Get(); t != nil {
 					logger.Warn("no usable latency within --inputs-timeout; planning on the capacity-weighted topology (every node pair equal)",
 						"timeout", f.waitTimeout, "inputs", describeChecks(c.Checks()))
 					return t, nil
