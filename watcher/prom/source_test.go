@@ -798,58 +798,85 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
-func TestRunDeliversAndStops(t *testing.T) {
-	t.Parallel()
-	prom := &fakeProm{latency: []series{lat("a", "b", "0.010")}, calls: []series{}}
+// running is a Source on a fake Prometheus, its Run on a goroutine of its own delivering into
+// got.
+type running struct {
+	t      *testing.T
+	src    *Source
+	got    chan *Measurements
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startRun starts Run of a Source made from cfg, on prom, logging nowhere and registering its
+// metrics in a registry of its own.
+func startRun(t *testing.T, cfg Config, prom *fakeProm) *running {
+	t.Helper()
 	srv := httptest.NewServer(prom)
-	defer srv.Close()
-	src, err := NewSource(Config{
-		URL: srv.URL, Interval: time.Millisecond, Logger: slog.New(slog.DiscardHandler),
-		Registerer: prometheus.NewRegistry(),
-	})
+	t.Cleanup(srv.Close)
+	cfg.URL, cfg.Logger, cfg.Registerer = srv.URL, slog.New(slog.DiscardHandler), prometheus.NewRegistry()
+	src, err := NewSource(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *Measurements, 100)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, func(m *Measurements) { got <- m }) }()
-	next := func() *Measurements {
-		t.Helper()
-		select {
-		case m := <-got:
-			return m
-		case <-time.After(10 * time.Second):
-			t.Fatal("nothing delivered within 10s")
-			return nil
-		}
+	r := &running{t: t, src: src, got: make(chan *Measurements, 100), done: make(chan error, 1)}
+	var ctx context.Context
+	ctx, r.cancel = context.WithCancel(context.Background())
+	t.Cleanup(r.cancel)
+	go func() { r.done <- src.Run(ctx, func(m *Measurements) { r.got <- m }) }()
+	return r
+}
+
+// next waits for the next delivery.
+func (r *running) next(what string) *Measurements {
+	r.t.Helper()
+	select {
+	case m := <-r.got:
+		return m
+	case <-time.After(10 * time.Second):
+		r.t.Fatalf("%s: nothing delivered within 10s", what)
+		return nil
 	}
-	if m := next(); m.Latency[Pair{"a", "b"}] != 10 {
+}
+
+// stop cancels Run and returns what it returned.
+func (r *running) stop() error {
+	r.t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		return err
+	case <-time.After(10 * time.Second):
+		r.t.Fatal("Run did not return after cancel")
+		return nil
+	}
+}
+
+func TestRunDeliversAndStops(t *testing.T) {
+	t.Parallel()
+	prom := &fakeProm{latency: []series{lat("a", "b", "0.010")}, calls: []series{}}
+	r := startRun(t, Config{Interval: time.Millisecond}, prom)
+	src := r.src
+	if m := r.next("first delivery"); m.Latency[Pair{"a", "b"}] != 10 {
 		t.Errorf("first delivery: %v", m.Latency)
 	}
 	if st := src.Status(); !st.OK || !st.Synced {
 		t.Errorf("Status: %+v", st)
 	}
 	prom.set(func(f *fakeProm) { f.latency = []series{lat("a", "b", "0.020")} })
-	if m := next(); m.Latency[Pair{"a", "b"}] != 20 {
+	if m := r.next("second delivery"); m.Latency[Pair{"a", "b"}] != 20 {
 		t.Errorf("second delivery: %v", m.Latency)
 	}
 	// Many rounds later, still nothing new was delivered.
 	testkit.Eventually(t, 10*time.Second, "20 latency queries (Run stopped querying)", func() bool {
 		return testutil.ToFloat64(src.queries.WithLabelValues(queryLatency, "ok")) >= 20
 	})
-	if len(got) != 0 {
-		t.Errorf("%d deliveries of unchanged values", len(got))
+	if len(r.got) != 0 {
+		t.Errorf("%d deliveries of unchanged values", len(r.got))
 	}
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Run returned %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return after cancel")
+	if err := r.stop(); err != nil {
+		t.Errorf("Run returned %v", err)
 	}
 	if err := src.Run(context.Background(), func(*Measurements) {}); err == nil {
 		t.Error("a second Run should fail")
@@ -861,31 +888,9 @@ func TestRunDeliversAndStops(t *testing.T) {
 func TestRunTicksOnClock(t *testing.T) {
 	t.Parallel()
 	prom := &fakeProm{latency: []series{lat("a", "b", "0.010")}, calls: []series{}}
-	srv := httptest.NewServer(prom)
-	defer srv.Close()
 	clk := testkit.NewFakeClock(t0)
-	src, err := NewSource(Config{
-		URL: srv.URL, Interval: time.Hour, Clock: clk, Logger: slog.New(slog.DiscardHandler),
-		Registerer: prometheus.NewRegistry(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan *Measurements, 10)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, func(m *Measurements) { got <- m }) }()
-	next := func(what string) *Measurements {
-		t.Helper()
-		select {
-		case m := <-got:
-			return m
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s: nothing delivered within 10s", what)
-			return nil
-		}
-	}
-	if m := next("first round"); !m.At.Equal(t0) {
+	r := startRun(t, Config{Interval: time.Hour, Clock: clk}, prom)
+	if m := r.next("first round"); !m.At.Equal(t0) {
 		t.Errorf("first round at %v, want the fake clock's %v", m.At, t0)
 	}
 	if !clk.HasWaiters() {
@@ -893,11 +898,10 @@ func TestRunTicksOnClock(t *testing.T) {
 	}
 	prom.set(func(f *fakeProm) { f.latency = []series{lat("a", "b", "0.020")} })
 	clk.Step(time.Hour)
-	if m := next("after one interval on the fake clock"); m.Latency[Pair{"a", "b"}] != 20 || !m.At.Equal(t0.Add(time.Hour)) {
+	if m := r.next("after one interval on the fake clock"); m.Latency[Pair{"a", "b"}] != 20 || !m.At.Equal(t0.Add(time.Hour)) {
 		t.Errorf("second round: latency %v at %v", m.Latency, m.At)
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := r.stop(); err != nil {
 		t.Errorf("Run: %v", err)
 	}
 }
