@@ -1,0 +1,46 @@
+package estimate
+
+import "math"
+
+// mmcCapacity inverts the M/M/c queue: it returns the capacity c·μ₁ (requests/s) of the c-server
+// queue whose mean sojourn time at arrival rate lambda (requests/s) is sojourn (seconds). For
+// c = 1 that is λ + 1/S; for c > 1 μ₁ is found by bisection to a relative 1e-12 (the sojourn
+// time falls strictly as μ₁ grows). lambda and sojourn must be positive.
+func mmcCapacity(lambda, sojourn float64, c int) float64 {
+	if c == 1 {
+		return lambda + 1/sojourn
+	}
+	cf := float64(c)
+	// The sojourn time is more than the service time 1/μ₁ and infinite at μ₁ = λ/c.
+	lo := max(lambda/cf, 1/sojourn)
+	hi := 2 * lo
+	for mmcSojourn(lambda, hi, c) > sojourn {
+		lo, hi = hi, 2*hi
+	}
+	for hi-lo > 1e-12*hi {
+		mid := lo + (hi-lo)/2
+		if mmcSojourn(lambda, mid, c) > sojourn {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return cf * (lo + (hi-lo)/2)
+}
+
+// mmcSojourn is the mean sojourn time (seconds) of an M/M/c queue with arrival rate lambda and
+// per-server rate mu1 (requests/s): 1/μ₁ + C(c, λ/μ₁) / (cμ₁ − λ), with C Erlang's C formula;
+// +Inf if λ ≥ cμ₁.
+func mmcSojourn(lambda, mu1 float64, c int) float64 {
+	cf := float64(c)
+	if lambda >= cf*mu1 {
+		return math.Inf(1)
+	}
+	a := lambda / mu1 // offered load, erlangs
+	b := 1.0          // Erlang B, by its recursion over the servers
+	for k := 1; k <= c; k++ {
+		b = a * b / (float64(k) + a*b)
+	}
+	wait := b / (1 - a/cf*(1-b)) // Erlang C: the probability of waiting
+	return 1/mu1 + wait/(cf*mu1-lambda)
+}
