@@ -1,0 +1,184 @@
+package estimate
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// ResponseTime is one service's mean response time over one window: what lata-q's model
+// predicted for the plan in force, and what was measured, both in milliseconds.
+type ResponseTime struct {
+	Service     string
+	PredictedMS float64
+	MeasuredMS  float64
+}
+
+// BreakerConfig sets a Breaker's rules. The zero value of a field means its default.
+type BreakerConfig struct {
+	// Threshold is the relative error |measured − predicted| / predicted above which a window
+	// is bad. Default 0.5.
+	Threshold float64
+	// TripAfter is K: that many consecutive bad windows trip a service. Default 3.
+	TripAfter int
+	// ResetAfter is M: that many consecutive good windows reset a tripped service. Default 5
+	// (more than TripAfter: hysteresis, so that a model near the threshold does not flap).
+	ResetAfter int
+}
+
+func (c BreakerConfig) withDefaults() (BreakerConfig, error) {
+	if c.Threshold == 0 {
+		c.Threshold = 0.5
+	}
+	if c.TripAfter == 0 {
+		c.TripAfter = 3
+	}
+	if c.ResetAfter == 0 {
+		c.ResetAfter = 5
+	}
+	switch {
+	case !(c.Threshold > 0) || math.IsInf(c.Threshold, 0):
+		return c, fmt.Errorf("%w: breaker Threshold %v: want a positive number", ErrInvalidConfig, c.Threshold)
+	case c.TripAfter < 1:
+		return c, fmt.Errorf("%w: breaker TripAfter %d: want at least 1", ErrInvalidConfig, c.TripAfter)
+	case c.ResetAfter < 1:
+		return c, fmt.Errorf("%w: breaker ResetAfter %d: want at least 1", ErrInvalidConfig, c.ResetAfter)
+	}
+	return c, nil
+}
+
+// BreakerState is one service's breaker.
+type BreakerState struct {
+	Service string
+	// Tripped says the service should fall back to lata: lata-q's model does not describe it.
+	Tripped bool
+	// Reason says why it tripped, for /readyz and the log; empty while not tripped.
+	Reason string
+	// BadWindows and GoodWindows are the current streaks of consecutive windows over and
+	// within the threshold (one of them is 0).
+	BadWindows, GoodWindows int
+	// RelativeError is the last window's |measured − predicted| / predicted.
+	RelativeError float64
+}
+
+// Breaker is the model-error breaker: per service, it compares the response time lata-q
+// predicted with the one measured, window by window, and trips the service to "fall back to
+// lata" after BreakerConfig.TripAfter consecutive windows with a relative error over
+// BreakerConfig.Threshold; a tripped service resets after BreakerConfig.ResetAfter consecutive
+// good windows. A window without a ResponseTime for a service (no traffic, no prediction)
+// changes nothing for it: stale data neither trips nor resets. While a service is tripped the
+// caller should go on passing the model's prediction for the plan in force (lata's), so that
+// the breaker can see the model become right again.
+//
+// Create it with NewBreaker; its methods are safe for concurrent use (Observe from the loop,
+// States from /readyz and the metrics).
+type Breaker struct {
+	cfg BreakerConfig
+
+	mu       sync.Mutex
+	services map[string]*BreakerState
+}
+
+// NewBreaker returns a Breaker with cfg's rules (zero fields take their defaults), or an error
+// wrapping ErrInvalidConfig.
+func NewBreaker(cfg BreakerConfig) (*Breaker, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Breaker{cfg: cfg, services: make(map[string]*BreakerState)}, nil
+}
+
+// Observe takes one window's response times, at most one per service, and returns the states
+// of the services that tripped or reset in it (for the log), sorted by service. An invalid
+// entry (empty service, a predicted time not positive and finite, a measured time negative or
+// not finite, a service given twice) is skipped, and the error returned joins one error per
+// such entry, each wrapping ErrInvalidSample and naming the service.
+func (b *Breaker) Observe(window []ResponseTime) ([]BreakerState, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var errs []error
+	var changed []BreakerState
+	seen := make(map[string]bool, len(window))
+	for _, r := range window {
+		if err := validateResponse(r, seen); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		seen[r.Service] = true
+		st := b.services[r.Service]
+		if st == nil {
+			st = &BreakerState{Service: r.Service}
+			b.services[r.Service] = st
+		}
+		if b.step(st, r) {
+			changed = append(changed, *st)
+		}
+	}
+	slices.SortFunc(changed, func(x, y BreakerState) int { return strings.Compare(x.Service, y.Service) })
+	return changed, errors.Join(errs...)
+}
+
+func validateResponse(r ResponseTime, seen map[string]bool) error {
+	switch {
+	case r.Service == "":
+		return fmt.Errorf("%w: response time with an empty service", ErrInvalidSample)
+	case seen[r.Service]:
+		return fmt.Errorf("%w: service %q: given twice in one window", ErrInvalidSample, r.Service)
+	case !(r.PredictedMS > 0) || math.IsInf(r.PredictedMS, 0):
+		return fmt.Errorf("%w: service %q: predicted response time %v ms, want a finite number > 0", ErrInvalidSample, r.Service, r.PredictedMS)
+	case !(r.MeasuredMS >= 0) || math.IsInf(r.MeasuredMS, 0):
+		return fmt.Errorf("%w: service %q: measured response time %v ms, want a finite number ≥ 0", ErrInvalidSample, r.Service, r.MeasuredMS)
+	}
+	return nil
+}
+
+// step applies one window to a service's state and says whether Tripped changed.
+func (b *Breaker) step(st *BreakerState, r ResponseTime) bool {
+	st.RelativeError = math.Abs(r.MeasuredMS-r.PredictedMS) / r.PredictedMS
+	if st.RelativeError > b.cfg.Threshold {
+		st.BadWindows++
+		st.GoodWindows = 0
+		if !st.Tripped && st.BadWindows >= b.cfg.TripAfter {
+			st.Tripped = true
+			st.Reason = fmt.Sprintf("measured response time %.3g ms against %.3g ms predicted "+
+				"(relative error %.2f > %.2f) for %d consecutive windows: falling back to lata",
+				r.MeasuredMS, r.PredictedMS, st.RelativeError, b.cfg.Threshold, st.BadWindows)
+			return true
+		}
+		return false
+	}
+	st.GoodWindows++
+	st.BadWindows = 0
+	if st.Tripped && st.GoodWindows >= b.cfg.ResetAfter {
+		st.Tripped = false
+		st.Reason = ""
+		return true
+	}
+	return false
+}
+
+// State returns one service's state; a service the breaker has not seen is not tripped.
+func (b *Breaker) State(service string) BreakerState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if st := b.services[service]; st != nil {
+		return *st
+	}
+	return BreakerState{Service: service}
+}
+
+// States returns every service's state, sorted by service.
+func (b *Breaker) States() []BreakerState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]BreakerState, 0, len(b.services))
+	for _, st := range b.services {
+		out = append(out, *st)
+	}
+	slices.SortFunc(out, func(x, y BreakerState) int { return strings.Compare(x.Service, y.Service) })
+	return out
+}
