@@ -22,7 +22,8 @@ import (
 // Errors returned by this package, wrapped with the offending item.
 var (
 	// ErrInvalidSample marks a sample that was rejected: an empty pod or service, a counter or
-	// cores that is negative, NaN or infinite, or a pod given twice in one round.
+	// cores that is negative, NaN or infinite, cores over MaxCores, or a pod given twice in one
+	// round.
 	ErrInvalidSample = errors.New("estimate: invalid sample")
 	// ErrRoundOrder marks a round whose time is not after the previous round's.
 	ErrRoundOrder = errors.New("estimate: round out of order")
@@ -58,6 +59,10 @@ type Sample struct {
 	// (container_cpu_usage_seconds_total without the sidecar).
 	CPUSeconds float64
 }
+
+// MaxCores is the most cores a Sample may give: more than any node has. (The queueing bound
+// costs O(cores) per step.)
+const MaxCores = 1024
 
 // Source says where a Capacity came from.
 type Source int
@@ -304,6 +309,9 @@ func validate(s *Sample) error {
 			return fmt.Errorf("%w: pod %q: %s is %v, want a finite number ≥ 0", ErrInvalidSample, s.Pod, f.name, f.v)
 		}
 	}
+	if s.Cores > MaxCores {
+		return fmt.Errorf("%w: pod %q: cores is %v, want at most %d", ErrInvalidSample, s.Pod, s.Cores, MaxCores)
+	}
 	return nil
 }
 
@@ -388,6 +396,9 @@ func (e *Estimator) measure(st *podState) (Capacity, bool) {
 		inbound += w.inboundMS
 		downstream += w.downstreamMS
 	}
+	if math.IsInf(req+cpu+seconds+inbound+downstream, 0) {
+		return Capacity{}, false // counters beyond float64's range: no arithmetic to trust
+	}
 	perReq := cpu / req // CPU-seconds per request
 	var ss float64
 	for _, w := range st.windows {
@@ -411,12 +422,18 @@ func (e *Estimator) measure(st *podState) (Capacity, bool) {
 		c.Upper = st.cores / (perReq - margin)
 	}
 	c.RPS = c.UtilizationRPS
-	if own := (inbound - downstream) / req / 1000; own > 0 {
-		c.QueueingRPS = mmcCapacity(req/seconds, own, servers(st.cores))
-		c.RPS = min(c.RPS, c.QueueingRPS)
-		c.Upper = min(c.Upper, c.QueueingRPS)
+	lambda := req / seconds
+	if own := (inbound - downstream) / req / 1000; own > 0 && !math.IsInf(lambda, 0) {
+		if q := mmcCapacity(lambda, own, servers(st.cores)); q > 0 && !math.IsInf(q, 0) {
+			c.QueueingRPS = q
+			c.RPS = min(c.RPS, q)
+			c.Upper = min(c.Upper, q)
+		}
 	}
 	c.Lower = min(st.cores/(perReq+margin), c.RPS)
+	if math.IsInf(c.UtilizationRPS, 0) || !(c.Lower > 0) {
+		return Capacity{}, false // beyond float64's range (CPU per request ≈ 0, a variance overflowing)
+	}
 	return c, true
 }
 

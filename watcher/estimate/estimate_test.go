@@ -330,6 +330,7 @@ func TestInvalidInput(t *testing.T) {
 		{"NaN requests", Sample{Pod: "a-9", Service: "a", Cores: 1, Requests: math.NaN()}, `pod "a-9": requests is NaN`},
 		{"negative cpu", Sample{Pod: "a-9", Service: "a", Cores: 1, CPUSeconds: -1}, `pod "a-9": cpu seconds is -1`},
 		{"infinite cores", Sample{Pod: "a-9", Service: "a", Cores: math.Inf(1)}, `pod "a-9": cores is +Inf`},
+		{"too many cores", Sample{Pod: "a-9", Service: "a", Cores: 1e6}, `pod "a-9": cores is 1e+06, want at most 1024`},
 		{"negative inbound", Sample{Pod: "a-9", Service: "a", InboundMS: -2}, `pod "a-9": inbound ms is -2`},
 		{"NaN downstream", Sample{Pod: "a-9", Service: "a", DownstreamMS: math.NaN()}, `pod "a-9": downstream ms is NaN`},
 		{"empty pod", Sample{Service: "a"}, `empty pod name (service "a")`},
