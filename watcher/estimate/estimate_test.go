@@ -186,6 +186,16 @@ func TestQueueingBound(t *testing.T) {
 	}
 }
 
+func TestStudentT(t *testing.T) {
+	for _, tc := range []struct{ p, df, want float64 }{ // from the printed tables
+		{0.95, 1, 6.313752}, {0.95, 2, 2.919986}, {0.95, 4, 2.131847}, {0.975, 10, 2.228139}, {0.99, 2, 6.964557},
+	} {
+		if got := studentT(tc.p, tc.df); math.Abs(got-tc.want) > 1e-6 {
+			t.Errorf("t(%g, %g df) = %.6f, want %.6f", tc.p, tc.df, got, tc.want)
+		}
+	}
+}
+
 func TestMMc(t *testing.T) {
 	// M/M/2 at λ = 1, μ₁ = 1: Erlang C = 2ρ²/(1+ρ) = 1/3, W = 1 + (1/3)/(2 − 1) = 4/3.
 	if got := mmcSojourn(1, 1, 2); math.Abs(got-4.0/3) > 1e-12 {
