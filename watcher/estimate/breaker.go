@@ -118,7 +118,7 @@ func (b *Breaker) Observe(window []ResponseTime) ([]BreakerState, error) {
 			changed = append(changed, *st)
 		}
 	}
-	slices.SortFunc(changed, func(x, y BreakerState) int { return strings.Compare(x.Service, y.Service) })
+	slices.SortFunc(changed, byService)
 	return changed, errors.Join(errs...)
 }
 
@@ -179,6 +179,9 @@ func (b *Breaker) States() []BreakerState {
 	for _, st := range b.services {
 		out = append(out, *st)
 	}
-	slices.SortFunc(out, func(x, y BreakerState) int { return strings.Compare(x.Service, y.Service) })
+	slices.SortFunc(out, byService)
 	return out
 }
+
+// byService orders states by service, for slices.SortFunc.
+func byService(x, y BreakerState) int { return strings.Compare(x.Service, y.Service) }
