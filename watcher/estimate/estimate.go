@@ -208,8 +208,8 @@ func (c Config) withDefaults() (Config, error) {
 //     gives SourceNone.
 //
 // Observe costs O(P·N) for P pods and N windows, O(c) for each of ≈ 45 bisection steps of a
-// pod's M/M/c bound (c > 1), and a sort of each service's pods for its median: about 2 ms for
-// 1,000 pods (BenchmarkObserve).
+// pod's M/M/c bound (c > 1), and a sort of each service's pods for its median: 2–4 ms for
+// 1,000 pods on a shared 2-core machine (BenchmarkObserve).
 type Estimator struct {
 	cfg Config
 	t   []float64 // t[df]: Student's t quantile at cfg.Confidence, df = 1 … Windows−1
