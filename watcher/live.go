@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/utils/clock"
 
 	"github.com/edgeflow/edgeflow/internal/latest"
 	"github.com/edgeflow/edgeflow/optimizer"
@@ -50,10 +49,6 @@ type LiveConfig struct {
 	LatencyGranularity string
 	// MaxNodePairs is LatencyAuto's bound (0 means DefaultMaxNodePairs).
 	MaxNodePairs int
-	// Clock is Live's time source (nil means clock.RealClock{}). Live reads no time of its own
-	// today; the Kubernetes and Prometheus sources take their own clocks (kube.Config.Clock,
-	// prom.Config.Clock).
-	Clock clock.PassiveClock
 	// Logger and Registerer as elsewhere.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -185,9 +180,6 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 		cfg.MaxNodePairs = DefaultMaxNodePairs
 	case cfg.MaxNodePairs < 0:
 		return nil, fmt.Errorf("watcher: max node pairs %d: want a positive number", cfg.MaxNodePairs)
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
 	}
 	c := &Live{cfg: cfg, log: cfg.Logger, compiler: optimizer.Compiler{Options: cfg.Options}}
 	if err := c.newMetrics(cfg.Registerer); err != nil {
