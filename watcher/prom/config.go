@@ -53,9 +53,31 @@ const (
 	// the callee's (reporter="destination": a caller without a sidecar, proxyless or ambient).
 	DefaultCallsQuery = `sum by (reporter, source_workload, source_workload_namespace, destination_workload, destination_workload_namespace)` +
 		` (rate(istio_requests_total{reporter=~"source|destination"}[$window]))`
+	// DefaultPodRequestsQuery is the requests each pod completed in the window: its own
+	// sidecar's count (reporter="destination"), by the scrape's pod and namespace labels, as
+	// Istio's sample scrape job (kubernetes-pods) adds them.
+	DefaultPodRequestsQuery = `sum by (namespace, pod) (increase(istio_requests_total{reporter="destination"}[$window]))`
+	// DefaultPodInboundQuery is the summed duration, in ms, of the requests each pod completed in
+	// the window (arrival to response, as its sidecar measures it). A sum, divided by the
+	// requests for a mean, not a quantile from the buckets: Envoy's default buckets are too
+	// coarse for hops of 1–10 ms.
+	DefaultPodInboundQuery = `sum by (namespace, pod) (increase(istio_request_duration_milliseconds_sum{reporter="destination"}[$window]))`
+	// DefaultPodDownstreamQuery is the summed duration, in ms, of the calls each pod made in the
+	// window, as its own sidecar measured them (reporter="source", by the calling pod): the time
+	// the pod spent waiting on its callees.
+	DefaultPodDownstreamQuery = `sum by (namespace, pod) (increase(istio_request_duration_milliseconds_sum{reporter="source"}[$window]))`
+	// DefaultPodCPUQuery is the CPU-seconds each pod's application containers used in the
+	// window, from cAdvisor's per-container series: container!="" leaves out the pod's own
+	// cgroup (which would count its containers twice), and the sidecar is not the application.
+	DefaultPodCPUQuery = `sum by (namespace, pod) (increase(container_cpu_usage_seconds_total{container!="",container!="istio-proxy"}[$window]))`
+
+	// The hysteresis thresholds (Config.Hysteresis…).
 	DefaultHysteresisRelative  = 0.05
 	DefaultHysteresisLatencyMS = 0.5
 	DefaultHysteresisRPS       = 1.0
+	// DefaultHysteresisCores is the pod-load threshold of CPU use, in cores (CPU-seconds per
+	// second of the window): 10 millicores.
+	DefaultHysteresisCores = 0.01
 	// DefaultMaxProbeLoss is the share of lost probes above which a pair is unreachable.
 	DefaultMaxProbeLoss = 0.5
 	// DefaultUnreachableMS is the latency an unreachable pair gets: high enough that LATA
@@ -69,6 +91,16 @@ const (
 
 // DisableCalls as Config.CallsQuery turns the call-rate query off.
 const DisableCalls = "-"
+
+// DisableLoad as one of Config's pod-load queries turns that query off.
+const DisableLoad = "-"
+
+// The labels a pod-load query must return on every series: the pod's namespace and name, as
+// Istio's sample scrape job and cAdvisor name them.
+const (
+	LabelNamespace = "namespace"
+	LabelPod       = "pod"
+)
 
 // Placeholders in a query, replaced before it is sent.
 const (
@@ -158,13 +190,29 @@ type Config struct {
 	// edge and reporter are summed, and of an edge's two reporters only "source" is kept when
 	// both report it. Default DefaultCallsQuery; DisableCalls ("-") turns the query off.
 	CallsQuery string
+	// PodRequestsQuery, PodInboundQuery, PodDownstreamQuery and PodCPUQuery return, per pod
+	// (labelled LabelNamespace and LabelPod; several series of a pod are summed), what it did in
+	// the window: the requests it completed, their summed inbound time in ms, the summed time
+	// in ms of the calls it made, and the CPU-seconds its containers used (see PodLoad). A pod
+	// has a load when PodRequestsQuery returns it; the other queries' series of other pods are
+	// dropped. Defaults DefaultPodRequestsQuery, DefaultPodInboundQuery,
+	// DefaultPodDownstreamQuery, DefaultPodCPUQuery; DisableLoad ("-") turns one off (all off
+	// with PodRequestsQuery). Unlike the other queries, a failing pod-load query does not fail
+	// the round: the pod loads keep their last good values and Status.LoadReason says why.
+	PodRequestsQuery   string
+	PodInboundQuery    string
+	PodDownstreamQuery string
+	PodCPUQuery        string
 	// Hysteresis: a value is delivered when it moved, from the value last delivered, by more
 	// than the relative threshold (fraction of the old value) AND more than the absolute one
-	// (ms for latency, requests/s for call rates). Zero means the default (0.05, 0.5 ms,
-	// 1 rps); a negative value means no threshold of that kind.
+	// (ms for latency and for a pod's mean inbound and downstream time per request, requests/s
+	// for call rates and a pod's request rate, cores for a pod's CPU use). Zero means the
+	// default (0.05, 0.5 ms, 1 rps, 0.01 cores); a negative value means no threshold of that
+	// kind.
 	HysteresisRelative  float64
 	HysteresisLatencyMS float64
 	HysteresisRPS       float64
+	HysteresisCores     float64
 	// StaleAfter is how long a vanished series is kept at its last good value before it is
 	// forgotten (default 10 minutes).
 	StaleAfter time.Duration
@@ -255,6 +303,23 @@ func defaults(cfg *Config) error {
 	if strings.TrimSpace(cfg.CallsQuery) == "" {
 		return bad("CallsQuery", "blank; leave it empty for the default or set %q to disable", DisableCalls)
 	}
+	for _, q := range []struct {
+		field string
+		v     *string
+		def   string
+	}{
+		{"PodRequestsQuery", &cfg.PodRequestsQuery, DefaultPodRequestsQuery},
+		{"PodInboundQuery", &cfg.PodInboundQuery, DefaultPodInboundQuery},
+		{"PodDownstreamQuery", &cfg.PodDownstreamQuery, DefaultPodDownstreamQuery},
+		{"PodCPUQuery", &cfg.PodCPUQuery, DefaultPodCPUQuery},
+	} {
+		if *q.v == "" {
+			*q.v = q.def
+		}
+		if strings.TrimSpace(*q.v) == "" {
+			return bad(q.field, "blank; leave it empty for the default or set %q to disable", DisableLoad)
+		}
+	}
 	if cfg.SourceLabel == "" {
 		cfg.SourceLabel = DefaultSourceLabel
 	}
@@ -307,6 +372,7 @@ func defaults(cfg *Config) error {
 		{"HysteresisRelative", &cfg.HysteresisRelative, DefaultHysteresisRelative},
 		{"HysteresisLatencyMS", &cfg.HysteresisLatencyMS, DefaultHysteresisLatencyMS},
 		{"HysteresisRPS", &cfg.HysteresisRPS, DefaultHysteresisRPS},
+		{"HysteresisCores", &cfg.HysteresisCores, DefaultHysteresisCores},
 	} {
 		switch {
 		case math.IsNaN(*h.v) || math.IsInf(*h.v, 0):

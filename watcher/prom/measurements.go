@@ -49,6 +49,9 @@ type Measurements struct {
 	Calls []CallRate
 	// StaleCalls holds the call edges kept at their last good rate.
 	StaleCalls map[CallEdge]bool
+	// Load is each pod's load over the window, sorted by namespace then pod, including pods
+	// kept at their last good values (PodLoad.Stale); empty with the pod-load queries off.
+	Load []PodLoad
 	// Window is the window the queries used.
 	Window time.Duration
 	// At is when the query round answered (Config.Clock).

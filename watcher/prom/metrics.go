@@ -25,6 +25,11 @@ const (
 	queryLatency = "latency"
 	querySuccess = "success"
 	queryCalls   = "calls"
+	// The pod-load queries: the names start "pod_" (Source.round relies on it).
+	queryPodRequests   = "pod_requests"
+	queryPodInbound    = "pod_inbound"
+	queryPodDownstream = "pod_downstream"
+	queryPodCPU        = "pod_cpu"
 )
 
 // Reasons for ignoring a sample, as in the ignored-samples metric's reason label.
@@ -59,7 +64,7 @@ func newSourceMetrics(cfg Config) (m sourceMetrics, err error) {
 			Namespace: metricNamespace,
 			Subsystem: metricSubsystem,
 			Name:      "queries_total",
-			Help:      "Prometheus queries run, by query (latency, success, calls) and result (ok, error).",
+			Help:      "Prometheus queries run, by query (latency, success, calls, pod_requests, pod_inbound, pod_downstream, pod_cpu) and result (ok, error).",
 		}, []string{labelQuery, labelResult}),
 		lastSuccess: f.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricNamespace,
@@ -134,6 +139,18 @@ func newSourceMetrics(cfg Config) (m sourceMetrics, err error) {
 	if cfg.CallsQuery != DisableCalls {
 		m.stale.WithLabelValues(queryCalls)
 		m.vanished.WithLabelValues(queryCalls)
+	}
+	for sig, q := range loadQueries(&cfg) {
+		if q == DisableLoad {
+			continue
+		}
+		name := loadQueryNames[sig]
+		m.queries.WithLabelValues(name, "ok")
+		m.queries.WithLabelValues(name, "error")
+		m.ignored.WithLabelValues(name, reasonBadValue)
+		m.ignored.WithLabelValues(name, reasonMissingLabel)
+		m.stale.WithLabelValues(name)
+		m.vanished.WithLabelValues(name)
 	}
 	return m, nil
 }

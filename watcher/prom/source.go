@@ -1,6 +1,7 @@
 // Package prom reads what Prometheus knows about the cluster: node-to-node latency measured by
-// blackbox-exporter ICMP probes, and the call rates between workloads from Istio's
-// istio_requests_total. A Source polls both queries and delivers an immutable Measurements
+// blackbox-exporter ICMP probes, the call rates between workloads from Istio's
+// istio_requests_total, and each pod's load over a window (requests, inbound and downstream
+// time from Istio's metrics, CPU-seconds from cAdvisor's). A Source polls the queries and delivers an immutable Measurements
 // snapshot only when something changed beyond hysteresis; FillLatency turns the measured pairs
 // into the full latency list the optimizer takes. It knows nothing of Kubernetes or xDS.
 package prom
@@ -43,6 +44,9 @@ type Status struct {
 	ScrapeIntervalFrom string
 	// Window is the queries' window in use.
 	Window time.Duration
+	// LoadReason says why the pod-load queries failed in the last round (their failure does
+	// not fail the round); empty when they succeeded or are off.
+	LoadReason string
 }
 
 // Source polls Prometheus for latency and call rates. Create it with NewSource, run it with Run.
@@ -68,6 +72,12 @@ type Status struct {
 //     seen it is forgotten: a pair then counts as never measured (see FillLatency), a call edge
 //     is dropped. Vanishing, returning and forgetting are logged as one line per round and kind
 //     of change, naming the first few series: a flapping series never logs per evaluation.
+//   - Pod loads (PodLoad) are keyed by the series' namespace and pod labels, several series of a
+//     pod summed; a pod has one while the requests query answers for it. They follow the
+//     rules above (bad samples, stale series) per query, with two differences: a failing
+//     pod-load query does not fail the round (the pods' last good loads stay, Status.LoadReason
+//     says why, logged once per streak), and the series of pods without requests are dropped
+//     uncounted. A pod whose inbound, downstream or CPU query has no series has 0 there.
 //   - The window is WindowScrapes scrape intervals of the probe job unless set.
 type Source struct {
 	cfg     Config
@@ -82,6 +92,7 @@ type Source struct {
 	// Owned by the goroutine running rounds (Run).
 	latency      map[Pair]lastGood
 	calls        map[CallEdge]lastGood
+	load         [loadSignals]map[PodRef]lastGood
 	reported     map[string]bool // ignored series already logged, so each is logged once per streak
 	delivered    *Measurements   // the last snapshot delivered (nil before the first)
 	scrape       time.Duration   // the probe job's scrape interval in use
@@ -99,6 +110,7 @@ type lastGood struct {
 	value       float64
 	loss        float64 // latency: share of probes lost; NaN when not measured
 	unreachable bool
+	window      time.Duration // pod load: the window the value was measured over
 	seen        time.Time
 	stale       bool
 }
@@ -132,6 +144,9 @@ func NewSource(cfg Config) (*Source, error) {
 		reported:   map[string]bool{},
 		scrape:     cfg.ScrapeInterval,
 		scrapeFrom: "config",
+	}
+	for sig := range s.load {
+		s.load[sig] = map[PodRef]lastGood{}
 	}
 	if s.sourceMetrics, err = newSourceMetrics(cfg); err != nil {
 		return nil, err
@@ -202,6 +217,7 @@ func (s *Source) round(ctx context.Context) *Measurements {
 	if s.cfg.CallsQuery != DisableCalls {
 		callVec, callErr = s.query(ctx, queryCalls, s.expand(s.cfg.CallsQuery, window))
 	}
+	loadVecs, loadErr := s.queryLoad(ctx, window)
 	if ctx.Err() != nil {
 		return nil // shutting down: not a Prometheus failure
 	}
@@ -217,6 +233,16 @@ func (s *Source) round(ctx context.Context) *Measurements {
 	seen := map[string]bool{}
 	lat := s.parseLatency(latVec, sucVec, seen)
 	calls := s.parseCalls(callVec, seen)
+	if loadErr == nil {
+		s.mergeLoad(s.parseLoad(loadVecs, window, seen), now)
+	} else {
+		for k := range s.reported { // the pod-load series not read this round stay reported
+			if strings.HasPrefix(k, "pod_") {
+				seen[k] = true
+			}
+		}
+	}
+	s.loadFailed(loadErr)
 	s.reported = seen
 	m := &Measurements{
 		Latency:     map[Pair]float64{},
@@ -248,13 +274,14 @@ func (s *Source) round(ctx context.Context) *Measurements {
 		}
 	}
 	sortCalls(m.Calls)
+	m.Load = s.loads()
 	s.stale.WithLabelValues(queryLatency).Set(float64(staleLat))
 	if s.cfg.CallsQuery != DisableCalls {
 		s.stale.WithLabelValues(queryCalls).Set(float64(staleCalls))
 	}
 	s.reportUnreachable(m)
 	if !s.Status().Synced {
-		s.log.Info("prom: first answer from Prometheus", "url", s.url, "pairs", len(m.Latency), "call_edges", len(m.Calls), "window", window)
+		s.log.Info("prom: first answer from Prometheus", "url", s.url, "pairs", len(m.Latency), "call_edges", len(m.Calls), "pod_loads", len(m.Load), "window", window)
 	}
 	s.succeed(now)
 
@@ -389,5 +416,9 @@ func (s *Source) changed(prev, next *Measurements) (deliver, moved bool) {
 			deliver = true
 		}
 	}
-	return deliver, moved
+	loadChanged, samePods := loadMoved(prev.Load, next.Load, beyond, &s.cfg)
+	if !samePods {
+		return true, true
+	}
+	return deliver || loadChanged, moved
 }

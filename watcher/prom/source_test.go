@@ -50,15 +50,18 @@ func call(from, to, rps string) series {
 
 // fakeProm speaks the instant-query endpoint of the Prometheus HTTP API: the latency query
 // (recognised by "probe_icmp") gets latency, the success query ("probe_success" alone) gets
-// success (nil: 1 for every latency series), any other query gets calls.
+// success (nil: 1 for every latency series), a pod-load query ("by (namespace, pod)") gets
+// load[its query name] (loadQueryOf), any other query gets calls.
 type fakeProm struct {
 	mu         sync.Mutex
 	latency    []series
 	success    []series
 	calls      []series
-	status     int    // non-zero: answer with this HTTP status and body
-	body       string // with status
-	resultType string // "" means vector
+	load       map[string][]series
+	loadFail   map[string]bool // the pod-load queries (by name) answered with HTTP 500
+	status     int             // non-zero: answer with this HTTP status and body
+	body       string          // with status
+	resultType string          // "" means vector
 	received   []url.Values
 }
 
@@ -91,10 +94,17 @@ func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, f.body)
 		return
 	}
+	if q := r.Form.Get("query"); strings.Contains(q, "by (namespace, pod)") && f.loadFail[loadQueryOf(q)] {
+		w.WriteHeader(http.StatusInternalServerError)
+		fmt.Fprint(w, "pod-load query exploded")
+		return
+	}
 	src := f.calls
 	switch q := r.Form.Get("query"); {
 	case strings.Contains(q, "probe_icmp"):
 		src = f.latency
+	case strings.Contains(q, "by (namespace, pod)"):
+		src = f.load[loadQueryOf(q)]
 	case strings.Contains(q, "probe_success"):
 		src = f.success
 		if src == nil { // a latency pair with an RTT answered every probe, one with NaN none
@@ -256,8 +266,8 @@ func TestFirstAnswerDelivered(t *testing.T) {
 
 	// The queries as sent: $window and $scrape_interval substituted, Prometheus's evaluation timeout set.
 	reqs := prom.requests()
-	if len(reqs) != 3 {
-		t.Fatalf("%d requests, want 3", len(reqs))
+	if len(reqs) != 7 {
+		t.Fatalf("%d requests, want 7", len(reqs))
 	}
 	if q := reqs[0].Get("query"); q != `quantile by (source_node, target_node) (0.5, quantile_over_time(0.5,`+
 		` (probe_icmp_duration_seconds{job="edgeflow-icmp",phase="rtt"} > 0)[1m:15s]))` {
@@ -269,6 +279,16 @@ func TestFirstAnswerDelivered(t *testing.T) {
 	if q := reqs[2].Get("query"); q != `sum by (reporter, source_workload, source_workload_namespace, destination_workload, destination_workload_namespace)`+
 		` (rate(istio_requests_total{reporter=~"source|destination"}[1m]))` {
 		t.Errorf("calls query sent: %s", q)
+	}
+	for i, want := range []string{
+		`sum by (namespace, pod) (increase(istio_requests_total{reporter="destination"}[1m]))`,
+		`sum by (namespace, pod) (increase(istio_request_duration_milliseconds_sum{reporter="destination"}[1m]))`,
+		`sum by (namespace, pod) (increase(istio_request_duration_milliseconds_sum{reporter="source"}[1m]))`,
+		`sum by (namespace, pod) (increase(container_cpu_usage_seconds_total{container!="",container!="istio-proxy"}[1m]))`,
+	} {
+		if q := reqs[3+i].Get("query"); q != want {
+			t.Errorf("pod-load query %d sent: %s, want %s", i, q, want)
+		}
 	}
 	if to := reqs[0].Get("timeout"); to != "5s" {
 		t.Errorf("timeout sent: %q, want 5s", to)
@@ -284,12 +304,20 @@ edgeflow_prometheus_deliveries_total 1
 # HELP edgeflow_prometheus_last_success_timestamp_seconds Unix time of the last query round that succeeded.
 # TYPE edgeflow_prometheus_last_success_timestamp_seconds gauge
 edgeflow_prometheus_last_success_timestamp_seconds %d
-# HELP edgeflow_prometheus_queries_total Prometheus queries run, by query (latency, success, calls) and result (ok, error).
+# HELP edgeflow_prometheus_queries_total Prometheus queries run, by query (latency, success, calls, pod_requests, pod_inbound, pod_downstream, pod_cpu) and result (ok, error).
 # TYPE edgeflow_prometheus_queries_total counter
 edgeflow_prometheus_queries_total{query="calls",result="error"} 0
 edgeflow_prometheus_queries_total{query="calls",result="ok"} 1
 edgeflow_prometheus_queries_total{query="latency",result="error"} 0
 edgeflow_prometheus_queries_total{query="latency",result="ok"} 1
+edgeflow_prometheus_queries_total{query="pod_cpu",result="error"} 0
+edgeflow_prometheus_queries_total{query="pod_cpu",result="ok"} 1
+edgeflow_prometheus_queries_total{query="pod_downstream",result="error"} 0
+edgeflow_prometheus_queries_total{query="pod_downstream",result="ok"} 1
+edgeflow_prometheus_queries_total{query="pod_inbound",result="error"} 0
+edgeflow_prometheus_queries_total{query="pod_inbound",result="ok"} 1
+edgeflow_prometheus_queries_total{query="pod_requests",result="error"} 0
+edgeflow_prometheus_queries_total{query="pod_requests",result="ok"} 1
 edgeflow_prometheus_queries_total{query="success",result="error"} 0
 edgeflow_prometheus_queries_total{query="success",result="ok"} 1
 # HELP edgeflow_prometheus_up 1 if the last query round succeeded, else 0.
@@ -313,9 +341,11 @@ func TestCustomWindowAndQuery(t *testing.T) {
 		Window:       90 * time.Second,
 		LatencyQuery: `avg_over_time(probe_icmp_rtt_ms[$window]) # probe_icmp`,
 		SourceLabel:  "from", TargetLabel: "to",
-		LatencyUnit:  1, // already ms
-		CallsQuery:   DisableCalls,
-		SuccessQuery: DisableSuccess,
+		LatencyUnit:      1, // already ms
+		CallsQuery:       DisableCalls,
+		SuccessQuery:     DisableSuccess,
+		PodRequestsQuery: DisableLoad, // turns every pod-load query off
+		PodCPUQuery:      "ignored without the requests query",
 	}, prom)
 	m := h.mustDeliver("first answer")
 	if m.Latency[Pair{"a", "b"}] != 7 || len(m.Calls) != 0 {
@@ -323,13 +353,13 @@ func TestCustomWindowAndQuery(t *testing.T) {
 	}
 	reqs := prom.requests()
 	if len(reqs) != 1 {
-		t.Fatalf("%d requests with the calls and success queries disabled, want 1", len(reqs))
+		t.Fatalf("%d requests with the calls, success and pod-load queries disabled, want 1", len(reqs))
 	}
 	if q := reqs[0].Get("query"); q != `avg_over_time(probe_icmp_rtt_ms[1m30s]) # probe_icmp` {
 		t.Errorf("query sent: %s", q)
 	}
 	if n, err := testutil.GatherAndCount(h.reg, "edgeflow_prometheus_queries_total"); err != nil || n != 2 {
-		t.Errorf("queries_total series with calls and success disabled: %d (%v), want 2 (latency ok/error)", n, err)
+		t.Errorf("queries_total series with calls, success and pod-load disabled: %d (%v), want 2 (latency ok/error)", n, err)
 	}
 }
 
@@ -439,6 +469,10 @@ func TestStaleSeriesKeptThenForgotten(t *testing.T) {
 # TYPE edgeflow_prometheus_stale_series gauge
 edgeflow_prometheus_stale_series{query="calls"} %d
 edgeflow_prometheus_stale_series{query="latency"} %d
+edgeflow_prometheus_stale_series{query="pod_cpu"} 0
+edgeflow_prometheus_stale_series{query="pod_downstream"} 0
+edgeflow_prometheus_stale_series{query="pod_inbound"} 0
+edgeflow_prometheus_stale_series{query="pod_requests"} 0
 `, calls, lat)
 	}
 
