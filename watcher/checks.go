@@ -47,6 +47,9 @@ func (c *Live) Checks() []Check {
 			ck.Message += ")"
 		}
 	}
+	if st.OK && st.LoadReason != "" { // the pod loads are an extra: their failure is no failed check
+		ck.Message += "; pod-load queries failing, keeping the pods' last good loads: " + st.LoadReason
+	}
 	checks = append(checks, ck)
 	c.mu.Lock()
 	ls := c.latency

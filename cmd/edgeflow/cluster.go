@@ -49,6 +49,11 @@ type clusterFlags struct {
 	hystRel        float64
 	hystMS         float64
 	hystRPS        float64
+	hystCores      float64
+	podRequests    string
+	podInbound     string
+	podDownstream  string
+	podCPU         string
 	maxProbeLoss   float64
 	unreachable    time.Duration
 	nodeMatch      string
@@ -197,6 +202,11 @@ func (f *clusterFlags) register(cmd *cobra.Command) {
 	fl.Float64Var(&f.hystRel, "hysteresis-relative", prom.DefaultHysteresisRelative, "a measured change smaller than this fraction of the old value causes no recompute")
 	fl.Float64Var(&f.hystMS, "hysteresis-latency-ms", prom.DefaultHysteresisLatencyMS, "a latency change of at most this many ms causes no recompute")
 	fl.Float64Var(&f.hystRPS, "hysteresis-rps", prom.DefaultHysteresisRPS, "a call-rate change of at most this many requests/s causes no recompute")
+	fl.StringVar(&f.podRequests, "pod-requests-query", prom.DefaultPodRequestsQuery, "PromQL for the requests each pod completed in the window, by namespace and pod; placeholder $window (\"-\": no pod loads at all)")
+	fl.StringVar(&f.podInbound, "pod-inbound-query", prom.DefaultPodInboundQuery, "PromQL for the summed duration in ms of the requests each pod completed in the window, by namespace and pod; placeholder $window (\"-\": none)")
+	fl.StringVar(&f.podDownstream, "pod-downstream-query", prom.DefaultPodDownstreamQuery, "PromQL for the summed duration in ms of the calls each pod made in the window, by the calling pod's namespace and pod; placeholder $window (\"-\": none)")
+	fl.StringVar(&f.podCPU, "pod-cpu-query", prom.DefaultPodCPUQuery, "PromQL for the CPU-seconds each pod's application containers used in the window, by namespace and pod; placeholder $window (\"-\": none)")
+	fl.Float64Var(&f.hystCores, "hysteresis-cores", prom.DefaultHysteresisCores, "a change of a pod's CPU use of at most this many cores causes no recompute")
 }
 
 // registerKubeLimits registers --kube-qps and --kube-burst, the rate limits of every
@@ -308,7 +318,8 @@ func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, chec
 		pc := prom.Config{URL: f.prometheusURL, HTTP: f.httpConfig(), Interval: f.promInterval, ScrapeInterval: f.scrapeInterval, Window: f.promWindow,
 			ProbeJob: f.probeJob, LatencyQuery: f.latencyQuery, SuccessQuery: f.successQuery, SourceLabel: f.sourceLabel, TargetLabel: f.targetLabel,
 			CallsQuery: f.callsQuery, MaxProbeLoss: f.maxProbeLoss, UnreachableMS: float64(f.unreachable) / float64(time.Millisecond),
-			HysteresisRelative: f.hystRel, HysteresisLatencyMS: f.hystMS, HysteresisRPS: f.hystRPS,
+			HysteresisRelative: f.hystRel, HysteresisLatencyMS: f.hystMS, HysteresisRPS: f.hystRPS, HysteresisCores: f.hystCores,
+			PodRequestsQuery: f.podRequests, PodInboundQuery: f.podInbound, PodDownstreamQuery: f.podDownstream, PodCPUQuery: f.podCPU,
 			MaxSeries: f.maxSeries, MaxResponseBytes: f.maxBytes, Logger: logger, Registerer: reg}
 		if cc.CallGraph != nil {
 			pc.CallsQuery = prom.DisableCalls
