@@ -53,8 +53,9 @@ type world struct {
 	t   *testing.T
 	ctx context.Context // API calls and RPCs; ends with the test (or after worldOptions.timeout)
 
-	tb       *testbed.Testbed // nil without a testbed
-	cluster  *kubeapi.Cluster // nil without Kubernetes
+	tb       *testbed.Testbed  // nil without a testbed
+	podLoad  *reportedPodLoads // what the exporter serves of worldOptions.podLoad
+	cluster  *kubeapi.Cluster  // nil without Kubernetes
 	k        *kubeapi.Kubelet
 	podNS    *testbed.Namespace // nil without backends
 	backends map[string]*testkit.Echo
@@ -81,6 +82,9 @@ type worldOptions struct {
 	// istio is served as istio_requests_total in the monitor namespace, a target Prometheus
 	// scrapes (serveIstioMetrics).
 	istio []reportedEdge
+	// podLoad is served instead (not with istio): each pod's Istio request and duration counters and its
+	// cAdvisor CPU counters (reportedPodLoads).
+	podLoad []reportedPod
 	// promDown stops Prometheus as soon as it is ready, before its first scrape.
 	promDown bool
 
@@ -125,12 +129,12 @@ func newWorld(t *testing.T, o worldOptions) *world {
 	}
 	if len(o.nodes) > 0 {
 		cfg := testbed.Config{Nodes: o.nodes, RTT: o.rtt, ScrapeInterval: o.scrape}
-		if len(o.istio) > 0 {
+		if len(o.istio) > 0 || len(o.podLoad) > 0 {
 			cfg.MetricsTargets = []string{istioTarget}
 		}
 		w.tb = testbed.Start(t, cfg)
-		if len(o.istio) > 0 {
-			serveIstioMetrics(t, w.tb, o.istio...)
+		if len(o.istio) > 0 || len(o.podLoad) > 0 {
+			w.podLoad = serveIstioMetrics(t, w.tb, o.istio, o.podLoad)
 		}
 		w.tb.StartProbes(t)
 		if o.promDown {
@@ -295,20 +299,33 @@ func (c *reportedRequests) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// serveIstioMetrics serves edges as istio_requests_total at istioTarget in the testbed's
-// monitor namespace (a Config.MetricsTargets entry) until the test ends.
-func serveIstioMetrics(t *testing.T, tb *testbed.Testbed, edges ...reportedEdge) {
+// serveIstioMetrics serves edges as istio_requests_total, or pods as reportedPodLoads, at
+// istioTarget in the testbed's monitor namespace (a Config.MetricsTargets entry) until the test
+// ends.
+func serveIstioMetrics(t *testing.T, tb *testbed.Testbed, edges []reportedEdge, pods []reportedPod) *reportedPodLoads {
 	t.Helper()
 	lis, err := tb.ListenMonitor("tcp", istioTarget)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// One of the two: their istio_requests_total have different labels, which one registry
+	// refuses.
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(&reportedRequests{start: time.Now().Round(0), edges: edges,
-		desc: prometheus.NewDesc("istio_requests_total", "Requests, as Istio's sidecars count them.", []string{"reporter",
-			"source_workload", "source_workload_namespace", "destination_workload", "destination_workload_namespace", "response_code"}, nil)})
+	var loads *reportedPodLoads
+	switch {
+	case len(edges) > 0 && len(pods) > 0:
+		t.Fatal("serveIstioMetrics: call edges or pod loads, not both")
+	case len(edges) > 0:
+		reg.MustRegister(&reportedRequests{start: time.Now().Round(0), edges: edges,
+			desc: prometheus.NewDesc("istio_requests_total", "Requests, as Istio's sidecars count them.", []string{"reporter",
+				"source_workload", "source_workload_namespace", "destination_workload", "destination_workload_namespace", "response_code"}, nil)})
+	default:
+		loads = newReportedPodLoads(pods)
+		reg.MustRegister(loads)
+	}
 	srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(lis) }()
 	t.Cleanup(func() { srv.Close(); <-done })
+	return loads
 }

@@ -198,7 +198,8 @@ type Config struct {
 	// dropped. Defaults DefaultPodRequestsQuery, DefaultPodInboundQuery,
 	// DefaultPodDownstreamQuery, DefaultPodCPUQuery; DisableLoad ("-") turns one off (all off
 	// with PodRequestsQuery). Unlike the other queries, a failing pod-load query does not fail
-	// the round: the pod loads keep their last good values and Status.LoadReason says why.
+	// the round: the pod loads keep their last good values, stale, and Status.LoadReason says
+	// why.
 	PodRequestsQuery   string
 	PodInboundQuery    string
 	PodDownstreamQuery string

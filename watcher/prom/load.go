@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"log/slog"
 	"maps"
 	"math"
 	"slices"
@@ -32,7 +33,8 @@ type PodLoad struct {
 	// CPUSeconds is the CPU time the pod's application containers used (Config.PodCPUQuery).
 	CPUSeconds float64
 	// Stale says that at least one of the values is a last good one, kept because its series
-	// vanished from the latest answer (or its query failed); a window mixed of two rounds.
+	// vanished from the latest answer or a pod-load query failed: the values are not all of the
+	// latest window.
 	Stale bool
 }
 
@@ -142,6 +144,28 @@ func (s *Source) mergeLoad(fresh [loadSignals]map[PodRef]lastGood, now time.Time
 			})
 		}
 		s.stale.WithLabelValues(name).Set(float64(stale))
+	}
+}
+
+// ageLoad is mergeLoad for a round whose pod-load queries failed: every pod's values are kept,
+// stale, and those last seen StaleAfter ago or more are forgotten. Nothing counts as vanished.
+func (s *Source) ageLoad(now time.Time) {
+	for sig, q := range loadQueries(&s.cfg) {
+		if q == DisableLoad {
+			continue
+		}
+		var forgotten []string
+		for p, last := range s.load[sig] {
+			if now.Sub(last.seen) >= s.cfg.StaleAfter {
+				delete(s.load[sig], p)
+				forgotten = append(forgotten, p.String())
+				continue
+			}
+			last.stale = true
+			s.load[sig][p] = last
+		}
+		logChange(s.log, slog.LevelWarn, "prom: forgetting stale series", loadQueryNames[sig], forgotten)
+		s.stale.WithLabelValues(loadQueryNames[sig]).Set(float64(len(s.load[sig])))
 	}
 }
 

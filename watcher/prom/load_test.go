@@ -2,6 +2,7 @@ package prom
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -135,8 +136,12 @@ func TestPodLoadQueryFailureKeepsLastGood(t *testing.T) {
 			if m.Latency[Pair{"a", "b"}] != 30 {
 				t.Errorf("latency %v, want a→b 30 ms", m.Latency)
 			}
-			if diff := cmp.Diff(first.Load, m.Load); diff != "" {
-				t.Errorf("pod loads while a query fails, want the last good ones (-want +got):\n%s", diff)
+			kept := slices.Clone(first.Load)
+			for i := range kept {
+				kept[i].Stale = true
+			}
+			if diff := cmp.Diff(kept, m.Load); diff != "" {
+				t.Errorf("pod loads while a query fails, want the last good ones, stale (-want +got):\n%s", diff)
 			}
 			st := h.src.Status()
 			if !st.OK || !strings.Contains(st.LoadReason, tt.want) || !strings.HasPrefix(st.LoadReason, ErrQuery.Error()) {
@@ -278,5 +283,27 @@ func TestPodLoadQueriesOff(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{queryPodRequests, queryPodCPU}, sent); diff != "" {
 		t.Errorf("pod-load queries sent (-want +got):\n%s", diff)
+	}
+}
+
+// Pod loads kept through failing pod-load queries expire StaleAfter after they were last seen.
+func TestPodLoadFailingQueryExpires(t *testing.T) {
+	t.Parallel()
+	prom := loadProm(map[string][]series{queryPodRequests: {podSeries("shop/a", "100")}, queryPodCPU: {podSeries("shop/a", "1")}})
+	h := newHarness(t, Config{StaleAfter: time.Minute}, prom)
+	h.mustDeliver("first answer")
+	prom.set(func(f *fakeProm) { f.loadFail = map[string]bool{queryPodRequests: true} })
+	h.advance(30 * time.Second)
+	h.mustNotDeliver("failing: the loads are kept, stale")
+	if n := h.metric(h.src.stale.WithLabelValues(queryPodCPU)); n != 1 {
+		t.Errorf("stale pod_cpu series = %v while the queries fail, want 1", n)
+	}
+	h.advance(30 * time.Second)
+	m := h.mustDeliver("failing for StaleAfter: the loads are forgotten")
+	if len(m.Load) != 0 || m.Latency[Pair{"a", "b"}] != 10 {
+		t.Errorf("after StaleAfter of failures: loads %+v, latency %v", m.Load, m.Latency)
+	}
+	if n := h.metric(h.src.stale.WithLabelValues(queryPodRequests)); n != 0 {
+		t.Errorf("stale pod_requests series = %v after they were forgotten, want 0", n)
 	}
 }

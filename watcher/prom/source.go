@@ -75,9 +75,9 @@ type Status struct {
 //   - Pod loads (PodLoad) are keyed by the series' namespace and pod labels, several series of a
 //     pod summed; a pod has one while the requests query answers for it. They follow the
 //     rules above (bad samples, stale series) per query, with two differences: a failing
-//     pod-load query does not fail the round (the pods' last good loads stay, Status.LoadReason
-//     says why, logged once per streak), and the series of pods without requests are dropped
-//     uncounted. A pod whose inbound, downstream or CPU query has no series has 0 there.
+//     pod-load query does not fail the round (the pods' last good loads stay, stale, until
+//     StaleAfter; Status.LoadReason says why, logged once per streak), and the series of pods
+//     without requests are dropped uncounted. A pod whose inbound, downstream or CPU query has no series has 0 there.
 //   - The window is WindowScrapes scrape intervals of the probe job unless set.
 type Source struct {
 	cfg     Config
@@ -236,6 +236,7 @@ func (s *Source) round(ctx context.Context) *Measurements {
 	if loadErr == nil {
 		s.mergeLoad(s.parseLoad(loadVecs, window, seen), now)
 	} else {
+		s.ageLoad(now)
 		for k := range s.reported { // the pod-load series not read this round stay reported
 			if strings.HasPrefix(k, "pod_") {
 				seen[k] = true
