@@ -128,29 +128,25 @@ func newSourceMetrics(cfg Config) (m sourceMetrics, err error) {
 	if cfg.CallsQuery != DisableCalls {
 		names = append(names, queryCalls)
 	}
-	for _, q := range names { // make every series visible at 0
+	var load []string // the pod-load queries that are on
+	for sig, q := range loadQueries(&cfg) {
+		if q != DisableLoad {
+			load = append(load, loadQueryNames[sig])
+		}
+	}
+	for _, q := range append(names, load...) { // make every series visible at 0
 		m.queries.WithLabelValues(q, "ok")
 		m.queries.WithLabelValues(q, "error")
 		m.ignored.WithLabelValues(q, reasonBadValue)
 		m.ignored.WithLabelValues(q, reasonMissingLabel)
 	}
-	m.stale.WithLabelValues(queryLatency)
-	m.vanished.WithLabelValues(queryLatency)
+	stale := []string{queryLatency}
 	if cfg.CallsQuery != DisableCalls {
-		m.stale.WithLabelValues(queryCalls)
-		m.vanished.WithLabelValues(queryCalls)
+		stale = append(stale, queryCalls)
 	}
-	for sig, q := range loadQueries(&cfg) {
-		if q == DisableLoad {
-			continue
-		}
-		name := loadQueryNames[sig]
-		m.queries.WithLabelValues(name, "ok")
-		m.queries.WithLabelValues(name, "error")
-		m.ignored.WithLabelValues(name, reasonBadValue)
-		m.ignored.WithLabelValues(name, reasonMissingLabel)
-		m.stale.WithLabelValues(name)
-		m.vanished.WithLabelValues(name)
+	for _, q := range append(stale, load...) {
+		m.stale.WithLabelValues(q)
+		m.vanished.WithLabelValues(q)
 	}
 	return m, nil
 }
