@@ -24,10 +24,19 @@ const (
 	// LATAQ is load-aware LATA: instead of fixed equal shares, each callee pod with a service
 	// rate μ costs its M/M/1 queueing delay, under a utilisation cap (see lataq.go).
 	LATAQ Policy = "lata-q"
+	// ClosedLoop is lata-q on measured capacities with the closed loop's guards (a step limit,
+	// damping on lata-q's objective; see closedloop.go), delivered as latency bands with
+	// least-request inside each.
+	ClosedLoop Policy = "closed-loop"
 )
 
+// queued says whether p plans with lata-q's queueing model.
+func (p Policy) queued() bool { return p == LATAQ || p == ClosedLoop }
+
 // Policies lists the allocation policies in the order reports show them.
-func Policies() []Policy { return []Policy{RoundRobin, Localization, OptTraffic, LATA, LATAQ} }
+func Policies() []Policy {
+	return []Policy{RoundRobin, Localization, OptTraffic, LATA, LATAQ, ClosedLoop}
+}
 
 // ParsePolicy returns the named allocation policy.
 func ParsePolicy(s string) (Policy, error) {
@@ -36,7 +45,7 @@ func ParsePolicy(s string) (Policy, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("optimizer: unknown policy %q (want one of round-robin, localization, opttraffic, lata, lata-q)", s)
+	return "", fmt.Errorf("optimizer: unknown policy %q (want one of round-robin, localization, opttraffic, lata, lata-q, closed-loop)", s)
 }
 
 // Allocation is the result of a policy: for every call edge, what fraction of each caller pod's

@@ -68,8 +68,12 @@ func planFrom(m *Model, p Policy, prev *previousPlan) (*Allocation, *queueState,
 		a, err := PlanZones(m, p)
 		return a, nil, len(m.Calls), err
 	}
-	if p == LATAQ {
-		return planQueued(m, prev)
+	if p.queued() {
+		a, st, solved, err := planQueued(m, prev)
+		if a != nil {
+			a.Policy = p
+		}
+		return a, st, solved, err
 	}
 	alloc := &Allocation{Policy: p, Calls: make([]CallAllocation, len(m.Calls))}
 	var todo []int

@@ -39,6 +39,10 @@ type Planner struct {
 	// Damping is the least fraction of the traffic a recompute must move to be pushed (0 means
 	// DefaultDamping; negative pushes every recompute).
 	Damping float64
+	// Step is the closed-loop policy's step limit in (0, 1]: the fraction of the way from the
+	// allocation in force to a new plan that one push moves (0 means DefaultStep; see
+	// closedloop.go). Other policies ignore it.
+	Step float64
 
 	last       *Allocation
 	membership uint64
@@ -160,6 +164,10 @@ func (pl *Planner) PlanCompiled(t *Topology, cm *Compiled) (*PlanResult, error) 
 	damping := pl.Damping
 	if damping == 0 {
 		damping = DefaultDamping
+	}
+	if policy == ClosedLoop {
+		pl.closedLoopStep(m, r, damping)
+		return r, nil
 	}
 	if damping < 0 {
 		return r, nil // every recompute is pushed; Moved stays 1 (not measured)

@@ -145,7 +145,7 @@ func expandZonePlan(m, gm *Model, g *LocalityGrouping, ga *Allocation, p Policy)
 		callers, callees := m.Services[e.From].Pods, m.Services[e.To].Pods
 		splits := make([][]split, len(callers))
 		var load []float64 // lata-q: each caller pod's share of its zone's planned load
-		if p == LATAQ {
+		if p.queued() {
 			load = make([]float64, len(callers))
 		}
 		for i, c := range callers {

@@ -1,0 +1,158 @@
+package optimizer
+
+import (
+	"math"
+	"testing"
+)
+
+// closedLoopPair: a (a1 on n1, a2 on n2, 100 req/s of ingress) calls b (b1 on n1, b2 on n2),
+// 10 ms between the nodes; b's pods serve mu1 and mu2 requests/s.
+func closedLoopPair(mu1, mu2 float64) *Topology {
+	return &Topology{
+		Nodes:   []Node{{Name: "n1"}, {Name: "n2"}},
+		Latency: []Latency{{From: "n1", To: "n2", MS: 10}},
+		Services: []Service{
+			{Name: "a", Pods: []Pod{{Name: "a1", Node: "n1"}, {Name: "a2", Node: "n2"}}},
+			{Name: "b", Pods: []Pod{{Name: "b1", Node: "n1", CapacityRPS: ptr(mu1)}, {Name: "b2", Node: "n2", CapacityRPS: ptr(mu2)}}},
+		},
+		Calls:   []Call{{From: "a", To: "b"}},
+		Ingress: []Ingress{{Service: "a", RPS: 100}},
+	}
+}
+
+func fraction(a *Allocation, caller, callee string) float64 {
+	return a.Call("a", "b").Fractions()[caller][callee]
+}
+
+// TestClosedLoopStep: a recompute on new capacities moves the routes in force Step of the way
+// to lata-q's new plan; the same topology again moves half the rest, and so on, each push
+// smaller than the last, until damping holds the plan (no oscillation).
+func TestClosedLoopStep(t *testing.T) {
+	pl := &Planner{Policy: ClosedLoop}
+	r, err := pl.Plan(closedLoopPair(200, 200))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Push || r.Allocation.Policy != ClosedLoop {
+		t.Fatalf("first plan: push %v, policy %q; want a push of closed-loop", r.Push, r.Allocation.Policy)
+	}
+	if f := fraction(r.Allocation, "a1", "b1"); f != 1 {
+		t.Fatalf("idle: a1 → b1 %v, want 1 (lata-q localises far below capacity)", f)
+	}
+	pl.Pushed(r)
+
+	// b1 slows to 80 req/s: lata-q moves part of a1's 50 req/s to b2; closed-loop half of it.
+	slow := closedLoopPair(80, 200)
+	target, err := Plan(compileTop(t, slow), LATAQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fraction(target, "a1", "b1")
+	if !(want < 0.95) {
+		t.Fatalf("lata-q's target keeps a1 → b1 at %v; the test needs a move", want)
+	}
+	prev, prevMoved := 1.0, math.Inf(1)
+	pushes := 0
+	for i := range 20 {
+		r, err = pl.Plan(slow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := fraction(r.Allocation, "a1", "b1")
+		if step := prev + DefaultStep*(want-prev); !r.Push {
+			if got != step && math.Abs(got-step) > 1e-9 {
+				t.Fatalf("recompute %d: held, but its allocation has a1 → b1 %v, not the step %v", i, got, step)
+			}
+			break
+		} else if math.Abs(got-step) > 1e-9 {
+			t.Fatalf("recompute %d: a1 → b1 %v, want %v (from %v, Step of the way to %v)", i, got, step, prev, want)
+		}
+		if !(r.Moved < prevMoved) {
+			t.Fatalf("recompute %d moved %v, not less than the last push's %v", i, r.Moved, prevMoved)
+		}
+		if r.Gain < DefaultDamping {
+			t.Fatalf("recompute %d pushed with a gain of %v < damping", i, r.Gain)
+		}
+		pl.Pushed(r)
+		pushes++
+		prev, prevMoved = got, r.Moved
+	}
+	if pushes == 0 || pushes > 8 {
+		t.Fatalf("%d pushes before damping held; want 1–8", pushes)
+	}
+	if r.Push {
+		t.Fatal("still pushing after 20 recomputes of the same topology")
+	}
+	// What is in force is within the damping threshold of the target's objective.
+	m := compileTop(t, slow)
+	_, inForce := applyFractions(m, ClosedLoop, fractionsOf(m, pl.last), nil)
+	_, best := applyFractions(m, ClosedLoop, fractionsOf(m, target), nil)
+	if inForce.total() > best.total()*(1+2*DefaultDamping) {
+		t.Fatalf("held at objective %v, lata-q's plan %v: more than 2 %% off", inForce.total(), best.total())
+	}
+}
+
+// TestClosedLoopOverloadTakesFullStep: when the routes in force would load a pod past its new
+// service rate, the new plan is taken whole and pushed.
+func TestClosedLoopOverloadTakesFullStep(t *testing.T) {
+	pl := &Planner{Policy: ClosedLoop}
+	r, err := pl.Plan(closedLoopPair(200, 200))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl.Pushed(r)
+	slow := closedLoopPair(40, 200) // a1 sends b1 50 req/s: past 40
+	r, err = pl.Plan(slow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target, err := Plan(compileTop(t, slow), LATAQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Push {
+		t.Fatal("not pushed though the routes in force overload b1")
+	}
+	if got, want := fraction(r.Allocation, "a1", "b1"), fraction(target, "a1", "b1"); math.Abs(got-want) > 1e-9 {
+		t.Fatalf("a1 → b1 %v, want lata-q's %v (the full step)", got, want)
+	}
+	if load := 100.0 / 2 * fraction(r.Allocation, "a1", "b1"); load > 0.9*40+1e-6 {
+		t.Fatalf("b1 gets %v req/s from a1, over the cap of 0.9 × 40", load)
+	}
+}
+
+// TestClosedLoopWithoutCapacityIsLATA: without a service rate closed-loop plans what lata plans
+// and holds it (no capacity, nothing to step toward).
+func TestClosedLoopWithoutCapacityIsLATA(t *testing.T) {
+	top := closedLoopPair(0, 0)
+	for i := range top.Services[1].Pods {
+		top.Services[1].Pods[i].CapacityRPS = nil
+	}
+	pl := &Planner{Policy: ClosedLoop}
+	r, err := pl.Plan(top)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lata, err := Plan(compileTop(t, top), LATA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"b1", "b2"} {
+		if got, want := fraction(r.Allocation, "a1", q), fraction(lata, "a1", q); got != want {
+			t.Errorf("a1 → %s %v, lata %v", q, got, want)
+		}
+	}
+	pl.Pushed(r)
+	if r, err = pl.Plan(top); err != nil || r.Push {
+		t.Fatalf("the same topology again: push %v, err %v; want held", r.Push, err)
+	}
+}
+
+func compileTop(t *testing.T, top *Topology) *Model {
+	t.Helper()
+	m, err := Compile(top, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
