@@ -92,7 +92,7 @@ func (e *enumError) Error() string {
 // policyVar defines --policy, the allocation policy (plan, serve).
 func policyVar(cmd *cobra.Command, p *optimizer.Policy) {
 	enumVar(cmd, cmd.Flags(), &enumFlag[optimizer.Policy]{p: p, values: optimizer.Policies(), parse: optimizer.ParsePolicy,
-		typ: "policy", noun: "policy"}, "policy", "", optimizer.LATA, "allocation policy: round-robin, localization, opttraffic, lata, lata-q")
+		typ: "policy", noun: "policy"}, "policy", "", optimizer.LATA, "allocation policy: round-robin, localization, opttraffic, lata, lata-q, closed-loop")
 }
 
 // outputVar defines -o/--output, the output format: one of values, the first the default.

@@ -134,7 +134,7 @@ func writePlanTable(w io.Writer, alloc, rr *optimizer.Allocation) error {
 		return err
 	}
 	fmt.Fprintf(&buf, "\ncost = Σ rps × latency over all routes, in ms·req/s\n")
-	if alloc.Policy == optimizer.LATAQ {
+	if alloc.Policy == optimizer.LATAQ || alloc.Policy == optimizer.ClosedLoop {
 		writeQueued(&buf, alloc)
 	}
 	_, err := w.Write(buf.Bytes())
