@@ -179,6 +179,9 @@ func (m *Model) ServiceIndex(key string) (int, bool) {
 // MaxReplicas bounds a service's replica count, so a typo cannot exhaust memory.
 const MaxReplicas = 100000
 
+// maxNodeCores bounds a node's cores, so a typo cannot make an emulated node allocate millions.
+const maxNodeCores = 1 << 16
+
 // maxProblems bounds how many validation problems one error lists.
 const maxProblems = 20
 
@@ -235,6 +238,9 @@ func Compile(t *Topology, opts Options) (*Model, error) {
 		}
 		if n.CPU < 0 || n.Memory < 0 {
 			bad.add("node %q: negative cpu or memory", n.Name)
+		}
+		if n.Cores < 0 || n.Cores > maxNodeCores {
+			bad.add("node %q: cores %d outside [0, %d]", n.Name, n.Cores, maxNodeCores)
 		}
 	}
 	m.Latency = compileLatency(t, m.nodeIndex, opts, &bad)

@@ -33,6 +33,9 @@ services: [{name: a, pods: [{name: a-0, node: n1}]}]`, `unknown node "n7"`, Opti
 nodes: [{name: n1}]
 services: [{name: a, pods: [{name: a-0, node: n1}]}]
 calls: [{from: a, to: ghost}]`, `calls[0] a → ghost: unknown service "ghost"`, Options{}},
+		{"negative cores", `
+nodes: [{name: n1, cores: -2}]
+services: [{name: a, pods: [{name: a-0, node: n1}]}]`, `node "n1": cores -2 outside [0, 65536]`, Options{}},
 		{"duplicate node", `
 nodes: [{name: n1}, {name: n1}]
 services: [{name: a, pods: [{name: a-0, node: n1}]}]`, `node "n1": duplicate name`, Options{}},
@@ -240,6 +243,28 @@ func TestLargestRemainder(t *testing.T) {
 		}
 		if c.want[0]+c.want[len(c.want)-1] > 0 && sum != c.total {
 			t.Errorf("LargestRemainder(%v, %d) sums to %d", c.w, c.total, sum)
+		}
+	}
+}
+
+func TestNodeCoreCount(t *testing.T) {
+	t.Parallel()
+	top, err := ParseTopology(strings.NewReader(`
+nodes:
+  - {name: given, cpu: 4000, cores: 2}
+  - {name: from-cpu, cpu: 3500}
+  - {name: whole, cpu: 4000}
+  - {name: unknown}
+services: [{name: a, pods: [{name: a-0, node: given}]}]`), "t.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Compile(top, Options{DefaultLatencyMS: ptr(1.0)}); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int{2, 4, 4, 0} {
+		if got := top.Nodes[i].CoreCount(); got != want {
+			t.Errorf("node %s: %d cores, want %d", top.Nodes[i].Name, got, want)
 		}
 	}
 }

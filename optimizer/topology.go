@@ -44,6 +44,10 @@ type Node struct {
 	Name   string `json:"name" yaml:"name"`
 	CPU    int64  `json:"cpu,omitempty" yaml:"cpu,omitempty"`
 	Memory int64  `json:"memory,omitempty" yaml:"memory,omitempty"`
+	// Cores is the number of cores the node's pods share (CoreCount); 0 means CPU's millicores
+	// rounded up. No policy reads it: the emulated testbeds (internal/demo) run a node's pods on
+	// that many shared cores.
+	Cores int `json:"cores,omitempty" yaml:"cores,omitempty"`
 	// Locality is the node's "region/zone/subzone" as Istio reads it from the node's labels
 	// (topology.kubernetes.io/region, topology.kubernetes.io/zone, topology.istio.io/subzone);
 	// "" when the node has none. The Istio DestinationRule mode reads it (GroupByLocality), and
@@ -143,6 +147,18 @@ func ZoneOf(n Node) string {
 		return n.Name
 	}
 	return region + "/" + zone
+}
+
+// CoreCount is the number of cores the node's pods share: Cores when set, else CPU in
+// millicores rounded up to whole cores, else 0 (not known: unlimited).
+func (n Node) CoreCount() int {
+	if n.Cores > 0 {
+		return n.Cores
+	}
+	if n.CPU > 0 {
+		return int((n.CPU + 999) / 1000)
+	}
+	return 0
 }
 
 // HasSidecar reports whether the pod runs an Istio sidecar: Sidecar, true when unset.
