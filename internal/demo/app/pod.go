@@ -3,10 +3,13 @@
 // for a drawn service time while sleeping, not spinning — so queueing and overload behave as on
 // real pods without burning the machine's CPU (the schedule is computed in virtual time from
 // the arrival times, so the machine's timer lag does not eat into a pod's capacity; see
-// workerQueue). After its own work a pod calls its downstream
+// workerQueue). The pods of one node may share its cores (NodeCPU): a request then also holds
+// one of the node's cores, so co-located pods contend. After its own work a pod calls its downstream
 // services through gRPC client connections (in the testbeds: grpc-go xDS channels that carry the
 // pod's own xDS identity), and it counts which caller pod sent each request, so a test can compare
-// the traffic split it observed with the one it planned.
+// the traffic split it observed with the one it planned. It exports the telemetry a stock mesh
+// has (Pod.Metrics: Istio's request metrics, cAdvisor's CPU usage, kube-state-metrics' CPU
+// request).
 package app
 
 import (
@@ -44,10 +47,21 @@ const (
 	MetadataCallerNode = "x-edgeflow-caller-node"
 )
 
+// Request metadata a calling pod attaches so the callee can label its metrics with the caller's
+// workload, as Istio's sidecars exchange peer metadata. Absent, the source is "unknown".
+const (
+	MetadataCallerWorkload  = "x-edgeflow-caller-workload"
+	MetadataCallerNamespace = "x-edgeflow-caller-namespace"
+	MetadataCallerVersion   = "x-edgeflow-caller-version"
+)
+
 // Downstream is a service a pod calls for every request it serves.
 type Downstream struct {
-	// Service is the callee service's name (for error messages).
+	// Service is the callee service's name (for error messages and the metrics' destination
+	// labels).
 	Service string
+	// Namespace is the callee service's namespace; "" means "default".
+	Namespace string
 	// Rate is the number of calls per request served; a fractional part is the probability of
 	// one more call (rate 1.5: one call, and a second one half of the time).
 	Rate float64
@@ -61,6 +75,20 @@ type Config struct {
 	Name string
 	// Node is the pod's (emulated) node; it is sent to callees as MetadataCallerNode.
 	Node string
+	// Workload is the pod's workload (its service's name in the testbeds); "" means Name.
+	// Namespace is the pod's namespace ("" means "default") and Version its version label (""
+	// means "v1"). They label the pod's metrics and are sent to callees.
+	Workload, Namespace, Version string
+	// NodeCPU, when set, is the pod's node's cores, shared with the other pods on it: a request
+	// then needs one of the pod's workers and one of the node's cores, and its service time is
+	// divided by the node's speed. Nil: the pod's workers only (a node with unlimited cores).
+	NodeCPU *NodeCPU
+	// Slowdown multiplies every drawn service time (2: the pod takes twice as long, say a
+	// noisy neighbour or a throttled container); 0 means 1. Like a node's speed, it is hidden.
+	Slowdown float64
+	// CPURequest is the pod's CPU request in cores, exported as kube-state-metrics does; 0
+	// exports none.
+	CPURequest float64
 	// Workers is the number of requests the pod works on at once (≥ 1). Further requests wait,
 	// first come first served. A worker is held for the service time only, not while the pod
 	// waits for its downstream calls (as in an asynchronous server): the pod's capacity is
@@ -79,8 +107,10 @@ type Config struct {
 
 // Pod is a simulated microservice pod. Its methods are safe for concurrent use.
 type Pod struct {
-	cfg   Config
-	queue *workerQueue
+	cfg     Config
+	queue   *workerQueue
+	metrics *podMetrics
+	busy    atomic.Int64 // simulated CPU time, ns
 
 	mu       sync.Mutex
 	received map[string]uint64 // by caller pod
@@ -100,6 +130,24 @@ func NewPod(cfg Config) (*Pod, error) {
 	if cfg.Workers < 1 {
 		return nil, fmt.Errorf("app: pod %s: workers must be ≥ 1, got %d", cfg.Name, cfg.Workers)
 	}
+	if cfg.Slowdown == 0 {
+		cfg.Slowdown = 1
+	}
+	if !(cfg.Slowdown > 0) || math.IsInf(cfg.Slowdown, 0) {
+		return nil, fmt.Errorf("app: pod %s: slowdown must be positive and finite, got %v", cfg.Name, cfg.Slowdown)
+	}
+	if !(cfg.CPURequest >= 0) || math.IsInf(cfg.CPURequest, 0) {
+		return nil, fmt.Errorf("app: pod %s: bad CPU request %v", cfg.Name, cfg.CPURequest)
+	}
+	if cfg.Workload == "" {
+		cfg.Workload = cfg.Name
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = defaultNamespace
+	}
+	if cfg.Version == "" {
+		cfg.Version = defaultVersion
+	}
 	for _, d := range cfg.Downstream {
 		if d.Conn == nil {
 			return nil, fmt.Errorf("app: pod %s: downstream %s has no connection", cfg.Name, d.Service)
@@ -108,7 +156,9 @@ func NewPod(cfg Config) (*Pod, error) {
 			return nil, fmt.Errorf("app: pod %s: downstream %s: bad rate %v", cfg.Name, d.Service, d.Rate)
 		}
 	}
-	return &Pod{cfg: cfg, queue: newWorkerQueue(cfg.Workers), received: map[string]uint64{}}, nil
+	p := &Pod{cfg: cfg, queue: newWorkerQueue(cfg.Workers), received: map[string]uint64{}}
+	p.metrics = newPodMetrics(p)
+	return p, nil
 }
 
 // Name returns the pod's name.
@@ -166,43 +216,67 @@ func (p *Pod) Stats() Stats {
 	return Stats{Received: rcv, Served: p.served.Load(), Failed: p.failed.Load(), Waiting: p.waiting.Load(), MaxWaiting: p.deepest.Load()}
 }
 
-// handle serves one request: inject the network delay, queue for a worker, hold it for the
-// service time, then make the downstream calls.
+// handle serves one request: inject the network delay, queue for a worker (and a core of the
+// node), hold it for the service time, then make the downstream calls. The request arrives,
+// for the metrics, when the network delay is over.
 func (p *Pod) handle(ctx context.Context) (*wrapperspb.StringValue, error) {
-	callerPod, callerNode := callerOf(ctx)
+	caller := peerOf(ctx)
 	p.mu.Lock()
-	p.received[callerPod]++
+	p.received[caller.pod]++
 	p.mu.Unlock()
 
-	if err := p.work(ctx, callerNode); err != nil {
+	if p.cfg.Delay != nil {
+		if err := sleep(ctx, p.cfg.Delay(caller.node)); err != nil {
+			p.failed.Add(1) // lost in the network: it never reached the pod's sidecar
+			return nil, err
+		}
+	}
+	arrival := time.Now()
+	out, err := p.serve(ctx)
+	p.metrics.inbound(ctx, caller, time.Since(arrival), err)
+	if err != nil {
 		p.failed.Add(1)
 		return nil, err
 	}
+	p.served.Add(1)
+	return out, nil
+}
+
+// serve does the pod's work and its downstream calls.
+func (p *Pod) serve(ctx context.Context) (*wrapperspb.StringValue, error) {
+	if err := p.work(ctx); err != nil {
+		return nil, err
+	}
+	out := metadata.AppendToOutgoingContext(ctx, MetadataCallerWorkload, p.cfg.Workload,
+		MetadataCallerNamespace, p.cfg.Namespace, MetadataCallerVersion, p.cfg.Version)
 	for _, d := range p.cfg.Downstream {
 		for range calls(d.Rate) {
-			if _, err := Call(ctx, d.Conn, p.cfg.Name, p.cfg.Node); err != nil {
-				p.failed.Add(1)
+			start := time.Now()
+			_, err := Call(out, d.Conn, p.cfg.Name, p.cfg.Node)
+			p.metrics.outbound(ctx, d, time.Since(start), err)
+			if err != nil {
 				st := status.Convert(err)
 				return nil, status.Errorf(st.Code(), "%s → %s: %s", p.cfg.Name, d.Service, st.Message())
 			}
 		}
 	}
-	p.served.Add(1)
 	return wrapperspb.String(p.cfg.Name), nil
 }
 
-func (p *Pod) work(ctx context.Context, callerNode string) error {
-	if p.cfg.Delay != nil {
-		if err := sleep(ctx, p.cfg.Delay(callerNode)); err != nil {
-			return err
-		}
-	}
+// work queues the request for a worker (and a core) and holds it for the service time. The
+// busy time is counted when the request leaves, also when it is cancelled: it keeps its worker
+// and core until its scheduled finish (workerQueue).
+func (p *Pod) work(ctx context.Context) error {
 	var service time.Duration
 	if p.cfg.ServiceTime != nil {
 		service = p.cfg.ServiceTime.Draw()
 	}
+	if p.cfg.Slowdown != 1 {
+		service = time.Duration(float64(service) * p.cfg.Slowdown)
+	}
 	now := time.Now()
-	start, finish := p.queue.admit(now, service)
+	start, finish := admit(p.queue, p.cfg.NodeCPU, now, service)
+	defer p.busy.Add(int64(finish.Sub(start)))
 	if start.After(now) {
 		n := p.waiting.Add(1)
 		for d := p.deepest.Load(); n > d && !p.deepest.CompareAndSwap(d, n); d = p.deepest.Load() {
@@ -215,6 +289,10 @@ func (p *Pod) work(ctx context.Context, callerNode string) error {
 	}
 	return sleep(ctx, time.Until(finish))
 }
+
+// BusyTime is the pod's simulated CPU time so far: the sum of the service times (divided by
+// its node's speed) of the requests it has worked on, each counted when it leaves.
+func (p *Pod) BusyTime() time.Duration { return time.Duration(p.busy.Load()) }
 
 // calls turns a call rate into a number of calls: the integer part, plus one with probability
 // equal to the fractional part.
@@ -240,15 +318,21 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-func callerOf(ctx context.Context) (pod, node string) {
+// peer is what a request's metadata says of its caller.
+type peer struct {
+	pod, node, workload, namespace, version string
+}
+
+func peerOf(ctx context.Context) peer {
 	md, _ := metadata.FromIncomingContext(ctx)
-	if v := md.Get(MetadataCallerPod); len(v) > 0 {
-		pod = v[0]
+	get := func(key string) string {
+		if v := md.Get(key); len(v) > 0 {
+			return v[0]
+		}
+		return ""
 	}
-	if v := md.Get(MetadataCallerNode); len(v) > 0 {
-		node = v[0]
-	}
-	return pod, node
+	return peer{pod: get(MetadataCallerPod), node: get(MetadataCallerNode), workload: get(MetadataCallerWorkload),
+		namespace: get(MetadataCallerNamespace), version: get(MetadataCallerVersion)}
 }
 
 // Call invokes MethodCall on conn as pod fromPod on node fromNode (both may be empty for a

@@ -32,17 +32,35 @@ func newWorkerQueue(workers int) *workerQueue {
 func (q *workerQueue) admit(arrival time.Time, service time.Duration) (start, finish time.Time) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	w := q.earliest()
+	start = later(arrival, q.free[w])
+	finish = start.Add(service)
+	q.free[w] = finish
+	return start, finish
+}
+
+// earliest returns the worker that frees first (the first of equals). The caller holds q.mu.
+func (q *workerQueue) earliest() int {
 	w := 0
 	for i := range q.free {
 		if q.free[i].Before(q.free[w]) {
 			w = i
 		}
 	}
-	start = arrival
-	if q.free[w].After(start) {
-		start = q.free[w]
+	return w
+}
+
+// bestFit returns the worker that freed last at or before t, else the one that frees first.
+// The caller holds q.mu.
+func (q *workerQueue) bestFit(t time.Time) int {
+	fit := -1
+	for i, f := range q.free {
+		if !f.After(t) && (fit < 0 || f.After(q.free[fit])) {
+			fit = i
+		}
 	}
-	finish = start.Add(service)
-	q.free[w] = finish
-	return start, finish
+	if fit < 0 {
+		return q.earliest()
+	}
+	return fit
 }
