@@ -6,8 +6,11 @@
 // caller's node and its own (the caller sends its node in request metadata) before it queues
 // for a worker. The whole round trip is slept on the request path: one timer instead of two, and
 // the callee's queue sees the same arrivals, shifted. Requests from outside (the load
-// generator) carry no node and get no delay. RunPolicy runs one allocation policy end to end:
-// edgeflow's xDS server, a fresh cluster, open-loop load, and the observed split.
+// generator) carry no node and get no delay. The pods of a node share its cores
+// (optimizer.Node.CoreCount; app.NodeCPU), at a speed only the demo knows (Config.NodeSpeed),
+// and each pod serves the telemetry a stock mesh has on its own /metrics port (MetricsURLs).
+// RunPolicy runs one allocation policy end to end: edgeflow's xDS server, a fresh cluster,
+// open-loop load, and the observed split.
 package demo
 
 import (
@@ -16,7 +19,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"net"
+	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -51,6 +57,11 @@ type Config struct {
 	Seed uint64
 	// XDSServer is the management server's HOST:PORT the pods' xDS clients connect to.
 	XDSServer string
+	// NodeSpeed, by node name, divides the service times of the node's pods (0.5: the node
+	// takes twice as long); a node not listed has speed 1. PodSlowdown, by pod name,
+	// multiplies a pod's service times. Both are the world's hidden truth: the topology the
+	// xDS server plans with does not say. Unknown names are an error.
+	NodeSpeed, PodSlowdown map[string]float64
 }
 
 // Cluster is a running emulated cluster. Its methods but Close are safe for concurrent use.
@@ -61,6 +72,8 @@ type Cluster struct {
 	conns    []*grpc.ClientConn // every channel the cluster created
 	xdsConns []*grpc.ClientConn // the caller pods' xDS channels
 	ingress  []ingressTarget
+	metrics  map[string]string // pod → its /metrics URL
+	servers  []*http.Server    // the pods' metrics servers
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -103,9 +116,13 @@ func Start(cfg Config) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	nodes, err := nodeCPUs(cfg)
+	if err != nil {
+		return nil, err
+	}
 	topo := cfg.Topology.Clone()
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &Cluster{topo: topo, podSvc: map[string]string{}, cancel: cancel}
+	c := &Cluster{topo: topo, podSvc: map[string]string{}, metrics: map[string]string{}, cancel: cancel}
 	// Bind first: the addresses are part of the topology the xDS server publishes.
 	listeners := map[string]net.Listener{} // closed by the pods' servers once they serve
 	ok := false
@@ -147,6 +164,7 @@ func Start(cfg Config) (*Cluster, error) {
 					}
 				}
 				callee := m.Services[e.To].Name
+				calleeSvc := &topo.Services[e.To]
 				conn, err := grpc.NewClient("xds:///"+callee,
 					grpc.WithResolvers(builder),
 					grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -155,13 +173,19 @@ func Start(cfg Config) (*Cluster, error) {
 				}
 				c.conns = append(c.conns, conn)
 				c.xdsConns = append(c.xdsConns, conn)
-				downstream = append(downstream, app.Downstream{Service: callee, Rate: e.Rate, Conn: conn})
+				downstream = append(downstream, app.Downstream{Service: calleeSvc.Name, Namespace: calleeSvc.NamespaceOrDefault(),
+					Rate: e.Rate, Conn: conn})
 			}
 			pod, err := app.NewPod(app.Config{
 				Name:        p.Name,
 				Node:        p.Node,
+				Workload:    s.Name,
+				Namespace:   s.NamespaceOrDefault(),
 				Workers:     cfg.Workers,
 				ServiceTime: app.NewExponential(cfg.ServiceTime, cfg.Seed^hash(p.Name)),
+				NodeCPU:     nodes[p.Node],
+				Slowdown:    cfg.PodSlowdown[p.Name],
+				CPURequest:  float64(s.CPU) / 1000,
 				Delay:       rttFrom(m, podNode, scale),
 				Downstream:  downstream,
 			})
@@ -191,6 +215,11 @@ func Start(cfg Config) (*Cluster, error) {
 	}
 
 	for _, pod := range c.pods {
+		if err := c.serveMetrics(pod); err != nil {
+			return nil, err
+		}
+	}
+	for _, pod := range c.pods {
 		lis := listeners[pod.Name()]
 		delete(listeners, pod.Name()) // Serve owns it now
 		c.wg.Add(1)
@@ -204,6 +233,72 @@ func Start(cfg Config) (*Cluster, error) {
 	ok = true
 	return c, nil
 }
+
+// nodeCPUs returns the shared cores of every node that has a core count (capped at the number
+// of workers its pods have, beyond which cores change nothing) or a speed; nil for the others,
+// whose pods are bound by their own workers only. It also checks cfg's pod slowdowns.
+func nodeCPUs(cfg Config) (map[string]*app.NodeCPU, error) {
+	workers := map[string]int{}    // node → its pods' workers
+	podNode := map[string]string{} // pod → node
+	for _, s := range cfg.Topology.Services {
+		for _, p := range s.Pods {
+			workers[p.Node] += cfg.Workers
+			podNode[p.Name] = p.Node
+		}
+	}
+	out := map[string]*app.NodeCPU{}
+	for _, n := range cfg.Topology.Nodes {
+		speed, cores := cfg.NodeSpeed[n.Name], min(n.CoreCount(), workers[n.Name])
+		if cores == 0 && speed == 0 {
+			continue
+		}
+		cpu, err := app.NewNodeCPU(app.NodeConfig{Name: n.Name, Cores: cores, Speed: speed})
+		if err != nil {
+			return nil, fmt.Errorf("demo: %w", err)
+		}
+		out[n.Name] = cpu
+	}
+	for node := range cfg.NodeSpeed {
+		if !slices.ContainsFunc(cfg.Topology.Nodes, func(n optimizer.Node) bool { return n.Name == node }) {
+			return nil, fmt.Errorf("demo: node speed of %q: no such node in the topology", node)
+		}
+	}
+	for pod, f := range cfg.PodSlowdown {
+		if _, ok := podNode[pod]; !ok {
+			return nil, fmt.Errorf("demo: slowdown of pod %q: no such pod in the topology", pod)
+		}
+		if !(f > 0) || math.IsInf(f, 0) {
+			return nil, fmt.Errorf("demo: slowdown of pod %q: must be positive and finite, got %v", pod, f)
+		}
+	}
+	return out, nil
+}
+
+// serveMetrics serves the pod's /metrics on a port of its own on 127.0.0.1, until Close.
+func (c *Cluster) serveMetrics(pod *app.Pod) error {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("demo: pod %s: metrics listener: %w", pod.Name(), err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", pod.Metrics())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	c.servers = append(c.servers, srv)
+	c.metrics[pod.Name()] = "http://" + lis.Addr().String() + "/metrics"
+	c.wg.Add(1)
+	go func() { // owned by the Cluster; ends at Close
+		defer c.wg.Done()
+		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			c.fail(fmt.Errorf("demo: pod %s: metrics: %w", pod.Name(), err))
+		}
+	}()
+	return nil
+}
+
+// MetricsURLs returns, by pod name, the URL of the pod's /metrics (Prometheus text: Istio's
+// request metrics, a stand-in for cAdvisor's CPU usage, and the pod's CPU request; see
+// internal/demo/app). The caller must not modify it.
+func (c *Cluster) MetricsURLs() map[string]string { return c.metrics }
 
 func closeAll(ls map[string]net.Listener) {
 	for _, l := range ls {
@@ -280,6 +375,9 @@ func (c *Cluster) Topology() *optimizer.Topology { return c.topo }
 // servers to return. It is idempotent; it returns the first error a pod's server failed with.
 func (c *Cluster) Close() error {
 	c.cancel()
+	for _, srv := range c.servers {
+		srv.Close()
+	}
 	c.wg.Wait()
 	for _, conn := range c.conns {
 		conn.Close()
