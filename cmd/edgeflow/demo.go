@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"slices"
@@ -81,6 +82,9 @@ type demoFlags struct {
 	rounds         int
 	seed           uint64
 	utilizationCap float64
+	nodeSpeed      []string // --node-speed NODE=FACTOR,…
+	slowPods       []string // --slow-pods POD=FACTOR,…
+	output         string   // -o: table or json
 }
 
 // parseMode returns the named row, or a usage error naming the rows there are.
@@ -111,6 +115,36 @@ func parseRates(values []string) ([]float64, error) {
 	return out, nil
 }
 
+// maxFactor bounds --node-speed and --slow-pods factors: beyond it a typo, not a world.
+const maxFactor = 1000
+
+// parseFactors parses a NAME=FACTOR list (--node-speed, --slow-pods): every NAME one of names
+// (what names it is: "node", "pod"), given once, and every FACTOR a number in (0, maxFactor].
+func parseFactors(flag, what string, values []string, names []string) (map[string]float64, error) {
+	out := map[string]float64{}
+	for _, v := range values {
+		name, text, ok := strings.Cut(strings.TrimSpace(v), "=")
+		if !ok || name == "" {
+			return nil, badInput("%s: %q is not %s=FACTOR", flag, v, strings.ToUpper(what))
+		}
+		f, err := strconv.ParseFloat(text, 64)
+		if err != nil {
+			return nil, badInput("%s %s: factor %q is not a number", flag, name, text)
+		}
+		if !(f > 0) || f > maxFactor {
+			return nil, badInput("%s %s: factor %v is not in (0, %d]", flag, name, f, maxFactor)
+		}
+		if !slices.Contains(names, name) {
+			return nil, badInput("%s: unknown %s %q (the topology's: %s)", flag, what, name, strings.Join(names, ", "))
+		}
+		if _, dup := out[name]; dup {
+			return nil, badInput("%s: %s %s is given twice", flag, what, name)
+		}
+		out[name] = f
+	}
+	return out, nil
+}
+
 func newDemoCommand() *cobra.Command {
 	var f demoFlags
 	cmd := &cobra.Command{
@@ -132,9 +166,19 @@ func newDemoCommand() *cobra.Command {
 			"one table per rate, in the order given. One rate takes about rows × (--duration + --rounds ×\n" +
 			"--warmup) plus a few seconds of start-up: with the defaults ~11 s a row, ~1.2 min for the six\n" +
 			"rows, so --rates 150,300,450 takes 3.5–4 min (--duration 5s\n" +
-			"nearly halves that, with half the samples).",
+			"nearly halves that, with half the samples). -o json prints the rows as JSON instead (one\n" +
+			"object per row and rate: policy, rate, mean/p50/p90/p99 in ms, errors, achieved rate).\n\n" +
+			"The pods of a node share its cores (the topology's cores, else its cpu rounded up; unlimited\n" +
+			"without either): a request holds one of its pod's workers and one of the node's cores.\n" +
+			"--node-speed and --slow-pods make the world heterogeneous behind edgeflow's back: the topology\n" +
+			"it plans with does not say. Every pod serves a stock mesh's telemetry on its own /metrics\n" +
+			"port: Istio's istio_requests_total and istio_request_duration_milliseconds, the simulated busy\n" +
+			"time as cAdvisor's container_cpu_usage_seconds_total (a stand-in: the pods sleep), and the CPU\n" +
+			"request as kube-state-metrics' kube_pod_container_resource_requests.",
 		Example: "  edgeflow demo\n  edgeflow demo --duration 5s --rate 200\n  edgeflow demo --rates 150,300,450   # low, middle and high load, one table each\n" +
-			"  edgeflow demo --policies round-robin,least-request,lata\n  edgeflow demo --latency-scale 2   # scenario B",
+			"  edgeflow demo --policies round-robin,least-request,lata\n  edgeflow demo --latency-scale 2   # scenario B\n" +
+			"  edgeflow demo --node-speed n3=0.5 --slow-pods reviews-1=2   # a slow node and a slow pod, unseen by edgeflow\n" +
+			"  edgeflow demo --rates 100,200 -o json",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.logger = newLogger(cmd, slog.LevelWarn)
@@ -158,6 +202,9 @@ func newDemoCommand() *cobra.Command {
 	fl.StringSliceVar(&f.policies, "policies", demo.RowNames(), "policies to run, in order (the optimizer's, and least-request)")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the pods' service-time draws")
 	fl.Float64Var(&f.utilizationCap, "utilization-cap", optimizer.DefaultUtilizationCap, "lata-q: the most of a pod's service rate it is loaded to, in (0, 1)")
+	fl.StringSliceVar(&f.nodeSpeed, "node-speed", nil, "NODE=FACTOR,…: a node's speed, hidden from edgeflow (0.5: its pods' service times double)")
+	fl.StringSliceVar(&f.slowPods, "slow-pods", nil, "POD=FACTOR,…: multiply a pod's service times, hidden from edgeflow (2: twice as slow)")
+	outputVar(cmd, &f.output, "output format: table, or json (one object per row and rate, for scripts)", "table", "json")
 	cmd.MarkFlagsMutuallyExclusive("rate", "rates")
 	return cmd
 }
@@ -170,6 +217,8 @@ type demoInput struct {
 	rates    []float64      // one table each, in order
 	scenario demo.Scenario  // Load.Rate is set per rate
 	slice    loadgen.Config // one round's load of one policy; Rate is set per rate
+	// nodeSpeed and slowPods are the hidden world (--node-speed, --slow-pods), by name.
+	nodeSpeed, slowPods map[string]float64
 }
 
 func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) {
@@ -244,6 +293,21 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 	if _, err := optimizer.Compile(in.topology, opts); err != nil {
 		return nil, err
 	}
+	var nodes, pods []string
+	for _, n := range in.topology.Nodes {
+		nodes = append(nodes, n.Name)
+	}
+	for _, s := range in.topology.Services {
+		for _, p := range s.Pods {
+			pods = append(pods, p.Name)
+		}
+	}
+	if in.nodeSpeed, err = parseFactors("--node-speed", "node", f.nodeSpeed, nodes); err != nil {
+		return nil, err
+	}
+	if in.slowPods, err = parseFactors("--slow-pods", "pod", f.slowPods, pods); err != nil {
+		return nil, err
+	}
 	in.scenario = demo.Scenario{
 		Cluster: demo.Config{
 			Topology:     in.topology,
@@ -252,6 +316,8 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 			ServiceTime:  f.serviceTime,
 			LatencyScale: f.latencyScale,
 			Seed:         f.seed,
+			NodeSpeed:    in.nodeSpeed,
+			PodSlowdown:  in.slowPods,
 		},
 		Load: loadgen.Config{Rate: in.rates[0], Warmup: f.warmup, Duration: f.duration, Timeout: f.timeout},
 		// The xDS server's warnings (NACKs, rejected topologies) are worth seeing.
@@ -286,13 +352,19 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 	load := time.Duration(len(in.rates)*len(in.modes)) * (f.duration + time.Duration(f.rounds)*in.slice.Warmup)
 	fmt.Fprintf(stderr, "edgeflow demo: %v per policy in %d rounds of %v, each after a %v warm-up: %v of load in all\n",
 		f.duration, f.rounds, in.slice.Duration, in.slice.Warmup, load)
+	if w := hiddenWorld(in); w != "" {
+		fmt.Fprintf(stderr, "edgeflow demo: hidden from edgeflow: %s\n", w)
+	}
 	var all [][]*demo.Outcome
+	var rows []demoRow
 	for k, rate := range in.rates {
 		if len(in.rates) > 1 {
-			if k > 0 {
-				fmt.Fprintln(stdout)
+			if f.output == "table" {
+				if k > 0 {
+					fmt.Fprintln(stdout)
+				}
+				fmt.Fprintf(stdout, "== %g req/s (%d of %d) ==\n", rate, k+1, len(in.rates))
 			}
-			fmt.Fprintf(stdout, "== %g req/s (%d of %d) ==\n", rate, k+1, len(in.rates))
 			fmt.Fprintf(stderr, "edgeflow demo: %g req/s (%d of %d)\n", rate, k+1, len(in.rates))
 		}
 		outcomes, err := runDemoRate(ctx, stdout, stderr, in, f, rate)
@@ -300,9 +372,52 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 			return nil, err
 		}
 		all = append(all, outcomes)
+		for i, o := range outcomes {
+			rows = append(rows, newDemoRow(in.modes[i].Name, rate, o))
+		}
+	}
+	if f.output == "json" {
+		if err := writeStructured(stdout, "json", rows); err != nil {
+			return nil, err
+		}
 	}
 	fmt.Fprintf(stderr, "edgeflow demo: done in %.1fs\n", time.Since(start).Seconds())
 	return all, nil
+}
+
+// demoRow is one row of `demo -o json`: one policy's result at one rate. Latencies are in
+// milliseconds, measured from the intended send time, errors excluded (as in the table).
+type demoRow struct {
+	Policy string  `json:"policy"`
+	Rate   float64 `json:"rate"` // offered, requests/s
+	MeanMS float64 `json:"mean_ms"`
+	P50MS  float64 `json:"p50_ms"`
+	P90MS  float64 `json:"p90_ms"`
+	P99MS  float64 `json:"p99_ms"`
+	Errors int     `json:"errors"`
+	// Achieved is successful responses per second from the first send to the last response.
+	Achieved float64 `json:"achieved_rate"`
+}
+
+func newDemoRow(policy string, rate float64, o *demo.Outcome) demoRow {
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	l := o.Load.Latency
+	return demoRow{Policy: policy, Rate: rate, MeanMS: ms(l.Mean()), P50MS: ms(l.Quantile(0.5)), P90MS: ms(l.Quantile(0.9)),
+		P99MS: ms(l.Quantile(0.99)), Errors: o.Load.Errors, Achieved: o.Load.Achieved()}
+}
+
+// hiddenWorld describes --node-speed and --slow-pods, "" when neither is given.
+func hiddenWorld(in *demoInput) string {
+	var parts []string
+	for _, w := range []struct {
+		what    string
+		factors map[string]float64
+	}{{"node speed", in.nodeSpeed}, {"pod slowdown", in.slowPods}} {
+		for _, name := range slices.Sorted(maps.Keys(w.factors)) {
+			parts = append(parts, fmt.Sprintf("%s %s ×%g", w.what, name, w.factors[name]))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // runDemoRate runs every row at one rate (demo.Run) and prints its table.
@@ -326,6 +441,9 @@ func runDemoRate(ctx context.Context, stdout, stderr io.Writer, in *demoInput, f
 		}})
 	if err != nil {
 		return nil, err
+	}
+	if f.output != "table" {
+		return res.Outcomes, nil
 	}
 	if err := writeDemoTable(stdout, in, f, rate, res.Outcomes, res.RoundsBelow(demo.BaselineRow(in.modes)), pairedVsLATA(in.modes, res)); err != nil {
 		return nil, err
@@ -397,7 +515,11 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, rate float64, outco
 	fmt.Fprintf(&buf, "\n%s on %d emulated nodes (latency ×%g), %g req/s open-loop, %v per policy in %d rounds of %v\n",
 		in.name, len(in.topology.Nodes), f.latencyScale, rate, f.duration, f.rounds, in.slice.Duration)
 	fmt.Fprintf(&buf, "(policies taking turns, each slice after %v of unrecorded load); %d worker(s)/pod, exponential\n", in.slice.Warmup, f.workers)
-	fmt.Fprintf(&buf, "service time mean %v (simulated: sleeping, not CPU); node RTT injected by the callee.\n", f.serviceTime)
+	fmt.Fprintf(&buf, "service time mean %v (simulated: sleeping, not CPU; a node's pods share its cores, the topology's\n", f.serviceTime)
+	fmt.Fprintf(&buf, "cores or cpu); node RTT injected by the callee.\n")
+	if w := hiddenWorld(in); w != "" {
+		fmt.Fprintf(&buf, "Hidden from edgeflow: %s.\n", w)
+	}
 	fmt.Fprintf(&buf, "Latency from the intended send time, errors excluded; RATE = successful responses per second from\n")
 	fmt.Fprintf(&buf, "the first send to the last response (below the offered rate when responses fall behind);\n")
 	fmt.Fprintf(&buf, "ROUNDS P99<RR = rounds in which the policy's P99 beat round-robin's of the same round;\n")

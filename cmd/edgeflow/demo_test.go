@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -203,6 +204,42 @@ func TestDemoLeastRequestRates(t *testing.T) {
 	goleak.VerifyNone(t, ignore, goleak.IgnoreAnyFunction("os/signal.loop"))
 }
 
+// TestDemoJSON runs two rows at two rates with -o json on a world edgeflow is not told of (a
+// slow node, a slow pod): stdout is one JSON array of the rows, per rate in order, and nothing
+// else.
+func TestDemoJSON(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two rows at two rates on an emulated cluster (~6 s)")
+	}
+	code, out, errOut := runCLI(t, "", "demo", "--policies", "round-robin,lata", "--rates", "100,150", "--duration", "1s",
+		"--rounds", "1", "--warmup", "200ms", "--node-speed", "n3=0.5", "--slow-pods", "reviews-1=2", "-o", "json")
+	if code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", code, errOut)
+	}
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	var rows []demoRow
+	if err := dec.Decode(&rows); err != nil {
+		t.Fatalf("stdout is not the rows as JSON: %v\n%s", err, out)
+	}
+	if dec.More() {
+		t.Errorf("stdout has more than the JSON rows:\n%s", out)
+	}
+	var got []string
+	for _, r := range rows {
+		got = append(got, fmt.Sprintf("%s@%g", r.Policy, r.Rate))
+		if !(r.MeanMS > 0 && r.P50MS > 0 && r.P50MS <= r.P90MS && r.P90MS <= r.P99MS && r.Achieved > 0) || r.Errors < 0 {
+			t.Errorf("row %+v: want positive, ordered latencies and a positive achieved rate", r)
+		}
+	}
+	if want := []string{"round-robin@100", "lata@100", "round-robin@150", "lata@150"}; !slices.Equal(got, want) {
+		t.Errorf("rows %v, want %v", got, want)
+	}
+	if want := "hidden from edgeflow: node speed n3 ×0.5, pod slowdown reviews-1 ×2"; !strings.Contains(errOut, want) {
+		t.Errorf("stderr lacks %q:\n%s", want, errOut)
+	}
+}
+
 func TestDemoBadInput(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -236,6 +273,14 @@ func TestDemoBadInput(t *testing.T) {
 		{"unplaced pods", []string{"--topology", unplaced}, "no placed pods"},
 		{"no ingress", []string{"--topology", noIngress}, "ingress"},
 		{"argument", []string{"extra"}, "no arguments"},
+		{"node speed: unknown node", []string{"--node-speed", "n1=2,n9=0.5"}, `--node-speed: unknown node "n9" (the topology's: n1, n2, n3, n4)`},
+		{"node speed: no factor", []string{"--node-speed", "n1"}, `--node-speed: "n1" is not NODE=FACTOR`},
+		{"node speed: not a number", []string{"--node-speed", "n1=fast"}, `--node-speed n1: factor "fast" is not a number`},
+		{"node speed: zero", []string{"--node-speed", "n1=0"}, `--node-speed n1: factor 0 is not in (0, 1000]`},
+		{"node speed: twice", []string{"--node-speed", "n1=2", "--node-speed", "n1=3"}, "--node-speed: node n1 is given twice"},
+		{"slow pods: unknown pod", []string{"--slow-pods", "reviews-9=2"}, `--slow-pods: unknown pod "reviews-9"`},
+		{"slow pods: negative", []string{"--slow-pods", "reviews-1=-2"}, `--slow-pods reviews-1: factor -2 is not in (0, 1000]`},
+		{"output", []string{"-o", "yaml"}, `-o: unknown output format "yaml" (want table or json)`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
