@@ -30,7 +30,9 @@ func (h *Harness) Deploy(a App, w Workload) {
 		if _, err := h.cs.CoreV1().Services(ns).Create(h.ctx, svc, metav1.CreateOptions{}); err != nil {
 			h.t.Fatal(err)
 		}
-		args := []string{"--workers", strconv.Itoa(w.Workers), "--service-time", w.ServiceTime.String()}
+		cpu := resource.MustParse(c.CPU)
+		args := []string{"--workers", strconv.Itoa(w.Workers), "--service-time", w.ServiceTime.String(),
+			"--workload", c.Name, "--namespace", ns, "--cpu-request", strconv.FormatFloat(cpu.AsApproximateFloat64(), 'g', -1, 64)}
 		for _, callee := range c.Calls {
 			args = append(args, "--call", callee+"."+ns)
 		}

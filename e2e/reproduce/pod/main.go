@@ -8,17 +8,28 @@
 // Usage:
 //
 //	pod --name NAME --node NODE --listen IP:PORT [--workers N] [--service-time D] [--seed S]
-//	    [--call SERVICE.NAMESPACE[=RATE]]…
+//	    [--slow FACTOR] [--workload W] [--namespace NS] [--cpu-request CORES]
+//	    [--metrics-addr HOST:PORT] [--call SERVICE.NAMESPACE[=RATE]]…
+//
+// --slow multiplies every service time (a pod slower than its peers, unseen by edgeflow).
+// --metrics-addr serves the pod's /metrics (app.Pod.Metrics: Istio's request metrics, the busy
+// time as cAdvisor's CPU usage, the CPU request as kube-state-metrics has it). The pods of one
+// node do not share a pool of cores here, as they do in edgeflow demo (app.NodeCPU): each is its
+// own process, and a pool shared across processes is not built; each pod is bound by its own
+// workers only.
 //
 // It logs "pod NAME: serving on IP:PORT" once it listens, and stops on SIGTERM or SIGINT.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
+	"math"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -38,36 +49,50 @@ type calls []string
 func (c *calls) String() string     { return strings.Join(*c, ",") }
 func (c *calls) Set(v string) error { *c = append(*c, v); return nil }
 
+// options are the pod's flags.
+type options struct {
+	name, node, listen, metricsAddr string
+	workload, namespace             string
+	workers                         int
+	service                         time.Duration
+	seed                            uint64
+	slow, cpuRequest                float64
+	downstream                      calls
+}
+
 func main() {
-	var (
-		name, node, listen string
-		workers            int
-		service            time.Duration
-		seed               uint64
-		downstream         calls
-	)
-	flag.StringVar(&name, "name", "", "the pod's name (required)")
-	flag.StringVar(&node, "node", "", "the pod's node (sent to callees)")
-	flag.StringVar(&listen, "listen", "", "IP:PORT to serve on (required)")
-	flag.IntVar(&workers, "workers", 1, "requests worked on at once")
-	flag.DurationVar(&service, "service-time", 6*time.Millisecond, "mean of the exponential service time")
-	flag.Uint64Var(&seed, "seed", 1, "seed of the service-time draws")
-	flag.Var(&downstream, "call", "SERVICE.NAMESPACE[=RATE]: a downstream call per request served (repeatable; in order)")
+	var o options
+	flag.StringVar(&o.name, "name", "", "the pod's name (required)")
+	flag.StringVar(&o.node, "node", "", "the pod's node (sent to callees)")
+	flag.StringVar(&o.listen, "listen", "", "IP:PORT to serve on (required)")
+	flag.StringVar(&o.metricsAddr, "metrics-addr", "", "HOST:PORT to serve /metrics on (none if empty)")
+	flag.StringVar(&o.workload, "workload", "", "the pod's workload, for its metrics and its callees' (default: --name)")
+	flag.StringVar(&o.namespace, "namespace", "default", "the pod's namespace, for its metrics and its callees'")
+	flag.IntVar(&o.workers, "workers", 1, "requests worked on at once")
+	flag.DurationVar(&o.service, "service-time", 6*time.Millisecond, "mean of the exponential service time")
+	flag.Uint64Var(&o.seed, "seed", 1, "seed of the service-time draws")
+	flag.Float64Var(&o.slow, "slow", 1, "multiply every service time by this factor (> 0; a slow pod)")
+	flag.Float64Var(&o.cpuRequest, "cpu-request", 0, "the pod's CPU request in cores, exported as kube-state-metrics does (0: none)")
+	flag.Var(&o.downstream, "call", "SERVICE.NAMESPACE[=RATE]: a downstream call per request served (repeatable; in order)")
 	flag.Parse()
-	if err := run(name, node, listen, workers, service, seed, downstream); err != nil {
-		fmt.Fprintf(os.Stderr, "pod %s: %v\n", name, err)
+	if err := run(o); err != nil {
+		fmt.Fprintf(os.Stderr, "pod %s: %v\n", o.name, err)
 		os.Exit(1)
 	}
 }
 
-func run(name, node, listen string, workers int, service time.Duration, seed uint64, downstream calls) error {
-	if name == "" || listen == "" || flag.NArg() != 0 {
+func run(o options) error {
+	if o.name == "" || o.listen == "" || flag.NArg() != 0 {
 		return fmt.Errorf("--name and --listen are required, and no arguments (got %q)", flag.Args())
+	}
+	if !(o.slow > 0) || math.IsInf(o.slow, 0) {
+		return fmt.Errorf("--slow %v: want a positive factor", o.slow)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cfg := app.Config{Name: name, Node: node, Workers: workers, ServiceTime: app.NewExponential(service, seed)}
-	for _, d := range downstream {
+	cfg := app.Config{Name: o.name, Node: o.node, Workload: o.workload, Namespace: o.namespace, Workers: o.workers,
+		ServiceTime: app.NewExponential(o.service, o.seed), Slowdown: o.slow, CPURequest: o.cpuRequest}
+	for _, d := range o.downstream {
 		svc, rateText, hasRate := strings.Cut(d, "=")
 		rate := 1.0
 		if hasRate {
@@ -82,16 +107,48 @@ func run(name, node, listen string, workers int, service time.Duration, seed uin
 		}
 		defer conn.Close()
 		conn.Connect() // open the xDS stream now, not at the first request
-		cfg.Downstream = append(cfg.Downstream, app.Downstream{Service: svc, Rate: rate, Conn: conn})
+		name, namespace := svc, "default"
+		if i := strings.LastIndex(svc, "."); i > 0 {
+			name, namespace = svc[:i], svc[i+1:]
+		}
+		cfg.Downstream = append(cfg.Downstream, app.Downstream{Service: name, Namespace: namespace, Rate: rate, Conn: conn})
 	}
 	p, err := app.NewPod(cfg)
 	if err != nil {
 		return err
 	}
-	lis, err := net.Listen("tcp", listen)
+	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return err
 	}
-	log.Printf("pod %s: serving on %s", name, lis.Addr())
+	if o.metricsAddr != "" {
+		if err := serveMetrics(ctx, o.metricsAddr, p); err != nil {
+			lis.Close()
+			return err
+		}
+	}
+	log.Printf("pod %s: serving on %s", o.name, lis.Addr())
 	return p.Serve(ctx, lis)
+}
+
+// serveMetrics serves the pod's /metrics on addr until ctx is done.
+func serveMetrics(ctx context.Context, addr string, p *app.Pod) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", p.Metrics())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { // ends when ctx is done
+		<-ctx.Done()
+		srv.Close()
+	}()
+	go func() { // ends when the server is closed
+		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			log.Printf("pod %s: metrics: %v", p.Name(), err)
+		}
+	}()
+	log.Printf("pod %s: metrics on http://%s/metrics", p.Name(), lis.Addr())
+	return nil
 }
