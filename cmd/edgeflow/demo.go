@@ -523,7 +523,7 @@ func writeDemoTable(w io.Writer, in *demoInput, f demoFlags, rate float64, outco
 	fmt.Fprintf(&buf, "Latency from the intended send time, errors excluded; RATE = successful responses per second from\n")
 	fmt.Fprintf(&buf, "the first send to the last response (below the offered rate when responses fall behind);\n")
 	fmt.Fprintf(&buf, "ROUNDS P99<RR = rounds in which the policy's P99 beat round-robin's of the same round;\n")
-	fmt.Fprintf(&buf, "MAX QUEUE = most requests waiting for a worker at one pod; SPLIT DEV = largest |observed − planned|\n")
+	fmt.Fprintf(&buf, "MAX QUEUE = most requests waiting for a worker or core at one pod; SPLIT DEV = largest |observed − planned|\n")
 	fmt.Fprintf(&buf, "route share of any caller pod, counted at the callees; PLAN COST = Σ rps × latency, ms·req/s.\n")
 	for _, l := range vsLATA {
 		fmt.Fprintln(&buf, l)

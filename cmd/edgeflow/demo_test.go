@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -327,4 +328,28 @@ func TestPairedVsLATA(t *testing.T) {
 			t.Errorf("served as lata %v: %q", asLATA, got[0])
 		}
 	}
+}
+
+// FuzzParseFactors: any --node-speed value either fails with a usage error or yields known
+// names with factors in (0, maxFactor].
+func FuzzParseFactors(f *testing.F) {
+	for _, s := range []string{"n1=0.5", "n1=2,n2=3", "n1", "=1", "n9=1", "n1=NaN", "n1=1e400", "n1=-1", "n1=1,n1=2"} {
+		f.Add(s)
+	}
+	nodes := []string{"n1", "n2"}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := parseFactors("--node-speed", "node", strings.Split(s, ","), nodes)
+		if err != nil {
+			var usage usageError
+			if !errors.As(err, &usage) || !strings.HasPrefix(err.Error(), "--node-speed") {
+				t.Fatalf("%q: error %v is not a usage error naming the flag", s, err)
+			}
+			return
+		}
+		for name, v := range got {
+			if !slices.Contains(nodes, name) || !(v > 0 && v <= maxFactor) {
+				t.Fatalf("%q: accepted %s=%v", s, name, v)
+			}
+		}
+	})
 }

@@ -59,6 +59,8 @@ func TestClusterWorld(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
 	urls := c.MetricsURLs()
 	if len(urls) != 2 {
 		t.Fatalf("metrics URLs %v, want one per pod", urls)
@@ -73,7 +75,7 @@ func TestClusterWorld(t *testing.T) {
 			}
 			want += time.Duration(float64(d) / 0.5)
 		}
-		resp, err := http.Get(urls[pod])
+		resp, err := client.Get(urls[pod])
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -167,3 +167,20 @@ func TestPodsShareNodeCores(t *testing.T) {
 		t.Errorf("latencies %v: both pods served at once on one core", lat)
 	}
 }
+
+// BenchmarkAdmit admits requests of 4 pods (2 workers each) onto a shared 4-core node.
+func BenchmarkAdmit(b *testing.B) {
+	node, err := NewNodeCPU(NodeConfig{Name: "n1", Cores: 4, Speed: 0.8})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var queues [4]*workerQueue
+	for i := range queues {
+		queues[i] = newWorkerQueue(2)
+	}
+	t0 := time.Unix(1000, 0)
+	b.ResetTimer()
+	for i := range b.N {
+		admit(queues[i%len(queues)], node, t0.Add(time.Duration(i)*time.Millisecond), 3*time.Millisecond)
+	}
+}

@@ -200,8 +200,8 @@ type Stats struct {
 	// Served counts requests answered successfully; Failed those answered with an error
 	// (cancelled, timed out, or a downstream call failed).
 	Served, Failed uint64
-	// Waiting is the number of requests queued for a worker now; MaxWaiting the most there
-	// have been at once.
+	// Waiting is the number of requests queued for a worker (or a core of the node) now;
+	// MaxWaiting the most there have been at once.
 	Waiting, MaxWaiting int64
 }
 
