@@ -44,7 +44,7 @@ func (h *Harness) Deploy(a App, w Workload) {
 					Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "edgeflow-reproduce-pod", Args: args,
 						Ports: []corev1.ContainerPort{{Name: "grpc", ContainerPort: podPort}},
 						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-							corev1.ResourceCPU: resource.MustParse(c.CPU), corev1.ResourceMemory: resource.MustParse("128Mi")}}}}}}}}
+							corev1.ResourceCPU: cpu, corev1.ResourceMemory: resource.MustParse("128Mi")}}}}}}}}
 		if _, err := h.cs.AppsV1().Deployments(ns).Create(h.ctx, d, metav1.CreateOptions{}); err != nil {
 			h.t.Fatal(err)
 		}
