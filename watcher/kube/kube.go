@@ -86,6 +86,9 @@ type State struct {
 	Workloads map[Workload][]string
 	// NodeAddresses maps each node's InternalIP addresses to the node's name.
 	NodeAddresses map[string]string
+	// PodCPU is the CPU request, in millicores, of each pod of Services (the sum over its
+	// containers), by NAMESPACE/POD; a pod that requests none is absent.
+	PodCPU map[string]int64
 	// Skipped counts endpoints left out, by reason (the Skip constants); and services left
 	// out: no_ready_pods.
 	Skipped map[string]int
@@ -366,7 +369,7 @@ func (s *Source) inNamespaces(ns string) bool {
 }
 
 // service builds one managed service from its EndpointSlices; nil when no endpoint is ready.
-func (s *Source) service(svc *corev1.Service, known map[string]bool, skipped map[string]int) (*optimizer.Service, []Workload) {
+func (s *Source) service(svc *corev1.Service, known map[string]bool, skipped map[string]int) (*optimizer.Service, []Workload, map[string]int64) {
 	slices := s.inf.SlicesOf(svc.Namespace, svc.Name)
 	sort.Slice(slices, func(a, b int) bool { return slices[a].Name < slices[b].Name })
 	out := &optimizer.Service{Name: svc.Name, Namespace: svc.Namespace, Selector: maps.Clone(svc.Spec.Selector)}
@@ -486,7 +489,7 @@ func (s *Source) service(svc *corev1.Service, known map[string]bool, skipped map
 		}
 	}
 	if len(pods) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	sort.Slice(pods, func(a, b int) bool { return pods[a].pod.Name < pods[b].pod.Name })
 	var sum, n int64
@@ -498,7 +501,11 @@ func (s *Source) service(svc *corev1.Service, known map[string]bool, skipped map
 		out.CPU = max(out.CPU, p.cpu)
 		out.Memory = max(out.Memory, p.mem)
 	}
+	cpu := map[string]int64{}
 	for _, p := range pods {
+		if p.cpu > 0 {
+			cpu[svc.Namespace+"/"+p.pod.Name] = p.cpu
+		}
 		if n > 0 && p.cpu > 0 && p.cpu*n != sum {
 			w := float64(p.cpu) * float64(n) / float64(sum)
 			p.pod.Weight = &w
@@ -509,7 +516,7 @@ func (s *Source) service(svc *corev1.Service, known map[string]bool, skipped map
 	for w := range workloads {
 		ws = append(ws, w)
 	}
-	return out, ws
+	return out, ws, cpu
 }
 
 // workloadOf names the pod's workload as Istio does: the owning controller, a ReplicaSet

@@ -376,7 +376,7 @@ func TestStateFromCluster(t *testing.T) {
 			Workloads: map[Workload][]string{},
 		},
 	}, {
-		name: "weights: CPU request relative to the mean; service CPU and memory are the largest request",
+		name: "weights: CPU request relative to the mean; service CPU and memory are the largest request; each pod's CPU request",
 		objs: []runtime.Object{
 			managed("default", "a"),
 			deployed("default", "a", "a-1", "n1", "100m/64Mi"),
@@ -410,6 +410,7 @@ func TestStateFromCluster(t *testing.T) {
 				}},
 			},
 			Workloads: map[Workload][]string{{"a", "default"}: {"a"}, {"equal", "default"}: {"equal"}, {"none", "default"}: {"none"}},
+			PodCPU:    map[string]int64{"default/a-1": 100, "default/a-2": 300, "default/equal-1": 250, "default/equal-2": 250}, // none for a-3, none-*
 		},
 	}, {
 		name: "ports: a named targetPort resolves through the EndpointSlice",

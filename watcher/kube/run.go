@@ -252,6 +252,7 @@ type serviceEntry struct {
 	key       string             // optimizer.Service.Key
 	svc       *optimizer.Service // nil: no ready endpoint, left out
 	workloads []Workload
+	podCPU    map[string]int64 // State.PodCPU's entries of the service's pods
 	skipped   map[string]int
 }
 
@@ -310,7 +311,8 @@ func (s *Source) pass(b *builder, d dirty, deliver func(*State)) {
 // assemble makes a State of the cached entries: O(services), the entries shared, not copied (no
 // State is modified once delivered).
 func (b *builder) assemble() *State {
-	st := &State{Nodes: b.nodes.list, NodeAddresses: b.nodes.addrs, Workloads: map[Workload][]string{}, Skipped: map[string]int{}}
+	st := &State{Nodes: b.nodes.list, NodeAddresses: b.nodes.addrs, Workloads: map[Workload][]string{}, Skipped: map[string]int{},
+		PodCPU: map[string]int64{}}
 	ps := make([]*serviceEntry, 0, len(b.entries))
 	for _, p := range b.entries {
 		for r, n := range p.skipped {
@@ -323,6 +325,7 @@ func (b *builder) assemble() *State {
 	sort.Slice(ps, func(i, j int) bool { return ps[i].key < ps[j].key })
 	for _, p := range ps {
 		st.Services = append(st.Services, *p.svc)
+		maps.Copy(st.PodCPU, p.podCPU)
 		for _, w := range p.workloads {
 			st.Workloads[w] = append(st.Workloads[w], p.key)
 		}
@@ -366,7 +369,7 @@ func (s *Source) buildEntry(key string, known map[string]bool) *serviceEntry {
 		return nil
 	}
 	p := &serviceEntry{key: (&optimizer.Service{Name: name, Namespace: ns}).Key(), skipped: map[string]int{}}
-	p.svc, p.workloads = s.service(svc, known, p.skipped)
+	p.svc, p.workloads, p.podCPU = s.service(svc, known, p.skipped)
 	if p.svc == nil {
 		p.skipped[SkipNoReadyPods]++
 		s.log.Debug("kube: managed service has no ready endpoint; left out", "service", key)
