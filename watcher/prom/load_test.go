@@ -307,3 +307,27 @@ func TestPodLoadFailingQueryExpires(t *testing.T) {
 		t.Errorf("stale pod_requests series = %v after they were forgotten, want 0", n)
 	}
 }
+
+// While there are pod loads, a snapshot is delivered once per window even when nothing moved
+// beyond hysteresis: each window is one more sample for the capacity estimate.
+func TestPodLoadDeliveredEachWindow(t *testing.T) {
+	t.Parallel()
+	prom := loadProm(map[string][]series{queryPodRequests: {podSeries("shop/a", "100")}})
+	h := newHarness(t, Config{Window: 10 * time.Second}, prom)
+	first := h.mustDeliver("first answer")
+	h.advance(8 * time.Second)
+	h.mustNotDeliver("the same loads within the window")
+	h.advance(2 * time.Second)
+	m := h.mustDeliver("the same loads a window later")
+	if !m.At.Equal(first.At.Add(10*time.Second)) || len(m.Load) != 1 {
+		t.Errorf("delivered at %v with loads %+v", m.At, m.Load)
+	}
+	h.advance(2 * time.Second)
+	h.mustNotDeliver("the next window has not passed")
+
+	// Without pod loads, no such delivery.
+	h2 := newHarness(t, Config{Window: 10 * time.Second, StaleAfter: time.Second}, loadProm(nil))
+	h2.mustDeliver("first answer")
+	h2.advance(20 * time.Second)
+	h2.mustNotDeliver("nothing changed, no pod loads")
+}

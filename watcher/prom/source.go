@@ -73,11 +73,14 @@ type Status struct {
 //     is dropped. Vanishing, returning and forgetting are logged as one line per round and kind
 //     of change, naming the first few series: a flapping series never logs per evaluation.
 //   - Pod loads (PodLoad) are keyed by the series' namespace and pod labels, several series of a
-//     pod summed; a pod has one while the requests query answers for it. They follow the
-//     rules above (bad samples, stale series) per query, with two differences: a failing
-//     pod-load query does not fail the round (the pods' last good loads stay, stale, until
-//     StaleAfter; Status.LoadReason says why, logged once per streak), and the series of pods
-//     without requests are dropped uncounted. A pod whose inbound, downstream or CPU query has no series has 0 there.
+//     pod summed; a pod has one while the requests query answers for it, and the other
+//     queries' series of other pods are dropped uncounted; a pod without a series in the
+//     inbound, downstream or CPU query has 0 there. They follow the rules above (bad samples,
+//     stale series, hysteresis) per query, with two differences: a failing pod-load query does
+//     not fail the round (the pods' last good loads stay, stale, until StaleAfter;
+//     Status.LoadReason says why, logged once per streak), and while there are pod loads a
+//     snapshot is delivered at least once per window, within hysteresis or not: each window of
+//     load is one more sample for a capacity estimate.
 //   - The window is WindowScrapes scrape intervals of the probe job unless set.
 type Source struct {
 	cfg     Config
@@ -418,8 +421,8 @@ func (s *Source) changed(prev, next *Measurements) (deliver, moved bool) {
 		}
 	}
 	loadChanged, samePods := loadMoved(prev.Load, next.Load, beyond, &s.cfg)
-	if !samePods {
-		return true, true
+	if !samePods || len(next.Load) > 0 && next.At.Sub(prev.At) >= next.Window {
+		return true, true // a new pod set, or a window of load since the last delivery
 	}
 	return deliver || loadChanged, moved
 }
