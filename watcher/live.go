@@ -11,6 +11,7 @@ import (
 
 	"github.com/edgeflow/edgeflow/internal/latest"
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/watcher/estimate"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
 )
@@ -49,6 +50,11 @@ type LiveConfig struct {
 	LatencyGranularity string
 	// MaxNodePairs is LatencyAuto's bound (0 means DefaultMaxNodePairs).
 	MaxNodePairs int
+	// Estimator, when non-nil with Prom, estimates each pod's capacity from the pod loads of
+	// Prom's measurements (capacityFeed), and a pod's Pod.CapacityRPS is its estimate's lower
+	// confidence bound (lata-q's utilisation cap applies to it). Run owns it: nothing else may
+	// feed it.
+	Estimator *estimate.Estimator
 	// Logger and Registerer as elsewhere.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -112,6 +118,14 @@ const (
 //   - Prometheus unreachable after a good answer: its source delivers nothing, so the last
 //     good topology stays; Checks reports it. A failing Kubernetes watch is reported the same
 //     way, with the time it began.
+//   - Capacity (with an Estimator): Prometheus's pod loads of managed pods (matched by namespace
+//     and pod name; a load naming no such pod is left out and counted in
+//     edgeflow_watcher_unmatched_total{kind="pod"}, not an error) feed the estimator one
+//     window at a time, each pod's cores its CPU request (kube.State.PodCPU); a pod's
+//     Pod.CapacityRPS is its estimate's lower confidence bound, changed only when it moved by
+//     more than CapacityHysteresis, and set on a service's pods only when every one of them
+//     has an estimate. Stale loads are not fed. Without pod loads the topology is what it is
+//     without an estimator.
 type Live struct {
 	cfg LiveConfig
 	log *slog.Logger
@@ -125,6 +139,8 @@ type Live struct {
 
 	changed  latest.Signal      // an input changed: deliver merges again
 	compiler optimizer.Compiler // Run's only
+	capacity *capacityFeed      // Run's only; nil without an Estimator
+	podsOff  []string           // Run's only: the pod loads naming no pod of the last feed
 	mu       sync.Mutex         // guards kube, meas, current, latency
 	kube     *kube.State
 	meas     *prom.Measurements
@@ -182,6 +198,9 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 		return nil, fmt.Errorf("watcher: max node pairs %d: want a positive number", cfg.MaxNodePairs)
 	}
 	c := &Live{cfg: cfg, log: cfg.Logger, compiler: optimizer.Compiler{Options: cfg.Options}}
+	if cfg.Estimator != nil && cfg.Prom != nil {
+		c.capacity = newCapacityFeed(cfg.Estimator)
+	}
 	if err := c.newMetrics(cfg.Registerer); err != nil {
 		return nil, err
 	}
@@ -228,10 +247,50 @@ func (c *Live) Measured() *optimizer.Topology {
 // keeps its name in the first of them (by key) and is listed as "POD@SERVICE" in the others:
 // pod names are unique in a topology, and a pod calls as the first service it backs (see
 // measuredCalls) while it is called as each. '@' cannot occur in a Kubernetes name.
+//
+// Merge sets no capacity: Run merges with the capacities the Estimator gives (mergeWith).
 func (c *Live) Merge(ks *kube.State, meas *prom.Measurements) *optimizer.Topology {
-	t, notes := c.merge(ks, meas)
+	return c.mergeWith(ks, meas, nil)
+}
+
+// mergeWith is Merge with the pods' estimated capacities (requests/s by NAMESPACE/POD).
+func (c *Live) mergeWith(ks *kube.State, meas *prom.Measurements, capacity map[string]float64) *optimizer.Topology {
+	t, notes := c.merge(ks, meas, capacity)
 	c.record(notes)
 	return t
+}
+
+// feedCapacity runs the capacity feed on one pair of inputs, and counts and logs its pod loads
+// that name no pod of a managed service (edgeflow_watcher_unmatched_total{kind="pod"}, each
+// time one appears; not an error: meshes have more servers than edgeflow manages). It returns
+// the capacities in force (nil without an Estimator). Run's only.
+func (c *Live) feedCapacity(ks *kube.State, meas *prom.Measurements) map[string]float64 {
+	if c.capacity == nil {
+		return nil
+	}
+	r := c.capacity.feed(ks, meas)
+	if !r.fed && r.unmatched == nil {
+		return c.capacity.capacity
+	}
+	if r.err != nil {
+		c.log.Warn("watcher: the capacity estimator left samples out", "error", r.err)
+	}
+	before := map[string]bool{}
+	for _, p := range c.podsOff {
+		before[p] = true
+	}
+	var fresh []string
+	for _, p := range r.unmatched {
+		if !before[p] {
+			fresh = append(fresh, p)
+		}
+	}
+	c.unmatched.WithLabelValues("pod").Add(float64(len(fresh)))
+	if len(fresh) > 0 {
+		c.log.Debug("watcher: pod loads naming no pod of a managed service; left out", "pods", fresh)
+	}
+	c.podsOff = r.unmatched
+	return c.capacity.capacity
 }
 
 // record applies what a merge made of its inputs: it sets the latency state (under mu) and the

@@ -20,15 +20,17 @@ type mergeNotes struct {
 	ignored    map[string]int // calls left out, by reason (CallUnmanaged, …)
 }
 
-// merge builds the topology from one Kubernetes state and one set of measurements (nil: none)
-// by the rules of Live and Merge, and says what it made of them. It is pure: it reads only the
-// configuration NewLive fixed and its inputs, and writes nothing (neither its inputs nor the
-// Live's state, metrics or log).
-func (c *Live) merge(ks *kube.State, meas *prom.Measurements) (*optimizer.Topology, mergeNotes) {
+// merge builds the topology from one Kubernetes state, one set of measurements (nil: none) and
+// the pods' estimated capacities (requests/s by NAMESPACE/POD; nil: none) by the rules of Live
+// and Merge, and says what it made of them. It is pure: it reads only the configuration NewLive
+// fixed and its inputs, and writes nothing (neither its inputs nor the Live's state, metrics or
+// log).
+func (c *Live) merge(ks *kube.State, meas *prom.Measurements, capacity map[string]float64) (*optimizer.Topology, mergeNotes) {
 	t := &optimizer.Topology{Nodes: append([]optimizer.Node(nil), ks.Nodes...)}
 	listed := map[string]bool{} // pod keys
 	for _, s := range ks.Services {
 		s.Pods = append([]optimizer.Pod(nil), s.Pods...)
+		setCapacity(&s, capacity)
 		for i := range s.Pods {
 			if key := s.PodKey(&s.Pods[i]); listed[key] {
 				s.Pods[i].Name += "@" + s.Name
@@ -71,6 +73,22 @@ func (c *Live) merge(ks *kube.State, meas *prom.Measurements) (*optimizer.Topolo
 	t.Calls = dropCycles(calls, notes.ignored)
 	t.Ingress = ingress
 	return t, notes
+}
+
+// setCapacity gives each pod of s (its Pods already the caller's copy) its estimated capacity,
+// when every pod of s has one; else none (a service with the rate of some pods and not of
+// others is not a valid topology, and the estimator gives a pod without data its service's
+// median once it knows the pod at all).
+func setCapacity(s *optimizer.Service, capacity map[string]float64) {
+	for _, p := range s.Pods {
+		if _, ok := capacity[s.Namespace+"/"+p.Name]; !ok {
+			return
+		}
+	}
+	for i := range s.Pods {
+		v := capacity[s.Namespace+"/"+s.Pods[i].Name]
+		s.Pods[i].CapacityRPS = &v
+	}
 }
 
 // matchLatency maps the measured pairs' node labels to node names by NodeMatch, and says what

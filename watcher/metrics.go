@@ -47,9 +47,10 @@ func (c *Live) newMetrics(reg prometheus.Registerer) (err error) {
 	c.rejected = a.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: subsystemCluster, Name: "rejected_topologies_total",
 		Help: "Merged topologies that failed validation; the last good one stayed."})
 	c.unmatched = a.NewCounterVec(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: subsystemWatcher, Name: "unmatched_total",
-		Help: "Names in the measurements that match no Kubernetes object, counted each time one appears, by kind (node)."}, []string{labelKind})
+		Help: "Names in the measurements that match no Kubernetes object, counted each time one appears, by kind (node: a latency label, an error; pod: a pod load, left out)."}, []string{labelKind})
 	c.noLatency = a.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemWatcher, Name: "degraded_plan",
 		Help: "1 while the topology has no usable latency and the capacity-weighted plan (every node pair equal) is served."})
 	c.unmatched.WithLabelValues("node")
+	c.unmatched.WithLabelValues("pod")
 	return nil
 }

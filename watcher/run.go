@@ -59,7 +59,7 @@ func (c *Live) deliver(ctx context.Context, l Listener) {
 		if ks == nil {
 			continue // never a half-built topology
 		}
-		t := c.Merge(ks, meas)
+		t := c.mergeWith(ks, meas, c.feedCapacity(ks, meas))
 		// Compiled once, here, with the consumers' options: the compile validates it, says
 		// whether anything changed, and is published for the Planners downstream.
 		cm, err := c.compiler.Compile(t)

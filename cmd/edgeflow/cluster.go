@@ -22,6 +22,7 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
+	"github.com/edgeflow/edgeflow/watcher/estimate"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
 	"github.com/edgeflow/edgeflow/xds/istio"
@@ -326,6 +327,11 @@ func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, chec
 		}
 		if cc.Prom, err = prom.NewSource(pc); err != nil {
 			return nil, usageError{err}
+		}
+		if f.podRequests != prom.DisableLoad {
+			if cc.Estimator, err = estimate.New(estimate.Config{}); err != nil {
+				return nil, err
+			}
 		}
 	} else if cc.CallGraph == nil {
 		return nil, badInput("without --prometheus-url the call graph must be given with --calls FILE")

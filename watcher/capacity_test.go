@@ -1,0 +1,181 @@
+package watcher
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/watcher/estimate"
+	"github.com/edgeflow/edgeflow/watcher/prom"
+)
+
+// capacities reads each pod's CapacityRPS by its name in the topology (nil: none).
+func capacities(top *optimizer.Topology) map[string]*float64 {
+	out := map[string]*float64{}
+	for _, s := range top.Services {
+		for _, p := range s.Pods {
+			out[s.Namespace+"/"+p.Name] = p.CapacityRPS
+		}
+	}
+	return out
+}
+
+func TestMergeCapacity(t *testing.T) {
+	t.Parallel()
+	// api-h is api's headless twin (the same pods, listed as POD@api-h); web has an estimate
+	// for one pod of two.
+	st := state([]string{"n1", "n2"}, service("api", "api-1@n1", "api-2@n2"), service("api-h", "api-1@n1", "api-2@n2"),
+		service("web", "web-1@n1", "web-2@n2"))
+	c, _ := newCluster(t, LiveConfig{Prom: promStub})
+	capacity := map[string]float64{"default/api-1": 100, "default/api-2": 150, "default/web-1": 80, "default/ghost": 1}
+	top, _ := c.merge(st, nil, capacity)
+	v := func(x float64) *float64 { return &x }
+	want := map[string]*float64{
+		"default/api-1": v(100), "default/api-2": v(150), "default/api-1@api-h": v(100), "default/api-2@api-h": v(150),
+		"default/web-1": nil, "default/web-2": nil, // all or nothing: a service with some pods' rates is not valid
+	}
+	if diff := cmp.Diff(want, capacities(top)); diff != "" {
+		t.Errorf("pods' capacity_rps (-want +got):\n%s", diff)
+	}
+	if _, err := optimizer.Compile(top, optimizer.Options{}); err != nil {
+		t.Errorf("the topology with capacities does not compile: %v", err)
+	}
+	for _, s := range st.Services {
+		for _, p := range s.Pods {
+			if p.CapacityRPS != nil {
+				t.Errorf("merge wrote its input: %s/%s has capacity %v", s.Name, p.Name, *p.CapacityRPS)
+			}
+		}
+	}
+	// The topology owns its numbers: changing the map later changes nothing.
+	capacity["default/api-1"] = 1
+	if got := *capacities(top)["default/api-1"]; got != 100 {
+		t.Errorf("the topology shares the capacity map: api-1 reads %v", got)
+	}
+}
+
+// loadRound is a Prometheus snapshot of the window ending at t0 + i windows: api-1 (0.5 cores)
+// takes 2 ms of CPU per request, api-2 (1 core) 4 ms; both serve 1,000 requests a window,
+// ±0.5 % from window to window. ghost and other/api-1 are no pod of a managed service.
+func loadRound(i int, window time.Duration) *prom.Measurements {
+	jitter := 1 + 0.005*float64(i%3-1)
+	load := func(ns, pod string, cpuPerRequest float64) prom.PodLoad {
+		n := 1000 * jitter // inbound time: the CPU time, nothing queued (a light load)
+		return prom.PodLoad{Namespace: ns, Pod: pod, Window: window, Requests: n, InboundMSSum: n * cpuPerRequest * 1000, CPUSeconds: 1000 * cpuPerRequest * (2 - jitter)}
+	}
+	return &prom.Measurements{At: t0.Add(time.Duration(i) * window), Window: window, Load: []prom.PodLoad{
+		load("default", "api-1", 0.002), load("default", "api-2", 0.004), load("default", "ghost", 0.001), load("other", "api-1", 0.001),
+	}}
+}
+
+var t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func TestCapacityFromPodLoads(t *testing.T) {
+	t.Parallel()
+	est, err := estimate.New(estimate.Config{MinRequests: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, reg := newCluster(t, LiveConfig{Prom: promStub, Estimator: est})
+	st := state([]string{"n1", "n2"}, service("api", "api-1@n1", "api-2@n2"))
+	st.PodCPU = map[string]int64{"default/api-1": 500, "default/api-2": 1000}
+	const window = time.Minute
+
+	// The first window sets the counters' base; MinWindows (3) windows later each pod has an
+	// estimate. Snapshots within a window of the one fed (the source delivers more often) and
+	// stale loads are not fed.
+	for i := 0; i <= 2; i++ {
+		if got := c.feedCapacity(st, loadRound(i, window)); len(got) != 0 {
+			t.Fatalf("window %d: capacities %v before MinWindows windows", i, got)
+		}
+		half := loadRound(i, window)
+		half.At = half.At.Add(window / 2)
+		clock := c.capacity.clock
+		c.feedCapacity(st, half)
+		if c.capacity.clock != clock {
+			t.Fatalf("window %d: a snapshot half a window after the one fed was fed", i)
+		}
+	}
+	stale := loadRound(3, window)
+	for i := range stale.Load {
+		stale.Load[i].Stale = true
+	}
+	if got := c.feedCapacity(st, stale); len(got) != 0 {
+		t.Fatalf("stale loads fed: capacities %v", got)
+	}
+	got := c.feedCapacity(st, loadRound(4, window))
+	// The truth: cores / CPU-seconds per request = 0.5 / 0.002 = 250 rps for both; the lower
+	// confidence bound is under it.
+	for _, pod := range []string{"default/api-1", "default/api-2"} {
+		if v, ok := got[pod]; !ok || v > 250*1.0001 || v < 250*0.9 {
+			t.Errorf("%s: capacity %v (estimated: %v), want the lower bound of 250 rps, within 10 %% under it", pod, v, ok)
+		}
+	}
+	if len(got) != 2 {
+		t.Errorf("capacities %v, want api-1 and api-2 only", got)
+	}
+	if n := metric(t, reg, "edgeflow_watcher_unmatched_total", "kind", "pod"); n != 2 {
+		t.Errorf("unmatched_total{kind=pod} = %v, want 2 (ghost, other/api-1: each counted once)", n)
+	}
+	top := c.mergeWith(st, loadRound(4, window), got)
+	if caps := capacities(top); caps["default/api-1"] == nil || *caps["default/api-1"] != got["default/api-1"] {
+		t.Errorf("topology's capacities %v, want %v", caps, got)
+	}
+
+	// A small move is held (hysteresis); the value in force stays.
+	before := got["default/api-1"]
+	next := loadRound(5, window)
+	next.Load[0].CPUSeconds *= 1.01
+	if after := c.feedCapacity(st, next)["default/api-1"]; after != before {
+		t.Errorf("a 1 %% move changed the capacity in force: %v → %v", before, after)
+	}
+	// A slower pod is followed.
+	for i := 6; i <= 11; i++ {
+		slow := loadRound(i, window)
+		slow.Load[0].CPUSeconds *= 2
+		got = c.feedCapacity(st, slow)
+	}
+	if v := got["default/api-1"]; v > 125*1.0001 || v < 125*0.9 {
+		t.Errorf("api-1 at twice the CPU per request: capacity %v, want the lower bound of 125 rps", v)
+	}
+}
+
+// Without pod loads, or with pod loads of no managed pod, the topology is byte for byte what it
+// is without an estimator.
+func TestNoPodLoadNoChange(t *testing.T) {
+	t.Parallel()
+	st := clusterState{state([]string{"n1", "n2"}, service("front", "front-1@n1"), service("api", "api-1@n1", "api-2@n2"))}.
+		backs("front", "front").backs("api", "api")
+	st.PodCPU = map[string]int64{"default/api-1": 500, "default/api-2": 500}
+	plain, _ := newCluster(t, LiveConfig{Prom: promStub})
+	est, err := estimate.New(estimate.Config{MinRequests: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withEst, _ := newCluster(t, LiveConfig{Prom: promStub, Estimator: est})
+	const window = time.Minute
+	for i := 0; i < 8; i++ {
+		meas := &prom.Measurements{
+			Latency: map[prom.Pair]float64{{From: "n1", To: "n2"}: 10, {From: "n2", To: "n1"}: 12},
+			Calls:   []prom.CallRate{rate("istio-system/gw", "front", 100), rate("front", "api", 50)},
+			Window:  window, At: t0.Add(time.Duration(i) * window),
+		}
+		if i%2 == 1 { // every other snapshot: the loads of pods edgeflow does not manage
+			meas.Load = []prom.PodLoad{{Namespace: "istio-system", Pod: "gw-1", Window: window, Requests: 6000, CPUSeconds: 30}}
+		}
+		want, err := json.Marshal(plain.Merge(st.State, meas))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := json.Marshal(withEst.mergeWith(st.State, meas, withEst.feedCapacity(st.State, meas)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Fatalf("snapshot %d: with an estimator and no managed pod's load, the topology differs:\n%s\nwant\n%s", i, got, want)
+		}
+	}
+}
