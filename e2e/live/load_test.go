@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeflow/edgeflow/internal/testkit"
+	"github.com/edgeflow/edgeflow/watcher"
+	"github.com/edgeflow/edgeflow/watcher/estimate"
 	"github.com/edgeflow/edgeflow/watcher/prom"
 )
 
@@ -238,5 +240,70 @@ func TestPodLoadFromPrometheus(t *testing.T) {
 		if l.Stale {
 			t.Errorf("b's pod load %s is stale after recovery", l.Name())
 		}
+	}
+}
+
+// TestPodLoadSetsCapacity: the live loop as serve wires it — a real kube-apiserver, a real
+// Prometheus scraping a stock mesh's per-pod series, the capacity estimator fed by Live — gives
+// each managed pod its measured capacity (cores / CPU-seconds per request, the pod's cores its
+// CPU request, 500m here) as Pod.CapacityRPS; the load of a pod edgeflow does not manage is
+// left out and counted.
+func TestPodLoadSetsCapacity(t *testing.T) {
+	t.Parallel()
+	const (
+		scrape   = time.Second
+		window   = 3 * time.Second
+		interval = 500 * time.Millisecond
+	)
+	// The truth: μ = 0.5 cores / (cores used / rps).
+	pods := []reportedPod{
+		{namespace: ns, pod: "api-3", rps: 200, inboundMS: 1, cores: 0.2},                                      // 1 ms CPU a request: 500 rps
+		{namespace: ns, pod: "api-4", rps: 100, inboundMS: 2, cores: 0.2},                                      // 2 ms: 250 rps
+		{namespace: ns, pod: "web-1", rps: 100, inboundMS: 6, callsPerRequest: 1, downstreamMS: 4, cores: 0.1}, // 1 ms: 500 rps
+		{namespace: ns, pod: "web-2", rps: 100, inboundMS: 6, callsPerRequest: 1, downstreamMS: 4, cores: 0.1},
+		{namespace: "istio-system", pod: "istio-ingressgateway-1", rps: 200, inboundMS: 1, cores: 0.3}, // no managed pod
+	}
+	truth := map[string]float64{"api-3": 500, "api-4": 250, "web-1": 500, "web-2": 500}
+	w := newWorld(t, worldOptions{nodes: edges, rtt: edgeRTT(), scrape: scrape, podLoad: pods,
+		kube: true, services: []string{"web", "api"}, pods: shopPods})
+	est, err := estimate.New(estimate.Config{MinRequests: 100})
+	must(t, err)
+	w.watch(watchOptions{prom: &prom.Config{Interval: interval, Window: window}, live: watcher.LiveConfig{Estimator: est}})
+
+	capacity := func() (map[string]float64, error) {
+		top := w.cl.Current()
+		if top == nil {
+			return nil, errors.New("no topology yet")
+		}
+		got := map[string]float64{}
+		for _, s := range top.Services {
+			for _, p := range s.Pods {
+				if p.CapacityRPS == nil {
+					return nil, fmt.Errorf("pod %s has no capacity yet", p.Name)
+				}
+				got[p.Name] = *p.CapacityRPS
+			}
+		}
+		return got, nil
+	}
+	testkit.EventuallyNoError(t, 60*time.Second, "each managed pod's capacity within 15 % under the truth", func() error {
+		got, err := capacity()
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for pod, want := range truth {
+			// The lower confidence bound: at most the truth (increase() reads a few % either
+			// way), not far under it with constant rates.
+			if v, ok := got[pod]; !ok || v > want*1.05 || v < want*0.85 {
+				errs = append(errs, fmt.Errorf("%s: %.1f rps, want %.0f (−15 %%, +5 %%)", pod, v, want))
+			}
+		}
+		return errors.Join(errs...)
+	})
+	got, _ := capacity()
+	t.Logf("capacities (lower bounds, requests/s): %v; truth %v", got, truth)
+	if n := counterValue(t, w.reg, "edgeflow_watcher_unmatched_total"); n < 1 {
+		t.Errorf("edgeflow_watcher_unmatched_total = %v, want the ingress gateway's load counted", n)
 	}
 }
