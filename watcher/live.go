@@ -275,22 +275,29 @@ func (c *Live) feedCapacity(ks *kube.State, meas *prom.Measurements) map[string]
 	if r.err != nil {
 		c.log.Warn("watcher: the capacity estimator left samples out", "error", r.err)
 	}
-	before := map[string]bool{}
-	for _, p := range c.podsOff {
-		before[p] = true
-	}
-	var fresh []string
-	for _, p := range r.unmatched {
-		if !before[p] {
-			fresh = append(fresh, p)
-		}
-	}
+	fresh := added(c.podsOff, r.unmatched)
 	c.unmatched.WithLabelValues("pod").Add(float64(len(fresh)))
 	if len(fresh) > 0 {
 		c.log.Debug("watcher: pod loads naming no pod of a managed service; left out", "pods", fresh)
 	}
 	c.podsOff = r.unmatched
 	return c.capacity.capacity
+}
+
+// added lists the names of now that are not in before, in now's order. O(len(before) +
+// len(now)).
+func added(before, now []string) []string {
+	was := make(map[string]bool, len(before))
+	for _, n := range before {
+		was[n] = true
+	}
+	var fresh []string
+	for _, n := range now {
+		if !was[n] {
+			fresh = append(fresh, n)
+		}
+	}
+	return fresh
 }
 
 // record applies what a merge made of its inputs: it sets the latency state (under mu) and the
@@ -312,17 +319,7 @@ func (c *Live) record(n mergeNotes) {
 	if c.cfg.Prom == nil {
 		return
 	}
-	before := map[string]bool{}
-	for _, n := range prev.unmatched {
-		before[n] = true
-	}
-	var fresh []string
-	for _, n := range ls.unmatched {
-		if !before[n] {
-			fresh = append(fresh, n)
-		}
-	}
-	c.unmatched.WithLabelValues("node").Add(float64(len(fresh)))
+	c.unmatched.WithLabelValues("node").Add(float64(len(added(prev.unmatched, ls.unmatched))))
 	if !slices.Equal(prev.unmatched, ls.unmatched) {
 		if len(ls.unmatched) > 0 {
 			c.log.Error("watcher: latency labels name no node; their pairs are not used", "node_match", c.cfg.NodeMatch, "names", ls.unmatched)
