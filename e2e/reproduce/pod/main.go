@@ -75,21 +75,26 @@ func main() {
 	flag.Float64Var(&o.cpuRequest, "cpu-request", 0, "the pod's CPU request in cores, exported as kube-state-metrics does (0: none)")
 	flag.Var(&o.downstream, "call", "SERVICE.NAMESPACE[=RATE]: a downstream call per request served (repeatable; in order)")
 	flag.Parse()
-	if err := run(o); err != nil {
+	err := fmt.Errorf("no arguments, got %q", flag.Args())
+	if flag.NArg() == 0 {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err = run(ctx, o)
+		stop()
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "pod %s: %v\n", o.name, err)
 		os.Exit(1)
 	}
 }
 
-func run(o options) error {
-	if o.name == "" || o.listen == "" || flag.NArg() != 0 {
-		return fmt.Errorf("--name and --listen are required, and no arguments (got %q)", flag.Args())
+// run serves the pod until ctx is done.
+func run(ctx context.Context, o options) error {
+	if o.name == "" || o.listen == "" {
+		return errors.New("--name and --listen are required")
 	}
 	if !(o.slow > 0) || math.IsInf(o.slow, 0) {
 		return fmt.Errorf("--slow %v: want a positive factor", o.slow)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	cfg := app.Config{Name: o.name, Node: o.node, Workload: o.workload, Namespace: o.namespace, Workers: o.workers,
 		ServiceTime: app.NewExponential(o.service, o.seed), Slowdown: o.slow, CPURequest: o.cpuRequest}
 	for _, d := range o.downstream {
