@@ -37,6 +37,7 @@ type service struct {
 	servable bool
 
 	allPods   bool                     // LBLeastRequest: every assignment is one locality of all pods
+	bands     []band                   // LBBands: the pods by node, ordered by node name; nil otherwise
 	locality  []*core.Locality         // per pod
 	lbEps     [][]*endpoint.LbEndpoint // per pod, one endpoint
 	fallback  []*endpoint.LbEndpoint   // per pod, for the failover locality: weighted by capacity
@@ -220,9 +221,12 @@ func (b *builder) buildShared(s *service) error {
 	s.fallback = make([]*endpoint.LbEndpoint, n)
 	s.rrWeights = capacityWeights(s.pods)
 	s.allPods = b.lb == LBLeastRequest
+	if b.lb == LBBands {
+		s.bands = podBands(s.pods)
+	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00", b.enc, s.name)
-	if s.allPods { // round-robin versions stay what they were before LBPolicy existed
+	if b.lb != LBRoundRobin { // round-robin versions stay what they were before LBPolicy existed
 		fmt.Fprintf(h, "lb=%s\x00", b.lb)
 	}
 	for i, p := range s.pods {
@@ -243,7 +247,7 @@ func (b *builder) buildShared(s *service) error {
 	}
 	switch b.enc {
 	case EncodingLocality:
-		if s.cluster, err = newEntry(s.name, edsCluster(s.name, b.lb)); err != nil {
+		if s.cluster, err = newEntry(s.name, grpcCluster(s.name, b.lb)); err != nil {
 			return err
 		}
 		if s.route, err = newEntry(s.name, routeConfig(s.name, &route.RouteAction{
@@ -292,7 +296,80 @@ func (b *builder) assignment(s *service, name string, weights []int64) *endpoint
 	if s.allPods {
 		return allPodsAssignment(name, s.fallback)
 	}
+	if s.bands != nil {
+		return bandAssignment(name, s.bands, s.fallback, weights)
+	}
 	return assignment(name, s.locality, s.lbEps, s.fallback, weights)
+}
+
+// BandSubZone is the sub_zone of an LBBands locality (its zone is the band's node). Like
+// FailoverSubZone it cannot collide with a pod's name.
+const BandSubZone = "edgeflow/band"
+
+// band is the callee pods on one node (LBBands).
+type band struct {
+	loc  *core.Locality
+	pods []int // indices into the service's pods, in pod order
+}
+
+// podBands groups pods by node, ordered by node name.
+func podBands(pods []pod) []band {
+	index := map[string]int{}
+	var bs []band
+	for i, p := range pods {
+		k, ok := index[p.node]
+		if !ok {
+			k = len(bs)
+			index[p.node] = k
+			bs = append(bs, band{loc: &core.Locality{Zone: p.node, SubZone: BandSubZone}})
+		}
+		bs[k].pods = append(bs[k].pods, i)
+	}
+	sort.Slice(bs, func(i, j int) bool { return bs[i].loc.GetZone() < bs[j].loc.GetZone() })
+	return bs
+}
+
+// bandWeights is weights (a caller's, per pod) in the canonical form of LBBands: each band's
+// sum on its first pod, 0 on its others. Callers whose plans differ only inside bands get the
+// same form, so they share one assignment, and a plan that moves traffic only inside a band
+// changes no version (nothing is pushed).
+func bandWeights(bs []band, weights []int64) []int64 {
+	out := make([]int64, len(weights))
+	for _, bd := range bs {
+		var sum int64
+		for _, i := range bd.pods {
+			sum += weights[i]
+		}
+		out[bd.pods[0]] = sum
+	}
+	return out
+}
+
+// bandAssignment is LBBands' ClusterLoadAssignment: at priority 0 one locality per band with
+// a positive weight (the sum of weights over its pods), holding every pod of the band; the
+// pods of the other bands in the failover locality at priority 1. Endpoints are eps (per pod,
+// weighted by capacity), so least-request inside a band splits it by capacity where the
+// client weighs endpoints (Envoy) and evenly where it does not (grpc-go's least_request).
+func bandAssignment(name string, bs []band, eps []*endpoint.LbEndpoint, weights []int64) *endpoint.ClusterLoadAssignment {
+	cla := &endpoint.ClusterLoadAssignment{ClusterName: name}
+	var failover []*endpoint.LbEndpoint
+	for _, bd := range bs {
+		var sum int64
+		bandEps := make([]*endpoint.LbEndpoint, len(bd.pods))
+		for k, i := range bd.pods {
+			sum += weights[i]
+			bandEps[k] = eps[i]
+		}
+		if sum > 0 {
+			cla.Endpoints = append(cla.Endpoints, localityEndpoints(bd.loc, bandEps, sum, 0))
+		} else {
+			failover = append(failover, bandEps...)
+		}
+	}
+	if len(failover) > 0 {
+		cla.Endpoints = append(cla.Endpoints, localityEndpoints(failoverLocality, failover, 1, 1))
+	}
+	return cla
 }
 
 // AllPodsSubZone is the sub_zone of LBLeastRequest's one locality, which holds every pod of

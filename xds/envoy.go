@@ -139,6 +139,9 @@ func (sp *servicePort) assignment(s *service, weights []int64) *endpoint.Cluster
 	if s.allPods {
 		return allPodsAssignment(sp.cluster, sp.fallback)
 	}
+	if s.bands != nil {
+		return bandAssignment(sp.cluster, s.bands, sp.fallback, weights)
+	}
 	return assignment(sp.cluster, s.locality, sp.lbEps, sp.fallback, weights)
 }
 

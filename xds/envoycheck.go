@@ -12,6 +12,9 @@ import (
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	router "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	leastrequestv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
+	roundrobinv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/round_robin/v3"
+	wrrlocalityv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/wrr_locality/v3"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -159,8 +162,9 @@ func CheckRouteConfigs(rcs []*route.RouteConfiguration) error {
 }
 
 // CheckClusters checks a CDS response: every cluster valid, names unique, extension protocol
-// options that unpack and validate; edgeflow: of type EDS with its EDS config from ADS and
-// locality-weighted load balancing, so the assignments' locality weights are honoured.
+// options that unpack and validate, a load-balancing policy Envoy takes (checkLbPolicy);
+// edgeflow: of type EDS with its EDS config from ADS and locality-weighted load balancing, so
+// the assignments' locality weights are honoured.
 func CheckClusters(cs []*cluster.Cluster) error {
 	names := map[string]bool{}
 	for _, c := range cs {
@@ -189,8 +193,103 @@ func CheckClusters(cs []*cluster.Cluster) error {
 		if c.GetEdsClusterConfig().GetEdsConfig().GetAds() == nil {
 			return ruleErr("cluster %q: edgeflow: EDS config is not ADS", name)
 		}
-		if c.GetCommonLbConfig().GetLocalityWeightedLbConfig() == nil {
-			return ruleErr("cluster %q: edgeflow: no locality_weighted_lb_config", name)
+		if err := checkLbPolicy(c); err != nil {
+			return ruleErr("cluster %q: %v", name, err)
+		}
+	}
+	return nil
+}
+
+// Type URLs of the load-balancing policies Envoy registers (TypedLoadBalancerFactory, one
+// folder each under source/extensions/load_balancing_policies/), of those whose config
+// go-control-plane has: what load_balancing_policy may name for Envoy to find a factory.
+var envoyLbPolicies = map[string]bool{
+	"type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin":                                        true,
+	"type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest":                                    true,
+	"type.googleapis.com/envoy.extensions.load_balancing_policies.random.v3.Random":                                                 true,
+	"type.googleapis.com/envoy.extensions.load_balancing_policies.ring_hash.v3.RingHash":                                            true,
+	"type.googleapis.com/envoy.extensions.load_balancing_policies.maglev.v3.Maglev":                                                 true,
+	"type.googleapis.com/envoy.extensions.load_balancing_policies.wrr_locality.v3.WrrLocality":                                      true,
+	"type.googleapis.com/envoy.extensions.load_balancing_policies.cluster_provided.v3.ClusterProvided":                              true,
+	"type.googleapis.com/envoy.extensions.load_balancing_policies.subset.v3.Subset":                                                 true,
+	"type.googleapis.com/envoy.extensions.load_balancing_policies.client_side_weighted_round_robin.v3.ClientSideWeightedRoundRobin": true,
+}
+
+// checkLbPolicy checks a cluster's load-balancing policy; it returns no rule error of its own.
+//
+// With load_balancing_policy set, Envoy (source/common/upstream/upstream_impl.cc,
+// ClusterInfoImpl::configureLbPolicies) ignores lb_policy and rejects the cluster when it
+// also has lb_subset_config, or a common_lb_config with zone_aware_lb_config,
+// locality_weighted_lb_config or consistent_hashing_lb_config, or when no policy of the list
+// has a registered factory (the first that has one wins). edgeflow: that policy must weigh
+// localities — WrrLocality, or RoundRobin / LeastRequest whose locality_lb_config has
+// locality_weighted_lb_config — or the plan's locality weights are lost.
+//
+// Without it, edgeflow: common_lb_config.locality_weighted_lb_config must be set
+// (ZoneAwareLoadBalancerBase::hostSourceToUse picks a locality by weight only then), and a
+// LEAST_REQUEST cluster's active_request_bias must be finite and ≥ 0: Envoy does not reject
+// another but runs 1.0 instead, with a warning (LeastRequestLoadBalancer::refresh).
+// least_request_lb_config on a cluster of another lb_policy is ignored (each legacy policy's
+// config constructor reads its own), which edgeflow never means to send. choice_count < 2 is
+// the proto's own rule (ValidateAll).
+func checkLbPolicy(c *cluster.Cluster) error {
+	if lbp := c.GetLoadBalancingPolicy(); lbp != nil {
+		if c.GetLbSubsetConfig() != nil {
+			return errors.New("load_balancing_policy cannot be combined with lb_subset_config")
+		}
+		if cl := c.GetCommonLbConfig(); cl.GetZoneAwareLbConfig() != nil || cl.GetLocalityWeightedLbConfig() != nil || cl.GetConsistentHashingLbConfig() != nil {
+			return errors.New("load_balancing_policy cannot be combined with common_lb_config's zone_aware_lb_config, locality_weighted_lb_config or consistent_hashing_lb_config")
+		}
+		for _, p := range lbp.GetPolicies() {
+			tc := p.GetTypedExtensionConfig().GetTypedConfig()
+			if !envoyLbPolicies[tc.GetTypeUrl()] {
+				continue
+			}
+			var m interface {
+				proto.Message
+				ValidateAll() error
+			}
+			switch tc.GetTypeUrl() {
+			case "type.googleapis.com/envoy.extensions.load_balancing_policies.wrr_locality.v3.WrrLocality":
+				m = &wrrlocalityv3.WrrLocality{}
+			case "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest":
+				m = &leastrequestv3.LeastRequest{}
+			case "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin":
+				m = &roundrobinv3.RoundRobin{}
+			default:
+				return fmt.Errorf("edgeflow: load_balancing_policy %q does not weigh localities", p.GetTypedExtensionConfig().GetName())
+			}
+			if err := tc.UnmarshalTo(m); err != nil {
+				return fmt.Errorf("load_balancing_policy %q: %v", p.GetTypedExtensionConfig().GetName(), err)
+			}
+			if err := m.ValidateAll(); err != nil {
+				return fmt.Errorf("load_balancing_policy %q: %v", p.GetTypedExtensionConfig().GetName(), err)
+			}
+			switch m := m.(type) {
+			case *wrrlocalityv3.WrrLocality:
+				return checkEndpointPicking(m.GetEndpointPickingPolicy())
+			case *leastrequestv3.LeastRequest:
+				if m.GetLocalityLbConfig().GetLocalityWeightedLbConfig() != nil {
+					return nil
+				}
+			case *roundrobinv3.RoundRobin:
+				if m.GetLocalityLbConfig().GetLocalityWeightedLbConfig() != nil {
+					return nil
+				}
+			}
+			return fmt.Errorf("edgeflow: load_balancing_policy %q does not weigh localities", p.GetTypedExtensionConfig().GetName())
+		}
+		return errors.New("load_balancing_policy: no policy Envoy has a factory for")
+	}
+	if c.GetCommonLbConfig().GetLocalityWeightedLbConfig() == nil {
+		return errors.New("edgeflow: no locality_weighted_lb_config")
+	}
+	if lr := c.GetLeastRequestLbConfig(); lr != nil {
+		if c.GetLbPolicy() != cluster.Cluster_LEAST_REQUEST {
+			return fmt.Errorf("edgeflow: least_request_lb_config on a %v cluster (ignored)", c.GetLbPolicy())
+		}
+		if b := lr.GetActiveRequestBias(); b != nil && (math.IsNaN(b.GetDefaultValue()) || math.IsInf(b.GetDefaultValue(), 0) || b.GetDefaultValue() < 0) {
+			return fmt.Errorf("edgeflow: active_request_bias %v (Envoy would run 1.0)", b.GetDefaultValue())
 		}
 	}
 	return nil
@@ -365,4 +464,24 @@ func asAll[T proto.Message](msgs []proto.Message) []T {
 		out[i] = m.(T)
 	}
 	return out
+}
+
+// checkEndpointPicking checks WrrLocality's endpoint_picking_policy as Envoy loads it
+// (source/extensions/load_balancing_policies/wrr_locality/config.h, Factory::loadConfig): the
+// first policy with a registered factory must be ClientSideWeightedRoundRobin ("Currently
+// WrrLocalityLoadBalancer only supports ClientSideWeightedRoundRobinLoadBalancer as its
+// endpoint picking policy"), and none at all is an error too ("No supported endpoint picking
+// policy"). So Envoy rejects WrrLocality{LeastRequest}, which grpc-go takes: LBBands' gRPC
+// cluster is for proxyless nodes only.
+func checkEndpointPicking(lbp *cluster.LoadBalancingPolicy) error {
+	const cswrr = "type.googleapis.com/envoy.extensions.load_balancing_policies.client_side_weighted_round_robin.v3.ClientSideWeightedRoundRobin"
+	for _, p := range lbp.GetPolicies() {
+		switch url := p.GetTypedExtensionConfig().GetTypedConfig().GetTypeUrl(); {
+		case url == cswrr:
+			return nil
+		case envoyLbPolicies[url]:
+			return fmt.Errorf("WrrLocality's endpoint_picking_policy %q: Envoy takes only ClientSideWeightedRoundRobin there", p.GetTypedExtensionConfig().GetName())
+		}
+	}
+	return errors.New("WrrLocality's endpoint_picking_policy: no policy Envoy has a factory for")
 }

@@ -8,6 +8,8 @@ import (
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	router "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	leastrequestv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
+	wrrlocalityv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/wrr_locality/v3"
 	upstreamhttp "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -98,6 +100,70 @@ func edsCluster(name string, lb LBPolicy) *cluster.Cluster {
 		}}
 	}
 	return c
+}
+
+// grpcCluster is the cluster proxyless gRPC nodes get for lb: bandsGRPCCluster for LBBands,
+// else edsCluster.
+func grpcCluster(name string, lb LBPolicy) *cluster.Cluster {
+	if lb == LBBands {
+		return bandsGRPCCluster(name)
+	}
+	return edsCluster(name, lb)
+}
+
+// Extension names of the load-balancing policies LBBands' gRPC cluster names (the names
+// Envoy registers them under; grpc-go looks them up by type URL).
+const (
+	wrrLocalityPolicyName  = "envoy.load_balancing_policies.wrr_locality"
+	leastRequestPolicyName = "envoy.load_balancing_policies.least_request"
+)
+
+// bandsGRPCCluster is LBBands' cluster for proxyless gRPC: EDS over ADS, lb_policy
+// ROUND_ROBIN and load_balancing_policy WrrLocality{LeastRequest{choice_count 2}}, so that
+// grpc-go picks a locality (a band) by its weight and then an endpoint by least-request.
+//
+// What grpc-go 1.85 does with it:
+//   - internal/xds/xdsclient/xdsresource/unmarshal_cds.go,
+//     validateClusterAndConstructClusterUpdate: lb_policy is switched on first (ROUND_ROBIN,
+//     RING_HASH and LEAST_REQUEST pass; anything else NACKs the cluster even when
+//     load_balancing_policy is set), then a load_balancing_policy replaces it and its JSON is
+//     parsed by the balancer registry, so a policy's own ParseConfig can NACK the cluster.
+//     The bare LEAST_REQUEST enum would run least_request_experimental over all endpoints of
+//     a priority, locality weights ignored — hence WrrLocality.
+//   - internal/xds/xdsclient/xdslbregistry/xdslbregistry.go, ConvertToServiceConfig: the
+//     first policy whose type URL has a converter wins; unknown types are skipped; none at
+//     all, or more than 16 levels of nesting, NACKs.
+//   - internal/xds/xdsclient/xdslbregistry/converter/converter.go,
+//     convertWRRLocalityProtoToServiceConfig: endpoint_picking_policy converted recursively
+//     into xds_wrr_locality_experimental's childPolicy (a weighted_target over localities by
+//     locality weight, internal/xds/balancer/wrrlocality/balancer.go, UpdateClientConnState).
+//   - same file, convertLeastRequestProtoToServiceConfig: reads choice_count only (default
+//     2); active_request_bias, slow_start_config, locality_lb_config, enable_full_scan and
+//     selection_method are ignored.
+//   - balancer/leastrequest/leastrequest.go, bb.ParseConfig: choice_count < 2 is rejected
+//     (the cluster NACKed), > 10 clamped to 10; picker.Pick draws choice_count of the READY
+//     endpoints uniformly and takes the one with fewest RPCs in flight: endpoint weights are
+//     ignored.
+//
+// common_lb_config is left unset: grpc-go ignores it, and Envoy rejects
+// locality_weighted_lb_config beside a load_balancing_policy. Envoy rejects this cluster in any
+// case (its WrrLocality takes only ClientSideWeightedRoundRobin to pick endpoints,
+// checkEndpointPicking): it is for proxyless nodes only; Envoy nodes get envoyCluster.
+func bandsGRPCCluster(name string) *cluster.Cluster {
+	lr := &leastrequestv3.LeastRequest{ChoiceCount: wrapperspb.UInt32(LeastRequestChoiceCount)}
+	wrr := &wrrlocalityv3.WrrLocality{EndpointPickingPolicy: &cluster.LoadBalancingPolicy{
+		Policies: []*cluster.LoadBalancingPolicy_Policy{{TypedExtensionConfig: &core.TypedExtensionConfig{
+			Name: leastRequestPolicyName, TypedConfig: mustAny(lr)}}},
+	}}
+	return &cluster.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &cluster.Cluster_Type{Type: cluster.Cluster_EDS},
+		EdsClusterConfig:     &cluster.Cluster_EdsClusterConfig{EdsConfig: adsSource()},
+		LbPolicy:             cluster.Cluster_ROUND_ROBIN,
+		LoadBalancingPolicy: &cluster.LoadBalancingPolicy{Policies: []*cluster.LoadBalancingPolicy_Policy{{
+			TypedExtensionConfig: &core.TypedExtensionConfig{Name: wrrLocalityPolicyName, TypedConfig: mustAny(wrr)},
+		}}},
+	}
 }
 
 func lbEndpoint(host string, port uint32) *endpoint.LbEndpoint {
@@ -223,8 +289,34 @@ func virtualHost(name string, domains []string, cluster string) *route.VirtualHo
 
 // envoyCluster is edsCluster for a plain Envoy node, which proxies HTTP/1.1 and HTTP/2: the
 // upstream speaks what the downstream spoke (gRPC stays HTTP/2).
+//
+// For LBBands it is LEAST_REQUEST with locality_weighted_lb_config (a band is picked by its
+// locality weight) and least_request_lb_config {choice_count 2, active_request_bias
+// ActiveRequestBias under runtime key ActiveRequestBiasRuntimeKey}. What Envoy does with it
+// (source/extensions/load_balancing_policies/least_request/least_request_lb.{h,cc},
+// common/load_balancer_impl.cc):
+//   - ZoneAwareLoadBalancerBase::hostSourceToUse picks a locality by weight only when
+//     locality_weighted_lb_config is set (the legacy enum's config is converted by
+//     TypedLeastRequestLbConfig's constructor, convertLocalityLbConfigTo);
+//   - inside the locality, EdfLoadBalancerBase::refresh skips the weighted (EDF) schedule
+//     when all hosts' weights are equal and none is in slow start: the pick is then P2C
+//     over choice_count random hosts, fewest active requests, and the bias has no effect —
+//     unless, in newer Envoys, the bias is set explicitly and the runtime feature
+//     envoy.reloadable_features.least_request_lb_active_request_bias_forces_weighted is on
+//     (LeastRequestLoadBalancer::refresh, alwaysUseWeightedSelection);
+//   - with unequal weights (pods of different capacity in a band) each host's weight is
+//     load_balancing_weight / (active + 1)^bias (LeastRequestLoadBalancer::hostWeight);
+//   - a negative or NaN bias is not rejected but replaced by 1.0 with a warning
+//     (LeastRequestLoadBalancer::refresh), which CheckClusters refuses to serve.
 func envoyCluster(name string, lb LBPolicy) *cluster.Cluster {
 	c := edsCluster(name, lb)
+	if lb == LBBands {
+		c.LbPolicy = cluster.Cluster_LEAST_REQUEST
+		c.LbConfig = &cluster.Cluster_LeastRequestLbConfig_{LeastRequestLbConfig: &cluster.Cluster_LeastRequestLbConfig{
+			ChoiceCount:       wrapperspb.UInt32(LeastRequestChoiceCount),
+			ActiveRequestBias: &core.RuntimeDouble{DefaultValue: ActiveRequestBias, RuntimeKey: ActiveRequestBiasRuntimeKey},
+		}}
+	}
 	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{
 		httpProtocolOptionsExt: mustAny(&upstreamhttp.HttpProtocolOptions{
 			UpstreamProtocolOptions: &upstreamhttp.HttpProtocolOptions_UseDownstreamProtocolConfig{

@@ -71,20 +71,44 @@ const (
 	// ignores endpoint weights, Envoy weighs them). The allocation is still checked against
 	// the topology, but its weights do not reach the wire. Locality encoding only.
 	LBLeastRequest LBPolicy = "least-request"
+	// LBBands delivers the plan between latency bands and balances by least-request inside
+	// one (docs/architecture.md, "Delivery"). A band is the callee pods on one node: every
+	// pod of a band is the same distance from the caller, so the plan's cost does not depend
+	// on how a band's flow is split among its pods, and a split by capacity gives every callee
+	// pod exactly its planned load when every caller splits so (the planned flows into a node
+	// sum to its pods' demands, which are proportional to capacity). Each caller's
+	// ClusterLoadAssignment holds one locality per band its plan sends to (Zone = the node,
+	// SubZone = BandSubZone), weighted by the caller's integer weights summed over the band,
+	// with every pod of the node in it, endpoints weighted by capacity; bands without flow sit
+	// in the priority-1 failover locality.
+	//
+	// Proxyless gRPC gets a Cluster whose load_balancing_policy is WrrLocality{LeastRequest}
+	// (gRFC A52 custom policies, A48 least request; bandsGRPCCluster says what grpc-go reads);
+	// Envoy nodes get LEAST_REQUEST with locality_weighted_lb_config and an explicit
+	// active_request_bias (envoyBandsCluster). Locality encoding only.
+	LBBands LBPolicy = "bands"
 )
 
-// LeastRequestChoiceCount is LBLeastRequest's choice_count.
+// LeastRequestChoiceCount is the choice_count of LBLeastRequest and LBBands.
 const LeastRequestChoiceCount = 2
+
+// ActiveRequestBias is LBBands' active_request_bias for Envoy nodes (Envoy's default, 1.0:
+// an endpoint's weight is divided by its requests in flight plus one), and
+// ActiveRequestBiasRuntimeKey the Envoy runtime key that overrides it without a push.
+const (
+	ActiveRequestBias           = 1.0
+	ActiveRequestBiasRuntimeKey = "edgeflow.bands.active_request_bias"
+)
 
 // ParseLBPolicy returns the named load-balancing policy; "" is the default (round-robin).
 func ParseLBPolicy(s string) (LBPolicy, error) {
 	switch LBPolicy(s) {
 	case "", LBRoundRobin:
 		return LBRoundRobin, nil
-	case LBLeastRequest:
-		return LBLeastRequest, nil
+	case LBLeastRequest, LBBands:
+		return LBPolicy(s), nil
 	}
-	return "", fmt.Errorf("xds: unknown lb policy %q (want round-robin or least-request)", s)
+	return "", fmt.Errorf("xds: unknown lb policy %q (want round-robin, least-request or bands)", s)
 }
 
 // TranslateConfig says how TranslateWith writes an allocation on the wire.
@@ -92,7 +116,7 @@ type TranslateConfig struct {
 	// Encoding is the wire encoding of the weights ("" means locality).
 	Encoding Encoding
 	// LBPolicy is the clusters' load-balancing policy ("" means round-robin). LBLeastRequest
-	// needs EncodingLocality.
+	// and LBBands need EncodingLocality.
 	LBPolicy LBPolicy
 	// ClusterDomain is the Kubernetes cluster's DNS domain, the suffix of the service FQDNs in
 	// Istio's cluster names and plain Envoy's virtual hosts ("" means
@@ -116,7 +140,7 @@ func (c TranslateConfig) Check() (TranslateConfig, error) {
 	if c.ClusterDomain != "" && !dnsName.MatchString(c.ClusterDomain) {
 		return c, fmt.Errorf("xds: cluster domain %q is not a DNS name (lowercase labels of a-z, 0-9 and '-', separated by dots)", c.ClusterDomain)
 	}
-	if lb == LBLeastRequest && enc != EncodingLocality {
+	if (lb == LBLeastRequest || lb == LBBands) && enc != EncodingLocality {
 		return c, fmt.Errorf("xds: lb policy %s needs the %s encoding, not %s (weighted clusters pick a pod's cluster by weight first)", lb, EncodingLocality, enc)
 	}
 	return TranslateConfig{Encoding: enc, LBPolicy: lb, ClusterDomain: cmp.Or(c.ClusterDomain, optimizer.DefaultClusterDomain)}, nil
@@ -222,7 +246,8 @@ func Translate(t *optimizer.Topology, a *optimizer.Allocation, enc Encoding) (*T
 
 // TranslateWith is Translate with the clusters' load-balancing policy chosen by cfg.LBPolicy.
 // With LBLeastRequest every caller pod gets the callee's round-robin assignment as one
-// locality (see LBLeastRequest), whatever its weights in a.
+// locality (see LBLeastRequest), whatever its weights in a; with LBBands its weights summed
+// per band (see LBBands).
 func TranslateWith(t *optimizer.Topology, a *optimizer.Allocation, cfg TranslateConfig) (*Translation, error) {
 	cfg, err := cfg.Check()
 	if err != nil {
@@ -280,6 +305,15 @@ func TranslateWith(t *optimizer.Topology, a *optimizer.Allocation, cfg Translate
 		for _, calls := range plans {
 			for i := range calls {
 				calls[i].weights = calls[i].callee.rrWeights
+			}
+		}
+	}
+	if b.lb == LBBands {
+		// Every caller's weights in the canonical band form (bandWeights): the same band
+		// sums, the same derived entries.
+		for _, calls := range plans {
+			for i := range calls {
+				calls[i].weights = bandWeights(calls[i].callee.bands, calls[i].weights)
 			}
 		}
 	}
