@@ -89,9 +89,10 @@ func newServeCommand() *cobra.Command {
 	enumVar(cmd, fl, &enumFlag[xds.Encoding]{p: &f.encoding, values: []xds.Encoding{xds.EncodingLocality, xds.EncodingWeightedClusters},
 		parse: xds.ParseEncoding, typ: "encoding", noun: "encoding"},
 		"encoding", "", xds.EncodingLocality, "wire encoding of the weights: locality (EDS locality weights) or weighted-clusters")
-	enumVar(cmd, fl, &enumFlag[xds.LBPolicy]{p: &f.lbPolicy, values: []xds.LBPolicy{xds.LBRoundRobin, xds.LBLeastRequest},
+	enumVar(cmd, fl, &enumFlag[xds.LBPolicy]{p: &f.lbPolicy, values: []xds.LBPolicy{xds.LBRoundRobin, xds.LBLeastRequest, xds.LBBands},
 		parse: xds.ParseLBPolicy, typ: "lb-policy", noun: "lb policy"},
-		"lb-policy", "", xds.LBRoundRobin, "how clients balance within the weights: round-robin, or least-request (LEAST_REQUEST over each callee's pods, power of two choices; locality encoding only)")
+		"lb-policy", "", xds.LBRoundRobin, "how clients balance within the weights: round-robin; least-request (LEAST_REQUEST over each callee's pods, power of two choices, no plan); "+
+			"or bands (the plan weights each node's callee pods as one locality, least-request picks inside it: gRPC WrrLocality{LeastRequest}, Envoy LEAST_REQUEST, Istio rules simple LEAST_REQUEST); locality encoding only")
 	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xdsserver.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
 	fl.DurationVar(&f.debounceMax, "debounce-max", xdsserver.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
 	fl.DurationVar(&f.removalGrace, "removal-grace", xdsserver.DefaultRemovalGrace, "keep a removed pod's cluster and endpoints this long after the routes that named it are acknowledged (0: none)")

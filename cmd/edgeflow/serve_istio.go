@@ -65,7 +65,9 @@ func (a *serveApp) buildIstio(opts optimizer.Options, lease leader.Config) (*ist
 		if err != nil {
 			return nil, err
 		}
-		cfg := istio.RulesReconcilerConfig{Rules: f.istio.rulesConfig(), Policy: f.policy, Options: opts,
+		rc := f.istio.rulesConfig()
+		rc.LBPolicy = f.lbPolicy // bands: simple LEAST_REQUEST inside the localities
+		cfg := istio.RulesReconcilerConfig{Rules: rc, Policy: f.policy, Options: opts,
 			Damping: f.damping, Client: ic, Logger: a.logger, Registerer: a.reg}
 		if f.istio.labelNodes {
 			if cfg.Nodes, err = f.clientset(); err != nil {

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // The default Istio mode: the plan as stock Istio DestinationRules, no EnvoyFilter.
@@ -59,6 +60,12 @@ type RulesConfig struct {
 	// RootNamespace is Istio's root namespace, whose exported rules apply mesh-wide; "" means
 	// DefaultRootNamespace.
 	RootNamespace string
+	// LBPolicy is how the sidecars pick an endpoint inside a locality. With xds.LBBands every
+	// rule also sets trafficPolicy.loadBalancer.simple LEAST_REQUEST (distribute weighs the
+	// localities, least-request picks inside one), unless the user's rule it is based on sets
+	// its own simple, which is kept and reported (EdgeStatus.UserLB). Other values leave
+	// simple to the user's rule, or to Istio's default (also LEAST_REQUEST).
+	LBPolicy xds.LBPolicy
 }
 
 func (c RulesConfig) domain() string { return cmp.Or(c.ClusterDomain, optimizer.DefaultClusterDomain) }
@@ -110,6 +117,10 @@ type EdgeStatus struct {
 	Skipped string
 	// Conflict says the user's rule could not be merged (Skipped then says so too).
 	Conflict bool
+	// UserLB is the user's own trafficPolicy.loadBalancer.simple (e.g. "ROUND_ROBIN"), kept in
+	// Rule instead of the LEAST_REQUEST that RulesConfig.LBPolicy xds.LBBands would set; ""
+	// when there is none or the policy is another.
+	UserLB string
 	// MaxDeviation is the largest difference, in weight points (of 100), between a written
 	// weight and the plan's share of that caller locality's traffic (rounding to integers and
 	// the floor of 1 for every locality holding a callee pod).
@@ -144,7 +155,8 @@ func (r *RulesReport) Written() int {
 // with ManagedByLabel are ignored); for each edge, the user's rule that Istio would apply to
 // the caller's sidecars without edgeflow (userRuleFor) has its traffic policy and subsets
 // carried into the generated rule, which adds only
-// trafficPolicy.loadBalancer.localityLbSetting. An edge is skipped, with the reason, when:
+// trafficPolicy.loadBalancer.localityLbSetting (and, with cfg.LBPolicy xds.LBBands, simple
+// LEAST_REQUEST where the user's rule sets no simple of its own). An edge is skipped, with the reason, when:
 //
 //   - the caller has no pod selector (its sidecars cannot be selected), or no pod in a locality;
 //   - a callee pod is on a node without a locality (a rule listing localities would cut it
@@ -282,6 +294,19 @@ func edgeRule(cfg RulesConfig, p *LocalityPlan, caller, callee *optimizer.Servic
 	spec.TrafficPolicy.LoadBalancer.LocalityLbSetting = &networking.LocalityLoadBalancerSetting{
 		Enabled:    wrapperspb.Bool(true),
 		Distribute: distribute,
+	}
+	if cfg.LBPolicy == xds.LBBands {
+		// Istio accepts simple beside localityLbSetting (pkg/config/validation/validation.go,
+		// validateLoadBalancer: "simple load balancing is always valid") and applies them
+		// independently (pilot/pkg/networking/core/cluster_traffic_policy.go, applyLoadBalancer:
+		// LocalityLBSettings.ApplyToCluster sets locality_weighted_lb_config for distribute,
+		// then simple LEAST_REQUEST sets lb_policy LEAST_REQUEST in
+		// applyLeastRequestLoadBalancer). A consistentHash of the user's is a conflict above.
+		if sim := spec.TrafficPolicy.LoadBalancer.GetSimple(); sim != networking.LoadBalancerSettings_UNSPECIFIED {
+			st.UserLB = sim.String()
+		} else {
+			spec.TrafficPolicy.LoadBalancer.LbPolicy = &networking.LoadBalancerSettings_Simple{Simple: networking.LoadBalancerSettings_LEAST_REQUEST}
+		}
 	}
 	spec.WorkloadSelector = &typev1beta1.WorkloadSelector{MatchLabels: maps.Clone(sel)}
 	dr := &clientnetworkingv1.DestinationRule{
@@ -507,8 +532,12 @@ func MarshalRulesYAML(rules []*clientnetworkingv1.DestinationRule, rep *RulesRep
 			case e.Skipped != "":
 				fmt.Fprintf(&out, "# %s → %s: no rule: %s\n", e.Caller, e.Callee, e.Skipped)
 			default:
-				fmt.Fprintf(&out, "# %s → %s: %s, largest rounding deviation %.2f points, %.2f%% of the edge's traffic moved by rounding\n",
+				fmt.Fprintf(&out, "# %s → %s: %s, largest rounding deviation %.2f points, %.2f%% of the edge's traffic moved by rounding",
 					e.Caller, e.Callee, e.Rule, e.MaxDeviation, 100*e.Deviation)
+				if e.UserLB != "" {
+					fmt.Fprintf(&out, "; the user's simple %s kept, not LEAST_REQUEST", e.UserLB)
+				}
+				out.WriteString("\n")
 			}
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 func TestRoundWeights(t *testing.T) {
@@ -361,4 +362,69 @@ func TestRulesReconciler(t *testing.T) {
 	if _, err := client.NetworkingV1().DestinationRules("shop").Get(ctx, "api", metav1.GetOptions{}); err != nil {
 		t.Errorf("the user's rule is gone: %v", err)
 	}
+}
+
+// TestDestinationRulesBands: with xds.LBBands every rule sets simple LEAST_REQUEST beside
+// distribute, unless the user's rule sets its own simple, which wins and is reported; a user's
+// consistentHash stays a conflict; other policies add no simple.
+func TestDestinationRulesBands(t *testing.T) {
+	t.Parallel()
+	p := planShop(t)
+	simple := func(s networking.LoadBalancerSettings_SimpleLB) func(*networking.DestinationRule) {
+		return func(d *networking.DestinationRule) {
+			d.TrafficPolicy.LoadBalancer = &networking.LoadBalancerSettings{LbPolicy: &networking.LoadBalancerSettings_Simple{Simple: s}}
+		}
+	}
+	tests := []struct {
+		name   string
+		lb     xds.LBPolicy
+		user   []*clientnetworkingv1.DestinationRule
+		want   networking.LoadBalancerSettings_SimpleLB // UNSPECIFIED: no simple
+		userLB string
+	}{
+		{"bands, no user rule", xds.LBBands, nil, networking.LoadBalancerSettings_LEAST_REQUEST, ""},
+		{"bands, user rule without simple", xds.LBBands, []*clientnetworkingv1.DestinationRule{userRule("front", "mine", "api.shop.svc.cluster.local", nil)},
+			networking.LoadBalancerSettings_LEAST_REQUEST, ""},
+		{"bands, user's simple wins", xds.LBBands, []*clientnetworkingv1.DestinationRule{userRule("front", "mine", "api.shop.svc.cluster.local", simple(networking.LoadBalancerSettings_ROUND_ROBIN))},
+			networking.LoadBalancerSettings_ROUND_ROBIN, "ROUND_ROBIN"},
+		{"round-robin adds none", xds.LBRoundRobin, nil, networking.LoadBalancerSettings_UNSPECIFIED, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rules, rep := DestinationRules(RulesConfig{LBPolicy: tt.lb}, p, tt.user)
+			if len(rules) != 1 {
+				t.Fatalf("%d rules: %+v", len(rules), rep.Edges)
+			}
+			lb := rules[0].Spec.GetTrafficPolicy().GetLoadBalancer()
+			if lb.GetSimple() != tt.want || len(lb.GetLocalityLbSetting().GetDistribute()) == 0 {
+				t.Errorf("loadBalancer %v, want simple %v and distribute", lb, tt.want)
+			}
+			var e EdgeStatus
+			for _, x := range rep.Edges {
+				if x.Rule != "" {
+					e = x
+				}
+			}
+			if e.UserLB != tt.userLB {
+				t.Errorf("UserLB %q, want %q", e.UserLB, tt.userLB)
+			}
+			out, err := MarshalRulesYAML(rules, rep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if note := "the user's simple ROUND_ROBIN kept"; strings.Contains(string(out), note) != (tt.userLB != "") {
+				t.Errorf("YAML report %q: note %q present %v, want %v", out, note, !(tt.userLB != ""), tt.userLB != "")
+			}
+		})
+	}
+	t.Run("bands, user's consistentHash is a conflict", func(t *testing.T) {
+		user := userRule("front", "mine", "api.shop.svc.cluster.local", func(s *networking.DestinationRule) {
+			s.TrafficPolicy.LoadBalancer = &networking.LoadBalancerSettings{LbPolicy: &networking.LoadBalancerSettings_ConsistentHash{
+				ConsistentHash: &networking.LoadBalancerSettings_ConsistentHashLB{}}}
+		})
+		rules, rep := DestinationRules(RulesConfig{LBPolicy: xds.LBBands}, p, []*clientnetworkingv1.DestinationRule{user})
+		if len(rules) != 0 || !rep.Edges[0].Conflict || !strings.Contains(rep.Edges[0].Skipped, "consistent hashing") {
+			t.Errorf("rules %d, edge %+v: want no rule, a conflict naming consistent hashing", len(rules), rep.Edges[0])
+		}
+	})
 }

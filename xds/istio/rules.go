@@ -257,6 +257,9 @@ func (r *RulesReconciler) Reconcile(ctx context.Context, p *LocalityPlan) error 
 			if e.Skipped != "" {
 				r.log.Warn("call edge left to Istio's defaults or the user's rule", "caller", e.Caller, "callee", e.Callee, "reason", e.Skipped)
 			}
+			if e.UserLB != "" {
+				r.log.Info("call edge keeps the user's load balancer inside localities, not LEAST_REQUEST", "caller", e.Caller, "callee", e.Callee, "simple", e.UserLB, "based_on", e.BasedOn)
+			}
 		}
 	}
 	r.metrics.observe(rep)
@@ -376,7 +379,7 @@ func sameReport(a, b *RulesReport) bool {
 	}
 	for i := range a.Edges {
 		x, y := a.Edges[i], b.Edges[i]
-		if x.Caller != y.Caller || x.Callee != y.Callee || x.Rule != y.Rule || x.Skipped != y.Skipped {
+		if x.Caller != y.Caller || x.Callee != y.Callee || x.Rule != y.Rule || x.Skipped != y.Skipped || x.UserLB != y.UserLB {
 			return false
 		}
 	}
