@@ -1,0 +1,103 @@
+package server
+
+import (
+	"context"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edgeflow/edgeflow/internal/testkit"
+	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/xds"
+)
+
+// TestRealClientBands shows that grpc-go's xDS client takes what LBBands serves and runs it:
+// it ACKs the WrrLocality{LeastRequest} cluster and the band assignment (a NACK fails the
+// test), splits the RPCs between the two bands by the plan's locality weights, and inside the
+// band of two pods, one of them 20 ms slow, picks by least-request.
+//
+// The plan is round-robin's on capacities 1:1:1 — band n2 (fast, slow) 2/3, band n3 (far) 1/3
+// — whatever the pods' speed: a band is picked by weight alone (weighted_target), so band
+// n2's share is binomial, σ = 1.9 % over 600 RPCs, and the band is ±4σ. Inside band n2,
+// least-request with two choices sends to the slow pod only when both draws are it or it has
+// fewer RPCs in flight: ~25 % of the band's RPCs with 8 concurrent callers, against 50 % for
+// round-robin (TestRealClientLeastRequest); the test wants under 37.5 %.
+func TestRealClientBands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real xDS client: 600 RPCs, some slow")
+	}
+	addr := map[string]string{}
+	for pod, delay := range map[string]time.Duration{"fast": 0, "slow": 20 * time.Millisecond, "far": 0} {
+		addr[pod] = testkit.ServeSlowEcho(t, testkit.Listen(t), pod, delay).Addr
+	}
+	top := &optimizer.Topology{
+		Nodes:   []optimizer.Node{{Name: "n1"}, {Name: "n2"}, {Name: "n3"}},
+		Latency: []optimizer.Latency{{From: "n1", To: "n2", MS: 2}, {From: "n1", To: "n3", MS: 4}, {From: "n2", To: "n3", MS: 2}},
+		Services: []optimizer.Service{
+			{Name: "client", Pods: []optimizer.Pod{{Name: "c-0", Node: "n1"}}},
+			{Name: "echo", Pods: []optimizer.Pod{
+				{Name: "fast", Node: "n2", Address: addr["fast"]},
+				{Name: "slow", Node: "n2", Address: addr["slow"]},
+				{Name: "far", Node: "n3", Address: addr["far"]},
+			}},
+		},
+		Calls:   []optimizer.Call{{From: "client", To: "echo"}},
+		Ingress: []optimizer.Ingress{{Service: "client", RPS: 10}},
+	}
+	h := startServer(t, Config{Policy: optimizer.RoundRobin, LBPolicy: xds.LBBands, DebounceQuiet: -1})
+	h.srv.Update(top)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.srv.WaitPublished(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	c := xdsConn(t, h.addr, "c-0", "echo")
+	// Every pod connected: least-request picks among READY endpoints only.
+	seen := map[string]bool{}
+	testkit.Eventually(t, 10*time.Second, "RPCs to every pod", func() bool {
+		pod, err := call(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[pod] = true
+		return len(seen) == 3
+	})
+	const n, workers = 600, 8
+	var mu sync.Mutex
+	counts := map[string]int{}
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < n/workers; i++ {
+				pod, err := call(c)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				counts[pod]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	band := counts["fast"] + counts["slow"]
+	bandShare := float64(band) / n
+	slowShare := float64(counts["slow"]) / float64(max(band, 1))
+	t.Logf("band n2 %d of %d RPCs (%.1f%%, planned 66.7%%): fast %d, slow %d (%.1f%% of the band); band n3 (far) %d",
+		band, n, 100*bandShare, counts["fast"], counts["slow"], 100*slowShare, counts["far"])
+	if math.Abs(bandShare-2.0/3) > 0.077 {
+		t.Errorf("band n2 got %.1f%% of the RPCs, want 66.7%% ± 7.7%% (the plan's locality weights)", 100*bandShare)
+	}
+	if slowShare >= 0.375 {
+		t.Errorf("the slow pod got %.1f%% of its band's RPCs, want under 37.5%% (least-request)", 100*slowShare)
+	}
+	for _, set := range []string{"cds", "eds"} {
+		if got := counter(t, h.srv.m.nacks.WithLabelValues(set)); got != 0 {
+			t.Errorf("%v %s NACKs from grpc-go", got, set)
+		}
+	}
+}
