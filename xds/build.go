@@ -123,14 +123,15 @@ type callPlan struct {
 }
 
 type builder struct {
-	enc        Encoding
-	lb         LBPolicy
-	domain     string // the cluster's DNS domain
-	services   map[string]*service
-	order      []*service
-	podService map[string]*service
-	envoy      [EndpointSet]Set // plain Envoy nodes' listeners, routes and clusters: the same for every node
-	skipped    []string
+	enc          Encoding
+	lb           LBPolicy
+	domain       string // the cluster's DNS domain
+	egressOffset uint32 // TranslateConfig.EgressPortOffset
+	services     map[string]*service
+	order        []*service
+	podService   map[string]*service
+	envoy        [EndpointSet]Set // plain Envoy nodes' listeners, routes and clusters: the same for every node
+	skipped      []string
 }
 
 // checkAllocation validates a against the topology and turns every caller's fractions into

@@ -34,13 +34,15 @@ import (
 // (NAME in two namespaces) is given to neither; the qualified names still reach both. Binding
 // on loopback keeps the listeners private to the pod; it collides with an app of the pod that
 // itself listens on 0.0.0.0:P — Istio avoids that with iptables redirection (listeners with
-// bind_to_port false behind one on 15001), which plain Envoy mode does not set up.
+// bind_to_port false behind one on 15001), which plain Envoy mode does not set up; instead
+// TranslateConfig.EgressPortOffset moves every listener to P+offset (the app dials that port).
 
 // EnvoyListenerAddress is the address plain Envoy nodes' outbound listeners bind.
 const EnvoyListenerAddress = "127.0.0.1"
 
-// ListenerName names a plain Envoy node's listener for service port port ("127.0.0.1_9080",
-// as Istio names its outbound listeners ADDRESS_PORT).
+// ListenerName names a plain Envoy node's listener that binds port ("127.0.0.1_9080", as Istio
+// names its outbound listeners ADDRESS_PORT): the service port plus
+// TranslateConfig.EgressPortOffset.
 func ListenerName(port uint32) string {
 	return EnvoyListenerAddress + "_" + strconv.FormatUint(uint64(port), 10)
 }
@@ -176,11 +178,16 @@ func (b *builder) buildEnvoyShared() error {
 	sort.Slice(ports, func(i, j int) bool { return ports[i] < ports[j] })
 	var listeners, routes []entry
 	for _, p := range ports {
-		l, err := newEntry(ListenerName(p), outboundListener(p))
+		bind := p + b.egressOffset
+		if bind > 65535 {
+			b.skipped = append(b.skipped, fmt.Sprintf("port %d: with egress port offset %d the listener would bind %d, past 65535: Envoy nodes get no listener for it", p, b.egressOffset, bind))
+			continue
+		}
+		l, err := newEntry(ListenerName(bind), outboundListener(p, bind))
 		if err != nil {
 			return err
 		}
-		r, err := newEntry(RouteName(p), portRouteConfig(p, byPort[p], b.domain))
+		r, err := newEntry(RouteName(p), portRouteConfig(p, bind, byPort[p], b.domain))
 		if err != nil {
 			return err
 		}
@@ -208,11 +215,16 @@ type vhostSpec struct {
 	cluster string
 }
 
-// portRouteConfig is the RouteConfiguration of port's listener: one virtual host per service
-// (named FQDN:PORT, as Istio names them), sorted by name, matched by the service's names with
-// and without ":PORT"; a name two of the services share is left out of both.
-func portRouteConfig(port uint32, svcs []vhostSpec, domain string) *route.RouteConfiguration {
+// portRouteConfig is the RouteConfiguration of port's listener (which binds bind): one virtual
+// host per service (named FQDN:PORT, as Istio names them), sorted by name, matched by the
+// service's names with and without ":PORT", and with ":BIND" when the listener binds another
+// port; a name two of the services share is left out of both.
+func portRouteConfig(port, bind uint32, svcs []vhostSpec, domain string) *route.RouteConfiguration {
 	ps := ":" + strconv.FormatUint(uint64(port), 10)
+	suffixes := []string{"", ps}
+	if bind != port {
+		suffixes = append(suffixes, ":"+strconv.FormatUint(uint64(bind), 10))
+	}
 	type vh struct {
 		name, cluster string
 		domains       []string
@@ -225,7 +237,8 @@ func portRouteConfig(port uint32, svcs []vhostSpec, domain string) *route.RouteC
 		v := vh{name: fqdn + ps, cluster: s.cluster}
 		seen := map[string]bool{}
 		for _, d := range []string{s.src.Name, s.src.Name + "." + ns, s.src.Name + "." + ns + ".svc", fqdn} {
-			for _, dd := range []string{d, d + ps} {
+			for _, sfx := range suffixes {
+				dd := d + sfx
 				if !seen[dd] {
 					seen[dd] = true
 					v.domains = append(v.domains, dd)

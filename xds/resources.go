@@ -240,11 +240,11 @@ func socketAddress(host string, port uint32) *core.Address {
 }
 
 // outboundListener is a plain Envoy node's listener for service port port: bound on
-// EnvoyListenerAddress:port, one filter chain with an HTTP connection manager (codec AUTO, so
+// EnvoyListenerAddress:bind (port, or port plus TranslateConfig.EgressPortOffset), one filter chain with an HTTP connection manager (codec AUTO, so
 // HTTP/1.1 and HTTP/2 — gRPC — both work) that takes RouteConfiguration RouteName(port) from
 // ADS and ends in the router filter.
-func outboundListener(port uint32) *listener.Listener {
-	name := ListenerName(port)
+func outboundListener(port, bind uint32) *listener.Listener {
+	name := ListenerName(bind)
 	m := &hcm.HttpConnectionManager{
 		CodecType:  hcm.HttpConnectionManager_AUTO,
 		StatPrefix: "outbound_" + name,
@@ -261,7 +261,7 @@ func outboundListener(port uint32) *listener.Listener {
 	}
 	return &listener.Listener{
 		Name:             name,
-		Address:          socketAddress(EnvoyListenerAddress, port),
+		Address:          socketAddress(EnvoyListenerAddress, bind),
 		TrafficDirection: core.TrafficDirection_OUTBOUND,
 		FilterChains: []*listener.FilterChain{{Filters: []*listener.Filter{{
 			Name:       hcmFilterName,

@@ -122,7 +122,17 @@ type TranslateConfig struct {
 	// Istio's cluster names and plain Envoy's virtual hosts ("" means
 	// optimizer.DefaultClusterDomain).
 	ClusterDomain string
+	// EgressPortOffset shifts plain Envoy nodes' outbound listeners: the listener for service
+	// port P binds EnvoyListenerAddress:P+EgressPortOffset (and is named after that port), so
+	// that it does not clash with an app of the pod that itself listens on P; the app then
+	// dials NAME:P+EgressPortOffset, and the virtual hosts match that authority too. 0 (the
+	// default) binds P itself; at most MaxEgressPortOffset. A port shifted past 65535 gets no
+	// listener (Translation.Skipped says so).
+	EgressPortOffset int
 }
+
+// MaxEgressPortOffset is the largest TranslateConfig.EgressPortOffset.
+const MaxEgressPortOffset = 65534
 
 // dnsName matches a DNS name of lowercase RFC 1123 labels, as a Kubernetes cluster domain is.
 var dnsName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$`)
@@ -140,10 +150,13 @@ func (c TranslateConfig) Check() (TranslateConfig, error) {
 	if c.ClusterDomain != "" && !dnsName.MatchString(c.ClusterDomain) {
 		return c, fmt.Errorf("xds: cluster domain %q is not a DNS name (lowercase labels of a-z, 0-9 and '-', separated by dots)", c.ClusterDomain)
 	}
+	if c.EgressPortOffset < 0 || c.EgressPortOffset > MaxEgressPortOffset {
+		return c, fmt.Errorf("xds: egress port offset %d out of range [0, %d]", c.EgressPortOffset, MaxEgressPortOffset)
+	}
 	if (lb == LBLeastRequest || lb == LBBands) && enc != EncodingLocality {
 		return c, fmt.Errorf("xds: lb policy %s needs the %s encoding, not %s (weighted clusters pick a pod's cluster by weight first)", lb, EncodingLocality, enc)
 	}
-	return TranslateConfig{Encoding: enc, LBPolicy: lb, ClusterDomain: cmp.Or(c.ClusterDomain, optimizer.DefaultClusterDomain)}, nil
+	return TranslateConfig{Encoding: enc, LBPolicy: lb, ClusterDomain: cmp.Or(c.ClusterDomain, optimizer.DefaultClusterDomain), EgressPortOffset: c.EgressPortOffset}, nil
 }
 
 // WeightTotal is the fixed total over which one caller's fractions to one callee service are
@@ -257,7 +270,7 @@ func TranslateWith(t *optimizer.Topology, a *optimizer.Allocation, cfg Translate
 	if t == nil || a == nil {
 		return nil, fmt.Errorf("%w: nil topology or allocation", ErrInvalidAllocation)
 	}
-	b := &builder{enc: enc, lb: cfg.LBPolicy, domain: cfg.ClusterDomain, services: map[string]*service{}, podService: map[string]*service{}}
+	b := &builder{enc: enc, lb: cfg.LBPolicy, domain: cfg.ClusterDomain, egressOffset: uint32(cfg.EgressPortOffset), services: map[string]*service{}, podService: map[string]*service{}}
 	called := map[string]bool{}
 	for _, c := range t.Calls {
 		called[optimizer.CanonicalKey(c.To)] = true
