@@ -1,9 +1,7 @@
 package server
 
 import (
-	"context"
 	"math"
-	"sync"
 	"testing"
 	"time"
 
@@ -45,45 +43,9 @@ func TestRealClientBands(t *testing.T) {
 		Calls:   []optimizer.Call{{From: "client", To: "echo"}},
 		Ingress: []optimizer.Ingress{{Service: "client", RPS: 10}},
 	}
-	h := startServer(t, Config{Policy: optimizer.RoundRobin, LBPolicy: xds.LBBands, DebounceQuiet: -1})
-	h.srv.Update(top)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := h.srv.WaitPublished(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	c := xdsConn(t, h.addr, "c-0", "echo")
-	// Every pod connected: least-request picks among READY endpoints only.
-	seen := map[string]bool{}
-	testkit.Eventually(t, 10*time.Second, "RPCs to every pod", func() bool {
-		pod, err := call(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		seen[pod] = true
-		return len(seen) == 3
-	})
 	const n, workers = 600, 8
-	var mu sync.Mutex
-	counts := map[string]int{}
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < n/workers; i++ {
-				pod, err := call(c)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				mu.Lock()
-				counts[pod]++
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
+	h, c := dialWhenReady(t, top, xds.LBBands, 3)
+	counts := callConcurrently(t, c, n, workers)
 	band := counts["fast"] + counts["slow"]
 	bandShare := float64(band) / n
 	slowShare := float64(counts["slow"]) / float64(max(band, 1))

@@ -9,6 +9,7 @@ import (
 	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 )
 
 // TestRealClientLeastRequest shows that grpc-go's xDS client runs least-request on what
@@ -46,45 +47,9 @@ func TestRealClientLeastRequest(t *testing.T) {
 		{xds.LBLeastRequest, 0, 0.375},
 	} {
 		t.Run(string(tc.lb), func(t *testing.T) {
-			h := startServer(t, Config{Policy: optimizer.RoundRobin, LBPolicy: tc.lb, DebounceQuiet: -1})
-			h.srv.Update(top)
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := h.srv.WaitPublished(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
-			c := xdsConn(t, h.addr, "c-0", "echo")
-			// Both pods connected: least-request picks among READY endpoints only.
-			seen := map[string]bool{}
-			testkit.Eventually(t, 10*time.Second, "RPCs to both pods", func() bool {
-				pod, err := call(c)
-				if err != nil {
-					t.Fatal(err)
-				}
-				seen[pod] = true
-				return len(seen) == 2
-			})
 			const n, workers = 400, 8
-			var mu sync.Mutex
-			counts := map[string]int{}
-			var wg sync.WaitGroup
-			for w := 0; w < workers; w++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := 0; i < n/workers; i++ {
-						pod, err := call(c)
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						mu.Lock()
-						counts[pod]++
-						mu.Unlock()
-					}
-				}()
-			}
-			wg.Wait()
+			h, c := dialWhenReady(t, top, tc.lb, 2)
+			counts := callConcurrently(t, c, n, workers)
 			share := float64(counts["slow"]) / float64(n)
 			t.Logf("%s: slow pod got %d of %d RPCs (%.1f%%), fast %d", tc.lb, counts["slow"], n, 100*share, counts["fast"])
 			if share < tc.min || share > tc.max {
@@ -95,4 +60,56 @@ func TestRealClientLeastRequest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dialWhenReady serves top's round-robin plan under lb and dials caller c-0 to service echo;
+// it returns once RPCs have reached pods pods of it (least-request picks among READY endpoints
+// only, so a measurement starts when every pod is connected).
+func dialWhenReady(t *testing.T, top *optimizer.Topology, lb xds.LBPolicy, pods int) (*harness, testgrpc.TestServiceClient) {
+	t.Helper()
+	h := startServer(t, Config{Policy: optimizer.RoundRobin, LBPolicy: lb, DebounceQuiet: -1})
+	h.srv.Update(top)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.srv.WaitPublished(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	c := xdsConn(t, h.addr, "c-0", "echo")
+	seen := map[string]bool{}
+	testkit.Eventually(t, 10*time.Second, "RPCs to every pod", func() bool {
+		pod, err := call(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[pod] = true
+		return len(seen) == pods
+	})
+	return h, c
+}
+
+// callConcurrently makes n RPCs on c from workers goroutines at once and counts them by the
+// pod that answered.
+func callConcurrently(t *testing.T, c testgrpc.TestServiceClient, n, workers int) map[string]int {
+	t.Helper()
+	var mu sync.Mutex
+	counts := map[string]int{}
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < n/workers; i++ {
+				pod, err := call(c)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				counts[pod]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return counts
 }
