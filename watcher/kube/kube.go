@@ -86,13 +86,18 @@ type State struct {
 	Workloads map[Workload][]string
 	// NodeAddresses maps each node's InternalIP addresses to the node's name.
 	NodeAddresses map[string]string
-	// PodCPU is the CPU request, in millicores, of each pod of Services (the sum over its
-	// containers), by NAMESPACE/POD; a pod that requests none is absent.
+	// PodCPU is the CPU request, in millicores, of each pod of Services, by NAMESPACE/POD: the
+	// sum over its containers but Istio's sidecar (SidecarContainer), the cores its
+	// application may use, as cAdvisor's CPU time is read without the sidecar's; a pod whose
+	// application requests none is absent.
 	PodCPU map[string]int64
 	// Skipped counts endpoints left out, by reason (the Skip constants); and services left
 	// out: no_ready_pods.
 	Skipped map[string]int
 }
+
+// SidecarContainer is the name of the container Istio's injector adds to a pod (its Envoy).
+const SidecarContainer = "istio-proxy"
 
 // Skip reasons, the label values of edgeflow_kube_skipped.
 const (
@@ -391,9 +396,10 @@ func (s *Source) service(svc *corev1.Service, known map[string]bool, skipped map
 		out.Ports = append(out.Ports, port)
 	}
 	type podInfo struct {
-		pod optimizer.Pod
-		cpu int64
-		mem int64
+		pod    optimizer.Pod
+		cpu    int64
+		appCPU int64 // cpu without the sidecar's
+		mem    int64
 	}
 	var pods []podInfo
 	seen := map[string]bool{}
@@ -481,6 +487,9 @@ func (s *Source) service(svc *corev1.Service, known map[string]bool, skipped map
 				pi.pod.ServiceAccount = pod.Spec.ServiceAccountName
 				for _, c := range pod.Spec.Containers {
 					pi.cpu += c.Resources.Requests.Cpu().MilliValue()
+					if c.Name != SidecarContainer {
+						pi.appCPU += c.Resources.Requests.Cpu().MilliValue()
+					}
 					pi.mem += c.Resources.Requests.Memory().Value() >> 20
 				}
 				workloads[workloadOf(pod)] = true
@@ -503,8 +512,8 @@ func (s *Source) service(svc *corev1.Service, known map[string]bool, skipped map
 	}
 	cpu := map[string]int64{}
 	for _, p := range pods {
-		if p.cpu > 0 {
-			cpu[svc.Namespace+"/"+p.pod.Name] = p.cpu
+		if p.appCPU > 0 {
+			cpu[svc.Namespace+"/"+p.pod.Name] = p.appCPU
 		}
 		if n > 0 && p.cpu > 0 && p.cpu*n != sum {
 			w := float64(p.cpu) * float64(n) / float64(sum)

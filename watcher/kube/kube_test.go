@@ -413,6 +413,25 @@ func TestStateFromCluster(t *testing.T) {
 			PodCPU:    map[string]int64{"default/a-1": 100, "default/a-2": 300, "default/equal-1": 250, "default/equal-2": 250}, // none for a-3, none-*
 		},
 	}, {
+		name: "a pod's CPU request leaves Istio's sidecar out; its weight does not",
+		objs: func() []runtime.Object {
+			injected := deployed("default", "a", "a-1", "n1", "250m", "100m")
+			injected.Spec.Containers[1].Name = SidecarContainer
+			return []runtime.Object{
+				managed("default", "a"), injected, deployed("default", "a", "a-2", "n2", "700m"),
+				slice("default", "a", "a-x1", nil, endpoint("10.0.0.1", "a-1", "n1"), endpoint("10.0.0.2", "a-2", "n2")),
+			}
+		}(),
+		want: &State{
+			Nodes: wantNodes,
+			Services: []optimizer.Service{{Name: "a", Namespace: "default", Ports: httpPort, CPU: 700, Pods: []optimizer.Pod{
+				{Name: "a-1", Node: "n1", IP: "10.0.0.1", Weight: weight(350.0 / 525)}, // 350m with the sidecar, of a mean of 525m
+				{Name: "a-2", Node: "n2", IP: "10.0.0.2", Weight: weight(700.0 / 525)},
+			}}},
+			Workloads: map[Workload][]string{{"a", "default"}: {"a"}},
+			PodCPU:    map[string]int64{"default/a-1": 250, "default/a-2": 700},
+		},
+	}, {
 		name: "ports: a named targetPort resolves through the EndpointSlice",
 		objs: []runtime.Object{
 			managed("default", "a",
