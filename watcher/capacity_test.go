@@ -2,11 +2,14 @@ package watcher
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/edgeflow/edgeflow/internal/kubetest"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher/estimate"
 	"github.com/edgeflow/edgeflow/watcher/prom"
@@ -178,4 +181,25 @@ func TestNoPodLoadNoChange(t *testing.T) {
 			t.Fatalf("snapshot %d: with an estimator and no managed pod's load, the topology differs:\n%s\nwant\n%s", i, got, want)
 		}
 	}
+}
+
+// A failing pod-load query is named in the prometheus check, which stays OK: the pod loads are
+// an extra, and the latency and calls still flow.
+func TestPodLoadFailureInChecks(t *testing.T) {
+	t.Parallel()
+	fp := &fakeProm{latency: []promSample{latSample("n1", "n2", "0.002")}, fail: "container_cpu"}
+	ps := fakePromSource(t, fp)
+	c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, kubetest.NewClientset(clusterObjects()...)), Prom: ps})
+	runCluster(t, c, recorder{got: make(chan *optimizer.Topology, 16)})
+	testkit.Eventually(t, 10*time.Second, "the prometheus check naming the failing pod-load query", func() bool {
+		return strings.Contains(checkNamed(c, "prometheus").Message, "pod-load queries failing")
+	})
+	if ck := checkNamed(c, "prometheus"); !ck.OK || !strings.Contains(ck.Message, "pod_cpu query") {
+		t.Errorf("prometheus check: %+v, want OK naming the pod_cpu query", ck)
+	}
+	fp.set(func(f *fakeProm) { f.fail = "" })
+	testkit.Eventually(t, 10*time.Second, "the prometheus check without the pod-load failure", func() bool {
+		ck := checkNamed(c, "prometheus")
+		return ck.OK && !strings.Contains(ck.Message, "pod-load")
+	})
 }

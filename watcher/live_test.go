@@ -837,7 +837,8 @@ type fakeProm struct {
 	mu      sync.Mutex
 	latency []promSample
 	calls   []promSample
-	status  int // non-zero: answer with this HTTP status
+	status  int    // non-zero: answer with this HTTP status
+	fail    string // a query holding this is answered with HTTP 500
 }
 
 type promSample struct {
@@ -878,6 +879,10 @@ func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer f.mu.Unlock()
 	if f.status != 0 {
 		http.Error(w, "fake Prometheus is down", f.status)
+		return
+	}
+	if f.fail != "" && strings.Contains(r.Form.Get("query"), f.fail) {
+		http.Error(w, "this query fails", http.StatusInternalServerError)
 		return
 	}
 	src := f.calls
