@@ -1,6 +1,8 @@
 package prom
 
 import (
+	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"strings"
@@ -8,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/common/model"
 )
 
 // loadQueryOf names the pod-load query q is (the defaults, or a custom query naming the same
@@ -330,4 +333,75 @@ func TestPodLoadDeliveredEachWindow(t *testing.T) {
 	h2.mustDeliver("first answer")
 	h2.advance(20 * time.Second)
 	h2.mustNotDeliver("nothing changed, no pod loads")
+}
+
+// FuzzParseLoad: whatever the pod-load vectors hold, every load kept names its pod and has a
+// finite, non-negative value, the sum of that pod's good samples.
+func FuzzParseLoad(f *testing.F) {
+	f.Add("shop", "api-1", 12.5, "shop", "api-1", 7.5, uint8(0))
+	f.Add("", "api-1", math.NaN(), "shop", "", math.Inf(1), uint8(3))
+	f.Add("shop", "api-1", -1.0, "shop", "api-2", 1e308, uint8(1))
+	src, err := NewSource(Config{URL: "http://prometheus.invalid:9090", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, ns1, pod1 string, v1 float64, ns2, pod2 string, v2 float64, sig uint8) {
+		sample := func(ns, pod string, v float64) *model.Sample {
+			return &model.Sample{Metric: model.Metric{LabelNamespace: model.LabelValue(ns), LabelPod: model.LabelValue(pod)}, Value: model.SampleValue(v)}
+		}
+		var vecs [loadSignals]model.Vector
+		vecs[int(sig)%int(loadSignals)] = model.Vector{sample(ns1, pod1, v1), sample(ns2, pod2, v2)}
+		good := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) && v >= 0 }
+		want := map[PodRef]float64{}
+		for _, s := range []struct {
+			ns, pod string
+			v       float64
+		}{{ns1, pod1, v1}, {ns2, pod2, v2}} {
+			if s.ns != "" && s.pod != "" && good(s.v) {
+				want[PodRef{s.ns, s.pod}] += s.v
+			}
+		}
+		out := src.parseLoad(vecs, time.Minute, map[string]bool{})
+		got := out[int(sig)%int(loadSignals)]
+		if len(got) != len(want) {
+			t.Fatalf("%d pods kept, want %d: %v", len(got), len(want), got)
+		}
+		for p, lg := range got {
+			if p.Namespace == "" || p.Name == "" || math.IsNaN(lg.value) || lg.value < 0 || lg.window != time.Minute {
+				t.Errorf("kept %v: %+v", p, lg)
+			}
+			if w := want[p]; lg.value != w && !(math.IsInf(w, 1) && math.IsInf(lg.value, 1)) {
+				t.Errorf("%v: %v, want %v", p, lg.value, w)
+			}
+		}
+	})
+}
+
+// BenchmarkLoadRound: one round's pod-load work for 10,000 mesh pods (and as many more pods'
+// CPU series, dropped): parse the four vectors, merge them into the last good values, list the
+// loads.
+func BenchmarkLoadRound(b *testing.B) {
+	src, err := NewSource(Config{URL: "http://prometheus.invalid:9090", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const pods = 10_000
+	var vecs [loadSignals]model.Vector
+	for i := range pods {
+		for sig := range loadSignals {
+			m := model.Metric{LabelNamespace: "shop", LabelPod: model.LabelValue(fmt.Sprintf("pod-%05d", i))}
+			vecs[sig] = append(vecs[sig], &model.Sample{Metric: m, Value: model.SampleValue(100 + i%7)})
+		}
+		m := model.Metric{LabelNamespace: "other", LabelPod: model.LabelValue(fmt.Sprintf("pod-%05d", i))}
+		vecs[loadCPU] = append(vecs[loadCPU], &model.Sample{Metric: m, Value: 1})
+	}
+	now := t0
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(2 * time.Second)
+		src.mergeLoad(src.parseLoad(vecs, time.Minute, map[string]bool{}), now)
+		if n := len(src.loads()); n != pods {
+			b.Fatalf("%d loads, want %d", n, pods)
+		}
+	}
 }
