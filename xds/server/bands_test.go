@@ -1,9 +1,13 @@
 package server
 
 import (
+	"context"
+	"fmt"
 	"math"
 	"testing"
 	"time"
+
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 
 	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
@@ -62,4 +66,38 @@ func TestRealClientBands(t *testing.T) {
 			t.Errorf("%v %s NACKs from grpc-go", got, set)
 		}
 	}
+}
+
+// TestEnvoyClientBands: an Envoy-like ADS client, which NACKs what Envoy's rules reject
+// (xds.CheckResponse), accepts what LBBands serves an Envoy node: LEAST_REQUEST clusters with
+// locality weights and the active_request_bias, and assignments of band localities.
+func TestEnvoyClientBands(t *testing.T) {
+	t.Parallel()
+	top := loadTopology(t, bookinfoPath)
+	h := startServer(t, Config{LBPolicy: xds.LBBands, DebounceQuiet: -1})
+	h.srv.Update(top)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := h.srv.WaitPublished(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	c := dialEnvoy(t, h.addr, "productpage-0")
+	c.waitFor(t, "the bands clusters and assignments", func(s envoyState) error {
+		if len(s.clusters) == 0 || len(s.clas) != len(s.clusters) {
+			return fmt.Errorf("%d clusters, %d assignments", len(s.clusters), len(s.clas))
+		}
+		for _, cl := range s.clusters {
+			if cl.GetLbPolicy() != cluster.Cluster_LEAST_REQUEST || cl.GetLeastRequestLbConfig().GetActiveRequestBias().GetDefaultValue() != xds.ActiveRequestBias {
+				return fmt.Errorf("cluster %s: lb_policy %v, least_request_lb_config %v", cl.GetName(), cl.GetLbPolicy(), cl.GetLeastRequestLbConfig())
+			}
+		}
+		for _, cla := range s.clas {
+			for _, l := range cla.GetEndpoints() {
+				if sz := l.GetLocality().GetSubZone(); sz != xds.BandSubZone && sz != xds.FailoverSubZone {
+					return fmt.Errorf("assignment %s: locality %v is not a band", cla.GetClusterName(), l.GetLocality())
+				}
+			}
+		}
+		return nil
+	})
 }
