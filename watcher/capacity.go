@@ -22,7 +22,10 @@ const CapacityHysteresis = 0.05
 // feed adds up windows that do not overlap, one estimator round per window of load. A snapshot
 // whose window overlaps the one last fed is skipped (the source delivers at least once per
 // window while there are loads); the estimator's clock is the sum of the windows fed, so its
-// arrival rates are per second of measured window.
+// arrival rates are per second of measured window. (A pod left out of a round — its loads
+// stale — has that window in its next one's length but not in its counters: its arrival rate,
+// which only the queueing bound reads, is low for that window. The utilisation law,
+// CPU-seconds per request, is not affected.)
 type capacityFeed struct {
 	est      *estimate.Estimator
 	fedAt    time.Time                  // the At of the measurements last fed
