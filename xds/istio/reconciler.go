@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -82,8 +81,7 @@ type Reconciler struct {
 	services []optimizer.Service
 	updated  bool // an Update has arrived
 
-	wake    chan struct{}
-	running atomic.Bool
+	passes *passLoop
 }
 
 // NewReconciler returns a Reconciler; it starts nothing (see Run).
@@ -109,10 +107,12 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	log := cfg.Logger.With("component", "istio-envoyfilters")
 	return &Reconciler{
-		cfg:  cfg,
-		log:  cfg.Logger.With("component", "istio-envoyfilters"),
-		wake: make(chan struct{}, 1),
+		cfg: cfg,
+		log: log,
+		passes: &passLoop{clock: cfg.Clock, resync: cfg.Resync, retry: cfg.RetryInterval, log: log,
+			what: "EnvoyFilter/ConfigMap", owner: "Reconciler"},
 	}, nil
 }
 
@@ -123,10 +123,7 @@ func (r *Reconciler) Update(t *optimizer.Topology) {
 	r.services = t.Services
 	r.updated = true
 	r.mu.Unlock()
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
+	r.passes.wake()
 }
 
 func (r *Reconciler) latest() ([]optimizer.Service, bool) {
@@ -141,19 +138,13 @@ func (r *Reconciler) latest() ([]optimizer.Service, bool) {
 // while Run is not running (Update only records): serve runs it only while its replica holds
 // the Istio Lease, calling it again at each new term. Calls must not overlap.
 func (r *Reconciler) Run(ctx context.Context) error {
-	if !r.running.CompareAndSwap(false, true) {
-		return errors.New("xds/istio: Reconciler.Run called while another Run runs")
-	}
-	defer r.running.Store(false)
-	wake(r.wake) // a topology recorded while no Run ran is reconciled at once
-	return passLoop{wake: r.wake, clock: r.cfg.Clock, resync: r.cfg.Resync, retry: r.cfg.RetryInterval,
-		log: r.log, what: "EnvoyFilter/ConfigMap", pass: func(ctx context.Context) (bool, error) {
-			services, ok := r.latest()
-			if !ok {
-				return false, nil
-			}
-			return true, r.Reconcile(ctx, services)
-		}}.run(ctx)
+	return r.passes.run(ctx, func(ctx context.Context) (bool, error) {
+		services, ok := r.latest()
+		if !ok {
+			return false, nil
+		}
+		return true, r.Reconcile(ctx, services)
+	})
 }
 
 // Reconcile makes one pass: it lists the EnvoyFilters and bootstrap ConfigMaps edgeflow owns

@@ -440,10 +440,18 @@ func TestRunWaitsForTheFirstUpdate(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	clock := newFakeClock()
 	e, r := newTestEnv(t, clock, foreign("edgeflow-eds.gone.default", DefaultNamespace, map[string]string{ManagedByLabel: ManagedByValue}))
+	passed := make(chan bool, 2)
+	r.passes.passed = func(ok bool) { passed <- ok }
 	done := make(chan error)
 	go func() { done <- r.Run(ctx) }()
-	r.wake <- struct{}{} // a spurious wake-up before any Update (buffered)
-	r.wake <- struct{}{} // blocks until Run has taken the first
+	for i, what := range []string{"Run's own pass at its start", "a spurious wake-up's pass"} {
+		if i > 0 {
+			r.passes.wake()
+		}
+		if ok := <-passed; ok {
+			t.Errorf("%s, before any Update, had something to do", what)
+		}
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -472,20 +480,28 @@ func TestRunTermsWriteOnlyWhileRunning(t *testing.T) {
 		}
 	}
 	r.Update(&optimizer.Topology{Services: bookinfo()})
-	<-r.wake // taken by a Run that then lost its term before the pass
+	lostTerm(t, r) // a Run that lost its term before the pass
 	if got := e.writes(); len(got) != 0 {
 		t.Fatalf("wrote %v with no Run", got)
 	}
 	term("the filters of the first term", func() bool { return len(listOwned(e.istio)) == 2 })
 	e.writes()
 	r.Update(&optimizer.Topology{}) // recorded between terms
-	<-r.wake                        // and its wake-up taken by a Run that lost its term before the pass
+	lostTerm(t, r)                  // and a Run that lost its term before the pass
 	if got := e.writes(); len(got) != 0 {
 		t.Fatalf("wrote %v between terms", got)
 	}
 	term("no owned filter in the second term, without a new Update", func() bool { return len(listOwned(e.istio)) == 0 })
 	if err := r.Run(canceled()); err != nil {
 		t.Errorf("a third Run after the second returned: %v", err)
+	}
+}
+
+// lostTerm runs r in a term that ends before its first pass.
+func lostTerm(t *testing.T, r *Reconciler) {
+	t.Helper()
+	if err := r.Run(canceled()); err != nil {
+		t.Fatalf("Run in a term already over: %v", err)
 	}
 }
 

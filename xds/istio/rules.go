@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -78,8 +77,7 @@ type RulesReconciler struct {
 	planned  *optimizer.Topology // the topology plan was made from
 	plan     *LocalityPlan
 	report   *RulesReport
-	wake     chan struct{}
-	running  atomic.Bool
+	passes   *passLoop
 	metrics  *rulesMetrics
 	lastDesc string // the last granularity line logged
 }
@@ -106,11 +104,13 @@ func NewRulesReconciler(cfg RulesReconcilerConfig) (*RulesReconciler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	log := cfg.Logger.With("component", "istio-destinationrules")
 	r := &RulesReconciler{
 		cfg:     cfg,
-		log:     cfg.Logger.With("component", "istio-destinationrules"),
+		log:     log,
 		planner: optimizer.Planner{Policy: cfg.Policy, Options: cfg.Options, Damping: cfg.Damping},
-		wake:    make(chan struct{}, 1),
+		passes: &passLoop{clock: cfg.Clock, resync: cfg.Resync, retry: cfg.RetryInterval, log: log,
+			what: "DestinationRule", owner: "RulesReconciler"},
 	}
 	var err error
 	if r.metrics, err = newRulesMetrics(cfg.Registerer); err != nil {
@@ -132,10 +132,7 @@ func (r *RulesReconciler) Update(t *optimizer.Topology) {
 	r.mu.Lock()
 	r.latest = t
 	r.mu.Unlock()
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
+	r.passes.wake()
 }
 
 // Report returns what the last pass planned, edge by edge (nil before the first plan).
@@ -159,15 +156,7 @@ func (r *RulesReconciler) Granularity() string {
 // owns ctx); it then returns nil and leaves the rules in place (see Uninstall). Nothing is
 // written while Run is not running (Update only records): serve runs it only while its
 // replica holds the Istio Lease, calling it again at each new term. Calls must not overlap.
-func (r *RulesReconciler) Run(ctx context.Context) error {
-	if !r.running.CompareAndSwap(false, true) {
-		return errors.New("xds/istio: RulesReconciler.Run called while another Run runs")
-	}
-	defer r.running.Store(false)
-	wake(r.wake) // a topology recorded while no Run ran is reconciled at once
-	return passLoop{wake: r.wake, clock: r.cfg.Clock, resync: r.cfg.Resync, retry: r.cfg.RetryInterval,
-		log: r.log, what: "DestinationRule", pass: r.pass}.run(ctx)
-}
+func (r *RulesReconciler) Run(ctx context.Context) error { return r.passes.run(ctx, r.pass) }
 
 // pass plans the latest topology (if it is new) and reconciles; false before the first Update.
 func (r *RulesReconciler) pass(ctx context.Context) (bool, error) {
