@@ -305,6 +305,16 @@ func (s *Server) UpdateCompiled(t *optimizer.Topology, cm *optimizer.Compiled) {
 // Run is the push loop: it debounces Updates, then solves, translates and publishes, one
 // publication at a time. It returns nil when ctx is done (the caller owns ctx), and then ends
 // every xDS stream. It may be called once.
+//
+// The debounce is not the client-go workqueue loop of package xds/istio (passes.go), because
+// it does not fit: a debounce's deadline moves later with every Update (quiet since the last)
+// up to DebounceMax after the first, and a workqueue's AddAfter only ever moves a pending
+// key's deadline earlier (delaying_queue.go's insert keeps the sooner one), so a key re-added
+// on each Update would fire DebounceQuiet after the first Update of a batch, not the last.
+// Neither does the rest of that loop apply: a rejected topology is not retried (it would fail
+// again; the next Update brings another) and nothing needs a resync (the server holds what it
+// serves). And each AddAfter allocates and hands its entry to the queue's own goroutine,
+// where Update now only sends on a channel.
 func (s *Server) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("xds: Server.Run called twice")
