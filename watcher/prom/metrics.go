@@ -94,7 +94,7 @@ func newSourceMetrics(cfg Config) (m sourceMetrics, err error) {
 			Namespace: metricNamespace,
 			Subsystem: metricSubsystem,
 			Name:      "deliveries_total",
-			Help:      "Measurements delivered (first answer, a changed set of pairs or edges, or a change beyond hysteresis).",
+			Help:      "Measurements delivered (first answer, a changed set of pairs, edges or pods, a change beyond hysteresis, or a window of pod load).",
 		}),
 		suppressed: f.NewCounter(prometheus.CounterOpts{
 			Namespace: metricNamespace,

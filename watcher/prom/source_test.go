@@ -298,7 +298,7 @@ func TestFirstAnswerDelivered(t *testing.T) {
 	}
 
 	h.exposition(fmt.Sprintf(`
-# HELP edgeflow_prometheus_deliveries_total Measurements delivered (first answer, a changed set of pairs or edges, or a change beyond hysteresis).
+# HELP edgeflow_prometheus_deliveries_total Measurements delivered (first answer, a changed set of pairs, edges or pods, a change beyond hysteresis, or a window of pod load).
 # TYPE edgeflow_prometheus_deliveries_total counter
 edgeflow_prometheus_deliveries_total 1
 # HELP edgeflow_prometheus_last_success_timestamp_seconds Unix time of the last query round that succeeded.
