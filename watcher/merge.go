@@ -75,18 +75,30 @@ func (c *Live) merge(ks *kube.State, meas *prom.Measurements, capacity map[strin
 	return t, notes
 }
 
+// WithCapacity returns a copy of t whose pods take their estimated capacity from capacity
+// (requests/s by NAMESPACE/POD; the default namespace where a service names none), by Live's rule: a service's pods take theirs when every one of
+// them has one, else none keeps one from capacity (their own capacity_rps stays). For a loop
+// that estimates capacities itself (the demo's closed loop) as Live does from Prometheus.
+func WithCapacity(t *optimizer.Topology, capacity map[string]float64) *optimizer.Topology {
+	c := t.Clone()
+	for i := range c.Services {
+		setCapacity(&c.Services[i], capacity)
+	}
+	return c
+}
+
 // setCapacity gives each pod of s (its Pods already the caller's copy) its estimated capacity,
 // when every pod of s has one; else none (a service with the rate of some pods and not of
 // others is not a valid topology, and the estimator gives a pod without data its service's
 // median once it knows the pod at all).
 func setCapacity(s *optimizer.Service, capacity map[string]float64) {
 	for _, p := range s.Pods {
-		if _, ok := capacity[s.Namespace+"/"+p.Name]; !ok {
+		if _, ok := capacity[s.NamespaceOrDefault()+"/"+p.Name]; !ok {
 			return
 		}
 	}
 	for i := range s.Pods {
-		v := capacity[s.Namespace+"/"+s.Pods[i].Name]
+		v := capacity[s.NamespaceOrDefault()+"/"+s.Pods[i].Name]
 		s.Pods[i].CapacityRPS = &v
 	}
 }

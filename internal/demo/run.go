@@ -31,6 +31,8 @@ type Scenario struct {
 	LBPolicy xds.LBPolicy
 	// Logger receives the xDS server's logs (nil: discarded).
 	Logger *slog.Logger
+	// FeedbackWindow is the closed-loop policy's estimator window (0: DefaultFeedbackWindow).
+	FeedbackWindow time.Duration
 }
 
 // Outcome is the result of one policy run.
@@ -53,6 +55,8 @@ type Outcome struct {
 	NACKs float64
 	// Wall is the time from the start of the stack to the outcome.
 	Wall time.Duration
+	// Feedback is the closed-loop policy's windows (nil for other policies).
+	Feedback []FeedbackRound
 }
 
 // SetupTimeout bounds the wait for the xDS server's first publication and for every caller's
@@ -87,9 +91,11 @@ type Stack struct {
 	cluster *Cluster
 	started time.Time
 
-	stop      context.CancelFunc // ends the xDS push loop
+	stop      context.CancelFunc // ends the xDS push loop and the closed loop
 	serveDone chan error
 	pushDone  chan error
+	feedback  *feedback // closed-loop only
+	fbDone    chan error
 }
 
 // StartStack starts the xDS server (policy p) and the cluster, publishes the cluster's topology
@@ -124,6 +130,9 @@ func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack,
 	}
 	if sc.LBPolicy, err = xds.ParseLBPolicy(string(sc.LBPolicy)); err != nil {
 		return nil, err
+	}
+	if p == optimizer.ClosedLoop {
+		topo = withoutCapacity(topo) // it learns them
 	}
 	s := &Stack{policy: p, scn: sc, reg: prometheus.NewRegistry(), started: time.Now()}
 	s.srv, err = xdsserver.New(xdsserver.Config{Policy: p, LBPolicy: sc.LBPolicy, Options: opts, DebounceQuiet: -1, Logger: logger, Registerer: s.reg})
@@ -170,7 +179,27 @@ func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack,
 		}
 		return nil, fmt.Errorf("demo: %s: %w", p, err)
 	}
+	if p == optimizer.ClosedLoop {
+		if s.feedback, err = newFeedback(s.srv, s.cluster.Topology(), s.cluster, cc.Workers, sc.FeedbackWindow); err != nil {
+			return nil, err
+		}
+		s.fbDone = make(chan error, 1)
+		go func() { s.fbDone <- s.feedback.run(pushCtx) }() // owned by the Stack; ends at Close
+	}
 	return s, nil
+}
+
+// withoutCapacity returns t without any configured service rate: the closed loop starts from
+// none and measures them.
+func withoutCapacity(t *optimizer.Topology) *optimizer.Topology {
+	c := t.Clone()
+	for i := range c.Services {
+		c.Services[i].CapacityRPS = nil
+		for j := range c.Services[i].Pods {
+			c.Services[i].Pods[j].CapacityRPS = nil
+		}
+	}
+	return c
 }
 
 // Policy returns the stack's allocation policy.
@@ -202,7 +231,12 @@ func (s *Stack) Load(ctx context.Context, cfg loadgen.Config) (*loadgen.Result, 
 func (s *Stack) Outcome(load *loadgen.Result) *Outcome {
 	plan := s.srv.Allocation()
 	routes := s.cluster.Observed(nil, s.cluster.Received())
+	var fb []FeedbackRound
+	if s.feedback != nil {
+		fb = s.feedback.Rounds()
+	}
 	return &Outcome{
+		Feedback:  fb,
 		Policy:    s.policy,
 		LBPolicy:  s.scn.LBPolicy,
 		Load:      load,
@@ -229,6 +263,11 @@ func (s *Stack) Close() error {
 	}
 	if perr := <-s.pushDone; perr != nil && err == nil {
 		err = perr
+	}
+	if s.fbDone != nil {
+		if ferr := <-s.fbDone; ferr != nil && err == nil {
+			err = ferr
+		}
 	}
 	return err
 }

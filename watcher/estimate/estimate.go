@@ -76,9 +76,14 @@ const (
 	// SourceServiceMedian: the pod has no estimate of its own and takes the median of its
 	// service's measured pods.
 	SourceServiceMedian
+	// SourceLastMeasured: the pod has too few windows now (a plan that sends it little leaves
+	// its windows under the sample floor) but had an estimate of its own before: that one, its
+	// own data, rather than its service's median, which would make a slow pod that the plan
+	// spared look as fast as its peers and draw the traffic back.
+	SourceLastMeasured
 )
 
-// String returns "none", "measured" or "service-median".
+// String returns "none", "measured", "service-median" or "last-measured".
 func (s Source) String() string {
 	switch s {
 	case SourceNone:
@@ -87,6 +92,8 @@ func (s Source) String() string {
 		return "measured"
 	case SourceServiceMedian:
 		return "service-median"
+	case SourceLastMeasured:
+		return "last-measured"
 	}
 	return fmt.Sprintf("Source(%d)", int(s))
 }
@@ -202,7 +209,9 @@ func (c Config) withDefaults() (Config, error) {
 //     spans the gap) and its windows, which age out as rounds pass; once it has been absent
 //     for Config.Windows rounds it is forgotten (base and windows). A pod with fewer than
 //     Config.MinWindows windows in the last Config.Windows rounds (one that gets no traffic,
-//     say), or with unknown cores, has no measured estimate and takes its service's median: the median over the
+//     say), or with unknown cores, has no measured estimate: it keeps its last estimate of its
+//     own if it had one (SourceLastMeasured, until it is forgotten), else takes its service's
+//     median: the median over the
 //     service's measured pods of μ per core, times the pod's cores (of μ itself where the
 //     pod's cores are unknown), and likewise Lower and Upper. A service without a measured pod
 //     gives SourceNone.
@@ -227,7 +236,8 @@ type podState struct {
 	base     Sample
 	baseAt   time.Time
 	lastSeen int
-	windows  []window // oldest first, at most cfg.Windows, each from a round within the last cfg.Windows
+	windows  []window  // oldest first, at most cfg.Windows, each from a round within the last cfg.Windows
+	measured *Capacity // the pod's last estimate of its own (SourceMeasured), nil if none yet
 }
 
 // window is one pod's counters between two of its samples.
@@ -372,8 +382,14 @@ func (e *Estimator) capacities() map[string]Capacity {
 	for pod, st := range e.pods {
 		c, ok := e.measure(st)
 		if !ok {
+			if st.measured != nil {
+				last := *st.measured
+				last.Source = SourceLastMeasured
+				out[pod] = last
+			}
 			continue
 		}
+		st.measured = &c
 		out[pod] = c
 		measured[st.service] = append(measured[st.service], c)
 		perCore[st.service] = append(perCore[st.service], c.scaled(1/st.cores))

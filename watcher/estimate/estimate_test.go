@@ -250,6 +250,24 @@ func TestMedianFallback(t *testing.T) {
 	}
 }
 
+// TestThinPodKeepsItsOwnEstimate: a slow pod that the plan then spares (its windows fall under
+// the sample floor) keeps its own last estimate, not its fast peers' median.
+func TestThinPodKeepsItsOwnEstimate(t *testing.T) {
+	r := newRig(t, Config{MinRequests: 100, Windows: 3, MinWindows: 2})
+	fast, slow := steady("a", 1, 1000, 0.001), steady("a", 1, 1000, 0.004) // 1,000 and 250 req/s
+	for range 4 {
+		r.round(map[string]traffic{"a-0": slow, "a-1": fast, "a-2": fast})
+	}
+	spared := steady("a", 1, 10, 0.004) // under the floor
+	var c Capacity
+	for range 5 {
+		c = r.round(map[string]traffic{"a-0": spared, "a-1": fast, "a-2": fast})["a-0"]
+	}
+	if c.Source != SourceLastMeasured || math.Abs(c.UtilizationRPS-250) > 1e-6 {
+		t.Fatalf("spared slow pod: %v at %v req/s; want its own last estimate, 250 req/s", c.Source, c.UtilizationRPS)
+	}
+}
+
 // TestCounterReset: a counter going down starts a new base and its window is discarded; the
 // windows before it stay.
 func TestCounterReset(t *testing.T) {
@@ -287,8 +305,9 @@ func TestCounterReset(t *testing.T) {
 	}
 }
 
-// TestMissingData: an absent pod keeps its base and windows; its next window spans the gap; it
-// is forgotten after Windows rounds away. Requests without CPU do not count.
+// TestMissingData: an absent pod keeps its base and windows; its next window spans the gap;
+// with too few windows it keeps its last estimate of its own; it is forgotten after Windows
+// rounds away, and comes back as new (its service's median). Requests without CPU do not count.
 func TestMissingData(t *testing.T) {
 	r := newRig(t, Config{MinRequests: 1, Windows: 3, MinWindows: 2})
 	both := map[string]traffic{"a-0": steady("a", 1, 1000, 0.001), "a-1": steady("a", 1, 1000, 0.0005)}
@@ -310,8 +329,8 @@ func TestMissingData(t *testing.T) {
 		{true, SourceMeasured, 2},      // windows of rounds 2, 3
 		{true, SourceMeasured, 2},      // absent: its windows stay
 		{true, SourceMeasured, 2},      // back: its window spans two rounds (rounds 3, 5)
-		{true, SourceServiceMedian, 3}, // absent: only round 5's left; a-1's median (3 windows)
-		{true, SourceServiceMedian, 3}, //
+		{true, SourceLastMeasured, 2},  // absent: only round 5's left; its own last estimate
+		{true, SourceLastMeasured, 2},  //
 		{false, SourceNone, 0},         // absent for 3 rounds: forgotten
 		{true, SourceServiceMedian, 3}, // back as new: its sample is a base
 	}

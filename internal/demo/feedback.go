@@ -1,0 +1,265 @@
+package demo
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/watcher"
+	"github.com/edgeflow/edgeflow/watcher/estimate"
+	xdsserver "github.com/edgeflow/edgeflow/xds/server"
+)
+
+// The closed-loop row's control loop. In a cluster, edgeflow serve reads the pods' telemetry
+// from Prometheus (watcher/prom's pod-load queries) and watcher.Live feeds it to the capacity
+// estimator. The demo has no Prometheus: the loop reads every pod's /metrics itself, the same
+// series (Istio's request metrics, cAdvisor's CPU usage), and feeds the same estimator. It
+// knows only what a cluster would tell it: the telemetry and each pod's CPU (its workers, the
+// cores it runs on); never the slow pods or nodes (Config.PodSlowdown, NodeSpeed).
+
+// DefaultFeedbackWindow is the closed-loop row's estimator window in the demo: short, because a
+// demo row has seconds of load, not minutes (a cluster's window is Prometheus's, 4 scrapes).
+const DefaultFeedbackWindow = time.Second
+
+// FeedbackEstimator is the estimator configuration of the demo's closed loop: the estimator's
+// defaults but for the sample floor, which one-second windows of a demo pod (tens to hundreds
+// of requests) would not reach.
+var FeedbackEstimator = estimate.Config{MinRequests: 30}
+
+// feedback is one closed-loop stack's loop: each window it reads the pods' counters, runs an
+// estimator round, and when a pod's capacity in force moved (by watcher.CapacityHysteresis)
+// hands the xDS server the topology with the capacities in force; the server's planner
+// (closed-loop) steps toward lata-q's plan. After a window in which the server published a new
+// plan, the next window's data mixes two plans: the loop holds that window (it observes but
+// does not update), the hold-down of one estimator window.
+type feedback struct {
+	srv    *xdsserver.Server
+	base   *optimizer.Topology // the stack's topology, without capacities
+	urls   map[string]string   // pod → its /metrics
+	pods   map[string]podFacts // pod → what the cluster knows of it
+	est    *estimate.Estimator
+	window time.Duration
+	client *http.Client
+
+	capacity  map[string]float64 // in force, by pod: the lower confidence bound, requests/s
+	published *optimizer.Allocation
+
+	mu     sync.Mutex
+	rounds []FeedbackRound
+}
+
+type podFacts struct {
+	service, namespace string
+	cores              float64
+}
+
+// FeedbackRound is one window of the demo's closed loop, for the report.
+type FeedbackRound struct {
+	At time.Duration // since the loop started
+	// Estimate is the estimated service rate μ of each pod measured in this round (from its
+	// own windows; requests/s). Lower is the lower confidence bound the plan uses, of every pod
+	// with an estimate (measured, or its service's median).
+	Estimate, Lower map[string]float64
+	// Requests is the number of requests each measured pod's estimate rests on.
+	Requests map[string]float64
+	// Updated says the topology went to the server; Held that the window was held down (the
+	// server had published in the window before).
+	Updated, Held bool
+	// Err is the estimator's or a scrape's complaint ("" if none).
+	Err string
+}
+
+func newFeedback(srv *xdsserver.Server, base *optimizer.Topology, c *Cluster, workers int, window time.Duration) (*feedback, error) {
+	est, err := estimate.New(FeedbackEstimator)
+	if err != nil {
+		return nil, err
+	}
+	if window <= 0 {
+		window = DefaultFeedbackWindow
+	}
+	f := &feedback{srv: srv, base: base, urls: c.MetricsURLs(), pods: map[string]podFacts{}, est: est, window: window,
+		client: &http.Client{Timeout: window}, capacity: map[string]float64{}}
+	for _, s := range base.Services {
+		for _, p := range s.Pods {
+			f.pods[p.Name] = podFacts{service: s.Key(), namespace: s.Namespace, cores: float64(workers)}
+		}
+	}
+	return f, nil
+}
+
+// run loops until ctx is done; it returns nil then. It is owned by the Stack.
+func (f *feedback) run(ctx context.Context) error {
+	start := time.Now()
+	t := time.NewTicker(f.window)
+	defer t.Stop()
+	f.published = f.srv.Allocation()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			r := f.round(ctx, now, now.Sub(start))
+			f.mu.Lock()
+			f.rounds = append(f.rounds, r)
+			f.mu.Unlock()
+		}
+	}
+}
+
+// Rounds returns the windows so far. Safe for concurrent use.
+func (f *feedback) Rounds() []FeedbackRound {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.rounds)
+}
+
+// round is one window: scrape, estimate, update unless held.
+func (f *feedback) round(ctx context.Context, now time.Time, at time.Duration) FeedbackRound {
+	r := FeedbackRound{At: at}
+	samples, err := f.scrape(ctx)
+	if err != nil {
+		r.Err = err.Error()
+	}
+	caps, err := f.est.Observe(now, samples)
+	if err != nil && r.Err == "" {
+		r.Err = err.Error()
+	}
+	r.Estimate, r.Lower, r.Requests = map[string]float64{}, map[string]float64{}, map[string]float64{}
+	next := map[string]float64{}
+	for pod, c := range caps {
+		if c.Source == estimate.SourceNone || !(c.Lower > 0) || math.IsInf(c.Lower, 0) {
+			continue
+		}
+		r.Lower[pod] = c.Lower
+		if c.Source == estimate.SourceMeasured {
+			r.Estimate[pod], r.Requests[pod] = c.RPS, c.Requests
+		}
+		next[pod] = c.Lower
+		if old, ok := f.capacity[pod]; ok && math.Abs(c.Lower-old) <= watcher.CapacityHysteresis*old {
+			next[pod] = old
+		}
+	}
+	if plan := f.srv.Allocation(); plan != f.published {
+		f.published, r.Held = plan, true
+		f.capacity = next
+		return r
+	}
+	if !sameCapacity(f.capacity, next) {
+		f.capacity = next
+		f.srv.Update(watcher.WithCapacity(f.base, keyed(f.capacity, f.pods)))
+		r.Updated = true
+	}
+	return r
+}
+
+// keyed maps capacities by pod name to NAMESPACE/POD, as watcher.WithCapacity takes them.
+func keyed(c map[string]float64, pods map[string]podFacts) map[string]float64 {
+	out := make(map[string]float64, len(c))
+	for pod, v := range c {
+		ns := pods[pod].namespace
+		if ns == "" {
+			ns = optimizer.DefaultNamespace
+		}
+		out[ns+"/"+pod] = v
+	}
+	return out
+}
+
+func sameCapacity(a, b map[string]float64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// scrape reads every pod's counters; a pod whose /metrics fails is left out of the round (the
+// estimator keeps its history) and named in the error.
+func (f *feedback) scrape(ctx context.Context) ([]estimate.Sample, error) {
+	names := make([]string, 0, len(f.urls))
+	for pod := range f.urls {
+		names = append(names, pod)
+	}
+	sort.Strings(names)
+	var out []estimate.Sample
+	var failed []string
+	for _, pod := range names {
+		s, err := f.scrapePod(ctx, pod)
+		if err != nil {
+			failed = append(failed, fmt.Sprintf("%s: %v", pod, err))
+			continue
+		}
+		out = append(out, s)
+	}
+	if len(failed) > 0 {
+		return out, fmt.Errorf("demo: closed loop: reading /metrics of %v", failed)
+	}
+	return out, nil
+}
+
+func (f *feedback) scrapePod(ctx context.Context, pod string) (estimate.Sample, error) {
+	facts := f.pods[pod]
+	s := estimate.Sample{Pod: pod, Service: facts.service, Cores: facts.cores}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, f.urls[pod], nil)
+	if err != nil {
+		return s, err
+	}
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return s, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, resp.Body)
+		return s, fmt.Errorf("HTTP %s", resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return s, err
+	}
+	s.Requests = sumWhere(mfs["istio_requests_total"], "reporter", "destination", counterValue)
+	s.InboundMS = sumWhere(mfs["istio_request_duration_milliseconds"], "reporter", "destination", histogramSum)
+	s.DownstreamMS = sumWhere(mfs["istio_request_duration_milliseconds"], "reporter", "source", histogramSum)
+	s.CPUSeconds = sumWhere(mfs["container_cpu_usage_seconds_total"], "", "", counterValue)
+	return s, nil
+}
+
+func counterValue(m *dto.Metric) float64 { return m.GetCounter().GetValue() }
+func histogramSum(m *dto.Metric) float64 { return m.GetHistogram().GetSampleSum() }
+
+// sumWhere sums value over mf's series whose label name has the value want (name "": all).
+func sumWhere(mf *dto.MetricFamily, name, want string, value func(*dto.Metric) float64) float64 {
+	var sum float64
+	for _, m := range mf.GetMetric() {
+		if name != "" && !hasLabel(m, name, want) {
+			continue
+		}
+		sum += value(m)
+	}
+	return sum
+}
+
+func hasLabel(m *dto.Metric, name, value string) bool {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue() == value
+		}
+	}
+	return false
+}
