@@ -91,7 +91,7 @@ func newServeCommand() *cobra.Command {
 		"encoding", "", xds.EncodingLocality, "wire encoding of the weights: locality (EDS locality weights) or weighted-clusters")
 	enumVar(cmd, fl, &enumFlag[xds.LBPolicy]{p: &f.lbPolicy, values: []xds.LBPolicy{xds.LBRoundRobin, xds.LBLeastRequest, xds.LBBands},
 		parse: xds.ParseLBPolicy, typ: "lb-policy", noun: "lb policy"},
-		"lb-policy", "", xds.LBRoundRobin, "how clients balance within the weights: round-robin; least-request (LEAST_REQUEST over each callee's pods, power of two choices, no plan); "+
+		"lb-policy", "", xds.LBRoundRobin, "how clients balance within the weights (--policy closed-loop: bands unless set): round-robin; least-request (LEAST_REQUEST over each callee's pods, power of two choices, no plan); "+
 			"or bands (the plan weights each node's callee pods as one locality, least-request picks inside it: gRPC WrrLocality{LeastRequest}, Envoy LEAST_REQUEST, Istio rules simple LEAST_REQUEST); locality encoding only")
 	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xdsserver.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
 	fl.DurationVar(&f.debounceMax, "debounce-max", xdsserver.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
@@ -149,6 +149,9 @@ type serveApp struct {
 // Bad input is a usage error (exit 2), reported before anything is built.
 func newServeApp(cmd *cobra.Command, f *serveFlags) (*serveApp, error) {
 	a := &serveApp{cmd: cmd, f: f}
+	if f.policy == optimizer.ClosedLoop && !cmd.Flags().Changed("lb-policy") {
+		f.lbPolicy = xds.LBBands // the closed loop's delivery: least-request inside the planned bands
+	}
 	if err := f.check(); err != nil {
 		return nil, err
 	}

@@ -42,7 +42,8 @@ func RowNames() []string {
 	return out
 }
 
-// ParseRow returns the named row: an optimizer policy, or least-request.
+// ParseRow returns the named row: an optimizer policy (closed-loop balancing least-request inside
+// the plan's latency bands), or least-request.
 func ParseRow(name string) (Row, error) {
 	if name == LeastRequest {
 		return Row{Name: LeastRequest, Policy: optimizer.RoundRobin, LB: xds.LBLeastRequest}, nil
@@ -50,6 +51,9 @@ func ParseRow(name string) (Row, error) {
 	p, err := optimizer.ParsePolicy(name)
 	if err != nil {
 		return Row{}, err
+	}
+	if p == optimizer.ClosedLoop { // the plan between latency bands, least-request inside one
+		return Row{Name: string(p), Policy: p, LB: xds.LBBands}, nil
 	}
 	return Row{Name: string(p), Policy: p, LB: xds.LBRoundRobin}, nil
 }
