@@ -84,8 +84,11 @@ const (
 	//
 	// Proxyless gRPC gets a Cluster whose load_balancing_policy is WrrLocality{LeastRequest}
 	// (gRFC A52 custom policies, A48 least request; bandsGRPCCluster says what grpc-go reads);
-	// Envoy nodes get LEAST_REQUEST with locality_weighted_lb_config and an explicit
-	// active_request_bias (envoyBandsCluster). Locality encoding only.
+	// plain Envoy nodes get LEAST_REQUEST with locality_weighted_lb_config and an explicit
+	// active_request_bias (envoyCluster); Istio sidecars (per-pod mode) get the band
+	// assignments only, into istiod's cluster, whose EnvoyFilter sets
+	// locality_weighted_lb_config and whose lb_policy is Istio's default LEAST_REQUEST unless
+	// a DestinationRule says otherwise. Locality encoding only.
 	LBBands LBPolicy = "bands"
 )
 
