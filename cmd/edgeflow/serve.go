@@ -39,6 +39,7 @@ type serveFlags struct {
 	policy         optimizer.Policy
 	encoding       xds.Encoding
 	lbPolicy       xds.LBPolicy
+	egressOffset   int
 	debounceQuiet  time.Duration
 	debounceMax    time.Duration
 	removalGrace   time.Duration
@@ -64,7 +65,7 @@ func newServeCommand() *cobra.Command {
 			"snapshot per caller pod: a proxyless gRPC client with node id POD dials xds:///SERVICE; an Istio sidecar\n" +
 			"id sidecar~IP~POD.NS~… is matched by pod name, else IP; any other id gets round-robin weights.\n" +
 			"Istio sidecars get EDS only, under Istio's cluster names; nodes with user_agent_name envoy get socket\n" +
-			"listeners on 127.0.0.1:PORT per service port, RDS, CDS and EDS (both need the services' ports).\n" +
+			"listeners on 127.0.0.1:PORT per service port (PORT+--egress-port-offset), RDS, CDS and EDS (both need the services' ports).\n" +
 			"Every pod of a called service needs an address (IP:PORT) in the file.\n\n" +
 			"The file is polled for changes and re-read on SIGHUP; each change is solved and pushed (debounced) to\n" +
 			"the clients whose weights changed. A changed file that is invalid is logged and the last good topology\n" +
@@ -93,6 +94,8 @@ func newServeCommand() *cobra.Command {
 		parse: xds.ParseLBPolicy, typ: "lb-policy", noun: "lb policy"},
 		"lb-policy", "", xds.LBRoundRobin, "how clients balance within the weights (--policy closed-loop: bands unless set): round-robin; least-request (LEAST_REQUEST over each callee's pods, power of two choices, no plan); "+
 			"or bands (the plan weights each node's callee pods as one locality, least-request picks inside it: gRPC WrrLocality{LeastRequest}, Envoy LEAST_REQUEST, Istio rules simple LEAST_REQUEST); locality encoding only")
+	fl.IntVar(&f.egressOffset, "egress-port-offset", 0, "plain Envoy nodes' outbound listener for service port P binds 127.0.0.1:P+OFFSET instead of 127.0.0.1:P, "+
+		"so an app in the pod that itself serves on P keeps its port; the app then dials NAME:P+OFFSET (0: P itself; at most 65534)")
 	fl.DurationVar(&f.debounceQuiet, "debounce-quiet", xdsserver.DefaultDebounceQuiet, "push after the topology has been quiet this long (negative: push every change at once)")
 	fl.DurationVar(&f.debounceMax, "debounce-max", xdsserver.DefaultDebounceMax, "push at the latest this long after the first change of a burst")
 	fl.DurationVar(&f.removalGrace, "removal-grace", xdsserver.DefaultRemovalGrace, "keep a removed pod's cluster and endpoints this long after the routes that named it are acknowledged (0: none)")
@@ -155,6 +158,9 @@ func newServeApp(cmd *cobra.Command, f *serveFlags) (*serveApp, error) {
 	if err := f.check(); err != nil {
 		return nil, err
 	}
+	if f.egressOffset < 0 || f.egressOffset > xds.MaxEgressPortOffset {
+		return nil, badInput("--egress-port-offset %d: want 0 to %d", f.egressOffset, xds.MaxEgressPortOffset)
+	}
 	istioLease, err := f.checkIstio()
 	if err != nil {
 		return nil, err
@@ -179,7 +185,7 @@ func newServeApp(cmd *cobra.Command, f *serveFlags) (*serveApp, error) {
 		}
 	}
 	if a.srv, err = xdsserver.New(xdsserver.Config{Policy: f.policy, Encoding: f.encoding, LBPolicy: f.lbPolicy, Options: opts, ClusterDomain: f.istio.clusterDomain,
-		DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, RemovalGrace: f.removalGrace, Damping: f.damping, Logger: a.logger, Registerer: a.reg,
+		EgressPortOffset: f.egressOffset, DebounceQuiet: f.debounceQuiet, DebounceMax: f.debounceMax, RemovalGrace: f.removalGrace, Damping: f.damping, Logger: a.logger, Registerer: a.reg,
 		Limits: f.limits, RequireIdentity: f.tls.ClientCAFile != "", TrustDomain: f.trustDomain}); err != nil {
 		return nil, err
 	}

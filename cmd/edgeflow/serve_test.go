@@ -266,6 +266,8 @@ func TestServeBadInput(t *testing.T) {
 		{"bad policy", []string{"-f", invalid, "--xds-address", ":0", "--policy", "fastest"}, "unknown policy"},
 		{"bad encoding", []string{"-f", invalid, "--xds-address", ":0", "--encoding", "endpoint"}, "unknown encoding"},
 		{"bad lb policy", []string{"-f", invalid, "--xds-address", ":0", "--lb-policy", "fastest"}, "unknown lb policy"},
+		{"negative egress port offset", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--egress-port-offset", "-1"}, "--egress-port-offset -1"},
+		{"egress port offset past the ports", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--egress-port-offset", "65535"}, "want 0 to 65534"},
 		{"stdin", []string{"-f", "-", "--xds-address", ":0"}, "standard input"},
 		{"missing TLS certificate", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--xds-tls-cert", filepath.Join(dir, "absent.crt"), "--xds-tls-key", filepath.Join(dir, "absent.key")}, "absent.crt"},
 		{"Istio mode with a file", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--istio-mode", "envoyfilter", "--istio-xds-address", "edgeflow:18000"}, "needs the cluster flags"},

@@ -54,6 +54,9 @@ type Config struct {
 	// ClusterDomain is the Kubernetes cluster's DNS domain in Istio's cluster names and plain
 	// Envoy's virtual hosts ("" means optimizer.DefaultClusterDomain); see TranslateConfig.
 	ClusterDomain string
+	// EgressPortOffset moves plain Envoy nodes' outbound listeners from 127.0.0.1:PORT to
+	// 127.0.0.1:PORT+EgressPortOffset (0, the default, leaves them); see TranslateConfig.
+	EgressPortOffset int
 	// Damping is the flap-damping threshold (optimizer.Planner): a recompute that moves less
 	// than this fraction of the traffic, with the same pods, services and calls, is not pushed.
 	// Zero means optimizer.DefaultDamping (1 %); negative pushes every recompute.
@@ -182,7 +185,7 @@ func New(cfg Config) (*Server, error) {
 	if _, err := optimizer.ParsePolicy(string(cfg.Policy)); err != nil {
 		return nil, err
 	}
-	wire, err := xds.TranslateConfig{Encoding: cfg.Encoding, LBPolicy: cfg.LBPolicy, ClusterDomain: cfg.ClusterDomain}.Check()
+	wire, err := xds.TranslateConfig{Encoding: cfg.Encoding, LBPolicy: cfg.LBPolicy, ClusterDomain: cfg.ClusterDomain, EgressPortOffset: cfg.EgressPortOffset}.Check()
 	if err != nil {
 		return nil, err
 	}
@@ -445,7 +448,7 @@ func (s *Server) publish() {
 	var tr *xds.Translation
 	t2 := t1
 	if err == nil {
-		tr, err = xds.TranslateWith(t, alloc, xds.TranslateConfig{Encoding: s.cfg.Encoding, LBPolicy: s.cfg.LBPolicy, ClusterDomain: s.cfg.ClusterDomain})
+		tr, err = xds.TranslateWith(t, alloc, xds.TranslateConfig{Encoding: s.cfg.Encoding, LBPolicy: s.cfg.LBPolicy, ClusterDomain: s.cfg.ClusterDomain, EgressPortOffset: s.cfg.EgressPortOffset})
 		t2 = s.clock.Now()
 		s.m.translate.Observe(t2.Sub(t1).Seconds())
 	}
