@@ -48,6 +48,8 @@ type Config struct {
 	// LBPolicy is the clusters' load-balancing policy ("" means round-robin). LBLeastRequest
 	// serves every caller the callee's pods as one locality under LEAST_REQUEST: the Policy's
 	// allocation is still planned and checked (Allocation), but its weights are not served.
+	// LBBands serves the Policy's weights summed per latency band (the callee pods of one
+	// node), least-request inside a band (xds.LBBands).
 	LBPolicy xds.LBPolicy
 	// Options are how topologies are compiled.
 	Options optimizer.Options
