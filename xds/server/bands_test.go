@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"testing"
@@ -73,15 +72,7 @@ func TestRealClientBands(t *testing.T) {
 // locality weights and the active_request_bias, and assignments of band localities.
 func TestEnvoyClientBands(t *testing.T) {
 	t.Parallel()
-	top := loadTopology(t, bookinfoPath)
-	h := startServer(t, Config{LBPolicy: xds.LBBands, DebounceQuiet: -1})
-	h.srv.Update(top)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := h.srv.WaitPublished(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	c := dialEnvoy(t, h.addr, "productpage-0")
+	c := bookinfoEnvoy(t, Config{LBPolicy: xds.LBBands})
 	c.waitFor(t, "the bands clusters and assignments", func(s envoyState) error {
 		if len(s.clusters) == 0 || len(s.clas) != len(s.clusters) {
 			return fmt.Errorf("%d clusters, %d assignments", len(s.clusters), len(s.clas))

@@ -15,15 +15,7 @@ import (
 // accepts them.
 func TestEnvoyClientEgressPortOffset(t *testing.T) {
 	t.Parallel()
-	top := loadTopology(t, bookinfoPath)
-	h := startServer(t, Config{EgressPortOffset: 10000, DebounceQuiet: -1})
-	h.srv.Update(top)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := h.srv.WaitPublished(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	c := dialEnvoy(t, h.addr, "productpage-0")
+	c := bookinfoEnvoy(t, Config{EgressPortOffset: 10000})
 	c.waitFor(t, "listeners on the shifted ports", func(s envoyState) error {
 		var got []string
 		for _, l := range s.listeners {
@@ -41,4 +33,19 @@ func TestEgressPortOffsetRejected(t *testing.T) {
 	if _, err := New(Config{EgressPortOffset: -1}); err == nil || !strings.Contains(err.Error(), "egress port offset -1") {
 		t.Errorf("New(egress port offset -1): %v, want the offset named", err)
 	}
+}
+
+// bookinfoEnvoy serves the Bookinfo topology with cfg (pushes not debounced) and returns an
+// Envoy-like client of node productpage-0 once the first plan is published.
+func bookinfoEnvoy(t *testing.T, cfg Config) *envoyClient {
+	t.Helper()
+	cfg.DebounceQuiet = -1
+	h := startServer(t, cfg)
+	h.srv.Update(loadTopology(t, bookinfoPath))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := h.srv.WaitPublished(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	return dialEnvoy(t, h.addr, "productpage-0")
 }
