@@ -57,10 +57,18 @@ func (f *capacityFeed) feed(ks *kube.State, meas *prom.Measurements) capacityRou
 		return r
 	}
 	service := map[string]string{} // NAMESPACE/POD → the key of the first service it backs
-	for _, s := range ks.Services {
+	cores := map[string]float64{}  // NAMESPACE/POD → its CPU request in cores (absent: unknown)
+	for i, s := range ks.Services {
 		for _, p := range s.Pods {
-			if _, dup := service[s.Namespace+"/"+p.Name]; !dup {
-				service[s.Namespace+"/"+p.Name] = s.Key()
+			key := s.Namespace + "/" + p.Name
+			if _, dup := service[key]; dup {
+				continue
+			}
+			service[key] = s.Key()
+			if i < len(ks.PodCPU) {
+				if m, ok := ks.PodCPU[i][key]; ok {
+					cores[key] = float64(m) / 1000
+				}
 			}
 		}
 	}
@@ -76,7 +84,7 @@ func (f *capacityFeed) feed(ks *kube.State, meas *prom.Measurements) capacityRou
 			continue
 		}
 		c := f.counters[key]
-		c.Pod, c.Service, c.Cores = key, svc, float64(ks.PodCPU[key])/1000
+		c.Pod, c.Service, c.Cores = key, svc, cores[key]
 		c.Requests += l.Requests
 		c.InboundMS += l.InboundMSSum
 		c.DownstreamMS += l.DownstreamMSSum

@@ -84,7 +84,7 @@ func TestCapacityFromPodLoads(t *testing.T) {
 	}
 	c, reg := newCluster(t, LiveConfig{Prom: promStub, Estimator: est})
 	st := state([]string{"n1", "n2"}, service("api", "api-1@n1", "api-2@n2"))
-	st.PodCPU = map[string]int64{"default/api-1": 500, "default/api-2": 1000}
+	st.PodCPU = []map[string]int64{{"default/api-1": 500, "default/api-2": 1000}}
 	const window = time.Minute
 
 	// The first window sets the counters' base; MinWindows (3) windows later each pod has an
@@ -152,7 +152,7 @@ func TestNoPodLoadNoChange(t *testing.T) {
 	t.Parallel()
 	st := clusterState{state([]string{"n1", "n2"}, service("front", "front-1@n1"), service("api", "api-1@n1", "api-2@n2"))}.
 		backs("front", "front").backs("api", "api")
-	st.PodCPU = map[string]int64{"default/api-1": 500, "default/api-2": 500}
+	st.PodCPU = []map[string]int64{nil, {"default/api-1": 500, "default/api-2": 500}}
 	plain, _ := newCluster(t, LiveConfig{Prom: promStub})
 	est, err := estimate.New(estimate.Config{MinRequests: 1})
 	if err != nil {

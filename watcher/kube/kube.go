@@ -86,11 +86,13 @@ type State struct {
 	Workloads map[Workload][]string
 	// NodeAddresses maps each node's InternalIP addresses to the node's name.
 	NodeAddresses map[string]string
-	// PodCPU is the CPU request, in millicores, of each pod of Services, by NAMESPACE/POD: the
-	// sum over its containers but Istio's sidecar (SidecarContainer), the cores its
-	// application may use, as cAdvisor's CPU time is read without the sidecar's; a pod whose
-	// application requests none is absent.
-	PodCPU map[string]int64
+	// PodCPU[i] is the CPU request, in millicores, of each pod of Services[i], by
+	// NAMESPACE/POD: the sum over its containers but Istio's sidecar (SidecarContainer), the
+	// cores its application may use, as cAdvisor's CPU time is read without the sidecar's; a
+	// pod whose application requests none is absent (a service with none has a nil map; a
+	// State without any CPU request has none at all). One map per service, shared with the
+	// Source's cache (a pass assembles a State in O(services), not O(pods)): read only.
+	PodCPU []map[string]int64
 	// Skipped counts endpoints left out, by reason (the Skip constants); and services left
 	// out: no_ready_pods.
 	Skipped map[string]int

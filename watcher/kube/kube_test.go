@@ -410,7 +410,7 @@ func TestStateFromCluster(t *testing.T) {
 				}},
 			},
 			Workloads: map[Workload][]string{{"a", "default"}: {"a"}, {"equal", "default"}: {"equal"}, {"none", "default"}: {"none"}},
-			PodCPU:    map[string]int64{"default/a-1": 100, "default/a-2": 300, "default/equal-1": 250, "default/equal-2": 250}, // none for a-3, none-*
+			PodCPU:    []map[string]int64{{"default/a-1": 100, "default/a-2": 300}, {"default/equal-1": 250, "default/equal-2": 250}, nil}, // none for a-3, none-*
 		},
 	}, {
 		name: "a pod's CPU request leaves Istio's sidecar out; its weight does not",
@@ -429,7 +429,7 @@ func TestStateFromCluster(t *testing.T) {
 				{Name: "a-2", Node: "n2", IP: "10.0.0.2", Weight: weight(700.0 / 525)},
 			}}},
 			Workloads: map[Workload][]string{{"a", "default"}: {"a"}},
-			PodCPU:    map[string]int64{"default/a-1": 250, "default/a-2": 700},
+			PodCPU:    []map[string]int64{{"default/a-1": 250, "default/a-2": 700}},
 		},
 	}, {
 		name: "ports: a named targetPort resolves through the EndpointSlice",

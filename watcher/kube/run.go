@@ -311,8 +311,7 @@ func (s *Source) pass(b *builder, d dirty, deliver func(*State)) {
 // assemble makes a State of the cached entries: O(services), the entries shared, not copied (no
 // State is modified once delivered).
 func (b *builder) assemble() *State {
-	st := &State{Nodes: b.nodes.list, NodeAddresses: b.nodes.addrs, Workloads: map[Workload][]string{}, Skipped: map[string]int{},
-		PodCPU: map[string]int64{}}
+	st := &State{Nodes: b.nodes.list, NodeAddresses: b.nodes.addrs, Workloads: map[Workload][]string{}, Skipped: map[string]int{}}
 	ps := make([]*serviceEntry, 0, len(b.entries))
 	for _, p := range b.entries {
 		for r, n := range p.skipped {
@@ -323,12 +322,22 @@ func (b *builder) assemble() *State {
 		}
 	}
 	sort.Slice(ps, func(i, j int) bool { return ps[i].key < ps[j].key })
+	anyCPU := false
 	for _, p := range ps {
 		st.Services = append(st.Services, *p.svc)
-		maps.Copy(st.PodCPU, p.podCPU)
+		cpu := p.podCPU
+		if len(cpu) == 0 {
+			cpu = nil
+		} else {
+			anyCPU = true
+		}
+		st.PodCPU = append(st.PodCPU, cpu)
 		for _, w := range p.workloads {
 			st.Workloads[w] = append(st.Workloads[w], p.key)
 		}
+	}
+	if !anyCPU {
+		st.PodCPU = nil
 	}
 	for w := range st.Workloads {
 		sort.Strings(st.Workloads[w])
