@@ -19,6 +19,12 @@ import (
 //     at least Damping of that objective against the allocation in force applied to the new
 //     topology (its fractions, the new rates, latencies and capacities), or when the allocation
 //     in force overloads a pod.
+//   - Fallback: a callee service that the allocation in force was planned with service rates
+//     for and the new topology gives none (the model-error breaker tripped it: lata-q's model
+//     does not describe it, watcher/estimate.Breaker) takes the new plan's routes, lata's, at
+//     once, and the step is pushed: the breaker's verdict is not the objective's to weigh (by
+//     lata-q's objective, which then has no queueing term for the service, lata's balanced
+//     routes cost more than the localised ones in force).
 //
 // The callers balance least-request inside the plan's latency bands (xds.LBBands); the
 // hold-down of one estimator window after a measurement-driven push is the feeder's (it owns
@@ -135,10 +141,14 @@ func applyFractions(m *Model, p Policy, frac []map[string]map[string]float64, sk
 }
 
 // blendFractions returns old + step·(new − old), per edge and caller pod; a caller that one side
-// lacks takes the other's fractions.
-func blendFractions(old, new []map[string]map[string]float64, step float64) []map[string]map[string]float64 {
+// lacks takes the other's fractions, and so does every caller of an edge marked in full.
+func blendFractions(old, new []map[string]map[string]float64, step float64, full []bool) []map[string]map[string]float64 {
 	out := make([]map[string]map[string]float64, len(new))
 	for k := range new {
+		if full[k] {
+			out[k] = new[k]
+			continue
+		}
 		out[k] = map[string]map[string]float64{}
 		callers := map[string]bool{}
 		for c := range old[k] {
@@ -188,9 +198,10 @@ func (pl *Planner) closedLoopStep(m *Model, r *PlanResult, damping float64) {
 	}
 	old := fractionsOf(m, pl.last)
 	_, before := applyFractions(m, ClosedLoop, old, skip)
+	fell, fallback := pl.fellBack(m)
 	next := target
 	if step < 1 && len(before.overloaded) == 0 {
-		blended, obj := applyFractions(m, ClosedLoop, blendFractions(old, fractionsOf(m, target), step), skip)
+		blended, obj := applyFractions(m, ClosedLoop, blendFractions(old, fractionsOf(m, target), step, fell), skip)
 		if len(obj.overloaded) == 0 {
 			blended.Saturated = slices.Clone(target.Saturated)
 			next = blended
@@ -205,5 +216,31 @@ func (pl *Planner) closedLoopStep(m *Model, r *PlanResult, damping float64) {
 	case before.total() > 0:
 		r.Gain = (before.total() - after.total()) / before.total()
 	}
-	r.Push = damping < 0 || len(before.overloaded) > 0 || (r.Moved >= damping && r.Gain >= damping)
+	r.Push = damping < 0 || len(before.overloaded) > 0 || fallback || (r.Moved >= damping && r.Gain >= damping)
+}
+
+// fellBack marks the call edges of m into a service that the allocation in force was planned
+// with service rates for and m gives none (see Fallback at the top of this file), and says
+// whether there is one. O(calls + pods of their callees).
+func (pl *Planner) fellBack(m *Model) ([]bool, bool) {
+	fell := make([]bool, len(m.Calls))
+	found := false
+	for k, e := range m.Calls {
+		if to := &m.Services[e.To]; pl.queued[to.Name] && !hasCapacity(to) {
+			fell[k], found = true, true
+		}
+	}
+	return fell, found
+}
+
+// queuedServices returns the services of m that have a service rate (lata-q plans them as
+// queues), by name.
+func queuedServices(m *Model) map[string]bool {
+	out := map[string]bool{}
+	for i := range m.Services {
+		if hasCapacity(&m.Services[i]) {
+			out[m.Services[i].Name] = true
+		}
+	}
+	return out
 }

@@ -148,6 +148,52 @@ func TestClosedLoopWithoutCapacityIsLATA(t *testing.T) {
 	}
 }
 
+// TestClosedLoopFallbackTakesLATA: when b loses its service rates (the model-error breaker
+// tripped it), the closed loop takes lata's routes into b at once and pushes them, though
+// lata-q's objective alone (no queueing term left for b, lata's balanced routes cost network)
+// would hold the localised routes in force.
+func TestClosedLoopFallbackTakesLATA(t *testing.T) {
+	top := closedLoopPair(200, 200)
+	top.Services[0].Pods[0].Weight = ptr(3.0) // a1 takes 75 req/s, a2 25
+	pl := &Planner{Policy: ClosedLoop}
+	r, err := pl.Plan(top)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := fraction(r.Allocation, "a1", "b1"); f != 1 {
+		t.Fatalf("idle: a1 → b1 %v, want 1 (lata-q localises far below capacity)", f)
+	}
+	pl.Pushed(r)
+	lataTop := top.Clone()
+	for i := range lataTop.Services[1].Pods {
+		lataTop.Services[1].Pods[i].CapacityRPS = nil
+	}
+	lata, err := Plan(compileTop(t, lataTop), LATA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fraction(lata, "a1", "b1")
+	if !(want < 0.9) {
+		t.Fatalf("lata's a1 → b1 is %v; the test needs lata to balance (send part of a1's load to b2)", want)
+	}
+	if r, err = pl.Plan(lataTop); err != nil {
+		t.Fatal(err)
+	}
+	if !r.Push {
+		t.Fatalf("b fell back to lata, not pushed (moved %v, gain %v)", r.Moved, r.Gain)
+	}
+	if got := fraction(r.Allocation, "a1", "b1"); math.Abs(got-want) > 1e-9 {
+		t.Errorf("a1 → b1 %v, want lata's %v (the full step)", got, want)
+	}
+	if r.Gain >= DefaultDamping {
+		t.Errorf("gain %v: the objective alone would have pushed; the test shows nothing", r.Gain)
+	}
+	pl.Pushed(r)
+	if r, err = pl.Plan(lataTop); err != nil || r.Push {
+		t.Fatalf("the same topology again: push %v, err %v; want held", r.Push, err)
+	}
+}
+
 func compileTop(t *testing.T, top *Topology) *Model {
 	t.Helper()
 	m, err := Compile(top, Options{})

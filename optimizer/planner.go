@@ -46,8 +46,9 @@ type Planner struct {
 
 	last       *Allocation
 	membership uint64
-	inc        incremental // the last recompute (see incremental.go)
-	compiler   Compiler    // for topologies handed over uncompiled (Plan)
+	queued     map[string]bool // closed-loop: the services last's model had service rates for
+	inc        incremental     // the last recompute (see incremental.go)
+	compiler   Compiler        // for topologies handed over uncompiled (Plan)
 }
 
 // PlanResult is one recompute of a Planner.
@@ -225,6 +226,9 @@ func reapplied(m *Model, old, alloc *Allocation) (gain, shift float64) {
 // Pushed records r as the allocation in force (the baseline of the next damping decision).
 func (pl *Planner) Pushed(r *PlanResult) {
 	pl.last, pl.membership = r.Allocation, r.membership
+	if pl.Policy == ClosedLoop && r.Model != nil {
+		pl.queued = queuedServices(r.Model)
+	}
 }
 
 // moved is the fraction of the traffic of b whose route differs from a (same call edges and
