@@ -10,11 +10,15 @@ import (
 )
 
 // ResponseTime is one service's mean response time over one window: what lata-q's model
-// predicted for the plan in force, and what was measured, both in milliseconds.
+// predicted for the plan in force, and what was measured, both in milliseconds, and the number
+// of requests the measurement rests on.
 type ResponseTime struct {
 	Service     string
 	PredictedMS float64
 	MeasuredMS  float64
+	// Requests is the number of requests the service completed in the window; a window with
+	// fewer than BreakerConfig.MinRequests is no measurement.
+	Requests float64
 }
 
 // BreakerConfig sets a Breaker's rules. The zero value of a field means its default.
@@ -27,6 +31,10 @@ type BreakerConfig struct {
 	// ResetAfter is M: that many consecutive good windows reset a tripped service. Default 5
 	// (more than TripAfter: hysteresis, so that a model near the threshold does not flap).
 	ResetAfter int
+	// MinRequests is the sample floor: a window in which the service completed fewer requests
+	// changes nothing for it, as a missing one (the mean of a few requests' times says little).
+	// Default 0: every window counts.
+	MinRequests float64
 }
 
 func (c BreakerConfig) withDefaults() (BreakerConfig, error) {
@@ -46,6 +54,8 @@ func (c BreakerConfig) withDefaults() (BreakerConfig, error) {
 		return c, fmt.Errorf("%w: breaker TripAfter %d: want at least 1", ErrInvalidConfig, c.TripAfter)
 	case c.ResetAfter < 1:
 		return c, fmt.Errorf("%w: breaker ResetAfter %d: want at least 1", ErrInvalidConfig, c.ResetAfter)
+	case !(c.MinRequests >= 0) || math.IsInf(c.MinRequests, 0):
+		return c, fmt.Errorf("%w: breaker MinRequests %v: want a finite number ≥ 0", ErrInvalidConfig, c.MinRequests)
 	}
 	return c, nil
 }
@@ -68,8 +78,9 @@ type BreakerState struct {
 // predicted with the one measured, window by window, and trips the service to "fall back to
 // lata" after BreakerConfig.TripAfter consecutive windows with a relative error over
 // BreakerConfig.Threshold; a tripped service resets after BreakerConfig.ResetAfter consecutive
-// good windows. A window without a ResponseTime for a service (no traffic, no prediction)
-// changes nothing for it: stale data neither trips nor resets. While a service is tripped the
+// good windows. A window without a ResponseTime for a service (no traffic, no prediction), or
+// with fewer than BreakerConfig.MinRequests requests, changes nothing for it: stale or thin data
+// neither trips nor resets. While a service is tripped the
 // caller should go on passing the model's prediction for the plan in force (lata's), so that
 // the breaker can see the model become right again.
 //
@@ -93,9 +104,10 @@ func NewBreaker(cfg BreakerConfig) (*Breaker, error) {
 }
 
 // Observe takes one window's response times, at most one per service, and returns the states
-// of the services that tripped or reset in it (for the log), sorted by service. An invalid
-// entry (empty service, a predicted time not positive and finite, a measured time negative or
-// not finite, a service given twice) is skipped, and the error returned joins one error per
+// of the services that tripped or reset in it (for the log), sorted by service. An entry under
+// the sample floor is passed over. An invalid entry (empty service, a predicted time not
+// positive and finite, a measured time or a request count negative or not finite, a service
+// given twice) is skipped, and the error returned joins one error per
 // such entry, each wrapping ErrInvalidSample and naming the service.
 func (b *Breaker) Observe(window []ResponseTime) ([]BreakerState, error) {
 	b.mu.Lock()
@@ -109,6 +121,9 @@ func (b *Breaker) Observe(window []ResponseTime) ([]BreakerState, error) {
 			continue
 		}
 		seen[r.Service] = true
+		if r.Requests < b.cfg.MinRequests {
+			continue
+		}
 		st := b.services[r.Service]
 		if st == nil {
 			st = &BreakerState{Service: r.Service}
@@ -132,6 +147,8 @@ func validateResponse(r ResponseTime, seen map[string]bool) error {
 		return fmt.Errorf("%w: service %q: predicted response time %v ms, want a finite number > 0", ErrInvalidSample, r.Service, r.PredictedMS)
 	case !(r.MeasuredMS >= 0) || math.IsInf(r.MeasuredMS, 0):
 		return fmt.Errorf("%w: service %q: measured response time %v ms, want a finite number ≥ 0", ErrInvalidSample, r.Service, r.MeasuredMS)
+	case !(r.Requests >= 0) || math.IsInf(r.Requests, 0):
+		return fmt.Errorf("%w: service %q: %v requests, want a finite number ≥ 0", ErrInvalidSample, r.Service, r.Requests)
 	}
 	return nil
 }

@@ -103,6 +103,7 @@ func TestBreakerInvalid(t *testing.T) {
 		{"negative measurement", ResponseTime{Service: "x", PredictedMS: 1, MeasuredMS: -1}, `service "x": measured response time -1 ms`},
 		{"infinite measurement", ResponseTime{Service: "x", PredictedMS: 1, MeasuredMS: math.Inf(1)}, `service "x": measured response time +Inf ms`},
 		{"twice", ResponseTime{Service: "a", PredictedMS: 1, MeasuredMS: 100}, `service "a": given twice in one window`},
+		{"negative requests", ResponseTime{Service: "x", PredictedMS: 1, MeasuredMS: 1, Requests: -1}, `service "x": -1 requests`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := NewBreaker(BreakerConfig{TripAfter: 1})
@@ -121,9 +122,33 @@ func TestBreakerInvalid(t *testing.T) {
 			}
 		})
 	}
-	for _, cfg := range []BreakerConfig{{Threshold: -1}, {Threshold: math.Inf(1)}, {TripAfter: -1}, {ResetAfter: -2}} {
+	for _, cfg := range []BreakerConfig{{Threshold: -1}, {Threshold: math.Inf(1)}, {TripAfter: -1}, {ResetAfter: -2}, {MinRequests: -1}, {MinRequests: math.NaN()}} {
 		if _, err := NewBreaker(cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("NewBreaker(%+v): %v, want ErrInvalidConfig", cfg, err)
+		}
+	}
+}
+
+// TestBreakerMinRequests: a window under the sample floor is no measurement: it neither counts
+// toward a trip nor breaks a bad streak.
+func TestBreakerMinRequests(t *testing.T) {
+	b, err := NewBreaker(BreakerConfig{TripAfter: 2, MinRequests: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := func(n float64) []ResponseTime {
+		return []ResponseTime{{Service: "a", PredictedMS: 10, MeasuredMS: 30, Requests: n}}
+	}
+	for i, n := range []float64{50, 49, 0, 200} {
+		if _, err := b.Observe(bad(n)); err != nil {
+			t.Fatal(err)
+		}
+		st := b.State("a")
+		if want := i == 3; st.Tripped != want {
+			t.Errorf("window %d (%v requests): tripped %v, want %v (%+v)", i, n, st.Tripped, want, st)
+		}
+		if i == 2 && st.BadWindows != 1 {
+			t.Errorf("after two thin windows: %d bad windows, want 1 (thin windows pass over)", st.BadWindows)
 		}
 	}
 }
