@@ -438,6 +438,18 @@ func (c *Cluster) Received() Received {
 	return out
 }
 
+// SetSlowdown changes the named pod's slowdown while it serves (app.Pod.SetSlowdown; Config's
+// PodSlowdown at start): the hidden truth changing under a running test. An unknown pod, or a
+// slowdown that is not positive and finite, is an error.
+func (c *Cluster) SetSlowdown(pod string, f float64) error {
+	for _, p := range c.pods {
+		if p.Name() == pod {
+			return p.SetSlowdown(f)
+		}
+	}
+	return fmt.Errorf("demo: slowdown of pod %q: no such pod in the cluster", pod)
+}
+
 // Stats returns a snapshot of every pod's counters, by pod name.
 func (c *Cluster) Stats() map[string]app.Stats {
 	out := map[string]app.Stats{}

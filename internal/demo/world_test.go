@@ -122,3 +122,33 @@ func TestStartRejectsUnknownWorld(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterSetSlowdown: a pod's slowdown changes at run time by its name; an unknown pod or a
+// bad slowdown is an error. (TestClosedLoopFollowsASlowdown runs one.)
+func TestClusterSetSlowdown(t *testing.T) {
+	t.Parallel()
+	c, err := Start(Config{Topology: parseTopology(t, twoPodsOnOneNode), Workers: 1, XDSServer: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	if err := c.SetSlowdown("a-1", 3); err != nil {
+		t.Errorf("SetSlowdown(a-1, 3): %v", err)
+	}
+	for _, bad := range []struct {
+		pod  string
+		f    float64
+		want string
+	}{
+		{"b-0", 2, `slowdown of pod "b-0": no such pod`},
+		{"a-0", -1, "pod a-0: slowdown must be positive"},
+	} {
+		if err := c.SetSlowdown(bad.pod, bad.f); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("SetSlowdown(%s, %v): %v, want an error naming %q", bad.pod, bad.f, err, bad.want)
+		}
+	}
+}

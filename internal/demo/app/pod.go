@@ -85,6 +85,7 @@ type Config struct {
 	NodeCPU *NodeCPU
 	// Slowdown multiplies every drawn service time (2: the pod takes twice as long, say a
 	// noisy neighbour or a throttled container); 0 means 1. Like a node's speed, it is hidden.
+	// Pod.SetSlowdown changes it while the pod serves.
 	Slowdown float64
 	// CPURequest is the pod's CPU request in cores, exported as kube-state-metrics does; 0
 	// exports none.
@@ -107,10 +108,11 @@ type Config struct {
 
 // Pod is a simulated microservice pod. Its methods are safe for concurrent use.
 type Pod struct {
-	cfg     Config
-	queue   *workerQueue
-	metrics *podMetrics
-	busy    atomic.Int64 // simulated CPU time, ns
+	cfg      Config
+	queue    *workerQueue
+	metrics  *podMetrics
+	busy     atomic.Int64  // simulated CPU time, ns
+	slowdown atomic.Uint64 // math.Float64bits of the slowdown in force (cfg.Slowdown at first)
 
 	mu       sync.Mutex
 	received map[string]uint64 // by caller pod
@@ -157,8 +159,24 @@ func NewPod(cfg Config) (*Pod, error) {
 		}
 	}
 	p := &Pod{cfg: cfg, queue: newWorkerQueue(cfg.Workers), received: map[string]uint64{}}
+	p.slowdown.Store(math.Float64bits(cfg.Slowdown))
 	p.metrics = newPodMetrics(p)
 	return p, nil
+}
+
+// SetSlowdown changes the pod's slowdown (Config.Slowdown; 0 means 1) from the next request it
+// draws a service time for: the world changing under a running test (a pod that becomes a noisy
+// neighbour's victim). Requests already drawn keep theirs. It returns an error for a slowdown
+// that is not positive and finite. Safe for concurrent use.
+func (p *Pod) SetSlowdown(f float64) error {
+	if f == 0 {
+		f = 1
+	}
+	if !(f > 0) || math.IsInf(f, 0) {
+		return fmt.Errorf("app: pod %s: slowdown must be positive and finite, got %v", p.cfg.Name, f)
+	}
+	p.slowdown.Store(math.Float64bits(f))
+	return nil
 }
 
 // Name returns the pod's name.
@@ -271,8 +289,8 @@ func (p *Pod) work(ctx context.Context) error {
 	if p.cfg.ServiceTime != nil {
 		service = p.cfg.ServiceTime.Draw()
 	}
-	if p.cfg.Slowdown != 1 {
-		service = time.Duration(float64(service) * p.cfg.Slowdown)
+	if f := math.Float64frombits(p.slowdown.Load()); f != 1 {
+		service = time.Duration(float64(service) * f)
 	}
 	now := time.Now()
 	start, finish := admit(p.queue, p.cfg.NodeCPU, now, service)

@@ -263,3 +263,57 @@ func TestNewPodValidates(t *testing.T) {
 		}
 	}
 }
+
+// TestPodSetSlowdown: a slowdown set while the pod serves applies to the requests after it (the
+// busy time counts each request's service time × its slowdown), also when set concurrently with
+// requests in flight; a slowdown that is not positive and finite is refused and changes nothing.
+func TestPodSetSlowdown(t *testing.T) {
+	const service = 2 * time.Millisecond
+	pod, err := NewPod(Config{Name: "p", Workers: 1, ServiceTime: Fixed(service)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := serve(t, pod)
+	call := func(n int) {
+		t.Helper()
+		for range n {
+			if _, err := Call(context.Background(), conn, "", ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	call(2)
+	if got := pod.BusyTime(); got != 2*service {
+		t.Fatalf("busy time %v after two requests, want %v", got, 2*service)
+	}
+	if err := pod.SetSlowdown(3); err != nil {
+		t.Fatal(err)
+	}
+	call(2)
+	if got, want := pod.BusyTime(), 2*service+2*3*service; got != want {
+		t.Errorf("busy time %v after two more at slowdown 3, want %v", got, want)
+	}
+	for _, bad := range []float64{-1, math.NaN(), math.Inf(1)} {
+		if err := pod.SetSlowdown(bad); err == nil {
+			t.Errorf("SetSlowdown(%v) accepted", bad)
+		}
+	}
+	// Concurrent with requests (the race detector's case); 0 means 1.
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for _, f := range []float64{2, 5, 0} {
+			if err := pod.SetSlowdown(f); err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+	call(3)
+	wg.Wait()
+	before := pod.BusyTime()
+	call(1)
+	if got := pod.BusyTime() - before; got != service {
+		t.Errorf("a request at slowdown 0 (= 1) took %v of busy time, want %v", got, service)
+	}
+}
