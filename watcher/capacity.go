@@ -2,9 +2,12 @@ package watcher
 
 import (
 	"math"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
+	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher/estimate"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/prom"
@@ -26,12 +29,24 @@ const CapacityHysteresis = 0.05
 // stale — has that window in its next one's length but not in its counters: its arrival rate,
 // which only the queueing bound reads, is low for that window. The utilisation law,
 // CPU-seconds per request, is not affected.)
+//
+// With a breaker and the plan in force (LiveConfig.Breaker, Plan), each window fed is also the
+// model-error breaker's: per service, the own time lata-q predicts for the plan in force
+// (optimizer.PredictedOwnTimeMS on the plan's topology with the capacities in force during the
+// window, a tripped service's too) against the one measured in the window (Σ (inbound −
+// downstream) / Σ requests over the service's pods' fresh loads). A window in which the plan
+// in force changed mixes two plans and is not judged. A tripped service's pods get no
+// capacity (inForce) until the breaker resets it.
 type capacityFeed struct {
-	est      *estimate.Estimator
-	fedAt    time.Time                  // the At of the measurements last fed
-	clock    time.Time                  // the estimator's clock: the windows fed, summed
-	counters map[string]estimate.Sample // cumulative, by NAMESPACE/POD
-	capacity map[string]float64         // in force, by NAMESPACE/POD: the lower confidence bound, requests/s
+	est       *estimate.Estimator
+	breaker   *estimate.Breaker                                   // nil: none
+	plan      func() (*optimizer.Topology, *optimizer.Allocation) // the plan in force; nil without a breaker
+	fedAt     time.Time                                           // the At of the measurements last fed
+	clock     time.Time                                           // the estimator's clock: the windows fed, summed
+	counters  map[string]estimate.Sample                          // cumulative, by NAMESPACE/POD
+	capacity  map[string]float64                                  // in force, by NAMESPACE/POD: the lower confidence bound, requests/s
+	published *optimizer.Allocation                               // the plan in force at the last window fed
+	tripped   []string                                            // the services the breaker tripped, sorted
 }
 
 // capacityRound is what one feed did, for the caller to record.
@@ -39,10 +54,19 @@ type capacityRound struct {
 	fed       bool     // an estimator round ran
 	unmatched []string // pod loads naming no pod of a managed service, NAMESPACE/POD, sorted
 	err       error    // the estimator's complaint about samples (the round still counted)
+	// judged says the breaker took the window; changed are the services that tripped or reset
+	// in it, and breakerErr its complaint about the window's response times.
+	judged     bool
+	changed    []estimate.BreakerState
+	breakerErr error
 }
 
-func newCapacityFeed(est *estimate.Estimator) *capacityFeed {
-	return &capacityFeed{est: est, clock: time.Unix(0, 0), counters: map[string]estimate.Sample{}, capacity: map[string]float64{}}
+func newCapacityFeed(est *estimate.Estimator, breaker *estimate.Breaker, plan func() (*optimizer.Topology, *optimizer.Allocation)) *capacityFeed {
+	f := &capacityFeed{est: est, clock: time.Unix(0, 0), counters: map[string]estimate.Sample{}, capacity: map[string]float64{}}
+	if breaker != nil && plan != nil {
+		f.breaker, f.plan = breaker, plan
+	}
+	return f
 }
 
 // feed takes one Prometheus snapshot against the Kubernetes state: when it holds a window of
@@ -73,6 +97,7 @@ func (f *capacityFeed) feed(ks *kube.State, meas *prom.Measurements) capacityRou
 		}
 	}
 	var samples []estimate.Sample
+	own := map[string]*ownTime{} // by service key: this window's
 	for _, l := range meas.Load {
 		key := l.Name()
 		svc, ok := service[key]
@@ -91,6 +116,11 @@ func (f *capacityFeed) feed(ks *kube.State, meas *prom.Measurements) capacityRou
 		c.CPUSeconds += l.CPUSeconds
 		f.counters[key] = c
 		samples = append(samples, c)
+		if own[svc] == nil {
+			own[svc] = &ownTime{}
+		}
+		own[svc].ms += max(0, l.InboundMSSum-l.DownstreamMSSum)
+		own[svc].requests += l.Requests
 	}
 	sort.Strings(r.unmatched)
 	if len(samples) == 0 {
@@ -115,6 +145,63 @@ func (f *capacityFeed) feed(ks *kube.State, meas *prom.Measurements) capacityRou
 			next[key] = old
 		}
 	}
+	f.judge(own, &r)
 	f.capacity = next
 	return r
+}
+
+// ownTime is one service's own time over one window: Σ (inbound − downstream) in ms over Σ
+// requests of its pods.
+type ownTime struct{ ms, requests float64 }
+
+// judge runs the breaker on one window's measured own times (by service key), against lata-q's
+// prediction for the plan in force on the capacities in force during the window (f.capacity,
+// before the window's update), unless the plan in force changed since the last window fed.
+func (f *capacityFeed) judge(own map[string]*ownTime, r *capacityRound) {
+	if f.breaker == nil {
+		return
+	}
+	topo, plan := f.plan()
+	held := plan != f.published
+	f.published = plan
+	if held || topo == nil || plan == nil {
+		return
+	}
+	predicted := optimizer.PredictedOwnTimeMS(WithCapacity(topo, f.capacity), plan)
+	var window []estimate.ResponseTime
+	for svc, p := range predicted {
+		if m := own[svc]; m != nil && m.requests > 0 {
+			window = append(window, estimate.ResponseTime{Service: svc, PredictedMS: p, MeasuredMS: m.ms / m.requests, Requests: m.requests})
+		}
+	}
+	slices.SortFunc(window, func(a, b estimate.ResponseTime) int { return strings.Compare(a.Service, b.Service) })
+	r.judged = true
+	r.changed, r.breakerErr = f.breaker.Observe(window)
+	f.tripped = f.tripped[:0]
+	for _, st := range f.breaker.States() {
+		if st.Tripped {
+			f.tripped = append(f.tripped, st.Service)
+		}
+	}
+}
+
+// inForce returns the capacities in force, by NAMESPACE/POD, without those of the pods of the
+// services the breaker tripped (they fall back to lata: all of a service's pods or none, as
+// setCapacity's rule). The map is the caller's when a service is tripped, else f.capacity.
+func (f *capacityFeed) inForce(ks *kube.State) map[string]float64 {
+	if len(f.tripped) == 0 {
+		return f.capacity
+	}
+	out := make(map[string]float64, len(f.capacity))
+	for k, v := range f.capacity {
+		out[k] = v
+	}
+	for _, s := range ks.Services {
+		if slices.Contains(f.tripped, s.Key()) {
+			for _, p := range s.Pods {
+				delete(out, s.NamespaceOrDefault()+"/"+p.Name)
+			}
+		}
+	}
+	return out
 }

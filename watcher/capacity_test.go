@@ -1,8 +1,11 @@
 package watcher
 
 import (
+	"bytes"
 	"encoding/json"
+	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -202,4 +205,100 @@ func TestPodLoadFailureInChecks(t *testing.T) {
 		ck := checkNamed(c, "prometheus")
 		return ck.OK && !strings.Contains(ck.Message, "pod-load")
 	})
+}
+
+// TestBreakerFallsBackToLATA: the model-error breaker on the Live feed, with canned pod loads.
+// api's pods have one core and big's two; every pod takes 4 ms of CPU and 4 ms of own time per
+// request at 1,000 requests a minute. lata-q models a pod as one M/M/1 server of the estimated
+// capacity: right for api (μ = 250 req/s, predicted 1/(μ − ℓ) ≈ 4.3 ms), wrong for big (μ = 2
+// cores / 4 ms = 500 req/s as one server: ≈ 2.1 ms predicted against the 4 ms measured, a
+// relative error of about 0.9 > 0.5). Three judged windows trip big: its pods lose their
+// capacity (all of them), the trip is logged once, the metric is 1 and the closed-loop check
+// names big, OK; api keeps its capacities. A window in which the plan in force changed is not
+// judged.
+func TestBreakerFallsBackToLATA(t *testing.T) {
+	t.Parallel()
+	est, err := estimate.New(estimate.Config{MinRequests: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	breaker, err := estimate.NewBreaker(estimate.BreakerConfig{MinRequests: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := state([]string{"n1", "n2"}, service("api", "api-1@n1", "api-2@n2"), service("big", "big-1@n1", "big-2@n2"))
+	st.PodCPU = []map[string]int64{{"default/api-1": 1000, "default/api-2": 1000}, {"default/big-1": 2000, "default/big-2": 2000}} // by service: api, big
+	const window = time.Minute
+	perPod := 1000 / window.Seconds() // req/s: what the plan in force plans for every pod
+	plan := &optimizer.Allocation{Policy: optimizer.ClosedLoop, Calls: []optimizer.CallAllocation{
+		{From: "front", To: "api", Routes: []optimizer.Route{{Caller: "front-1", Callee: "api-1", Fraction: 1, RPS: perPod}, {Caller: "front-2", Callee: "api-2", Fraction: 1, RPS: perPod}}},
+		{From: "front", To: "big", Routes: []optimizer.Route{{Caller: "front-1", Callee: "big-1", Fraction: 1, RPS: perPod}, {Caller: "front-2", Callee: "big-2", Fraction: 1, RPS: perPod}}},
+	}}
+	var inForce atomic.Pointer[optimizer.Allocation]
+	inForce.Store(plan)
+	// The plan's pods; its capacities come from the feed. The feed logs on this goroutine.
+	planTop := &optimizer.Topology{Nodes: st.Nodes, Services: st.Services}
+	var logs bytes.Buffer
+	c, reg := newCluster(t, LiveConfig{Prom: promStub, Estimator: est, Breaker: breaker,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Plan: func() (*optimizer.Topology, *optimizer.Allocation) {
+			return planTop, inForce.Load()
+		}})
+	round := func(i int) *prom.Measurements {
+		jitter := 1 + 0.005*float64(i%3-1)
+		n := 1000 * jitter
+		load := func(pod string) prom.PodLoad {
+			return prom.PodLoad{Namespace: "default", Pod: pod, Window: window, Requests: n, InboundMSSum: n * 4, CPUSeconds: n * 0.004 * (2 - jitter)}
+		}
+		return &prom.Measurements{At: t0.Add(time.Duration(i) * window), Window: window,
+			Load: []prom.PodLoad{load("api-1"), load("api-2"), load("big-1"), load("big-2")}}
+	}
+	// Window 0 sets the base; the capacities are in force after window 3 (MinWindows); windows
+	// 4, 5 and 6 are judged on them.
+	var got map[string]float64
+	for i := 0; i <= 5; i++ {
+		got = c.feedCapacity(st, round(i))
+	}
+	if bs := breaker.State("big"); bs.Tripped || bs.BadWindows != 2 {
+		t.Fatalf("after window 5: big %+v, want 2 bad windows, not tripped", bs)
+	}
+	if len(got) != 4 {
+		t.Fatalf("capacities %v before the trip, want all four pods'", got)
+	}
+	got = c.feedCapacity(st, round(6))
+	bs := breaker.State("big")
+	if !bs.Tripped || !(bs.RelativeError > 0.8 && bs.RelativeError < 1) {
+		t.Fatalf("after window 6: big %+v, want tripped at a relative error of about 0.9", bs)
+	}
+	if as := breaker.State("api"); as.Tripped || !(as.RelativeError < 0.15) || as.GoodWindows != 3 {
+		t.Errorf("api %+v, want 3 good windows, a relative error under 0.15", as)
+	}
+	t.Logf("big: %s; api: relative error %.3f", bs.Reason, breaker.State("api").RelativeError)
+	if _, ok := got["default/big-1"]; ok || len(got) != 2 || got["default/api-1"] == 0 || got["default/api-2"] == 0 {
+		t.Errorf("capacities after big tripped: %v; want api's only", got)
+	}
+	top := c.mergeWith(st, round(6), got)
+	caps := capacities(top)
+	if caps["default/big-1"] != nil || caps["default/big-2"] != nil || caps["default/api-1"] == nil {
+		t.Errorf("topology's capacities %v: want none for big's pods (lata), api's kept", caps)
+	}
+	if v := metric(t, reg, "edgeflow_closed_loop_breaker_tripped", "service", "big"); v != 1 {
+		t.Errorf("breaker_tripped{service=big} = %v, want 1", v)
+	}
+	if v := metric(t, reg, "edgeflow_closed_loop_breaker_tripped", "service", "api"); v != 0 {
+		t.Errorf("breaker_tripped{service=api} = %v, want 0", v)
+	}
+	if ck := checkNamed(c, "closed-loop"); !ck.OK || !strings.Contains(ck.Message, "big (measured response time") || strings.Contains(ck.Message, "api") {
+		t.Errorf("closed-loop check %+v: want OK, naming big and why, not api", ck)
+	}
+	// Still wrong: stays tripped, logged once. A new plan in force: its first window is not
+	// judged.
+	c.feedCapacity(st, round(7))
+	inForce.Store(&optimizer.Allocation{Policy: plan.Policy, Calls: plan.Calls})
+	c.feedCapacity(st, round(8))
+	if bs := breaker.State("big"); !bs.Tripped || bs.BadWindows != 4 {
+		t.Errorf("after windows 7 and 8 (a new plan): big %+v, want tripped with 4 bad windows (8 not judged)", bs)
+	}
+	if n := strings.Count(logs.String(), "serving it as lata"); n != 1 {
+		t.Errorf("the trip was logged %d times, want once:\n%s", n, logs.String())
+	}
 }

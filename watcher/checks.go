@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/edgeflow/edgeflow/watcher/estimate"
 )
 
 // Check is the state of one input, for /readyz.
@@ -15,8 +17,9 @@ type Check struct {
 }
 
 // Checks reports each input's state: kubernetes (synced, watches failing), prometheus (the
-// last query round) and latency (names that match no node, the degraded plan, unreachable
-// pairs). It is safe for concurrent use.
+// last query round), latency (names that match no node, the degraded plan, unreachable pairs)
+// and, with a model-error breaker, closed-loop (the services it tripped, served as lata: OK
+// all the same, for the plan still serves them). It is safe for concurrent use.
 func (c *Live) Checks() []Check {
 	k := Check{Name: "kubernetes", OK: c.cfg.Kube.Synced(), Message: "informer caches synced"}
 	if !k.OK {
@@ -51,6 +54,9 @@ func (c *Live) Checks() []Check {
 		ck.Message += "; pod-load queries failing, keeping the pods' last good loads: " + st.LoadReason
 	}
 	checks = append(checks, ck)
+	if c.capacity != nil && c.capacity.breaker != nil {
+		checks = append(checks, breakerCheck(c.capacity.breaker.States()))
+	}
 	c.mu.Lock()
 	ls := c.latency
 	c.mu.Unlock()
@@ -73,4 +79,20 @@ func (c *Live) Checks() []Check {
 	}
 	lat.Message += "; " + ls.why
 	return append(checks, lat)
+}
+
+// breakerCheck is the closed-loop check: the services the model-error breaker tripped, each
+// with why. It is OK either way: a tripped service is served as lata, not failed.
+func breakerCheck(states []estimate.BreakerState) Check {
+	var tripped []string
+	for _, st := range states {
+		if st.Tripped {
+			tripped = append(tripped, fmt.Sprintf("%s (%s)", st.Service, st.Reason))
+		}
+	}
+	ck := Check{Name: "closed-loop", OK: true, Message: fmt.Sprintf("model-error breaker: no service tripped (%d judged)", len(states))}
+	if len(tripped) > 0 {
+		ck.Message = "model-error breaker tripped, served as lata: " + strings.Join(tripped, "; ")
+	}
+	return ck
 }

@@ -55,6 +55,16 @@ type LiveConfig struct {
 	// confidence bound (lata-q's utilisation cap applies to it). Run owns it: nothing else may
 	// feed it.
 	Estimator *estimate.Estimator
+	// Breaker, when non-nil with an Estimator and Plan, is the closed loop's model-error
+	// breaker: each window of pod loads, per service, lata-q's predicted own time for the plan
+	// in force against the measured one; a tripped service's pods get no capacity (it falls
+	// back to lata) until it resets (see Live's rules). Run owns its Observe; Checks and the
+	// metrics read it.
+	Breaker *estimate.Breaker
+	// Plan returns the plan in force: the topology of the last publication and its allocation
+	// (nil, nil before the first), as xds/server's Server.Publication gives them. Safe for
+	// concurrent use; called from Run's merge loop.
+	Plan func() (*optimizer.Topology, *optimizer.Allocation)
 	// Logger and Registerer as elsewhere.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -126,6 +136,15 @@ const (
 //     more than CapacityHysteresis, and set on a service's pods only when every one of them
 //     has an estimate. Stale loads are not fed. Without pod loads the topology is what it is
 //     without an estimator.
+//   - Model-error breaker (with a Breaker and Plan): each window of pod loads fed, unless the
+//     plan in force changed since the last one (a window of two plans), per service, the own
+//     time lata-q predicts for the plan in force (optimizer.PredictedOwnTimeMS, on the plan's
+//     topology with the capacities in force during the window) against the measured one
+//     (Σ (inbound − downstream) / Σ requests over its pods' fresh loads). A tripped service's
+//     pods get no capacity, so the plan serves it as lata, until the breaker resets it; each
+//     trip and reset is logged once, edgeflow_closed_loop_breaker_tripped{service} is 1 while
+//     tripped, and the closed-loop check names the tripped services (readiness does not fail:
+//     the plan still serves them, as lata).
 type Live struct {
 	cfg LiveConfig
 	log *slog.Logger
@@ -136,6 +155,7 @@ type Live struct {
 	rejected   prometheus.Counter
 	unmatched  *prometheus.CounterVec
 	noLatency  prometheus.Gauge
+	tripped    *prometheus.GaugeVec
 
 	changed  latest.Signal      // an input changed: deliver merges again
 	compiler optimizer.Compiler // Run's only
@@ -199,7 +219,7 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 	}
 	c := &Live{cfg: cfg, log: cfg.Logger, compiler: optimizer.Compiler{Options: cfg.Options}}
 	if cfg.Estimator != nil && cfg.Prom != nil {
-		c.capacity = newCapacityFeed(cfg.Estimator)
+		c.capacity = newCapacityFeed(cfg.Estimator, cfg.Breaker, cfg.Plan)
 	}
 	if err := c.newMetrics(cfg.Registerer); err != nil {
 		return nil, err
@@ -262,18 +282,22 @@ func (c *Live) mergeWith(ks *kube.State, meas *prom.Measurements, capacity map[s
 
 // feedCapacity runs the capacity feed on one pair of inputs, and counts and logs its pod loads
 // that name no pod of a managed service (edgeflow_watcher_unmatched_total{kind="pod"}, each
-// time one appears; not an error: meshes have more servers than edgeflow manages). It returns
-// the capacities in force (nil without an Estimator). Run's only.
+// time one appears; not an error: meshes have more servers than edgeflow manages), and logs
+// and exports what the model-error breaker did. It returns the capacities in force, without
+// the tripped services' (nil without an Estimator). Run's only.
 func (c *Live) feedCapacity(ks *kube.State, meas *prom.Measurements) map[string]float64 {
 	if c.capacity == nil {
 		return nil
 	}
 	r := c.capacity.feed(ks, meas)
 	if !r.fed && r.unmatched == nil {
-		return c.capacity.capacity
+		return c.capacity.inForce(ks)
 	}
 	if r.err != nil {
 		c.log.Warn("watcher: the capacity estimator left samples out", "error", r.err)
+	}
+	if r.judged {
+		c.recordBreaker(r)
 	}
 	fresh := added(c.podsOff, r.unmatched)
 	c.unmatched.WithLabelValues("pod").Add(float64(len(fresh)))
@@ -281,7 +305,30 @@ func (c *Live) feedCapacity(ks *kube.State, meas *prom.Measurements) map[string]
 		c.log.Debug("watcher: pod loads naming no pod of a managed service; left out", "pods", fresh)
 	}
 	c.podsOff = r.unmatched
-	return c.capacity.capacity
+	return c.capacity.inForce(ks)
+}
+
+// recordBreaker logs each service that tripped or reset in a window, once, and its complaint
+// about the window, and sets edgeflow_closed_loop_breaker_tripped of every service it knows.
+func (c *Live) recordBreaker(r capacityRound) {
+	if r.breakerErr != nil {
+		c.log.Warn("watcher: the model-error breaker left response times out", "error", r.breakerErr)
+	}
+	for _, st := range r.changed {
+		if st.Tripped {
+			c.log.Warn("watcher: lata-q's model does not describe the service; serving it as lata", "service", st.Service, "reason", st.Reason)
+		} else {
+			c.log.Info("watcher: lata-q's model describes the service again; planning it with its capacities", "service", st.Service,
+				"relative_error", st.RelativeError)
+		}
+	}
+	for _, st := range c.cfg.Breaker.States() {
+		v := 0.0
+		if st.Tripped {
+			v = 1
+		}
+		c.tripped.WithLabelValues(st.Service).Set(v)
+	}
 }
 
 // added lists the names of now that are not in before, in now's order. O(len(before) +

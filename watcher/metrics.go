@@ -13,12 +13,14 @@ const (
 	subsystemWatcher = "watcher"
 	subsystemCluster = "cluster"
 	subsystemLatency = "latency"
+	subsystemLoop    = "closed_loop"
 )
 
 // Label names of the metrics.
 const (
-	labelReason = "reason"
-	labelKind   = "kind"
+	labelReason  = "reason"
+	labelKind    = "kind"
+	labelService = "service"
 )
 
 // newMetrics makes the File's metrics and registers them with reg (nil: with none).
@@ -50,6 +52,8 @@ func (c *Live) newMetrics(reg prometheus.Registerer) (err error) {
 		Help: "Names in the measurements that match no Kubernetes object, counted each time one appears, by kind (node: a latency label, an error; pod: a pod load, left out)."}, []string{labelKind})
 	c.noLatency = a.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemWatcher, Name: "degraded_plan",
 		Help: "1 while the topology has no usable latency and the capacity-weighted plan (every node pair equal) is served."})
+	c.tripped = a.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemLoop, Name: "breaker_tripped",
+		Help: "1 while the model-error breaker holds the service tripped (its measured own time far from lata-q's prediction: planned as lata, without capacities), else 0; by service key."}, []string{labelService})
 	c.unmatched.WithLabelValues("node")
 	c.unmatched.WithLabelValues("pod")
 	return nil

@@ -289,8 +289,11 @@ func (f *clusterFlags) informers(allPods bool, logger *slog.Logger) (*kube.Infor
 }
 
 // cluster builds the merged cluster source on inf; it compiles every topology with opts (as
-// its consumers do). Bad flags or files are usage errors.
-func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, check func(*optimizer.Topology) error, logger *slog.Logger, reg prometheus.Registerer) (*watcher.Live, error) {
+// its consumers do). With plan (the plan in force: serve's xDS server's last publication) and
+// the pod loads, the closed loop's model-error breaker guards the estimated capacities
+// (watcher.LiveConfig.Breaker). Bad flags or files are usage errors.
+func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, check func(*optimizer.Topology) error, plan func() (*optimizer.Topology, *optimizer.Allocation),
+	logger *slog.Logger, reg prometheus.Registerer) (*watcher.Live, error) {
 	ks, err := kube.NewSource(kube.Config{Informers: inf, Namespaces: f.namespaces, Selector: f.selector, IPFamily: corev1.IPFamily(f.ipFamily),
 		Logger: logger, Registerer: reg})
 	if err != nil {
@@ -331,6 +334,13 @@ func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, chec
 		if f.podRequests != prom.DisableLoad {
 			if cc.Estimator, err = estimate.New(estimate.Config{}); err != nil {
 				return nil, err
+			}
+			if plan != nil {
+				// The breaker's sample floor is the estimator's: a window the estimator takes.
+				if cc.Breaker, err = estimate.NewBreaker(estimate.BreakerConfig{MinRequests: estimate.DefaultMinRequests}); err != nil {
+					return nil, err
+				}
+				cc.Plan = plan
 			}
 		}
 	} else if cc.CallGraph == nil {
@@ -383,7 +393,7 @@ func (f *clusterFlags) clusterSnapshot(ctx context.Context, opts optimizer.Optio
 	if err != nil {
 		return nil, err
 	}
-	c, err := f.cluster(inf, opts, nil, logger, nil)
+	c, err := f.cluster(inf, opts, nil, nil, logger, nil)
 	if err != nil {
 		return nil, err
 	}

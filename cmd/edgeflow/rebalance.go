@@ -197,7 +197,7 @@ func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, outp
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	cluster, err := cf.cluster(inf, optimizer.Options{DefaultLatencyMS: defaultLatency}, nil, logger, reg)
+	cluster, err := cf.cluster(inf, optimizer.Options{DefaultLatencyMS: defaultLatency}, nil, nil, logger, reg)
 	if err != nil {
 		return err
 	}

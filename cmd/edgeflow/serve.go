@@ -260,7 +260,16 @@ func (a *serveApp) buildSource(opts optimizer.Options) error {
 	if a.inf, err = f.informers(f.rebalance, a.logger); err != nil {
 		return err
 	}
-	if a.cluster, err = f.cluster(a.inf, opts, xds.CheckTopology, a.logger, a.reg); err != nil {
+	var plan func() (*optimizer.Topology, *optimizer.Allocation)
+	if f.policy == optimizer.LATAQ || f.policy == optimizer.ClosedLoop {
+		// The plans made with estimated capacities are the model-error breaker's to judge.
+		// a.srv is built after the source and before anything runs (newServeApp).
+		plan = func() (*optimizer.Topology, *optimizer.Allocation) {
+			_, t, alloc := a.srv.Publication()
+			return t, alloc
+		}
+	}
+	if a.cluster, err = f.cluster(a.inf, opts, xds.CheckTopology, plan, a.logger, a.reg); err != nil {
 		return err
 	}
 	a.source = a.cluster
