@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,22 +39,37 @@ const DefaultFeedbackWindow = time.Second
 // of requests) would not reach.
 var FeedbackEstimator = estimate.Config{MinRequests: 30}
 
+// FeedbackBreaker is the model-error breaker of the demo's closed loop: the breaker's defaults
+// but for the sample floor, FeedbackEstimator's.
+var FeedbackBreaker = estimate.BreakerConfig{MinRequests: FeedbackEstimator.MinRequests}
+
 // feedback is one closed-loop stack's loop: each window it reads the pods' counters, runs an
 // estimator round, and when a pod's capacity in force moved (by watcher.CapacityHysteresis)
 // hands the xDS server the topology with the capacities in force; the server's planner
 // (closed-loop) steps toward lata-q's plan. After a window in which the server published a new
 // plan, the next window's data mixes two plans: the loop holds that window (it observes but
 // does not update), the hold-down of one estimator window.
+//
+// Each window that is not held, the model-error breaker compares, per service, the own time
+// lata-q predicts for the plan in force (optimizer.PredictedOwnTimeMS on the publication's
+// topology with the capacities in force) with the one measured in the window (Σ (inbound −
+// downstream) / Σ requests over the service's pods, from the counters the estimator gets). A
+// tripped service falls back to lata: the topology handed to the server gives its pods no
+// capacity (all of them, as watcher.WithCapacity does), until the breaker resets it.
 type feedback struct {
-	srv    *xdsserver.Server
-	base   *optimizer.Topology // the stack's topology, without capacities
-	urls   map[string]string   // pod → its /metrics
-	pods   map[string]podFacts // pod → what the cluster knows of it
-	est    *estimate.Estimator
-	window time.Duration
-	client *http.Client
+	srv     *xdsserver.Server
+	base    *optimizer.Topology // the stack's topology, without capacities
+	urls    map[string]string   // pod → its /metrics
+	pods    map[string]podFacts // pod → what the cluster knows of it
+	est     *estimate.Estimator
+	breaker *estimate.Breaker
+	log     *slog.Logger
+	window  time.Duration
+	client  *http.Client
 
-	capacity  map[string]float64 // in force, by pod: the lower confidence bound, requests/s
+	capacity  map[string]float64         // in force, by pod: the lower confidence bound, requests/s
+	sent      map[string]float64         // the capacities last handed to the server, by pod (tripped services' left out)
+	counters  map[string]estimate.Sample // by pod: the last counters read (the window's base)
 	published *optimizer.Allocation
 
 	mu     sync.Mutex
@@ -76,20 +93,35 @@ type FeedbackRound struct {
 	// Updated says the topology went to the server; Held that the window was held down (the
 	// server had published in the window before).
 	Updated, Held bool
+	// Response is the window's own time per service, predicted for the plan in force and
+	// measured (nil in a held window: the breaker does not judge a window of two plans).
+	Response []estimate.ResponseTime
+	// Breaker is every service's breaker after the window, sorted by service; Tripped names
+	// the tripped ones (served as lata).
+	Breaker []estimate.BreakerState
+	Tripped []string
+	// Plan is the allocation in force at the end of the window (the server's last
+	// publication, before this window's update).
+	Plan *optimizer.Allocation
 	// Err is the estimator's or a scrape's complaint ("" if none).
 	Err string
 }
 
-func newFeedback(srv *xdsserver.Server, base *optimizer.Topology, c *Cluster, workers int, window time.Duration) (*feedback, error) {
+func newFeedback(srv *xdsserver.Server, base *optimizer.Topology, c *Cluster, workers int, window time.Duration, logger *slog.Logger) (*feedback, error) {
 	est, err := estimate.New(FeedbackEstimator)
+	if err != nil {
+		return nil, err
+	}
+	breaker, err := estimate.NewBreaker(FeedbackBreaker)
 	if err != nil {
 		return nil, err
 	}
 	if window <= 0 {
 		window = DefaultFeedbackWindow
 	}
-	f := &feedback{srv: srv, base: base, urls: c.MetricsURLs(), pods: map[string]podFacts{}, est: est, window: window,
-		client: &http.Client{Timeout: window}, capacity: map[string]float64{}}
+	f := &feedback{srv: srv, base: base, urls: c.MetricsURLs(), pods: map[string]podFacts{}, est: est, breaker: breaker, log: logger,
+		window: window, client: &http.Client{Timeout: window}, capacity: map[string]float64{}, sent: map[string]float64{},
+		counters: map[string]estimate.Sample{}}
 	for _, s := range base.Services {
 		for _, p := range s.Pods {
 			f.pods[p.Name] = podFacts{service: s.Key(), namespace: s.Namespace, cores: float64(workers)}
@@ -124,13 +156,14 @@ func (f *feedback) Rounds() []FeedbackRound {
 	return slices.Clone(f.rounds)
 }
 
-// round is one window: scrape, estimate, update unless held.
+// round is one window: scrape, estimate, judge the model (the breaker), update unless held.
 func (f *feedback) round(ctx context.Context, now time.Time, at time.Duration) FeedbackRound {
 	r := FeedbackRound{At: at}
 	samples, err := f.scrape(ctx)
 	if err != nil {
 		r.Err = err.Error()
 	}
+	own := f.ownTime(samples)
 	caps, err := f.est.Observe(now, samples)
 	if err != nil && r.Err == "" {
 		r.Err = err.Error()
@@ -150,17 +183,100 @@ func (f *feedback) round(ctx context.Context, now time.Time, at time.Duration) F
 			next[pod] = old
 		}
 	}
-	if plan := f.srv.Allocation(); plan != f.published {
+	_, topo, plan := f.srv.Publication()
+	r.Plan = plan
+	held := plan != f.published
+	if !held && topo != nil {
+		// The plan in force ran the whole window: judge lata-q's model of it, on the
+		// capacities in force in the window (a tripped service's too, so that the breaker can
+		// see the model become right again).
+		r.Response = responseTimes(optimizer.PredictedOwnTimeMS(watcher.WithCapacity(topo, keyed(f.capacity, f.pods)), plan), own)
+		changed, err := f.breaker.Observe(r.Response)
+		if err != nil && r.Err == "" {
+			r.Err = err.Error()
+		}
+		logBreaker(f.log, changed)
+	}
+	r.Breaker = f.breaker.States()
+	for _, st := range r.Breaker {
+		if st.Tripped {
+			r.Tripped = append(r.Tripped, st.Service)
+		}
+	}
+	f.capacity = next
+	if held {
 		f.published, r.Held = plan, true
-		f.capacity = next
 		return r
 	}
-	if !sameCapacity(f.capacity, next) {
-		f.capacity = next
-		f.srv.Update(watcher.WithCapacity(f.base, keyed(f.capacity, f.pods)))
+	send := withoutServices(next, f.pods, r.Tripped)
+	if !sameCapacity(f.sent, send) {
+		f.sent = send
+		f.srv.Update(watcher.WithCapacity(f.base, keyed(send, f.pods)))
 		r.Updated = true
 	}
 	return r
+}
+
+// ownWindow is one service's own time over one window: Σ (inbound − downstream) in ms over
+// Σ requests of its pods.
+type ownWindow struct{ ownMS, requests float64 }
+
+// ownTime takes one window's counters: it returns, per service, the own time its pods spent on
+// the requests they completed since the counters last read (the base), and makes these the
+// base. A pod read for the first time, or whose counters went down (a restart), has no window.
+func (f *feedback) ownTime(samples []estimate.Sample) map[string]ownWindow {
+	out := map[string]ownWindow{}
+	for _, s := range samples {
+		b, ok := f.counters[s.Pod]
+		f.counters[s.Pod] = s
+		n, in, down := s.Requests-b.Requests, s.InboundMS-b.InboundMS, s.DownstreamMS-b.DownstreamMS
+		if !ok || n < 0 || in < 0 || down < 0 {
+			continue
+		}
+		t := out[s.Service]
+		t.ownMS += max(0, in-down)
+		t.requests += n
+		out[s.Service] = t
+	}
+	return out
+}
+
+// responseTimes pairs each service's predicted own time with its measured one (a service
+// without either, or without requests, has none), sorted by service.
+func responseTimes(predicted map[string]float64, measured map[string]ownWindow) []estimate.ResponseTime {
+	var out []estimate.ResponseTime
+	for svc, p := range predicted {
+		m, ok := measured[svc]
+		if !ok || !(m.requests > 0) {
+			continue
+		}
+		out = append(out, estimate.ResponseTime{Service: svc, PredictedMS: p, MeasuredMS: m.ownMS / m.requests, Requests: m.requests})
+	}
+	slices.SortFunc(out, func(a, b estimate.ResponseTime) int { return strings.Compare(a.Service, b.Service) })
+	return out
+}
+
+// logBreaker logs each service that tripped or reset, once.
+func logBreaker(log *slog.Logger, changed []estimate.BreakerState) {
+	for _, st := range changed {
+		if st.Tripped {
+			log.Warn("closed loop: lata-q's model does not describe the service; serving it as lata", "service", st.Service, "reason", st.Reason)
+		} else {
+			log.Info("closed loop: lata-q's model describes the service again; planning it with its capacities", "service", st.Service,
+				"relative_error", st.RelativeError)
+		}
+	}
+}
+
+// withoutServices returns the capacities of the pods whose service is not in services.
+func withoutServices(c map[string]float64, pods map[string]podFacts, services []string) map[string]float64 {
+	out := make(map[string]float64, len(c))
+	for pod, v := range c {
+		if !slices.Contains(services, pods[pod].service) {
+			out[pod] = v
+		}
+	}
+	return out
 }
 
 // keyed maps capacities by pod name to NAMESPACE/POD, as watcher.WithCapacity takes them.

@@ -180,7 +180,7 @@ func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack,
 		return nil, fmt.Errorf("demo: %s: %w", p, err)
 	}
 	if p == optimizer.ClosedLoop {
-		if s.feedback, err = newFeedback(s.srv, s.cluster.Topology(), s.cluster, cc.Workers, sc.FeedbackWindow); err != nil {
+		if s.feedback, err = newFeedback(s.srv, s.cluster.Topology(), s.cluster, cc.Workers, sc.FeedbackWindow, logger); err != nil {
 			return nil, err
 		}
 		s.fbDone = make(chan error, 1)
