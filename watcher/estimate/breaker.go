@@ -23,8 +23,8 @@ type ResponseTime struct {
 
 // BreakerConfig sets a Breaker's rules. The zero value of a field means its default.
 type BreakerConfig struct {
-	// Threshold is the relative error |measured − predicted| / predicted above which a window
-	// is bad. Default 0.5.
+	// Threshold is the relative error (measured − predicted) / predicted above which a window
+	// is bad: only a measurement slower than the prediction counts. Default 0.5.
 	Threshold float64
 	// TripAfter is K: that many consecutive bad windows trip a service. Default 3.
 	TripAfter int
@@ -156,7 +156,11 @@ func validateResponse(r ResponseTime, seen map[string]bool) error {
 // step applies one window to a service's state and says whether Tripped changed.
 func (b *Breaker) step(st *BreakerState, r ResponseTime) bool {
 	st.RelativeError = math.Abs(r.MeasuredMS-r.PredictedMS) / r.PredictedMS
-	if st.RelativeError > b.cfg.Threshold {
+	// Only the unsafe direction is bad: measured slower than predicted. A model that predicts
+	// more than is measured (M/M/1 at the lower confidence bound of μ, near the cap, over-
+	// predicts) plans conservatively; falling back to lata there would undo the capacities that
+	// keep slow pods from being overloaded.
+	if r.MeasuredMS > r.PredictedMS && st.RelativeError > b.cfg.Threshold {
 		st.BadWindows++
 		st.GoodWindows = 0
 		if !st.Tripped && st.BadWindows >= b.cfg.TripAfter {

@@ -25,6 +25,8 @@ func TestBreaker(t *testing.T) {
 		{"a bad window restarts the good streak", "bbbgggbgggg", "..TTTTTTTT."},
 		{"missing windows while tripped", "bbbgg--gg", "..TTT--T."},
 		{"trips again", "bbbggggbbb", "..TTTT...T"},
+		{"faster than predicted is not bad", "fffff", "....."},
+		{"faster than predicted resets", "bbbffff", "..TTTT."},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := NewBreaker(BreakerConfig{Threshold: 0.5, TripAfter: 3, ResetAfter: 4})
@@ -39,6 +41,8 @@ func TestBreaker(t *testing.T) {
 					window = []ResponseTime{{Service: "a", PredictedMS: 10, MeasuredMS: 10}}
 				case 'b':
 					window = []ResponseTime{{Service: "a", PredictedMS: 10, MeasuredMS: 20}}
+				case 'f': // the model over-predicts by as much: conservative, not a failure
+					window = []ResponseTime{{Service: "a", PredictedMS: 20, MeasuredMS: 5}}
 				}
 				before := b.State("a").Tripped
 				changed, err := b.Observe(window)
