@@ -17,6 +17,24 @@ import (
 // in force, before the topology takes the new one.
 const CapacityHysteresis = 0.05
 
+// CapacitiesInForce returns the capacities a loop puts in force after an estimator round: each
+// pod's lower confidence bound where it has a usable estimate (any source but none, positive and
+// finite), kept at its value in force (inForce, requests/s by pod) while it moved by no more
+// than CapacityHysteresis of it. Pods without a usable estimate have none. O(pods).
+func CapacitiesInForce(caps map[string]estimate.Capacity, inForce map[string]float64) map[string]float64 {
+	next := make(map[string]float64, len(caps))
+	for pod, c := range caps {
+		if c.Source == estimate.SourceNone || !(c.Lower > 0) || math.IsInf(c.Lower, 0) {
+			continue
+		}
+		next[pod] = c.Lower
+		if old, ok := inForce[pod]; ok && math.Abs(c.Lower-old) <= CapacityHysteresis*old {
+			next[pod] = old
+		}
+	}
+	return next
+}
+
 // capacityFeed feeds the Prometheus source's pod loads to the capacity estimator and keeps the
 // capacities in force. It belongs to Live's merge loop (deliver), which alone calls it; merge
 // takes what it made as an input.
@@ -135,16 +153,7 @@ func (f *capacityFeed) feed(ks *kube.State, meas *prom.Measurements) capacityRou
 			delete(f.counters, key) // the estimator forgot it: so does the feed
 		}
 	}
-	next := make(map[string]float64, len(caps))
-	for key, c := range caps {
-		if c.Source == estimate.SourceNone || !(c.Lower > 0) || math.IsInf(c.Lower, 0) {
-			continue
-		}
-		next[key] = c.Lower
-		if old, ok := f.capacity[key]; ok && math.Abs(c.Lower-old) <= CapacityHysteresis*old {
-			next[key] = old
-		}
-	}
+	next := CapacitiesInForce(caps, f.capacity)
 	f.judge(own, &r)
 	f.capacity = next
 	return r

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"slices"
 	"sort"
@@ -169,18 +168,14 @@ func (f *feedback) round(ctx context.Context, now time.Time, at time.Duration) F
 		r.Err = err.Error()
 	}
 	r.Estimate, r.Lower, r.Requests = map[string]float64{}, map[string]float64{}, map[string]float64{}
-	next := map[string]float64{}
+	next := watcher.CapacitiesInForce(caps, f.capacity)
 	for pod, c := range caps {
-		if c.Source == estimate.SourceNone || !(c.Lower > 0) || math.IsInf(c.Lower, 0) {
+		if _, usable := next[pod]; !usable {
 			continue
 		}
 		r.Lower[pod] = c.Lower
 		if c.Source == estimate.SourceMeasured {
 			r.Estimate[pod], r.Requests[pod] = c.RPS, c.Requests
-		}
-		next[pod] = c.Lower
-		if old, ok := f.capacity[pod]; ok && math.Abs(c.Lower-old) <= watcher.CapacityHysteresis*old {
-			next[pod] = old
 		}
 	}
 	_, topo, plan := f.srv.Publication()
