@@ -64,8 +64,12 @@ type Allocation struct {
 	Saturated []string `json:"saturated,omitempty" yaml:"saturated,omitempty"`
 	// ServedAsLATA (lata-q) says lata-q's own plan was no cheaper than lata's in its objective,
 	// so these are lata's routes, with QueueCost at lata's loads.
-	ServedAsLATA bool             `json:"served_as_lata,omitempty" yaml:"served_as_lata,omitempty"`
-	Calls        []CallAllocation `json:"calls" yaml:"calls"`
+	ServedAsLATA bool `json:"served_as_lata,omitempty" yaml:"served_as_lata,omitempty"`
+	// Pooled (closed-loop) names the callee services whose load reached the utilisation cap of
+	// their measured capacity: their callers balance least-request over all their pods, not
+	// by the routes (which stay the plan's, for its accounting). See closedloop.go.
+	Pooled []string         `json:"pooled,omitempty" yaml:"pooled,omitempty"`
+	Calls  []CallAllocation `json:"calls" yaml:"calls"`
 }
 
 // CallAllocation is the allocation of one call edge. Routes are ordered by caller pod, then

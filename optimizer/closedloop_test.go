@@ -202,3 +202,49 @@ func compileTop(t *testing.T, top *Topology) *Model {
 	}
 	return m
 }
+
+// TestClosedLoopPoolsNearSaturation: a callee service whose load reaches the utilisation cap of
+// its capacity is pooled (least-request over all its pods), pushed at once; it stays pooled
+// while its load is within PoolHysteresis under the cap and is banded again, pushed, below
+// that. A service served from outside (a) is never pooled, however loaded.
+func TestClosedLoopPoolsNearSaturation(t *testing.T) {
+	at := func(rps float64) *Topology {
+		top := closedLoopPair(100, 100) // b: Σμ = 200 req/s; the cap 0.9 is 180 req/s
+		top.Ingress[0].RPS = rps
+		top.Services[0].Pods[0].CapacityRPS = ptr(1.0) // a is far over its capacity: never pooled
+		top.Services[0].Pods[1].CapacityRPS = ptr(1.0)
+		return top
+	}
+	pl := &Planner{Policy: ClosedLoop}
+	steps := []struct {
+		rps    float64
+		pooled bool
+		push   bool // the pooling changed: pushed whatever the damping says
+	}{
+		{100, false, true},  // first plan: pushed, b at 0.5 of Σμ
+		{170, false, false}, // 0.85: under the cap
+		{185, true, true},   // 0.925 ≥ 0.9: pooled, pushed though the routes hardly move
+		{165, true, false},  // 0.825: within the hysteresis, stays pooled
+		{155, false, true},  // 0.775 < 0.8: banded again, pushed
+		{175, false, false}, // 0.875: under the cap again, stays banded
+	}
+	for i, s := range steps {
+		r, err := pl.Plan(at(s.rps))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := len(r.Allocation.Pooled) == 1 && r.Allocation.Pooled[0] == "b"
+		if len(r.Allocation.Pooled) > 1 || (len(r.Allocation.Pooled) == 1 && !got) {
+			t.Fatalf("step %d (%v req/s): pooled %v, want b at most", i, s.rps, r.Allocation.Pooled)
+		}
+		if got != s.pooled {
+			t.Errorf("step %d (%v req/s): pooled %v, want b pooled = %v", i, s.rps, r.Allocation.Pooled, s.pooled)
+		}
+		if s.push && !r.Push {
+			t.Errorf("step %d (%v req/s): not pushed; a change of pooling must be", i, s.rps)
+		}
+		if r.Push {
+			pl.Pushed(r)
+		}
+	}
+}

@@ -47,6 +47,7 @@ type Planner struct {
 	last       *Allocation
 	membership uint64
 	queued     map[string]bool // closed-loop: the services last's model had service rates for
+	pooled     map[string]bool // closed-loop: the services last pools (Allocation.Pooled)
 	inc        incremental     // the last recompute (see incremental.go)
 	compiler   Compiler        // for topologies handed over uncompiled (Plan)
 }
@@ -159,15 +160,18 @@ func (pl *Planner) PlanCompiled(t *Topology, cm *Compiled) (*PlanResult, error) 
 	r := &PlanResult{Model: m, Allocation: alloc, membership: key, Moved: 1, Push: true,
 		Solved: solved, Recompiled: recompiled}
 	r.MembershipChanged = pl.last == nil || r.membership != pl.membership
-	if r.MembershipChanged {
-		return r, nil
-	}
 	damping := pl.Damping
 	if damping == 0 {
 		damping = DefaultDamping
 	}
 	if policy == ClosedLoop {
-		pl.closedLoopStep(m, r, damping)
+		if !r.MembershipChanged {
+			pl.closedLoopStep(m, r, damping)
+		}
+		pl.pool(m, r)
+		return r, nil
+	}
+	if r.MembershipChanged {
 		return r, nil
 	}
 	if damping < 0 {
@@ -228,6 +232,10 @@ func (pl *Planner) Pushed(r *PlanResult) {
 	pl.last, pl.membership = r.Allocation, r.membership
 	if pl.Policy == ClosedLoop && r.Model != nil {
 		pl.queued = queuedServices(r.Model)
+		pl.pooled = map[string]bool{}
+		for _, name := range r.Allocation.Pooled {
+			pl.pooled[name] = true
+		}
 	}
 }
 

@@ -258,3 +258,57 @@ func TestLBPolicyBandsRejects(t *testing.T) {
 		t.Errorf("TranslateWith(bands, weighted clusters): %v, want the locality-encoding error", err)
 	}
 }
+
+// TestTranslateBandsPooled: a service the allocation pools (optimizer.Allocation.Pooled) gets,
+// for every caller and every node kind, one locality of all its pods weighted by capacity
+// (least-request over all pods, as LBLeastRequest), whatever the routes say; the bands come back
+// when it is no longer pooled, under another version; Envoy's rules pass; a pooled name that is
+// not a service is an error naming it.
+func TestTranslateBandsPooled(t *testing.T) {
+	pooled := bandsAlloc()
+	pooled.Pooled = []string{"b"}
+	tr, err := TranslateWith(bandsTopology(), pooled, TranslateConfig{LBPolicy: LBBands})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkInvariants(t, tr)
+	all := &endpoint.ClusterLoadAssignment{ClusterName: "b", Endpoints: []*endpoint.LocalityLbEndpoints{{
+		Locality:            &core.Locality{SubZone: AllPodsSubZone},
+		LbEndpoints:         []*endpoint.LbEndpoint{fo("127.0.0.1", 1001, 2000), fo("127.0.0.1", 1002, 2000), fo("127.0.0.1", 1003, 2000), fo("127.0.0.1", 1004, 4000)},
+		LoadBalancingWeight: wrapperspb.UInt32(1),
+	}}}
+	for _, pod := range []string{"a-0", "a-1", "a-2", ""} {
+		n := tr.Default
+		if pod != "" {
+			n = tr.Pods[pod]
+		}
+		if diff := cmp.Diff(all, n.Assignment("b"), protocmp.Transform()); diff != "" {
+			t.Errorf("%q: pooled assignment -want +got:\n%s", pod, diff)
+		}
+		if err := CheckEnvoy(tr.Resources(pod, Envoy)); err != nil {
+			t.Errorf("%q envoy: %v", pod, err)
+		}
+		if err := CheckAssignments(typed[*endpoint.ClusterLoadAssignment](tr.Resources(pod, IstioSidecar).Sets[EndpointSet])); err != nil {
+			t.Errorf("%q istio: %v", pod, err)
+		}
+	}
+	if tr.Pods["a-0"].Sets[EndpointSet].Version != tr.Pods["a-2"].Sets[EndpointSet].Version {
+		t.Error("callers of a pooled service got different EDS versions")
+	}
+
+	banded, err := TranslateWith(bandsTopology(), bandsAlloc(), TranslateConfig{LBPolicy: LBBands})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := banded.Pods["a-2"].Assignment("b").GetEndpoints()[0].GetLocality().GetZone(); got != "n3" {
+		t.Errorf("not pooled: a-2's first locality is in zone %q, want its band n3", got)
+	}
+	if banded.Default.Sets[EndpointSet].Version == tr.Default.Sets[EndpointSet].Version {
+		t.Error("the pooled and banded round-robin assignments share a version")
+	}
+
+	pooled.Pooled = []string{"nope"}
+	if _, err := TranslateWith(bandsTopology(), pooled, TranslateConfig{LBPolicy: LBBands}); err == nil || !strings.Contains(err.Error(), `"nope"`) {
+		t.Errorf("pooled unknown service: err %v, want one naming it", err)
+	}
+}

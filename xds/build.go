@@ -36,7 +36,7 @@ type service struct {
 	index    map[string]int
 	servable bool
 
-	allPods   bool                     // LBLeastRequest: every assignment is one locality of all pods
+	allPods   bool                     // LBLeastRequest, or a pooled service under LBBands: every assignment is one locality of all pods
 	bands     []band                   // LBBands: the pods by node, ordered by node name; nil otherwise
 	locality  []*core.Locality         // per pod
 	lbEps     [][]*endpoint.LbEndpoint // per pod, one endpoint
@@ -132,6 +132,7 @@ type builder struct {
 	podService   map[string]*service
 	envoy        [EndpointSet]Set // plain Envoy nodes' listeners, routes and clusters: the same for every node
 	skipped      []string
+	pooled       map[string]bool // LBBands: the services the allocation pools (optimizer.Allocation.Pooled)
 }
 
 // checkAllocation validates a against the topology and turns every caller's fractions into
@@ -221,14 +222,17 @@ func (b *builder) buildShared(s *service) error {
 	s.lbEps = make([][]*endpoint.LbEndpoint, n)
 	s.fallback = make([]*endpoint.LbEndpoint, n)
 	s.rrWeights = capacityWeights(s.pods)
-	s.allPods = b.lb == LBLeastRequest
-	if b.lb == LBBands {
+	s.allPods = b.lb == LBLeastRequest || b.pooled[s.name]
+	if b.lb == LBBands && !s.allPods {
 		s.bands = podBands(s.pods)
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00", b.enc, s.name)
 	if b.lb != LBRoundRobin { // round-robin versions stay what they were before LBPolicy existed
 		fmt.Fprintf(h, "lb=%s\x00", b.lb)
+	}
+	if b.pooled[s.name] {
+		fmt.Fprint(h, "pooled\x00")
 	}
 	for i, p := range s.pods {
 		fmt.Fprintf(h, "%s\x00%s\x00%s\x00%d\x00%d\x00", p.name, p.node, p.host, p.port, max(s.rrWeights[i], 1))

@@ -274,6 +274,14 @@ func TranslateWith(t *optimizer.Topology, a *optimizer.Allocation, cfg Translate
 		return nil, fmt.Errorf("%w: nil topology or allocation", ErrInvalidAllocation)
 	}
 	b := &builder{enc: enc, lb: cfg.LBPolicy, domain: cfg.ClusterDomain, egressOffset: uint32(cfg.EgressPortOffset), services: map[string]*service{}, podService: map[string]*service{}}
+	if b.lb == LBBands {
+		// A pooled service takes least-request over all its pods (optimizer.Allocation.Pooled);
+		// the other policies deliver no bands to release.
+		b.pooled = map[string]bool{}
+		for _, name := range a.Pooled {
+			b.pooled[name] = true
+		}
+	}
 	called := map[string]bool{}
 	for _, c := range t.Calls {
 		called[optimizer.CanonicalKey(c.To)] = true
@@ -296,6 +304,11 @@ func TranslateWith(t *optimizer.Topology, a *optimizer.Allocation, cfg Translate
 				return nil, fmt.Errorf("%w: pod %q: duplicate name", ErrInvalidAllocation, p.name)
 			}
 			b.podService[p.name] = s
+		}
+	}
+	for _, name := range a.Pooled {
+		if _, ok := b.services[name]; !ok {
+			return nil, fmt.Errorf("%w: pooled service %q is not in the topology", ErrInvalidAllocation, name)
 		}
 	}
 	plans, err := b.checkAllocation(a)
@@ -326,10 +339,15 @@ func TranslateWith(t *optimizer.Topology, a *optimizer.Allocation, cfg Translate
 	}
 	if b.lb == LBBands {
 		// Every caller's weights in the canonical band form (bandWeights): the same band
-		// sums, the same derived entries.
+		// sums, the same derived entries; a pooled callee's callers all get its round-robin
+		// entries, as under LBLeastRequest.
 		for _, calls := range plans {
 			for i := range calls {
-				calls[i].weights = bandWeights(calls[i].callee.bands, calls[i].weights)
+				if calls[i].callee.allPods {
+					calls[i].weights = calls[i].callee.rrWeights
+				} else {
+					calls[i].weights = bandWeights(calls[i].callee.bands, calls[i].weights)
+				}
 			}
 		}
 	}

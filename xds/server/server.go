@@ -492,7 +492,7 @@ func (s *Server) publish() {
 	now := s.clock.Now()
 	s.log.Info("xds: published", "publication", pub.num, "policy", alloc.Policy, "cost", alloc.Cost,
 		"nodes", len(nodes), "pushed", pushed, "solve", t1.Sub(t0), "translate", t2.Sub(t1), "set", now.Sub(t2),
-		"since_change", now.Sub(changeAt))
+		"since_change", now.Sub(changeAt), "pooled", alloc.Pooled)
 	s.answered(pub)
 }
 
