@@ -34,6 +34,11 @@ import (
 //     to a short queue wherever it is (the pooling gain: at ρ = 0.9 on three one-worker pods,
 //     M/M/1 queues wait 9 service times, an M/M/3 pool 2.4). The service is banded again when
 //     its load falls under (cap − PoolHysteresis)·Σμ, so a load at the edge does not flap.
+//     A callee service never yet planned with a service rate (the estimator is still learning
+//     it: no window has enough samples) is pooled too: until its load can be seen, the
+//     balancer that sees queues is safer than lata's routes, which load pods by weight alone
+//     (a pod slower than it looks builds a queue while the estimate forms). Once it has had
+//     rates in force, losing them (the breaker) makes it lata's, as Fallback says.
 //
 // The callers balance least-request inside the plan's latency bands (xds.LBBands); the
 // hold-down of one estimator window after a measurement-driven push is the feeder's (it owns
@@ -259,8 +264,8 @@ func queuedServices(m *Model) map[string]bool {
 }
 
 // pool marks in r's allocation the callee services the closed-loop policy pools (see Pooling
-// near saturation at the top of this file), the services pooled in the allocation in force
-// with hysteresis, and makes r pushed when the set differs from the one in force. The
+// near saturation at the top of this file: the loaded ones, those pooled in the allocation in
+// force with hysteresis, and the ones never measured), and makes r pushed when the set differs from the one in force. The
 // allocation is copied, not changed in place (the incremental planner keeps it).
 // O(services + pods).
 func (pl *Planner) pool(m *Model, r *PlanResult) {
@@ -281,6 +286,9 @@ func (pl *Planner) pool(m *Model, r *PlanResult) {
 			}
 		}
 		if !(mu > 0) {
+			if !pl.measured[svc.Name] {
+				pooled = append(pooled, svc.Name) // still learning
+			}
 			continue
 		}
 		limit := m.UtilizationCap

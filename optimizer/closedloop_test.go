@@ -2,6 +2,7 @@ package optimizer
 
 import (
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -122,7 +123,8 @@ func TestClosedLoopOverloadTakesFullStep(t *testing.T) {
 }
 
 // TestClosedLoopWithoutCapacityIsLATA: without a service rate closed-loop plans what lata plans
-// and holds it (no capacity, nothing to step toward).
+// and holds it (no capacity, nothing to step toward); b, never measured, is pooled (its callers
+// balance least-request over its pods while the estimator learns it).
 func TestClosedLoopWithoutCapacityIsLATA(t *testing.T) {
 	top := closedLoopPair(0, 0)
 	for i := range top.Services[1].Pods {
@@ -141,6 +143,9 @@ func TestClosedLoopWithoutCapacityIsLATA(t *testing.T) {
 		if got, want := fraction(r.Allocation, "a1", q), fraction(lata, "a1", q); got != want {
 			t.Errorf("a1 → %s %v, lata %v", q, got, want)
 		}
+	}
+	if !slices.Equal(r.Allocation.Pooled, []string{"b"}) {
+		t.Errorf("pooled %v, want [b] (never measured)", r.Allocation.Pooled)
 	}
 	pl.Pushed(r)
 	if r, err = pl.Plan(top); err != nil || r.Push {
@@ -187,6 +192,9 @@ func TestClosedLoopFallbackTakesLATA(t *testing.T) {
 	}
 	if r.Gain >= DefaultDamping {
 		t.Errorf("gain %v: the objective alone would have pushed; the test shows nothing", r.Gain)
+	}
+	if len(r.Allocation.Pooled) > 0 {
+		t.Errorf("pooled %v: b was measured before, so it falls back to lata, not to least-request", r.Allocation.Pooled)
 	}
 	pl.Pushed(r)
 	if r, err = pl.Plan(lataTop); err != nil || r.Push {

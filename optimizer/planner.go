@@ -48,6 +48,7 @@ type Planner struct {
 	membership uint64
 	queued     map[string]bool // closed-loop: the services last's model had service rates for
 	pooled     map[string]bool // closed-loop: the services last pools (Allocation.Pooled)
+	measured   map[string]bool // closed-loop: the services an allocation pushed was ever planned with service rates for
 	inc        incremental     // the last recompute (see incremental.go)
 	compiler   Compiler        // for topologies handed over uncompiled (Plan)
 }
@@ -232,6 +233,12 @@ func (pl *Planner) Pushed(r *PlanResult) {
 	pl.last, pl.membership = r.Allocation, r.membership
 	if pl.Policy == ClosedLoop && r.Model != nil {
 		pl.queued = queuedServices(r.Model)
+		if pl.measured == nil {
+			pl.measured = map[string]bool{}
+		}
+		for name := range pl.queued {
+			pl.measured[name] = true
+		}
 		pl.pooled = map[string]bool{}
 		for _, name := range r.Allocation.Pooled {
 			pl.pooled[name] = true
