@@ -53,8 +53,11 @@ func CapacitiesInForce(caps map[string]estimate.Capacity, inForce map[string]flo
 // (optimizer.PredictedOwnTimeMS on the plan's topology with the capacities in force during the
 // window, a tripped service's too) against the one measured in the window (Σ (inbound −
 // downstream) / Σ requests over the service's pods' fresh loads). A window in which the plan
-// in force changed mixes two plans and is not judged. A tripped service's pods get no
-// capacity (inForce) until the breaker resets it.
+// in force changed mixes two plans and is not judged, and is the hold-down: the capacities in
+// force stay (the estimator still takes the window; the next window not held puts its
+// estimate in force), so a push is followed by at least one window measured under it before
+// the next measurement-driven change. A tripped service's pods get no capacity (inForce) until
+// the breaker resets it.
 type capacityFeed struct {
 	est       *estimate.Estimator
 	breaker   *estimate.Breaker                                   // nil: none
@@ -62,7 +65,8 @@ type capacityFeed struct {
 	fedAt     time.Time                                           // the At of the measurements last fed
 	clock     time.Time                                           // the estimator's clock: the windows fed, summed
 	counters  map[string]estimate.Sample                          // cumulative, by NAMESPACE/POD
-	capacity  map[string]float64                                  // in force, by NAMESPACE/POD: the lower confidence bound, requests/s
+	estimated map[string]float64                                  // CapacitiesInForce's last, by NAMESPACE/POD: the lower confidence bound, requests/s
+	capacity  map[string]float64                                  // in force (merge's), by NAMESPACE/POD: estimated as of the last window not held
 	published *optimizer.Allocation                               // the plan in force at the last window fed
 	tripped   []string                                            // the services the breaker tripped, sorted
 }
@@ -73,14 +77,15 @@ type capacityRound struct {
 	unmatched []string // pod loads naming no pod of a managed service, NAMESPACE/POD, sorted
 	err       error    // the estimator's complaint about samples (the round still counted)
 	// judged says the breaker took the window; changed are the services that tripped or reset
-	// in it, and breakerErr its complaint about the window's response times.
-	judged     bool
-	changed    []estimate.BreakerState
-	breakerErr error
+	// in it, and breakerErr its complaint about the window's response times. held says the
+	// plan in force changed in the window (the hold-down: the capacities in force stay).
+	judged, held bool
+	changed      []estimate.BreakerState
+	breakerErr   error
 }
 
 func newCapacityFeed(est *estimate.Estimator, breaker *estimate.Breaker, plan func() (*optimizer.Topology, *optimizer.Allocation)) *capacityFeed {
-	f := &capacityFeed{est: est, clock: time.Unix(0, 0), counters: map[string]estimate.Sample{}, capacity: map[string]float64{}}
+	f := &capacityFeed{est: est, clock: time.Unix(0, 0), counters: map[string]estimate.Sample{}, estimated: map[string]float64{}, capacity: map[string]float64{}}
 	if breaker != nil && plan != nil {
 		f.breaker, f.plan = breaker, plan
 	}
@@ -115,7 +120,7 @@ func (f *capacityFeed) feed(ks *kube.State, meas *prom.Measurements) capacityRou
 		}
 	}
 	var samples []estimate.Sample
-	own := map[string]*ownTime{} // by service key: this window's
+	own := map[string]OwnTime{} // by service key: this window's
 	for _, l := range meas.Load {
 		key := l.Name()
 		svc, ok := service[key]
@@ -134,11 +139,9 @@ func (f *capacityFeed) feed(ks *kube.State, meas *prom.Measurements) capacityRou
 		c.CPUSeconds += l.CPUSeconds
 		f.counters[key] = c
 		samples = append(samples, c)
-		if own[svc] == nil {
-			own[svc] = &ownTime{}
-		}
-		own[svc].ms += max(0, l.InboundMSSum-l.DownstreamMSSum)
-		own[svc].requests += l.Requests
+		o := own[svc]
+		o.Add(l.Requests, l.InboundMSSum, l.DownstreamMSSum)
+		own[svc] = o
 	}
 	sort.Strings(r.unmatched)
 	if len(samples) == 0 {
@@ -153,45 +156,57 @@ func (f *capacityFeed) feed(ks *kube.State, meas *prom.Measurements) capacityRou
 			delete(f.counters, key) // the estimator forgot it: so does the feed
 		}
 	}
-	next := CapacitiesInForce(caps, f.capacity)
-	f.judge(own, &r)
-	f.capacity = next
+	f.estimated = CapacitiesInForce(caps, f.estimated)
+	if r.held = f.judge(own, &r); !r.held {
+		f.capacity = f.estimated
+	}
 	return r
 }
 
-// ownTime is one service's own time over one window: Σ (inbound − downstream) in ms over Σ
+// OwnTime is one service's own time over one window: Σ (inbound − downstream) in ms over Σ
 // requests of its pods.
-type ownTime struct{ ms, requests float64 }
+type OwnTime struct{ MS, Requests float64 }
+
+// Add counts one pod's window: requests completed, their inbound and downstream time in ms (a
+// downstream time over the inbound one counts as none).
+func (o *OwnTime) Add(requests, inboundMS, downstreamMS float64) {
+	o.MS += max(0, inboundMS-downstreamMS)
+	o.Requests += requests
+}
+
+// ResponseTimes pairs, per service key, the own time lata-q predicts for the plan in force
+// (optimizer.PredictedOwnTimeMS of plan on topo with the pods' capacities, by NAMESPACE/POD)
+// with the one measured in a window: the model-error breaker's window (estimate.Breaker). A
+// service without a prediction or without requests has none. Sorted by service.
+func ResponseTimes(topo *optimizer.Topology, plan *optimizer.Allocation, capacity map[string]float64, own map[string]OwnTime) []estimate.ResponseTime {
+	var out []estimate.ResponseTime
+	for svc, p := range optimizer.PredictedOwnTimeMS(WithCapacity(topo, capacity), plan) {
+		if m, ok := own[svc]; ok && m.Requests > 0 {
+			out = append(out, estimate.ResponseTime{Service: svc, PredictedMS: p, MeasuredMS: m.MS / m.Requests, Requests: m.Requests})
+		}
+	}
+	slices.SortFunc(out, func(a, b estimate.ResponseTime) int { return strings.Compare(a.Service, b.Service) })
+	return out
+}
 
 // judge runs the breaker on one window's measured own times (by service key), against lata-q's
 // prediction for the plan in force on the capacities in force during the window (f.capacity,
-// before the window's update), unless the plan in force changed since the last window fed.
-func (f *capacityFeed) judge(own map[string]*ownTime, r *capacityRound) {
+// before the window's update), unless the plan in force changed since the last window fed: then
+// it says the window is held. Without a breaker no window is held.
+func (f *capacityFeed) judge(own map[string]OwnTime, r *capacityRound) (held bool) {
 	if f.breaker == nil {
-		return
+		return false
 	}
 	topo, plan := f.plan()
-	held := plan != f.published
+	held = plan != f.published
 	f.published = plan
 	if held || topo == nil || plan == nil {
-		return
+		return held
 	}
-	predicted := optimizer.PredictedOwnTimeMS(WithCapacity(topo, f.capacity), plan)
-	var window []estimate.ResponseTime
-	for svc, p := range predicted {
-		if m := own[svc]; m != nil && m.requests > 0 {
-			window = append(window, estimate.ResponseTime{Service: svc, PredictedMS: p, MeasuredMS: m.ms / m.requests, Requests: m.requests})
-		}
-	}
-	slices.SortFunc(window, func(a, b estimate.ResponseTime) int { return strings.Compare(a.Service, b.Service) })
 	r.judged = true
-	r.changed, r.breakerErr = f.breaker.Observe(window)
-	f.tripped = f.tripped[:0]
-	for _, st := range f.breaker.States() {
-		if st.Tripped {
-			f.tripped = append(f.tripped, st.Service)
-		}
-	}
+	r.changed, r.breakerErr = f.breaker.Observe(ResponseTimes(topo, plan, f.capacity, own))
+	f.tripped = f.breaker.Tripped()
+	return false
 }
 
 // inForce returns the capacities in force, by NAMESPACE/POD, without those of the pods of the

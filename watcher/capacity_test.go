@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -301,4 +302,57 @@ func TestBreakerFallsBackToLATA(t *testing.T) {
 	if n := strings.Count(logs.String(), "serving it as lata"); n != 1 {
 		t.Errorf("the trip was logged %d times, want once:\n%s", n, logs.String())
 	}
+}
+
+// TestCapacityHoldDown: a window in which the plan in force changed (a push) does not change
+// the capacities in force, though the estimate moved past the hysteresis in it; the next window,
+// measured under one plan, puts the estimate in force.
+func TestCapacityHoldDown(t *testing.T) {
+	t.Parallel()
+	est, err := estimate.New(estimate.Config{MinRequests: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	breaker, err := estimate.NewBreaker(estimate.BreakerConfig{MinRequests: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := state([]string{"n1", "n2"}, service("api", "api-1@n1", "api-2@n2"))
+	st.PodCPU = []map[string]int64{{"default/api-1": 1000, "default/api-2": 1000}}
+	const window = time.Minute
+	perPod := 1000 / window.Seconds()
+	plan := func() *optimizer.Allocation {
+		return &optimizer.Allocation{Policy: optimizer.ClosedLoop, Calls: []optimizer.CallAllocation{
+			{From: "front", To: "api", Routes: []optimizer.Route{{Caller: "front-1", Callee: "api-1", Fraction: 1, RPS: perPod}, {Caller: "front-2", Callee: "api-2", Fraction: 1, RPS: perPod}}}}}
+	}
+	var inForce atomic.Pointer[optimizer.Allocation]
+	inForce.Store(plan())
+	planTop := &optimizer.Topology{Nodes: st.Nodes, Services: st.Services}
+	c, _ := newCluster(t, LiveConfig{Prom: promStub, Estimator: est, Breaker: breaker, Plan: func() (*optimizer.Topology, *optimizer.Allocation) {
+		return planTop, inForce.Load()
+	}})
+	round := func(i int, cpuPerRequest float64) *prom.Measurements {
+		const n = 1000
+		load := func(pod string) prom.PodLoad {
+			return prom.PodLoad{Namespace: "default", Pod: pod, Window: window, Requests: n, InboundMSSum: n * 4, CPUSeconds: n * cpuPerRequest}
+		}
+		return &prom.Measurements{At: t0.Add(time.Duration(i) * window), Window: window, Load: []prom.PodLoad{load("api-1"), load("api-2")}}
+	}
+	var before map[string]float64
+	for i := 0; i <= 5; i++ {
+		before = maps.Clone(c.feedCapacity(st, round(i, 0.004)))
+	}
+	if len(before) != 2 {
+		t.Fatalf("capacities after 6 windows %v, want both pods'", before)
+	}
+	inForce.Store(plan()) // a push during window 6, whose pods also became 2× slower
+	held := c.feedCapacity(st, round(6, 0.008))
+	if !maps.Equal(held, before) {
+		t.Errorf("window 6 (the plan in force changed): capacities %v, want those in force %v (held down)", held, before)
+	}
+	after := c.feedCapacity(st, round(7, 0.008))
+	if !(after["default/api-1"] < before["default/api-1"]*(1-CapacityHysteresis)) {
+		t.Errorf("window 7 (one plan): api-1 %v, want the slower estimate in force (under %v)", after["default/api-1"], before["default/api-1"]*(1-CapacityHysteresis))
+	}
+	t.Logf("api-1: %.1f before, %.1f held, %.1f after", before["default/api-1"], held["default/api-1"], after["default/api-1"])
 }

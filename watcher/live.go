@@ -144,7 +144,8 @@ const (
 //     pods get no capacity, so the plan serves it as lata, until the breaker resets it; each
 //     trip and reset is logged once, edgeflow_closed_loop_breaker_tripped{service} is 1 while
 //     tripped, and the closed-loop check names the tripped services (readiness does not fail:
-//     the plan still serves them, as lata).
+//     the plan still serves them, as lata). A window in which the plan in force changed is the
+//     hold-down: the capacities in force stay until a window measured under one plan.
 type Live struct {
 	cfg LiveConfig
 	log *slog.Logger

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -185,19 +184,14 @@ func (f *feedback) round(ctx context.Context, now time.Time, at time.Duration) F
 		// The plan in force ran the whole window: judge lata-q's model of it, on the
 		// capacities in force in the window (a tripped service's too, so that the breaker can
 		// see the model become right again).
-		r.Response = responseTimes(optimizer.PredictedOwnTimeMS(watcher.WithCapacity(topo, keyed(f.capacity, f.pods)), plan), own)
+		r.Response = watcher.ResponseTimes(topo, plan, keyed(f.capacity, f.pods), own)
 		changed, err := f.breaker.Observe(r.Response)
 		if err != nil && r.Err == "" {
 			r.Err = err.Error()
 		}
 		logBreaker(f.log, changed)
 	}
-	r.Breaker = f.breaker.States()
-	for _, st := range r.Breaker {
-		if st.Tripped {
-			r.Tripped = append(r.Tripped, st.Service)
-		}
-	}
+	r.Breaker, r.Tripped = f.breaker.States(), f.breaker.Tripped()
 	f.capacity = next
 	if held {
 		f.published, r.Held = plan, true
@@ -212,15 +206,11 @@ func (f *feedback) round(ctx context.Context, now time.Time, at time.Duration) F
 	return r
 }
 
-// ownWindow is one service's own time over one window: Σ (inbound − downstream) in ms over
-// Σ requests of its pods.
-type ownWindow struct{ ownMS, requests float64 }
-
 // ownTime takes one window's counters: it returns, per service, the own time its pods spent on
 // the requests they completed since the counters last read (the base), and makes these the
 // base. A pod read for the first time, or whose counters went down (a restart), has no window.
-func (f *feedback) ownTime(samples []estimate.Sample) map[string]ownWindow {
-	out := map[string]ownWindow{}
+func (f *feedback) ownTime(samples []estimate.Sample) map[string]watcher.OwnTime {
+	out := map[string]watcher.OwnTime{}
 	for _, s := range samples {
 		b, ok := f.counters[s.Pod]
 		f.counters[s.Pod] = s
@@ -229,25 +219,9 @@ func (f *feedback) ownTime(samples []estimate.Sample) map[string]ownWindow {
 			continue
 		}
 		t := out[s.Service]
-		t.ownMS += max(0, in-down)
-		t.requests += n
+		t.Add(n, in, down)
 		out[s.Service] = t
 	}
-	return out
-}
-
-// responseTimes pairs each service's predicted own time with its measured one (a service
-// without either, or without requests, has none), sorted by service.
-func responseTimes(predicted map[string]float64, measured map[string]ownWindow) []estimate.ResponseTime {
-	var out []estimate.ResponseTime
-	for svc, p := range predicted {
-		m, ok := measured[svc]
-		if !ok || !(m.requests > 0) {
-			continue
-		}
-		out = append(out, estimate.ResponseTime{Service: svc, PredictedMS: p, MeasuredMS: m.ownMS / m.requests, Requests: m.requests})
-	}
-	slices.SortFunc(out, func(a, b estimate.ResponseTime) int { return strings.Compare(a.Service, b.Service) })
 	return out
 }
 

@@ -206,3 +206,14 @@ func (b *Breaker) States() []BreakerState {
 
 // byService orders states by service, for slices.SortFunc.
 func byService(x, y BreakerState) int { return strings.Compare(x.Service, y.Service) }
+
+// Tripped returns the services tripped now, sorted.
+func (b *Breaker) Tripped() []string {
+	var out []string
+	for _, st := range b.States() {
+		if st.Tripped {
+			out = append(out, st.Service)
+		}
+	}
+	return out
+}
