@@ -128,6 +128,10 @@ type EdgeStatus struct {
 	// Deviation is the fraction of the edge's planned traffic the written weights send
 	// elsewhere (½ Σ |written − planned| per caller locality, weighted by its rps).
 	Deviation float64
+	// Pooled says the plan pools the callee (optimizer.Allocation.Pooled, with
+	// RulesConfig.LBPolicy xds.LBBands): Rule turns locality load balancing off and balances
+	// least-request over all its endpoints; it has no distribute weights.
+	Pooled bool
 }
 
 // RulesReport is what DestinationRules did, edge by edge.
@@ -245,7 +249,47 @@ func edgeRule(cfg RulesConfig, p *LocalityPlan, caller, callee *optimizer.Servic
 		}
 	}
 
-	// The plan's shares per caller locality (one grouped caller pod per locality).
+	spec := &networking.DestinationRule{Host: host}
+	if base != nil {
+		spec.TrafficPolicy = proto.Clone(base.Spec.TrafficPolicy).(*networking.TrafficPolicy)
+		for _, s := range base.Spec.Subsets {
+			spec.Subsets = append(spec.Subsets, proto.Clone(s).(*networking.Subset))
+		}
+	}
+	if spec.TrafficPolicy == nil {
+		spec.TrafficPolicy = &networking.TrafficPolicy{}
+	}
+	if spec.TrafficPolicy.LoadBalancer == nil {
+		spec.TrafficPolicy.LoadBalancer = &networking.LoadBalancerSettings{}
+	}
+	st.Pooled = cfg.LBPolicy == xds.LBBands && slices.ContainsFunc(p.Allocation.Pooled, func(name string) bool {
+		return optimizer.CanonicalKey(name) == callee.Key()
+	})
+	if st.Pooled {
+		// Least-request over every endpoint: a DestinationRule's localityLbSetting with
+		// enabled false turns locality load balancing off for the host, ahead of the
+		// Service's trafficDistribution and the mesh's setting (istio
+		// pilot/pkg/networking/core/loadbalancer/loadbalancer.go, GetEffectiveLbSetting:
+		// "if localityLbSetting.GetEnabled() != nil && !localityLbSetting.GetEnabled().Value
+		// { return nil }").
+		spec.TrafficPolicy.LoadBalancer.LocalityLbSetting = &networking.LocalityLoadBalancerSetting{Enabled: wrapperspb.Bool(false)}
+	} else {
+		distribute, ok := planDistribute(call, podLocality, calleeLocs, st)
+		if !ok {
+			return nil, "the caller has no pod in a locality"
+		}
+		spec.TrafficPolicy.LoadBalancer.LocalityLbSetting = &networking.LocalityLoadBalancerSetting{
+			Enabled:    wrapperspb.Bool(true),
+			Distribute: distribute,
+		}
+	}
+	return finishRule(cfg, caller, callee, sel, base, spec, st), ""
+}
+
+// planDistribute is the edge's distribute weights: the plan's shares per caller locality (one
+// grouped caller pod per locality), rounded; it records their deviation from the plan in st.
+// ok is false when no caller pod is in a locality.
+func planDistribute(call optimizer.CallAllocation, podLocality map[string]string, calleeLocs []string, st *EdgeStatus) (_ []*networking.LocalityLoadBalancerSetting_Distribute, ok bool) {
 	type fromShares struct {
 		rps    float64
 		shares map[string]float64
@@ -262,7 +306,7 @@ func edgeRule(cfg RulesConfig, p *LocalityPlan, caller, callee *optimizer.Servic
 		f.shares[to] += r.Fraction
 	}
 	if len(froms) == 0 {
-		return nil, "the caller has no pod in a locality"
+		return nil, false
 	}
 	var distribute []*networking.LocalityLoadBalancerSetting_Distribute
 	var totalRPS, moved float64
@@ -277,24 +321,13 @@ func edgeRule(cfg RulesConfig, p *LocalityPlan, caller, callee *optimizer.Servic
 	if totalRPS > 0 {
 		st.Deviation = moved / totalRPS
 	}
+	return distribute, true
+}
 
-	spec := &networking.DestinationRule{Host: host}
-	if base != nil {
-		spec.TrafficPolicy = proto.Clone(base.Spec.TrafficPolicy).(*networking.TrafficPolicy)
-		for _, s := range base.Spec.Subsets {
-			spec.Subsets = append(spec.Subsets, proto.Clone(s).(*networking.Subset))
-		}
-	}
-	if spec.TrafficPolicy == nil {
-		spec.TrafficPolicy = &networking.TrafficPolicy{}
-	}
-	if spec.TrafficPolicy.LoadBalancer == nil {
-		spec.TrafficPolicy.LoadBalancer = &networking.LoadBalancerSettings{}
-	}
-	spec.TrafficPolicy.LoadBalancer.LocalityLbSetting = &networking.LocalityLoadBalancerSetting{
-		Enabled:    wrapperspb.Bool(true),
-		Distribute: distribute,
-	}
+// finishRule is the rest of edgeRule: the load-balancing policy under xds.LBBands and the
+// object around spec.
+func finishRule(cfg RulesConfig, caller, callee *optimizer.Service, sel map[string]string, base *clientnetworkingv1.DestinationRule,
+	spec *networking.DestinationRule, st *EdgeStatus) *clientnetworkingv1.DestinationRule {
 	if cfg.LBPolicy == xds.LBBands {
 		// Istio accepts simple beside localityLbSetting (pkg/config/validation/validation.go,
 		// validateLoadBalancer: "simple load balancing is always valid") and applies them
@@ -325,7 +358,7 @@ func edgeRule(cfg RulesConfig, p *LocalityPlan, caller, callee *optimizer.Servic
 		dr.Annotations[BasedOnAnnotation] = st.BasedOn
 	}
 	proto.Merge(&dr.Spec, spec) // Spec is a value holding a proto state: fill it by merging
-	return dr, ""
+	return dr
 }
 
 // RuleName is the DestinationRule of the edge caller → callee: "edgeflow.CALLER.CALLEE.NS"
@@ -531,6 +564,9 @@ func MarshalRulesYAML(rules []*clientnetworkingv1.DestinationRule, rep *RulesRep
 			switch {
 			case e.Skipped != "":
 				fmt.Fprintf(&out, "# %s → %s: no rule: %s\n", e.Caller, e.Callee, e.Skipped)
+			case e.Pooled:
+				fmt.Fprintf(&out, "# %s → %s: %s, pooled near saturation: locality load balancing off, least-request over all endpoints\n",
+					e.Caller, e.Callee, e.Rule)
 			default:
 				fmt.Fprintf(&out, "# %s → %s: %s, largest rounding deviation %.2f points, %.2f%% of the edge's traffic moved by rounding",
 					e.Caller, e.Callee, e.Rule, e.MaxDeviation, 100*e.Deviation)

@@ -428,3 +428,65 @@ func TestDestinationRulesBands(t *testing.T) {
 		}
 	})
 }
+
+// TestDestinationRulesPooled: with xds.LBBands, an edge into a service the plan pools
+// (optimizer.Allocation.Pooled) gets a rule that turns locality load balancing off (enabled
+// false, no distribute: least-request over every endpoint) and says so in the report; without
+// bands, or for a service not pooled, the distribute weights stay.
+func TestDestinationRulesPooled(t *testing.T) {
+	t.Parallel()
+	p := planShop(t)
+	var callee string // the callee of the edge that gets a rule
+	_, rep := DestinationRules(RulesConfig{LBPolicy: xds.LBBands}, p, nil)
+	for _, e := range rep.Edges {
+		if e.Rule != "" {
+			callee = e.Callee
+		}
+	}
+	pooled := *p
+	alloc := *p.Allocation
+	alloc.Pooled = []string{callee}
+	pooled.Allocation = &alloc
+	for _, tt := range []struct {
+		name       string
+		lb         xds.LBPolicy
+		plan       *LocalityPlan
+		wantPooled bool
+	}{
+		{"bands, pooled", xds.LBBands, &pooled, true},
+		{"bands, not pooled", xds.LBBands, p, false},
+		{"round-robin ignores pooling", xds.LBRoundRobin, &pooled, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rules, rep := DestinationRules(RulesConfig{LBPolicy: tt.lb}, tt.plan, nil)
+			if len(rules) != 1 {
+				t.Fatalf("%d rules: %+v", len(rules), rep.Edges)
+			}
+			lb := rules[0].Spec.GetTrafficPolicy().GetLoadBalancer()
+			set := lb.GetLocalityLbSetting()
+			if tt.wantPooled {
+				if set.GetEnabled() == nil || set.GetEnabled().GetValue() || len(set.GetDistribute()) > 0 || lb.GetSimple() != networking.LoadBalancerSettings_LEAST_REQUEST {
+					t.Errorf("loadBalancer %v: want localityLbSetting enabled false without distribute, simple LEAST_REQUEST", lb)
+				}
+			} else if !set.GetEnabled().GetValue() || len(set.GetDistribute()) == 0 {
+				t.Errorf("loadBalancer %v: want the distribute weights", lb)
+			}
+			var pooledEdges int
+			for _, e := range rep.Edges {
+				if e.Pooled {
+					pooledEdges++
+				}
+			}
+			if (pooledEdges == 1) != tt.wantPooled {
+				t.Errorf("%d edges reported pooled, want pooled %v", pooledEdges, tt.wantPooled)
+			}
+			out, err := MarshalRulesYAML(rules, rep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(string(out), "pooled near saturation"); got != tt.wantPooled {
+				t.Errorf("YAML report says pooled %v, want %v:\n%s", got, tt.wantPooled, out)
+			}
+		})
+	}
+}
