@@ -57,6 +57,14 @@ func TestPredictedOwnTimeMS(t *testing.T) {
 			"front": 1000 / 70.0, "back.shop": (45*1000/55.0 + 35*1000/25.0) / 80}},
 		// b-1 planned at 45 + 15 = 60, its service rate: no finite sojourn, no prediction.
 		{"a pod at its rate", ownTimeWorld(), ownTimeRoutes(45), map[string]float64{}},
+		// back's pods request 2 cores: each is M/M/2, whose sojourn is 1/(μ₁(1 − ρ²)) with
+		// μ₁ = μ/2, ρ = ℓ/μ (b-0: 45 of 100, b-1: 35 of 60); 2.1 cores (a sidecar's 0.1) too.
+		{"two cores", withCPU(ownTimeWorld(), 2000), ownTimeRoutes(20), map[string]float64{
+			"back.shop": (45*mm2(45, 100) + 35*mm2(35, 60)) / 80}},
+		{"two cores and a sidecar", withCPU(ownTimeWorld(), 2100), ownTimeRoutes(20), map[string]float64{
+			"back.shop": (45*mm2(45, 100) + 35*mm2(35, 60)) / 80}},
+		// 1.4 cores: one server, M/M/1.
+		{"one core and a bit", withCPU(ownTimeWorld(), 1400), ownTimeRoutes(20), map[string]float64{"back.shop": (45*1000/55.0 + 35*1000/25.0) / 80}},
 		// No allocation: the ingress alone, b-0 at 5 of 100, b-1 at 15 of 60.
 		{"no allocation", ownTimeWorld(), nil, map[string]float64{"back.shop": (5*1000/95.0 + 15*1000/45.0) / 20}},
 	} {
@@ -87,4 +95,16 @@ func TestPredictedOwnTimeMatchesQueueCost(t *testing.T) {
 	if sum := got["b"] * 100; math.Abs(sum-a.QueueCost) > 1e-9*a.QueueCost {
 		t.Errorf("b's predicted own time %.6g ms × 100 req/s = %.9g, want the plan's queue cost %.9g", got["b"], sum, a.QueueCost)
 	}
+}
+
+// withCPU sets back.shop's CPU request, millicores.
+func withCPU(t *Topology, milli int64) *Topology {
+	t.Services[1].CPU = milli
+	return t
+}
+
+// mm2 is the M/M/2 mean sojourn in ms of a pod of total rate mu at load l: 1/(μ₁(1 − ρ²)).
+func mm2(l, mu float64) float64 {
+	rho := l / mu
+	return 1000 / (mu / 2 * (1 - rho*rho))
 }

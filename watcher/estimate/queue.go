@@ -1,6 +1,6 @@
 package estimate
 
-import "math"
+import "github.com/edgeflow/edgeflow/optimizer"
 
 // mmcCapacity inverts the M/M/c queue: it returns the capacity c·μ₁ (requests/s) of the c-server
 // queue whose mean sojourn time at arrival rate lambda (requests/s) is sojourn (seconds). For
@@ -28,19 +28,5 @@ func mmcCapacity(lambda, sojourn float64, c int) float64 {
 	return cf * (lo + (hi-lo)/2)
 }
 
-// mmcSojourn is the mean sojourn time (seconds) of an M/M/c queue with arrival rate lambda and
-// per-server rate mu1 (requests/s): 1/μ₁ + C(c, λ/μ₁) / (cμ₁ − λ), with C Erlang's C formula;
-// +Inf if λ ≥ cμ₁.
-func mmcSojourn(lambda, mu1 float64, c int) float64 {
-	cf := float64(c)
-	if lambda >= cf*mu1 {
-		return math.Inf(1)
-	}
-	a := lambda / mu1 // offered load, erlangs
-	b := 1.0          // Erlang B, by its recursion over the servers
-	for k := 1; k <= c; k++ {
-		b = a * b / (float64(k) + a*b)
-	}
-	wait := b / (1 - a/cf*(1-b)) // Erlang C: the probability of waiting
-	return 1/mu1 + wait/(cf*mu1-lambda)
-}
+// mmcSojourn is optimizer.MMcSojourn: the M/M/c queue's mean sojourn time, seconds.
+func mmcSojourn(lambda, mu1 float64, c int) float64 { return optimizer.MMcSojourn(lambda, mu1, c) }
