@@ -12,7 +12,7 @@ HELM        := $(CACHE)/bin/helm-$(HELM_VERSION)/helm
 KUBE_VERSION := v1.37.2
 FUZZTIME    ?= 20s
 
-.PHONY: all build demo test test-lint test-unit test-e2e test-quiet test-istio test-ui test-smoke prebuild-unit prebuild-e2e prebuild-istio prebuild-smoke lint k8s helm manifests e2e-istio e2e-ui e2e-reproduce reproduce reproduce-report fuzz bench bench-solver bench-push bench-watch clean
+.PHONY: all build demo docs test test-lint test-unit test-e2e test-quiet test-istio test-ui test-smoke prebuild-unit prebuild-e2e prebuild-istio prebuild-smoke lint k8s helm manifests e2e-istio e2e-ui e2e-reproduce reproduce reproduce-report fuzz bench bench-solver bench-push bench-watch clean
 
 all: build
 
@@ -147,6 +147,10 @@ $(HELM):
 ## (e2e/install's TestManifestsUpToDate fails when it is stale)
 manifests: $(HELM)
 	$(HELM) template edgeflow install/helm/edgeflow --namespace edgeflow --kube-version $(KUBE_VERSION) > install/manifests/edgeflow.yaml
+
+## docs: the CLI reference, docs/reference/cli (cmd/edgeflow's TestCLIDocsUpToDate fails when it is stale)
+docs:
+	$(GO) run ./cmd/edgeflow docs docs/reference/cli
 
 lint: $(STATICCHECK)
 	@fmt=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$fmt" ]; then echo "gofmt would change:"; echo "$$fmt"; exit 1; fi
