@@ -18,11 +18,11 @@ const CLIDocsDir = "docs/reference/cli"
 
 func newDocsCommand() *cobra.Command {
 	return &cobra.Command{
-		Use:    "docs DIR",
-		Short:  "Write the CLI reference, one Markdown page per command, into DIR",
-		Long:   "docs writes the reference of every command (its synopsis, usage, examples and flags, as --help\nprints them) as Markdown, one page per command, into DIR, replacing the pages there; make docs runs it\nfor " + CLIDocsDir + ".",
-		Hidden: true,
-		Args:   cobra.ExactArgs(1),
+		Use:     "docs DIR",
+		Short:   "Write the CLI reference, one Markdown page per command, into DIR",
+		Long:    "docs writes the reference of every command (its synopsis, usage, examples and flags, as --help\nprints them) as Markdown, one page per command, into DIR, replacing the pages there; make docs runs it\nfor " + CLIDocsDir + ".",
+		Hidden:  true,
+		Args:    cobra.ExactArgs(1),
 		Example: "  edgeflow docs " + CLIDocsDir,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			pages := cliPages(cmd.Root())
