@@ -19,8 +19,17 @@ type UninstallResult struct {
 	WebhookKept bool
 	// GatesReleased counts the pods whose edgeflow.io/placement gate was lifted.
 	GatesReleased int
+	// Gated lists those pods (NAMESPACE/NAME).
+	Gated []string
 	// StateRemoved lists the state ConfigMaps deleted (NAMESPACE/NAME).
 	StateRemoved []string
+}
+
+// UninstallConfig configures Uninstall.
+type UninstallConfig struct {
+	// DryRun: find what Uninstall would remove and change nothing (the result says what it
+	// found: WebhookRemoved for an edgeflow registration present, the gated pods, the state).
+	DryRun bool
 }
 
 // Uninstall removes what the rebalancer put in the cluster, in an order that leaves no pod
@@ -29,8 +38,8 @@ type UninstallResult struct {
 // pod's other gates kept); then the state ConfigMaps (labelled ManagedByLabel and
 // ComponentLabel, in every namespace). It is idempotent: a second run finds nothing and
 // succeeds. Stop the rebalancer first, or its leader may gate a replacement meanwhile (a gate
-// it set is lifted within its gate timeout in any case).
-func Uninstall(ctx context.Context, cs kubernetes.Interface) (UninstallResult, error) {
+// it set is lifted within its gate timeout in any case). With cfg.DryRun it only reads.
+func Uninstall(ctx context.Context, cs kubernetes.Interface, cfg UninstallConfig) (UninstallResult, error) {
 	var res UninstallResult
 	wh, err := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, WebhookName, metav1.GetOptions{})
 	switch {
@@ -39,6 +48,8 @@ func Uninstall(ctx context.Context, cs kubernetes.Interface) (UninstallResult, e
 		return res, fmt.Errorf("rebalancer: uninstall: the webhook registration %s: %w", WebhookName, err)
 	case wh.Labels[ManagedByLabel] != ManagedByValue:
 		res.WebhookKept = true
+	case cfg.DryRun:
+		res.WebhookRemoved = true
 	default:
 		err := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, WebhookName,
 			metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &wh.UID}})
@@ -59,6 +70,11 @@ func Uninstall(ctx context.Context, cs kubernetes.Interface) (UninstallResult, e
 			if !hasGate(p) {
 				continue
 			}
+			if cfg.DryRun {
+				res.GatesReleased++
+				res.Gated = append(res.Gated, p.Namespace+"/"+p.Name)
+				continue
+			}
 			patch, err := releasePatch(p, "", metav1.Now().Time)
 			if err != nil {
 				return res, err
@@ -71,6 +87,7 @@ func Uninstall(ctx context.Context, cs kubernetes.Interface) (UninstallResult, e
 				return res, fmt.Errorf("rebalancer: uninstall: releasing pod %s/%s: %w", p.Namespace, p.Name, err)
 			}
 			res.GatesReleased++
+			res.Gated = append(res.Gated, p.Namespace+"/"+p.Name)
 		}
 		if pods.Continue == "" {
 			break
@@ -84,6 +101,10 @@ func Uninstall(ctx context.Context, cs kubernetes.Interface) (UninstallResult, e
 		return res, fmt.Errorf("rebalancer: uninstall: listing the state ConfigMaps: %w", err)
 	}
 	for _, cm := range cms.Items {
+		if cfg.DryRun {
+			res.StateRemoved = append(res.StateRemoved, cm.Namespace+"/"+cm.Name)
+			continue
+		}
 		err := cs.CoreV1().ConfigMaps(cm.Namespace).Delete(ctx, cm.Name, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return res, fmt.Errorf("rebalancer: uninstall: deleting the state %s/%s: %w", cm.Namespace, cm.Name, err)

@@ -404,7 +404,7 @@ func TestUninstallReleasesGates(t *testing.T) {
 		t.Fatalf("the leader left no state: %v", err)
 	}
 
-	res, err := rebalancer.Uninstall(w.ctx, w.cs)
+	res, err := rebalancer.Uninstall(w.ctx, w.cs, rebalancer.UninstallConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +428,7 @@ func TestUninstallReleasesGates(t *testing.T) {
 	testkit.Eventually(t, 30*time.Second, "every pod running", func() bool {
 		return w.allRunning() && len(w.pods("frontend")) == 3 && len(w.pods("backend")) == 3
 	})
-	again, err := rebalancer.Uninstall(w.ctx, w.cs)
+	again, err := rebalancer.Uninstall(w.ctx, w.cs, rebalancer.UninstallConfig{})
 	if err != nil || again.WebhookRemoved || again.GatesReleased != 0 || len(again.StateRemoved) != 0 {
 		t.Errorf("a second uninstall: %+v, %v: want nothing to do", again, err)
 	}

@@ -270,6 +270,33 @@ func (r *Reconciler) Uninstall(ctx context.Context) error {
 	return errors.Join(append(errs, r.deleteConfigMaps(ctx, cms)...)...)
 }
 
+// Managed lists what Uninstall would delete, as "EnvoyFilter NAMESPACE/NAME" and "ConfigMap
+// NAMESPACE/NAME", in the order it deletes them; it writes nothing (uninstall --dry-run).
+// Without Istio's CRDs it lists the ConfigMaps alone.
+func (r *Reconciler) Managed(ctx context.Context) ([]string, error) {
+	var out []string
+	list, err := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace()).List(ctx, metav1.ListOptions{LabelSelector: managedSelector})
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return nil, fmt.Errorf("xds/istio: list EnvoyFilters in %s: %w", r.cfg.Filters.namespace(), err)
+	default:
+		slices.SortFunc(list.Items, func(a, b *clientnetworking.EnvoyFilter) int { return strings.Compare(a.Name, b.Name) })
+		for _, f := range list.Items {
+			out = append(out, "EnvoyFilter "+f.Namespace+"/"+f.Name)
+		}
+	}
+	cms, err := r.ownedConfigMaps(ctx)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(cms, func(a, b *corev1.ConfigMap) int { return strings.Compare(a.Namespace, b.Namespace) })
+	for _, cm := range cms {
+		out = append(out, "ConfigMap "+cm.Namespace+"/"+cm.Name)
+	}
+	return out, nil
+}
+
 // deleteFilters deletes filters, by name; one already gone is no error.
 func (r *Reconciler) deleteFilters(ctx context.Context, filters []*clientnetworking.EnvoyFilter) []error {
 	slices.SortFunc(filters, func(a, b *clientnetworking.EnvoyFilter) int { return strings.Compare(a.Name, b.Name) })

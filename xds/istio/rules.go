@@ -311,6 +311,27 @@ func (r *RulesReconciler) Uninstall(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// Managed lists what Uninstall would delete, as "DestinationRule NAMESPACE/NAME" sorted; it
+// writes nothing (uninstall --dry-run). Without Istio's CRDs the list is empty.
+func (r *RulesReconciler) Managed(ctx context.Context) ([]string, error) {
+	list, err := r.cfg.Client.NetworkingV1().DestinationRules(metav1.NamespaceAll).List(ctx,
+		metav1.ListOptions{LabelSelector: ManagedByLabel + "=" + ManagedByValue})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("xds/istio: list DestinationRules: %w", err)
+	}
+	var out []string
+	for _, dr := range list.Items {
+		if strings.HasPrefix(dr.Name, ruleNamePrefix) {
+			out = append(out, "DestinationRule "+dr.Namespace+"/"+dr.Name)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
 func (r *RulesReconciler) delete(ctx context.Context, dr *clientnetworkingv1.DestinationRule) error {
 	key := dr.Namespace + "/" + dr.Name
 	var opts metav1.DeleteOptions
