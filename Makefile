@@ -143,10 +143,11 @@ helm: $(HELM)
 $(HELM):
 	GOBIN=$(dir $(HELM)) $(NICE) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
-## manifests: install/manifests/edgeflow.yaml, the chart rendered with its default values
-## (e2e/install's TestManifestsUpToDate fails when it is stale)
+## manifests: install/manifests/edgeflow.yaml, the chart rendered with its default values and
+## without its Helm hooks (the cleanup Jobs: with plain manifests, run edgeflow uninstall
+## yourself); e2e/install's TestManifestsUpToDate fails when it is stale
 manifests: $(HELM)
-	$(HELM) template edgeflow install/helm/edgeflow --namespace edgeflow --kube-version $(KUBE_VERSION) > install/manifests/edgeflow.yaml
+	$(HELM) template edgeflow install/helm/edgeflow --namespace edgeflow --kube-version $(KUBE_VERSION) --no-hooks > install/manifests/edgeflow.yaml
 
 ## docs: the CLI reference, docs/reference/cli (cmd/edgeflow's TestCLIDocsUpToDate fails when it is stale)
 docs:

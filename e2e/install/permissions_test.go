@@ -94,7 +94,7 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 		"rebalancer":       map[string]any{"mode": "act", "period": "3s", "minAge": "1s"},
 		"webhook":          map[string]any{"certificate": "secret", "caBundle": base64.StdEncoding.EncodeToString(webhookCert)},
 	}
-	objs := render(t, values)
+	objs := withoutHooks(render(t, values)) // helm install creates the hooks only when their event comes
 	if got, want := granted(t, objs), expected(features{rebalance: true, act: true, dr: true, labelNodes: true, namespaced: true}); !slices.Equal(got, want) {
 		t.Fatalf("the chart grants %v, the table %v", got, want)
 	}
@@ -422,13 +422,20 @@ func (a *apps) pointWebhookAt(addr string, ca []byte) {
 // TokenRequest API, as the kubelet's projected token): what in-cluster configuration would
 // give the process, which reads its token and CA from fixed paths under /var/run/secrets.
 func (a *apps) tokenKubeconfig(server string) string {
+	return saKubeconfig(a.t, a.ctx, a.cs, "edgeflow", server)
+}
+
+// saKubeconfig writes a kubeconfig holding a TokenRequest token of the ServiceAccount sa in
+// the release namespace.
+func saKubeconfig(t *testing.T, ctx context.Context, cs kubernetes.Interface, sa, server string) string {
+	t.Helper()
 	secs := int64(3600)
-	tok, err := a.cs.CoreV1().ServiceAccounts(namespace).CreateToken(a.ctx, "edgeflow",
+	tok, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &secs}}, metav1.CreateOptions{})
 	if err != nil {
-		a.t.Fatal(err)
+		t.Fatal(err)
 	}
-	f := filepath.Join(a.t.TempDir(), "kubeconfig")
+	f := filepath.Join(t.TempDir(), "kubeconfig")
 	cfg := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters: [{name: c, cluster: {server: %q, insecure-skip-tls-verify: true}}]
@@ -437,7 +444,7 @@ contexts: [{name: c, context: {cluster: c, user: edgeflow}}]
 current-context: c
 `, server, tok.Status.Token)
 	if err := os.WriteFile(f, []byte(cfg), 0o600); err != nil {
-		a.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return f
 }
@@ -591,6 +598,12 @@ func destinationRules(t *testing.T, ctx context.Context, cl *client, ns string) 
 // fails the test.
 func auditedRequests(t *testing.T, path string) map[string]bool {
 	t.Helper()
+	return auditedRequestsOf(t, path, saUser)
+}
+
+// auditedRequestsOf is auditedRequests for the account user.
+func auditedRequestsOf(t *testing.T, path, user string) map[string]bool {
+	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -614,11 +627,11 @@ func auditedRequests(t *testing.T, path string) map[string]bool {
 				Code int `json:"code"`
 			} `json:"responseStatus"`
 		}
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil || ev.User.Username != saUser || ev.Stage != "ResponseComplete" {
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil || ev.User.Username != user || ev.Stage != "ResponseComplete" {
 			continue
 		}
 		if ev.ResponseStatus != nil && ev.ResponseStatus.Code == http.StatusForbidden {
-			t.Errorf("the API server refused edgeflow: %s %s", ev.Verb, ev.RequestURI)
+			t.Errorf("the API server refused %s: %s %s", user, ev.Verb, ev.RequestURI)
 		}
 		if ev.ObjectRef == nil {
 			out["nonResource "+strings.SplitN(ev.RequestURI, "?", 2)[0]+" "+ev.Verb] = true
