@@ -17,7 +17,8 @@ type Check struct {
 }
 
 // Checks reports each input's state: kubernetes (synced, watches failing), prometheus (the
-// last query round), latency (names that match no node, the degraded plan, unreachable pairs)
+// last query round), latency (names that match no node, the degraded plan, contested node pairs
+// and pods; unreachable pairs named, not failed)
 // and, with a model-error breaker, closed-loop (the services it tripped, served as lata: OK
 // all the same, for the plan still serves them). It is safe for concurrent use.
 func (c *Live) Checks() []Check {
@@ -76,6 +77,12 @@ func (c *Live) Checks() []Check {
 	}
 	if ls.unreach != "" {
 		lat.Message += "; unreachable pairs (at the unreachable latency): " + ls.unreach
+	}
+	if ls.contested != "" {
+		// Degraded (/readyz stays 200: a pusher that can add a series must not take replicas
+		// out of service).
+		lat.OK = false
+		lat.Message += "; contested (series from more than one scrape; their last trusted values kept): " + ls.contested
 	}
 	lat.Message += "; " + ls.why
 	return append(checks, lat)

@@ -175,6 +175,7 @@ type latencyState struct {
 	usable    bool     // at least one measured pair between known nodes
 	merged    bool     // a Merge has run
 	unreach   string   // prom.DescribeUnreachable of the measurements
+	contested string   // prom.DescribeContested of the measurements
 	// granularity is the topology's (optimizer.LatencyPerNode or LatencyPerZone), why says
 	// why, as /readyz and the log show it.
 	granularity, why string

@@ -111,6 +111,7 @@ func (c *Live) matchLatency(ks *kube.State, meas *prom.Measurements) (map[prom.P
 		return nil, ls
 	}
 	ls.unreach = prom.DescribeUnreachable(meas, 10)
+	ls.contested = prom.DescribeContested(meas, 10)
 	known := make(map[string]bool, len(ks.Nodes))
 	for _, n := range ks.Nodes {
 		known[n.Name] = true

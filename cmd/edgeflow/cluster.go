@@ -42,6 +42,7 @@ type clusterFlags struct {
 	promWindow     time.Duration
 	scrapeInterval time.Duration
 	probeJob       string
+	probePins      string
 	latencyQuery   string
 	successQuery   string
 	sourceLabel    string
@@ -184,6 +185,7 @@ func (f *clusterFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.scrapeInterval, "scrape-interval", 0, "the probe job's scrape interval (default: read from Prometheus's /api/v1/targets for --probe-job, else 15s)")
 	fl.DurationVar(&f.promWindow, "prometheus-window", 0, "window of the queries ($window; default 4 × the scrape interval)")
 	fl.StringVar(&f.probeJob, "probe-job", prom.DefaultProbeJob, "job label of the blackbox-exporter ICMP probe series ($job): the default queries read only this job")
+	fl.StringVar(&f.probePins, "probe-pins", prom.PinTargets, "which probe series are trusted: targets (only those carrying every label of one of --probe-job's active targets in Prometheus's /api/v1/targets) or off (every series of the job; for an API without /api/v1/targets); a node pair with more than one series is contested either way")
 	fl.StringVar(&f.latencyQuery, "latency-query", prom.DefaultLatencyQuery, "PromQL for node-to-node RTT in seconds over answered probes (NaN or no series when none was answered), one series per ordered node pair; placeholders $window, $scrape_interval, $job, $source_label, $target_label")
 	fl.StringVar(&f.successQuery, "probe-success-query", prom.DefaultSuccessQuery, "PromQL for the share of answered probes per node pair (same placeholders; \"-\": none, every RTT counts as answered)")
 	fl.StringVar(&f.sourceLabel, "latency-source-label", prom.DefaultSourceLabel, "label of the latency series naming the probing node ($source_label)")
@@ -320,7 +322,7 @@ func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, chec
 			return nil, badInput("--prometheus-max-series %d, --prometheus-max-response-bytes %d: want positive numbers", f.maxSeries, f.maxBytes)
 		}
 		pc := prom.Config{URL: f.prometheusURL, HTTP: f.httpConfig(), Interval: f.promInterval, ScrapeInterval: f.scrapeInterval, Window: f.promWindow,
-			ProbeJob: f.probeJob, LatencyQuery: f.latencyQuery, SuccessQuery: f.successQuery, SourceLabel: f.sourceLabel, TargetLabel: f.targetLabel,
+			ProbeJob: f.probeJob, ProbePins: f.probePins, Namespaces: f.namespaces, LatencyQuery: f.latencyQuery, SuccessQuery: f.successQuery, SourceLabel: f.sourceLabel, TargetLabel: f.targetLabel,
 			CallsQuery: f.callsQuery, MaxProbeLoss: f.maxProbeLoss, UnreachableMS: float64(f.unreachable) / float64(time.Millisecond),
 			HysteresisRelative: f.hystRel, HysteresisLatencyMS: f.hystMS, HysteresisRPS: f.hystRPS, HysteresisCores: f.hystCores,
 			PodRequestsQuery: f.podRequests, PodInboundQuery: f.podInbound, PodDownstreamQuery: f.podDownstream, PodCPUQuery: f.podCPU,

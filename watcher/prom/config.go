@@ -33,18 +33,20 @@ const (
 	// scrape configuration names it (e2e/testbed's ScrapeConfig, the install's Prometheus
 	// configuration). The default queries read only this job's series.
 	DefaultProbeJob = "edgeflow-icmp"
-	// DefaultLatencyQuery is the median RTT over the answered probes of the window, per pair:
-	// blackbox-exporter reports phase="rtt" 0 for a lost probe, so only samples above 0 count
-	// (a pair that answered nothing has no series: its success ratio of 0 makes it unreachable,
-	// never 0 ms). The median, not the mean: an RTT spike on a busy node (one probe read 20–60
-	// ms late) would move a mean of 4 samples by a quarter of itself, and with it the plan. The
-	// samples are taken by a subquery at the probe job's scrape interval, so the newest probe
-	// counts up to one interval later than in a plain range; several series of a pair (more
-	// than one exporter) give the median of their medians.
-	DefaultLatencyQuery = `quantile by ($source_label, $target_label) (0.5, quantile_over_time(0.5,` +
-		` (probe_icmp_duration_seconds{job="$job",phase="rtt"} > 0)[$window:$scrape_interval]))`
-	// DefaultSuccessQuery is the share of the window's probes that were answered, per pair.
-	DefaultSuccessQuery = `avg by ($source_label, $target_label) (avg_over_time(probe_success{job="$job"}[$window]))`
+	// DefaultLatencyQuery is the median RTT over the answered probes of the window, per probe
+	// series: blackbox-exporter reports phase="rtt" 0 for a lost probe, so only samples above 0
+	// count (a pair that answered nothing has no series: its success ratio of 0 makes it
+	// unreachable, never 0 ms). The median, not the mean: an RTT spike on a busy node (one probe
+	// read 20–60 ms late) would move a mean of 4 samples by a quarter of itself, and with it the
+	// plan. The samples are taken by a subquery at the probe job's scrape interval, so the newest
+	// probe counts up to one interval later than in a plain range. No aggregation across series:
+	// each series keeps its labels (job, instance, the node labels), which the Source checks
+	// against the probe job's targets, and a pair with more than one series is contested (see
+	// Source).
+	DefaultLatencyQuery = `quantile_over_time(0.5, (probe_icmp_duration_seconds{job="$job",phase="rtt"} > 0)[$window:$scrape_interval])`
+	// DefaultSuccessQuery is the share of the window's probes that were answered, per probe
+	// series (labels kept, as DefaultLatencyQuery's).
+	DefaultSuccessQuery = `avg_over_time(probe_success{job="$job"}[$window])`
 	DefaultSourceLabel  = "source_node"
 	DefaultTargetLabel  = "target_node"
 	DefaultLatencyUnit  = 1000.0 // seconds → ms
@@ -55,21 +57,23 @@ const (
 		` (rate(istio_requests_total{reporter=~"source|destination"}[$window]))`
 	// DefaultPodRequestsQuery is the requests each pod completed in the window: its own
 	// sidecar's count (reporter="destination"), by the scrape's pod and namespace labels, as
-	// Istio's sample scrape job (kubernetes-pods) adds them.
-	DefaultPodRequestsQuery = `sum by (namespace, pod) (increase(istio_requests_total{reporter="destination"}[$window]))`
+	// Istio's sample scrape job (kubernetes-pods) adds them. The pod-load queries keep the
+	// scrape's job and instance: a pod's series from more than one scrape are contested (see
+	// Source).
+	DefaultPodRequestsQuery = `sum by (namespace, pod, job, instance) (increase(istio_requests_total{reporter="destination"}[$window]))`
 	// DefaultPodInboundQuery is the summed duration, in ms, of the requests each pod completed in
 	// the window (arrival to response, as its sidecar measures it). A sum, divided by the
 	// requests for a mean, not a quantile from the buckets: Envoy's default buckets are too
 	// coarse for hops of 1–10 ms.
-	DefaultPodInboundQuery = `sum by (namespace, pod) (increase(istio_request_duration_milliseconds_sum{reporter="destination"}[$window]))`
+	DefaultPodInboundQuery = `sum by (namespace, pod, job, instance) (increase(istio_request_duration_milliseconds_sum{reporter="destination"}[$window]))`
 	// DefaultPodDownstreamQuery is the summed duration, in ms, of the calls each pod made in the
 	// window, as its own sidecar measured them (reporter="source", by the calling pod): the time
 	// the pod spent waiting on its callees.
-	DefaultPodDownstreamQuery = `sum by (namespace, pod) (increase(istio_request_duration_milliseconds_sum{reporter="source"}[$window]))`
+	DefaultPodDownstreamQuery = `sum by (namespace, pod, job, instance) (increase(istio_request_duration_milliseconds_sum{reporter="source"}[$window]))`
 	// DefaultPodCPUQuery is the CPU-seconds each pod's application containers used in the
 	// window, from cAdvisor's per-container series: container!="" leaves out the pod's own
 	// cgroup (which would count its containers twice), and the sidecar is not the application.
-	DefaultPodCPUQuery = `sum by (namespace, pod) (increase(container_cpu_usage_seconds_total{container!="",container!="istio-proxy"}[$window]))`
+	DefaultPodCPUQuery = `sum by (namespace, pod, job, instance) (increase(container_cpu_usage_seconds_total{container!="",container!="istio-proxy"}[$window]))`
 
 	// The hysteresis thresholds (Config.Hysteresis…).
 	DefaultHysteresisRelative  = 0.05
@@ -100,6 +104,24 @@ const DisableLoad = "-"
 const (
 	LabelNamespace = "namespace"
 	LabelPod       = "pod"
+)
+
+// The labels Prometheus gives every scraped series: the scrape job and the target.
+const (
+	LabelJob      = "job"
+	LabelInstance = "instance"
+)
+
+// ProbePins says which probe series the Source trusts (Config.ProbePins).
+const (
+	// PinTargets: a probe series counts only if it carries every label of an active target of
+	// the probe job, as Prometheus's /api/v1/targets lists them (job, instance, the node
+	// labels): the scrape that should produce it.
+	PinTargets = "targets"
+	// PinOff trusts every series of the probe job (for a Prometheus-compatible API without
+	// /api/v1/targets, or latency queries that aggregate the labels away). A pair with more
+	// than one series is still contested.
+	PinOff = "off"
 )
 
 // Placeholders in a query, replaced before it is sent.
@@ -168,12 +190,19 @@ type Config struct {
 	// LatencyQuery returns one series per measured (source node, target node) pair, labelled by
 	// SourceLabel and TargetLabel, in the unit LatencyUnit converts to ms: the RTT over the
 	// answered probes (the default takes their median), NaN or no series when none was
-	// answered. Several series for one pair are averaged.
+	// answered. With ProbePins PinTargets it must keep each series' target labels (job,
+	// instance): a series without them is not trusted. A pair with more than one (trusted)
+	// series is contested and keeps its last trusted value (see Source).
 	// Default DefaultLatencyQuery.
 	LatencyQuery string
 	// SuccessQuery returns the share of answered probes (0 to 1) per pair, labelled as
 	// LatencyQuery. Default DefaultSuccessQuery; DisableSuccess ("-") turns it off.
 	SuccessQuery string
+	// ProbePins is PinTargets (the default) or PinOff: which probe series are trusted.
+	ProbePins string
+	// Namespaces are the managed namespaces: call edges whose caller or callee is elsewhere,
+	// and pod loads of pods elsewhere, are not read (dropped uncounted). Empty means all.
+	Namespaces []string
 	// SourceLabel and TargetLabel name the probing node and the probed node
 	// (default "source_node", "target_node", the documented label convention).
 	SourceLabel, TargetLabel string
@@ -285,6 +314,18 @@ func defaults(cfg *Config) error {
 	}
 	if strings.ContainsAny(cfg.ProbeJob, "\"\\\n") {
 		return bad("ProbeJob", "%q: a job name with a quote, backslash or newline cannot go into a label matcher", cfg.ProbeJob)
+	}
+	switch cfg.ProbePins {
+	case "":
+		cfg.ProbePins = PinTargets
+	case PinTargets, PinOff:
+	default:
+		return bad("ProbePins", "%q, want %q or %q", cfg.ProbePins, PinTargets, PinOff)
+	}
+	for _, ns := range cfg.Namespaces {
+		if ns == "" {
+			return bad("Namespaces", "an empty namespace name")
+		}
 	}
 	if cfg.LatencyQuery == "" {
 		cfg.LatencyQuery = DefaultLatencyQuery

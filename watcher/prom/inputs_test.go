@@ -117,7 +117,8 @@ func TestCallReportersDeduplicated(t *testing.T) {
 	}
 }
 
-// A response over the size or series cap fails the round with an error naming the query.
+// A response over the size or series cap fails its query's signal with an error naming the
+// query; the other signals flow (the calls here).
 func TestResponseCaps(t *testing.T) {
 	t.Parallel()
 	many := []series{}
@@ -133,8 +134,11 @@ func TestResponseCaps(t *testing.T) {
 		{"bytes", Config{MaxResponseBytes: 1000}, "response too large"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t, tt.cfg, &fakeProm{latency: many})
-			h.mustNotDeliver("over the cap")
+			h := newHarness(t, tt.cfg, &fakeProm{latency: many, calls: []series{call("shop/a", "shop/b", "5")}})
+			m := h.mustDeliver("the latency query over the cap, the calls flowing")
+			if len(m.Latency) != 0 || len(m.Calls) != 1 || m.Calls[0].RPS != 5 {
+				t.Errorf("delivered latency %v, calls %v: want no latency and the call rate", m.Latency, m.Calls)
+			}
 			st := h.src.Status()
 			if st.OK || !strings.Contains(st.Reason, tt.want) || !strings.Contains(st.Reason, "latency query") {
 				t.Errorf("Status: %+v, want a failure naming the latency query and %q", st, tt.want)

@@ -3,7 +3,6 @@ package prom
 import (
 	"cmp"
 	"context"
-	"errors"
 	"log/slog"
 	"maps"
 	"math"
@@ -33,9 +32,12 @@ type PodLoad struct {
 	// CPUSeconds is the CPU time the pod's application containers used (Config.PodCPUQuery).
 	CPUSeconds float64
 	// Stale says that at least one of the values is a last good one, kept because its series
-	// vanished from the latest answer or a pod-load query failed: the values are not all of the
-	// latest window.
+	// vanished from the latest answer, a pod-load query failed, or the pod is contested: the
+	// values are not all of the latest window.
 	Stale bool
+	// Contested says that a pod-load query answered series of this pod from more than one
+	// scrape (see Source): its values are the last trusted ones.
+	Contested bool
 }
 
 // Name is the pod as "namespace/pod".
@@ -72,37 +74,44 @@ func loadQueries(cfg *Config) [loadSignals]string {
 	return q
 }
 
-// queryLoad runs the pod-load queries that are on; a nil vector is a query that is off.
-func (s *Source) queryLoad(ctx context.Context, window time.Duration) ([loadSignals]model.Vector, error) {
-	var vecs [loadSignals]model.Vector
-	var errs []error
+// queryLoad runs the pod-load queries that are on; a nil vector is a query that is off or
+// failed, and errs holds each failed query's error: one query's failure fails only its signal.
+func (s *Source) queryLoad(ctx context.Context, window time.Duration) (vecs [loadSignals]model.Vector, errs [loadSignals]error) {
 	for sig, q := range loadQueries(&s.cfg) {
 		if q == DisableLoad {
 			continue
 		}
-		v, err := s.query(ctx, loadQueryNames[sig], s.expand(q, window))
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		vecs[sig] = v
+		vecs[sig], errs[sig] = s.query(ctx, loadQueryNames[sig], s.expand(q, window))
 	}
-	return vecs, errors.Join(errs...)
+	return vecs, errs
 }
 
-// parseLoad sums each pod-load vector per pod. A series without its pod labels, or with a value
-// that is NaN, infinite, negative or a histogram, is ignored and counted (see Source).
-func (s *Source) parseLoad(vecs [loadSignals]model.Vector, window time.Duration, seen map[string]bool) [loadSignals]map[PodRef]lastGood {
-	var out [loadSignals]map[PodRef]lastGood
+// parseLoad sums each pod-load vector per pod, and lists, per signal, the contested pods: those
+// whose series came from more than one scrape (job and instance) — a pod's sidecar or its
+// node's cAdvisor is one scrape, and under honor_labels another scrape can claim the pod's
+// labels, not remove the real series. A series without its pod labels, or with a value that is
+// NaN, infinite, negative or a histogram, is ignored and counted (see Source); one of a pod
+// outside the managed namespaces is dropped uncounted.
+func (s *Source) parseLoad(vecs [loadSignals]model.Vector, window time.Duration, seen map[string]bool) (out [loadSignals]map[PodRef]lastGood, contested [loadSignals]map[PodRef]bool) {
 	for sig, vec := range vecs {
-		out[sig] = map[PodRef]lastGood{}
+		out[sig], contested[sig] = map[PodRef]lastGood{}, map[PodRef]bool{}
 		name := loadQueryNames[sig]
+		scrapes := map[PodRef]model.Metric{} // the first scrape (job, instance) seen of each pod
 		for _, smp := range vec {
 			p := PodRef{Namespace: string(smp.Metric[LabelNamespace]), Name: string(smp.Metric[LabelPod])}
 			if p.Namespace == "" || p.Name == "" {
 				s.ignore(seen, name, reasonMissingLabel, smp.Metric, "prom: ignoring a pod-load series without its pod labels",
 					"labels", []string{LabelNamespace, LabelPod})
 				continue
+			}
+			if !s.managed(p.Namespace) {
+				continue
+			}
+			scrape := model.Metric{LabelJob: smp.Metric[LabelJob], LabelInstance: smp.Metric[LabelInstance]}
+			if first, ok := scrapes[p]; !ok {
+				scrapes[p] = scrape
+			} else if !first.Equal(scrape) {
+				contested[sig][p] = true
 			}
 			v := float64(smp.Value)
 			if smp.Histogram != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
@@ -115,21 +124,36 @@ func (s *Source) parseLoad(vecs [loadSignals]model.Vector, window time.Duration,
 			lg.window = window
 			out[sig][p] = lg
 		}
+		for p := range contested[sig] {
+			delete(out[sig], p)
+		}
 	}
-	return out
+	return out, contested
 }
 
 // mergeLoad folds one round's pod-load values into the last good ones (merge's rules, per
 // query): a pod has a load while PodRequestsQuery's answer has it, fresh or stale; the other
 // queries' values of pods without one are dropped, unlogged and uncounted (cAdvisor has every
-// pod of the cluster, most of them no mesh server). It sets the stale-series gauges.
-func (s *Source) mergeLoad(fresh [loadSignals]map[PodRef]lastGood, now time.Time) {
+// pod of the cluster, most of them no mesh server). A signal whose query failed (fresh nil) is
+// aged instead (ageLoad). A contested pod keeps its last trusted value, not stale. It sets the
+// stale-series and contested gauges.
+func (s *Source) mergeLoad(fresh [loadSignals]map[PodRef]lastGood, contested [loadSignals]map[PodRef]bool, now time.Time) {
 	queries := loadQueries(&s.cfg)
 	for sig := range loadSignals {
 		if queries[sig] == DisableLoad {
 			continue
 		}
 		name := loadQueryNames[sig]
+		if fresh[sig] == nil {
+			s.ageLoad(sig, now)
+			continue
+		}
+		for p := range contested[sig] {
+			if last, ok := s.load[sig][p]; ok {
+				fresh[sig][p] = last
+			}
+		}
+		s.contested.WithLabelValues(name).Set(float64(len(contested[sig])))
 		if sig != loadRequests {
 			maps.DeleteFunc(fresh[sig], func(p PodRef, _ lastGood) bool { _, ok := s.load[loadRequests][p]; return !ok })
 		}
@@ -147,26 +171,21 @@ func (s *Source) mergeLoad(fresh [loadSignals]map[PodRef]lastGood, now time.Time
 	}
 }
 
-// ageLoad is mergeLoad for a round whose pod-load queries failed: every pod's values are kept,
-// stale, and those last seen StaleAfter ago or more are forgotten. Nothing counts as vanished.
-func (s *Source) ageLoad(now time.Time) {
-	for sig, q := range loadQueries(&s.cfg) {
-		if q == DisableLoad {
+// ageLoad is mergeLoad for a signal whose query failed: every pod's value is kept, stale, and
+// those last seen StaleAfter ago or more are forgotten. Nothing counts as vanished.
+func (s *Source) ageLoad(sig loadSignal, now time.Time) {
+	var forgotten []string
+	for p, last := range s.load[sig] {
+		if now.Sub(last.seen) >= s.cfg.StaleAfter {
+			delete(s.load[sig], p)
+			forgotten = append(forgotten, p.String())
 			continue
 		}
-		var forgotten []string
-		for p, last := range s.load[sig] {
-			if now.Sub(last.seen) >= s.cfg.StaleAfter {
-				delete(s.load[sig], p)
-				forgotten = append(forgotten, p.String())
-				continue
-			}
-			last.stale = true
-			s.load[sig][p] = last
-		}
-		logChange(s.log, slog.LevelWarn, "prom: forgetting stale series", loadQueryNames[sig], forgotten)
-		s.stale.WithLabelValues(loadQueryNames[sig]).Set(float64(len(s.load[sig])))
+		last.stale = true
+		s.load[sig][p] = last
 	}
+	logChange(s.log, slog.LevelWarn, "prom: forgetting stale series", loadQueryNames[sig], forgotten)
+	s.stale.WithLabelValues(loadQueryNames[sig]).Set(float64(len(s.load[sig])))
 }
 
 // loads lists the pods' last good loads, sorted by namespace then pod.
@@ -174,6 +193,10 @@ func (s *Source) loads() []PodLoad {
 	var out []PodLoad
 	for p, req := range s.load[loadRequests] {
 		l := PodLoad{Namespace: p.Namespace, Pod: p.Name, Window: req.window, Requests: req.value, Stale: req.stale}
+		for sig := range loadSignals {
+			l.Contested = l.Contested || s.contestedLoad[sig][p]
+		}
+		l.Stale = l.Stale || l.Contested
 		for sig, v := range map[loadSignal]*float64{loadInbound: &l.InboundMSSum, loadDownstream: &l.DownstreamMSSum, loadCPU: &l.CPUSeconds} {
 			if last, ok := s.load[sig][p]; ok {
 				*v = last.value
@@ -188,8 +211,8 @@ func (s *Source) loads() []PodLoad {
 	return out
 }
 
-// loadFailed records a round whose pod-load queries failed (err) or succeeded (nil): Status's
-// LoadReason, and a log line once per failure streak and reason.
+// loadFailed records a round whose pod-load queries failed (err: each failed query's error) or
+// succeeded (nil): Status's LoadReason, and a log line once per failure streak and reason.
 func (s *Source) loadFailed(err error) {
 	reason := ""
 	if err != nil {

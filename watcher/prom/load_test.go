@@ -280,7 +280,7 @@ func TestPodLoadQueriesOff(t *testing.T) {
 	}
 	var sent []string
 	for _, r := range prom.requests() {
-		if q := r.Get("query"); strings.Contains(q, "by (namespace, pod)") {
+		if q := r.Get("query"); strings.Contains(q, "by (namespace, pod") {
 			sent = append(sent, loadQueryOf(q))
 		}
 	}
@@ -298,8 +298,11 @@ func TestPodLoadFailingQueryExpires(t *testing.T) {
 	prom.set(func(f *fakeProm) { f.loadFail = map[string]bool{queryPodRequests: true} })
 	h.advance(30 * time.Second)
 	h.mustNotDeliver("failing: the loads are kept, stale")
-	if n := h.metric(h.src.stale.WithLabelValues(queryPodCPU)); n != 1 {
-		t.Errorf("stale pod_cpu series = %v while the queries fail, want 1", n)
+	if n := h.metric(h.src.stale.WithLabelValues(queryPodRequests)); n != 1 {
+		t.Errorf("stale pod_requests series = %v while its query fails, want 1", n)
+	}
+	if n := h.metric(h.src.stale.WithLabelValues(queryPodCPU)); n != 0 {
+		t.Errorf("stale pod_cpu series = %v: its query answers, want 0", n)
 	}
 	h.advance(30 * time.Second)
 	m := h.mustDeliver("failing for StaleAfter: the loads are forgotten")
@@ -361,7 +364,7 @@ func FuzzParseLoad(f *testing.F) {
 				want[PodRef{s.ns, s.pod}] += s.v
 			}
 		}
-		out := src.parseLoad(vecs, time.Minute, map[string]bool{})
+		out, _ := src.parseLoad(vecs, time.Minute, map[string]bool{})
 		got := out[int(sig)%int(loadSignals)]
 		if len(got) != len(want) {
 			t.Fatalf("%d pods kept, want %d: %v", len(got), len(want), got)
@@ -399,7 +402,8 @@ func BenchmarkLoadRound(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		now = now.Add(2 * time.Second)
-		src.mergeLoad(src.parseLoad(vecs, time.Minute, map[string]bool{}), now)
+		fresh, contested := src.parseLoad(vecs, time.Minute, map[string]bool{})
+		src.mergeLoad(fresh, contested, now)
 		if n := len(src.loads()); n != pods {
 			b.Fatalf("%d loads, want %d", n, pods)
 		}

@@ -44,13 +44,19 @@ type Measurements struct {
 	// Stale holds the pairs whose series vanished from the query result (or carried a bad
 	// value); their value is the last good answer, kept for Config.StaleAfter.
 	Stale map[Pair]bool
+	// Contested holds the node pairs with more than one trusted probe series in the latest
+	// round (an honor_labels scrape claiming the probe job's labels, or a misconfiguration):
+	// a contested pair that was measured before keeps its last trusted value in Latency, one
+	// that was not is absent from it.
+	Contested map[Pair]bool
 	// Calls are the call rates, sorted by caller then callee (namespace, then name),
 	// including stale edges kept at their last good rate.
 	Calls []CallRate
 	// StaleCalls holds the call edges kept at their last good rate.
 	StaleCalls map[CallEdge]bool
 	// Load is each pod's load over the window, sorted by namespace then pod, including pods
-	// kept at their last good values (PodLoad.Stale); empty with the pod-load queries off.
+	// kept at their last good values (PodLoad.Stale) and contested ones (PodLoad.Contested);
+	// empty with the pod-load queries off.
 	Load []PodLoad
 	// Window is the window the queries used.
 	Window time.Duration
@@ -103,4 +109,29 @@ func DescribeUnreachable(m *Measurements, limit int) string {
 		fmt.Fprintf(&b, "%s (loss %.0f%%)", p, 100*m.Loss[p])
 	}
 	return b.String()
+}
+
+// DescribeContested lists m's contested node pairs and pods, sorted ("a→b, shop/p-1"), at most
+// limit of them (0: all) followed by how many more there are; "" when there are none.
+func DescribeContested(m *Measurements, limit int) string {
+	if m == nil {
+		return ""
+	}
+	var names []string
+	for p := range m.Contested {
+		names = append(names, p.String())
+	}
+	for _, l := range m.Load {
+		if l.Contested {
+			names = append(names, l.Name())
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	slices.Sort(names)
+	if limit > 0 && len(names) > limit {
+		return strings.Join(names[:limit], ", ") + fmt.Sprintf(" and %d more", len(names)-limit)
+	}
+	return strings.Join(names, ", ")
 }

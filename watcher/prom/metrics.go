@@ -18,6 +18,7 @@ const (
 	labelQuery  = "query"
 	labelResult = "result"
 	labelReason = "reason"
+	labelSignal = "signal"
 )
 
 // Query names, as in the metrics' query label.
@@ -37,6 +38,7 @@ const (
 	reasonBadValue     = "bad_value"
 	reasonMissingLabel = "missing_label"
 	reasonIncomplete   = "incomplete"
+	reasonUntrusted    = "untrusted"
 )
 
 // sourceMetrics are a Source's metrics (embedded in Source).
@@ -51,6 +53,7 @@ type sourceMetrics struct {
 	unreachable prometheus.Gauge
 	window      prometheus.Gauge
 	vanished    *prometheus.CounterVec
+	contested   *prometheus.GaugeVec
 }
 
 // newSourceMetrics makes the metrics of a Source of cfg (defaults applied), every series of its
@@ -88,7 +91,7 @@ func newSourceMetrics(cfg Config) (m sourceMetrics, err error) {
 			Namespace: metricNamespace,
 			Subsystem: metricSubsystem,
 			Name:      "ignored_samples_total",
-			Help:      "Samples ignored, by query and reason (bad_value: infinite, negative, out of range or a histogram; missing_label; incomplete: an RTT without a success ratio or the reverse).",
+			Help:      "Samples ignored, by query and reason (bad_value: infinite, negative, out of range or a histogram; missing_label; incomplete: an RTT without a success ratio or the reverse; untrusted: a probe series no target of the probe job produces).",
 		}, []string{labelQuery, labelReason}),
 		deliveries: f.NewCounter(prometheus.CounterOpts{
 			Namespace: metricNamespace,
@@ -120,6 +123,12 @@ func newSourceMetrics(cfg Config) (m sourceMetrics, err error) {
 			Name:      "series_vanished_total",
 			Help:      "Series that vanished from a query result (then kept stale), by query: a flapping series counts at every vanishing.",
 		}, []string{labelQuery}),
+		contested: f.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
+			Name:      "contested_series",
+			Help:      "Node pairs (signal latency) or pods (pod_requests, pod_inbound, pod_downstream, pod_cpu) whose series came from more than one scrape in the last round: each keeps its last trusted value.",
+		}, []string{labelSignal}),
 	}
 	names := []string{queryLatency}
 	if cfg.SuccessQuery != DisableSuccess {
@@ -139,6 +148,9 @@ func newSourceMetrics(cfg Config) (m sourceMetrics, err error) {
 		m.queries.WithLabelValues(q, "error")
 		m.ignored.WithLabelValues(q, reasonBadValue)
 		m.ignored.WithLabelValues(q, reasonMissingLabel)
+		if q == queryLatency || q == querySuccess {
+			m.ignored.WithLabelValues(q, reasonUntrusted)
+		}
 	}
 	stale := []string{queryLatency}
 	if cfg.CallsQuery != DisableCalls {
@@ -147,6 +159,9 @@ func newSourceMetrics(cfg Config) (m sourceMetrics, err error) {
 	for _, q := range append(stale, load...) {
 		m.stale.WithLabelValues(q)
 		m.vanished.WithLabelValues(q)
+	}
+	for _, q := range append([]string{queryLatency}, load...) {
+		m.contested.WithLabelValues(q)
 	}
 	return m, nil
 }

@@ -28,16 +28,20 @@ func (s *Source) pairOf(seen map[string]bool, query string, smp *model.Sample) (
 	return Pair{From: from, To: to}, true
 }
 
-// parseLatency combines the RTT and success vectors into one last good value per measured pair (see
-// Source's rules). Several series of a pair are averaged.
-func (s *Source) parseLatency(latVec, sucVec model.Vector, seen map[string]bool) map[Pair]lastGood {
+// parseLatency combines the RTT and success vectors into one last good value per measured pair
+// (see Source's rules), and lists the contested pairs: more than one trusted series in either
+// vector. A series that is not pinned (see pinned) is ignored, counted and logged; a contested
+// pair gets no value here.
+func (s *Source) parseLatency(latVec, sucVec model.Vector, seen map[string]bool) (map[Pair]lastGood, map[Pair]bool) {
 	rtt, n := map[Pair]float64{}, map[Pair]int{}
+	latSeries, sucSeries := map[Pair]int{}, map[Pair]int{}
 	noAnswer := map[Pair]bool{} // an RTT series that is NaN: no answered probe in the window
 	for _, smp := range latVec {
 		p, ok := s.pairOf(seen, queryLatency, smp)
-		if !ok {
+		if !ok || !s.trusted(seen, queryLatency, p, smp) {
 			continue
 		}
+		latSeries[p]++
 		v := float64(smp.Value) * s.cfg.LatencyUnit
 		switch {
 		case smp.Histogram == nil && math.IsNaN(v):
@@ -50,37 +54,53 @@ func (s *Source) parseLatency(latVec, sucVec model.Vector, seen map[string]bool)
 		rtt[p] += v
 		n[p]++
 	}
+	ok, cnt := map[Pair]float64{}, map[Pair]int{}
+	if s.cfg.SuccessQuery != DisableSuccess {
+		for _, smp := range sucVec {
+			p, good := s.pairOf(seen, querySuccess, smp)
+			if !good || !s.trusted(seen, querySuccess, p, smp) {
+				continue
+			}
+			sucSeries[p]++
+			v := float64(smp.Value)
+			if smp.Histogram != nil || math.IsNaN(v) || v < 0 || v > 1 {
+				s.ignore(seen, querySuccess, reasonBadValue, smp.Metric, "prom: ignoring a probe success ratio outside [0, 1]", "value", smp.Value.String())
+				continue
+			}
+			ok[p] += v
+			cnt[p]++
+		}
+	}
+	contested := map[Pair]bool{}
+	for _, counts := range []map[Pair]int{latSeries, sucSeries} {
+		for p, c := range counts {
+			if c > 1 {
+				contested[p] = true
+			}
+		}
+	}
 	out := map[Pair]lastGood{}
 	if s.cfg.SuccessQuery == DisableSuccess {
 		for p := range rtt {
-			out[p] = lastGood{value: rtt[p] / float64(n[p]), loss: math.NaN()}
+			if !contested[p] {
+				out[p] = lastGood{value: rtt[p] / float64(n[p]), loss: math.NaN()}
+			}
 		}
 		for p := range noAnswer {
-			if n[p] == 0 {
+			if n[p] == 0 && !contested[p] {
 				s.ignore(seen, queryLatency, reasonIncomplete, model.Metric{model.LabelName(s.cfg.SourceLabel): model.LabelValue(p.From), model.LabelName(s.cfg.TargetLabel): model.LabelValue(p.To)},
 					"prom: a pair has no RTT (NaN) and no success query is configured to say why; not measured")
 			}
 		}
-		return out
-	}
-	ok, cnt := map[Pair]float64{}, map[Pair]int{}
-	for _, smp := range sucVec {
-		p, good := s.pairOf(seen, querySuccess, smp)
-		if !good {
-			continue
-		}
-		v := float64(smp.Value)
-		if smp.Histogram != nil || math.IsNaN(v) || v < 0 || v > 1 {
-			s.ignore(seen, querySuccess, reasonBadValue, smp.Metric, "prom: ignoring a probe success ratio outside [0, 1]", "value", smp.Value.String())
-			continue
-		}
-		ok[p] += v
-		cnt[p]++
+		return out, contested
 	}
 	pairMetric := func(p Pair) model.Metric {
 		return model.Metric{model.LabelName(s.cfg.SourceLabel): model.LabelValue(p.From), model.LabelName(s.cfg.TargetLabel): model.LabelValue(p.To)}
 	}
 	for p, sum := range ok {
+		if contested[p] {
+			continue
+		}
 		loss := 1 - sum/float64(cnt[p])
 		switch {
 		case loss > s.cfg.MaxProbeLoss:
@@ -93,16 +113,29 @@ func (s *Source) parseLatency(latVec, sucVec model.Vector, seen map[string]bool)
 		}
 	}
 	for p := range rtt {
-		if _, measured := ok[p]; !measured {
+		if _, measured := ok[p]; !measured && !contested[p] {
 			s.ignore(seen, queryLatency, reasonIncomplete, pairMetric(p),
 				"prom: a pair has an RTT but no probe success ratio; not measured this round")
 		}
 	}
-	return out
+	return out, contested
+}
+
+// trusted says whether a probe series of pair p comes from the scrape that should produce it
+// (pinned); one that does not is ignored, counted (reason untrusted) and logged once per streak.
+func (s *Source) trusted(seen map[string]bool, query string, p Pair, smp *model.Sample) bool {
+	if s.pinned(p, smp.Metric) {
+		return true
+	}
+	s.ignore(seen, query, reasonUntrusted, smp.Metric,
+		"prom: ignoring a probe series that no target of the probe job produces (its labels are not those of the pair's target in Prometheus's /api/v1/targets)",
+		"job", s.cfg.ProbeJob)
+	return false
 }
 
 // parseCalls turns the calls vector into requests/s per edge, summing several series of an
 // edge and reporter, and keeping, of the two reporters, the source's when it reports the edge.
+// An edge with an end outside the managed namespaces is dropped uncounted.
 func (s *Source) parseCalls(vec model.Vector, seen map[string]bool) map[CallEdge]lastGood {
 	bySource, byDest, other := map[CallEdge]float64{}, map[CallEdge]float64{}, map[CallEdge]float64{}
 	for _, smp := range vec {
@@ -114,6 +147,9 @@ func (s *Source) parseCalls(vec model.Vector, seen map[string]bool) map[CallEdge
 			s.ignore(seen, queryCalls, reasonMissingLabel, smp.Metric, "prom: ignoring a call series without its workload labels",
 				"labels", []string{LabelSourceWorkload, LabelSourceWorkloadNamespace, LabelDestinationWorkload, LabelDestinationWorkloadNamespace})
 			continue
+		}
+		if !s.managed(e.From.Namespace) || !s.managed(e.To.Namespace) {
+			continue // not read: outside the managed namespaces (Config.Namespaces)
 		}
 		v := float64(smp.Value)
 		if smp.Histogram != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
@@ -149,4 +185,9 @@ func (s *Source) parseCalls(vec model.Vector, seen map[string]bool) map[CallEdge
 		add(e, v)
 	}
 	return rates
+}
+
+// managed says whether namespace ns is one of Config.Namespaces (all are when it is empty).
+func (s *Source) managed(ns string) bool {
+	return len(s.namespaces) == 0 || s.namespaces[ns]
 }

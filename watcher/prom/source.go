@@ -93,15 +93,23 @@ type Source struct {
 	sourceMetrics
 
 	// Owned by the goroutine running rounds (Run).
-	latency      map[Pair]lastGood
-	calls        map[CallEdge]lastGood
-	load         [loadSignals]map[PodRef]lastGood
-	reported     map[string]bool // ignored series already logged, so each is logged once per streak
-	delivered    *Measurements   // the last snapshot delivered (nil before the first)
-	scrape       time.Duration   // the probe job's scrape interval in use
-	scrapeFrom   string
-	scrapeWarned bool
-	unreachLog   string // the set of unreachable pairs last logged
+	latency       map[Pair]lastGood
+	calls         map[CallEdge]lastGood
+	load          [loadSignals]map[PodRef]lastGood
+	reported      map[string]bool // ignored series already logged, so each is logged once per streak
+	delivered     *Measurements   // the last snapshot delivered (nil before the first)
+	scrape        time.Duration   // the probe job's scrape interval in use
+	scrapeFrom    string
+	targetsWarned bool
+	unreachLog    string // the set of unreachable pairs last logged
+	contestedLog  string // the set of contested pairs last logged
+	// pins are the labels of the probe job's active targets by node pair, read at pinsAt
+	// (ProbePins PinTargets); namespaces is Config.Namespaces as a set.
+	pins           map[Pair][]model.LabelSet
+	pinsAt         time.Time
+	namespaces     map[string]bool
+	contestedPairs map[Pair]bool
+	contestedLoad  [loadSignals]map[PodRef]bool
 
 	mu     sync.Mutex // guards status
 	status Status
@@ -147,6 +155,10 @@ func NewSource(cfg Config) (*Source, error) {
 		reported:   map[string]bool{},
 		scrape:     cfg.ScrapeInterval,
 		scrapeFrom: "config",
+		namespaces: map[string]bool{},
+	}
+	for _, ns := range cfg.Namespaces {
+		s.namespaces[ns] = true
 	}
 	for sig := range s.load {
 		s.load[sig] = map[PodRef]lastGood{}
@@ -205,10 +217,12 @@ func (s *Source) Status() Status {
 func (s *Source) URL() string { return s.url }
 
 // round runs the queries once and returns the snapshot to deliver, or nil if nothing is to be
-// delivered (a failed round, no change, or a change within hysteresis). Only one goroutine
-// may run rounds (Run; tests call it directly).
+// delivered (every signal failed, no change, or a change within hysteresis). Only one
+// goroutine may run rounds (Run; tests call it directly). Each signal stands alone: latency
+// (the latency and success queries), calls, and each pod-load query; a failed one keeps its
+// last good values (stale, forgotten after StaleAfter) and the others are read as usual.
 func (s *Source) round(ctx context.Context) *Measurements {
-	s.discoverScrape(ctx)
+	s.discoverTargets(ctx, s.cfg.Clock.Now())
 	window := s.windowFor()
 	s.window.Set(window.Seconds())
 	latVec, latErr := s.query(ctx, queryLatency, s.expand(s.cfg.LatencyQuery, window))
@@ -220,7 +234,7 @@ func (s *Source) round(ctx context.Context) *Measurements {
 	if s.cfg.CallsQuery != DisableCalls {
 		callVec, callErr = s.query(ctx, queryCalls, s.expand(s.cfg.CallsQuery, window))
 	}
-	loadVecs, loadErr := s.queryLoad(ctx, window)
+	loadVecs, loadErrs := s.queryLoad(ctx, window)
 	if ctx.Err() != nil {
 		return nil // shutting down: not a Prometheus failure
 	}
@@ -228,37 +242,77 @@ func (s *Source) round(ctx context.Context) *Measurements {
 	s.mu.Lock()
 	s.status.ScrapeInterval, s.status.ScrapeIntervalFrom, s.status.Window = s.scrape, s.scrapeFrom, window
 	s.mu.Unlock()
-	if err := errors.Join(latErr, sucErr, callErr); err != nil {
-		s.fail(now, err)
+	latOK, callsOK := latErr == nil && sucErr == nil, callErr == nil
+	loadOK := false
+	for sig, q := range loadQueries(&s.cfg) {
+		loadOK = loadOK || (q != DisableLoad && loadErrs[sig] == nil)
+	}
+	roundErr := errors.Join(latErr, sucErr, callErr)
+	if !latOK && (!callsOK || s.cfg.CallsQuery == DisableCalls) && !loadOK {
+		s.fail(now, roundErr) // nothing read: nothing to deliver
+		s.loadFailed(errors.Join(loadErrs[:]...))
 		return nil
 	}
 
 	seen := map[string]bool{}
-	lat := s.parseLatency(latVec, sucVec, seen)
-	calls := s.parseCalls(callVec, seen)
-	if loadErr == nil {
-		s.mergeLoad(s.parseLoad(loadVecs, window, seen), now)
-	} else {
-		s.ageLoad(now)
-		for k := range s.reported { // the pod-load series not read this round stay reported
-			if strings.HasPrefix(k, "pod_") {
+	for k := range s.reported { // the series of a failed query, not read this round, stay reported
+		if !latOK && (strings.HasPrefix(k, queryLatency+" ") || strings.HasPrefix(k, querySuccess+" ")) ||
+			!callsOK && strings.HasPrefix(k, queryCalls+" ") {
+			seen[k] = true
+		}
+		for sig, name := range loadQueryNames {
+			if loadErrs[sig] != nil && strings.HasPrefix(k, name+" ") {
 				seen[k] = true
 			}
 		}
 	}
-	s.loadFailed(loadErr)
+	var staleLat, staleCalls int
+	contested := map[Pair]bool{}
+	if latOK {
+		var lat map[Pair]lastGood
+		lat, contested = s.parseLatency(latVec, sucVec, seen)
+		for p := range contested { // the last trusted value stays, not stale
+			if last, ok := s.latency[p]; ok {
+				lat[p] = last
+			}
+		}
+		staleLat = merge(s.log, s.vanished.WithLabelValues(queryLatency), queryLatency, s.latency, lat, now, s.cfg.StaleAfter)
+		s.contested.WithLabelValues(queryLatency).Set(float64(len(contested)))
+		s.reportContested(contested)
+	} else {
+		staleLat = age(s.log, queryLatency, s.latency, now, s.cfg.StaleAfter)
+		contested = s.contestedPairs // as last read
+	}
+	s.contestedPairs = contested
+	if callsOK {
+		staleCalls = merge(s.log, s.vanished.WithLabelValues(queryCalls), queryCalls, s.calls, s.parseCalls(callVec, seen), now, s.cfg.StaleAfter)
+	} else {
+		staleCalls = age(s.log, queryCalls, s.calls, now, s.cfg.StaleAfter)
+	}
+	fresh, contestedLoad := s.parseLoad(loadVecs, window, seen)
+	for sig := range loadSignals {
+		if loadErrs[sig] != nil {
+			fresh[sig] = nil // aged by mergeLoad
+			contestedLoad[sig] = s.contestedLoad[sig]
+		}
+	}
+	s.mergeLoad(fresh, contestedLoad, now)
+	s.contestedLoad = contestedLoad
+	s.loadFailed(errors.Join(loadErrs[:]...))
 	s.reported = seen
 	m := &Measurements{
 		Latency:     map[Pair]float64{},
 		Loss:        map[Pair]float64{},
 		Unreachable: map[Pair]bool{},
 		Stale:       map[Pair]bool{},
+		Contested:   map[Pair]bool{},
 		StaleCalls:  map[CallEdge]bool{},
 		Window:      window,
 		At:          now,
 	}
-	staleLat := merge(s.log, s.vanished.WithLabelValues(queryLatency), queryLatency, s.latency, lat, now, s.cfg.StaleAfter)
-	staleCalls := merge(s.log, s.vanished.WithLabelValues(queryCalls), queryCalls, s.calls, calls, now, s.cfg.StaleAfter)
+	for p := range contested {
+		m.Contested[p] = true
+	}
 	for p, last := range s.latency {
 		m.Latency[p] = last.value
 		if !math.IsNaN(last.loss) {
@@ -287,7 +341,12 @@ func (s *Source) round(ctx context.Context) *Measurements {
 	if !s.Status().Synced {
 		s.log.Info("prom: first answer from Prometheus", "url", s.url, "pairs", len(m.Latency), "call_edges", len(m.Calls), "pod_loads", len(m.Load), "window", window)
 	}
-	s.succeed(now)
+	if roundErr != nil {
+		s.fail(now, roundErr)
+		s.synced()
+	} else {
+		s.succeed(now)
+	}
 
 	deliver, moved := s.changed(s.delivered, m)
 	if !deliver {
@@ -299,6 +358,44 @@ func (s *Source) round(ctx context.Context) *Measurements {
 	s.delivered = m
 	s.deliveries.Inc()
 	return m
+}
+
+// reportContested logs the set of contested pairs when it changed.
+func (s *Source) reportContested(contested map[Pair]bool) {
+	pairs := make([]string, 0, len(contested))
+	for p := range contested {
+		pairs = append(pairs, p.String())
+	}
+	slices.Sort(pairs)
+	set := strings.Join(pairs, ",")
+	if set == s.contestedLog {
+		return
+	}
+	s.contestedLog = set
+	if set == "" {
+		s.log.Info("prom: no node pair is contested any more")
+		return
+	}
+	s.log.Warn("prom: node pairs with more than one probe series (another scrape claims the probe job's labels: a job with honor_labels that does not drop probe_*); they keep their last trusted latency",
+		"count", len(pairs), "pairs", pairs[:min(len(pairs), maxLogged)], "job", s.cfg.ProbeJob)
+}
+
+// age is merge for a signal whose query failed this round: every value is kept, stale, and
+// those last seen StaleAfter ago or more are forgotten (logged). It returns the number of
+// stale series. Nothing counts as vanished.
+func age[K comparable](log *slog.Logger, query string, known map[K]lastGood, now time.Time, staleAfter time.Duration) int {
+	var forgotten []string
+	for k, last := range known {
+		if now.Sub(last.seen) >= staleAfter {
+			delete(known, k)
+			forgotten = append(forgotten, fmt.Sprint(k))
+			continue
+		}
+		last.stale = true
+		known[k] = last
+	}
+	logChange(log, slog.LevelWarn, "prom: forgetting stale series", query, forgotten)
+	return len(known)
 }
 
 // fail records a failed round.
@@ -316,6 +413,14 @@ func (s *Source) fail(now time.Time, err error) {
 	if !repeated { // logged once per failure streak and reason; the metrics count every round
 		s.log.Error("prom: query round failed; the last good measurements stay in effect", "error", err)
 	}
+}
+
+// synced records that a round read at least one signal (a snapshot was made) although
+// another failed.
+func (s *Source) synced() {
+	s.mu.Lock()
+	s.status.Synced = true
+	s.mu.Unlock()
 }
 
 // succeed records a successful round.

@@ -94,7 +94,7 @@ func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, f.body)
 		return
 	}
-	if q := r.Form.Get("query"); strings.Contains(q, "by (namespace, pod)") && f.loadFail[loadQueryOf(q)] {
+	if q := r.Form.Get("query"); strings.Contains(q, "by (namespace, pod") && f.loadFail[loadQueryOf(q)] {
 		w.WriteHeader(http.StatusInternalServerError)
 		fmt.Fprint(w, "pod-load query exploded")
 		return
@@ -103,7 +103,7 @@ func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch q := r.Form.Get("query"); {
 	case strings.Contains(q, "probe_icmp"):
 		src = f.latency
-	case strings.Contains(q, "by (namespace, pod)"):
+	case strings.Contains(q, "by (namespace, pod"):
 		src = f.load[loadQueryOf(q)]
 	case strings.Contains(q, "probe_success"):
 		src = f.success
@@ -185,6 +185,9 @@ func newHarness(t *testing.T, cfg Config, prom *fakeProm) *harness {
 		cfg.URL = h.srv.URL
 	}
 	cfg.RoundTripper = h.srv.Client().Transport
+	if cfg.ProbePins == "" {
+		cfg.ProbePins = PinOff // fakeProm has no targets API; the pins' tests set PinTargets
+	}
 	cfg.Clock = h.clock
 	cfg.Logger = slog.New(slog.NewTextHandler(h.logs, nil))
 	cfg.Registerer = h.reg
@@ -249,6 +252,7 @@ func TestFirstAnswerDelivered(t *testing.T) {
 		Loss:        map[Pair]float64{{"edge-a", "edge-b"}: 0, {"edge-b", "edge-a"}: 0, {"edge-a", "edge-a"}: 0},
 		Unreachable: map[Pair]bool{},
 		Stale:       map[Pair]bool{},
+		Contested:   map[Pair]bool{},
 		Calls: []CallRate{
 			{From: Workload{"frontend", "shop"}, To: Workload{"productpage", "shop"}, RPS: 100},
 			{From: Workload{"productpage", "shop"}, To: Workload{"reviews", "shop"}, RPS: 100},
@@ -269,11 +273,10 @@ func TestFirstAnswerDelivered(t *testing.T) {
 	if len(reqs) != 7 {
 		t.Fatalf("%d requests, want 7", len(reqs))
 	}
-	if q := reqs[0].Get("query"); q != `quantile by (source_node, target_node) (0.5, quantile_over_time(0.5,`+
-		` (probe_icmp_duration_seconds{job="edgeflow-icmp",phase="rtt"} > 0)[1m:15s]))` {
+	if q := reqs[0].Get("query"); q != `quantile_over_time(0.5, (probe_icmp_duration_seconds{job="edgeflow-icmp",phase="rtt"} > 0)[1m:15s])` {
 		t.Errorf("latency query sent: %s", q)
 	}
-	if q := reqs[1].Get("query"); q != `avg by (source_node, target_node) (avg_over_time(probe_success{job="edgeflow-icmp"}[1m]))` {
+	if q := reqs[1].Get("query"); q != `avg_over_time(probe_success{job="edgeflow-icmp"}[1m])` {
 		t.Errorf("success query sent: %s", q)
 	}
 	if q := reqs[2].Get("query"); q != `sum by (reporter, source_workload, source_workload_namespace, destination_workload, destination_workload_namespace)`+
@@ -281,10 +284,10 @@ func TestFirstAnswerDelivered(t *testing.T) {
 		t.Errorf("calls query sent: %s", q)
 	}
 	for i, want := range []string{
-		`sum by (namespace, pod) (increase(istio_requests_total{reporter="destination"}[1m]))`,
-		`sum by (namespace, pod) (increase(istio_request_duration_milliseconds_sum{reporter="destination"}[1m]))`,
-		`sum by (namespace, pod) (increase(istio_request_duration_milliseconds_sum{reporter="source"}[1m]))`,
-		`sum by (namespace, pod) (increase(container_cpu_usage_seconds_total{container!="",container!="istio-proxy"}[1m]))`,
+		`sum by (namespace, pod, job, instance) (increase(istio_requests_total{reporter="destination"}[1m]))`,
+		`sum by (namespace, pod, job, instance) (increase(istio_request_duration_milliseconds_sum{reporter="destination"}[1m]))`,
+		`sum by (namespace, pod, job, instance) (increase(istio_request_duration_milliseconds_sum{reporter="source"}[1m]))`,
+		`sum by (namespace, pod, job, instance) (increase(container_cpu_usage_seconds_total{container!="",container!="istio-proxy"}[1m]))`,
 	} {
 		if q := reqs[3+i].Get("query"); q != want {
 			t.Errorf("pod-load query %d sent: %s, want %s", i, q, want)
@@ -849,6 +852,9 @@ func startRun(t *testing.T, cfg Config, prom *fakeProm) *running {
 	srv := httptest.NewServer(prom)
 	t.Cleanup(srv.Close)
 	cfg.URL, cfg.Logger, cfg.Registerer = srv.URL, slog.New(slog.DiscardHandler), prometheus.NewRegistry()
+	if cfg.ProbePins == "" {
+		cfg.ProbePins = PinOff // fakeProm has no targets API
+	}
 	src, err := NewSource(cfg)
 	if err != nil {
 		t.Fatal(err)
