@@ -905,7 +905,7 @@ func fakePromSource(t *testing.T, fp *fakeProm, opts ...func(*prom.Config)) *pro
 	srv := httptest.NewServer(fp)
 	t.Cleanup(srv.Close)
 	cfg := prom.Config{URL: srv.URL, RoundTripper: srv.Client().Transport, Interval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
-		SuccessQuery: prom.DisableSuccess}
+		SuccessQuery: prom.DisableSuccess, ProbePins: prom.PinOff} // the fake has no targets API
 	for _, o := range opts {
 		o(&cfg)
 	}

@@ -171,9 +171,9 @@ func TestNoisyLatencyNoPushStorm(t *testing.T) {
 }
 
 // meanLatencyQuery is edgeflow's latency query before the median: the mean RTT over the
-// window's answered probes.
-const meanLatencyQuery = `sum by ($source_label, $target_label) (sum_over_time(probe_icmp_duration_seconds{job="$job",phase="rtt"}[$window]))` +
-	` / sum by ($source_label, $target_label) (sum_over_time(probe_success{job="$job"}[$window]))`
+// window's answered probes, per probe series (its target's labels kept, as the pins want).
+const meanLatencyQuery = `sum_over_time(probe_icmp_duration_seconds{job="$job",phase="rtt"}[$window])` +
+	` / ignoring(phase) sum_over_time(probe_success{job="$job"}[$window])`
 
 // A few slow probes are not a slower link. A busy node reads ICMP replies late now and then (the
 // reproduction's Prometheus held 25–65 ms probes on 4–12 ms links); a mean over the window

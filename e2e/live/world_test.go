@@ -87,6 +87,8 @@ type worldOptions struct {
 	podLoad []reportedPod
 	// promDown stops Prometheus as soon as it is ready, before its first scrape.
 	promDown bool
+	// honorTargets are scraped with honor_labels (testbed.Config.HonorLabelsTargets).
+	honorTargets []string
 
 	// kube starts a real kube-apiserver (with etcd) and creates the namespace shop.
 	kube bool
@@ -128,7 +130,7 @@ func newWorld(t *testing.T, o worldOptions) *world {
 		w.cluster = kubeapi.Start(t, kubeapi.Options{})
 	}
 	if len(o.nodes) > 0 {
-		cfg := testbed.Config{Nodes: o.nodes, RTT: o.rtt, ScrapeInterval: o.scrape}
+		cfg := testbed.Config{Nodes: o.nodes, RTT: o.rtt, ScrapeInterval: o.scrape, HonorLabelsTargets: o.honorTargets}
 		if len(o.istio) > 0 || len(o.podLoad) > 0 {
 			cfg.MetricsTargets = []string{istioTarget}
 		}

@@ -21,6 +21,8 @@ import (
 const (
 	// ProbeJob is the job label of every probe series.
 	ProbeJob = "edgeflow-icmp"
+	// HonorLabelsJob is the job of Config.HonorLabelsTargets.
+	HonorLabelsJob = "edgeflow-test-honor-labels"
 
 	exporterPort   = "9115"
 	prometheusAddr = "127.0.0.1:9090" // inside the monitor namespace
@@ -148,6 +150,16 @@ func (tb *Testbed) startProbes() error {
 			promYAML += fmt.Sprintf("%q", t)
 		}
 		promYAML += "]\n"
+	}
+	if len(tb.honorTargets) > 0 {
+		promYAML += "  - job_name: " + HonorLabelsJob + "\n    honor_labels: true\n    static_configs:\n      - targets: ["
+		for i, t := range tb.honorTargets {
+			if i > 0 {
+				promYAML += ", "
+			}
+			promYAML += fmt.Sprintf("%q", t)
+		}
+		promYAML += "]\n        labels: {namespace: tenant, pod: forger}\n"
 	}
 	if err := os.WriteFile(promConfig, []byte(promYAML), 0o644); err != nil {
 		tb.mu.Unlock()

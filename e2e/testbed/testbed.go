@@ -67,6 +67,12 @@ type Config struct {
 	// that Prometheus also scrapes, as job "edgeflow-test-metrics": a test's own exporter
 	// (e.g. of istio_requests_total).
 	MetricsTargets []string
+	// HonorLabelsTargets are HOST:PORT addresses inside the monitor namespace that Prometheus
+	// scrapes as job HonorLabelsJob with honor_labels: true and the target labels
+	// namespace="tenant", pod="forger" — what a pod's scrape under the community chart's
+	// kubernetes-pods job, or a pushgateway's, looks like: the series keep the labels they
+	// claim (job and instance included) and get the target's only where they claim none.
+	HonorLabelsTargets []string
 	// Aliases are further addresses of a node, e.g. its pods' (198.18.0.x, distinct from every
 	// node's and the monitor's .100): each is added to the node's eth0, and a packet between
 	// two nodes is held the pair's RTT whichever of their addresses it carries.
@@ -87,6 +93,7 @@ type Testbed struct {
 	monNS          string              // the monitor's namespace
 	interval       time.Duration
 	metricsTargets []string
+	honorTargets   []string
 	rt             bool // chrt -f works here
 	matrix         string
 	nqBin          string
@@ -188,6 +195,7 @@ func newTestbed(cfg Config, dir string) (*Testbed, error) {
 		netns:          map[string]string{},
 		interval:       cfg.ScrapeInterval,
 		metricsTargets: cfg.MetricsTargets,
+		honorTargets:   cfg.HonorLabelsTargets,
 		rtt:            rtt,
 		matrix:         filepath.Join(dir, "matrix.txt"),
 		nqBin:          filepath.Join(dir, "nqdelay"),

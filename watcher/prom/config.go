@@ -226,9 +226,9 @@ type Config struct {
 	// has a load when PodRequestsQuery returns it; the other queries' series of other pods are
 	// dropped. Defaults DefaultPodRequestsQuery, DefaultPodInboundQuery,
 	// DefaultPodDownstreamQuery, DefaultPodCPUQuery; DisableLoad ("-") turns one off (all off
-	// with PodRequestsQuery). Unlike the other queries, a failing pod-load query does not fail
-	// the round: the pod loads keep their last good values, stale, and Status.LoadReason says
-	// why.
+	// with PodRequestsQuery). A failing pod-load query fails only its signal: the pods keep
+	// its last good values, stale, and Status.LoadReason says why. Keep the series' job and
+	// instance labels (as the defaults do) for the contested check (see Source).
 	PodRequestsQuery   string
 	PodInboundQuery    string
 	PodDownstreamQuery string

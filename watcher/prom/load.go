@@ -256,6 +256,9 @@ func loadMoved(prev, next []PodLoad, beyond func(old, cur, abs float64) bool, cf
 		if old.Namespace != cur.Namespace || old.Pod != cur.Pod {
 			return true, false
 		}
+		if old.Contested != cur.Contested { // shown in /readyz: delivered at once
+			changed = true
+		}
 		// Every comparison runs (no short circuit): beyond also notes that something moved.
 		r := beyond(perSecond(old.Requests, old.Window), perSecond(cur.Requests, cur.Window), cfg.HysteresisRPS)
 		c := beyond(perSecond(old.CPUSeconds, old.Window), perSecond(cur.CPUSeconds, cur.Window), cfg.HysteresisCores)

@@ -53,8 +53,26 @@ type Status struct {
 // Status may be called from any goroutine.
 //
 // Rules, per query round:
-//   - A round succeeds only if every query answers with a vector within the size and series
-//     caps; otherwise nothing changes downstream (see Run) and Status says why.
+//   - Each signal stands alone: latency (the latency and success queries), call rates, and each
+//     pod-load query. A query that fails (an HTTP or query error, not a vector, over the size or
+//     series cap) fails only its signal: its last good values stay, stale, until StaleAfter, and
+//     the other signals are read and delivered as usual. The round succeeds (Status.OK) when
+//     the latency and calls queries answered; Status.Reason names the failing queries,
+//     Status.LoadReason the failing pod-load ones.
+//   - Inputs no pod can forge. Under a scrape job with honor_labels (a pushgateway, Istio's and
+//     the community chart's kubernetes-pods jobs) whatever a pod exposes keeps its labels, job
+//     included. So a probe series counts only when it carries every label of its pair's target
+//     in Prometheus's own /api/v1/targets (ProbePins PinTargets; reason untrusted in
+//     edgeflow_prometheus_ignored_samples_total otherwise), and a node pair with more than one
+//     such series in the latency or success answer is contested: such a scrape can add a
+//     series, not remove the real one. A contested pair keeps its last trusted value (not
+//     stale, never forgotten while contested; absent if it was never measured), is listed in
+//     Measurements.Contested and edgeflow_prometheus_contested_series{signal="latency"}, and
+//     logged once per change of the set. Likewise a pod whose pod-load series come from more
+//     than one scrape (job, instance) keeps its last trusted load (PodLoad.Contested, Stale).
+//     A forger that copies every label of the real series exactly, where its job adds none,
+//     merges into the real series and is not seen here: the jobs with honor_labels must drop
+//     probe_* (docs/security.md).
 //   - Latency is the median RTT over the window's answered probes, the loss ratio beside it
 //     (SuccessQuery). A pair that lost more than MaxProbeLoss is unreachable and gets
 //     UnreachableMS (reported in the log once per change and in edgeflow_prometheus_unreachable_pairs);
@@ -73,14 +91,13 @@ type Status struct {
 //     is dropped. Vanishing, returning and forgetting are logged as one line per round and kind
 //     of change, naming the first few series: a flapping series never logs per evaluation.
 //   - Pod loads (PodLoad) are keyed by the series' namespace and pod labels, several series of a
-//     pod summed; a pod has one while the requests query answers for it, and the other
-//     queries' series of other pods are dropped uncounted; a pod without a series in the
-//     inbound, downstream or CPU query has 0 there. They follow the rules above (bad samples,
-//     stale series, hysteresis) per query, with two differences: a failing pod-load query does
-//     not fail the round (the pods' last good loads stay, stale, until StaleAfter;
-//     Status.LoadReason says why, logged once per streak), and while there are pod loads a
-//     snapshot is delivered at least once per window, within hysteresis or not: each window of
-//     load is one more sample for a capacity estimate.
+//     pod (from one scrape) summed; a pod has one while the requests query answers for it, and
+//     the other queries' series of other pods are dropped uncounted; a pod without a series in
+//     the inbound, downstream or CPU query has 0 there. They follow the rules above (bad
+//     samples, stale series, hysteresis) per query, and while there are pod loads a snapshot is
+//     delivered at least once per window, within hysteresis or not: each window of load is one
+//     more sample for a capacity estimate.
+//   - With Config.Namespaces, call edges with an end elsewhere and pods elsewhere are not read.
 //   - The window is WindowScrapes scrape intervals of the probe job unless set.
 type Source struct {
 	cfg     Config
@@ -176,10 +193,10 @@ func NewSource(cfg Config) (*Source, error) {
 // Run queries Prometheus at once and then every Config.Interval, on Config.Clock's ticker,
 // until ctx is done; then it closes its idle connections and returns nil. It calls deliver, on
 // its own goroutine, with a new Measurements when the first round succeeds, when the set of
-// measured pairs, unreachable pairs or call edges changes (a new series, or a stale one
+// measured pairs, unreachable pairs, contested pairs or pods, or call edges changes (a new series, or a stale one
 // forgotten), or when a value moved beyond hysteresis from the value last delivered (so slow
 // drift accumulates and is delivered eventually); otherwise it delivers nothing. A series going
-// stale or coming back at the same value is not a change. A failed round (Prometheus
+// stale or coming back at the same value is not a change. A round in which every query failed (Prometheus
 // unreachable, an HTTP or query error, a result that is not a vector or is over a cap) delivers
 // nothing, so the last good values stay in effect downstream; Status and the metrics report it.
 // deliver must not block for long. Run may be called once; the caller stops it by cancelling
@@ -497,7 +514,8 @@ func (s *Source) changed(prev, next *Measurements) (deliver, moved bool) {
 	if prev == nil {
 		return true, true
 	}
-	if len(prev.Latency) != len(next.Latency) || len(prev.Calls) != len(next.Calls) || !maps.Equal(prev.Unreachable, next.Unreachable) {
+	if len(prev.Latency) != len(next.Latency) || len(prev.Calls) != len(next.Calls) || !maps.Equal(prev.Unreachable, next.Unreachable) ||
+		!maps.Equal(prev.Contested, next.Contested) {
 		return true, true
 	}
 	beyond := func(old, cur, abs float64) bool {

@@ -62,6 +62,7 @@ type fakeProm struct {
 	status     int             // non-zero: answer with this HTTP status and body
 	body       string          // with status
 	resultType string          // "" means vector
+	targets    []any           // non-nil: /api/v1/targets answers these active targets
 	received   []url.Values
 }
 
@@ -78,6 +79,18 @@ func (f *fakeProm) requests() []url.Values {
 }
 
 func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/api/v1/targets" {
+		f.mu.Lock()
+		targets := f.targets
+		f.mu.Unlock()
+		if targets == nil {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"status": "success", "data": map[string]any{"activeTargets": targets}})
+		return
+	}
 	if r.URL.Path != "/api/v1/query" {
 		http.NotFound(w, r)
 		return
