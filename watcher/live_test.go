@@ -1188,3 +1188,34 @@ func TestLatencyGranularityAuto(t *testing.T) {
 		t.Errorf("thousands = %q", got)
 	}
 }
+
+// A contested node pair (two series claiming it) keeps its last trusted latency in the topology
+// and shows the latency check degraded, naming it; /readyz stays ready (ReadyHandler: 200).
+func TestClusterContestedPairShownDegraded(t *testing.T) {
+	t.Parallel()
+	fp := &fakeProm{latency: []promSample{latSample("n1", "n2", "0.004")}}
+	c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, kubetest.NewClientset(clusterObjects()...)), Prom: fakePromSource(t, fp)})
+	rec := recorder{got: make(chan *optimizer.Topology, 16)}
+	runCluster(t, c, rec)
+	testkit.Eventually(t, 10*time.Second, "n1→n2 measured", func() bool {
+		cur := c.Current()
+		return cur != nil && len(cur.Latency) == 2 && cur.Latency[0].MS == 4
+	})
+	forged := latSample("n1", "n2", "0.500")
+	forged.labels["pod"] = "forger"
+	fp.set(func(f *fakeProm) { f.latency = append(f.latency, forged) })
+	testkit.Eventually(t, 10*time.Second, "the contested pair in the latency check", func() bool {
+		return strings.Contains(checkNamed(c, "latency").Message, "contested")
+	})
+	if lat := checkNamed(c, "latency"); lat.OK || !strings.Contains(lat.Message, "n1→n2") {
+		t.Errorf("latency check with a contested pair: %+v; want degraded, naming n1→n2", lat)
+	}
+	if cur := c.Current(); cur.Latency[0].MS != 4 {
+		t.Errorf("contested n1→n2 at %v ms in the topology, want its last trusted 4", cur.Latency[0].MS)
+	}
+	rr := httptest.NewRecorder()
+	ReadyHandler(func() uint64 { return 1 }, c.Checks).ServeHTTP(rr, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rr.Code != http.StatusOK || !strings.Contains(rr.Body.String(), "[-]latency") {
+		t.Errorf("/readyz with a contested pair: %d %s; want 200, the latency check degraded", rr.Code, rr.Body)
+	}
+}
