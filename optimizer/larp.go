@@ -91,6 +91,7 @@ func (pp *placeProblem) greedyInto(st *placeState, start int) bool {
 type greedyGroup struct {
 	pods     []int
 	cpu, mem int64    // Σ requests (saturating)
+	load     int64    // Σ planned cpu (saturating)
 	per      [][2]int // (service, pods of it in the group), by service
 }
 
@@ -104,6 +105,7 @@ func (pp *placeProblem) makeGroups() []greedyGroup {
 			g := &groups[i%k]
 			g.pods = append(g.pods, ps.first+i)
 			g.cpu, g.mem = satAdd(g.cpu, ps.cpu), satAdd(g.mem, ps.mem)
+			g.load = satAdd(g.load, pp.load[ps.first+i])
 			if len(g.per) > 0 && g.per[len(g.per)-1][0] == s {
 				g.per[len(g.per)-1][1]++
 			} else {
@@ -150,7 +152,7 @@ func satAdd(a, b int64) int64 {
 func (pp *placeProblem) nextHome(st *placeState, grp greedyGroup, chosen []bool, nChosen int, toChosen []float64) int {
 	n := pp.n
 	wholeFits := func(v int) bool {
-		if grp.cpu > st.freeCPU[v] || grp.mem > st.freeMem[v] {
+		if grp.cpu > st.freeCPU[v] || grp.mem > st.freeMem[v] || grp.load > st.freeLoad[v] {
 			return false
 		}
 		for _, sc := range grp.per {

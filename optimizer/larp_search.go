@@ -83,7 +83,7 @@ func (st *placeState) localSearchWithin(tune larpTuning, budget *stepsLeft) (pas
 								return passes
 							}
 							d := st.tryMove(p, v, bestDelta)
-							if st.fitsResources(s, v) {
+							if st.fitsResources(p, v) {
 								if d < bestDelta {
 									bestDelta, bestP, bestQ, bestV = d, p, -1, v
 								}
@@ -309,21 +309,22 @@ func (st *placeState) exchangeNodes(touch func(s int), budget *stepsLeft) bool {
 	return true
 }
 
-// exchangeFits says whether the pods of u fit v's allocatable cpu and memory and vice versa.
+// exchangeFits says whether the pods of u fit v's allocatable cpu and memory and headroom,
+// and vice versa.
 func (st *placeState) exchangeFits(u, v int) bool {
-	cu, mu := st.requests(u)
-	cv, mv := st.requests(v)
+	cu, mu, lu := st.requests(u)
+	cv, mv, lv := st.requests(v)
 	pp := st.pp
-	return cu <= pp.cpu[v] && mu <= pp.mem[v] && cv <= pp.cpu[u] && mv <= pp.mem[u]
+	return cu <= pp.cpu[v] && mu <= pp.mem[v] && lu <= pp.loadCap[v] && cv <= pp.cpu[u] && mv <= pp.mem[u] && lv <= pp.loadCap[u]
 }
 
-// requests sums the cpu and memory requests of the pods on v (saturating).
-func (st *placeState) requests(v int) (cpu, mem int64) {
+// requests sums the cpu and memory requests and the planned cpu of the pods on v (saturating).
+func (st *placeState) requests(v int) (cpu, mem, load int64) {
 	for _, p := range st.podsOn[v] {
 		ps := &st.pp.svcs[st.pp.pods[p].svc]
-		cpu, mem = satAdd(cpu, ps.cpu), satAdd(mem, ps.mem)
+		cpu, mem, load = satAdd(cpu, ps.cpu), satAdd(mem, ps.mem), satAdd(load, st.pp.load[p])
 	}
-	return cpu, mem
+	return cpu, mem, load
 }
 
 // exchange moves every pod of u to v and every pod of v to u (the caller checked the fit).
@@ -344,10 +345,10 @@ func (st *placeState) exchange(u, v int) {
 	}
 }
 
-// fitsResources says whether one more pod of s fits node v's free cpu and memory.
-func (st *placeState) fitsResources(s, v int) bool {
-	ps := &st.pp.svcs[s]
-	return ps.cpu <= st.freeCPU[v] && ps.mem <= st.freeMem[v]
+// fitsResources says whether pod i, not on v, fits node v's free cpu, memory and headroom.
+func (st *placeState) fitsResources(i, v int) bool {
+	ps := &st.pp.svcs[st.pp.pods[i].svc]
+	return ps.cpu <= st.freeCPU[v] && ps.mem <= st.freeMem[v] && st.pp.load[i] <= st.freeLoad[v]
 }
 
 // swapPartners returns the pods on v, one per distinct (service, weight), that pod p may swap
@@ -366,7 +367,8 @@ func (st *placeState) swapPartners(p, v int, dst []int) []int {
 		}
 		pt := &pp.svcs[t]
 		if !swapFits(st.freeCPU[v], pt.cpu, ps.cpu) || !swapFits(st.freeMem[v], pt.mem, ps.mem) ||
-			!swapFits(st.freeCPU[u], ps.cpu, pt.cpu) || !swapFits(st.freeMem[u], ps.mem, pt.mem) {
+			!swapFits(st.freeCPU[u], ps.cpu, pt.cpu) || !swapFits(st.freeMem[u], ps.mem, pt.mem) ||
+			!swapFits(st.freeLoad[v], pp.load[q], pp.load[p]) || !swapFits(st.freeLoad[u], pp.load[p], pp.load[q]) {
 			continue
 		}
 		dup := false

@@ -19,7 +19,15 @@ type Options struct {
 	// UtilizationCap is the highest utilisation ℓ/μ the lata-q policy loads a pod with a
 	// service rate to, in (0, 1); 0 means DefaultUtilizationCap.
 	UtilizationCap float64
+	// MaxNodeUtilization, when positive, is the highest planned utilisation (Model.PodCPU
+	// summed over a node's pods, over its cores) placement and rebalancing may give a node, in
+	// (0, 1]; 0 means no limit. Nodes of unknown cores are not limited.
+	MaxNodeUtilization float64
 }
+
+// DefaultMaxNodeUtilization is the headroom limit the place and rebalance commands apply
+// unless told otherwise (Options.MaxNodeUtilization).
+const DefaultMaxNodeUtilization = 0.7
 
 // DefaultUtilizationCap is the utilisation cap of lata-q when Options gives none.
 const DefaultUtilizationCap = 0.9
@@ -157,6 +165,9 @@ type Model struct {
 	Order    []int // services in topological order of the call graph
 	// UtilizationCap is lata-q's utilisation cap (Options.UtilizationCap, defaulted).
 	UtilizationCap float64
+	// MaxNodeUtilization is the headroom limit of placement (Options.MaxNodeUtilization; 0:
+	// none).
+	MaxNodeUtilization float64
 
 	nodeIndex    map[string]int
 	serviceIndex map[string]int
@@ -250,6 +261,10 @@ func Compile(t *Topology, opts Options) (*Model, error) {
 	}
 	if !(m.UtilizationCap > 0 && m.UtilizationCap < 1) {
 		bad.add("utilization cap %v: must be in (0, 1)", opts.UtilizationCap)
+	}
+	m.MaxNodeUtilization = opts.MaxNodeUtilization
+	if !(m.MaxNodeUtilization >= 0 && m.MaxNodeUtilization <= 1) {
+		bad.add("max node utilization %v: must be in (0, 1], or 0 for no limit", opts.MaxNodeUtilization)
 	}
 
 	podNames := map[string]string{} // pod → service

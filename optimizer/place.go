@@ -172,15 +172,20 @@ const maxServiceUnits = 1 << 15
 // placeProblem is the immutable, indexed placement problem shared by every search of one Place
 // call. Pods are numbered globally, service by service, in the model's order.
 type placeProblem struct {
-	m      *Model
-	n      int // nodes
-	lat    placeLatency
-	cpu    []int64 // allocatable cpu per node; unlimited when not given
-	mem    []int64
-	svcs   []placeService
-	edges  []placeEdge
-	pods   []placePod
-	groups []greedyGroup // the paper's groups, largest first (see greedy)
+	m   *Model
+	n   int // nodes
+	lat placeLatency
+	cpu []int64 // allocatable cpu per node; unlimited when not given
+	mem []int64
+	// load is every pod's planned cpu (Model.PodCPU) in utilizationUnits, loadCap every node's
+	// headroom in those units (Model.MaxNodeUtilization of its cores; unlimited when none):
+	// a third resource beside cpu and memory requests.
+	load    []int64
+	loadCap []int64
+	svcs    []placeService
+	edges   []placeEdge
+	pods    []placePod
+	groups  []greedyGroup // the paper's groups, largest first (see greedy)
 	// zobrist holds two random 64-bit keys per node; a service's mass vector hashes to
 	// Σ_u mass(u)·key(u), updated as pods move (see placeState.hash).
 	zobrist [][2]uint64
@@ -188,6 +193,7 @@ type placeProblem struct {
 
 type placeService struct {
 	cpu, mem     int64
+	load         int64 // the largest planned cpu of its pods (the packing search's per-pod demand)
 	cap          int   // spread cap: ceil(replicas/|nodes|)
 	first, count int   // the service's pods are pods[first : first+count]
 	total        int64 // Σ integer weights of its pods (≤ maxServiceUnits)
@@ -211,9 +217,9 @@ const unlimited = math.MaxInt64
 func newPlaceProblem(m *Model) (*placeProblem, error) {
 	n := len(m.Nodes)
 	pp := &placeProblem{m: m, n: n, lat: newPlaceLatency(m.Latency),
-		cpu: make([]int64, n), mem: make([]int64, n)}
+		cpu: make([]int64, n), mem: make([]int64, n), load: m.podLoadUnits(), loadCap: make([]int64, n)}
 	for u := 0; u < n; u++ {
-		pp.cpu[u], pp.mem[u] = m.Nodes[u].CPU, m.Nodes[u].Memory
+		pp.cpu[u], pp.mem[u], pp.loadCap[u] = m.Nodes[u].CPU, m.Nodes[u].Memory, m.nodeLoadCap(u)
 		if pp.cpu[u] == 0 {
 			pp.cpu[u] = unlimited
 		}
@@ -239,6 +245,7 @@ func newPlaceProblem(m *Model) (*placeProblem, error) {
 		iw, total := serviceUnits(w)
 		ps.total = total
 		for _, x := range iw {
+			ps.load = max(ps.load, pp.load[len(pp.pods)])
 			pp.pods = append(pp.pods, placePod{svc: s, w: x})
 		}
 		pp.svcs = append(pp.svcs, ps)
@@ -338,8 +345,9 @@ func serviceUnits(w []float64) ([]int64, int64) {
 	return iw, total
 }
 
-// fits says how many pods of service s fit in free cpu c and memory r (capped at limit).
-func (pp *placeProblem) fits(s int, c, r int64, limit int) int {
+// fits says how many pods of service s fit in free cpu c, memory r and headroom l (capped at
+// limit), each taking the service's largest planned cpu.
+func (pp *placeProblem) fits(s int, c, r, l int64, limit int) int {
 	ps := &pp.svcs[s]
 	k := int64(limit)
 	if ps.cpu > 0 && c != unlimited {
@@ -347,6 +355,9 @@ func (pp *placeProblem) fits(s int, c, r int64, limit int) int {
 	}
 	if ps.mem > 0 && r != unlimited {
 		k = min(k, r/ps.mem)
+	}
+	if ps.load > 0 && l != unlimited {
+		k = min(k, l/ps.load)
 	}
 	return int(k)
 }
@@ -392,6 +403,7 @@ type placeState struct {
 	occ      [][]int // per service, the nodes holding its pods, ascending
 	freeCPU  []int64
 	freeMem  []int64
+	freeLoad []int64 // headroom left (see placeProblem.load)
 	podsOn   [][]int // per node, its pods
 	edgeCost []int64 // per edge, the node-level transport cost in integer units
 	eval     transportEval
@@ -421,6 +433,7 @@ func (pp *placeProblem) newState() *placeState {
 		occ:      make([][]int, len(pp.svcs)),
 		freeCPU:  append([]int64(nil), pp.cpu...),
 		freeMem:  append([]int64(nil), pp.mem...),
+		freeLoad: append([]int64(nil), pp.loadCap...),
 		podsOn:   make([][]int, n),
 		edgeCost: make([]int64, len(pp.edges)),
 		eval:     newTransportEval(),
@@ -447,16 +460,16 @@ func (st *placeState) reset() {
 	}
 	copy(st.freeCPU, st.pp.cpu)
 	copy(st.freeMem, st.pp.mem)
+	copy(st.freeLoad, st.pp.loadCap)
 	for i := range st.node {
 		st.node[i] = -1
 	}
 }
 
-// canHost says whether pod i may be added to node v (resources and spread cap).
+// canHost says whether pod i may be added to node v (resources, headroom and spread cap).
 func (st *placeState) canHost(i, v int) bool {
 	s := st.pp.pods[i].svc
-	ps := &st.pp.svcs[s]
-	return int(st.count[s*st.pp.n+v]) < ps.cap && ps.cpu <= st.freeCPU[v] && ps.mem <= st.freeMem[v]
+	return int(st.count[s*st.pp.n+v]) < st.pp.svcs[s].cap && st.fitsResources(i, v)
 }
 
 // add puts the unplaced pod i on node v; the caller has checked canHost. Edge costs are not
@@ -480,6 +493,9 @@ func (st *placeState) add(i, v int) {
 	if st.freeMem[v] != unlimited {
 		st.freeMem[v] -= ps.mem
 	}
+	if st.freeLoad[v] != unlimited {
+		st.freeLoad[v] -= st.pp.load[i]
+	}
 	st.podsOn[v] = append(st.podsOn[v], i)
 }
 
@@ -501,6 +517,9 @@ func (st *placeState) remove(i int) {
 	}
 	if st.freeMem[v] != unlimited {
 		st.freeMem[v] += ps.mem
+	}
+	if st.freeLoad[v] != unlimited {
+		st.freeLoad[v] += st.pp.load[i]
 	}
 	on := st.podsOn[v]
 	for j, p := range on {

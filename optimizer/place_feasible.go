@@ -16,7 +16,7 @@ const packBudget = 200_000
 // the nodes' cpu, memory or the spread cap leave room for.
 func (pp *placeProblem) checkAlone() error {
 	for s := range pp.svcs {
-		if why := pp.diagnose(s, pp.cpu, pp.mem, false); why != "" {
+		if why := pp.diagnose(s, pp.cpu, pp.mem, pp.loadCap, false); why != "" {
 			return infeasiblef("service %q: %s", pp.m.Services[s].Name, why)
 		}
 	}
@@ -24,17 +24,19 @@ func (pp *placeProblem) checkAlone() error {
 }
 
 // diagnose explains why service s cannot place all its pods into the free capacity given
-// ("cpu: …", "memory: …" or "spread: …"), or returns "" if, taken alone, it can. others says
-// the capacity is what other services left.
-func (pp *placeProblem) diagnose(s int, freeCPU, freeMem []int64, others bool) string {
+// ("cpu: …", "memory: …", "headroom: …" or "spread: …"), or returns "" if, taken alone, it
+// can. others says the capacity is what other services left. Its pods are taken to need the
+// headroom of its most loaded pod (placeService.load).
+func (pp *placeProblem) diagnose(s int, freeCPU, freeMem, freeLoad []int64, others bool) string {
 	ps := &pp.svcs[s]
 	need := ps.count
-	var byCPU, byMem, bySpread int
+	var byCPU, byMem, byLoad, bySpread int
 	for u := 0; u < pp.n; u++ {
 		byCPU += min(need, pp.fitsOne(ps.cpu, freeCPU[u], need))
 		byMem += min(need, pp.fitsOne(ps.mem, freeMem[u], need))
-		bySpread += min(ps.cap, pp.fitsOne(ps.cpu, freeCPU[u], ps.cap), pp.fitsOne(ps.mem, freeMem[u], ps.cap))
-		byCPU, byMem, bySpread = min(byCPU, need), min(byMem, need), min(bySpread, need)
+		byLoad += min(need, pp.fitsOne(ps.load, freeLoad[u], need))
+		bySpread += min(ps.cap, pp.fitsOne(ps.cpu, freeCPU[u], ps.cap), pp.fitsOne(ps.mem, freeMem[u], ps.cap), pp.fitsOne(ps.load, freeLoad[u], ps.cap))
+		byCPU, byMem, byLoad, bySpread = min(byCPU, need), min(byMem, need), min(byLoad, need), min(bySpread, need)
 	}
 	left := ""
 	if others {
@@ -45,6 +47,9 @@ func (pp *placeProblem) diagnose(s int, freeCPU, freeMem []int64, others bool) s
 		return fmt.Sprintf("cpu: %d replicas of %dm each, but the nodes' cpu%s fits only %d", need, ps.cpu, left, byCPU)
 	case byMem < need:
 		return fmt.Sprintf("memory: %d replicas of %d MiB each, but the nodes' memory%s fits only %d", need, ps.mem, left, byMem)
+	case byLoad < need:
+		return fmt.Sprintf("headroom: %d replicas using up to %.0fm cpu each at their planned load, but the nodes' cores under the utilisation limit %v%s fit only %d",
+			need, float64(ps.load)/utilizationUnits, pp.m.MaxNodeUtilization, left, byLoad)
 	case bySpread < need:
 		return fmt.Sprintf("spread: %d replicas, at most %d per node (ceil(%d/%d nodes)), but the nodes with cpu and memory%s for one fit only %d",
 			need, ps.cap, need, pp.n, left, bySpread)
@@ -56,15 +61,22 @@ func (pp *placeProblem) diagnose(s int, freeCPU, freeMem []int64, others bool) s
 // ("" if none).
 func (pp *placeProblem) overTotal() string {
 	reqC, reqM := pp.totalRequests()
-	var haveC, haveM float64
+	var reqL, haveC, haveM, haveL float64
+	for _, l := range pp.load {
+		reqL += float64(l)
+	}
 	for u := 0; u < pp.n; u++ {
 		haveC += float64(pp.cpu[u])
 		haveM += float64(pp.mem[u])
+		haveL += float64(pp.loadCap[u])
 		if pp.cpu[u] == unlimited {
 			haveC = math.Inf(1)
 		}
 		if pp.mem[u] == unlimited {
 			haveM = math.Inf(1)
+		}
+		if pp.loadCap[u] == unlimited {
+			haveL = math.Inf(1)
 		}
 	}
 	switch {
@@ -72,6 +84,9 @@ func (pp *placeProblem) overTotal() string {
 		return fmt.Sprintf("the pods request %.0fm cpu in all, the nodes have %.0fm", reqC, haveC)
 	case reqM > haveM:
 		return fmt.Sprintf("the pods request %.0f MiB memory in all, the nodes have %.0f MiB", reqM, haveM)
+	case reqL > haveL:
+		return fmt.Sprintf("the pods use %.0fm cpu in all at their planned load, the nodes' cores under the utilisation limit %v have %.0fm",
+			reqL/utilizationUnits, pp.m.MaxNodeUtilization, haveL/utilizationUnits)
 	}
 	return ""
 }
@@ -80,12 +95,13 @@ func (pp *placeProblem) overTotal() string {
 func (pp *placeProblem) feasible(nodes []int) string {
 	n := pp.n
 	count := make(map[[2]int]int) // (service, node) → pods
-	usedCPU, usedMem := make([]int64, n), make([]int64, n)
+	usedCPU, usedMem, usedLoad := make([]int64, n), make([]int64, n), make([]int64, n)
 	for i, u := range nodes {
 		s := pp.pods[i].svc
 		count[[2]int{s, u}]++
 		usedCPU[u] = satAdd(usedCPU[u], pp.svcs[s].cpu)
 		usedMem[u] = satAdd(usedMem[u], pp.svcs[s].mem)
+		usedLoad[u] = satAdd(usedLoad[u], pp.load[i])
 	}
 	for i, u := range nodes {
 		s := pp.pods[i].svc
@@ -96,6 +112,10 @@ func (pp *placeProblem) feasible(nodes []int) string {
 	for u := 0; u < n; u++ {
 		if usedCPU[u] > pp.cpu[u] || usedMem[u] > pp.mem[u] {
 			return fmt.Sprintf("requests over node %q's allocatable (cpu %dm, memory %d MiB)", pp.m.Nodes[u].Name, usedCPU[u], usedMem[u])
+		}
+		if usedLoad[u] > pp.loadCap[u] {
+			return fmt.Sprintf("node %q's planned utilisation %.2f over the limit %v", pp.m.Nodes[u].Name,
+				float64(usedLoad[u])/utilizationUnits/pp.m.coreMillis(u), pp.m.MaxNodeUtilization)
 		}
 	}
 	return ""
@@ -134,7 +154,8 @@ func (pp *placeProblem) pack() ([]int, error) {
 		budget = len(pp.svcs)*pp.n + 1
 	}
 	k := &packer{pp: pp, order: order, freeCPU: append([]int64(nil), pp.cpu...), freeMem: append([]int64(nil), pp.mem...),
-		counts: make([]int, len(pp.svcs)*pp.n), budget: budget, deepest: -1}
+		freeLoad: append([]int64(nil), pp.loadCap...),
+		counts:   make([]int, len(pp.svcs)*pp.n), budget: budget, deepest: -1}
 	if over == "" && k.service(0) {
 		nodes := make([]int, len(pp.pods))
 		for s, ps := range pp.svcs {
@@ -153,7 +174,7 @@ func (pp *placeProblem) pack() ([]int, error) {
 	}
 	s := order[max(k.deepest, 0)]
 	name := pp.m.Services[s].Name
-	why := pp.diagnose(s, k.deepCPU, k.deepMem, true)
+	why := pp.diagnose(s, k.deepCPU, k.deepMem, k.deepLoad, true)
 	if why == "" {
 		why = "cpu and memory: no combination of nodes fits the pods of all services together"
 	}
@@ -185,10 +206,12 @@ type packer struct {
 	pp               *placeProblem
 	order            []int
 	freeCPU, freeMem []int64
-	counts           []int // [s*n+u]
+	freeLoad         []int64 // headroom, each pod of a service taking placeService.load
+	counts           []int   // [s*n+u]
 	budget           int
 	deepest          int // deepest service position that failed
 	deepCPU, deepMem []int64
+	deepLoad         []int64
 }
 
 // service places the services order[pos:]; it reports success.
@@ -209,7 +232,7 @@ func (k *packer) service(pos int) bool {
 	maxAt := make([]int, pp.n+1) // maxAt[j]: pods of s the nodes nodes[j:] can take
 	for j := pp.n - 1; j >= 0; j-- {
 		u := nodes[j]
-		maxAt[j] = maxAt[j+1] + pp.fits(s, k.freeCPU[u], k.freeMem[u], pp.svcs[s].cap)
+		maxAt[j] = maxAt[j+1] + pp.fits(s, k.freeCPU[u], k.freeMem[u], k.freeLoad[u], pp.svcs[s].cap)
 	}
 	if k.spread(pos, s, nodes, maxAt, 0, pp.svcs[s].count) {
 		return true
@@ -218,6 +241,7 @@ func (k *packer) service(pos int) bool {
 		k.deepest = pos
 		k.deepCPU = append(k.deepCPU[:0], k.freeCPU...)
 		k.deepMem = append(k.deepMem[:0], k.freeMem...)
+		k.deepLoad = append(k.deepLoad[:0], k.freeLoad...)
 	}
 	return false
 }
@@ -232,7 +256,7 @@ func (k *packer) spread(pos, s int, nodes, maxAt []int, j, need int) bool {
 	}
 	pp, u := k.pp, nodes[j]
 	ps := &pp.svcs[s]
-	for c := min(need, pp.fits(s, k.freeCPU[u], k.freeMem[u], ps.cap)); c >= 0; c-- {
+	for c := min(need, pp.fits(s, k.freeCPU[u], k.freeMem[u], k.freeLoad[u], ps.cap)); c >= 0; c-- {
 		if need-c > maxAt[j+1] {
 			break
 		}
@@ -259,6 +283,9 @@ func (k *packer) take(s, u, c int) {
 	if k.freeMem[u] != unlimited {
 		k.freeMem[u] -= int64(c) * ps.mem
 	}
+	if k.freeLoad[u] != unlimited {
+		k.freeLoad[u] -= int64(c) * ps.load
+	}
 }
 
 func maxFinite(v []int64) int64 {
@@ -283,12 +310,12 @@ func (st *placeState) repair() bool {
 	var reps []int
 	for u := 0; u < n; u++ {
 		for {
-			overCPU, overMem := st.freeCPU[u] < 0, st.freeMem[u] < 0
+			overCPU, overMem, overLoad := st.freeCPU[u] < 0, st.freeMem[u] < 0, st.freeLoad[u] < 0
 			reps = reps[:0]
 			for _, p := range st.podsOn[u] {
 				s := pp.pods[p].svc
 				ps := &pp.svcs[s]
-				relieves := int(st.count[s*n+u]) > ps.cap || overCPU && ps.cpu > 0 || overMem && ps.mem > 0
+				relieves := int(st.count[s*n+u]) > ps.cap || overCPU && ps.cpu > 0 || overMem && ps.mem > 0 || overLoad && pp.load[p] > 0
 				if relieves && !st.hasClass(reps, p) {
 					reps = append(reps, p)
 				}

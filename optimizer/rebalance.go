@@ -177,7 +177,7 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 	var cands []candidate
 	prev := -1
 	for k, nodes := range [][]int{current, pp.fromCounts(opt.Previous), fromCurrent, fromScratch} {
-		if nodes == nil {
+		if nodes == nil || pp.feasible(nodes) != "" { // a search from a placement the repair could not mend
 			continue
 		}
 		if k == 1 {
@@ -441,7 +441,7 @@ func (seq *moveSequencer) order(target []int, out *Rebalance) ([]int, error) {
 			for a := range w.src {
 				for b, sb := range w.dst {
 					v := sb.node
-					if int(st.count[s*n+v]) >= pp.svcs[s].cap || !st.fitsResources(s, v) {
+					if int(st.count[s*n+v]) >= pp.svcs[s].cap || !st.fitsResources(w.src[a].pods[0], v) {
 						continue
 					}
 					if d := w.delta[a*len(w.dst)+b]; bestC < 0 || d < bestD {
