@@ -56,6 +56,13 @@ type Placement struct {
 	// Cost is the optimal LATA cost under this placement (what Plan(…, LATA) reports for the
 	// placed topology): Σ rps × latency over all routes, in ms·req/s.
 	Cost float64 `json:"cost" yaml:"cost"`
+	// Queueing is the predicted queueing under this placement, in ms·req/s: M/M/1 per pod with
+	// a service rate, its rate shared with its node's other pods (LoadSplit); 0 when no pod has
+	// one. Cost + Queueing is what larp minimises.
+	Queueing float64 `json:"queueing" yaml:"queueing"`
+	// Utilization is every node's planned use under this placement (Model.PodCPU), in node
+	// order.
+	Utilization []NodeUse `json:"utilization,omitempty" yaml:"utilization,omitempty"`
 	// Truncated says a budget (PlaceOptions) cut the search short: the placement is the best
 	// found by then, valid but possibly not what an unlimited search gives, and, if the
 	// wall-time budget cut it, dependent on the machine and its load.
@@ -162,6 +169,8 @@ func (pp *placeProblem) placement(policy PlacementPolicy, nodes []int) (*Placeme
 		return nil, err
 	}
 	out.Cost = alloc.Cost
+	cpu := m.podCPUs()
+	out.Queueing, out.Utilization = m.queueing(cpu, nodes), m.nodeUses(cpu, nodes)
 	return out, nil
 }
 

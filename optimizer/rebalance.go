@@ -52,6 +52,14 @@ type Rebalance struct {
 	CostBefore float64 `json:"costBefore"`
 	// CostTarget is the LATA cost of the target placement (Target applied).
 	CostTarget float64 `json:"costTarget"`
+	// QueueingBefore and QueueingTarget are the predicted queueing of the current and the
+	// target placement (Placement.Queueing), in ms·req/s.
+	QueueingBefore float64 `json:"queueingBefore"`
+	QueueingTarget float64 `json:"queueingTarget"`
+	// UtilizationBefore and UtilizationTarget are every node's planned use in the current and
+	// the target placement (Placement.Utilization), in node order.
+	UtilizationBefore []NodeUse `json:"utilizationBefore"`
+	UtilizationTarget []NodeUse `json:"utilizationTarget"`
 	// Target maps every pod of the model to its node in the target.
 	Target map[string]string `json:"target"`
 	// Moves lead from the current placement toward Target, in order: each is feasible in the
@@ -78,7 +86,7 @@ func (r *Rebalance) Placement() *Placement {
 	for pod, node := range r.Target {
 		target[pod] = node
 	}
-	return &Placement{Policy: LARP, Placement: target, Cost: r.CostTarget}
+	return &Placement{Policy: LARP, Placement: target, Cost: r.CostTarget, Queueing: r.QueueingTarget, Utilization: r.UtilizationTarget}
 }
 
 // PlanRebalance plans moves from the current placement of m (every pod's Node, as Compile
@@ -223,6 +231,9 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 	if out.CostTarget, err = coster.cost(pp, final); err != nil {
 		return nil, err
 	}
+	cpu := m.podCPUs()
+	out.QueueingBefore, out.UtilizationBefore = m.queueing(cpu, cur), m.nodeUses(cpu, cur)
+	out.QueueingTarget, out.UtilizationTarget = m.queueing(cpu, final), m.nodeUses(cpu, final)
 	out.Target = make(map[string]string, len(final))
 	out.TargetCounts = make(map[string]map[string]int, len(m.Services))
 	for i, u := range final {

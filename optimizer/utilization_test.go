@@ -137,12 +137,52 @@ func plannedUtilization(m *Model, placement map[string]string) map[string]float6
 	return out
 }
 
+// plannedQueueing recomputes the queueing of a placement from the topology's raw fields: per
+// pod with a service rate, 1000·ℓ/(μ(1−o) − ℓ), o the share of its node's cores its node's
+// other pods use (below lata-q's cap; the instances that reach it are not compared).
+func plannedQueueing(m *Model, placement map[string]string) (q float64, capped bool) {
+	util := plannedUtilization(m, placement)
+	for s, svc := range m.Topology.Services {
+		total := 0.0
+		for _, p := range svc.Pods {
+			total += p.CapacityWeight()
+		}
+		for _, p := range svc.Pods {
+			load := m.Services[s].Load * p.CapacityWeight() / total
+			mu := 0.0
+			if svc.CapacityRPS != nil {
+				mu = *svc.CapacityRPS * p.CapacityWeight()
+			}
+			if p.CapacityRPS != nil {
+				mu = *p.CapacityRPS
+			}
+			if mu == 0 {
+				continue
+			}
+			node := placement[QualifiedName(p.Name, svc.Namespace)]
+			var cores int
+			for _, n := range m.Nodes {
+				if n.Name == node {
+					cores = n.CoreCount()
+				}
+			}
+			own := float64(svc.CPU) * min(1, load/mu) / (1000 * float64(cores))
+			eff := mu * (1 - (util[node] - own))
+			if (util[node]-own)+load/mu >= m.UtilizationCap {
+				capped = true
+			}
+			q += 1000 * load / (eff - load)
+		}
+	}
+	return q, capped
+}
+
 // TestPlaceHeadroom: on random loaded instances every policy keeps every node's planned
 // utilisation within the limit, or says the instance is infeasible, naming the service; and
 // the limit binds on some of them (the unconstrained placement crosses it).
 func TestPlaceHeadroom(t *testing.T) {
 	const instances, limit = 120, 0.7
-	binding, infeasible := 0, 0
+	binding, infeasible, compared := 0, 0, 0
 	for seed := uint64(0); seed < instances; seed++ {
 		r := rand.New(rand.NewPCG(seed, 0x4ead))
 		top := withLoad(genPlaceTopology(seed, placeGenConfig{nodes: 5, services: 5, replicas: 4}), r)
@@ -175,6 +215,17 @@ func TestPlaceHeadroom(t *testing.T) {
 				continue
 			}
 			checkPlacement(t, label, limited, pl)
+			if q, capped := plannedQueueing(limited, pl.Placement); !capped {
+				compared++
+				if math.Abs(q-pl.Queueing) > 1e-9*(1+q) {
+					t.Fatalf("%s: queueing %v, recomputed %v", label, pl.Queueing, q)
+				}
+			}
+			for _, use := range pl.Utilization {
+				if want := plannedUtilization(limited, pl.Placement)[use.Node]; math.Abs(use.Utilization-want) > 1e-12 {
+					t.Fatalf("%s: node %s utilisation %v, recomputed %v", label, use.Node, use.Utilization, want)
+				}
+			}
 			for node, u := range plannedUtilization(limited, pl.Placement) {
 				if u > limit+1e-9 {
 					t.Fatalf("%s: node %s planned utilisation %.4f over the limit %v", label, node, u, limit)
@@ -182,8 +233,8 @@ func TestPlaceHeadroom(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d instances: the limit binds on %d, %d infeasible under it", instances, binding, infeasible)
-	if binding == 0 || infeasible == instances {
+	t.Logf("%d instances: the limit binds on %d, %d infeasible under it; queueing recomputed on %d placements", instances, binding, infeasible, compared)
+	if binding == 0 || infeasible == instances || compared == 0 {
 		t.Fatalf("the instances do not exercise the limit: binding %d, infeasible %d of %d", binding, infeasible, instances)
 	}
 }
