@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -148,6 +149,10 @@ type Config struct {
 	PlacementTimeout time.Duration
 	// Tolerance is optimizer.RebalanceOptions.Tolerance.
 	Tolerance float64
+	// MaxNodeUtilization is the highest planned utilisation the plan gives a node
+	// (optimizer.Options.MaxNodeUtilization): 0 means optimizer.DefaultMaxNodeUtilization,
+	// negative no limit.
+	MaxNodeUtilization float64
 	// Budget bounds the planning search (optimizer.RebalanceOptions.Budget; 0:
 	// optimizer.DefaultPlaceBudget, negative: no limit).
 	Budget time.Duration
@@ -192,6 +197,9 @@ func (cfg *Config) defaults() {
 	if cfg.Budget == 0 {
 		cfg.Budget = optimizer.DefaultPlaceBudget
 	}
+	if cfg.MaxNodeUtilization == 0 {
+		cfg.MaxNodeUtilization = optimizer.DefaultMaxNodeUtilization
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
@@ -221,6 +229,15 @@ type Report struct {
 	DryRun     bool      `json:"dryRun"`
 	CostBefore float64   `json:"costBefore"`
 	CostTarget float64   `json:"costTarget"`
+	// QueueingBefore and QueueingTarget are the predicted queueing parts of the cost
+	// (optimizer.Rebalance), in ms·req/s.
+	QueueingBefore float64 `json:"queueingBefore"`
+	QueueingTarget float64 `json:"queueingTarget"`
+	// UtilizationBefore and UtilizationTarget are every node's planned use now and at the
+	// target; MaxNodeUtilization the limit the target keeps (0: none).
+	UtilizationBefore  []optimizer.NodeUse `json:"utilizationBefore"`
+	UtilizationTarget  []optimizer.NodeUse `json:"utilizationTarget"`
+	MaxNodeUtilization float64             `json:"maxNodeUtilization"`
 	// Gain is the relative fall of the predicted cost, (before − target) / before.
 	Gain      float64 `json:"gain"`
 	Threshold float64 `json:"threshold"`
@@ -306,6 +323,9 @@ func New(cfg Config) (*Controller, error) {
 	sel, err := labels.Parse(cfg.Selector)
 	if err != nil {
 		return nil, fmt.Errorf("rebalancer: selector %q: %w", cfg.Selector, err)
+	}
+	if cfg.MaxNodeUtilization > 1 || math.IsNaN(cfg.MaxNodeUtilization) {
+		return nil, fmt.Errorf("rebalancer: max node utilization %v: want at most 1 (0: the default, negative: no limit)", cfg.MaxNodeUtilization)
 	}
 	cfg.defaults()
 	m, err := newMetrics(cfg.Registerer)
@@ -438,7 +458,7 @@ func (c *Controller) Plan() (*Report, error) {
 		return nil, err
 	}
 	placed := w.forPlanning(t)
-	m, err := optimizer.Compile(placed, optimizer.Options{DefaultLatencyMS: c.cfg.DefaultLatencyMS})
+	m, err := optimizer.Compile(placed, optimizer.Options{DefaultLatencyMS: c.cfg.DefaultLatencyMS, MaxNodeUtilization: max(0, c.cfg.MaxNodeUtilization)})
 	if err != nil {
 		return nil, fmt.Errorf("rebalancer: %w", err)
 	}
@@ -451,7 +471,9 @@ func (c *Controller) Plan() (*Report, error) {
 		return nil, fmt.Errorf("rebalancer: %w", err)
 	}
 	r := &Report{Time: now, DryRun: c.cfg.DryRun, CostBefore: plan.CostBefore, CostTarget: plan.CostTarget,
-		Threshold: c.cfg.Threshold, Truncated: plan.Truncated}
+		QueueingBefore: plan.QueueingBefore, QueueingTarget: plan.QueueingTarget,
+		UtilizationBefore: plan.UtilizationBefore, UtilizationTarget: plan.UtilizationTarget,
+		MaxNodeUtilization: max(0, c.cfg.MaxNodeUtilization), Threshold: c.cfg.Threshold, Truncated: plan.Truncated}
 	if plan.CostBefore > 0 {
 		r.Gain = (plan.CostBefore - plan.CostTarget) / plan.CostBefore
 	}

@@ -16,10 +16,11 @@ func init() { subcommands = append(subcommands, newPlaceCommand) }
 
 func newPlaceCommand() *cobra.Command {
 	var (
-		tf     topologyFlags
-		policy optimizer.PlacementPolicy
-		output string
-		budget time.Duration
+		tf      topologyFlags
+		policy  optimizer.PlacementPolicy
+		output  string
+		budget  time.Duration
+		maxUtil float64
 	)
 	cmd := &cobra.Command{
 		Use:   "place -f FILE [--policy P] [--budget D] [-o table|json|yaml|topology]",
@@ -34,8 +35,13 @@ func newPlaceCommand() *cobra.Command {
 			"--budget bounds larp's search (default 10s, 0: no limit): when it runs out, place prints the best\n" +
 			"placement found so far and says so on stderr (and \"truncated\": true in json/yaml). Only a run that\n" +
 			"was not cut short is deterministic.\n\n" +
-			"Output: table (each pod's node, per-node use, the cost beside k8s-spread's), json or yaml\n" +
-			"({policy, placement: {pod: node}, cost}), or topology: the input with the pods placed, which\n" +
+			"--max-node-utilization (default 0.7, 0: no limit) bounds every node's planned utilisation: the cpu its\n" +
+			"pods use at the load the call graph gives them (a pod's cpu request × load / capacity_rps; the whole\n" +
+			"request for a pod without capacity_rps) over the node's cores. A placement that cannot keep it is an\n" +
+			"error naming the service.\n\n" +
+			"Output: table (each pod's node, per-node use and planned utilisation, the network and queueing parts\n" +
+			"of the cost beside k8s-spread's), json or yaml ({policy, placement: {pod: node}, cost, queueing,\n" +
+			"utilization: [{node, cores, cpu, utilization}]}), or topology: the input with the pods placed, which\n" +
 			"edgeflow plan reads (edgeflow place -f F -o topology | edgeflow plan -f -).",
 		Example: "  edgeflow place -f topology.yaml\n" +
 			"  edgeflow place -f topology.yaml --policy larp-greedy -o json\n" +
@@ -45,8 +51,12 @@ func newPlaceCommand() *cobra.Command {
 			if budget < 0 {
 				return usageError{fmt.Errorf("--budget %v: must be >= 0 (0: no limit)", budget)}
 			}
+			if !(maxUtil >= 0 && maxUtil <= 1) {
+				return usageError{fmt.Errorf("--max-node-utilization %v: must be in (0, 1], or 0 for no limit", maxUtil)}
+			}
 			opts := tf.options(cmd)
 			opts.Unplaced = true
+			opts.MaxNodeUtilization = maxUtil
 			t, m, err := tf.load(cmd, opts)
 			if err != nil {
 				return err
@@ -82,6 +92,7 @@ func newPlaceCommand() *cobra.Command {
 		parse: optimizer.ParsePlacementPolicy, typ: "policy", noun: "placement policy"}, "policy", "", optimizer.LARP, "placement policy: larp, larp-greedy, k8s-spread")
 	outputVar(cmd, &output, "output format: table, json, yaml, topology", "table", "json", "yaml", "topology")
 	cmd.Flags().DurationVar(&budget, "budget", optimizer.DefaultPlaceBudget, "wall-time budget of larp's search; when it runs out the best placement so far is printed (0: no limit)")
+	cmd.Flags().Float64Var(&maxUtil, "max-node-utilization", optimizer.DefaultMaxNodeUtilization, "highest planned utilisation of a node's cores, in (0, 1] (0: no limit)")
 	return cmd
 }
 
@@ -140,23 +151,51 @@ func writePlaceTable(w io.Writer, m *optimizer.Model, pl, base *optimizer.Placem
 		}
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "NODE\tPODS\tCPU(m)\tMEMORY(MiB)\t")
-	for _, n := range m.Nodes {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t\n", n.Name, pods[n.Name], usage(cpu[n.Name], n.CPU), usage(mem[n.Name], n.Memory))
+	fmt.Fprintln(tw, "NODE\tPODS\tCPU(m)\tMEMORY(MiB)\tPLANNED CPU(m)\tUTILIZATION\t")
+	for v, n := range m.Nodes {
+		use := "n/a"
+		if v < len(pl.Utilization) {
+			use = utilization(pl.Utilization[v], m.MaxNodeUtilization)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t\n", n.Name, pods[n.Name], usage(cpu[n.Name], n.CPU), usage(mem[n.Name], n.Memory), use)
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintf(tw, "COST(%s)\tCOST(%s)\tCHANGE\t\n", pl.Policy, optimizer.K8sSpread)
-	if base != nil {
-		fmt.Fprintf(tw, "%.1f\t%.1f\t%s\t\n", pl.Cost, base.Cost, change(pl.Cost, base.Cost))
-	} else {
-		fmt.Fprintf(tw, "%.1f\tn/a\tn/a\t\n", pl.Cost)
+	fmt.Fprintf(tw, "\tCOST(%s)\tCOST(%s)\tCHANGE\t\n", pl.Policy, optimizer.K8sSpread)
+	rows := []struct {
+		name string
+		of   func(*optimizer.Placement) float64
+	}{
+		{"network", func(p *optimizer.Placement) float64 { return p.Cost }},
+		{"queueing", func(p *optimizer.Placement) float64 { return p.Queueing }},
+		{"total", func(p *optimizer.Placement) float64 { return p.Cost + p.Queueing }},
+	}
+	for _, r := range rows {
+		if base != nil {
+			fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%s\t\n", r.name, r.of(pl), r.of(base), change(r.of(pl), r.of(base)))
+		} else {
+			fmt.Fprintf(tw, "%s\t%.1f\tn/a\tn/a\t\n", r.name, r.of(pl))
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(&buf, "\ncost = optimal LATA cost of the placed topology: Σ rps × latency over all routes, in ms·req/s\n")
+	fmt.Fprintf(&buf, "\nnetwork = optimal LATA cost of the placed topology: Σ rps × latency over all routes, in ms·req/s\n"+
+		"queueing = Σ over pods with capacity_rps of their M/M/1 queueing, each pod's rate shared with its node's other pods (ms·req/s)\n"+
+		"planned cpu = the cpu the pods use at their planned load (the request without capacity_rps); utilization = planned cpu / cores\n")
 	_, err := w.Write(buf.Bytes())
 	return err
+}
+
+// utilization shows a node's planned cpu and utilisation, marking one over limit (0: none).
+func utilization(u optimizer.NodeUse, limit float64) string {
+	if u.Cores == 0 {
+		return fmt.Sprintf("%.0f\tn/a (cores unknown)", u.CPU)
+	}
+	mark := ""
+	if limit > 0 && u.Utilization > limit {
+		mark = fmt.Sprintf(" (over %.2f)", limit)
+	}
+	return fmt.Sprintf("%.0f\t%.2f of %d cores%s", u.CPU, u.Utilization, u.Cores, mark)
 }
 
 func usage(used, alloc int64) string {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,8 +60,8 @@ func TestPlaceJSONContract(t *testing.T) {
 			if err := json.Unmarshal([]byte(stdout), &raw); err != nil {
 				t.Fatalf("stdout is not a JSON object: %v\n%s", err, stdout)
 			}
-			if len(raw) != 3 || raw["policy"] == nil || raw["placement"] == nil || raw["cost"] == nil {
-				t.Fatalf("want exactly policy, placement and cost, got %s", stdout)
+			if len(raw) != 5 || raw["policy"] == nil || raw["placement"] == nil || raw["cost"] == nil || raw["queueing"] == nil || raw["utilization"] == nil {
+				t.Fatalf("want exactly policy, placement, cost, queueing and utilization, got %s", stdout)
 			}
 			var got struct {
 				Policy    string            `json:"policy"`
@@ -208,6 +209,11 @@ func TestPlaceTable(t *testing.T) {
 			t.Errorf("table does not show %q:\n%s", want, stdout)
 		}
 	}
+	for _, want := range []string{"PLANNED CPU(m)", "UTILIZATION", "network", "queueing", "total"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("table does not show %q:\n%s", want, stdout)
+		}
+	}
 	code, yamlOut, stderr := runCLI(t, placeTopology, "place", "-f", "-", "-o", "yaml")
 	if code != 0 || !strings.Contains(yamlOut, "policy: larp") || !strings.Contains(yamlOut, "frontend-0:") {
 		t.Fatalf("yaml: exit %d, stderr %q, stdout:\n%s", code, stderr, yamlOut)
@@ -243,5 +249,74 @@ func TestPlaceBudget(t *testing.T) {
 	code, stdout, stderr = runCLI(t, "", "place", "-f", path, "--budget", "0", "-o", "json")
 	if code != 0 || stderr != "" || strings.Contains(stdout, "truncated") {
 		t.Errorf("--budget 0: exit %d, stderr %q, stdout %s", code, stderr, stdout)
+	}
+}
+
+// TestPlaceMaxNodeUtilization: the flag bounds every node's planned utilisation (without it
+// larp packs caller and callee pods together), an instance that cannot keep it is an error
+// naming the service with nothing on stdout, and a bad value is a usage error.
+func TestPlaceMaxNodeUtilization(t *testing.T) {
+	t.Parallel()
+	// Every pod serves 120 rps of a capacity of 200 on a 1000m request: 600m, 0.3 of a 2-core
+	// node. A front and a back pod together make 0.6.
+	const topology = `
+nodes:
+  - {name: a, cpu: 2000, memory: 4096}
+  - {name: b, cpu: 2000, memory: 4096}
+  - {name: c, cpu: 2000, memory: 4096}
+  - {name: d, cpu: 2000, memory: 4096}
+latency:
+  - {from: a, to: b, ms: 5}
+  - {from: a, to: c, ms: 5}
+  - {from: a, to: d, ms: 5}
+  - {from: b, to: c, ms: 5}
+  - {from: b, to: d, ms: 5}
+  - {from: c, to: d, ms: 5}
+services:
+  - {name: front, cpu: 1000, memory: 128, replicas: 2, capacity_rps: 200}
+  - {name: back, cpu: 1000, memory: 128, replicas: 2, capacity_rps: 200}
+calls:
+  - {from: front, to: back}
+ingress:
+  - {service: front, rps: 240}
+`
+	path := writeTopology(t, topology)
+	for _, tc := range []struct {
+		limit   string
+		highest float64 // the highest node utilisation wanted
+	}{{"0.5", 0.3}, {"0", 0.6}} {
+		code, stdout, stderr := runCLI(t, "", "place", "-f", path, "--max-node-utilization", tc.limit, "-o", "json")
+		if code != 0 {
+			t.Fatalf("limit %s: exit %d: %s", tc.limit, code, stderr)
+		}
+		var got struct {
+			Utilization []struct {
+				Node        string  `json:"node"`
+				Cores       int     `json:"cores"`
+				CPU         float64 `json:"cpu"`
+				Utilization float64 `json:"utilization"`
+			} `json:"utilization"`
+		}
+		if err := json.Unmarshal([]byte(stdout), &got); err != nil {
+			t.Fatal(err)
+		}
+		highest := 0.0
+		for _, u := range got.Utilization {
+			if u.Cores != 2 || math.Abs(u.Utilization-u.CPU/2000) > 1e-12 {
+				t.Errorf("limit %s: node %+v", tc.limit, u)
+			}
+			highest = max(highest, u.Utilization)
+		}
+		if len(got.Utilization) != 4 || math.Abs(highest-tc.highest) > 1e-9 {
+			t.Errorf("limit %s: utilization %+v, want the highest %v", tc.limit, got.Utilization, tc.highest)
+		}
+	}
+	code, stdout, stderr := runCLI(t, "", "place", "-f", path, "--max-node-utilization", "0.25")
+	if code != 2 || stdout != "" || !strings.Contains(stderr, `headroom`) || !strings.Contains(stderr, `service "`) {
+		t.Errorf("limit 0.25: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	code, _, stderr = runCLI(t, "", "place", "-f", path, "--max-node-utilization", "1.5")
+	if code != 2 || !strings.Contains(stderr, "--max-node-utilization 1.5") {
+		t.Errorf("limit 1.5: exit %d, stderr %q", code, stderr)
 	}
 }

@@ -31,7 +31,7 @@ type rebalanceFlags struct {
 	allowSingleReplica                      bool
 	period                                  time.Duration
 	placementTimeout                        time.Duration
-	threshold                               float64
+	threshold, maxUtil                      float64
 	maxMoves, maxPerNode, maxPerNS          int
 	minAge, cooldown, gateTimeout, budget   time.Duration
 	leaseNamespace, leaseName               string
@@ -43,6 +43,7 @@ func (f *rebalanceFlags) register(cmd *cobra.Command, prefix string) {
 	fl.BoolVar(&f.dryRun, prefix+"dry-run", true, "plan and report only; --"+prefix+"dry-run=false evicts pods and gates their replacements")
 	fl.DurationVar(&f.period, prefix+"period", rebalancer.DefaultPeriod, "time between runs (SIGUSR1 runs at once)")
 	fl.Float64Var(&f.threshold, prefix+"threshold", rebalancer.DefaultThreshold, "act only when the predicted LATA cost falls by at least this fraction")
+	fl.Float64Var(&f.maxUtil, prefix+"max-node-utilization", optimizer.DefaultMaxNodeUtilization, "highest planned utilisation of a node's cores the plan gives a node, in (0, 1] (0: no limit)")
 	fl.IntVar(&f.maxMoves, prefix+"max-moves", rebalancer.DefaultMaxMoves, "most pods evicted per run")
 	fl.IntVar(&f.maxPerNode, prefix+"max-moves-per-node", rebalancer.DefaultMaxMovesPerNode, "most moves per run leaving or entering one node")
 	fl.IntVar(&f.maxPerNS, prefix+"max-moves-per-namespace", rebalancer.DefaultMaxMovesPerNamespace, "most moves per run in one namespace")
@@ -64,6 +65,8 @@ func (f *rebalanceFlags) check() error {
 	switch {
 	case f.threshold >= 1:
 		return badInput("the threshold is a fraction below 1, not %v", f.threshold)
+	case !(f.maxUtil >= 0 && f.maxUtil <= 1):
+		return badInput("the max node utilization is in (0, 1], or 0 for no limit, not %v", f.maxUtil)
 	case f.maxMoves < 1 || f.maxPerNode < 1 || f.maxPerNS < 1:
 		return badInput("the move limits must be at least 1")
 	case f.budget < 0:
@@ -92,7 +95,7 @@ func (f *rebalanceFlags) lease() rebalancer.LeaderConfig {
 func (f *rebalanceFlags) controller(inf *kube.Informers, cf *clusterFlags, cluster *watcher.Live, defaultLatency *float64, logger *slog.Logger, reg prometheus.Registerer) (*rebalancer.Controller, error) {
 	c, err := rebalancer.New(rebalancer.Config{Client: inf.Client(), Informers: inf, Topology: cluster.Measured, Namespaces: cf.namespaces,
 		Selector: cf.selector, DefaultLatencyMS: defaultLatency, DryRun: f.dryRun, Period: f.period,
-		Threshold: f.threshold, MaxMoves: f.maxMoves, MaxMovesPerNode: f.maxPerNode, MaxMovesPerNamespace: f.maxPerNS,
+		Threshold: f.threshold, MaxNodeUtilization: utilizationOrNone(f.maxUtil), MaxMoves: f.maxMoves, MaxMovesPerNode: f.maxPerNode, MaxMovesPerNamespace: f.maxPerNS,
 		MinAge: f.minAge, Cooldown: f.cooldown, GateTimeout: f.gateTimeout, PlacementTimeout: f.placementTimeout,
 		AllowSingleReplica: f.allowSingleReplica, Budget: budgetOrNone(f.budget), Identity: processIdentity(),
 		Logger: logger, Registerer: reg})
@@ -247,12 +250,28 @@ func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, outp
 	return g.Wait()
 }
 
+// utilizationOrNone maps the flag's 0 ("no limit") to the Config's negative.
+func utilizationOrNone(u float64) float64 {
+	if u == 0 {
+		return -1
+	}
+	return u
+}
+
 // budgetOrNone maps the flag's 0 ("none") to the Config's negative.
 func budgetOrNone(d time.Duration) time.Duration {
 	if d == 0 {
 		return -1
 	}
 	return d
+}
+
+// nodeUtilization shows a node's planned utilisation and cpu ("n/a" with unknown cores).
+func nodeUtilization(u optimizer.NodeUse) string {
+	if u.Cores == 0 {
+		return fmt.Sprintf("n/a (%.0fm)", u.CPU)
+	}
+	return fmt.Sprintf("%.2f (%.0fm)", u.Utilization, u.CPU)
 }
 
 func orNone(s string) string {
@@ -293,8 +312,30 @@ func writeRebalanceTable(w io.Writer, r *rebalancer.Report) error {
 	}
 	fmt.Fprintf(&buf, "Predicted LATA cost: %.1f now, %.1f at the target (gain %.1f%%, threshold %.1f%%; %s)\n",
 		r.CostBefore, r.CostTarget, 100*r.Gain, 100*r.Threshold, mode)
+	fmt.Fprintf(&buf, "Predicted cost split (ms·req/s): network %.1f → %.1f, queueing %.1f → %.1f, total %.1f → %.1f\n",
+		r.CostBefore, r.CostTarget, r.QueueingBefore, r.QueueingTarget, r.CostBefore+r.QueueingBefore, r.CostTarget+r.QueueingTarget)
 	if r.Truncated {
 		fmt.Fprintln(&buf, "The planning budget cut the search short: the target is the best found in time (--budget).")
+	}
+	if len(r.UtilizationBefore) > 0 {
+		limit := "none"
+		if r.MaxNodeUtilization > 0 {
+			limit = fmt.Sprintf("%.2f", r.MaxNodeUtilization)
+		}
+		fmt.Fprintf(&buf, "\nPlanned node utilisation (planned cpu / cores; limit %s):\n", limit)
+		tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "NODE\tCORES\tNOW\tTARGET\t")
+		for v, before := range r.UtilizationBefore {
+			target := "n/a"
+			if v < len(r.UtilizationTarget) {
+				target = nodeUtilization(r.UtilizationTarget[v])
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t\n", before.Node, before.Cores, nodeUtilization(before), target)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintln(&buf)
 	}
 	if len(r.Moves) == 0 {
 		fmt.Fprintln(&buf, "No moves: the pods already run where the plan wants them.")
