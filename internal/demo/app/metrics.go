@@ -4,10 +4,13 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
@@ -24,6 +27,16 @@ import (
 //     pod's simulated busy time (Pod.BusyTime), since a simulated pod sleeps and uses no CPU.
 //   - kube-state-metrics' kube_pod_container_resource_requests{resource="cpu", unit="core"}:
 //     the pod's CPU request, when it has one.
+//   - grpc-go's OpenTelemetry client metric grpc.client.attempt.duration with the optional
+//     label grpc.lb.locality, as OpenTelemetry's Prometheus exporter names it:
+//     grpc_client_attempt_duration_seconds{grpc_method, grpc_target, grpc_status,
+//     grpc_lb_locality} (a histogram in seconds with grpc-go's default latency buckets;
+//     grpc-go stats/opentelemetry client_metrics.go, processRPCEnd). A stand-in, when the pod has
+//     a Config.Locality: the demo links no OpenTelemetry module, so the pod times each
+//     downstream call itself and labels it with the locality grpc-go's xDS balancer would give
+//     (internal/xds/balancer/clusterimpl/picker.go sets grpc.lb.locality to the picked
+//     endpoint's locality, xdsinternal.LocalityString). A demo call makes one attempt (no
+//     retries), so its time is the attempt's. The exporter's otel_scope_* labels are left out.
 //
 // In a cluster these come from three places (the sidecar, the kubelet's cAdvisor, kube-state-
 // metrics), and Prometheus' scrape adds the pod label to Istio's; here every pod serves all of
@@ -91,12 +104,23 @@ func or(s, def string) string {
 	return s
 }
 
+// grpcLatencyBounds are grpc-go's default buckets of its latency metrics, in seconds
+// (stats/opentelemetry: DefaultLatencyBounds).
+var grpcLatencyBounds = []float64{0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002, 0.003, 0.004, 0.005,
+	0.006, 0.008, 0.01, 0.013, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08, 0.1, 0.13, 0.16, 0.2, 0.25, 0.3, 0.4,
+	0.5, 0.65, 0.8, 1, 2, 5, 10, 20, 50, 100}
+
+// attemptLabels are the labels of grpc_client_attempt_duration_seconds: grpc-go's per-attempt
+// labels and the optional grpc.lb.locality, dots as the Prometheus exporter turns them.
+var attemptLabels = []string{"grpc_method", "grpc_target", "grpc_status", "grpc_lb_locality"}
+
 // podMetrics is a pod's registry and the metrics its handler and calls update.
 type podMetrics struct {
 	reg      *prometheus.Registry
 	self     workload
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	attempts *prometheus.HistogramVec // nil without Config.Locality
 }
 
 func newPodMetrics(p *Pod) *podMetrics {
@@ -119,6 +143,14 @@ func newPodMetrics(p *Pod) *podMetrics {
 		Help:        "Stand-in for cAdvisor's CPU usage: the pod's simulated busy time (service time held on a worker and a core), in seconds.",
 		ConstLabels: container,
 	}, func() float64 { return p.BusyTime().Seconds() }))
+	if p.cfg.Locality != nil {
+		m.attempts = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "grpc_client_attempt_duration_seconds",
+			Help:    "Stand-in for grpc-go's OpenTelemetry grpc.client.attempt.duration: end-to-end time taken to complete a client call attempt, by the picked endpoint's locality.",
+			Buckets: grpcLatencyBounds,
+		}, attemptLabels)
+		m.reg.MustRegister(m.attempts)
+	}
 	if p.cfg.CPURequest > 0 {
 		req := prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kube_pod_container_resource_requests",
@@ -154,6 +186,35 @@ func (m *podMetrics) outbound(ctx context.Context, d Downstream, took time.Durat
 	}
 	// The source cannot know the security policy (Istio reports "unknown" there).
 	m.observe("source", m.self, workload{name: d.Service, namespace: d.Namespace, version: defaultVersion}, code, err, flags, unknown, took)
+}
+
+// attempt records one call attempt to d at the callee's locality (grpc-go's label value),
+// taking took, with error err (nil: OK), in grpc_client_attempt_duration_seconds.
+func (m *podMetrics) attempt(d Downstream, locality string, took time.Duration, err error) {
+	target := d.Target
+	if target == "" {
+		target = d.Service
+	}
+	m.attempts.WithLabelValues(strings.TrimPrefix(MethodCall, "/"), target, canonicalCode(status.Code(err)), locality).Observe(took.Seconds())
+}
+
+// canonicalCode is a status code as grpc-go's OpenTelemetry labels grpc.status: the canonical
+// upper-case name (grpc-go codes/code_string.go, canonicalString).
+func canonicalCode(c codes.Code) string {
+	switch c {
+	case codes.OK:
+		return "OK"
+	case codes.Canceled:
+		return "CANCELLED"
+	}
+	var b strings.Builder
+	for i, r := range c.String() {
+		if i > 0 && unicode.IsUpper(r) {
+			b.WriteByte('_')
+		}
+		b.WriteRune(unicode.ToUpper(r))
+	}
+	return b.String()
 }
 
 func (m *podMetrics) observe(reporter string, src, dst workload, code string, err error, flags, security string, d time.Duration) {

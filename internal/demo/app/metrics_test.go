@@ -158,3 +158,51 @@ func TestPodMetricsErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestPodAttemptMetrics: with a Locality, a caller pod exports the stand-in of grpc-go's
+// grpc.client.attempt.duration: one histogram per (target, status, callee locality), the
+// locality the one Locality gives for the peer the call reached (the leaf's address), each
+// call's time including the leaf's injected delay; a failed call is labelled with its
+// canonical status; a pod without a Locality exports none.
+func TestPodAttemptMetrics(t *testing.T) {
+	t.Parallel()
+	const delay = 3 * time.Millisecond
+	leaf := newPod(t, Config{Name: "details-0", Node: "n2", Workload: "details", Workers: 1,
+		Delay: func(string) time.Duration { return delay }})
+	leafConn := serve(t, leaf)
+	leafAddr := leafConn.CanonicalTarget()
+	const locality = `{region="", zone="n2", sub_zone="edgeflow/band"}`
+	front := newPod(t, Config{Name: "productpage-0", Node: "n1", Workload: "productpage", Workers: 1,
+		Downstream: []Downstream{{Service: "details", Rate: 2, Conn: leafConn, Target: "xds:///details"},
+			{Service: "broken", Rate: 1, Conn: failingConn{}, Target: "xds:///broken"}},
+		Locality: func(addr string) string {
+			if strings.HasSuffix(leafAddr, addr) {
+				return locality
+			}
+			return "unexpected " + addr
+		}})
+	frontConn := serve(t, front)
+	for range 3 {
+		if _, err := Call(context.Background(), frontConn, "", ""); err == nil {
+			t.Fatal("want the broken downstream's error")
+		}
+	}
+	mfs := scrape(t, front)
+	ok := series(mfs, "grpc_client_attempt_duration_seconds", map[string]string{"grpc_method": "edgeflow.e2e.Pod/Call",
+		"grpc_target": "xds:///details", "grpc_status": "OK", "grpc_lb_locality": locality})
+	if len(ok) != 1 {
+		t.Fatalf("%d attempt histograms to details at %s, want 1: %v", len(ok), locality, mfs["grpc_client_attempt_duration_seconds"])
+	}
+	h := ok[0].GetHistogram()
+	if h.GetSampleCount() != 6 || h.GetSampleSum() < 6*delay.Seconds() || len(h.GetBucket()) != len(grpcLatencyBounds)+1 {
+		t.Errorf("attempts to details: %d in %.4f s over %d buckets; want 6 of at least %v each, grpc-go's %d buckets",
+			h.GetSampleCount(), h.GetSampleSum(), len(h.GetBucket()), delay, len(grpcLatencyBounds)+1)
+	}
+	failed := series(mfs, "grpc_client_attempt_duration_seconds", map[string]string{"grpc_target": "xds:///broken", "grpc_status": "RESOURCE_EXHAUSTED", "grpc_lb_locality": ""})
+	if len(failed) != 1 || failed[0].GetHistogram().GetSampleCount() != 3 {
+		t.Errorf("failed attempts: %v; want 3 labelled RESOURCE_EXHAUSTED without a locality (no peer)", failed)
+	}
+	if _, ok := scrape(t, leaf)["grpc_client_attempt_duration_seconds"]; ok {
+		t.Error("details-0 has no Locality, yet exports attempt durations")
+	}
+}

@@ -25,6 +25,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -67,6 +68,9 @@ type Downstream struct {
 	Rate float64
 	// Conn carries the calls, e.g. a grpc-go channel to xds:///SERVICE. The pod does not own it.
 	Conn grpc.ClientConnInterface
+	// Target is the target Conn dialled (grpc-go's ClientConn.CanonicalTarget, e.g.
+	// "xds:///reviews"): the grpc_target label of the pod's attempt-duration stand-in.
+	Target string
 }
 
 // Config describes a pod.
@@ -104,6 +108,12 @@ type Config struct {
 	// Downstream are called in order, sequentially, after the pod's own work (as Bookinfo's
 	// productpage calls details, then reviews).
 	Downstream []Downstream
+	// Locality, if set, returns the xDS locality of the callee at peer address addr as grpc-go
+	// labels its client metrics (grpc.lb.locality, gRFC A76's string, e.g. `{region="",
+	// zone="n2", sub_zone="edgeflow/band"}`), and the pod exports its stand-in of grpc-go's
+	// OpenTelemetry grpc.client.attempt.duration (see metrics.go). "" for an address it does
+	// not know: grpc-go's value for a pick without a locality. Nil exports no attempt metric.
+	Locality func(addr string) string
 }
 
 // Pod is a simulated microservice pod. Its methods are safe for concurrent use.
@@ -270,8 +280,17 @@ func (p *Pod) serve(ctx context.Context) (*wrapperspb.StringValue, error) {
 	for _, d := range p.cfg.Downstream {
 		for range calls(d.Rate) {
 			start := time.Now()
-			_, err := Call(out, d.Conn, p.cfg.Name, p.cfg.Node)
-			p.metrics.outbound(ctx, d, time.Since(start), err)
+			var callee grpcpeer.Peer
+			_, err := Call(out, d.Conn, p.cfg.Name, p.cfg.Node, grpc.Peer(&callee))
+			took := time.Since(start)
+			p.metrics.outbound(ctx, d, took, err)
+			if p.cfg.Locality != nil {
+				locality := ""
+				if callee.Addr != nil {
+					locality = p.cfg.Locality(callee.Addr.String())
+				}
+				p.metrics.attempt(d, locality, took, err)
+			}
 			if err != nil {
 				st := status.Convert(err)
 				return nil, status.Errorf(st.Code(), "%s → %s: %s", p.cfg.Name, d.Service, st.Message())
