@@ -1,0 +1,286 @@
+package estimate
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// latencyWorld is a small world for the corrector: a callee service s with one pod on each of
+// the nodes a, b and c, called from each node. An attempt pays the band's inbound time (own
+// work and queueing, exponential), the ICMP RTT, an overhead every path pays (the client
+// library, the sidecars), and the pair's hidden penalty.
+type latencyWorld struct {
+	rng        *rand.Rand
+	icmp       map[NodePair]float64
+	penalty    map[NodePair]float64
+	overheadMS float64
+	inboundMS  float64 // mean inbound time
+}
+
+func newLatencyWorld(seed uint64) *latencyWorld {
+	icmp := map[NodePair]float64{}
+	for _, e := range []struct {
+		u, v string
+		ms   float64
+	}{{"a", "b", 4}, {"a", "c", 6}, {"b", "c", 2}} {
+		icmp[NodePair{e.u, e.v}], icmp[NodePair{e.v, e.u}] = e.ms, e.ms
+	}
+	for _, n := range []string{"a", "b", "c"} {
+		icmp[NodePair{n, n}] = 0
+	}
+	return &latencyWorld{rng: rand.New(rand.NewPCG(seed, 1)), icmp: icmp, penalty: map[NodePair]float64{}, overheadMS: 0.3, inboundMS: 5}
+}
+
+func (w *latencyWorld) rtt(p NodePair) (float64, bool) { ms, ok := w.icmp[p]; return ms, ok }
+
+// round draws one window: bandRequests inbound requests per band and attempts per pair
+// (from every node to every node), each attempt's inbound time drawn afresh.
+func (w *latencyWorld) round(bandRequests, attempts int) ([]PathWindow, []BandWindow) {
+	var paths []PathWindow
+	var bands []BandWindow
+	draw := func(n int) float64 {
+		var sum float64
+		for range n {
+			sum += w.rng.ExpFloat64() * w.inboundMS
+		}
+		return sum
+	}
+	for _, v := range []string{"a", "b", "c"} {
+		bands = append(bands, BandWindow{Service: "s", Node: v, Requests: float64(bandRequests), InboundMS: draw(bandRequests)})
+		for _, u := range []string{"a", "b", "c"} {
+			p := NodePair{u, v}
+			extra := w.icmp[p] + w.overheadMS + w.penalty[p]
+			paths = append(paths, PathWindow{Pair: p, Service: "s", Attempts: float64(attempts), AttemptMS: draw(attempts) + float64(attempts)*extra})
+		}
+	}
+	return paths, bands
+}
+
+func byPair(ps []LatencyPenalty) map[NodePair]LatencyPenalty {
+	out := map[NodePair]LatencyPenalty{}
+	for _, p := range ps {
+		out[p.Pair] = p
+	}
+	return out
+}
+
+func newCorrector(t *testing.T, cfg LatencyConfig) *LatencyCorrector {
+	t.Helper()
+	c, err := NewLatencyCorrector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestLatencyFindsPenalty: a hidden 3 ms penalty on a→b under constant load (exponential own
+// times, an overhead every path pays) is found within ±1 ms once MinWindows windows are in,
+// not before, and no other pair gets one beyond the same ±1 ms: the overhead is not taken for
+// distance. Over seeds.
+func TestLatencyFindsPenalty(t *testing.T) {
+	for seed := range uint64(20) {
+		w := newLatencyWorld(seed)
+		w.penalty[NodePair{"a", "b"}] = 3
+		c := newCorrector(t, LatencyConfig{MinRequests: 50})
+		for r := 1; r <= 8; r++ {
+			paths, bands := w.round(300, 100)
+			got, err := c.Observe(paths, bands, w.rtt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pen := byPair(got)
+			ab := pen[NodePair{"a", "b"}]
+			if r < 3 {
+				if ab.PenaltyMS != 0 || ab.Measured {
+					t.Fatalf("seed %d round %d: a→b %+v before MinWindows (3) windows", seed, r, ab)
+				}
+				continue
+			}
+			if !ab.Measured || math.Abs(ab.PenaltyMS-3) > 1 {
+				t.Fatalf("seed %d round %d: a→b %+v; want 3 ± 1 ms, measured", seed, r, ab)
+			}
+			for pair, p := range pen {
+				if pair != (NodePair{"a", "b"}) && p.PenaltyMS > 1 {
+					t.Errorf("seed %d round %d: %s has a penalty %+v; it has none (±1 ms)", seed, r, pair, p)
+				}
+			}
+		}
+	}
+}
+
+// TestLatencyThinData: windows under the sample floor correct nothing, however large their
+// residual; and so do windows without the callee band's inbound time (its band under the
+// floor), or without any same-node path to take the baseline from.
+func TestLatencyThinData(t *testing.T) {
+	for _, c := range []struct {
+		name               string
+		bandReq, attempts  int
+		dropSameNode       bool
+		wantMeasuredAnyway bool
+	}{
+		{"attempts under the floor", 300, 40, false, false},
+		{"band under the floor", 40, 100, false, false},
+		{"no same-node path", 300, 100, true, false},
+		{"enough", 300, 100, false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := newLatencyWorld(1)
+			w.penalty[NodePair{"a", "b"}] = 20
+			corr := newCorrector(t, LatencyConfig{MinRequests: 50})
+			var got []LatencyPenalty
+			for range 6 {
+				paths, bands := w.round(c.bandReq, c.attempts)
+				if c.dropSameNode {
+					kept := paths[:0]
+					for _, p := range paths {
+						if p.Pair.From != p.Pair.To {
+							kept = append(kept, p)
+						}
+					}
+					paths = kept
+				}
+				var err error
+				if got, err = corr.Observe(paths, bands, w.rtt); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ab := byPair(got)[NodePair{"a", "b"}]
+			if c.wantMeasuredAnyway {
+				if !ab.Measured || math.Abs(ab.PenaltyMS-20) > 1 {
+					t.Fatalf("a→b %+v; want 20 ± 1 ms", ab)
+				}
+				return
+			}
+			if ab.Measured || ab.PenaltyMS != 0 {
+				t.Fatalf("a→b %+v; want no correction", ab)
+			}
+		})
+	}
+}
+
+// TestLatencyDecay: once a found penalty's data thins (its pair's attempts under the floor),
+// the penalty in force halves every HalfLife rounds, never rises, and is 0 (pure ICMP) within
+// the rounds a halving from 3 ms to under HysteresisMS takes; the other pairs are untouched.
+func TestLatencyDecay(t *testing.T) {
+	w := newLatencyWorld(2)
+	ab := NodePair{"a", "b"}
+	w.penalty[ab] = 3
+	c := newCorrector(t, LatencyConfig{MinRequests: 50, HalfLife: 2})
+	var found float64
+	for range 5 {
+		paths, bands := w.round(300, 100)
+		got, err := c.Observe(paths, bands, w.rtt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found = byPair(got)[ab].PenaltyMS
+	}
+	if math.Abs(found-3) > 1 {
+		t.Fatalf("a→b penalty %v after 5 rounds; want 3 ± 1", found)
+	}
+	prev := found
+	rounds := 0
+	for prev > 0 {
+		rounds++
+		if rounds > 20 {
+			t.Fatalf("a→b penalty still %v after 20 thin rounds", prev)
+		}
+		paths, bands := w.round(300, 100)
+		for i := range paths {
+			if paths[i].Pair == ab {
+				paths[i].Attempts, paths[i].AttemptMS = 10, 10*(w.inboundMS+7) // under the floor
+			}
+		}
+		got, err := c.Observe(paths, bands, w.rtt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := byPair(got)[ab]
+		// The sliding windows age out first (MinWindows of the last Windows rounds stay
+		// measured), then the decay.
+		if p.PenaltyMS > prev {
+			t.Fatalf("thin round %d: a→b penalty rose from %v to %v", rounds, prev, p.PenaltyMS)
+		}
+		if !p.Measured && p.PenaltyMS > 0 && math.Abs(p.PenaltyMS-prev*math.Exp2(-0.5)) > 1e-9 {
+			t.Fatalf("thin round %d: a→b penalty %v after %v; want it halved every 2 rounds", rounds, p.PenaltyMS, prev)
+		}
+		prev = p.PenaltyMS
+	}
+	// Measured for Windows − MinWindows + 1 = 3 more rounds, then from ≤ 4 ms to under 0.5 ms
+	// takes at most 6 rounds at a half-life of 2.
+	if rounds > 3+6 {
+		t.Errorf("a→b back to ICMP after %d thin rounds; want at most 9", rounds)
+	}
+}
+
+// TestLatencyBoundAndHysteresis: a residual beyond MaxPenaltyMS is taken as MaxPenaltyMS; a
+// penalty that moves within HysteresisMS leaves the one in force; one that moves further
+// replaces it.
+func TestLatencyBoundAndHysteresis(t *testing.T) {
+	w := newLatencyWorld(3)
+	ab := NodePair{"a", "b"}
+	w.penalty[ab] = 500
+	c := newCorrector(t, LatencyConfig{MinRequests: 50, MaxPenaltyMS: 40, HysteresisMS: 2, Windows: 3})
+	observe := func() LatencyPenalty {
+		t.Helper()
+		paths, bands := w.round(300, 100)
+		got, err := c.Observe(paths, bands, w.rtt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return byPair(got)[ab]
+	}
+	var p LatencyPenalty
+	for range 3 {
+		p = observe()
+	}
+	if p.PenaltyMS != 40 || !(p.EstimateMS > 400) {
+		t.Fatalf("a→b %+v; want the bound, 40 ms, from an estimate near 500", p)
+	}
+	w.penalty[ab] = 10
+	for range 3 { // the windows of 500 ms age out
+		p = observe()
+	}
+	if math.Abs(p.PenaltyMS-10) > 1 {
+		t.Fatalf("a→b %+v; want 10 ± 1 ms", p)
+	}
+	inForce := p.PenaltyMS
+	w.penalty[ab] = inForce + 1 // within the 2 ms band
+	for range 3 {
+		if p = observe(); p.PenaltyMS != inForce {
+			t.Fatalf("a→b %+v: moved from %v within the hysteresis band", p, inForce)
+		}
+	}
+	w.penalty[ab] = inForce + 4
+	for range 3 {
+		p = observe()
+	}
+	// It moved beyond the band, to within the band (and ±1 ms of noise) of the truth.
+	if !(p.PenaltyMS > inForce+2) || math.Abs(p.PenaltyMS-(inForce+4)) > 2+1 {
+		t.Fatalf("a→b %+v; want a move from %v beyond the 2 ms band, to %v ± 3 ms", p, inForce, inForce+4)
+	}
+}
+
+// TestLatencyInvalid: bad windows are left out, each named in the error; the round counts;
+// a bad config is refused.
+func TestLatencyInvalid(t *testing.T) {
+	c := newCorrector(t, LatencyConfig{})
+	_, err := c.Observe([]PathWindow{{Pair: NodePair{"a", "b"}, Service: "s", Attempts: -1}, {Pair: NodePair{"", "b"}, Service: "s"}},
+		[]BandWindow{{Service: "s", Node: "b", Requests: math.NaN()}}, func(NodePair) (float64, bool) { return 0, true })
+	if !errors.Is(err, ErrInvalidSample) {
+		t.Fatalf("error %v; want ErrInvalidSample", err)
+	}
+	for _, want := range []string{`path a→b to service "s"`, `path →b`, `band of service "s" on node "b"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+	for _, cfg := range []LatencyConfig{{MinRequests: -1}, {MinWindows: 6}, {MaxPenaltyMS: math.Inf(1)}, {HysteresisMS: 60}, {HalfLife: -1}} {
+		if _, err := NewLatencyCorrector(cfg); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("config %+v: error %v; want ErrInvalidConfig", cfg, err)
+		}
+	}
+}
