@@ -63,7 +63,9 @@ type LatencyConfig struct {
 	// penalty below it is not applied. Default 0.5 ms.
 	HysteresisMS float64
 	// HalfLife is the number of rounds over which a penalty without a measurement (its data
-	// thinned) halves, until it falls under HysteresisMS and is dropped. Default 2.
+	// thinned) halves, until it falls under HysteresisMS and is dropped. Default 5: the plan
+	// that moved traffic off a penalised pair thins its data, and a penalty gone within a few
+	// windows would draw the traffic straight back.
 	HalfLife int
 }
 
@@ -88,7 +90,7 @@ func (c LatencyConfig) withDefaults() (LatencyConfig, error) {
 		c.HysteresisMS = 0.5
 	}
 	if c.HalfLife == 0 {
-		c.HalfLife = 2
+		c.HalfLife = 5
 	}
 	switch {
 	case !(c.MinRequests > 0) || math.IsInf(c.MinRequests, 0):
@@ -154,6 +156,8 @@ type LatencyPenalty struct {
 //     when under HysteresisMS: with no data the plan returns to pure ICMP. (A plan that moved
 //     all traffic off a penalised pair will, once the penalty decayed, send some back, and the
 //     penalty is found again: the price of not trusting stale data.)
+//   - Idle rounds. A round in which no pair has a window over the floor (no load at all, or
+//     no telemetry) is no round: nothing ages and nothing decays, since nothing was measured.
 //
 // Observe costs O(windows + pairs · Windows).
 type LatencyCorrector struct {
@@ -194,7 +198,7 @@ func NewLatencyCorrector(cfg LatencyConfig) (*LatencyCorrector, error) {
 func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp func(NodePair) (ms float64, ok bool)) ([]LatencyPenalty, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.round++
+	round := c.round + 1
 	var errs []error
 
 	type band struct{ service, node string }
@@ -222,16 +226,18 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 		}
 		w := fresh[p.Pair]
 		if w == nil {
-			w = &pairWindow{round: c.round}
+			w = &pairWindow{round: round}
 			fresh[p.Pair] = w
 		}
 		w.attempts += p.Attempts
 		w.residualMS += p.AttemptMS - p.Attempts*in[1]/in[0]
 	}
+	idle := true
 	for pair, w := range fresh {
 		if w.attempts < c.cfg.MinRequests {
 			continue
 		}
+		idle = false
 		st := c.pairs[pair]
 		if st == nil {
 			st = &pairState{}
@@ -239,13 +245,16 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 		}
 		st.windows = append(st.windows, *w)
 	}
-	oldest := c.round - c.cfg.Windows
-	for _, st := range c.pairs {
-		i := 0
-		for i < len(st.windows) && st.windows[i].round <= oldest {
-			i++
+	if !idle {
+		c.round = round
+		oldest := c.round - c.cfg.Windows
+		for _, st := range c.pairs {
+			i := 0
+			for i < len(st.windows) && st.windows[i].round <= oldest {
+				i++
+			}
+			st.windows = slices.Delete(st.windows, 0, i)
 		}
-		st.windows = slices.Delete(st.windows, 0, i)
 	}
 
 	// The smoothed residuals, and the baselines.
@@ -305,7 +314,7 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 			if math.Abs(target-st.penalty) > max(c.cfg.HysteresisMS, 2*lp.StdErrMS) {
 				st.penalty = target
 			}
-		} else {
+		} else if !idle {
 			st.penalty *= c.decay
 			if st.penalty < c.cfg.HysteresisMS {
 				st.penalty = 0

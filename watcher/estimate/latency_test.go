@@ -284,3 +284,32 @@ func TestLatencyInvalid(t *testing.T) {
 		}
 	}
 }
+
+// TestLatencyIdleRounds: rounds without any window over the floor (the load stopped) neither
+// age the windows nor decay the penalty: when the load resumes, the penalty found before is
+// still in force and measured.
+func TestLatencyIdleRounds(t *testing.T) {
+	w := newLatencyWorld(4)
+	ab := NodePair{"a", "b"}
+	w.penalty[ab] = 3
+	c := newCorrector(t, LatencyConfig{MinRequests: 50})
+	var before LatencyPenalty
+	for range 4 {
+		paths, bands := w.round(300, 100)
+		got, err := c.Observe(paths, bands, w.rtt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before = byPair(got)[ab]
+	}
+	for i := range 20 {
+		paths, bands := w.round(300, 10) // attempts under the floor everywhere
+		got, err := c.Observe(paths, bands, w.rtt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := byPair(got)[ab]; p.PenaltyMS != before.PenaltyMS || !p.Measured || p.Windows != before.Windows {
+			t.Fatalf("idle round %d: a→b %+v; want it as before the load stopped, %+v", i+1, p, before)
+		}
+	}
+}
