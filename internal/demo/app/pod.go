@@ -102,7 +102,8 @@ type Config struct {
 	// ServiceTime draws each request's service time; nil means zero.
 	ServiceTime ServiceTime
 	// Delay, if set, returns the network delay to inject on a request from a pod on callerNode
-	// ("" for requests from outside). The pod sleeps it on arrival, before queueing for a worker.
+	// ("" for requests from outside). The pod sleeps it on arrival, before queueing for a worker,
+	// with its timers' mean lateness taken off (Pod.delay), so the delay is Delay's on average.
 	// Nil injects nothing (a real network provides the delay).
 	Delay func(callerNode string) time.Duration
 	// Downstream are called in order, sequentially, after the pod's own work (as Bookinfo's
@@ -123,6 +124,7 @@ type Pod struct {
 	metrics  *podMetrics
 	busy     atomic.Int64  // simulated CPU time, ns
 	slowdown atomic.Uint64 // math.Float64bits of the slowdown in force (cfg.Slowdown at first)
+	timerLag atomic.Int64  // the running mean of the network delays' timer lateness, ns (see delay)
 
 	mu       sync.Mutex
 	received map[string]uint64 // by caller pod
@@ -254,7 +256,7 @@ func (p *Pod) handle(ctx context.Context) (*wrapperspb.StringValue, error) {
 	p.mu.Unlock()
 
 	if p.cfg.Delay != nil {
-		if err := sleep(ctx, p.cfg.Delay(caller.node)); err != nil {
+		if err := p.delay(ctx, p.cfg.Delay(caller.node)); err != nil {
 			p.failed.Add(1) // lost in the network: it never reached the pod's sidecar
 			return nil, err
 		}
@@ -325,6 +327,28 @@ func (p *Pod) work(ctx context.Context) error {
 		}
 	}
 	return sleep(ctx, time.Until(finish))
+}
+
+// timerLagGain is the weight of one delay's lateness in the pod's running mean of it.
+const timerLagGain = 8 // 1/8
+
+// delay sleeps the network delay d. A timer fires late (a fraction of a millisecond on an idle
+// machine, more on a busy one), and a delay that ran late would pay every remote path more than
+// its round-trip time — an L7 cost the topology does not have. So the pod keeps a running mean
+// of its timers' lateness (an exponentially weighted one, gain 1/8) and sleeps d less that
+// mean: the delays it injects are d on average. A cancelled sleep leaves the mean alone.
+func (p *Pod) delay(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	lag := min(max(time.Duration(p.timerLag.Load()), 0), d)
+	start := time.Now()
+	if err := sleep(ctx, d-lag); err != nil {
+		return err
+	}
+	// The lateness of this timer less the mean: lag ← lag + (late − lag)/8.
+	p.timerLag.Add(int64((time.Since(start) - d) / timerLagGain))
+	return nil
 }
 
 // BusyTime is the pod's simulated CPU time so far: the sum of the service times (divided by
