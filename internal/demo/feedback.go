@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"sort"
@@ -18,15 +19,17 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/watcher/estimate"
+	"github.com/edgeflow/edgeflow/watcher/prom"
 	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
 
 // The closed-loop row's control loop. In a cluster, edgeflow serve reads the pods' telemetry
 // from Prometheus (watcher/prom's pod-load queries) and watcher.Live feeds it to the capacity
 // estimator. The demo has no Prometheus: the loop reads every pod's /metrics itself, the same
-// series (Istio's request metrics, cAdvisor's CPU usage), and feeds the same estimator. It
-// knows only what a cluster would tell it: the telemetry and each pod's CPU (its workers, the
-// cores it runs on); never the slow pods or nodes (Config.PodSlowdown, NodeSpeed).
+// series (Istio's request metrics, cAdvisor's CPU usage, grpc-go's attempt durations by
+// locality), and feeds the same estimators. It knows only what a cluster would tell it: the
+// telemetry and each pod's CPU (its workers, the cores it runs on); never the slow pods or
+// nodes, nor the L7 penalties (Config.PodSlowdown, NodeSpeed, L7Penalty).
 
 // DefaultFeedbackWindow is the closed-loop row's estimator window in the demo: short, because a
 // demo row has seconds of load, not minutes (a cluster's window is Prometheus's, 4 scrapes).
@@ -41,6 +44,10 @@ var FeedbackEstimator = estimate.Config{MinRequests: 30}
 // but for the sample floor, FeedbackEstimator's.
 var FeedbackBreaker = estimate.BreakerConfig{MinRequests: FeedbackEstimator.MinRequests}
 
+// FeedbackLatency is the latency correction of the demo's closed loop: the corrector's
+// defaults but for the sample floor, FeedbackEstimator's.
+var FeedbackLatency = estimate.LatencyConfig{MinRequests: FeedbackEstimator.MinRequests}
+
 // feedback is one closed-loop stack's loop: each window it reads the pods' counters, runs an
 // estimator round, and when a pod's capacity in force moved (by watcher.CapacityHysteresis)
 // hands the xDS server the topology with the capacities in force; the server's planner
@@ -54,20 +61,35 @@ var FeedbackBreaker = estimate.BreakerConfig{MinRequests: FeedbackEstimator.MinR
 // downstream) / Σ requests over the service's pods, from the counters the estimator gets). A
 // tripped service falls back to lata: the topology handed to the server gives its pods no
 // capacity (all of them, as watcher.WithCapacity does), until the breaker resets it.
+//
+// Each window that is not held, the latency corrector (estimate.LatencyCorrector) takes the
+// callers' attempt times by callee band (grpc_client_attempt_duration_seconds by
+// grpc_lb_locality, whose zone is the callee's node under the bands policy) and the callees'
+// inbound times, against the stack's topology's latencies (the ICMP RTTs the plan knows); the
+// topology handed to the server carries the penalties in force (watcher.WithLatencyPenalty), so
+// the closed-loop plan's cost is ICMP + penalty. Only the closed-loop row has this loop: the
+// other rows plan on ICMP.
 type feedback struct {
 	srv     *xdsserver.Server
 	base    *optimizer.Topology // the stack's topology, without capacities
+	opts    optimizer.Options   // base's compile options (its default latency)
+	icmp    *optimizer.Model    // base compiled: the latencies the plan knows
 	urls    map[string]string   // pod → its /metrics
 	pods    map[string]podFacts // pod → what the cluster knows of it
+	targets map[string]string   // a callee's gRPC target (xds:///NAME) → its service key
 	est     *estimate.Estimator
 	breaker *estimate.Breaker
+	latency *estimate.LatencyCorrector
 	log     *slog.Logger
 	window  time.Duration
 	client  *http.Client
 
-	capacity  map[string]float64         // in force, by pod: the lower confidence bound, requests/s
-	sent      map[string]float64         // the capacities last handed to the server, by pod (tripped services' left out)
-	counters  map[string]estimate.Sample // by pod: the last counters read (the window's base)
+	capacity  map[string]float64            // in force, by pod: the lower confidence bound, requests/s
+	sent      map[string]float64            // the capacities last handed to the server, by pod (tripped services' left out)
+	penalty   map[estimate.NodePair]float64 // the L7 penalties in force, ms (positive ones only)
+	sentPen   map[estimate.NodePair]float64 // the penalties last handed to the server
+	counters  map[string]estimate.Sample    // by pod: the last counters read (the window's base)
+	attempts  map[attemptKey]attemptCount   // by caller pod and series: the last attempt counters read
 	published *optimizer.Allocation
 
 	mu     sync.Mutex
@@ -75,8 +97,21 @@ type feedback struct {
 }
 
 type podFacts struct {
-	service, namespace string
-	cores              float64
+	service, namespace, node string
+	cores                    float64
+}
+
+// attemptKey is one series of a caller pod's attempt durations: the callee's target and
+// locality (grpc_target, grpc_lb_locality).
+type attemptKey struct{ pod, target, locality string }
+
+// attemptCount is an attempt-duration histogram's count and sum (in ms).
+type attemptCount struct{ n, ms float64 }
+
+// podScrape is what one pod's /metrics gave: its estimator sample and its attempt counters.
+type podScrape struct {
+	sample   estimate.Sample
+	attempts map[attemptKey]attemptCount
 }
 
 // FeedbackRound is one window of the demo's closed loop, for the report.
@@ -101,11 +136,17 @@ type FeedbackRound struct {
 	// Plan is the allocation in force at the end of the window (the server's last
 	// publication, before this window's update).
 	Plan *optimizer.Allocation
+	// Latency is the latency corrector's view after the window: every node pair it has data
+	// or a penalty in force for. Penalty is the penalties in force (ms, positive ones only):
+	// what the topology handed to the server adds to the ICMP RTTs.
+	Latency []estimate.LatencyPenalty
+	Penalty map[estimate.NodePair]float64
 	// Err is the estimator's or a scrape's complaint ("" if none).
 	Err string
 }
 
-func newFeedback(srv *xdsserver.Server, base *optimizer.Topology, c *Cluster, workers int, window time.Duration, logger *slog.Logger) (*feedback, error) {
+func newFeedback(srv *xdsserver.Server, base *optimizer.Topology, opts optimizer.Options, c *Cluster, workers int, window time.Duration,
+	logger *slog.Logger) (*feedback, error) {
 	est, err := estimate.New(FeedbackEstimator)
 	if err != nil {
 		return nil, err
@@ -114,15 +155,25 @@ func newFeedback(srv *xdsserver.Server, base *optimizer.Topology, c *Cluster, wo
 	if err != nil {
 		return nil, err
 	}
+	latency, err := estimate.NewLatencyCorrector(FeedbackLatency)
+	if err != nil {
+		return nil, err
+	}
+	icmp, err := optimizer.Compile(base, opts)
+	if err != nil {
+		return nil, err
+	}
 	if window <= 0 {
 		window = DefaultFeedbackWindow
 	}
-	f := &feedback{srv: srv, base: base, urls: c.MetricsURLs(), pods: map[string]podFacts{}, est: est, breaker: breaker, log: logger,
-		window: window, client: &http.Client{Timeout: window}, capacity: map[string]float64{}, sent: map[string]float64{},
-		counters: map[string]estimate.Sample{}}
+	f := &feedback{srv: srv, base: base, opts: opts, icmp: icmp, urls: c.MetricsURLs(), pods: map[string]podFacts{}, targets: map[string]string{},
+		est: est, breaker: breaker, latency: latency, log: logger, window: window, client: &http.Client{Timeout: window},
+		capacity: map[string]float64{}, sent: map[string]float64{}, penalty: map[estimate.NodePair]float64{},
+		sentPen: map[estimate.NodePair]float64{}, counters: map[string]estimate.Sample{}, attempts: map[attemptKey]attemptCount{}}
 	for _, s := range base.Services {
+		f.targets["xds:///"+s.Key()] = s.Key() // the Listener is named after the service (xds.ListenerName)
 		for _, p := range s.Pods {
-			f.pods[p.Name] = podFacts{service: s.Key(), namespace: s.Namespace, cores: float64(workers)}
+			f.pods[p.Name] = podFacts{service: s.Key(), namespace: s.Namespace, node: p.Node, cores: float64(workers)}
 		}
 	}
 	return f, nil
@@ -157,11 +208,17 @@ func (f *feedback) Rounds() []FeedbackRound {
 // round is one window: scrape, estimate, judge the model (the breaker), update unless held.
 func (f *feedback) round(ctx context.Context, now time.Time, at time.Duration) FeedbackRound {
 	r := FeedbackRound{At: at}
-	samples, err := f.scrape(ctx)
+	scrapes, err := f.scrape(ctx)
 	if err != nil {
 		r.Err = err.Error()
 	}
-	own := f.ownTime(samples)
+	samples := make([]estimate.Sample, len(scrapes))
+	for i, s := range scrapes {
+		samples[i] = s.sample
+	}
+	paths := f.attemptWindows(scrapes)
+	windows := f.podWindows(samples)
+	own := ownTime(windows)
 	caps, err := f.est.Observe(now, samples)
 	if err != nil && r.Err == "" {
 		r.Err = err.Error()
@@ -180,6 +237,24 @@ func (f *feedback) round(ctx context.Context, now time.Time, at time.Duration) F
 	_, topo, plan := f.srv.Publication()
 	r.Plan = plan
 	held := plan != f.published
+	// A held window mixes two plans, and the callers opened the bands the new plan weights in
+	// it (their first attempts wait for the connections): the corrector takes it as an idle
+	// round, which changes nothing.
+	bands := f.bandWindows(windows)
+	if held {
+		paths, bands = nil, nil
+	}
+	r.Latency, err = f.latency.Observe(paths, bands, f.icmpRTT)
+	if err != nil && r.Err == "" {
+		r.Err = err.Error()
+	}
+	penalty := map[estimate.NodePair]float64{}
+	for _, lp := range r.Latency {
+		if lp.PenaltyMS > 0 {
+			penalty[lp.Pair] = lp.PenaltyMS
+		}
+	}
+	f.penalty, r.Penalty = penalty, penalty
 	if !held && topo != nil {
 		// The plan in force ran the whole window: judge lata-q's model of it, on the
 		// capacities in force in the window (a tripped service's too, so that the breaker can
@@ -198,29 +273,87 @@ func (f *feedback) round(ctx context.Context, now time.Time, at time.Duration) F
 		return r
 	}
 	send := withoutServices(next, f.pods, r.Tripped)
-	if !sameCapacity(f.sent, send) {
-		f.sent = send
-		f.srv.Update(watcher.WithCapacity(f.base, keyed(send, f.pods)))
+	if !maps.Equal(f.sent, send) || !maps.Equal(f.sentPen, f.penalty) {
+		f.sent, f.sentPen = send, f.penalty
+		f.srv.Update(watcher.WithLatencyPenalty(watcher.WithCapacity(f.base, keyed(send, f.pods)), f.opts.DefaultLatencyMS, f.penalty))
 		r.Updated = true
 	}
 	return r
 }
 
-// ownTime takes one window's counters: it returns, per service, the own time its pods spent on
-// the requests they completed since the counters last read (the base), and makes these the
-// base. A pod read for the first time, or whose counters went down (a restart), has no window.
-func (f *feedback) ownTime(samples []estimate.Sample) map[string]watcher.OwnTime {
-	out := map[string]watcher.OwnTime{}
+// icmpRTT is the latency the stack's topology gives a node pair: the ICMP RTT the plan knows.
+func (f *feedback) icmpRTT(p estimate.NodePair) (float64, bool) {
+	u, ok := f.icmp.NodeIndex(p.From)
+	v, ok2 := f.icmp.NodeIndex(p.To)
+	if !ok || !ok2 {
+		return 0, false
+	}
+	return f.icmp.Latency.At(u, v), true
+}
+
+// attemptWindows takes one window's attempt counters: per caller pod and series, the attempts
+// completed since the counters last read (the base), as a path from the caller's node to the
+// callee band's node (the locality's zone) into the target's service; and makes these the
+// base. A series read for the first time, or whose counters went down, has no window; so has
+// one whose target is no service of the topology or whose locality names no node (the failover
+// or all-pods locality).
+func (f *feedback) attemptWindows(scrapes []podScrape) []estimate.PathWindow {
+	var out []estimate.PathWindow
+	for _, s := range scrapes {
+		for k, c := range s.attempts {
+			b, ok := f.attempts[k]
+			f.attempts[k] = c
+			n, ms := c.n-b.n, c.ms-b.ms
+			if !ok || n <= 0 || ms < 0 {
+				continue
+			}
+			svc, known := f.targets[k.target]
+			loc, err := prom.ParseGRPCLocality(k.locality)
+			if !known || err != nil || loc.Zone == "" {
+				continue
+			}
+			out = append(out, estimate.PathWindow{Pair: estimate.NodePair{From: f.pods[k.pod].node, To: loc.Zone}, Service: svc,
+				Attempts: n, AttemptMS: ms})
+		}
+	}
+	return out
+}
+
+// bandWindows is one window's inbound requests of every pod with a window, as the latency
+// corrector takes them (the pod's service and node).
+func (f *feedback) bandWindows(windows []estimate.Sample) []estimate.BandWindow {
+	out := make([]estimate.BandWindow, 0, len(windows))
+	for _, w := range windows {
+		out = append(out, estimate.BandWindow{Service: w.Service, Node: f.pods[w.Pod].node, Requests: w.Requests, InboundMS: w.InboundMS})
+	}
+	return out
+}
+
+// podWindows takes one window's counters: it returns each pod's requests, inbound and
+// downstream time since the counters last read (the base), and makes these the base. A pod
+// read for the first time, or whose counters went down (a restart), has no window.
+func (f *feedback) podWindows(samples []estimate.Sample) []estimate.Sample {
+	var out []estimate.Sample
 	for _, s := range samples {
 		b, ok := f.counters[s.Pod]
 		f.counters[s.Pod] = s
-		n, in, down := s.Requests-b.Requests, s.InboundMS-b.InboundMS, s.DownstreamMS-b.DownstreamMS
-		if !ok || n < 0 || in < 0 || down < 0 {
+		w := s
+		w.Requests, w.InboundMS, w.DownstreamMS = s.Requests-b.Requests, s.InboundMS-b.InboundMS, s.DownstreamMS-b.DownstreamMS
+		if !ok || w.Requests < 0 || w.InboundMS < 0 || w.DownstreamMS < 0 {
 			continue
 		}
-		t := out[s.Service]
-		t.Add(n, in, down)
-		out[s.Service] = t
+		out = append(out, w)
+	}
+	return out
+}
+
+// ownTime returns, per service, the own time its pods spent on the requests of their windows.
+func ownTime(windows []estimate.Sample) map[string]watcher.OwnTime {
+	out := map[string]watcher.OwnTime{}
+	for _, w := range windows {
+		t := out[w.Service]
+		t.Add(w.Requests, w.InboundMS, w.DownstreamMS)
+		out[w.Service] = t
 	}
 	return out
 }
@@ -261,27 +394,15 @@ func keyed(c map[string]float64, pods map[string]podFacts) map[string]float64 {
 	return out
 }
 
-func sameCapacity(a, b map[string]float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
-}
-
 // scrape reads every pod's counters; a pod whose /metrics fails is left out of the round (the
 // estimator keeps its history) and named in the error.
-func (f *feedback) scrape(ctx context.Context) ([]estimate.Sample, error) {
+func (f *feedback) scrape(ctx context.Context) ([]podScrape, error) {
 	names := make([]string, 0, len(f.urls))
 	for pod := range f.urls {
 		names = append(names, pod)
 	}
 	sort.Strings(names)
-	var out []estimate.Sample
+	var out []podScrape
 	var failed []string
 	for _, pod := range names {
 		s, err := f.scrapePod(ctx, pod)
@@ -297,9 +418,9 @@ func (f *feedback) scrape(ctx context.Context) ([]estimate.Sample, error) {
 	return out, nil
 }
 
-func (f *feedback) scrapePod(ctx context.Context, pod string) (estimate.Sample, error) {
+func (f *feedback) scrapePod(ctx context.Context, pod string) (podScrape, error) {
 	facts := f.pods[pod]
-	s := estimate.Sample{Pod: pod, Service: facts.service, Cores: facts.cores}
+	s := podScrape{sample: estimate.Sample{Pod: pod, Service: facts.service, Cores: facts.cores}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, f.urls[pod], nil)
 	if err != nil {
 		return s, err
@@ -318,11 +439,31 @@ func (f *feedback) scrapePod(ctx context.Context, pod string) (estimate.Sample, 
 	if err != nil {
 		return s, err
 	}
-	s.Requests = sumWhere(mfs["istio_requests_total"], "reporter", "destination", counterValue)
-	s.InboundMS = sumWhere(mfs["istio_request_duration_milliseconds"], "reporter", "destination", histogramSum)
-	s.DownstreamMS = sumWhere(mfs["istio_request_duration_milliseconds"], "reporter", "source", histogramSum)
-	s.CPUSeconds = sumWhere(mfs["container_cpu_usage_seconds_total"], "", "", counterValue)
+	s.sample.Requests = sumWhere(mfs["istio_requests_total"], "reporter", "destination", counterValue)
+	s.sample.InboundMS = sumWhere(mfs["istio_request_duration_milliseconds"], "reporter", "destination", histogramSum)
+	s.sample.DownstreamMS = sumWhere(mfs["istio_request_duration_milliseconds"], "reporter", "source", histogramSum)
+	s.sample.CPUSeconds = sumWhere(mfs["container_cpu_usage_seconds_total"], "", "", counterValue)
+	s.attempts = map[attemptKey]attemptCount{}
+	for _, m := range mfs["grpc_client_attempt_duration_seconds"].GetMetric() {
+		if !hasLabel(m, "grpc_status", "OK") { // a failed attempt may never have reached the callee
+			continue
+		}
+		k := attemptKey{pod: pod, target: labelValue(m, "grpc_target"), locality: labelValue(m, "grpc_lb_locality")}
+		c := s.attempts[k]
+		c.n += float64(m.GetHistogram().GetSampleCount())
+		c.ms += 1000 * m.GetHistogram().GetSampleSum()
+		s.attempts[k] = c
+	}
 	return s, nil
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
 }
 
 func counterValue(m *dto.Metric) float64 { return m.GetCounter().GetValue() }

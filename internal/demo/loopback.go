@@ -36,6 +36,8 @@ import (
 	"github.com/edgeflow/edgeflow/internal/demo/app"
 	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
 	"github.com/edgeflow/edgeflow/optimizer"
+	"github.com/edgeflow/edgeflow/watcher/prom"
+	"github.com/edgeflow/edgeflow/xds"
 )
 
 // Config describes the emulated cluster.
@@ -62,12 +64,29 @@ type Config struct {
 	// multiplies a pod's service times. Both are the world's hidden truth: the topology the
 	// xDS server plans with does not say. Unknown names are an error.
 	NodeSpeed, PodSlowdown map[string]float64
+	// L7Penalty, by directed node pair, is a delay the callee adds to every request from a pod
+	// on From to a pod on To, on top of the round-trip time (not scaled by LatencyScale): what
+	// a path pays beyond its ICMP RTT (a sidecar's or a middlebox's cost) that the topology's
+	// latencies do not say. Hidden like NodeSpeed: the closed loop must find it from the
+	// telemetry. Unknown nodes, a pair of one node (its cost is every same-node path's, the
+	// baseline the correction subtracts) and a delay that is not positive are errors.
+	L7Penalty map[NodePair]time.Duration
+	// LBPolicy is the callers' load-balancing policy (Scenario.LBPolicy): the locality their
+	// attempt metrics name follows it, as grpc-go's follows the EDS localities edgeflow sends
+	// (see attemptLocality).
+	LBPolicy xds.LBPolicy
 }
+
+// NodePair is a directed pair of nodes: requests from pods on From to pods on To.
+type NodePair struct{ From, To string }
+
+func (p NodePair) String() string { return p.From + ":" + p.To }
 
 // Cluster is a running emulated cluster. Its methods but Close are safe for concurrent use.
 type Cluster struct {
 	topo     *optimizer.Topology // with pod addresses
 	podSvc   map[string]string   // pod → service
+	byAddr   map[string]podAt    // pod address → the pod; written by Start only
 	pods     []*app.Pod
 	conns    []*grpc.ClientConn // every channel the cluster created
 	xdsConns []*grpc.ClientConn // the caller pods' xDS channels
@@ -120,9 +139,12 @@ func Start(cfg Config) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPenalty(cfg); err != nil {
+		return nil, err
+	}
 	topo := cfg.Topology.Clone()
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &Cluster{topo: topo, podSvc: map[string]string{}, metrics: map[string]string{}, cancel: cancel}
+	c := &Cluster{topo: topo, podSvc: map[string]string{}, byAddr: map[string]podAt{}, metrics: map[string]string{}, cancel: cancel}
 	// Bind first: the addresses are part of the topology the xDS server publishes.
 	listeners := map[string]net.Listener{} // closed by the pods' servers once they serve
 	ok := false
@@ -145,6 +167,7 @@ func Start(cfg Config) (*Cluster, error) {
 			listeners[p.Name] = lis
 			p.Address = lis.Addr().String()
 			c.podSvc[p.Name] = topo.Services[si].Name
+			c.byAddr[p.Address] = podAt{name: p.Name, node: p.Node}
 		}
 	}
 
@@ -174,7 +197,7 @@ func Start(cfg Config) (*Cluster, error) {
 				c.conns = append(c.conns, conn)
 				c.xdsConns = append(c.xdsConns, conn)
 				downstream = append(downstream, app.Downstream{Service: calleeSvc.Name, Namespace: calleeSvc.NamespaceOrDefault(),
-					Rate: e.Rate, Conn: conn})
+					Rate: e.Rate, Conn: conn, Target: conn.CanonicalTarget()})
 			}
 			pod, err := app.NewPod(app.Config{
 				Name:        p.Name,
@@ -186,8 +209,9 @@ func Start(cfg Config) (*Cluster, error) {
 				NodeCPU:     nodes[p.Node],
 				Slowdown:    cfg.PodSlowdown[p.Name],
 				CPURequest:  float64(s.CPU) / 1000,
-				Delay:       rttFrom(m, podNode, scale),
+				Delay:       rttFrom(m, podNode, scale, cfg.L7Penalty),
 				Downstream:  downstream,
+				Locality:    c.attemptLocality(cfg.LBPolicy),
 			})
 			if err != nil {
 				return nil, fmt.Errorf("demo: %w", err)
@@ -332,8 +356,10 @@ func xdsResolver(server, pod, node string) (resolver.Builder, error) {
 }
 
 // rttFrom returns the delay a pod on node `to` injects for requests from a pod on another node:
-// the round-trip time between the nodes, scaled. Requests from outside (no node) get none.
-func rttFrom(m *optimizer.Model, to int, scale float64) func(string) time.Duration {
+// the round-trip time between the nodes, scaled, plus the pair's L7 penalty. Requests from
+// outside (no node) get none.
+func rttFrom(m *optimizer.Model, to int, scale float64, penalty map[NodePair]time.Duration) func(string) time.Duration {
+	toName := m.Nodes[to].Name
 	return func(from string) time.Duration {
 		if from == "" {
 			return 0
@@ -342,7 +368,55 @@ func rttFrom(m *optimizer.Model, to int, scale float64) func(string) time.Durati
 		if !ok {
 			return 0
 		}
-		return time.Duration(m.Latency.At(u, to) * scale * float64(time.Millisecond))
+		return time.Duration(m.Latency.At(u, to)*scale*float64(time.Millisecond)) + penalty[NodePair{from, toName}]
+	}
+}
+
+// checkPenalty checks cfg's L7 penalties (Config.L7Penalty).
+func checkPenalty(cfg Config) error {
+	nodes := map[string]bool{}
+	for _, n := range cfg.Topology.Nodes {
+		nodes[n.Name] = true
+	}
+	for p, d := range cfg.L7Penalty {
+		for _, n := range []string{p.From, p.To} {
+			if !nodes[n] {
+				return fmt.Errorf("demo: L7 penalty %s: no node %q in the topology", p, n)
+			}
+		}
+		if p.From == p.To {
+			return fmt.Errorf("demo: L7 penalty %s: a pair of one node (a same-node path is the baseline the latency correction subtracts; name two nodes)", p)
+		}
+		if d <= 0 {
+			return fmt.Errorf("demo: L7 penalty %s: %v, want a positive delay", p, d)
+		}
+	}
+	return nil
+}
+
+// podAt is a pod and its node.
+type podAt struct{ name, node string }
+
+// attemptLocality returns the pods' Config.Locality: the xDS locality grpc-go labels a call
+// attempt with (grpc.lb.locality) for the callee at an address, as edgeflow's EDS gives it
+// under lb (xds/build.go): under LBBands one locality per band (zone: the callee's node,
+// sub_zone: xds.BandSubZone); under LBLeastRequest one locality of all pods (sub_zone:
+// xds.AllPodsSubZone); otherwise one per pod (zone: its node, sub_zone: its name). (A pod the
+// caller reaches only at priority 1, the failover locality, is labelled as at priority 0: the
+// demo's pods do not fail.)
+func (c *Cluster) attemptLocality(lb xds.LBPolicy) func(addr string) string {
+	return func(addr string) string {
+		p, ok := c.byAddr[addr]
+		if !ok {
+			return ""
+		}
+		switch lb {
+		case xds.LBBands:
+			return prom.Locality{Zone: p.node, SubZone: xds.BandSubZone}.String()
+		case xds.LBLeastRequest:
+			return prom.Locality{SubZone: xds.AllPodsSubZone}.String()
+		}
+		return prom.Locality{Zone: p.node, SubZone: p.name}.String()
 	}
 }
 

@@ -146,8 +146,9 @@ func TestInjectedLatency(t *testing.T) {
 		}
 		network[p] = time.Duration(out.Plan.Cost / rate * float64(time.Millisecond)) // planned with the scaled latencies
 		mean[p] = out.Load.Latency.Mean()
-		// A sleep never ends early. Above the injected delay: four loopback RPCs and the
-		// sleeps' wake-up lag, a few ms on a busy machine, more under -race. The injected delay
+		// The injected delays are the asked-for ones on average (the pods take their timers'
+		// mean lateness off). Above them: four loopback RPCs and the service sleeps' wake-up
+		// lag, a few ms on a busy machine, more under -race. The injected delay
 		// is that of the routes the requests took: grpc-go picks among localities at random by
 		// weight, so under round-robin the routes only approach the plan. They are counted over
 		// the whole run; the measured requests' share of it lies within bounds of the warm-up's.
@@ -169,10 +170,11 @@ func TestRTT(t *testing.T) {
 		t.Fatal(err)
 	}
 	n3, _ := m.NodeIndex("n3")
-	delay := rttFrom(m, n3, 1.5)
+	// An L7 penalty is added unscaled, only in its direction.
+	delay := rttFrom(m, n3, 1.5, map[NodePair]time.Duration{{"n2", "n3"}: 3 * time.Millisecond, {"n3", "n1"}: time.Second})
 	for from, want := range map[string]time.Duration{
 		"n1": 12 * time.Millisecond, // 8 ms × 1.5
-		"n2": 9 * time.Millisecond,
+		"n2": 12 * time.Millisecond, // 6 ms × 1.5 + 3 ms
 		"n3": 0,
 		"n4": 6 * time.Millisecond,
 		"":   0, // from outside the cluster

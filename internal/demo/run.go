@@ -158,6 +158,7 @@ func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack,
 
 	cc := sc.Cluster
 	cc.Topology = topo
+	cc.LBPolicy = sc.LBPolicy
 	cc.XDSServer = lis.Addr().String()
 	if s.cluster, err = Start(cc); err != nil {
 		return nil, err
@@ -180,7 +181,7 @@ func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack,
 		return nil, fmt.Errorf("demo: %s: %w", p, err)
 	}
 	if p == optimizer.ClosedLoop {
-		if s.feedback, err = newFeedback(s.srv, s.cluster.Topology(), s.cluster, cc.Workers, sc.FeedbackWindow, logger); err != nil {
+		if s.feedback, err = newFeedback(s.srv, s.cluster.Topology(), opts, s.cluster, cc.Workers, sc.FeedbackWindow, logger); err != nil {
 			return nil, err
 		}
 		s.fbDone = make(chan error, 1)

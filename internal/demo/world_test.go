@@ -107,15 +107,20 @@ func TestStartRejectsUnknownWorld(t *testing.T) {
 	for _, c := range []struct {
 		name       string
 		speed, pod map[string]float64
+		penalty    map[NodePair]time.Duration
 		want       string
 	}{
-		{"unknown node", map[string]float64{"n9": 2}, nil, `node speed of "n9": no such node`},
-		{"bad speed", map[string]float64{"n2": -1}, nil, "node n2: speed must be positive"},
-		{"unknown pod", nil, map[string]float64{"b-0": 2}, `slowdown of pod "b-0": no such pod`},
-		{"bad slowdown", nil, map[string]float64{"a-0": math.Inf(1)}, `slowdown of pod "a-0": must be positive`},
+		{"unknown node", map[string]float64{"n9": 2}, nil, nil, `node speed of "n9": no such node`},
+		{"bad speed", map[string]float64{"n2": -1}, nil, nil, "node n2: speed must be positive"},
+		{"unknown pod", nil, map[string]float64{"b-0": 2}, nil, `slowdown of pod "b-0": no such pod`},
+		{"bad slowdown", nil, map[string]float64{"a-0": math.Inf(1)}, nil, `slowdown of pod "a-0": must be positive`},
+		{"penalty unknown node", nil, nil, map[NodePair]time.Duration{{"n1", "n9"}: time.Millisecond}, `L7 penalty n1:n9: no node "n9"`},
+		{"penalty one node", nil, nil, map[NodePair]time.Duration{{"n1", "n1"}: time.Millisecond}, `L7 penalty n1:n1: a pair of one node`},
+		{"penalty not positive", nil, nil, map[NodePair]time.Duration{{"n1", "n2"}: 0}, `L7 penalty n1:n2: 0s, want a positive delay`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := Start(Config{Topology: parseTopology(t, twoPodsOnOneNode), Workers: 1, XDSServer: "127.0.0.1:1", NodeSpeed: c.speed, PodSlowdown: c.pod})
+			_, err := Start(Config{Topology: parseTopology(t, twoPodsOnOneNode), Workers: 1, XDSServer: "127.0.0.1:1", NodeSpeed: c.speed, PodSlowdown: c.pod,
+				L7Penalty: c.penalty})
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("Start: %v, want an error naming %q", err, c.want)
 			}
