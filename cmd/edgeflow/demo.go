@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -84,6 +85,7 @@ type demoFlags struct {
 	utilizationCap float64
 	nodeSpeed      []string // --node-speed NODE=FACTOR,…
 	slowPods       []string // --slow-pods POD=FACTOR,…
+	l7Penalty      []string // --l7-penalty FROM:TO=DURATION,…
 	output         string   // -o: table or json
 }
 
@@ -145,6 +147,43 @@ func parseFactors(flag, what string, values []string, names []string) (map[strin
 	return out, nil
 }
 
+// maxL7Penalty bounds --l7-penalty delays: beyond it a typo, not a path.
+const maxL7Penalty = 10 * time.Second
+
+// parsePenalties parses --l7-penalty: FROM:TO=DURATION, each a directed pair of two distinct
+// nodes of nodes, given once, with a Go duration in (0, maxL7Penalty].
+func parsePenalties(values []string, nodes []string) (map[demo.NodePair]time.Duration, error) {
+	out := map[demo.NodePair]time.Duration{}
+	for _, v := range values {
+		pair, text, ok := strings.Cut(strings.TrimSpace(v), "=")
+		from, to, ok2 := strings.Cut(pair, ":")
+		if !ok || !ok2 || from == "" || to == "" {
+			return nil, badInput("--l7-penalty: %q is not FROM:TO=DURATION (node names, e.g. n1:n2=3ms)", v)
+		}
+		d, err := time.ParseDuration(text)
+		if err != nil {
+			return nil, badInput("--l7-penalty %s:%s: %q is not a duration (e.g. 3ms)", from, to, text)
+		}
+		if d <= 0 || d > maxL7Penalty {
+			return nil, badInput("--l7-penalty %s:%s: %v is not in (0, %v]", from, to, d, maxL7Penalty)
+		}
+		for _, n := range []string{from, to} {
+			if !slices.Contains(nodes, n) {
+				return nil, badInput("--l7-penalty %s:%s: unknown node %q (the topology's: %s)", from, to, n, strings.Join(nodes, ", "))
+			}
+		}
+		if from == to {
+			return nil, badInput("--l7-penalty %s:%s: name two nodes (a same-node path is the baseline the latency correction subtracts)", from, to)
+		}
+		p := demo.NodePair{From: from, To: to}
+		if _, dup := out[p]; dup {
+			return nil, badInput("--l7-penalty: %s:%s is given twice", from, to)
+		}
+		out[p] = d
+	}
+	return out, nil
+}
+
 func newDemoCommand() *cobra.Command {
 	var f demoFlags
 	cmd := &cobra.Command{
@@ -173,11 +212,17 @@ func newDemoCommand() *cobra.Command {
 			"--node-speed and --slow-pods make the world heterogeneous behind edgeflow's back: the topology\n" +
 			"it plans with does not say. Every pod serves a stock mesh's telemetry on its own /metrics\n" +
 			"port: Istio's istio_requests_total and istio_request_duration_milliseconds, the simulated busy\n" +
-			"time as cAdvisor's container_cpu_usage_seconds_total (a stand-in: the pods sleep), and the CPU\n" +
-			"request as kube-state-metrics' kube_pod_container_resource_requests.",
+			"time as cAdvisor's container_cpu_usage_seconds_total (a stand-in: the pods sleep), the CPU\n" +
+			"request as kube-state-metrics' kube_pod_container_resource_requests, and each caller's call\n" +
+			"times by callee locality as grpc-go's OpenTelemetry grpc.client.attempt.duration (a stand-in:\n" +
+			"grpc_client_attempt_duration_seconds{grpc_lb_locality}).\n\n" +
+			"--l7-penalty FROM:TO=DURATION makes the path from FROM's pods to TO's pods (directed) cost more\n" +
+			"than the topology's RTT, hidden from edgeflow too: the closed-loop row finds it from the\n" +
+			"telemetry and routes around it; the other rows plan on the topology's latencies.",
 		Example: "  edgeflow demo\n  edgeflow demo --duration 5s --rate 200\n  edgeflow demo --rates 150,300,450   # low, middle and high load, one table each\n" +
 			"  edgeflow demo --policies round-robin,least-request,lata\n  edgeflow demo --latency-scale 2   # scenario B\n" +
 			"  edgeflow demo --node-speed n3=0.5 --slow-pods reviews-1=2   # a slow node and a slow pod, unseen by edgeflow\n" +
+			"  edgeflow demo --policies lata,closed-loop --l7-penalty n3:n4=3ms   # scenario (C): a hidden L7 penalty on n3 → n4\n" +
 			"  edgeflow demo --rates 100,200 -o json",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -204,6 +249,7 @@ func newDemoCommand() *cobra.Command {
 	fl.Float64Var(&f.utilizationCap, "utilization-cap", optimizer.DefaultUtilizationCap, "lata-q: the most of a pod's service rate it is loaded to, in (0, 1)")
 	fl.StringSliceVar(&f.nodeSpeed, "node-speed", nil, "NODE=FACTOR,…: a node's speed, hidden from edgeflow (0.5: its pods' service times double)")
 	fl.StringSliceVar(&f.slowPods, "slow-pods", nil, "POD=FACTOR,…: multiply a pod's service times, hidden from edgeflow (2: twice as slow)")
+	fl.StringSliceVar(&f.l7Penalty, "l7-penalty", nil, "FROM:TO=DURATION,…: calls from FROM's pods to TO's pods (nodes; directed) pay DURATION beyond the RTT, hidden from edgeflow")
 	outputVar(cmd, &f.output, "output format: table, or json (one object per row and rate, for scripts)", "table", "json")
 	cmd.MarkFlagsMutuallyExclusive("rate", "rates")
 	return cmd
@@ -217,8 +263,10 @@ type demoInput struct {
 	rates    []float64      // one table each, in order
 	scenario demo.Scenario  // Load.Rate is set per rate
 	slice    loadgen.Config // one round's load of one policy; Rate is set per rate
-	// nodeSpeed and slowPods are the hidden world (--node-speed, --slow-pods), by name.
+	// nodeSpeed and slowPods are the hidden world (--node-speed, --slow-pods), by name;
+	// l7Penalty too (--l7-penalty), by directed node pair.
 	nodeSpeed, slowPods map[string]float64
+	l7Penalty           map[demo.NodePair]time.Duration
 }
 
 func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) {
@@ -308,6 +356,9 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 	if in.slowPods, err = parseFactors("--slow-pods", "pod", f.slowPods, pods); err != nil {
 		return nil, err
 	}
+	if in.l7Penalty, err = parsePenalties(f.l7Penalty, nodes); err != nil {
+		return nil, err
+	}
 	in.scenario = demo.Scenario{
 		Cluster: demo.Config{
 			Topology:     in.topology,
@@ -318,6 +369,7 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 			Seed:         f.seed,
 			NodeSpeed:    in.nodeSpeed,
 			PodSlowdown:  in.slowPods,
+			L7Penalty:    in.l7Penalty,
 		},
 		Load: loadgen.Config{Rate: in.rates[0], Warmup: f.warmup, Duration: f.duration, Timeout: f.timeout},
 		// The xDS server's warnings (NACKs, rejected topologies) are worth seeing.
@@ -406,7 +458,7 @@ func newDemoRow(policy string, rate float64, o *demo.Outcome) demoRow {
 		P99MS: ms(l.Quantile(0.99)), Errors: o.Load.Errors, Achieved: o.Load.Achieved()}
 }
 
-// hiddenWorld describes --node-speed and --slow-pods, "" when neither is given.
+// hiddenWorld describes --node-speed, --slow-pods and --l7-penalty, "" when none is given.
 func hiddenWorld(in *demoInput) string {
 	var parts []string
 	for _, w := range []struct {
@@ -416,6 +468,12 @@ func hiddenWorld(in *demoInput) string {
 		for _, name := range slices.Sorted(maps.Keys(w.factors)) {
 			parts = append(parts, fmt.Sprintf("%s %s ×%g", w.what, name, w.factors[name]))
 		}
+	}
+	pairs := slices.SortedFunc(maps.Keys(in.l7Penalty), func(a, b demo.NodePair) int {
+		return cmp.Or(cmp.Compare(a.From, b.From), cmp.Compare(a.To, b.To))
+	})
+	for _, p := range pairs {
+		parts = append(parts, fmt.Sprintf("L7 penalty %s → %s +%v", p.From, p.To, in.l7Penalty[p]))
 	}
 	return strings.Join(parts, ", ")
 }

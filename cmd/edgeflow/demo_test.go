@@ -281,6 +281,12 @@ func TestDemoBadInput(t *testing.T) {
 		{"node speed: twice", []string{"--node-speed", "n1=2", "--node-speed", "n1=3"}, "--node-speed: node n1 is given twice"},
 		{"slow pods: unknown pod", []string{"--slow-pods", "reviews-9=2"}, `--slow-pods: unknown pod "reviews-9"`},
 		{"slow pods: negative", []string{"--slow-pods", "reviews-1=-2"}, `--slow-pods reviews-1: factor -2 is not in (0, 1000]`},
+		{"l7 penalty: unknown node", []string{"--l7-penalty", "n1:n9=3ms"}, `--l7-penalty n1:n9: unknown node "n9" (the topology's: n1, n2, n3, n4)`},
+		{"l7 penalty: no pair", []string{"--l7-penalty", "n1=3ms"}, `--l7-penalty: "n1=3ms" is not FROM:TO=DURATION`},
+		{"l7 penalty: not a duration", []string{"--l7-penalty", "n1:n2=3"}, `--l7-penalty n1:n2: "3" is not a duration`},
+		{"l7 penalty: zero", []string{"--l7-penalty", "n1:n2=0s"}, `--l7-penalty n1:n2: 0s is not in (0, 10s]`},
+		{"l7 penalty: one node", []string{"--l7-penalty", "n2:n2=3ms"}, `--l7-penalty n2:n2: name two nodes`},
+		{"l7 penalty: twice", []string{"--l7-penalty", "n1:n2=3ms,n1:n2=4ms"}, `--l7-penalty: n1:n2 is given twice`},
 		{"output", []string{"-o", "yaml"}, `-o: unknown output format "yaml" (want table or json)`},
 	}
 	for _, tc := range tests {
@@ -352,4 +358,39 @@ func FuzzParseFactors(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzParsePenalties: any --l7-penalty value either fails with a usage error naming the flag
+// or yields directed pairs of two known nodes with delays in (0, maxL7Penalty].
+func FuzzParsePenalties(f *testing.F) {
+	for _, s := range []string{"n1:n2=3ms", "n1:n2=3ms,n2:n1=1ms", "n1:n1=3ms", "n1:n9=1ms", "n1=3ms", ":n2=1ms", "n1:n2=-1ms", "n1:n2=1h"} {
+		f.Add(s)
+	}
+	nodes := []string{"n1", "n2"}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := parsePenalties(strings.Split(s, ","), nodes)
+		if err != nil {
+			var usage usageError
+			if !errors.As(err, &usage) || !strings.HasPrefix(err.Error(), "--l7-penalty") {
+				t.Fatalf("%q: error %v is not a usage error naming the flag", s, err)
+			}
+			return
+		}
+		for p, d := range got {
+			if !slices.Contains(nodes, p.From) || !slices.Contains(nodes, p.To) || p.From == p.To || !(d > 0 && d <= maxL7Penalty) {
+				t.Fatalf("%q: accepted %v=%v", s, p, d)
+			}
+		}
+	})
+}
+
+// TestHiddenWorld: the stderr line names every hidden change, sorted, L7 penalties last.
+func TestHiddenWorld(t *testing.T) {
+	t.Parallel()
+	in := &demoInput{nodeSpeed: map[string]float64{"n3": 0.5}, l7Penalty: map[demo.NodePair]time.Duration{
+		{From: "n3", To: "n4"}: 3 * time.Millisecond, {From: "n1", To: "n2"}: 500 * time.Microsecond}}
+	want := "node speed n3 ×0.5, L7 penalty n1 → n2 +500µs, L7 penalty n3 → n4 +3ms"
+	if got := hiddenWorld(in); got != want {
+		t.Errorf("hiddenWorld: %q, want %q", got, want)
+	}
 }
