@@ -127,12 +127,14 @@ func sourceMetrics(t *testing.T, root string) []metricDef {
 }
 
 // stockMetrics are the metrics internal/demo/app's simulated pods export under the names a
-// stock mesh has them, with their kinds.
+// stock mesh (and grpc-go's OpenTelemetry) has them, with their kinds.
 var stockMetrics = map[string]string{
 	"istio_requests_total":                 "counter",
 	"istio_request_duration_milliseconds":  "histogram",
 	"container_cpu_usage_seconds_total":    "counter",
 	"kube_pod_container_resource_requests": "gauge",
+	// grpc-go's OpenTelemetry grpc.client.attempt.duration, as the Prometheus exporter names it.
+	"grpc_client_attempt_duration_seconds": "histogram",
 }
 
 // TestMetricNames holds every metric to Prometheus' naming conventions and to the README's
@@ -160,7 +162,8 @@ func TestMetricNames(t *testing.T) {
 		seen[d.name] = d.at
 		if strings.Contains(d.at, simulated) {
 			// The simulated pods export a stock mesh's telemetry under its own names (Istio,
-			// cAdvisor, kube-state-metrics), not edgeflow's: those names exactly, and no others.
+			// cAdvisor, kube-state-metrics, grpc-go), not edgeflow's: those names exactly, and no
+			// others.
 			if kind, ok := stockMetrics[d.name]; !ok || kind != d.kind {
 				t.Errorf("%s: %s (%s) is not one of the stock metrics the simulated pods export %v", d.at, d.name, d.kind, stockMetrics)
 			}
