@@ -62,6 +62,9 @@ type LatencyConfig struct {
 	// unchanged (the band is wider when the estimate is noisier; see LatencyCorrector); a
 	// penalty below it is not applied. Default 0.5 ms.
 	HysteresisMS float64
+	// Confidence is the two-sided confidence level of the hysteresis band (see
+	// LatencyCorrector), in (0, 1). Default 0.95.
+	Confidence float64
 	// HalfLife is the number of rounds over which a penalty without a measurement (its data
 	// thinned) halves, until it falls under HysteresisMS and is dropped. Default 5: the plan
 	// that moved traffic off a penalised pair thins its data, and a penalty gone within a few
@@ -92,6 +95,9 @@ func (c LatencyConfig) withDefaults() (LatencyConfig, error) {
 	if c.HalfLife == 0 {
 		c.HalfLife = 5
 	}
+	if c.Confidence == 0 {
+		c.Confidence = 0.95
+	}
 	switch {
 	case !(c.MinRequests > 0) || math.IsInf(c.MinRequests, 0):
 		return c, fmt.Errorf("%w: latency MinRequests %v: want a positive number", ErrInvalidConfig, c.MinRequests)
@@ -103,6 +109,8 @@ func (c LatencyConfig) withDefaults() (LatencyConfig, error) {
 		return c, fmt.Errorf("%w: latency MaxPenaltyMS %v: want a positive number", ErrInvalidConfig, c.MaxPenaltyMS)
 	case !(c.HysteresisMS > 0) || c.HysteresisMS >= c.MaxPenaltyMS:
 		return c, fmt.Errorf("%w: latency HysteresisMS %v: want a positive number below MaxPenaltyMS (%v)", ErrInvalidConfig, c.HysteresisMS, c.MaxPenaltyMS)
+	case !(c.Confidence > 0 && c.Confidence < 1):
+		return c, fmt.Errorf("%w: latency Confidence %v: want more than 0 and less than 1", ErrInvalidConfig, c.Confidence)
 	case c.HalfLife < 1:
 		return c, fmt.Errorf("%w: latency HalfLife %d: want at least 1 round", ErrInvalidConfig, c.HalfLife)
 	}
@@ -120,7 +128,7 @@ type LatencyPenalty struct {
 	Measured   bool
 	EstimateMS float64
 	// StdErrMS is the estimate's standard error from the spread of its windows (the windows
-	// as independent clusters, as Estimator's bound; the baseline's own error left out); 0
+	// as independent clusters, as Estimator's bound; each window's baseline with it); 0
 	// with one window.
 	StdErrMS float64
 	// Attempts is the number of attempts the estimate rests on; Windows the number of windows.
@@ -138,19 +146,26 @@ type LatencyPenalty struct {
 //     are left out). What is left is the network, the client's and the sidecars' overhead,
 //     and any penalty. A pair's window is its services' residuals and attempts summed; a
 //     window under the sample floor (MinRequests attempts) contributes nothing.
-//   - Smoothing. A pair's residual per attempt is the sum over its windows of the last
-//     Windows rounds, Σ residual / Σ attempts (the sliding sum of Estimator: exact for a ratio
-//     whatever the load per window), measured once it has MinWindows windows.
-//   - Baseline. The overhead that is no distance (the client library, the sidecars) is what a
-//     same-node path pays: a caller node u's baseline is the measured residual of (u, u),
-//     else the attempt-weighted mean over all measured same-node pairs. Without any, no pair
-//     is measured (overhead cannot be told from distance).
-//   - Estimate. For u ≠ v with an ICMP RTT known: residual(u, v) − baseline(u) − ICMP(u, v).
-//     The penalty target is the estimate bounded to [0, MaxPenaltyMS]. Same-node pairs are
-//     the baseline and never corrected.
+//   - Baseline. The overhead that is no distance (the client library, the sidecars, and
+//     whatever slows the whole machine in that window) is what a same-node path pays: a
+//     caller node u's baseline in a window is the residual per attempt of (u, u) in that
+//     window, else the attempt-weighted mean of the window's same-node residuals. A pair's
+//     window without a baseline (no same-node path over the floor) contributes nothing:
+//     overhead cannot be told from distance. Taking the baseline of the same window cancels
+//     what the window's stalls add to both.
+//   - Smoothing. A pair's excess per attempt is the sum over its windows of the last Windows
+//     rounds, Σ (residual − attempts · baseline) / Σ attempts (the sliding sum of Estimator:
+//     exact for a ratio whatever the load per window), measured once it has MinWindows
+//     windows.
+//   - Estimate. For u ≠ v with an ICMP RTT known: excess(u, v) − ICMP(u, v). The penalty
+//     target is the estimate bounded to [0, MaxPenaltyMS]. Same-node pairs are the baseline
+//     and never corrected.
 //   - Hysteresis. The penalty in force takes the target only when they differ by more than
-//     HysteresisMS and by more than twice the estimate's standard error (its windows' spread):
-//     a move within the noise is no move, and a target within it never replaces a 0.
+//     HysteresisMS and by more than the estimate's confidence half-width, t · se (se from its
+//     windows' spread, t Student's at Confidence on windows − 1 degrees of freedom: 4.3 for
+//     3 windows, 2.8 for 5, at 95 %): a move within the noise is no move, and a target within
+//     it never replaces a 0. (A window's stall that its baseline does not cancel shows as
+//     spread, and widens the band.)
 //   - Decay. A pair that is not measured (its windows thinned: a plan that moved its traffic
 //     away, a quiet hour) keeps its penalty decaying by half every HalfLife rounds, dropped
 //     when under HysteresisMS: with no data the plan returns to pure ICMP. (A plan that moved
@@ -162,7 +177,8 @@ type LatencyPenalty struct {
 // Observe costs O(windows + pairs · Windows).
 type LatencyCorrector struct {
 	cfg   LatencyConfig
-	decay float64 // the factor per round of a decaying penalty: 2^(−1/HalfLife)
+	decay float64   // the factor per round of a decaying penalty: 2^(−1/HalfLife)
+	t     []float64 // t[df]: Student's t quantile at (1 + Confidence)/2, df = 1 … Windows−1
 
 	mu    sync.Mutex
 	round int
@@ -174,9 +190,11 @@ type pairState struct {
 	penalty float64      // in force
 }
 
+// pairWindow is one window of a pair: its attempts, and their residual less the window's
+// baseline (summed, ms).
 type pairWindow struct {
-	round                int
-	attempts, residualMS float64
+	round              int
+	attempts, excessMS float64
 }
 
 // NewLatencyCorrector returns a LatencyCorrector with cfg's rules (zero fields take their
@@ -186,7 +204,11 @@ func NewLatencyCorrector(cfg LatencyConfig) (*LatencyCorrector, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &LatencyCorrector{cfg: cfg, decay: math.Exp2(-1 / float64(cfg.HalfLife)), pairs: map[NodePair]*pairState{}}, nil
+	t := make([]float64, cfg.Windows)
+	for df := 1; df < cfg.Windows; df++ {
+		t[df] = studentT((1+cfg.Confidence)/2, float64(df))
+	}
+	return &LatencyCorrector{cfg: cfg, decay: math.Exp2(-1 / float64(cfg.HalfLife)), t: t, pairs: map[NodePair]*pairState{}}, nil
 }
 
 // Observe takes one round's windows and the ICMP RTT the plan knows per pair (ok false: none,
@@ -213,7 +235,8 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 		v := inbound[k]
 		inbound[k] = [2]float64{v[0] + b.Requests, v[1] + b.InboundMS}
 	}
-	fresh := map[NodePair]*pairWindow{}
+	type window struct{ attempts, residualMS float64 }
+	fresh := map[NodePair]*window{}
 	for _, p := range paths {
 		if p.Pair.From == "" || p.Pair.To == "" || p.Service == "" || badCount(p.Attempts) || badCount(p.AttemptMS) {
 			errs = append(errs, fmt.Errorf("%w: path %s to service %q: attempts %v, %v ms", ErrInvalidSample, p.Pair, p.Service,
@@ -226,24 +249,51 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 		}
 		w := fresh[p.Pair]
 		if w == nil {
-			w = &pairWindow{round: round}
+			w = &window{}
 			fresh[p.Pair] = w
 		}
 		w.attempts += p.Attempts
 		w.residualMS += p.AttemptMS - p.Attempts*in[1]/in[0]
 	}
+	// This window's baselines: a caller node's same-node residual per attempt, else the
+	// attempt-weighted mean of the same-node residuals of the window.
 	idle := true
+	base := map[string]float64{}
+	var sameAttempts, sameResidual float64
 	for pair, w := range fresh {
 		if w.attempts < c.cfg.MinRequests {
 			continue
 		}
 		idle = false
+		if pair.From == pair.To {
+			base[pair.From] = w.residualMS / w.attempts
+			sameAttempts += w.attempts
+			sameResidual += w.residualMS
+		}
+	}
+	baseline := func(node string) (float64, bool) {
+		if b, ok := base[node]; ok {
+			return b, true
+		}
+		if sameAttempts > 0 {
+			return sameResidual / sameAttempts, true
+		}
+		return 0, false
+	}
+	for pair, w := range fresh {
+		if pair.From == pair.To || w.attempts < c.cfg.MinRequests {
+			continue
+		}
+		b, ok := baseline(pair.From)
+		if !ok {
+			continue // overhead cannot be told from distance in this window
+		}
 		st := c.pairs[pair]
 		if st == nil {
 			st = &pairState{}
 			c.pairs[pair] = st
 		}
-		st.windows = append(st.windows, *w)
+		st.windows = append(st.windows, pairWindow{round: round, attempts: w.attempts, excessMS: w.residualMS - w.attempts*b})
 	}
 	if !idle {
 		c.round = round
@@ -257,61 +307,28 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 		}
 	}
 
-	// The smoothed residuals, and the baselines.
-	residual := map[NodePair][3]float64{} // measured pairs: attempts, residual ms per attempt, its standard error
-	var sameAttempts, sameResidual float64
-	for pair, st := range c.pairs {
-		if len(st.windows) < c.cfg.MinWindows {
-			continue
-		}
-		var n, r float64
-		for _, w := range st.windows {
-			n += w.attempts
-			r += w.residualMS
-		}
-		x, se := r/n, 0.0
-		if k := float64(len(st.windows)); k > 1 {
-			var ss float64
-			for _, w := range st.windows {
-				d := w.residualMS - x*w.attempts
-				ss += d * d
-			}
-			se = math.Sqrt(ss/(k*(k-1))) / (n / k)
-		}
-		residual[pair] = [3]float64{n, x, se}
-		if pair.From == pair.To {
-			sameAttempts += n
-			sameResidual += r
-		}
-	}
-	baseline := func(node string) (float64, bool) {
-		if r, ok := residual[NodePair{node, node}]; ok {
-			return r[1], true
-		}
-		if sameAttempts > 0 {
-			return sameResidual / sameAttempts, true
-		}
-		return 0, false
-	}
-
 	var out []LatencyPenalty
 	for pair, st := range c.pairs {
-		if pair.From == pair.To {
-			if len(st.windows) == 0 {
-				delete(c.pairs, pair)
-			}
-			continue
-		}
 		lp := LatencyPenalty{Pair: pair, Windows: len(st.windows)}
-		r, measured := residual[pair]
-		base, hasBase := baseline(pair.From)
 		rtt, hasRTT := icmp(pair)
-		if measured && hasBase && hasRTT {
-			lp.Measured, lp.Attempts = true, r[0]
-			lp.EstimateMS = r[1] - base - rtt
-			lp.StdErrMS = r[2]
+		if len(st.windows) >= c.cfg.MinWindows && hasRTT {
+			var n, e float64
+			for _, w := range st.windows {
+				n += w.attempts
+				e += w.excessMS
+			}
+			x, se := e/n, 0.0
+			if k := float64(len(st.windows)); k > 1 {
+				var ss float64
+				for _, w := range st.windows {
+					d := w.excessMS - x*w.attempts
+					ss += d * d
+				}
+				se = math.Sqrt(ss/(k*(k-1))) / (n / k)
+			}
+			lp.Measured, lp.Attempts, lp.EstimateMS, lp.StdErrMS = true, n, x-rtt, se
 			target := min(max(lp.EstimateMS, 0), c.cfg.MaxPenaltyMS)
-			if math.Abs(target-st.penalty) > max(c.cfg.HysteresisMS, 2*lp.StdErrMS) {
+			if math.Abs(target-st.penalty) > max(c.cfg.HysteresisMS, c.t[len(st.windows)-1]*lp.StdErrMS) {
 				st.penalty = target
 			}
 		} else if !idle {
