@@ -146,8 +146,8 @@ func TestInjectedLatency(t *testing.T) {
 		}
 		network[p] = time.Duration(out.Plan.Cost / rate * float64(time.Millisecond)) // planned with the scaled latencies
 		mean[p] = out.Load.Latency.Mean()
-		// The injected delays are the asked-for ones on average (the pods take their timers'
-		// mean lateness off). Above them: four loopback RPCs and the service sleeps' wake-up
+		// The injected delays are the asked-for ones at the median (the pods take their timers'
+		// median lateness off). Above them: four loopback RPCs and the service sleeps' wake-up
 		// lag, a few ms on a busy machine, more under -race. The injected delay
 		// is that of the routes the requests took: grpc-go picks among localities at random by
 		// weight, so under round-robin the routes only approach the plan. They are counted over

@@ -103,7 +103,8 @@ type Config struct {
 	ServiceTime ServiceTime
 	// Delay, if set, returns the network delay to inject on a request from a pod on callerNode
 	// ("" for requests from outside). The pod sleeps it on arrival, before queueing for a worker,
-	// with its timers' mean lateness taken off (Pod.delay), so the delay is Delay's on average.
+	// with its timers' median lateness taken off (Pod.delay), so the delay is Delay's at the
+	// median.
 	// Nil injects nothing (a real network provides the delay).
 	Delay func(callerNode string) time.Duration
 	// Downstream are called in order, sequentially, after the pod's own work (as Bookinfo's
@@ -124,7 +125,7 @@ type Pod struct {
 	metrics  *podMetrics
 	busy     atomic.Int64  // simulated CPU time, ns
 	slowdown atomic.Uint64 // math.Float64bits of the slowdown in force (cfg.Slowdown at first)
-	timerLag atomic.Int64  // the running mean of the network delays' timer lateness, ns (see delay)
+	timerLag atomic.Int64  // the running median of the network delays' timer lateness, ns (see delay)
 
 	mu       sync.Mutex
 	received map[string]uint64 // by caller pod
@@ -329,25 +330,29 @@ func (p *Pod) work(ctx context.Context) error {
 	return sleep(ctx, time.Until(finish))
 }
 
-// timerLagGain is the weight of one delay's lateness in the pod's running mean of it.
-const timerLagGain = 8 // 1/8
+// timerLagStep is the step of the pod's running median of its timers' lateness.
+const timerLagStep = 20 * time.Microsecond
 
 // delay sleeps the network delay d. A timer fires late (a fraction of a millisecond on an idle
 // machine, more on a busy one), and a delay that ran late would pay every remote path more than
-// its round-trip time — an L7 cost the topology does not have. So the pod keeps a running mean
-// of its timers' lateness (an exponentially weighted one, gain 1/8) and sleeps d less that
-// mean: the delays it injects are d on average. A cancelled sleep leaves the mean alone.
+// its round-trip time — an L7 cost the topology does not have. So the pod keeps a running
+// median of its timers' lateness (a step of 20 µs toward each one's) and sleeps d less it: the
+// delays it injects are d at the median. A median, not a mean: a stall of the machine makes the
+// delays it hits late, not the ones after it short. A cancelled sleep leaves it alone.
 func (p *Pod) delay(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
-	lag := min(max(time.Duration(p.timerLag.Load()), 0), d)
+	lag := min(time.Duration(p.timerLag.Load()), d)
 	start := time.Now()
 	if err := sleep(ctx, d-lag); err != nil {
 		return err
 	}
-	// The lateness of this timer less the mean: lag ← lag + (late − lag)/8.
-	p.timerLag.Add(int64((time.Since(start) - d) / timerLagGain))
+	if late := time.Since(start) - (d - lag); late > lag {
+		p.timerLag.Add(int64(timerLagStep))
+	} else if lag >= timerLagStep {
+		p.timerLag.Add(-int64(timerLagStep))
+	}
 	return nil
 }
 
