@@ -45,8 +45,10 @@ var FeedbackEstimator = estimate.Config{MinRequests: 30}
 var FeedbackBreaker = estimate.BreakerConfig{MinRequests: FeedbackEstimator.MinRequests}
 
 // FeedbackLatency is the latency correction of the demo's closed loop: the corrector's
-// defaults but for the sample floor, FeedbackEstimator's.
-var FeedbackLatency = estimate.LatencyConfig{MinRequests: FeedbackEstimator.MinRequests}
+// defaults but for the sample floor, FeedbackEstimator's, and more windows: a demo window is a
+// second, tens of attempts on a pair, and an attempt's time (a callee's queueing and downstream
+// calls) varies by several ms, so an estimate wants 4 to 8 windows.
+var FeedbackLatency = estimate.LatencyConfig{MinRequests: FeedbackEstimator.MinRequests, Windows: 8, MinWindows: 4}
 
 // feedback is one closed-loop stack's loop: each window it reads the pods' counters, runs an
 // estimator round, and when a pod's capacity in force moved (by watcher.CapacityHysteresis)
