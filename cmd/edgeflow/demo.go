@@ -86,6 +86,7 @@ type demoFlags struct {
 	nodeSpeed      []string // --node-speed NODE=FACTOR,…
 	slowPods       []string // --slow-pods POD=FACTOR,…
 	l7Penalty      []string // --l7-penalty FROM:TO=DURATION,…
+	noCorrection   bool     // --latency-correction=false
 	output         string   // -o: table or json
 }
 
@@ -249,6 +250,12 @@ func newDemoCommand() *cobra.Command {
 	fl.Float64Var(&f.utilizationCap, "utilization-cap", optimizer.DefaultUtilizationCap, "lata-q: the most of a pod's service rate it is loaded to, in (0, 1)")
 	fl.StringSliceVar(&f.nodeSpeed, "node-speed", nil, "NODE=FACTOR,…: a node's speed, hidden from edgeflow (0.5: its pods' service times double)")
 	fl.StringSliceVar(&f.slowPods, "slow-pods", nil, "POD=FACTOR,…: multiply a pod's service times, hidden from edgeflow (2: twice as slow)")
+	fl.BoolFunc("latency-correction", "closed-loop: correct the topology's latencies by the L7 penalties it measures (default true; false: plan on the topology's latencies, as the other rows)",
+		func(v string) error {
+			on, err := strconv.ParseBool(v)
+			f.noCorrection = !on
+			return err
+		})
 	fl.StringSliceVar(&f.l7Penalty, "l7-penalty", nil, "FROM:TO=DURATION,…: calls from FROM's pods to TO's pods (nodes; directed) pay DURATION beyond the RTT, hidden from edgeflow")
 	outputVar(cmd, &f.output, "output format: table, or json (one object per row and rate, for scripts)", "table", "json")
 	cmd.MarkFlagsMutuallyExclusive("rate", "rates")
@@ -371,7 +378,8 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 			PodSlowdown:  in.slowPods,
 			L7Penalty:    in.l7Penalty,
 		},
-		Load: loadgen.Config{Rate: in.rates[0], Warmup: f.warmup, Duration: f.duration, Timeout: f.timeout},
+		Load:                loadgen.Config{Rate: in.rates[0], Warmup: f.warmup, Duration: f.duration, Timeout: f.timeout},
+		NoLatencyCorrection: f.noCorrection,
 		// The xDS server's warnings (NACKs, rejected topologies) are worth seeing.
 		Logger: f.logger,
 	}

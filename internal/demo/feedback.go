@@ -81,7 +81,7 @@ type feedback struct {
 	targets map[string]string   // a callee's gRPC target (xds:///NAME) → its service key
 	est     *estimate.Estimator
 	breaker *estimate.Breaker
-	latency *estimate.LatencyCorrector
+	latency *estimate.LatencyCorrector // nil: no correction (Scenario.NoLatencyCorrection)
 	log     *slog.Logger
 	window  time.Duration
 	client  *http.Client
@@ -246,9 +246,11 @@ func (f *feedback) round(ctx context.Context, now time.Time, at time.Duration) F
 	if held {
 		paths, bands = nil, nil
 	}
-	r.Latency, err = f.latency.Observe(paths, bands, f.icmpRTT)
-	if err != nil && r.Err == "" {
-		r.Err = err.Error()
+	if f.latency != nil {
+		r.Latency, err = f.latency.Observe(paths, bands, f.icmpRTT)
+		if err != nil && r.Err == "" {
+			r.Err = err.Error()
+		}
 	}
 	penalty := map[estimate.NodePair]float64{}
 	for _, lp := range r.Latency {

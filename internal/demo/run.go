@@ -33,6 +33,9 @@ type Scenario struct {
 	Logger *slog.Logger
 	// FeedbackWindow is the closed-loop policy's estimator window (0: DefaultFeedbackWindow).
 	FeedbackWindow time.Duration
+	// NoLatencyCorrection turns the closed-loop policy's latency correction off: it plans on
+	// the topology's latencies (ICMP) as the other rows do.
+	NoLatencyCorrection bool
 }
 
 // Outcome is the result of one policy run.
@@ -183,6 +186,9 @@ func StartStack(ctx context.Context, sc Scenario, p optimizer.Policy) (_ *Stack,
 	if p == optimizer.ClosedLoop {
 		if s.feedback, err = newFeedback(s.srv, s.cluster.Topology(), opts, s.cluster, cc.Workers, sc.FeedbackWindow, logger); err != nil {
 			return nil, err
+		}
+		if sc.NoLatencyCorrection {
+			s.feedback.latency = nil // planned on ICMP
 		}
 		s.fbDone = make(chan error, 1)
 		go func() { s.fbDone <- s.feedback.run(pushCtx) }() // owned by the Stack; ends at Close
