@@ -322,28 +322,35 @@ func TestPodSetSlowdown(t *testing.T) {
 // TestPodDelayTakesTimerLagOff: the network delays a pod injects are the asked-for delay at the
 // median: once the running median of its timers' lateness has settled (100 delays, steps of
 // 20 µs), the median of 200 delays of 2 ms is within 0.25 ms of 2 ms, where a plain timer is late
-// by about a tenth of a millisecond or more (logged).
+// by about a tenth of a millisecond or more (logged). The plain timers are interleaved with the
+// pod's delays, so both see the same machine; on one so busy that a plain timer's median
+// lateness is over a millisecond, the test skips.
 func TestPodDelayTakesTimerLagOff(t *testing.T) {
 	const d = 2 * time.Millisecond
 	pod := newPod(t, Config{Name: "p-0", Workers: 1})
 	ctx := context.Background()
-	median := func(n int, sleep func() error) time.Duration {
-		took := make([]time.Duration, n)
-		for i := range took {
-			start := time.Now()
-			if err := sleep(); err != nil {
-				t.Fatal(err)
-			}
-			took[i] = time.Since(start)
+	timed := func(sleep func() error) time.Duration {
+		start := time.Now()
+		if err := sleep(); err != nil {
+			t.Fatal(err)
 		}
-		slices.Sort(took)
-		return took[n/2]
+		return time.Since(start)
 	}
-	plain := median(50, func() error { return sleep(ctx, d) })
-	median(100, func() error { return pod.delay(ctx, d) })
-	got := median(200, func() error { return pod.delay(ctx, d) })
-	t.Logf("median delay %v for %v asked (a plain timer: %v; running median of the lateness %v)", got, d, plain, time.Duration(pod.timerLag.Load()))
-	if diff := got - d; diff < -250*time.Microsecond || diff > 250*time.Microsecond {
-		t.Errorf("median delay %v; want %v ± 0.25 ms", got, d)
+	for range 100 {
+		timed(func() error { return pod.delay(ctx, d) })
+	}
+	var plain, got []time.Duration
+	for range 200 {
+		plain = append(plain, timed(func() error { return sleep(ctx, d) }))
+		got = append(got, timed(func() error { return pod.delay(ctx, d) }))
+	}
+	slices.Sort(plain)
+	slices.Sort(got)
+	t.Logf("median delay %v for %v asked (a plain timer: %v; running median of the lateness %v)", got[100], d, plain[100], time.Duration(pod.timerLag.Load()))
+	if plain[100]-d > time.Millisecond {
+		t.Skipf("machine too busy: a plain timer of %v is late by %v at the median", d, plain[100]-d)
+	}
+	if diff := got[100] - d; diff < -250*time.Microsecond || diff > 250*time.Microsecond {
+		t.Errorf("median delay %v; want %v ± 0.25 ms", got[100], d)
 	}
 }
