@@ -37,6 +37,7 @@ type metrics struct {
 	lastRun  prometheus.Gauge
 	released *prometheus.CounterVec
 	leader   prometheus.Gauge
+	forwards *prometheus.CounterVec
 
 	placementFailures prometheus.Counter
 }
@@ -51,6 +52,8 @@ func newMetrics(reg prometheus.Registerer) (m *metrics, err error) {
 			Help: "Relative fall of the predicted LATA cost from the current placement to the last run's target."}),
 		cost: f.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "predicted_latency_cost_seconds",
 			Help: "Predicted LATA latency cost of the current placement and of the target, at the last run: Σ requests/s × network latency in seconds, the network latency accrued per second of traffic."}, []string{labelPlacement}),
+		forwards: f.NewCounterVec(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "webhook_forwards_total",
+			Help: "Webhook reviews a replica that does not lead forwarded to the leader, by result (ok: the leader answered; no_leader, error: answered here, ungated)."}, []string{labelResult}),
 		moves: f.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "moves_total",
 			Help: "Pods evicted to move them to their planned node."}),
 		skipped: f.NewCounterVec(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "moves_skipped_total",
@@ -65,6 +68,9 @@ func newMetrics(reg prometheus.Registerer) (m *metrics, err error) {
 			Help: "1 while this replica holds the rebalancer's Lease."}),
 		placementFailures: f.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "placement_failures_total",
 			Help: "Replacements not scheduled on their planned node within the placement timeout, deleted so that their controller recreates them without a node."}),
+	}
+	for _, r := range []string{ForwardOK, ForwardNoLeader, ForwardError} {
+		m.forwards.WithLabelValues(r)
 	}
 	return m, nil
 }

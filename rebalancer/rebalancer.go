@@ -159,6 +159,12 @@ type Config struct {
 
 	// Identity names this replica in the Lease and in Events (default: the hostname).
 	Identity string
+	// LeaderWebhook resolves a replica's Identity (the Lease's holder) to the host:port its
+	// webhook listens on. With it, a replica that does not lead forwards each review it gets to
+	// the leader's webhook (ServeWebhook): only the leader knows its moves in flight, and the
+	// webhook Service spreads the API server's calls over every replica. Nil: no forwarding
+	// (only the reviews that reach the leader can gate).
+	LeaderWebhook func(ctx context.Context, identity string) (string, error)
 	// Clock is the time source (nil: clock.RealClock{}).
 	Clock clock.WithTickerAndDelayedExecution
 	// Logger and Registerer as elsewhere (nil: slog.Default(), metrics not registered).
@@ -309,6 +315,8 @@ type Controller struct {
 	prevTarget map[string]map[string]int
 	leading    bool
 	leadSince  time.Time
+	leader     string        // the Lease's holder as last observed (OnNewLeader); "" before
+	forwardErr string        // the last forwarding failure logged ("": none since the last success)
 	stateDirty latest.Signal // the state changed: writeState writes it
 }
 

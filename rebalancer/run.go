@@ -81,6 +81,15 @@ func (c *Controller) Run(ctx context.Context, le LeaderConfig) error {
 		defer wg.Done()
 		c.gateWorker(ctx, rec)
 	}()
+	onNew := le.OnNewLeader
+	le.OnNewLeader = func(identity string) {
+		c.mu.Lock()
+		c.leader = identity
+		c.mu.Unlock()
+		if onNew != nil {
+			onNew(identity)
+		}
+	}
 	if err := leader.Run(ctx, c.cs.CoordinationV1(), le, id, func(lctx context.Context) { c.lead(lctx, rec) }); err != nil {
 		return fmt.Errorf("rebalancer: leader election: %w", err)
 	}
@@ -146,6 +155,14 @@ func (c *Controller) identity() string {
 		return h
 	}
 	return "edgeflow"
+}
+
+// Leader is the identity of the Lease's holder as this replica last observed it ("" before it
+// observed one); it may be this replica's own.
+func (c *Controller) Leader() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leader
 }
 
 // Leading says whether this replica holds the Lease.

@@ -1,8 +1,10 @@
 package rebalancer
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +17,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/edgeflow/edgeflow/internal/certfile"
 )
@@ -41,8 +44,34 @@ const (
 // replacement. Every other pod is admitted unchanged: with no leader, nothing is gated. A body
 // over MaxReviewBytes gets 413; a review of another group, version or kind, or about another
 // resource, is refused (400), never answered allowed. The informers must have synced (Start)
-// before it is served.
-func (c *Controller) Webhook() http.Handler {
+// before it is served. It answers every review itself: ServeWebhook forwards a follower's
+// reviews to the leader (Config.LeaderWebhook).
+func (c *Controller) Webhook() http.Handler { return c.webhook(nil) }
+
+// ForwardedHeader marks a review a follower forwarded to the leader; its value is the
+// follower's identity. A review carrying it is answered where it arrives, never forwarded
+// again (so two replicas that each think the other leads cannot loop).
+const ForwardedHeader = "X-Edgeflow-Forwarded-By"
+
+// forwardTimeout bounds one forwarded review: under the registration's 5 s, so that a follower
+// whose leader does not answer still answers the API server itself.
+const forwardTimeout = 3 * time.Second
+
+// Results of edgeflow_rebalance_webhook_forwards_total.
+const (
+	ForwardOK       = "ok"        // the leader answered
+	ForwardNoLeader = "no_leader" // no leader known (or this replica is named and not leading yet): answered here
+	ForwardError    = "error"     // the leader could not be resolved or did not answer: answered here
+)
+
+// forwarder carries a follower's reviews to the leader's webhook.
+type forwarder struct {
+	client  *http.Client
+	resolve func(ctx context.Context, identity string) (string, error)
+}
+
+// webhook is Webhook, forwarding a follower's reviews with fwd (nil: never).
+func (c *Controller) webhook(fwd *forwarder) http.Handler {
 	slots := make(chan struct{}, maxConcurrentReviews)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -75,12 +104,85 @@ func (c *Controller) Webhook() http.Handler {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
+		if fwd != nil && r.Header.Get(ForwardedHeader) == "" && !c.Leading() {
+			answer, result, err := c.forward(r.Context(), fwd, body, review.Request.UID)
+			c.metrics.forwards.WithLabelValues(result).Inc()
+			c.forwarded(err)
+			if err == nil {
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write(answer)
+				return
+			}
+		}
 		resp := c.admit(review.Request)
 		review.Response = resp
 		review.Request = nil
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(&review)
 	})
+}
+
+// forward sends a review (body, as received) to the leader's webhook and returns the leader's
+// answer, re-encoded, with the forwards metric's result. An error means the review is to be
+// answered here.
+func (c *Controller) forward(ctx context.Context, fwd *forwarder, body []byte, uid types.UID) ([]byte, string, error) {
+	leader := c.Leader()
+	if leader == "" || leader == c.identity() {
+		return nil, ForwardNoLeader, errors.New("no leader to forward to")
+	}
+	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
+	defer cancel()
+	addr, err := fwd.resolve(ctx, leader)
+	if err != nil {
+		return nil, ForwardError, fmt.Errorf("the leader %s's webhook: %w", leader, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+WebhookPath, bytes.NewReader(body))
+	if err != nil {
+		return nil, ForwardError, fmt.Errorf("the leader %s's webhook at %s: %w", leader, addr, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(ForwardedHeader, c.identity())
+	resp, err := fwd.client.Do(req)
+	if err != nil {
+		return nil, ForwardError, fmt.Errorf("the leader %s's webhook at %s: %w", leader, addr, err)
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, MaxReviewBytes))
+	if err != nil {
+		return nil, ForwardError, fmt.Errorf("the leader %s's webhook at %s: %w", leader, addr, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, ForwardError, fmt.Errorf("the leader %s's webhook at %s: %s", leader, addr, resp.Status)
+	}
+	var review admissionv1.AdmissionReview
+	if err := json.Unmarshal(answer, &review); err != nil || review.Response == nil || review.Response.UID != uid {
+		return nil, ForwardError, fmt.Errorf("the leader %s's webhook at %s: not an answer to review %s", leader, addr, uid)
+	}
+	out, err := json.Marshal(&review)
+	if err != nil {
+		return nil, ForwardError, err
+	}
+	return out, ForwardOK, nil
+}
+
+// forwarded logs a forwarding failure once per streak and reason, and the first success
+// after failures.
+func (c *Controller) forwarded(err error) {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	c.mu.Lock()
+	prev := c.forwardErr
+	c.forwardErr = msg
+	c.mu.Unlock()
+	switch {
+	case msg == prev:
+	case msg != "":
+		c.log.Warn("rebalancer: webhook: cannot forward reviews to the leader; answering them here (not gated)", "error", err)
+	default:
+		c.log.Info("rebalancer: webhook: forwarding reviews to the leader again")
+	}
 }
 
 // checkReview refuses a review that is not an admission.k8s.io/v1 AdmissionReview about
@@ -171,14 +273,33 @@ func MutatingWebhookConfiguration(cc admissionregistrationv1.WebhookClientConfig
 // read from files, and read again when either file changes (a renewed Secret mounted in the
 // pod, cert-manager), so a renewal needs no restart; a file that cannot be read keeps the last
 // good pair. It returns nil when ctx is done, after the server stopped.
+//
+// With Config.LeaderWebhook, a replica that does not lead forwards each review to the leader's
+// webhook (once: ForwardedHeader) and relays its answer, so every review is decided by the one
+// replica that knows the moves in flight, whichever replica the webhook Service picked. The
+// leader must present a certificate with this replica's own public key (the replicas share the
+// webhook's Secret); no other server is trusted with a review. If there is no leader, or it
+// cannot be resolved or does not answer within forwardTimeout, the follower answers itself
+// (admitted ungated, as with failurePolicy Ignore), logged once per streak and counted in
+// edgeflow_rebalance_webhook_forwards_total.
 func (c *Controller) ServeWebhook(ctx context.Context, l net.Listener, certFile, keyFile string) error {
 	kp, err := certfile.New(certfile.Files{CertFile: certFile, KeyFile: keyFile}, "rebalancer: webhook", c.log)
 	if err != nil {
 		l.Close()
 		return err
 	}
+	var fwd *forwarder
+	if c.cfg.LeaderWebhook != nil {
+		fwd = &forwarder{resolve: c.cfg.LeaderWebhook, client: &http.Client{Transport: &http.Transport{
+			// Verified by VerifyConnection: the peer holds the webhook's own key pair.
+			TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true, //nolint:gosec // pinned by VerifyConnection
+				VerifyConnection: func(cs tls.ConnectionState) error { return samePublicKey(kp, cs) }},
+			MaxIdleConnsPerHost: maxConcurrentReviews, IdleConnTimeout: 90 * time.Second,
+		}}}
+		defer fwd.client.CloseIdleConnections()
+	}
 	mux := http.NewServeMux()
-	mux.Handle(WebhookPath, c.Webhook())
+	mux.Handle(WebhookPath, c.webhook(fwd))
 	// The API server waits 5 s for an answer (the registration's timeout): a client slower
 	// than these is not the API server.
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
@@ -198,4 +319,21 @@ func (c *Controller) ServeWebhook(ctx context.Context, l net.Listener, certFile,
 		}
 		return nil
 	}
+}
+
+// samePublicKey accepts a peer whose certificate carries the public key of this replica's own
+// webhook certificate (kp's): the leader, which serves the same Secret.
+func samePublicKey(kp *certfile.Source, cs tls.ConnectionState) error {
+	own, err := kp.GetCertificate(nil)
+	if err != nil || own == nil || len(own.Certificate) == 0 {
+		return fmt.Errorf("rebalancer: webhook: no own certificate to compare the leader's with: %v", err)
+	}
+	leaf, err := x509.ParseCertificate(own.Certificate[0])
+	if err != nil {
+		return fmt.Errorf("rebalancer: webhook: own certificate: %w", err)
+	}
+	if len(cs.PeerCertificates) == 0 || !bytes.Equal(cs.PeerCertificates[0].RawSubjectPublicKeyInfo, leaf.RawSubjectPublicKeyInfo) {
+		return errors.New("rebalancer: webhook: the leader's certificate does not carry the webhook's public key")
+	}
+	return nil
 }
