@@ -165,6 +165,20 @@ func (c *Controller) Leader() string {
 	return c.leader
 }
 
+// PodIP is the IP of a pod in the controller's pod cache (every namespace's pods): e.g. the
+// leader's, to forward webhook reviews to (Config.LeaderWebhook). The informers must have
+// synced.
+func (c *Controller) PodIP(namespace, name string) (string, error) {
+	p, err := c.pods.Pods(namespace).Get(name)
+	if err != nil {
+		return "", fmt.Errorf("pod %s/%s: %w", namespace, name, err)
+	}
+	if p.Status.PodIP == "" {
+		return "", fmt.Errorf("pod %s/%s has no IP", namespace, name)
+	}
+	return p.Status.PodIP, nil
+}
+
 // Leading says whether this replica holds the Lease.
 func (c *Controller) Leading() bool {
 	c.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -91,9 +92,15 @@ func (f *rebalanceFlags) lease() rebalancer.LeaderConfig {
 	return rebalancer.LeaderConfig{Namespace: ns, Name: f.leaseName}
 }
 
-// controller builds the rebalancer on the cluster source.
+// controller builds the rebalancer on the cluster source. Acting with a webhook, a replica that
+// does not lead forwards the reviews it gets to the leader's pod (leaderWebhook).
 func (f *rebalanceFlags) controller(inf *kube.Informers, cf *clusterFlags, cluster *watcher.Live, defaultLatency *float64, logger *slog.Logger, reg prometheus.Registerer) (*rebalancer.Controller, error) {
-	c, err := rebalancer.New(rebalancer.Config{Client: inf.Client(), Informers: inf, Topology: cluster.Measured, Namespaces: cf.namespaces,
+	var c *rebalancer.Controller
+	var forward func(context.Context, string) (string, error)
+	if f.webhookAddress != "" && !f.dryRun {
+		forward = f.leaderWebhook(func(ns, name string) (string, error) { return c.PodIP(ns, name) })
+	}
+	c, err := rebalancer.New(rebalancer.Config{LeaderWebhook: forward, Client: inf.Client(), Informers: inf, Topology: cluster.Measured, Namespaces: cf.namespaces,
 		Selector: cf.selector, DefaultLatencyMS: defaultLatency, DryRun: f.dryRun, Period: f.period,
 		Threshold: f.threshold, MaxNodeUtilization: utilizationOrNone(f.maxUtil), MaxMoves: f.maxMoves, MaxMovesPerNode: f.maxPerNode, MaxMovesPerNamespace: f.maxPerNS,
 		MinAge: f.minAge, Cooldown: f.cooldown, GateTimeout: f.gateTimeout, PlacementTimeout: f.placementTimeout,
@@ -103,6 +110,26 @@ func (f *rebalanceFlags) controller(inf *kube.Informers, cf *clusterFlags, clust
 		return nil, usageError{err}
 	}
 	return c, nil
+}
+
+// leaderWebhook resolves the Lease holder's identity (leader.Identity: the pod's name, "_", a
+// random suffix) to its pod's IP (podIP: from the rebalancer's pod cache, so no API call and no
+// further grant) in the Lease's namespace — the replicas run in one namespace — and this
+// replica's webhook port: every replica serves the webhook on the same --webhook-address.
+func (f *rebalanceFlags) leaderWebhook(podIP func(ns, name string) (string, error)) func(context.Context, string) (string, error) {
+	_, port, _ := net.SplitHostPort(f.webhookAddress)
+	ns := f.lease().Namespace
+	return func(_ context.Context, identity string) (string, error) {
+		i := strings.LastIndex(identity, "_")
+		if i <= 0 {
+			return "", fmt.Errorf("the Lease holder %q is not POD-NAME_SUFFIX (an edgeflow replica's identity)", identity)
+		}
+		ip, err := podIP(ns, identity[:i])
+		if err != nil {
+			return "", err
+		}
+		return net.JoinHostPort(ip, port), nil
+	}
 }
 
 // start runs the controller and, if asked, the webhook, with start (serve's goroutine owner).
@@ -162,7 +189,8 @@ func newRebalanceCommand() *cobra.Command {
 			"acts; every --period (and on SIGUSR1) it evicts through the Eviction API (PodDisruptionBudgets hold) and\n" +
 			"lifts the edgeflow.io/placement scheduling gate of each replacement with a required node affinity to\n" +
 			"its planned node. --webhook-address serves the mutating webhook that adds that gate, to the replacements\n" +
-			"of the leader's moves only (with no leader, nothing is gated). Any replica lifts a gate older than\n" +
+			"of the leader's moves only (with no leader, nothing is gated); a replica that does not lead forwards\n" +
+			"each review to the leader's pod (the Lease holder, same webhook port). Any replica lifts a gate older than\n" +
 			"--gate-timeout; a replacement not scheduled within --placement-timeout is deleted once and recreated\n" +
 			"ungated. The leader keeps its moves, cool-downs and back-offs in the ConfigMap LEASE-NAME-state, which\n" +
 			"the next leader reads before it acts; it moves nothing in its first period.",
