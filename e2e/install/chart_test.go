@@ -270,22 +270,35 @@ func TestManifestsUpToDate(t *testing.T) {
 	}
 }
 
-// Bad values fail the render with an error naming the value.
+// Bad values fail the render with an error naming the value: values.schema.json refuses a
+// wrong type, an unknown value of a switch, a malformed duration, port or name, and a
+// misspelt key; the templates refuse what depends on several values.
 func TestBadValuesNamed(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		values map[string]any
 		want   string
 	}{
-		{map[string]any{"istio": map[string]any{"mode": "mesh"}}, `istio.mode "mesh"`},
-		{map[string]any{"rebalancer": map[string]any{"mode": "yes"}}, `rebalancer.mode "yes"`},
-		{map[string]any{"webhook": map[string]any{"certificate": "edgeflow"}}, `webhook.certificate "edgeflow"`},
+		// values.schema.json
+		{map[string]any{"istio": map[string]any{"mode": "mesh"}}, `at '/istio/mode': value must be one of 'off', 'destinationrule', 'envoyfilter'`},
+		{map[string]any{"rebalancer": map[string]any{"mode": "yes"}}, `at '/rebalancer/mode': value must be one of 'off', 'dry-run', 'act'`},
+		{map[string]any{"webhook": map[string]any{"certificate": "edgeflow"}}, `at '/webhook/certificate': value must be one of 'cert-manager', 'secret'`},
+		{map[string]any{"latencyProbes": map[string]any{"nodes": []any{map[string]any{"name": "a"}}}}, `at '/latencyProbes/nodes/0': missing property 'address'`},
+		{map[string]any{"latencyProbes": map[string]any{"granularity": "rack"}}, `at '/latencyProbes/granularity': value must be one of 'node', 'zone'`},
+		{map[string]any{"antiAffinity": "soft"}, `at '/antiAffinity': value must be one of 'required', 'preferred'`},
+		{map[string]any{"replicas": 3}, `additional properties 'replicas' not allowed`},
+		{map[string]any{"xds": map[string]any{"tls": map[string]any{"enable": false}}}, `at '/xds/tls': additional properties 'enable' not allowed`},
+		{map[string]any{"replicaCount": 0}, `at '/replicaCount': minimum: got 0, want 1`},
+		{map[string]any{"rebalancer": map[string]any{"period": 600}}, `at '/rebalancer/period': got number, want string`},
+		{map[string]any{"rebalancer": map[string]any{"period": "10 minutes"}}, `at '/rebalancer/period': '10 minutes' does not match pattern`},
+		{map[string]any{"xds": map[string]any{"port": 70000}}, `at '/xds/port': maximum: got 70,000, want 65,535`},
+		{map[string]any{"policy": "fastest"}, `at '/policy': value must be one of 'round-robin', 'localization', 'opttraffic', 'lata', 'lata-q', 'closed-loop'`},
+		{map[string]any{"logLevel": "verbose"}, `at '/logLevel': value must be one of 'debug', 'info', 'warn', 'error'`},
+		// the templates
 		{map[string]any{"istio": map[string]any{"labelNodes": true}}, "istio.labelNodes needs istio.mode=destinationrule"},
 		{map[string]any{"istio": map[string]any{"mode": "destinationrule", "leaseName": "edgeflow-rebalancer"}}, "istio.leaseName must differ from rebalancer.leaseName"},
 		{map[string]any{"rebalancer": map[string]any{"mode": "act"}, "webhook": map[string]any{"certificate": "secret"}}, "webhook.caBundle"},
 		{map[string]any{"prometheus": map[string]any{"url": ""}}, "callGraph"},
-		{map[string]any{"latencyProbes": map[string]any{"nodes": []any{map[string]any{"name": "a"}}}}, "latencyProbes.nodes"},
-		{map[string]any{"latencyProbes": map[string]any{"granularity": "rack"}}, `latencyProbes.granularity: want node or zone, not "rack"`},
 	} {
 		_, err := renderRaw(t, tc.values)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
