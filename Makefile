@@ -149,9 +149,11 @@ $(HELM):
 manifests: $(HELM)
 	$(HELM) template edgeflow install/helm/edgeflow --namespace edgeflow --kube-version $(KUBE_VERSION) --no-hooks > install/manifests/edgeflow.yaml
 
-## docs: the CLI reference, docs/reference/cli (cmd/edgeflow's TestCLIDocsUpToDate fails when it is stale)
+## docs: the CLI reference, docs/reference/cli (cmd/edgeflow's TestCLIDocsUpToDate fails when it is stale),
+## and the chart README's values table from values.yaml (e2e/install's TestValuesTable likewise)
 docs:
 	$(GO) run ./cmd/edgeflow docs docs/reference/cli
+	$(GO) test -count=1 -run '^TestValuesTable$$' ./e2e/install -update
 
 lint: $(STATICCHECK)
 	@fmt=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$fmt" ]; then echo "gofmt would change:"; echo "$$fmt"; exit 1; fi
