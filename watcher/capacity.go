@@ -73,9 +73,10 @@ type capacityFeed struct {
 
 // capacityRound is what one feed did, for the caller to record.
 type capacityRound struct {
-	fed       bool     // an estimator round ran
-	unmatched []string // pod loads naming no pod of a managed service, NAMESPACE/POD, sorted
-	err       error    // the estimator's complaint about samples (the round still counted)
+	fed       bool                         // an estimator round ran
+	caps      map[string]estimate.Capacity // the round's estimates, by NAMESPACE/POD (fed only)
+	unmatched []string                     // pod loads naming no pod of a managed service, NAMESPACE/POD, sorted
+	err       error                        // the estimator's complaint about samples (the round still counted)
 	// judged says the breaker took the window; changed are the services that tripped or reset
 	// in it, and breakerErr its complaint about the window's response times. held says the
 	// plan in force changed in the window (the hold-down: the capacities in force stay).
@@ -150,7 +151,7 @@ func (f *capacityFeed) feed(ks *kube.State, meas *prom.Measurements) capacityRou
 	f.fedAt = meas.At
 	f.clock = f.clock.Add(meas.Window)
 	caps, err := f.est.Observe(f.clock, samples)
-	r.fed, r.err = true, err
+	r.fed, r.caps, r.err = true, caps, err
 	for key := range f.counters {
 		if _, known := caps[key]; !known {
 			delete(f.counters, key) // the estimator forgot it: so does the feed

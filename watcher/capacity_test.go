@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"maps"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -264,6 +265,17 @@ func TestBreakerFallsBackToLATA(t *testing.T) {
 	}
 	if len(got) != 4 {
 		t.Fatalf("capacities %v before the trip, want all four pods'", got)
+	}
+	// edgeflow_closed_loop_pod_capacity_rps: the estimator's last round, per pod (api: 1 core /
+	// 4 ms of CPU per request = 250 req/s; big: 2 cores, 500 req/s), and the lower bound the
+	// capacity in force is set from (kept while the bound moves within CapacityHysteresis).
+	for pod, truth := range map[string]float64{"api-1": 250, "big-2": 500} {
+		est := metric(t, reg, "edgeflow_closed_loop_pod_capacity_rps", "namespace", "default", "pod", pod, "bound", "estimate")
+		lower := metric(t, reg, "edgeflow_closed_loop_pod_capacity_rps", "namespace", "default", "pod", pod, "bound", "lower")
+		if math.Abs(est-truth) > 0.02*truth || !(lower > 0 && lower <= est) || math.Abs(got["default/"+pod]-lower) > CapacityHysteresis*got["default/"+pod] {
+			t.Errorf("pod_capacity_rps of %s: estimate %v, lower %v, in force %v; want the estimate within 2 %% of %v, 0 < lower ≤ estimate, in force within the hysteresis of lower",
+				pod, est, lower, got["default/"+pod], truth)
+		}
 	}
 	got = c.feedCapacity(st, round(6))
 	bs := breaker.State("big")

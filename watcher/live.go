@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -157,6 +158,10 @@ type Live struct {
 	unmatched  *prometheus.CounterVec
 	noLatency  prometheus.Gauge
 	tripped    *prometheus.GaugeVec
+	// podCapacity is edgeflow_closed_loop_pod_capacity_rps; capacityPods the NAMESPACE/POD keys
+	// it has series of (Run's only).
+	podCapacity  *prometheus.GaugeVec
+	capacityPods map[string]bool
 
 	changed  latest.Signal      // an input changed: deliver merges again
 	compiler optimizer.Compiler // Run's only
@@ -298,6 +303,9 @@ func (c *Live) feedCapacity(ks *kube.State, meas *prom.Measurements) map[string]
 	if r.err != nil {
 		c.log.Warn("watcher: the capacity estimator left samples out", "error", r.err)
 	}
+	if r.fed {
+		c.recordCapacities(r.caps)
+	}
 	if r.judged {
 		c.recordBreaker(r)
 	}
@@ -308,6 +316,29 @@ func (c *Live) feedCapacity(ks *kube.State, meas *prom.Measurements) map[string]
 	}
 	c.podsOff = r.unmatched
 	return c.capacity.inForce(ks)
+}
+
+// recordCapacities sets edgeflow_closed_loop_pod_capacity_rps from one estimator round, and
+// deletes the series of pods that no longer have an estimate. O(pods). Run's only.
+func (c *Live) recordCapacities(caps map[string]estimate.Capacity) {
+	now := make(map[string]bool, len(caps))
+	for key, cp := range caps {
+		ns, pod, ok := strings.Cut(key, "/")
+		if !ok || cp.Source == estimate.SourceNone {
+			continue
+		}
+		now[key] = true
+		c.podCapacity.WithLabelValues(ns, pod, boundEstimate).Set(cp.RPS)
+		c.podCapacity.WithLabelValues(ns, pod, boundLower).Set(cp.Lower)
+	}
+	for key := range c.capacityPods {
+		if !now[key] {
+			ns, pod, _ := strings.Cut(key, "/")
+			c.podCapacity.DeleteLabelValues(ns, pod, boundEstimate)
+			c.podCapacity.DeleteLabelValues(ns, pod, boundLower)
+		}
+	}
+	c.capacityPods = now
 }
 
 // recordBreaker logs each service that tripped or reset in a window, once, and its complaint

@@ -18,9 +18,18 @@ const (
 
 // Label names of the metrics.
 const (
-	labelReason  = "reason"
-	labelKind    = "kind"
-	labelService = "service"
+	labelReason    = "reason"
+	labelKind      = "kind"
+	labelService   = "service"
+	labelNamespace = "namespace"
+	labelPod       = "pod"
+	labelBound     = "bound"
+)
+
+// Values of the bound label of edgeflow_closed_loop_pod_capacity_rps.
+const (
+	boundEstimate = "estimate" // estimate.Capacity.RPS
+	boundLower    = "lower"    // estimate.Capacity.Lower, what a pod's capacity in force is set from
 )
 
 // newMetrics makes the File's metrics and registers them with reg (nil: with none).
@@ -54,6 +63,9 @@ func (c *Live) newMetrics(reg prometheus.Registerer) (err error) {
 		Help: "1 while the topology has no usable latency and the capacity-weighted plan (every node pair equal) is served."})
 	c.tripped = a.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemLoop, Name: "breaker_tripped",
 		Help: "1 while the model-error breaker holds the service tripped (its measured own time far from lata-q's prediction: planned as lata, without capacities), else 0; by service key."}, []string{labelService})
+	c.podCapacity = a.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemLoop, Name: "pod_capacity_rps",
+		Help: "Each pod's capacity (requests/s) as the estimator's last round has it, from the pod's own windows or its service's median: bound=estimate the point estimate, bound=lower its lower confidence bound (a pod's capacity in force is set from it, watcher.CapacitiesInForce). A pod without an estimate has no series."},
+		[]string{labelNamespace, labelPod, labelBound})
 	c.unmatched.WithLabelValues("node")
 	c.unmatched.WithLabelValues("pod")
 	return nil
