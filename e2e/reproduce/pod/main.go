@@ -26,6 +26,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"math"
 	"net"
@@ -144,6 +145,7 @@ func serveMetrics(ctx context.Context, addr string, p *app.Pod) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", p.Metrics())
+	mux.HandleFunc("/slowdown", func(w http.ResponseWriter, r *http.Request) { setSlowdown(w, r, p) })
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { // ends when ctx is done
 		<-ctx.Done()
@@ -156,4 +158,30 @@ func serveMetrics(ctx context.Context, addr string, p *app.Pod) error {
 	}()
 	log.Printf("pod %s: metrics on http://%s/metrics", p.Name(), lis.Addr())
 	return nil
+}
+
+// setSlowdown serves PUT /slowdown: the body is the new slowdown factor (positive, finite).
+func setSlowdown(w http.ResponseWriter, r *http.Request, p *app.Pod) {
+	if r.Method != http.MethodPut {
+		w.Header().Set("Allow", http.MethodPut)
+		http.Error(w, "PUT a factor", http.StatusMethodNotAllowed)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(string(body)), 64)
+	if err == nil && !(f > 0) {
+		err = fmt.Errorf("want a positive factor, got %v", f)
+	}
+	if err == nil {
+		err = p.SetSlowdown(f)
+	}
+	if err != nil {
+		http.Error(w, fmt.Sprintf("slowdown %q: %v", body, err), http.StatusBadRequest)
+		return
+	}
+	log.Printf("pod %s: slowdown %v from the next request", p.Name(), f)
 }

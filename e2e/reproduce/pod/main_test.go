@@ -5,6 +5,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,6 +86,90 @@ func TestPodSlowAndMetrics(t *testing.T) {
 	}
 	if served != n {
 		t.Errorf("istio_requests_total sums to %v, want %d", served, n)
+	}
+}
+
+// TestPodSlowdownAtRunTime: PUT /slowdown on the metrics address changes the pod's slowdown
+// from its next request: the busy time is the first calls' draws plus twice the next calls';
+// a factor that is not positive and finite, or another method, is refused and changes nothing.
+func TestPodSlowdownAtRunTime(t *testing.T) {
+	o := options{name: "p-0", node: "n1", listen: freeAddr(t), metricsAddr: freeAddr(t), workers: 1,
+		service: 2 * time.Millisecond, seed: 4, slow: 1}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, o) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	conn, err := grpc.NewClient("passthrough:///"+o.listen, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	call := func(n int) {
+		for range n {
+			ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err := app.Call(ctx, conn, "", "", grpc.WaitForReady(true))
+			stop()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	put := func(body string) int {
+		req, err := http.NewRequest(http.MethodPut, "http://"+o.metricsAddr+"/slowdown", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	const n = 3
+	call(n)
+	for _, bad := range []string{"0", "-2", "NaN", "+Inf", "fast"} {
+		if code := put(bad); code != http.StatusBadRequest {
+			t.Errorf("PUT /slowdown %q: status %d, want 400", bad, code)
+		}
+	}
+	if resp, err := client.Get("http://" + o.metricsAddr + "/slowdown"); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("GET /slowdown: status %d, want 405", resp.StatusCode)
+	}
+	if code := put("2"); code != http.StatusOK {
+		t.Fatalf("PUT /slowdown 2: status %d, want 200", code)
+	}
+	call(n)
+	draws := app.NewExponential(o.service, o.seed)
+	var want time.Duration
+	for i := range 2 * n {
+		d := draws.Draw()
+		if i >= n {
+			d *= 2
+		}
+		want += d
+	}
+	resp, err := client.Get("http://" + o.metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cpu := mfs["container_cpu_usage_seconds_total"].GetMetric(); len(cpu) != 1 || math.Abs(cpu[0].GetCounter().GetValue()-want.Seconds()) > 1e-8 {
+		t.Errorf("container_cpu_usage_seconds_total %v, want %v s (%d draws, then %d × 2)", cpu, want.Seconds(), n, n)
 	}
 }
 
