@@ -36,13 +36,24 @@ func (h *Harness) Deploy(a App, w Workload) {
 		for _, callee := range c.Calls {
 			args = append(args, "--call", callee+"."+ns)
 		}
+		var annotations map[string]string
+		var env []corev1.EnvVar
+		ports := []corev1.ContainerPort{{Name: "grpc", ContainerPort: podPort}}
+		if w.Metrics {
+			// As a pod Istio's sample Prometheus scrapes: annotated, its metrics on its IP (the
+			// kubelet expands $(POD_IP) from the downward API).
+			annotations = map[string]string{"prometheus.io/scrape": "true", "prometheus.io/port": strconv.Itoa(podMetricsPort),
+				"prometheus.io/path": "/metrics"}
+			env = []corev1.EnvVar{{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}}}
+			args = append(args, "--metrics-addr", "$(POD_IP):"+strconv.Itoa(podMetricsPort))
+		}
 		replicas := int32(c.Replicas)
 		d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: ns},
 			Spec: appsv1.DeploymentSpec{Replicas: &replicas,
 				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": c.Name}},
-				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": c.Name}},
-					Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "edgeflow-reproduce-pod", Args: args,
-						Ports: []corev1.ContainerPort{{Name: "grpc", ContainerPort: podPort}},
+				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": c.Name}, Annotations: annotations},
+					Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "edgeflow-reproduce-pod", Args: args, Env: env,
+						Ports: ports,
 						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
 							corev1.ResourceCPU: cpu, corev1.ResourceMemory: resource.MustParse("128Mi")}}}}}}}}
 		if _, err := h.cs.AppsV1().Deployments(ns).Create(h.ctx, d, metav1.CreateOptions{}); err != nil {

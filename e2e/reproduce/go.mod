@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/edgeflow/edgeflow v0.0.0
+	github.com/google/go-cmp v0.7.0
 	github.com/prometheus/common v0.72.0
 	go.uber.org/goleak v1.3.0
 	gonum.org/v1/plot v0.17.0

@@ -69,13 +69,16 @@ func NewHarness(t testing.TB, ctx context.Context, scenario string, log io.Write
 	h.efBin, h.podBin = testkit.Binary(t), podBinary(t)
 
 	pool := podAddresses(Nodes)
-	h.tb = testbed.Start(t, testbed.Config{Nodes: Nodes, RTT: rtt, Aliases: pool})
+	targets := filepath.Join(h.dir, "pod-targets.json")
+	h.tb = testbed.Start(t, testbed.Config{Nodes: Nodes, RTT: rtt, Aliases: pool,
+		ScrapeConfigs: podScrapeJob(targets, podScrapeInterval)})
 	h.tb.StartProbes(t)
 	h.promURL = h.promProxy()
-	h.xdsForwarder()
+	h.forward(net.JoinHostPort(h.tb.MonitorIP(), strconv.Itoa(xdsPort)), h.upstream)
 
 	h.cluster = kubeapi.Start(t, kubeapi.Options{Scheduler: true, ControllerManager: true})
 	h.cs = h.cluster.Client
+	h.discoverPods(targets)
 	if _, err := h.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -165,11 +168,12 @@ func (h *Harness) promProxy() string {
 	return "http://" + lis.Addr().String()
 }
 
-// xdsForwarder listens on MONITOR_IP:18000 inside the monitor namespace and forwards every
-// connection to serve on h.xdsAddr: the pods reach the xDS server across the bridge (no added
-// delay) while serve runs in the root namespace next to the API server.
-func (h *Harness) xdsForwarder() {
-	lis, err := h.tb.ListenMonitor("tcp", net.JoinHostPort(h.tb.MonitorIP(), strconv.Itoa(xdsPort)))
+// forward listens on addr inside the monitor namespace and forwards every connection to the
+// root namespace's upstream() ("" refuses it: the client retries): the xDS forwarder
+// (MONITOR_IP:18000 → the running serve) lets the pods reach the xDS server across the bridge
+// (no added delay) while serve runs in the root namespace next to the API server.
+func (h *Harness) forward(addr string, upstream func() string) {
+	lis, err := h.tb.ListenMonitor("tcp", addr)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -197,7 +201,7 @@ func (h *Harness) xdsForwarder() {
 			go func() {
 				defer wg.Done()
 				defer down.Close()
-				addr := h.upstream()
+				addr := upstream()
 				if addr == "" {
 					return // serve is not running (between rows): the client retries
 				}

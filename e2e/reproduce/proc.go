@@ -50,6 +50,7 @@ type proc struct {
 	cmd       *exec.Cmd
 	done      chan struct{}
 	ui        string // serve's web view (HOST:PORT), if it has one
+	metrics   string // serve's metrics listener (HOST:PORT), if it has one
 	stopped   func() // called once the process has stopped, if set
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -50,6 +51,8 @@ type processRuntime struct {
 	deadline time.Duration
 
 	mu      sync.Mutex
+	slow    map[string]float64 // component → the slowdown its next pod started gets (then removed)
+	slowed  map[string]string  // component → the pod that got it
 	running map[types.UID]*podProcess
 	used    map[string]bool // addresses in use
 	next    map[string]int  // node → where its next address search starts
@@ -63,7 +66,23 @@ type podProcess struct {
 
 func newProcessRuntime(tb *testbed.Testbed, podBin, xdsAddr, logDir string, pool map[string][]string) *processRuntime {
 	return &processRuntime{tb: tb, podBin: podBin, xdsAddr: xdsAddr, logDir: logDir, pool: pool, deadline: 20 * time.Second,
-		running: map[types.UID]*podProcess{}, used: map[string]bool{}, next: map[string]int{}}
+		running: map[types.UID]*podProcess{}, used: map[string]bool{}, next: map[string]int{},
+		slow: map[string]float64{}, slowed: map[string]string{}}
+}
+
+// SlowNext gives the next pod of component (its app label) started `--slow factor`: slower
+// than its peers, unseen by Kubernetes and edgeflow. Slowed returns its name once started.
+func (r *processRuntime) SlowNext(component string, factor float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.slow[component] = factor
+}
+
+// Slowed returns the pod of component that SlowNext slowed ("" before it started).
+func (r *processRuntime) Slowed(component string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.slowed[component]
 }
 
 // allocate returns the node's next free pod address after the last one given out, as the
@@ -127,9 +146,16 @@ func (r *processRuntime) launch(pod *corev1.Pod, node, ip string) (*podProcess, 
 	}
 	var args []string
 	if len(pod.Spec.Containers) > 0 {
-		args = append(args, pod.Spec.Containers[0].Args...)
+		args = append(args, expandArgs(pod.Spec.Containers[0], ip)...)
 	}
 	args = append(args, "--name", pod.Name, "--node", node, "--listen", net.JoinHostPort(ip, fmt.Sprint(podPort)))
+	r.mu.Lock()
+	if f, ok := r.slow[pod.Labels["app"]]; ok {
+		delete(r.slow, pod.Labels["app"])
+		r.slowed[pod.Labels["app"]] = pod.Name
+		args = append(args, "--slow", strconv.FormatFloat(f, 'g', -1, 64))
+	}
+	r.mu.Unlock()
 	cmd := r.tb.Exec(node, r.podBin, args...)
 	if cmd.Err != nil {
 		return nil, cmd.Err
@@ -151,6 +177,31 @@ func (r *processRuntime) launch(pod *corev1.Pod, node, ip string) (*podProcess, 
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// expandArgs returns c's args with $(NAME) replaced by the value of c's environment variable
+// NAME, as the kubelet expands them: a literal value, or the pod's IP for one from the downward
+// API's status.podIP (the only field this runtime fills). A reference to another name stays
+// as written, as the kubelet leaves it.
+func expandArgs(c corev1.Container, ip string) []string {
+	var pairs []string
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			pairs = append(pairs, "$("+e.Name+")", e.Value)
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP":
+			pairs = append(pairs, "$("+e.Name+")", ip)
+		}
+	}
+	if len(pairs) == 0 {
+		return c.Args
+	}
+	rep := strings.NewReplacer(pairs...)
+	out := make([]string, len(c.Args))
+	for i, a := range c.Args {
+		out[i] = rep.Replace(a)
+	}
+	return out
 }
 
 // waitListening polls the pod's log until it says it serves.

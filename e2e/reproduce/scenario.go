@@ -71,13 +71,25 @@ var ScenarioA = map[[2]string]float64{
 	{"n2", "n3"}: 6, {"n2", "n4"}: 10, {"n3", "n4"}: 4,
 }
 
-// Scenario returns the RTT matrix of scenario "A" or "B".
+// FlatRTT is the RTT of every node pair in scenario "flat": the closed loop's testbed
+// (TestClosedLoopOnTestbed), where no node is nearer to another than the rest, so that what
+// sets a callee pod's planned share is its capacity (and being on its caller's node).
+const FlatRTT = 2.0
+
+// Scenario returns the RTT matrix of scenario "A", "B" (A doubled) or "flat" (every pair
+// FlatRTT).
 func Scenario(name string) (map[[2]string]float64, error) {
+	out := map[[2]string]float64{}
+	if name == "flat" {
+		for k := range ScenarioA {
+			out[k] = FlatRTT
+		}
+		return out, nil
+	}
 	scale := map[string]float64{"A": 1, "B": 2}[name]
 	if scale == 0 {
-		return nil, fmt.Errorf("unknown scenario %q (want A or B)", name)
+		return nil, fmt.Errorf("unknown scenario %q (want A, B or flat)", name)
 	}
-	out := map[[2]string]float64{}
 	for k, v := range ScenarioA {
 		out[k] = v * scale
 	}
@@ -111,6 +123,10 @@ var Policies = []Policy{
 type Workload struct {
 	Workers     int
 	ServiceTime time.Duration
+	// Metrics: every pod serves its /metrics (Istio's request metrics, the busy time as
+	// cAdvisor's CPU usage, its CPU request) on POD_IP:15020 and is annotated for Prometheus's
+	// kubernetes-pods job (podScrapeJob), which then scrapes it every podScrapeInterval.
+	Metrics bool
 }
 
 // DefaultWorkload is the pods' work in every preset.

@@ -16,12 +16,13 @@ var (
 // and waits until it has published a plan on measured RTTs (onMeasuredLatency) and every
 // caller pod's xDS client is connected to it. Its listeners are on ports the kernel picks as
 // serve binds them (127.0.0.1:0), read from the lines where it names them: no port is picked
-// here and bound later by another process. The forwarder sends the pods' xDS connections to
+// here and bound later by another process. flags are further flags of serve. The forwarder sends the pods' xDS connections to
 // this serve until it stops.
-func (h *Harness) Serve(a App, p Policy, rate float64) *proc {
-	s := h.start("serve", "serve", "--kubeconfig", h.cluster.Kubeconfig, "--prometheus-url", h.promURL,
+func (h *Harness) Serve(a App, p Policy, rate float64, flags ...string) *proc {
+	args := []string{"serve", "--kubeconfig", h.cluster.Kubeconfig, "--prometheus-url", h.promURL,
 		"--calls", h.callGraph(a, rate), "--namespaces", ns, "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
-		"--ui-address", "127.0.0.1:0", "--policy", p.Allocation, "--lb-policy", p.LB, "--prometheus-interval", "2s", "--log-level", "warn")
+		"--ui-address", "127.0.0.1:0", "--policy", p.Allocation, "--lb-policy", p.LB, "--prometheus-interval", "2s", "--log-level", "warn"}
+	s := h.start("serve", append(args, flags...)...)
 	var xdsAddr, metricsAddr string
 	h.eventually(60*time.Second, "serve naming its listeners", func() bool {
 		if s.exited() {
@@ -32,7 +33,7 @@ func (h *Harness) Serve(a App, p Policy, rate float64) *proc {
 		if m == nil || u == nil {
 			return false
 		}
-		xdsAddr, metricsAddr, s.ui = m[1], m[2], u[1]
+		xdsAddr, metricsAddr, s.ui, s.metrics = m[1], m[2], u[1], m[2]
 		return true
 	})
 	h.setUpstream(xdsAddr)

@@ -161,6 +161,9 @@ func (tb *Testbed) startProbes() error {
 		}
 		promYAML += "]\n        labels: {namespace: tenant, pod: forger}\n"
 	}
+	if tb.scrapeConfigs != "" {
+		promYAML += strings.TrimRight(tb.scrapeConfigs, "\n") + "\n"
+	}
 	if err := os.WriteFile(promConfig, []byte(promYAML), 0o644); err != nil {
 		tb.mu.Unlock()
 		return fmt.Errorf("testbed: StartProbes: %w", err)

@@ -73,6 +73,11 @@ type Config struct {
 	// kubernetes-pods job, or a pushgateway's, looks like: the series keep the labels they
 	// claim (job and instance included) and get the target's only where they claim none.
 	HonorLabelsTargets []string
+	// ScrapeConfigs are further jobs of Prometheus's configuration, as YAML list items under
+	// scrape_configs (each starting "  - job_name: "), appended as given: e.g. a job discovering
+	// pods through Kubernetes service discovery. Prometheus runs in the monitor namespace: an
+	// address a job names must be reachable from there (see ListenMonitor).
+	ScrapeConfigs string
 	// Aliases are further addresses of a node, e.g. its pods' (198.18.0.x, distinct from every
 	// node's and the monitor's .100): each is added to the node's eth0, and a packet between
 	// two nodes is held the pair's RTT whichever of their addresses it carries.
@@ -94,6 +99,7 @@ type Testbed struct {
 	interval       time.Duration
 	metricsTargets []string
 	honorTargets   []string
+	scrapeConfigs  string
 	rt             bool // chrt -f works here
 	matrix         string
 	nqBin          string
@@ -196,6 +202,7 @@ func newTestbed(cfg Config, dir string) (*Testbed, error) {
 		interval:       cfg.ScrapeInterval,
 		metricsTargets: cfg.MetricsTargets,
 		honorTargets:   cfg.HonorLabelsTargets,
+		scrapeConfigs:  cfg.ScrapeConfigs,
 		rtt:            rtt,
 		matrix:         filepath.Join(dir, "matrix.txt"),
 		nqBin:          filepath.Join(dir, "nqdelay"),
