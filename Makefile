@@ -95,10 +95,11 @@ test-ui e2e-ui: $(EDGEFLOW_RACE) $(REPORT)
 	  | $(CURDIR)/$(REPORT) -stream ui > $(CURDIR)/$(TESTOUT)/ui.json
 
 ## e2e-reproduce: a smoke of the paper's experiment (the live loop end to end, the report's schema,
-## the plan's network cost ordered as the policies promise); its P99 claims run in make reproduce
+## the plan's network cost ordered as the policies promise), and the closed loop on the testbed with a
+## real Prometheus scraping the pods (docs/closed-loop-testbed.md); its P99 claims run in make reproduce
 test-smoke e2e-reproduce: k8s $(EDGEFLOW_RACE) $(REPORT) prebuild-smoke
 	EDGEFLOW_BIN=$(EDGEFLOW_RACE) REPRODUCE_PRESET=smoke $(GO) tool test2json -t -p github.com/edgeflow/edgeflow/e2e/reproduce \
-	  bin/reproduce.test -test.run '^(TestWriteReport|TestPrice|TestOnMeasuredLatency|TestOverrideReplicas|TestSmokeChecks|TestReproduce)$$' -test.v=test2json -test.count=1 -test.timeout 10m \
+	  bin/reproduce.test -test.run '^(TestWriteReport|TestPrice|TestOnMeasuredLatency|TestOverrideReplicas|TestSmokeChecks|TestReproduce|TestClosedLoopOnTestbed|TestPodTargets)$$' -test.v=test2json -test.count=1 -test.timeout 10m \
 	  | $(REPORT) -stream smoke > $(TESTOUT)/smoke.json
 
 # prebuild-*: compile a suite's tests (niced) while the Kubernetes control plane it needs builds,
