@@ -102,9 +102,8 @@ type Config struct {
 	// ServiceTime draws each request's service time; nil means zero.
 	ServiceTime ServiceTime
 	// Delay, if set, returns the network delay to inject on a request from a pod on callerNode
-	// ("" for requests from outside). The pod sleeps it on arrival, before queueing for a worker,
-	// with its timers' median lateness taken off (Pod.delay), so the delay is Delay's at the
-	// median.
+	// ("" for requests from outside). The pod sleeps it on arrival, before queueing for a worker;
+	// the request arrives at its reception plus the delay, however late the timer (see handle).
 	// Nil injects nothing (a real network provides the delay).
 	Delay func(callerNode string) time.Duration
 	// Downstream are called in order, sequentially, after the pod's own work (as Bookinfo's
@@ -125,7 +124,6 @@ type Pod struct {
 	metrics  *podMetrics
 	busy     atomic.Int64  // simulated CPU time, ns
 	slowdown atomic.Uint64 // math.Float64bits of the slowdown in force (cfg.Slowdown at first)
-	timerLag atomic.Int64  // the running median of the network delays' timer lateness, ns (see delay)
 
 	mu       sync.Mutex
 	received map[string]uint64 // by caller pod
@@ -249,21 +247,27 @@ func (p *Pod) Stats() Stats {
 
 // handle serves one request: inject the network delay, queue for a worker (and a core of the
 // node), hold it for the service time, then make the downstream calls. The request arrives,
-// for the metrics, when the network delay is over.
+// for the metrics and the queue, when the network delay is over: at its reception plus the
+// delay, a point in time rather than the moment a timer fires. A timer fires late (a fraction
+// of a millisecond on an idle machine, more on a busy one), and a remote request that paid
+// that lateness for its network delay and again for its service time would pay more than its
+// round-trip time — an L7 cost the topology does not have. Admitted at its arrival and held
+// until a finish computed from it, it pays one late timer, as a local request does.
 func (p *Pod) handle(ctx context.Context) (*wrapperspb.StringValue, error) {
 	caller := peerOf(ctx)
 	p.mu.Lock()
 	p.received[caller.pod]++
 	p.mu.Unlock()
 
+	arrival := time.Now()
 	if p.cfg.Delay != nil {
-		if err := p.delay(ctx, p.cfg.Delay(caller.node)); err != nil {
+		arrival = arrival.Add(p.cfg.Delay(caller.node))
+		if err := sleep(ctx, time.Until(arrival)); err != nil {
 			p.failed.Add(1) // lost in the network: it never reached the pod's sidecar
 			return nil, err
 		}
 	}
-	arrival := time.Now()
-	out, err := p.serve(ctx)
+	out, err := p.serve(ctx, arrival)
 	p.metrics.inbound(ctx, caller, time.Since(arrival), err)
 	if err != nil {
 		p.failed.Add(1)
@@ -273,9 +277,9 @@ func (p *Pod) handle(ctx context.Context) (*wrapperspb.StringValue, error) {
 	return out, nil
 }
 
-// serve does the pod's work and its downstream calls.
-func (p *Pod) serve(ctx context.Context) (*wrapperspb.StringValue, error) {
-	if err := p.work(ctx); err != nil {
+// serve does the pod's work, for a request that arrived at arrival, and its downstream calls.
+func (p *Pod) serve(ctx context.Context, arrival time.Time) (*wrapperspb.StringValue, error) {
+	if err := p.work(ctx, arrival); err != nil {
 		return nil, err
 	}
 	out := metadata.AppendToOutgoingContext(ctx, MetadataCallerWorkload, p.cfg.Workload,
@@ -303,10 +307,10 @@ func (p *Pod) serve(ctx context.Context) (*wrapperspb.StringValue, error) {
 	return wrapperspb.String(p.cfg.Name), nil
 }
 
-// work queues the request for a worker (and a core) and holds it for the service time. The
-// busy time is counted when the request leaves, also when it is cancelled: it keeps its worker
-// and core until its scheduled finish (workerQueue).
-func (p *Pod) work(ctx context.Context) error {
+// work queues the request, arrived at arrival, for a worker (and a core) and holds it for the
+// service time. The busy time is counted when the request leaves, also when it is cancelled:
+// it keeps its worker and core until its scheduled finish (workerQueue).
+func (p *Pod) work(ctx context.Context, arrival time.Time) error {
 	var service time.Duration
 	if p.cfg.ServiceTime != nil {
 		service = p.cfg.ServiceTime.Draw()
@@ -314,8 +318,8 @@ func (p *Pod) work(ctx context.Context) error {
 	if f := math.Float64frombits(p.slowdown.Load()); f != 1 {
 		service = time.Duration(float64(service) * f)
 	}
+	start, finish := admit(p.queue, p.cfg.NodeCPU, arrival, service)
 	now := time.Now()
-	start, finish := admit(p.queue, p.cfg.NodeCPU, now, service)
 	defer p.busy.Add(int64(finish.Sub(start)))
 	if start.After(now) {
 		n := p.waiting.Add(1)
@@ -328,32 +332,6 @@ func (p *Pod) work(ctx context.Context) error {
 		}
 	}
 	return sleep(ctx, time.Until(finish))
-}
-
-// timerLagStep is the step of the pod's running median of its timers' lateness.
-const timerLagStep = 20 * time.Microsecond
-
-// delay sleeps the network delay d. A timer fires late (a fraction of a millisecond on an idle
-// machine, more on a busy one), and a delay that ran late would pay every remote path more than
-// its round-trip time — an L7 cost the topology does not have. So the pod keeps a running
-// median of its timers' lateness (a step of 20 µs toward each one's) and sleeps d less it: the
-// delays it injects are d at the median. A median, not a mean: a stall of the machine makes the
-// delays it hits late, not the ones after it short. A cancelled sleep leaves it alone.
-func (p *Pod) delay(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	lag := min(time.Duration(p.timerLag.Load()), d)
-	start := time.Now()
-	if err := sleep(ctx, d-lag); err != nil {
-		return err
-	}
-	if late := time.Since(start) - (d - lag); late > lag {
-		p.timerLag.Add(int64(timerLagStep))
-	} else if lag >= timerLagStep {
-		p.timerLag.Add(-int64(timerLagStep))
-	}
-	return nil
 }
 
 // BusyTime is the pod's simulated CPU time so far: the sum of the service times (divided by
