@@ -146,9 +146,9 @@ func TestInjectedLatency(t *testing.T) {
 		}
 		network[p] = time.Duration(out.Plan.Cost / rate * float64(time.Millisecond)) // planned with the scaled latencies
 		mean[p] = out.Load.Latency.Mean()
-		// The injected delays are the asked-for ones at the median (the pods take their timers'
-		// median lateness off). Above them: four loopback RPCs and the service sleeps' wake-up
-		// lag, a few ms on a busy machine, more under -race. The injected delay
+		// A request never answers before its injected delays. Above them: four loopback RPCs and
+		// the sleeps' wake-up lag (one late timer per hop: a pod admits a request at its
+		// reception plus the delay), a few ms on a busy machine, more under -race. The injected delay
 		// is that of the routes the requests took: grpc-go picks among localities at random by
 		// weight, so under round-robin the routes only approach the plan. They are counted over
 		// the whole run; the measured requests' share of it lies within bounds of the warm-up's.
