@@ -325,3 +325,35 @@ func TestLatencyIdleRounds(t *testing.T) {
 		}
 	}
 }
+
+// FuzzLatencyObserve: whatever the windows, Observe neither panics nor puts in force a penalty
+// outside [0, MaxPenaltyMS] or one that is NaN, and the same-node pairs get none.
+func FuzzLatencyObserve(f *testing.F) {
+	f.Add(uint64(1), 100.0, 700.0, 50.0, 240.0, 4.0)
+	f.Add(uint64(2), 0.0, 0.0, 0.0, 0.0, 0.0)
+	f.Add(uint64(3), 1e308, 1e308, 1e308, 1e308, math.Inf(1))
+	f.Fuzz(func(t *testing.T, seed uint64, attempts, attemptMS, requests, inboundMS, rtt float64) {
+		c, err := NewLatencyCorrector(LatencyConfig{MinRequests: 1, Windows: 3, MinWindows: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(seed, 2))
+		nodes := []string{"a", "b"}
+		for range 6 {
+			var paths []PathWindow
+			var bands []BandWindow
+			for _, u := range nodes {
+				bands = append(bands, BandWindow{Service: "s", Node: u, Requests: requests * rng.Float64(), InboundMS: inboundMS * rng.Float64()})
+				for _, v := range nodes {
+					paths = append(paths, PathWindow{Pair: NodePair{u, v}, Service: "s", Attempts: attempts * rng.Float64(), AttemptMS: attemptMS * rng.Float64()})
+				}
+			}
+			got, _ := c.Observe(paths, bands, func(NodePair) (float64, bool) { return rtt, !math.IsNaN(rtt) })
+			for _, p := range got {
+				if math.IsNaN(p.PenaltyMS) || p.PenaltyMS < 0 || p.PenaltyMS > DefaultMaxPenaltyMS || p.Pair.From == p.Pair.To && p.PenaltyMS != 0 {
+					t.Fatalf("%+v", p)
+				}
+			}
+		}
+	})
+}
