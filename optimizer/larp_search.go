@@ -41,14 +41,22 @@ func (st *placeState) localSearchWithin(tune larpTuning, budget *stepsLeft) (pas
 		st.duals = make([]edgeDual, len(pp.edges))
 		st.refresh()
 	}
-	price := make([]float64, n)
+	price, bound := make([]float64, n), make([]float64, n)
 	var nodes, cands, reps, partners []int
 	// dirty[s]: s or a neighbour moved since s was last visited.
 	dirty := make([]bool, len(pp.svcs))
 	for s := range dirty {
-		dirty[s] = len(pp.svcs[s].edges) > 0 // else its placement does not change the cost
+		dirty[s] = len(pp.svcs[s].edges) > 0 || pp.queued // else its placement does not change the cost
 	}
 	touch := func(s int) {
+		if pp.queued {
+			// A move changes the queueing of every pod on the two nodes: any service may
+			// now gain from a step.
+			for t := range dirty {
+				dirty[t] = true
+			}
+			return
+		}
 		dirty[s] = true
 		for _, e := range pp.svcs[s].edges {
 			dirty[pp.edges[e].from] = true
@@ -73,10 +81,10 @@ func (st *placeState) localSearchWithin(tune larpTuning, budget *stepsLeft) (pas
 					reps = st.representatives(s, u, reps[:0])
 					bestDelta, bestP, bestQ, bestV := -tol, -1, -1, -1
 					for _, p := range reps {
-						w := float64(pp.pods[p].w)
-						cands = st.candidates(s, u, w, price, bestDelta, cands[:0])
+						st.moveBounds(p, price, bound)
+						cands = st.candidates(s, u, bound, bestDelta, cands[:0])
 						for k, v := range cands {
-							if k == tune.candidates || w*(price[v]-price[u]) >= bestDelta {
+							if k == tune.candidates || bound[v] >= bestDelta {
 								break
 							}
 							if budget.spend() {
@@ -234,18 +242,30 @@ func (st *placeState) hasWeight(pods []int, w int64) bool {
 	return false
 }
 
-// candidates returns the nodes other than u where s is below its spread cap and moving a pod
-// of weight w from u may gain more than limit (its price bound is below limit), best bound
-// first (ties: lower node).
-func (st *placeState) candidates(s, u int, w float64, price []float64, limit float64, dst []int) []int {
+// moveBounds sets bound[v], for every node v other than pod p's node u, to a lower bound of the
+// change in cost were p moved to v: w·(price[v] − price[u]) for the network part (see price;
+// w the pod's integer weight), plus the exact change in queueing (moveQueue).
+func (st *placeState) moveBounds(p int, price, bound []float64) {
+	u, w := st.node[p], float64(st.pp.pods[p].w)
+	for v := range bound {
+		bound[v] = w * (price[v] - price[u])
+		if v != u {
+			bound[v] += st.moveQueue(p, v)
+		}
+	}
+}
+
+// candidates returns the nodes other than u where s is below its spread cap and moving the pod
+// may gain more than limit (its bound is below limit), best bound first (ties: lower node).
+func (st *placeState) candidates(s, u int, bound []float64, limit float64, dst []int) []int {
 	n := st.pp.n
 	capacity := int32(st.pp.svcs[s].cap)
 	for v := 0; v < n; v++ {
-		if v != u && st.count[s*n+v] < capacity && w*(price[v]-price[u]) < limit {
+		if v != u && st.count[s*n+v] < capacity && bound[v] < limit {
 			dst = append(dst, v)
 		}
 	}
-	slices.SortStableFunc(dst, func(a, b int) int { return cmp.Compare(price[a], price[b]) })
+	slices.SortStableFunc(dst, func(a, b int) int { return cmp.Compare(bound[a], bound[b]) })
 	return dst
 }
 
@@ -279,16 +299,17 @@ func (st *placeState) exchangeNodes(touch func(s int), budget *stepsLeft) bool {
 			for _, e := range edges {
 				mark[e] = false
 			}
-			if len(edges) == 0 {
+			if len(edges) == 0 && !pp.queued {
 				continue
 			}
 			if budget.spend() {
 				return false
 			}
 			sort.Ints(edges)
-			old := st.incident(edges)
+			old, oldQ := st.incident(edges), st.nodeQ[u]+st.nodeQ[v]
 			st.exchange(u, v)
-			d := st.trial(edges, old, bestDelta)
+			dq := st.nodeQ[u] + st.nodeQ[v] - oldQ
+			d := st.trial(edges, old, bestDelta-dq) + dq
 			st.exchange(u, v)
 			if d < bestDelta {
 				bestDelta, bestU, bestV = d, u, v
@@ -444,10 +465,11 @@ func (st *placeState) trial(edges []int, old, limit float64) float64 {
 func (st *placeState) tryMove(p, v int, limit float64) float64 {
 	edges := st.pp.svcs[st.pp.pods[p].svc].edges
 	u := st.node[p]
-	old := st.incident(edges)
+	old, oldQ := st.incident(edges), st.nodeQ[u]+st.nodeQ[v]
 	st.remove(p)
 	st.add(p, v)
-	d := st.trial(edges, old, limit)
+	dq := st.nodeQ[u] + st.nodeQ[v] - oldQ
+	d := st.trial(edges, old, limit-dq) + dq
 	st.remove(p)
 	st.add(p, u)
 	return d
@@ -465,9 +487,11 @@ func (st *placeState) trySwap(p, q int, limit float64) float64 {
 		}
 	}
 	st.swapEdges = edges
-	old := st.incident(edges)
+	u, v := st.node[p], st.node[q]
+	old, oldQ := st.incident(edges), st.nodeQ[u]+st.nodeQ[v]
 	st.swap(p, q)
-	d := st.trial(edges, old, limit)
+	dq := st.nodeQ[u] + st.nodeQ[v] - oldQ
+	d := st.trial(edges, old, limit-dq) + dq
 	st.swap(p, q)
 	return d
 }

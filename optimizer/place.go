@@ -13,7 +13,7 @@ const (
 	// LARP is edgeflow's placement (the shipped default): the paper's greedy from every start
 	// node and the Kubernetes spread as starts, the best improved by local search (pod moves,
 	// swaps, and on small clusters exchanges of node contents) scored by the exact LATA cost of
-	// the placement.
+	// the placement plus its queueing (Placement.Queueing) where pods have a service rate.
 	LARP PlacementPolicy = "larp"
 	// LARPGreedy is the paper's greedy: pods dealt round-robin into
 	// round(mean replicas) groups, largest group first on the node with the most free capacity,
@@ -82,7 +82,9 @@ type Placement struct {
 // the pods are packed by an exhaustive search instead; it is bounded (packBudget steps), and
 // an error from a search that gave up says so.
 //
-// The objective is the LATA cost of the placement under the optimal allocation. Place bounds
+// The objective is the LATA cost of the placement under the optimal allocation, plus, when some
+// pod has a service rate, its queueing with shared cores (Placement.Queueing; larp only: the
+// constructive policies ignore it). Place bounds
 // larp's search by DefaultPlaceBudget of wall time (see PlaceWithOptions); unless the result
 // says Truncated, Place is deterministic: the same model gives the same placement for any
 // GOMAXPROCS. It is safe for concurrent use (m is only read).
@@ -191,10 +193,18 @@ type placeProblem struct {
 	// a third resource beside cpu and memory requests.
 	load    []int64
 	loadCap []int64
-	svcs    []placeService
-	edges   []placeEdge
-	pods    []placePod
-	groups  []greedyGroup // the paper's groups, largest first (see greedy)
+	// queued says the objective has a queueing part (some pod has a service rate): the search
+	// then minimises network + queueing (LoadSplit), with, per pod, rho = ℓ/μ (0 without μ)
+	// and cpuUse its planned cpu in millicores (Model.PodCPU), and per node coreM = 1000·cores
+	// (0: unknown). A copy with queued false is the network-only search (larpWithin).
+	queued bool
+	rho    []float64
+	cpuUse []float64
+	coreM  []float64
+	svcs   []placeService
+	edges  []placeEdge
+	pods   []placePod
+	groups []greedyGroup // the paper's groups, largest first (see greedy)
 	// zobrist holds two random 64-bit keys per node; a service's mass vector hashes to
 	// Σ_u mass(u)·key(u), updated as pods move (see placeState.hash).
 	zobrist [][2]uint64
@@ -227,7 +237,19 @@ func newPlaceProblem(m *Model) (*placeProblem, error) {
 	n := len(m.Nodes)
 	pp := &placeProblem{m: m, n: n, lat: newPlaceLatency(m.Latency),
 		cpu: make([]int64, n), mem: make([]int64, n), load: m.podLoadUnits(), loadCap: make([]int64, n)}
+	pp.cpuUse, pp.coreM = m.podCPUs(), make([]float64, n)
+	for s, sm := range m.Services {
+		for k, p := range sm.Pods {
+			r := 0.0
+			if p.CapacityRPS > 0 {
+				r = m.podLoad(s, k) / p.CapacityRPS
+				pp.queued = true
+			}
+			pp.rho = append(pp.rho, r)
+		}
+	}
 	for u := 0; u < n; u++ {
+		pp.coreM[u] = m.coreMillis(u)
 		pp.cpu[u], pp.mem[u], pp.loadCap[u] = m.Nodes[u].CPU, m.Nodes[u].Memory, m.nodeLoadCap(u)
 		if pp.cpu[u] == 0 {
 			pp.cpu[u] = unlimited
@@ -412,9 +434,10 @@ type placeState struct {
 	occ      [][]int // per service, the nodes holding its pods, ascending
 	freeCPU  []int64
 	freeMem  []int64
-	freeLoad []int64 // headroom left (see placeProblem.load)
-	podsOn   [][]int // per node, its pods
-	edgeCost []int64 // per edge, the node-level transport cost in integer units
+	freeLoad []int64   // headroom left (see placeProblem.load)
+	podsOn   [][]int   // per node, its pods
+	edgeCost []int64   // per edge, the node-level transport cost in integer units
+	nodeQ    []float64 // per node, the queueing of its pods (placeProblem.queued only)
 	eval     transportEval
 	// hash[s] is the pair of Zobrist hashes of service s's mass vector; memo caches edge costs
 	// by the hashes of both ends, so the placements local search revisits are not re-solved.
@@ -445,6 +468,7 @@ func (pp *placeProblem) newState() *placeState {
 		freeLoad: append([]int64(nil), pp.loadCap...),
 		podsOn:   make([][]int, n),
 		edgeCost: make([]int64, len(pp.edges)),
+		nodeQ:    make([]float64, n),
 		eval:     newTransportEval(),
 		hash:     make([][2]uint64, len(pp.svcs)),
 	}
@@ -473,6 +497,7 @@ func (st *placeState) reset() {
 	for i := range st.node {
 		st.node[i] = -1
 	}
+	clear(st.nodeQ)
 }
 
 // canHost says whether pod i may be added to node v (resources, headroom and spread cap).
@@ -506,6 +531,53 @@ func (st *placeState) add(i, v int) {
 		st.freeLoad[v] -= st.pp.load[i]
 	}
 	st.podsOn[v] = append(st.podsOn[v], i)
+	if st.pp.queued {
+		st.nodeQ[v] = st.queueWith(v, -1, -1)
+	}
+}
+
+// queueWith returns the queueing of node v's pods (see LoadSplit) were pod add (≥ 0) added to
+// it and pod skip (≥ 0) taken off; O(pods on v). The sum runs in podsOn order, add last.
+func (st *placeState) queueWith(v, add, skip int) float64 {
+	pp := st.pp
+	used := 0.0
+	for _, p := range st.podsOn[v] {
+		if p != skip {
+			used += pp.cpuUse[p]
+		}
+	}
+	if add >= 0 {
+		used += pp.cpuUse[add]
+	}
+	var q float64
+	term := func(p int) {
+		if pp.rho[p] > 0 {
+			o := 0.0
+			if c := pp.coreM[v]; c > 0 {
+				o = (used - pp.cpuUse[p]) / c
+			}
+			q += queueTerm(pp.rho[p], o, pp.m.UtilizationCap)
+		}
+	}
+	for _, p := range st.podsOn[v] {
+		if p != skip {
+			term(p)
+		}
+	}
+	if add >= 0 {
+		term(add)
+	}
+	return q
+}
+
+// moveQueue returns the change in queueing were pod p moved from its node to v (≠ its node),
+// leaving the state as it is; 0 when the objective has no queueing part.
+func (st *placeState) moveQueue(p, v int) float64 {
+	if !st.pp.queued {
+		return 0
+	}
+	u := st.node[p]
+	return st.queueWith(u, -1, p) + st.queueWith(v, p, -1) - st.nodeQ[u] - st.nodeQ[v]
 }
 
 // remove takes pod i off its node.
@@ -539,6 +611,9 @@ func (st *placeState) remove(i int) {
 		}
 	}
 	st.node[i] = -1
+	if st.pp.queued {
+		st.nodeQ[v] = st.queueWith(v, -1, -1)
+	}
 }
 
 func insertSorted(s []int, v int) []int {
@@ -588,11 +663,17 @@ func (st *placeState) resolveEdge(e int) {
 	st.eval.duals(&st.pp.lat, &st.duals[e])
 }
 
-// cost is the placement's LATA cost in ms·req/s, summed in edge order.
+// cost is the placement's cost in ms·req/s: its LATA cost, summed in edge order, plus, when
+// the objective has a queueing part, its queueing, summed in node order.
 func (st *placeState) cost() float64 {
 	var c float64
 	for e, pe := range st.pp.edges {
 		c += pe.factor * float64(st.edgeCost[e])
+	}
+	if st.pp.queued {
+		for _, q := range st.nodeQ {
+			c += q
+		}
 	}
 	return c
 }

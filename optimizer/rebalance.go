@@ -110,7 +110,9 @@ func (r *Rebalance) Placement() *Placement {
 // clusters — is no candidate; the local search then
 // starts from it after a repair that moves the offending pods, one at a time, to the feasible
 // node where they cost least (if some pod fits nowhere, that candidate is dropped). When no
-// candidate is feasible the error wraps ErrInfeasible, as Place's does.
+// candidate is feasible the error wraps ErrInfeasible, as Place's does. A candidate's cost is
+// its LATA cost plus, when some pod has a service rate, its queueing (Rebalance.QueueingTarget):
+// what LARP minimises.
 //
 // Moves are ordered greedily: from the current state, the feasible move toward the target of
 // lowest resulting LATA cost is applied next (moves are compared by the incremental integer
@@ -195,6 +197,9 @@ func PlanRebalance(m *Model, opt RebalanceOptions) (*Rebalance, error) {
 		c, err := coster.cost(pp, nodes)
 		if err != nil {
 			return nil, err
+		}
+		if pp.queued {
+			c += m.queueing(pp.cpuUse, nodes)
 		}
 		cands = append(cands, candidate{nodes: nodes, moves: seq.moves(nodes), cost: c})
 	}

@@ -342,6 +342,10 @@ func TestRebalanceRepairsHeadroom(t *testing.T) {
 	if len(rb.Moves) != 1 || rb.Moves[0].To != "b" || len(rb.Blocked) != 0 || rb.CostBefore != 0 || rb.CostTarget != 1000 {
 		t.Fatalf("want one pod moved to b: %+v", rb)
 	}
+	// Without the limit and without service rates (no queueing part), nothing moves.
+	for i := range top.Services {
+		top.Services[i].CapacityRPS = nil
+	}
 	if m, err = Compile(top, Options{}); err != nil {
 		t.Fatal(err)
 	}

@@ -129,7 +129,7 @@ type Config struct {
 	AllowSingleReplica bool
 	// Period between runs (0: DefaultPeriod); Trigger runs at once.
 	Period time.Duration
-	// Threshold is the least relative fall of the predicted LATA cost worth acting on (0:
+	// Threshold is the least relative fall of the predicted cost (network + queueing) worth acting on (0:
 	// DefaultThreshold; negative: act on any fall).
 	Threshold float64
 	// MaxMoves bounds the evictions of one run, MaxMovesPerNode those leaving or entering one
@@ -244,7 +244,8 @@ type Report struct {
 	UtilizationBefore  []optimizer.NodeUse `json:"utilizationBefore"`
 	UtilizationTarget  []optimizer.NodeUse `json:"utilizationTarget"`
 	MaxNodeUtilization float64             `json:"maxNodeUtilization"`
-	// Gain is the relative fall of the predicted cost, (before − target) / before.
+	// Gain is the relative fall of the predicted cost, network + queueing (what the plan
+	// minimises): (before − target) / before.
 	Gain      float64 `json:"gain"`
 	Threshold float64 `json:"threshold"`
 	// Truncated says the planning budget cut the search: the target is the best found in time.
@@ -482,8 +483,8 @@ func (c *Controller) Plan() (*Report, error) {
 		QueueingBefore: plan.QueueingBefore, QueueingTarget: plan.QueueingTarget,
 		UtilizationBefore: plan.UtilizationBefore, UtilizationTarget: plan.UtilizationTarget,
 		MaxNodeUtilization: max(0, c.cfg.MaxNodeUtilization), Threshold: c.cfg.Threshold, Truncated: plan.Truncated}
-	if plan.CostBefore > 0 {
-		r.Gain = (plan.CostBefore - plan.CostTarget) / plan.CostBefore
+	if before := plan.CostBefore + plan.QueueingBefore; before > 0 {
+		r.Gain = (before - plan.CostTarget - plan.QueueingTarget) / before
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -31,7 +31,9 @@ func newPlaceCommand() *cobra.Command {
 			"traffic allocation (LATA) is as cheap as possible. Pods are named SERVICE-0 … SERVICE-(n-1) when\n" +
 			"the file gives only replicas; nodes a file gives for pods are ignored.\n\n" +
 			"Policies: larp (default: the paper's greedy from every start node, then local search on the exact\n" +
-			"cost), larp-greedy (the paper's greedy), k8s-spread (what the default scheduler does).\n\n" +
+			"cost; where pods have capacity_rps, the cost is network + queueing, and larp's placement is never worse\n" +
+			"on it than the network-only one), larp-greedy (the paper's greedy), k8s-spread (what the default\n" +
+			"scheduler does).\n\n" +
 			"--budget bounds larp's search (default 10s, 0: no limit): when it runs out, place prints the best\n" +
 			"placement found so far and says so on stderr (and \"truncated\": true in json/yaml). Only a run that\n" +
 			"was not cut short is deterministic.\n\n" +

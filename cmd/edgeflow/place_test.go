@@ -257,8 +257,8 @@ func TestPlaceBudget(t *testing.T) {
 // naming the service with nothing on stdout, and a bad value is a usage error.
 func TestPlaceMaxNodeUtilization(t *testing.T) {
 	t.Parallel()
-	// Every pod serves 120 rps of a capacity of 200 on a 1000m request: 600m, 0.3 of a 2-core
-	// node. A front and a back pod together make 0.6.
+	// No pod has capacity_rps: each uses its whole request, 1000m, 0.5 of a 2-core node, and
+	// the cost has no queueing part. A front and a back pod together make 1.0.
 	const topology = `
 nodes:
   - {name: a, cpu: 2000, memory: 4096}
@@ -273,8 +273,8 @@ latency:
   - {from: b, to: d, ms: 5}
   - {from: c, to: d, ms: 5}
 services:
-  - {name: front, cpu: 1000, memory: 128, replicas: 2, capacity_rps: 200}
-  - {name: back, cpu: 1000, memory: 128, replicas: 2, capacity_rps: 200}
+  - {name: front, cpu: 1000, memory: 128, replicas: 2}
+  - {name: back, cpu: 1000, memory: 128, replicas: 2}
 calls:
   - {from: front, to: back}
 ingress:
@@ -284,7 +284,7 @@ ingress:
 	for _, tc := range []struct {
 		limit   string
 		highest float64 // the highest node utilisation wanted
-	}{{"0.5", 0.3}, {"0", 0.6}} {
+	}{{"0.5", 0.5}, {"0", 1}} {
 		code, stdout, stderr := runCLI(t, "", "place", "-f", path, "--max-node-utilization", tc.limit, "-o", "json")
 		if code != 0 {
 			t.Fatalf("limit %s: exit %d: %s", tc.limit, code, stderr)

@@ -43,7 +43,7 @@ func (f *rebalanceFlags) register(cmd *cobra.Command, prefix string) {
 	fl := cmd.Flags()
 	fl.BoolVar(&f.dryRun, prefix+"dry-run", true, "plan and report only; --"+prefix+"dry-run=false evicts pods and gates their replacements")
 	fl.DurationVar(&f.period, prefix+"period", rebalancer.DefaultPeriod, "time between runs (SIGUSR1 runs at once)")
-	fl.Float64Var(&f.threshold, prefix+"threshold", rebalancer.DefaultThreshold, "act only when the predicted LATA cost falls by at least this fraction")
+	fl.Float64Var(&f.threshold, prefix+"threshold", rebalancer.DefaultThreshold, "act only when the predicted cost (network + queueing) falls by at least this fraction")
 	fl.Float64Var(&f.maxUtil, prefix+"max-node-utilization", optimizer.DefaultMaxNodeUtilization, "highest planned utilisation of a node's cores the plan gives a node, in (0, 1] (0: no limit)")
 	fl.IntVar(&f.maxMoves, prefix+"max-moves", rebalancer.DefaultMaxMoves, "most pods evicted per run")
 	fl.IntVar(&f.maxPerNode, prefix+"max-moves-per-node", rebalancer.DefaultMaxMovesPerNode, "most moves per run leaving or entering one node")
@@ -181,9 +181,12 @@ func newRebalanceCommand() *cobra.Command {
 		Short: "Move running pods toward a LARP placement, safely (dry-run by default)",
 		Long: "rebalance reads the live topology (as serve does), computes a LARP placement reachable from where the\n" +
 			"pods run now in the fewest moves, and picks the moves with the most gain. It acts only when the predicted\n" +
-			"LATA cost falls by at least --threshold, and moves at most --max-moves pods per run (and per node, per\n" +
+			"cost (network + queueing) falls by at least --threshold, and moves at most --max-moves pods per run (and per node, per\n" +
 			"namespace), never a bare or DaemonSet pod, a pod younger than --min-age, one placed by a move within\n" +
-			"--cooldown, or one whose service has a pod that is not ready.\n\n" +
+			"--cooldown, or one whose service has a pod that is not ready. The target keeps every node's planned\n" +
+			"utilisation (the cpu its pods use at their planned load over its cores) within --max-node-utilization\n" +
+			"(default 0.7, 0: no limit), and no move crosses it; the plan shows the network and queueing parts of\n" +
+			"the cost and every node's planned utilisation, now and at the target.\n\n" +
 			"--dry-run (the default) prints the plan once — its predicted gain and each move, with the reason a move\n" +
 			"would be skipped — and exits. With --dry-run=false it runs as a controller: only the holder of the Lease\n" +
 			"acts; every --period (and on SIGUSR1) it evicts through the Eviction API (PodDisruptionBudgets hold) and\n" +
@@ -338,7 +341,7 @@ func writeRebalanceTable(w io.Writer, r *rebalancer.Report) error {
 	if !r.DryRun {
 		mode = "acting"
 	}
-	fmt.Fprintf(&buf, "Predicted LATA cost: %.1f now, %.1f at the target (gain %.1f%%, threshold %.1f%%; %s)\n",
+	fmt.Fprintf(&buf, "Predicted LATA cost: %.1f now, %.1f at the target (gain %.1f%% of network + queueing, threshold %.1f%%; %s)\n",
 		r.CostBefore, r.CostTarget, 100*r.Gain, 100*r.Threshold, mode)
 	fmt.Fprintf(&buf, "Predicted cost split (ms·req/s): network %.1f → %.1f, queueing %.1f → %.1f, total %.1f → %.1f\n",
 		r.CostBefore, r.CostTarget, r.QueueingBefore, r.QueueingTarget, r.CostBefore+r.QueueingBefore, r.CostTarget+r.QueueingTarget)
