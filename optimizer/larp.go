@@ -2,6 +2,7 @@ package optimizer
 
 import (
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -286,48 +287,43 @@ func (pp *placeProblem) larpWith(tune larpTuning) ([]int, error) {
 // local search not begun; one under way stops at its next look at the budget and keeps what it
 // has. The cut is nil if the budget cut nothing, else what ran.
 //
-// When the objective has a queueing part (pp.queued), the search on network + queueing runs
-// first, then the network-only search of before (LATA cost alone), within the same budget; the
-// result of lower network + queueing wins (ties: the first). The cut adds up both searches'
-// where both were cut, else it is the one that was. So the placement is never worse,
-// on network + queueing, than the network-only one, and at light load, where the queueing
-// hardly depends on the placement, it is that one or one as cheap.
+// When the objective has a queueing part (pp.queued), the network-only search of before (LATA
+// cost alone) runs first, then the search on network + queueing, within the same budget, with
+// the first one's placement as one more start. The best start is always searched from (or,
+// when the budget has run out, returned as it is), and local search applies only steps that
+// lower the cost, so the placement is never worse, on network + queueing, than the
+// network-only one, even when the budget cuts the search. The cut adds up both searches' where both were cut, else it is
+// the one that was.
 func (pp *placeProblem) larpWithin(tune larpTuning, budget larpBudget) ([]int, *PlacementCut, error) {
-	nodes, cut, err := pp.larpSearch(tune, budget)
-	if err != nil || !pp.queued {
-		return nodes, cut, err
+	if !pp.queued {
+		return pp.larpSearch(tune, budget, nil)
 	}
 	net := *pp
 	net.queued = false
-	other, otherCut, err := net.larpSearch(tune, budget)
+	seed, seedCut, err := net.larpSearch(tune, budget, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	if otherCut != nil {
+	nodes, cut, err := pp.larpSearch(tune, budget, seed)
+	if err != nil {
+		return nil, nil, err
+	}
+	if seedCut != nil {
 		if cut == nil {
 			cut = &PlacementCut{}
 		}
-		cut.Starts += otherCut.Starts
-		cut.StartsBuilt += otherCut.StartsBuilt
-		cut.Searches += otherCut.Searches
-		cut.SearchesFinished += otherCut.SearchesFinished
-		cut.Passes += otherCut.Passes
-	}
-	if pp.costOf(other) < pp.costOf(nodes) {
-		nodes = other
+		cut.Starts += seedCut.Starts
+		cut.StartsBuilt += seedCut.StartsBuilt
+		cut.Searches += seedCut.Searches
+		cut.SearchesFinished += seedCut.SearchesFinished
+		cut.Passes += seedCut.Passes
 	}
 	return nodes, cut, nil
 }
 
-// costOf is the cost of a complete placement as the search scores it (placeState.cost).
-func (pp *placeProblem) costOf(nodes []int) float64 {
-	st := pp.newState()
-	st.load(nodes)
-	return st.cost()
-}
-
-// larpSearch is one LARP search on pp's objective (see larpWithin).
-func (pp *placeProblem) larpSearch(tune larpTuning, budget larpBudget) ([]int, *PlacementCut, error) {
+// larpSearch is one LARP search on pp's objective (see larpWithin); seed, when not nil, is one
+// more start.
+func (pp *placeProblem) larpSearch(tune larpTuning, budget larpBudget, seed []int) ([]int, *PlacementCut, error) {
 	// Starts, in a fixed order: the greedy from every node (or only the most free one), then
 	// the Kubernetes spread. Each is built and costed independently, in parallel.
 	var makers []func(st *placeState) bool
@@ -385,6 +381,14 @@ func (pp *placeProblem) larpSearch(tune larpTuning, budget larpBudget) ([]int, *
 			starts = append(starts, nodes)
 			costs = append(costs, builtCost[i])
 		}
+	}
+	// The seed joins the starts unless one equals it pod for pod (placementKey would also
+	// take a permutation of equal-weight pods for it, which may queue differently: their
+	// service rates may differ).
+	if seed != nil && !slices.ContainsFunc(starts, func(nodes []int) bool { return slices.Equal(nodes, seed) }) {
+		st := pp.newState()
+		st.load(seed)
+		starts, costs = append(starts, seed), append(costs, st.cost())
 	}
 	if len(starts) == 0 {
 		nodes, err := pp.pack()

@@ -32,7 +32,7 @@ func networkOnly(t *testing.T, m *Model) map[string]string {
 	}
 	net := *pp
 	net.queued = false
-	nodes, _, err := net.larpSearch(larpDefault, larpBudget{})
+	nodes, _, err := net.larpSearch(larpDefault, larpBudget{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,4 +153,105 @@ func queueFloor(m *Model) float64 {
 		}
 	}
 	return q
+}
+
+// TestObjectiveWithQueueingCut: cut short by a step budget, LARP's placement is still never
+// worse on network + queueing than the network-only search's under the same budget.
+func TestObjectiveWithQueueingCut(t *testing.T) {
+	cut := 0
+	for seed := uint64(0); seed < 40; seed++ {
+		r := rand.New(rand.NewPCG(seed, 0xc07))
+		top := withLoad(genPlaceTopology(seed, placeGenConfig{nodes: 6, services: 6, replicas: 4}), r)
+		m, err := Compile(top, Options{Unplaced: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := PlaceOptions{Steps: 20}
+		pl, err := PlaceWithOptions(m, LARP, opts)
+		if errors.Is(err, ErrInfeasible) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pl.Truncated {
+			cut++
+		}
+		pp, err := newPlaceProblem(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		net := *pp
+		net.queued = false
+		nodes, _, err := net.larpSearch(larpDefault, newLarpBudget(opts), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old, err := pp.placement(LARP, nodes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if newTotal, oldTotal := pl.Cost+pl.Queueing, old.Cost+old.Queueing; newTotal > oldTotal*(1+1e-9) {
+			t.Fatalf("seed %d: cut: %v, network-only under the same budget %v", seed, newTotal, oldTotal)
+		}
+	}
+	if cut == 0 {
+		t.Fatal("no search was cut: the test exercises nothing")
+	}
+	t.Logf("%d searches cut", cut)
+}
+
+// TestLARPSeed: the network-only placement handed to the search on network + queueing as a
+// start bounds its result, also where the search's own starts are worse (one greedy run, no
+// local search).
+func TestLARPSeed(t *testing.T) {
+	tune := larpTuning{allStarts: false, searchUnits: 0}
+	worse := 0 // instances whose own start is worse than the seed
+	for seed := uint64(0); seed < 40; seed++ {
+		r := rand.New(rand.NewPCG(seed, 0x5eed))
+		top := withLoad(genPlaceTopology(seed, placeGenConfig{nodes: 5, services: 5, replicas: 4}), r)
+		m, err := Compile(top, Options{Unplaced: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pp, err := newPlaceProblem(m)
+		if errors.Is(err, ErrInfeasible) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		net := *pp
+		net.queued = false
+		start, _, err := net.larpSearch(larpDefault, larpBudget{}, nil)
+		if errors.Is(err, ErrInfeasible) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		own, _, err := pp.larpSearch(tune, larpBudget{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _, err := pp.larpSearch(tune, larpBudget{}, start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cost := func(nodes []int) float64 {
+			st := pp.newState()
+			st.load(nodes)
+			return st.cost()
+		}
+		if cost(got) > cost(start)*(1+1e-12) {
+			t.Fatalf("seed %d: %v, worse than the seed's %v", seed, cost(got), cost(start))
+		}
+		if cost(own) > cost(start)*(1+1e-9) {
+			worse++
+		}
+	}
+	if worse == 0 {
+		t.Fatal("the search's own start was never worse than the seed: the test exercises nothing")
+	}
+	t.Logf("the search's own start was worse than the seed on %d instances", worse)
 }
