@@ -191,9 +191,16 @@ func (w *offWorld) edgeflowsObjects(t *testing.T) []string {
 	return out
 }
 
-// runHook runs the hook's Job as its pod would (the rendered arguments, a token of the Job's
-// ServiceAccount, no other configuration) and returns its output; a failure fails the test.
+// runHook runs the hook's Job as its pod would (runHookJob).
 func (w *offWorld) runHook(t *testing.T, hook []*unstructured.Unstructured, extra ...string) string {
+	t.Helper()
+	return runHookJob(t, w.ctx, w.c, w.bin, hook, extra...)
+}
+
+// runHookJob runs the hook's Job as its pod would — the binary bin with the rendered arguments
+// (and extra), a token of the Job's ServiceAccount, no other configuration — and returns its
+// output; a failure fails the test.
+func runHookJob(t *testing.T, ctx context.Context, c *kubeapi.Cluster, bin string, hook []*unstructured.Unstructured, extra ...string) string {
 	t.Helper()
 	var job batchv1.Job
 	for _, o := range hook {
@@ -205,9 +212,9 @@ func (w *offWorld) runHook(t *testing.T, hook []*unstructured.Unstructured, extr
 		t.Fatal("the hook renders no Job")
 	}
 	spec := job.Spec.Template.Spec
-	kubeconfig := saKubeconfig(t, w.ctx, w.c.Client, spec.ServiceAccountName, w.c.Config.Host)
+	kubeconfig := saKubeconfig(t, ctx, c.Client, spec.ServiceAccountName, c.Config.Host)
 	args := append(slices.Clone(spec.Containers[0].Args), extra...)
-	cmd := exec.Command(w.bin, args...)
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(cleanEnv(), "KUBECONFIG="+kubeconfig)
 	out, err := cmd.CombinedOutput()
 	t.Logf("edgeflow %s (as %s):\n%s", strings.Join(args, " "), spec.ServiceAccountName, out)

@@ -55,8 +55,9 @@ const (
 // rendered volumes' contents. It serves xDS to a real grpc-go client, writes its
 // DestinationRules and node labels, and moves a pod through eviction and the placement gate,
 // with no "forbidden" in its log and no request refused in the API server's audit log. Then
-// SubjectAccessReviews show what the account cannot do, and helm uninstall (deleting what was
-// rendered) plus edgeflow uninstall leave nothing behind.
+// SubjectAccessReviews show what the account cannot do, and helm uninstall — the pre-delete
+// hook's command with the hook's own account, then deleting what was rendered — leaves nothing
+// behind.
 func TestRunsWithTheChartsPermissions(t *testing.T) {
 	t.Parallel()
 	c, cl := startAPIServer(t, kubeapi.Options{Scheduler: true, ControllerManager: true, AuditLog: true})
@@ -75,7 +76,8 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 	}
 	// Pod addresses from 198.18.2.0/24 (EndpointSlices refuse loopback); the test's client
 	// dials each pod's address at a loopback server standing in for the pod.
-	kubeapi.RunFakeKubelet(ctx, t, cs, kubeapi.FakeKubeletOptions{Namespaces: []string{appNS}})
+	// edgeflow's own pods (the chart's Deployment) too: the pre-delete hook stops them.
+	kubeapi.RunFakeKubelet(ctx, t, cs, kubeapi.FakeKubeletOptions{Namespaces: []string{appNS, namespace}})
 	a := &apps{t: t, ctx: ctx, cs: cs}
 	a.badLayout()
 	time.Sleep(2 * time.Second) // kube-root-ca.crt and the default ServiceAccounts of the new namespaces
@@ -94,7 +96,9 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 		"rebalancer":       map[string]any{"mode": "act", "period": "3s", "minAge": "1s"},
 		"webhook":          map[string]any{"certificate": "secret", "caBundle": base64.StdEncoding.EncodeToString(webhookCert)},
 	}
-	objs := withoutHooks(render(t, values)) // helm install creates the hooks only when their event comes
+	rendered := render(t, values)
+	objs := withoutHooks(rendered) // helm install creates the hooks only when their event comes
+	preDelete, _ := hookObjects(rendered, "pre-delete")
 	if got, want := granted(t, objs), expected(features{rebalance: true, act: true, dr: true, labelNodes: true, namespaced: true}); !slices.Equal(got, want) {
 		t.Fatalf("the chart grants %v, the table %v", got, want)
 	}
@@ -183,17 +187,22 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 	grants := a.checkRequests(r, objs, c.AuditLog)
 	a.accessReviews(grants)
 
-	// helm uninstall, then edgeflow uninstall: nothing left but the application's churn.
+	// helm uninstall: the pre-delete hook's Job (edgeflow uninstall with its own account: it
+	// stops the Deployment, then removes what edgeflow wrote), the hook's objects deleted once
+	// it succeeded, then the release's objects: nothing left but the application's churn.
+	if err := cl.create(ctx, preDelete); err != nil {
+		t.Fatalf("the API server refused the pre-delete hook: %v", err)
+	}
+	runHookJob(t, ctx, c, bin, preDelete)
+	auditedRequestsOf(t, c.AuditLog, "system:serviceaccount:"+namespace+":"+release+"-uninstall") // fails on a refused request
+	if err := cl.remove(ctx, preDelete); err != nil {
+		t.Fatal(err)
+	}
 	if err := cl.remove(ctx, objs); err != nil {
 		t.Fatal(err)
 	}
 	if err := cs.CoreV1().Secrets(namespace).Delete(ctx, "edgeflow-webhook-tls", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
-	}
-	if out, err := exec.Command(bin, "uninstall", "--kubeconfig", c.Kubeconfig).CombinedOutput(); err != nil {
-		t.Fatalf("edgeflow uninstall: %v\n%s", err, out)
-	} else {
-		t.Logf("edgeflow uninstall: %s", strings.TrimSpace(string(out)))
 	}
 	cl.waitNoLeftovers(ctx, t, before, 60*time.Second, func(k string) bool {
 		// the application's own pods and endpoints (moved pods have new names)
