@@ -415,7 +415,7 @@ func age[K comparable](log *slog.Logger, query string, known map[K]lastGood, now
 	return len(known)
 }
 
-// fail records a failed round.
+// fail records a round in which a latency or calls query failed (err names them).
 func (s *Source) fail(now time.Time, err error) {
 	s.up.Set(0)
 	s.mu.Lock()
@@ -428,7 +428,7 @@ func (s *Source) fail(now time.Time, err error) {
 	s.status.Reason = reason
 	s.mu.Unlock()
 	if !repeated { // logged once per failure streak and reason; the metrics count every round
-		s.log.Error("prom: query round failed; the last good measurements stay in effect", "error", err)
+		s.log.Error("prom: queries failed; their signals keep their last good values, the others are read as usual", "error", err)
 	}
 }
 
