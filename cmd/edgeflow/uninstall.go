@@ -74,7 +74,7 @@ func newUninstallCommand() *cobra.Command {
 			"scales edgeflow's Deployment to zero and waits until its pods are gone (the Helm chart's pre-delete hook\n" +
 			"runs exactly this). Remove the pods' " + istio.BootstrapAnnotation + " annotation first: a pod that still\n" +
 			"names a deleted ConfigMap cannot restart. --dry-run lists what would be removed and changes nothing.",
-		Example: "  edgeflow uninstall --dry-run\n" +
+		Example: "  edgeflow uninstall --dry-run --kubeconfig ~/.kube/config\n" +
 			"  edgeflow uninstall --kubeconfig ~/.kube/config --stop-deployment edgeflow/edgeflow\n" +
 			"  edgeflow uninstall --only istio --istio-namespace istio-system",
 		Args: noArgs,
