@@ -28,6 +28,7 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/xds/istio"
+	"github.com/google/go-cmp/cmp"
 )
 
 // hookAnnotation marks a Helm hook; helm install and upgrade do not create these objects with
@@ -443,4 +444,78 @@ func (c *client) upgrade(ctx context.Context, prev, next []*unstructured.Unstruc
 		}
 	}
 	return c.remove(ctx, gone)
+}
+
+// uninstallPartGrants is what each part of edgeflow uninstall calls (cmd/edgeflow/uninstall.go,
+// rebalancer.Uninstall, xds/istio's Uninstall and Managed): the rules a hook running the part
+// needs, and no other.
+var uninstallPartGrants = map[string][]string{
+	"rebalancer": {"admissionregistration.k8s.io/mutatingwebhookconfigurations get", "admissionregistration.k8s.io/mutatingwebhookconfigurations delete",
+		"/pods list", "/pods patch", "/configmaps list", "/configmaps delete"},
+	"envoyfilter":     {"networking.istio.io/envoyfilters list", "networking.istio.io/envoyfilters delete", "/configmaps list", "/configmaps delete"},
+	"destinationrule": {"networking.istio.io/destinationrules list", "networking.istio.io/destinationrules delete"},
+	"stop":            {"apps/deployments/scale get", "apps/deployments/scale update"},
+}
+
+// Each cleanup hook runs the parts its values switch off (the pre-delete hook every part, after
+// stopping edgeflow) and is granted exactly those parts' rules.
+func TestCleanupHookParts(t *testing.T) {
+	t.Parallel()
+	all := []string{"rebalancer", "envoyfilter", "destinationrule"}
+	for _, tc := range []struct {
+		values  map[string]any
+		cleanup []string // the post-upgrade hook's parts
+	}{
+		{nil, all},
+		{map[string]any{"istio": map[string]any{"mode": "destinationrule"}}, []string{"rebalancer", "envoyfilter"}},
+		{map[string]any{"istio": map[string]any{"mode": "envoyfilter"}, "rebalancer": map[string]any{"mode": "act"}}, []string{"destinationrule"}},
+		{map[string]any{"rebalancer": map[string]any{"mode": "act"}}, []string{"envoyfilter", "destinationrule"}},
+	} {
+		objs := render(t, tc.values)
+		for _, h := range []struct {
+			event string
+			parts []string
+			stop  bool
+		}{{"pre-delete", all, true}, {"post-upgrade", tc.cleanup, false}, {"post-rollback", tc.cleanup, false}} {
+			hook, _ := hookObjects(objs, h.event)
+			var job batchv1.Job
+			set := map[string]bool{}
+			for _, o := range hook {
+				switch o.GetKind() {
+				case "Job":
+					convert(t, o, &job)
+				case "ClusterRole", "Role":
+					var r rbacv1.ClusterRole
+					convert(t, o, &r)
+					for _, g := range flatten(r.Rules) {
+						set[g] = true
+					}
+				}
+			}
+			if job.Name == "" {
+				t.Errorf("values %v: no %s Job", tc.values, h.event)
+				continue
+			}
+			args := strings.Join(job.Spec.Template.Spec.Containers[0].Args, " ")
+			if want := "--only=" + strings.Join(h.parts, ","); !strings.Contains(args, want+" ") {
+				t.Errorf("values %v, %s: edgeflow %s, want %s", tc.values, h.event, args, want)
+			}
+			if strings.Contains(args, "--stop-deployment="+namespace+"/"+release) != h.stop {
+				t.Errorf("values %v, %s: edgeflow %s: --stop-deployment %v", tc.values, h.event, args, h.stop)
+			}
+			want := map[string]bool{}
+			parts := h.parts
+			if h.stop {
+				parts = append(slices.Clone(parts), "stop")
+			}
+			for _, p := range parts {
+				for _, g := range uninstallPartGrants[p] {
+					want[g] = true
+				}
+			}
+			if diff := cmp.Diff(sortedSet(want), sortedSet(set)); diff != "" {
+				t.Errorf("values %v, %s hook's rules (-want +got):\n%s", tc.values, h.event, diff)
+			}
+		}
+	}
 }
