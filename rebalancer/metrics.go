@@ -40,6 +40,7 @@ type metrics struct {
 	forwards *prometheus.CounterVec
 
 	placementFailures prometheus.Counter
+	rateReplans       prometheus.Counter
 }
 
 // newMetrics makes the metrics and registers them with reg (nil: with none). A registration
@@ -49,7 +50,7 @@ func newMetrics(reg prometheus.Registerer) (m *metrics, err error) {
 	f := promauto.With(reg)
 	m = &metrics{
 		gain: f.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "planned_gain_ratio",
-			Help: "Relative fall of the predicted LATA cost from the current placement to the last run's target."}),
+			Help: "Relative fall of the predicted cost (network + queueing) from the current placement to the last run's target."}),
 		cost: f.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "predicted_latency_cost_seconds",
 			Help: "Predicted LATA latency cost of the current placement and of the target, at the last run: Σ requests/s × network latency in seconds, the network latency accrued per second of traffic."}, []string{labelPlacement}),
 		forwards: f.NewCounterVec(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "webhook_forwards_total",
@@ -68,6 +69,8 @@ func newMetrics(reg prometheus.Registerer) (m *metrics, err error) {
 			Help: "1 while this replica holds the rebalancer's Lease."}),
 		placementFailures: f.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "placement_failures_total",
 			Help: "Replacements not scheduled on their planned node within the placement timeout, deleted so that their controller recreates them without a node."}),
+		rateReplans: f.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "rate_replans_total",
+			Help: "Plans made before the period was up because the offered rate moved by more than the rate change from the last plan's."}),
 	}
 	for _, r := range []string{ForwardOK, ForwardNoLeader, ForwardError} {
 		m.forwards.WithLabelValues(r)

@@ -57,6 +57,12 @@ const (
 	DefaultCooldown             = time.Hour
 	DefaultGateTimeout          = 2 * time.Minute
 	DefaultPlacementTimeout     = 2 * time.Minute
+	// DefaultRateChange: a change of the offered rate by a quarter re-plans (rate.go): above
+	// the noise of a rate measured over a window of a minute, below the 100 → 300 req/s step
+	// that made the paper experiment's placement lose (issue 38).
+	DefaultRateChange = 0.25
+	// DefaultRateCheck is how often the offered rate is compared with the last plan's.
+	DefaultRateCheck = 30 * time.Second
 	// DefaultKubeQPS and DefaultKubeBurst are the client rate limits edgeflow's commands give
 	// every Kubernetes client (client-go's own default, 5 and 10, would take minutes to release
 	// a thousand gated pods).
@@ -149,6 +155,12 @@ type Config struct {
 	PlacementTimeout time.Duration
 	// Tolerance is optimizer.RebalanceOptions.Tolerance.
 	Tolerance float64
+	// RateChange: when the offered rate (Σ of the topology's ingress rates) differs from the
+	// one the last plan was made at by more than this fraction, the controller plans again
+	// without waiting for Period (rate.go; 0: DefaultRateChange, negative: never). RateCheck is
+	// how often it looks (0: DefaultRateCheck).
+	RateChange float64
+	RateCheck  time.Duration
 	// MaxNodeUtilization is the highest planned utilisation the plan gives a node
 	// (optimizer.Options.MaxNodeUtilization): 0 means optimizer.DefaultMaxNodeUtilization,
 	// negative no limit.
@@ -202,6 +214,12 @@ func (cfg *Config) defaults() {
 	}
 	if cfg.Budget == 0 {
 		cfg.Budget = optimizer.DefaultPlaceBudget
+	}
+	if cfg.RateChange == 0 {
+		cfg.RateChange = DefaultRateChange
+	}
+	if cfg.RateCheck <= 0 {
+		cfg.RateCheck = DefaultRateCheck
 	}
 	if cfg.MaxNodeUtilization == 0 {
 		cfg.MaxNodeUtilization = optimizer.DefaultMaxNodeUtilization
@@ -314,11 +332,15 @@ type Controller struct {
 	// plan prefers while it is still as cheap: the moves of several runs head for one target.
 	// It is not handed over: a new leader plans afresh.
 	prevTarget map[string]map[string]int
-	leading    bool
-	leadSince  time.Time
-	leader     string        // the Lease's holder as last observed (OnNewLeader); "" before
-	forwardErr string        // the last forwarding failure logged ("": none since the last success)
-	stateDirty latest.Signal // the state changed: writeState writes it
+	// plannedRate is the offered rate the last plan was made at (ratePlanned: there was one),
+	// the reference of rate-aware planning (rate.go).
+	plannedRate float64
+	ratePlanned bool
+	leading     bool
+	leadSince   time.Time
+	leader      string        // the Lease's holder as last observed (OnNewLeader); "" before
+	forwardErr  string        // the last forwarding failure logged ("": none since the last success)
+	stateDirty  latest.Signal // the state changed: writeState writes it
 }
 
 // New validates cfg and registers the metrics; it starts nothing.
@@ -489,6 +511,7 @@ func (c *Controller) Plan() (*Report, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.prevTarget = plan.TargetCounts
+	c.plannedRate, c.ratePlanned = offeredRate(t), true
 	c.st.expire(now, &c.cfg)
 	d := decider{cfg: &c.cfg, now: now, snap: w, st: &c.st, namespaceOf: namespaceOf(t), podOf: podsOf(t)}
 	if c.leading && now.Sub(c.leadSince) < c.cfg.Period {

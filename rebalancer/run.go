@@ -113,6 +113,8 @@ func (c *Controller) runDry(ctx context.Context, le LeaderConfig) error {
 	c.log.Info("rebalancer: dry-run", "period", c.cfg.Period)
 	period := time.NewTicker(c.cfg.Period)
 	defer period.Stop()
+	rate := time.NewTicker(c.cfg.RateCheck)
+	defer rate.Stop()
 	ran := false
 	for {
 		if !ran && c.cfg.Topology() != nil {
@@ -142,6 +144,8 @@ func (c *Controller) runDry(ctx context.Context, le LeaderConfig) error {
 			ran = false
 		case <-c.trigger.C():
 			ran = false
+		case <-rate.C:
+			ran = ran && !c.replanForRate()
 		case <-retry:
 		}
 	}
@@ -219,6 +223,8 @@ func (c *Controller) lead(lctx context.Context, rec events.EventRecorder) {
 	c.queueGated()
 	period := time.NewTicker(c.cfg.Period)
 	defer period.Stop()
+	rate := time.NewTicker(c.cfg.RateCheck)
+	defer rate.Stop()
 	ran := false
 	for {
 		if !ran && c.cfg.Topology() != nil {
@@ -232,8 +238,21 @@ func (c *Controller) lead(lctx context.Context, rec events.EventRecorder) {
 			ran = false
 		case <-c.trigger.C():
 			ran = false
+		case <-rate.C:
+			ran = ran && !c.replanForRate()
 		}
 	}
+}
+
+// replanForRate says whether the offered rate left the band around the last plan's (rate.go),
+// and if so logs it and counts it: the caller then plans again.
+func (c *Controller) replanForRate() bool {
+	ref, now, moved := c.rateChanged()
+	if moved {
+		c.log.Info("rebalancer: the offered rate changed: planning again", "plannedAt", ref, "now", now, "change", c.cfg.RateChange)
+		c.metrics.rateReplans.Inc()
+	}
+	return moved
 }
 
 // writeState writes the state whenever it changed (one write in flight; changes meanwhile

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"os/signal"
@@ -32,7 +33,7 @@ type rebalanceFlags struct {
 	allowSingleReplica                      bool
 	period                                  time.Duration
 	placementTimeout                        time.Duration
-	threshold, maxUtil                      float64
+	threshold, maxUtil, rateChange          float64
 	maxMoves, maxPerNode, maxPerNS          int
 	minAge, cooldown, gateTimeout, budget   time.Duration
 	leaseNamespace, leaseName               string
@@ -45,6 +46,7 @@ func (f *rebalanceFlags) register(cmd *cobra.Command, prefix string) {
 	fl.DurationVar(&f.period, prefix+"period", rebalancer.DefaultPeriod, "time between runs (SIGUSR1 runs at once)")
 	fl.Float64Var(&f.threshold, prefix+"threshold", rebalancer.DefaultThreshold, "act only when the predicted cost (network + queueing) falls by at least this fraction")
 	fl.Float64Var(&f.maxUtil, prefix+"max-node-utilization", optimizer.DefaultMaxNodeUtilization, "highest planned utilisation of a node's cores the plan gives a node, in (0, 1] (0: no limit)")
+	fl.Float64Var(&f.rateChange, prefix+"rate-change", rebalancer.DefaultRateChange, "plan again, before the period is up, when the offered rate moves by more than this fraction from the last plan's (0: only every period)")
 	fl.IntVar(&f.maxMoves, prefix+"max-moves", rebalancer.DefaultMaxMoves, "most pods evicted per run")
 	fl.IntVar(&f.maxPerNode, prefix+"max-moves-per-node", rebalancer.DefaultMaxMovesPerNode, "most moves per run leaving or entering one node")
 	fl.IntVar(&f.maxPerNS, prefix+"max-moves-per-namespace", rebalancer.DefaultMaxMovesPerNamespace, "most moves per run in one namespace")
@@ -66,6 +68,8 @@ func (f *rebalanceFlags) check() error {
 	switch {
 	case f.threshold >= 1:
 		return badInput("the threshold is a fraction below 1, not %v", f.threshold)
+	case !(f.rateChange >= 0) || math.IsInf(f.rateChange, 1):
+		return badInput("the rate change is a fraction >= 0 (0: only every period), not %v", f.rateChange)
 	case !(f.maxUtil >= 0 && f.maxUtil <= 1):
 		return badInput("the max node utilization is in (0, 1], or 0 for no limit, not %v", f.maxUtil)
 	case f.maxMoves < 1 || f.maxPerNode < 1 || f.maxPerNS < 1:
@@ -102,7 +106,7 @@ func (f *rebalanceFlags) controller(inf *kube.Informers, cf *clusterFlags, clust
 	}
 	c, err := rebalancer.New(rebalancer.Config{LeaderWebhook: forward, Client: inf.Client(), Informers: inf, Topology: cluster.Measured, Namespaces: cf.namespaces,
 		Selector: cf.selector, DefaultLatencyMS: defaultLatency, DryRun: f.dryRun, Period: f.period,
-		Threshold: f.threshold, MaxNodeUtilization: utilizationOrNone(f.maxUtil), MaxMoves: f.maxMoves, MaxMovesPerNode: f.maxPerNode, MaxMovesPerNamespace: f.maxPerNS,
+		Threshold: f.threshold, MaxNodeUtilization: utilizationOrNone(f.maxUtil), RateChange: utilizationOrNone(f.rateChange), MaxMoves: f.maxMoves, MaxMovesPerNode: f.maxPerNode, MaxMovesPerNamespace: f.maxPerNS,
 		MinAge: f.minAge, Cooldown: f.cooldown, GateTimeout: f.gateTimeout, PlacementTimeout: f.placementTimeout,
 		AllowSingleReplica: f.allowSingleReplica, Budget: budgetOrNone(f.budget), Identity: processIdentity(),
 		Logger: logger, Registerer: reg})
@@ -281,7 +285,7 @@ func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, outp
 	return g.Wait()
 }
 
-// utilizationOrNone maps the flag's 0 ("no limit") to the Config's negative.
+// utilizationOrNone maps a flag's 0 ("no limit", "never") to the Config's negative.
 func utilizationOrNone(u float64) float64 {
 	if u == 0 {
 		return -1

@@ -40,6 +40,10 @@ func TestRebalanceFlagsMaxNodeUtilization(t *testing.T) {
 		if err := f.check(); (err == nil) != tc.ok {
 			t.Errorf("--max-node-utilization %v: check says %v", tc.v, err)
 		}
+		f.maxUtil, f.rateChange = 0.7, tc.v
+		if err := f.check(); (err == nil) != (tc.v >= 0) {
+			t.Errorf("--rate-change %v: check says %v", tc.v, err)
+		}
 	}
 	if utilizationOrNone(0) >= 0 || utilizationOrNone(0.5) != 0.5 {
 		t.Error("0 must mean no limit (negative in the Config)")
