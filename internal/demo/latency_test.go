@@ -126,6 +126,9 @@ func runL7(t *testing.T, penalty map[NodePair]time.Duration, pair NodePair, lear
 // requests may wait more than the mean (constant-rate load; docs/architecture.md), which reads
 // as penalty.
 func TestClosedLoopRoutesAroundL7Penalty(t *testing.T) {
+	if raceDetector {
+		t.Skip("times a millisecond: runs without -race in make test's quiet group (QUIET_TESTS)")
+	}
 	const (
 		penalty = 3 * time.Millisecond
 		learn   = 8 * time.Second // capacities need 3 windows past the base, the penalty 4, then steps
@@ -165,9 +168,13 @@ func TestClosedLoopRoutesAroundL7Penalty(t *testing.T) {
 	planned, plannedWithout := pairShare(with.topo, with.plan, pair), pairShare(without.topo, without.plan, pair)
 	t.Logf("share of %s's calls to %s with the penalty vs without: planned %.3f vs %.3f; observed over the last %v %.3f of %.0f calls vs %.3f of %.0f",
 		pair.From, pair.To, planned, plannedWithout, measure, with.observed, with.calls, without.observed, without.calls)
-	// A millisecond is what is measured here: on a machine so busy that the load generator
-	// falls behind (TestInjectedLatency's criterion), the emulated latencies are the machine's.
-	if lag := max(with.lag, without.lag); lag > 20*time.Millisecond {
+	// A millisecond is what is measured here, as a difference of two timings of the same
+	// requests (attempt − inbound), which a late send does not enter; but on a machine so busy
+	// that the load generator falls far behind, the pods' timers lag too and the emulated
+	// latencies are the machine's. The bound is looser than TestInjectedLatency's 20 ms (that
+	// test times end-to-end latency over 2 s at 40 req/s; this one runs 20 s at 240 req/s,
+	// where one scheduling hiccup of an idle 2-core machine reaches 30–40 ms).
+	if lag := max(with.lag, without.lag); lag > 100*time.Millisecond {
 		t.Skipf("machine too busy to measure latency: the load generator fell %v behind", lag)
 	}
 	if len(wrong) > 0 {
