@@ -22,7 +22,7 @@ const MaxLatencyMS = 1e4
 
 // Topology is the input of every policy: nodes, the latency between them, services with their
 // pods, the call graph and the ingress rates. It is the topology file of `plan` and `place`
-// (README, "The topology file") and the snapshot the cluster watcher produces. A Topology is treated as
+// (docs/reference/topology-file.md) and the snapshot the cluster watcher produces. A Topology is treated as
 // immutable once handed to the optimizer or the xDS server.
 type Topology struct {
 	// LatencyGranularity says what the Latency entries name: "" or LatencyPerNode, nodes; or

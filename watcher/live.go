@@ -77,7 +77,7 @@ const LatencyAuto = "auto"
 
 // DefaultMaxNodePairs is LatencyAuto's default bound: 250,000 ordered node pairs, a cluster of
 // 500 nodes (500 × 499 = 249,500). There one merge, compile and LATA plan per node took
-// 0.12 s, allocated 42 MB and held 12 MiB on the shared 2-core machine of the README's
+// 0.12 s, allocated 42 MB and held 12 MiB on the shared 2-core machine of docs/benchmarks/measured.md's
 // "Measured" section (BenchmarkZoneScale; at 1,000 nodes 0.88 s, 163 MB, 47 MiB), and the
 // prober sends as many ICMP probes per scrape; both grow with nodes², per zone with zones².
 const DefaultMaxNodePairs = 250000

@@ -137,9 +137,9 @@ var stockMetrics = map[string]string{
 	"grpc_client_attempt_duration_seconds": "histogram",
 }
 
-// TestMetricNames holds every metric to Prometheus' naming conventions and to the README's
+// TestMetricNames holds every metric to Prometheus' naming conventions and to the metrics reference's
 // table: edgeflow_ prefix, snake case, _total on counters and only on them, base units (seconds,
-// bytes, ratios), and a README row naming the metric with its type.
+// bytes, ratios), and a row of docs/reference/metrics.md naming the metric with its type.
 func TestMetricNames(t *testing.T) {
 	t.Parallel()
 	root := filepath.Join("..", "..")
@@ -147,7 +147,7 @@ func TestMetricNames(t *testing.T) {
 	if len(defs) < 40 {
 		t.Fatalf("found %d metric definitions; the source scan is broken", len(defs))
 	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	readme, err := os.ReadFile(filepath.Join(root, "docs", "reference", "metrics.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,13 +183,13 @@ func TestMetricNames(t *testing.T) {
 		}
 		row := regexp.MustCompile("(?m)^\\| `" + regexp.QuoteMeta(d.name) + "` \\| " + d.kind + " \\|")
 		if !row.Match(readme) {
-			t.Errorf("%s: %s (%s) has no row in the README's metrics table", d.at, d.name, d.kind)
+			t.Errorf("%s: %s (%s) has no row in docs/reference/metrics.md's table", d.at, d.name, d.kind)
 		}
 	}
 	// Every row of the table is a metric the code defines.
 	for _, m := range regexp.MustCompile("(?m)^\\| `(edgeflow_[a-z0-9_]+)` \\| (counter|gauge|histogram) \\|").FindAllSubmatch(readme, -1) {
 		if _, ok := seen[string(m[1])]; !ok {
-			t.Errorf("README's metrics table lists %s, which no code defines", m[1])
+			t.Errorf("docs/reference/metrics.md's table lists %s, which no code defines", m[1])
 		}
 	}
 }

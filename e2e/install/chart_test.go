@@ -307,11 +307,11 @@ func TestBadValuesNamed(t *testing.T) {
 	}
 }
 
-// The README and the chart's README list the permission table as the test knows it.
+// docs/security.md and the chart's README list the permission table as the test knows it.
 func TestPermissionTableInTheREADMEs(t *testing.T) {
 	t.Parallel()
 	table := permissionTable()
-	for _, f := range []string{"README.md", filepath.Join("install", "helm", "edgeflow", "README.md")} {
+	for _, f := range []string{filepath.Join("docs", "security.md"), filepath.Join("install", "helm", "edgeflow", "README.md")} {
 		b, err := os.ReadFile(filepath.Join(testkit.RepoRoot(), f))
 		if err != nil {
 			t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
-// permission is one row of the chart's permission table (the README lists the same rows):
+// permission is one row of the chart's permission table (docs/security.md lists the same rows):
 // a verb on a resource, what calls it, and the values that grant it.
 type permission struct {
 	group, resource string
@@ -122,7 +122,7 @@ func sortedSet(set map[string]bool) []string {
 	return out
 }
 
-// permissionTable prints the table as Markdown (the README's; TestPermissionTable logs it).
+// permissionTable prints the table as Markdown (docs/security.md's; TestPermissionTable logs it).
 func permissionTable() string {
 	var b strings.Builder
 	b.WriteString("| resource | verbs | scope | granted when | why (the call) |\n|---|---|---|---|---|\n")

@@ -212,7 +212,7 @@ func TestProbeLoss(t *testing.T) {
 	t.Parallel()
 	// Loss is a share of probes: 80 probes in the window (500 ms scrapes, 40 s) make the
 	// estimate's standard error about 5 %, so 60 % loss reads above the 50 % limit and 20 %
-	// below. (At a stock 15 s scrape a 1 m window holds 4 probes: see the README.)
+	// below. (At a stock 15 s scrape a 1 m window holds 4 probes: see docs/tasks/live-cluster.md.)
 	const (
 		scrape = 500 * time.Millisecond
 		window = 40 * time.Second

@@ -34,7 +34,7 @@ func (w *world) gatedOne(tr *tracker, within time.Duration) string {
 	return name
 }
 
-// reportWaits logs the longest time a pod stayed gated and Pending (the figures the README
+// reportWaits logs the longest time a pod stayed gated and Pending (the figures docs/tasks/rebalance.md
 // quotes) and returns them.
 func reportWaits(t *testing.T, tr *tracker, fault string) (gated, pending time.Duration) {
 	gated, pending, gn, pn := tr.waits()

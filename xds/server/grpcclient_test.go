@@ -544,7 +544,7 @@ func testServerRestart(t *testing.T, bs map[string]*testkit.Echo, top *optimizer
 
 // podRemovalRuns is how many times TestPodRemovalNeverFailsRPCs removes a pod in each
 // encoding (the encodings alternate run by run); EDGEFLOW_POD_REMOVAL_RUNS sets another count
-// (the README's 300-run figure).
+// (docs/benchmarks/measured.md's 300-run figure).
 var podRemovalRuns = func() int {
 	if n, err := strconv.Atoi(os.Getenv("EDGEFLOW_POD_REMOVAL_RUNS")); err == nil && n > 0 {
 		return n
@@ -554,7 +554,7 @@ var podRemovalRuns = func() int {
 
 // podRemovalGrace is the removal grace of TestPodRemovalNeverFailsRPCs: shorter than serve's
 // default, to keep the runs short, and still far above the time an RPC takes to pick.
-// EDGEFLOW_POD_REMOVAL_GRACE sets another (0s: none, the README's "before" figure).
+// EDGEFLOW_POD_REMOVAL_GRACE sets another (0s: none, docs/benchmarks/measured.md's "before" figure).
 var podRemovalGrace = func() time.Duration {
 	if d, err := time.ParseDuration(os.Getenv("EDGEFLOW_POD_REMOVAL_GRACE")); err == nil && d >= 0 {
 		return d
