@@ -12,7 +12,7 @@ HELM        := $(CACHE)/bin/helm-$(HELM_VERSION)/helm
 KUBE_VERSION := v1.37.2
 FUZZTIME    ?= 20s
 
-.PHONY: all build demo docs test test-lint test-unit test-e2e test-quiet test-istio test-ui test-smoke prebuild-unit prebuild-e2e prebuild-istio prebuild-smoke lint k8s helm manifests e2e-istio e2e-ui e2e-reproduce reproduce reproduce-report fuzz bench bench-solver bench-push bench-watch clean
+.PHONY: all build image demo docs test test-lint test-unit test-e2e test-quiet test-istio test-ui test-smoke test-image prebuild-unit prebuild-e2e prebuild-istio prebuild-smoke lint k8s helm manifests e2e-istio e2e-ui e2e-reproduce reproduce reproduce-report fuzz bench bench-solver bench-push bench-watch clean
 
 all: build
 
@@ -20,13 +20,31 @@ all: build
 build:
 	$(GO) build -buildvcs=auto -o bin/edgeflow ./cmd/edgeflow
 
+# the image's name (the chart's default image.repository and appVersion), its architecture, and
+# an optional PEM bundle installed as /etc/ssl/certs/ca-certificates.crt
+IMAGE       ?= ghcr.io/edgeflow/edgeflow:$(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' install/helm/edgeflow/Chart.yaml)
+IMAGE_ARCH  ?= $(shell $(GO) env GOARCH)
+IMAGE_CA_CERTS ?=
+IMAGE_OUT   := bin/image
+
+## image: edgeflow's container image with no Docker daemon (install/image, go-containerregistry): the
+## static binary (CGO_ENABLED=0) as user 65532, entrypoint /edgeflow, as an OCI layout (bin/image/oci)
+## and a tarball (bin/image/edgeflow.tar): crane push bin/image/edgeflow.tar $$IMAGE, or
+## docker load -i bin/image/edgeflow.tar. IMAGE names it, IMAGE_ARCH=arm64 builds for arm64
+image:
+	@mkdir -p $(IMAGE_OUT)
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) $(GO) build -trimpath -buildvcs=auto -ldflags='-s -w' \
+	  -o $(IMAGE_OUT)/edgeflow-linux-$(IMAGE_ARCH) ./cmd/edgeflow
+	cd install/image && $(GO) run . -binary $(CURDIR)/$(IMAGE_OUT)/edgeflow-linux-$(IMAGE_ARCH) -tag $(IMAGE) \
+	  $(if $(IMAGE_CA_CERTS),-ca-certs $(abspath $(IMAGE_CA_CERTS))) -layout $(CURDIR)/$(IMAGE_OUT)/oci -tarball $(CURDIR)/$(IMAGE_OUT)/edgeflow.tar
+
 ## demo: the main job on the embedded default (Bookinfo on 4 emulated nodes, every policy)
 demo:
 	$(GO) run ./cmd/edgeflow demo
 
 ## test: lint, then every suite at once (the product's packages with -race; the e2e harnesses
 ## without it, running the product as a -race binary; Istio's pilot; the web view; a smoke of the
-## paper's experiment), then the quiet group alone; go test -json goes to bin/test/, and the
+## paper's experiment; make image and the image read back), then the quiet group alone; go test -json goes to bin/test/, and the
 ## report (each suite's and package's wall time, the 20 slowest tests, the totals) ends the run.
 ## Builds of tools (staticcheck, Helm, the Kubernetes control plane, Istio's pilot) run niced
 ## while tests wait.
@@ -34,10 +52,10 @@ test:
 	@rm -rf $(TESTOUT) && mkdir -p $(TESTOUT)
 	@$(MAKE) --no-print-directory $(REPORT)
 	@status=0; start=$$(date +%s); \
-	  $(MAKE) --no-print-directory -j$(TEST_JOBS) test-lint test-unit test-e2e test-istio test-smoke || status=1; \
+	  $(MAKE) --no-print-directory -j$(TEST_JOBS) test-lint test-unit test-e2e test-istio test-smoke test-image || status=1; \
 	  $(MAKE) --no-print-directory test-quiet test-ui || status=1; \
 	  echo "make test: $$(( $$(date +%s) - start )) s, status $$status (go test -json in $(TESTOUT)/)"; \
-	  $(REPORT) -want unit,e2e,istio,smoke,quiet-race,quiet,ui $(TESTOUT)/*.json | tee $(TESTOUT)/report.txt; exit $$status
+	  $(REPORT) -want unit,e2e,istio,smoke,image,quiet-race,quiet,ui $(TESTOUT)/*.json | tee $(TESTOUT)/report.txt; exit $$status
 
 TESTOUT     := bin/test
 REPORT      := bin/testreport
@@ -101,6 +119,15 @@ test-smoke e2e-reproduce: k8s $(EDGEFLOW_RACE) $(REPORT) prebuild-smoke
 	EDGEFLOW_BIN=$(EDGEFLOW_RACE) REPRODUCE_PRESET=smoke $(GO) tool test2json -t -p github.com/edgeflow/edgeflow/e2e/reproduce \
 	  bin/reproduce.test -test.run '^(TestWriteReport|TestPrice|TestOnMeasuredLatency|TestOverrideReplicas|TestSmokeChecks|TestReproduce|TestClosedLoopOnTestbed|TestPodTargets)$$' -test.v=test2json -test.count=1 -test.timeout 10m \
 	  | $(REPORT) -stream smoke > $(TESTOUT)/smoke.json
+
+## test-image: make image (niced), then install/image's test reads it back from the layout and the
+## tarball, checks its config against the chart's securityContext and runs edgeflow version from its layer
+test-image: $(REPORT)
+	@mkdir -p $(TESTOUT)
+	@$(MAKE) --no-print-directory image GO='$(NICE) $(GO)'
+	cd install/image && $(GO) mod tidy -diff && $(NICE) $(GO) vet ./... && \
+	  EDGEFLOW_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_OUT)/oci EDGEFLOW_IMAGE_TARBALL=$(CURDIR)/$(IMAGE_OUT)/edgeflow.tar EDGEFLOW_IMAGE_TAG=$(IMAGE) \
+	  $(GO) test -count=1 -json ./... | $(CURDIR)/$(REPORT) -stream image > $(CURDIR)/$(TESTOUT)/image.json
 
 # prebuild-*: compile a suite's tests (niced) while the Kubernetes control plane it needs builds,
 # so that on a cold machine its tests start as soon as that build is done

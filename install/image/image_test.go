@@ -35,7 +35,7 @@ func builtImage(t *testing.T) (layoutDir, tarFile, tag string) {
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "edgeflow")
-	build := exec.Command("go", "build", "-C", "../..", "-trimpath", "-o", bin, "./cmd/edgeflow")
+	build := exec.Command("go", "build", "-C", "../..", "-trimpath", "-ldflags=-s -w", "-o", bin, "./cmd/edgeflow")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/edgeflow: %v\n%s", err, out)
