@@ -9,12 +9,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
@@ -42,23 +44,24 @@ var probeNodes = []any{
 func variants(t *testing.T) []variant {
 	caPEM, _ := testkit.SelfSigned(t, "webhook-ca")
 	return []variant{
-		{"defaults", nil, features{rebalance: true}},
-		{"rebalancer off", map[string]any{"rebalancer": map[string]any{"mode": "off"}}, features{}},
+		{"defaults", nil, features{rebalance: true, dr: true}},
+		{"rebalancer off, istio off", map[string]any{"rebalancer": map[string]any{"mode": "off"}, "istio": map[string]any{"mode": "off"}}, features{}},
 		{"rebalancer acting, webhook certificate by cert-manager", map[string]any{"rebalancer": map[string]any{"mode": "act"}},
-			features{rebalance: true, act: true}},
+			features{rebalance: true, act: true, dr: true}},
 		{"rebalancer acting, webhook certificate from a Secret", map[string]any{"rebalancer": map[string]any{"mode": "act"},
-			"webhook": map[string]any{"certificate": "secret", "caBundle": base64.StdEncoding.EncodeToString(caPEM)}},
+			"webhook": map[string]any{"certificate": "secret", "caBundle": base64.StdEncoding.EncodeToString(caPEM)}, "istio": map[string]any{"mode": "off"}},
 			features{rebalance: true, act: true}},
 		{"istio destinationrule, node labels", map[string]any{"istio": map[string]any{"mode": "destinationrule", "labelNodes": true}},
 			features{rebalance: true, dr: true, labelNodes: true}},
 		{"istio envoyfilter", map[string]any{"istio": map[string]any{"mode": "envoyfilter"}}, features{rebalance: true, ef: true}},
 		{"istio destinationrule, rebalancer off", map[string]any{"istio": map[string]any{"mode": "destinationrule"}, "rebalancer": map[string]any{"mode": "off"}},
 			features{dr: true}},
-		{"prometheus operator, nodes listed, xds certificate by cert-manager", map[string]any{
+		{"prometheus operator, nodes listed, proxyless clients, xds certificate by cert-manager", map[string]any{
 			"scrape":        map[string]any{"operator": true},
 			"latencyProbes": map[string]any{"nodes": probeNodes},
-			"xds":           map[string]any{"tls": map[string]any{"certManager": map[string]any{"enabled": true, "issuerRef": map[string]any{"name": "mesh-ca"}}}},
-		}, features{rebalance: true}},
+			"xds": map[string]any{"proxylessClients": true,
+				"tls": map[string]any{"certManager": map[string]any{"enabled": true, "issuerRef": map[string]any{"name": "mesh-ca"}}}},
+		}, features{rebalance: true, dr: true}},
 		{"watched namespaces, call graph, plaintext xds, everything on", map[string]any{
 			"watch":            map[string]any{"namespaces": []any{"shop", "web"}},
 			"prometheus":       map[string]any{"url": ""},
@@ -289,13 +292,14 @@ func TestBadValuesNamed(t *testing.T) {
 		{map[string]any{"replicas": 3}, `additional properties 'replicas' not allowed`},
 		{map[string]any{"xds": map[string]any{"tls": map[string]any{"enable": false}}}, `at '/xds/tls': additional properties 'enable' not allowed`},
 		{map[string]any{"replicaCount": 0}, `at '/replicaCount': minimum: got 0, want 1`},
+		{map[string]any{"xds": map[string]any{"tls": map[string]any{"enabled": "yes"}}}, `at '/xds/tls/enabled': value must be one of 'auto', true, false`},
 		{map[string]any{"rebalancer": map[string]any{"period": 600}}, `at '/rebalancer/period': got number, want string`},
 		{map[string]any{"rebalancer": map[string]any{"period": "10 minutes"}}, `at '/rebalancer/period': '10 minutes' does not match pattern`},
 		{map[string]any{"xds": map[string]any{"port": 70000}}, `at '/xds/port': maximum: got 70,000, want 65,535`},
 		{map[string]any{"policy": "fastest"}, `at '/policy': value must be one of 'round-robin', 'localization', 'opttraffic', 'lata', 'lata-q', 'closed-loop'`},
 		{map[string]any{"logLevel": "verbose"}, `at '/logLevel': value must be one of 'debug', 'info', 'warn', 'error'`},
 		// the templates
-		{map[string]any{"istio": map[string]any{"labelNodes": true}}, "istio.labelNodes needs istio.mode=destinationrule"},
+		{map[string]any{"istio": map[string]any{"mode": "off", "labelNodes": true}}, "istio.labelNodes needs istio.mode=destinationrule"},
 		{map[string]any{"istio": map[string]any{"mode": "destinationrule", "leaseName": "edgeflow-rebalancer"}}, "istio.leaseName must differ from rebalancer.leaseName"},
 		{map[string]any{"rebalancer": map[string]any{"mode": "act"}, "webhook": map[string]any{"certificate": "secret"}}, "webhook.caBundle"},
 		{map[string]any{"prometheus": map[string]any{"url": ""}}, "callGraph"},
@@ -304,6 +308,65 @@ func TestBadValuesNamed(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("values %v: error %v, want one naming %q", tc.values, err, tc.want)
 		}
+	}
+}
+
+// xDS TLS is required only where xDS has a client: by default (destinationrule mode, no
+// proxyless clients) edgeflow serves xDS on loopback only, with no Secret mounted and no
+// Service; the sidecars of envoyfilter mode or declared proxyless clients get it over TLS
+// from the Secret; xds.tls.enabled true or false forces either.
+func TestXDSTLSWhereItHasClients(t *testing.T) {
+	t.Parallel()
+	type xds struct {
+		address string // --xds-address's host
+		tls     bool   // --xds-tls-cert and the Secret mounted
+		flags   []string
+		service bool
+	}
+	plain := xds{address: "127.0.0.1"}
+	mtls := xds{address: "0.0.0.0", tls: true, flags: []string{"--trust-domain=cluster.local", "--xds-tls-cert=/etc/edgeflow/xds-tls/tls.crt", "--xds-tls-client-ca=/etc/edgeflow/xds-tls/ca.crt", "--xds-tls-key=/etc/edgeflow/xds-tls/tls.key"}, service: true}
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		want   xds
+	}{
+		{"defaults (destinationrule)", nil, plain},
+		{"istio off", map[string]any{"istio": map[string]any{"mode": "off"}}, plain},
+		{"destinationrule, tls false", map[string]any{"xds": map[string]any{"tls": map[string]any{"enabled": false}}}, plain},
+		{"envoyfilter", map[string]any{"istio": map[string]any{"mode": "envoyfilter"}}, mtls},
+		{"proxyless clients", map[string]any{"xds": map[string]any{"proxylessClients": true}}, mtls},
+		{"tls true", map[string]any{"istio": map[string]any{"mode": "off"}, "xds": map[string]any{"tls": map[string]any{"enabled": true}}}, mtls},
+		{"proxyless clients, tls false", map[string]any{"xds": map[string]any{"proxylessClients": true, "tls": map[string]any{"enabled": false}}},
+			xds{address: "0.0.0.0", flags: []string{"--insecure-xds"}, service: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, tc.values)
+			var d appsv1.Deployment
+			convert(t, find(t, objs, "Deployment", release), &d)
+			var got xds
+			for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+				switch {
+				case strings.HasPrefix(a, "--xds-address="):
+					got.address, _, _ = strings.Cut(strings.TrimPrefix(a, "--xds-address="), ":")
+				case strings.HasPrefix(a, "--xds-tls-"), a == "--insecure-xds", strings.HasPrefix(a, "--trust-domain="):
+					got.flags = append(got.flags, a)
+				}
+			}
+			slices.Sort(got.flags)
+			for _, v := range d.Spec.Template.Spec.Volumes {
+				if v.Secret != nil && v.Secret.SecretName == "edgeflow-xds-tls" {
+					got.tls = true
+				}
+			}
+			for _, o := range objs {
+				if o.GetKind() == "Service" && o.GetName() == release {
+					got.service = true
+				}
+			}
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(xds{})); diff != "" {
+				t.Errorf("xDS (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 

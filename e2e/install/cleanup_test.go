@@ -372,7 +372,7 @@ func (w *offWorld) upgradeToOff(t *testing.T) {
 
 	// helm upgrade --set istio.mode=off: the release's objects as rendered now (created,
 	// updated, those no longer rendered deleted), then the post-upgrade hook.
-	hook, second := hookObjects(render(t, nil), "post-upgrade")
+	hook, second := hookObjects(render(t, map[string]any{"istio": map[string]any{"mode": "off"}}), "post-upgrade")
 	if err := cl.upgrade(ctx, first, second); err != nil {
 		t.Fatal(err)
 	}
@@ -466,10 +466,10 @@ func TestCleanupHookParts(t *testing.T) {
 		values  map[string]any
 		cleanup []string // the post-upgrade hook's parts
 	}{
-		{nil, all},
-		{map[string]any{"istio": map[string]any{"mode": "destinationrule"}}, []string{"rebalancer", "envoyfilter"}},
+		{nil, []string{"rebalancer", "envoyfilter"}}, // istio.mode destinationrule by default
+		{map[string]any{"istio": map[string]any{"mode": "off"}}, all},
 		{map[string]any{"istio": map[string]any{"mode": "envoyfilter"}, "rebalancer": map[string]any{"mode": "act"}}, []string{"destinationrule"}},
-		{map[string]any{"rebalancer": map[string]any{"mode": "act"}}, []string{"envoyfilter", "destinationrule"}},
+		{map[string]any{"rebalancer": map[string]any{"mode": "act"}, "istio": map[string]any{"mode": "off"}}, []string{"envoyfilter", "destinationrule"}},
 	} {
 		objs := render(t, tc.values)
 		for _, h := range []struct {

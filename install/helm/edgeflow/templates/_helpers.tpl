@@ -32,6 +32,18 @@ app.kubernetes.io/part-of: edgeflow
 {{- if has .Values.rebalancer.mode (list "dry-run" "act") }}true{{ end -}}
 {{- end -}}
 
+{{/* xDS has clients on the pod network (the sidecars in envoyfilter mode, declared proxyless
+clients, or TLS asked for): it listens on 0.0.0.0 behind its Service; otherwise on loopback only. */}}
+{{- define "edgeflow.xdsServed" -}}
+{{- if or (eq .Values.istio.mode "envoyfilter") .Values.xds.proxylessClients (eq (toString .Values.xds.tls.enabled) "true") }}true{{ end -}}
+{{- end -}}
+
+{{/* xDS is served over TLS (xds.tls.enabled true, or auto where it has clients): the Secret is needed. */}}
+{{- define "edgeflow.xdsTLS" -}}
+{{- $tls := toString .Values.xds.tls.enabled -}}
+{{- if or (eq $tls "true") (and (eq $tls "auto") (include "edgeflow.xdsServed" .)) }}true{{ end -}}
+{{- end -}}
+
 {{/* Bad values fail the render, naming the value. */}}
 {{- define "edgeflow.validate" -}}
 {{- if not (has .Values.istio.mode (list "off" "destinationrule" "envoyfilter")) -}}
@@ -51,6 +63,9 @@ app.kubernetes.io/part-of: edgeflow
 {{- end -}}
 {{- if and (not .Values.prometheus.url) (not .Values.callGraph) -}}
 {{- fail "without prometheus.url the call graph must be given in callGraph" -}}
+{{- end -}}
+{{- if not (has (toString .Values.xds.tls.enabled) (list "auto" "true" "false")) -}}
+{{- fail (printf "xds.tls.enabled %q: want auto, true or false" (toString .Values.xds.tls.enabled)) -}}
 {{- end -}}
 {{- if and .Values.xds.tls.certManager.enabled (not .Values.xds.tls.certManager.issuerRef.name) -}}
 {{- fail "xds.tls.certManager.enabled needs xds.tls.certManager.issuerRef.name" -}}
