@@ -91,7 +91,7 @@ func TestRunsWithTheChartsPermissions(t *testing.T) {
 		"prometheus":       map[string]any{"url": ""},
 		"callGraph":        map[string]any{"calls": []any{map[string]any{"from": "frontend.shop", "to": "backend.shop"}}, "ingress": []any{map[string]any{"service": "frontend.shop", "rps": 300}}},
 		"defaultLatencyMs": 10,
-		"xds":              map[string]any{"tls": map[string]any{"enabled": false}},
+		"xds":              map[string]any{"proxylessClients": true, "tls": map[string]any{"enabled": false}}, // the grpc-go client below
 		"istio":            map[string]any{"mode": "destinationrule", "labelNodes": true},
 		"rebalancer":       map[string]any{"mode": "act", "period": "3s", "minAge": "1s"},
 		"webhook":          map[string]any{"certificate": "secret", "caBundle": base64.StdEncoding.EncodeToString(webhookCert)},
