@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/config"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -32,6 +32,7 @@ import (
 // clusterFlags are the flags that read the topology from a live cluster instead of a file.
 type clusterFlags struct {
 	kubeconfig    string
+	context       string
 	namespaces    []string
 	selector      string
 	prometheusURL string
@@ -70,6 +71,10 @@ type clusterFlags struct {
 	kubeBurst      int
 
 	istio istioFlags
+
+	// only are the names of the flags register added: they read a cluster, so with -f they are
+	// a usage error (topologyFlags.source).
+	only []string
 }
 
 // istioFlags configure edgeflow's Istio integration (serve, plan -o istio, uninstall).
@@ -174,7 +179,14 @@ func (f *clusterFlags) istioClient() (versioned.Interface, error) {
 
 func (f *clusterFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "read the topology from the cluster of this kubeconfig (also $KUBECONFIG; in a pod, the in-cluster config) instead of -f")
+	before := map[string]bool{}
+	fl.VisitAll(func(fl *pflag.Flag) { before[fl.Name] = true })
+	defer fl.VisitAll(func(fl *pflag.Flag) {
+		if !before[fl.Name] {
+			f.only = append(f.only, fl.Name)
+		}
+	})
+	f.registerKubeconfig(cmd, "read the topology from the cluster of this kubeconfig instead of -f (default: kubectl's: $KUBECONFIG, else ~/.kube/config, else in a pod the in-cluster config)")
 	f.registerKubeLimits(cmd)
 	fl.StringSliceVar(&f.namespaces, "namespaces", nil, "namespaces whose Services may be managed (default: all)")
 	fl.StringVarP(&f.selector, "selector", "l", kube.DefaultSelector, "label selector of managed Services (\"\" selects every Service in --namespaces)")
@@ -219,21 +231,26 @@ func (f *clusterFlags) registerKubeLimits(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&f.kubeBurst, "kube-burst", rebalancer.DefaultKubeBurst, "burst above --kube-qps each Kubernetes client may send")
 }
 
-// fromCluster says whether the topology comes from a cluster (else from -f).
-func (f *clusterFlags) fromCluster() bool {
-	return f.kubeconfig != "" || f.prometheusURL != "" || (f.kubeconfig == "" && os.Getenv("KUBECONFIG") != "")
+// registerKubeconfig registers --kubeconfig (its usage text given) and --context, which say
+// which cluster every command that reads or writes one talks to.
+func (f *clusterFlags) registerKubeconfig(cmd *cobra.Command, usage string) {
+	cmd.Flags().StringVar(&f.kubeconfig, "kubeconfig", "", usage)
+	cmd.Flags().StringVar(&f.context, "context", "", "the kubeconfig context to use (default: its current-context)")
 }
 
-// restConfig follows kubectl: --kubeconfig, else $KUBECONFIG, else the in-cluster config.
+// errNoCluster is restConfig's error when no kubeconfig is found and edgeflow is not in a pod.
+var errNoCluster = errors.New("no cluster: give --kubeconfig, set $KUBECONFIG, write ~/.kube/config, or run in a pod")
+
+// restConfig follows kubectl (client-go's default loading rules): --kubeconfig, else the files
+// of $KUBECONFIG, else ~/.kube/config, else, in a pod, the in-cluster config; --context picks
+// the context (default: the current-context).
 func (f *clusterFlags) restConfig() (*rest.Config, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = f.kubeconfig
-	if f.kubeconfig == "" && os.Getenv("KUBECONFIG") == "" {
-		if cfg, err := rest.InClusterConfig(); err == nil {
-			return f.limited(cfg)
-		}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: f.context}).ClientConfig()
+	if clientcmd.IsEmptyConfig(err) {
+		return nil, usageError{errNoCluster}
 	}
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
 	if err != nil {
 		return nil, usageError{fmt.Errorf("kubeconfig: %w", err)}
 	}

@@ -1,15 +1,22 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
 	"github.com/edgeflow/edgeflow/internal/testkit"
@@ -76,6 +83,8 @@ func TestCommandsOnALiveCluster(t *testing.T) {
 	if alloc.Cost != 1000 {
 		t.Errorf("plan cost %v, want 1000", alloc.Cost)
 	}
+
+	t.Run("kubectl's loading rules", func(t *testing.T) { kubectlLoadingRules(t, kubeconfig, calls, alloc.Cost) })
 
 	if code, out, errOut := runCLI(t, "", append([]string{"plan", "-o", "table"}, common...)...); code != 0 || !strings.Contains(out, "web.shop → api.shop") {
 		t.Errorf("plan -o table: exit %d\n%s%s", code, out, errOut)
@@ -174,6 +183,8 @@ func TestClusterBadInput(t *testing.T) {
 		{"rebalance: negative max node pairs", []string{"rebalance", "--kubeconfig", kubeconfig, "--calls", calls, "--max-node-pairs", "-5"}, "--max-node-pairs -5"},
 		{"bad ip family", []string{"plan", "--kubeconfig", kubeconfig, "--calls", calls, "--ip-family", "IPv5"}, "--ip-family"},
 		{"probe loss out of range", []string{"plan", "--kubeconfig", kubeconfig, "--prometheus-url", "http://p", "--max-probe-loss", "1.5"}, "MaxProbeLoss"},
+		{"unknown context", []string{"plan", "--kubeconfig", kubeconfig, "--calls", calls, "--context", "edge-west"}, `context "edge-west" does not exist`},
+		{"uninstall: unknown context", []string{"uninstall", "--kubeconfig", kubeconfig, "--context", "edge-west"}, `context "edge-west" does not exist`},
 		{"unreadable CA file", []string{"plan", "--kubeconfig", kubeconfig, "--prometheus-url", "https://p", "--prometheus-ca-file", "/nonexistent/ca.pem"}, "ca.pem"},
 	}
 	for _, c := range cases {
@@ -243,5 +254,53 @@ func TestServeNeverPrintsThePrometheusPassword(t *testing.T) {
 	}
 	if logs := stderr.String(); strings.Contains(logs, secret) {
 		t.Errorf("the logs show the password:\n%s", grep(logs, secret))
+	}
+}
+
+// kubectlLoadingRules runs the binary without --kubeconfig or $KUBECONFIG, with a HOME whose
+// ~/.kube/config holds the fixture's cluster as context "live" beside a current-context "dead"
+// that reaches nothing: plan --context live and uninstall --dry-run --context live find the
+// fixture's cluster, as kubectl would; an unknown context is bad input naming it.
+func kubectlLoadingRules(t *testing.T, kubeconfig, calls string, wantCost float64) {
+	cfg, err := clientcmd.LoadFromFile(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := cfg.Contexts[cfg.CurrentContext]
+	if live == nil {
+		t.Fatalf("the fixture's kubeconfig has no current-context %q", cfg.CurrentContext)
+	}
+	cfg.Contexts = map[string]*clientcmdapi.Context{"live": live, "dead": {Cluster: "dead"}}
+	cfg.Clusters["dead"] = &clientcmdapi.Cluster{Server: "https://127.0.0.1:1"}
+	cfg.CurrentContext = "dead"
+	home := t.TempDir()
+	if err := clientcmd.WriteToFile(*cfg, filepath.Join(home, ".kube", "config")); err != nil {
+		t.Fatal(err)
+	}
+	bin := testkit.Binary(t)
+	edgeflow := func(args ...string) (int, string, string) {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = []string{"HOME=" + home, "PATH=" + os.Getenv("PATH")}
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			return exit.ExitCode(), out.String(), errOut.String()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return 0, out.String(), errOut.String()
+	}
+	code, out, errOut := edgeflow("plan", "-o", "json", "--context", "live", "--calls", calls, "--default-latency", "20", "--inputs-timeout", "20s")
+	var alloc optimizer.Allocation
+	if err := json.Unmarshal([]byte(out), &alloc); code != 0 || err != nil || alloc.Cost != wantCost {
+		t.Errorf("plan --context live with ~/.kube/config: exit %d, cost %v (want %v), %v\n%s%s", code, alloc.Cost, wantCost, err, out, errOut)
+	}
+	if code, out, errOut := edgeflow("uninstall", "--dry-run", "--context", "live"); code != 0 {
+		t.Errorf("uninstall --dry-run --context live with ~/.kube/config: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, _, errOut := edgeflow("plan", "--context", "nope", "--calls", calls); code != exitBadInput || !strings.Contains(errOut, `context "nope" does not exist`) {
+		t.Errorf("plan --context nope: exit %d, stderr %q; want 2 naming the context", code, errOut)
 	}
 }

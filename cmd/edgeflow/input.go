@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -31,13 +32,19 @@ func (f *topologyFlags) register(cmd *cobra.Command) {
 	f.clusterFlags.register(cmd)
 }
 
-// source checks that exactly one source is given: -f, or the cluster flags.
-func (f *topologyFlags) source() error {
-	switch {
-	case f.file != "" && f.fromCluster():
-		return badInput("give either -f FILE or the cluster flags (--kubeconfig, --prometheus-url), not both")
-	case f.file == "" && !f.fromCluster() && os.Getenv("KUBERNETES_SERVICE_HOST") == "":
-		return badInput("no topology: give -f FILE, or --kubeconfig (in a pod the in-cluster config is used)")
+// source checks the topology's source: -f FILE with no flag that reads a cluster, or else a
+// cluster that kubectl's loading rules find (restConfig).
+func (f *topologyFlags) source(cmd *cobra.Command) error {
+	if f.file != "" {
+		for _, name := range f.only {
+			if cmd.Flags().Changed(name) {
+				return badInput("--%s reads the topology from a cluster: give it without -f, or -f FILE without it", name)
+			}
+		}
+		return nil
+	}
+	if _, err := f.restConfig(); errors.Is(err, errNoCluster) {
+		return badInput("no topology: give -f FILE, or a cluster: --kubeconfig, $KUBECONFIG, ~/.kube/config, or in a pod the in-cluster config")
 	}
 	return nil
 }
@@ -53,7 +60,7 @@ func (f *topologyFlags) options(cmd *cobra.Command) optimizer.Options {
 
 // load reads and validates the topology: the file, or one snapshot of the cluster.
 func (f *topologyFlags) load(cmd *cobra.Command, opts optimizer.Options) (*optimizer.Topology, *optimizer.Model, error) {
-	if err := f.source(); err != nil {
+	if err := f.source(cmd); err != nil {
 		return nil, nil, err
 	}
 	var t *optimizer.Topology

@@ -8,10 +8,17 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/client-go/tools/clientcmd"
+
 	"github.com/edgeflow/edgeflow/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
+	// The commands find a cluster as kubectl does; in-process they must not find the one of
+	// whoever runs the tests ($KUBECONFIG, ~/.kube/config). A test that wants the loading
+	// rules runs the binary with its own HOME.
+	os.Unsetenv("KUBECONFIG")
+	clientcmd.RecommendedHomeFile = filepath.Join(os.TempDir(), "edgeflow-test-no-home", ".kube", "config")
 	code := m.Run()
 	testkit.RemoveBuilt()
 	os.Exit(code)

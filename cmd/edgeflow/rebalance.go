@@ -181,7 +181,7 @@ func newRebalanceCommand() *cobra.Command {
 		metricsAddress string
 	)
 	cmd := &cobra.Command{
-		Use:   "rebalance [--kubeconfig FILE] [--dry-run=false] [-o table|json]",
+		Use:   "rebalance [--kubeconfig FILE] [--context NAME] [--dry-run=false] [-o table|json]",
 		Short: "Move running pods toward a LARP placement, safely (dry-run by default)",
 		Long: "rebalance reads the live topology (as serve does), computes a LARP placement reachable from where the\n" +
 			"pods run now in the fewest moves, and picks the moves with the most gain. It acts only when the predicted\n" +

@@ -165,7 +165,7 @@ func newServeApp(cmd *cobra.Command, f *serveFlags) (*serveApp, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := f.source(); err != nil {
+	if err := f.source(cmd); err != nil {
 		return nil, err
 	}
 	a.logger = newLogger(cmd, slog.LevelInfo)

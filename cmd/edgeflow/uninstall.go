@@ -60,7 +60,7 @@ func (o *uninstallOptions) parts() (map[string]bool, error) {
 func newUninstallCommand() *cobra.Command {
 	var o uninstallOptions
 	cmd := &cobra.Command{
-		Use:   "uninstall [--dry-run] [--only PARTS] [--stop-deployment NS/NAME] [--kubeconfig PATH] [--istio-namespace NS]",
+		Use:   "uninstall [--dry-run] [--only PARTS] [--stop-deployment NS/NAME] [--kubeconfig PATH] [--context NAME] [--istio-namespace NS]",
 		Short: "Remove everything edgeflow wrote into the cluster (--dry-run: list it)",
 		Long: "uninstall removes what edgeflow wrote into the cluster, part by part (--only selects parts; default all):\n" +
 			"  rebalancer       the placement webhook's registration (when edgeflow's), the edgeflow.io/placement\n" +
@@ -74,14 +74,14 @@ func newUninstallCommand() *cobra.Command {
 			"scales edgeflow's Deployment to zero and waits until its pods are gone (the Helm chart's pre-delete hook\n" +
 			"runs exactly this). Remove the pods' " + istio.BootstrapAnnotation + " annotation first: a pod that still\n" +
 			"names a deleted ConfigMap cannot restart. --dry-run lists what would be removed and changes nothing.",
-		Example: "  edgeflow uninstall --dry-run --kubeconfig ~/.kube/config\n" +
-			"  edgeflow uninstall --kubeconfig ~/.kube/config --stop-deployment edgeflow/edgeflow\n" +
+		Example: "  edgeflow uninstall --dry-run\n" +
+			"  edgeflow uninstall --context edge-prod --stop-deployment edgeflow/edgeflow\n" +
 			"  edgeflow uninstall --only istio --istio-namespace istio-system",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&o.cf.kubeconfig, "kubeconfig", "", "the cluster (else $KUBECONFIG; in a pod, the in-cluster config)")
+	o.cf.registerKubeconfig(cmd, "the cluster's kubeconfig (default: kubectl's: $KUBECONFIG, else ~/.kube/config, else in a pod the in-cluster config)")
 	o.flags.register(cmd, false)
 	o.cf.registerKubeLimits(cmd)
 	fl.DurationVar(&o.timeout, "timeout", time.Minute, "give up after this long")
