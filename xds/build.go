@@ -66,7 +66,7 @@ func newService(s *optimizer.Service, called bool) (*service, error) {
 		ep := pod{name: p.Name, node: p.Node, capacity: p.CapacityWeight(), sidecar: p.HasSidecar()}
 		err := func() error {
 			if p.Address == "" {
-				return fmt.Errorf("%w: pod %q (service %q) has no address", ErrIncompleteTopology, p.Name, svcKey)
+				return fmt.Errorf("%w: pod %q (service %q) has no address (give the pod address: IP:PORT, or ip: IP with a port on the service)", ErrIncompleteTopology, p.Name, svcKey)
 			}
 			host, port, err := ParseAddress(p.Address)
 			if err != nil {

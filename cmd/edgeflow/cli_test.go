@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -148,5 +149,78 @@ printf '%s\n' "${COMPREPLY[@]}"`
 				t.Errorf("bash completes %q to %v, want %q among them", tc.line, got, w)
 			}
 		}
+	}
+}
+
+// TestEveryExampleRuns runs every Example line of every command that uses a file under
+// examples/, as a user would paste it from --help (from the repository's root): each edgeflow
+// stage of a pipe reads the previous one's output; a final `kubectl apply -f -` gets non-empty
+// output; serve runs until it announces its listeners (fixed ports become port 0).
+func TestEveryExampleRuns(t *testing.T) {
+	t.Parallel()
+	var paths [][]string
+	commandPaths(newRootCommand(), nil, &paths)
+	ran := 0
+	for _, p := range paths {
+		cmd, _, err := newRootCommand().Find(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(cmd.Example, "\n") {
+			line = strings.TrimSpace(strings.SplitN(line, "#", 2)[0])
+			if !strings.Contains(line, "examples/") {
+				continue
+			}
+			ran++
+			t.Run(line, func(t *testing.T) { runExample(t, line) })
+		}
+	}
+	if ran < 5 {
+		t.Errorf("only %d examples use a file under examples/", ran)
+	}
+}
+
+var fixedPort = regexp.MustCompile(`^(127\.0\.0\.1|localhost):\d+$`)
+
+func runExample(t *testing.T, line string) {
+	stdin := ""
+	for i, stage := range strings.Split(line, "|") {
+		args := strings.Fields(stage)
+		if strings.ContainsAny(stage, `"'$`) {
+			t.Fatalf("stage %q: quoting or variables; the test splits on spaces only", stage)
+		}
+		if args[0] == "kubectl" && strings.Join(args, " ") == "kubectl apply -f -" && i > 0 {
+			if strings.TrimSpace(stdin) == "" {
+				t.Errorf("nothing for kubectl apply")
+			}
+			return
+		}
+		if args[0] != "edgeflow" {
+			t.Fatalf("stage %q: the test runs only edgeflow (and a final kubectl apply -f -)", stage)
+		}
+		args = args[1:]
+		for j, a := range args {
+			if strings.HasPrefix(a, "examples/") {
+				args[j] = filepath.Join("..", "..", a)
+			}
+			if fixedPort.MatchString(a) {
+				args[j] = a[:strings.LastIndex(a, ":")] + ":0"
+			}
+		}
+		if args[0] == "serve" {
+			s := startServeProcess(t, args...)
+			testkit.Eventually(t, 15*time.Second, "serve's listening line", func() bool {
+				return strings.Contains(s.stderr.String(), "edgeflow serve: xDS on ")
+			})
+			if err := s.stop(); err != nil {
+				t.Errorf("serve: %v\n%s", err, s.stderr.String())
+			}
+			return
+		}
+		code, out, errOut := runCLI(t, stdin, args...)
+		if code != 0 || out == "" {
+			t.Fatalf("stage %q: exit %d, stdout %d bytes: %s", stage, code, len(out), errOut)
+		}
+		stdin = out
 	}
 }

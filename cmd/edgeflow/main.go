@@ -45,7 +45,7 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.Example = "  edgeflow plan -f examples/bookinfo.yaml\n" +
-		"  edgeflow serve -f topology.yaml --xds-address 127.0.0.1:18000 --ui-address 127.0.0.1:8080\n  edgeflow demo\n  edgeflow version"
+		"  edgeflow serve -f examples/bookinfo.yaml --xds-address 127.0.0.1:18000 --ui-address 127.0.0.1:8080\n  edgeflow demo\n  edgeflow version"
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		var bad *enumError // names the flag itself: not inside pflag's "invalid argument … for … flag"
 		if errors.As(err, &bad) {

@@ -45,9 +45,9 @@ func newPlaceCommand() *cobra.Command {
 			"of the cost beside k8s-spread's), json or yaml ({policy, placement: {pod: node}, cost, queueing,\n" +
 			"utilization: [{node, cores, cpu, utilization}]}), or topology: the input with the pods placed, which\n" +
 			"edgeflow plan reads (edgeflow place -f F -o topology | edgeflow plan -f -).",
-		Example: "  edgeflow place -f topology.yaml\n" +
-			"  edgeflow place -f topology.yaml --policy larp-greedy -o json\n" +
-			"  edgeflow place -f topology.yaml -o topology | edgeflow plan -f -",
+		Example: "  edgeflow place -f examples/bookinfo.yaml\n" +
+			"  edgeflow place -f examples/bookinfo.yaml --policy larp-greedy -o json\n" +
+			"  edgeflow place -f examples/bookinfo.yaml -o topology | edgeflow plan -f -",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if budget < 0 {

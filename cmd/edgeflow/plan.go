@@ -35,7 +35,7 @@ func newPlanCommand() *cobra.Command {
 			"topology file's `locality: region/zone/subzone`), one rule per caller service and callee host. From a live\n" +
 			"cluster the user's own DestinationRules are read and carried over, as serve does.",
 		Example: "  edgeflow plan -f examples/bookinfo.yaml\n  edgeflow plan -f examples/dag.yaml --policy opttraffic -o json\n" +
-			"  edgeflow plan -f examples/bookinfo-localities.yaml -o istio | kubectl apply -f -",
+			"  edgeflow plan -f examples/bookinfo.yaml -o istio | kubectl apply -f -",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			t, m, err := tf.load(cmd, tf.options(cmd))

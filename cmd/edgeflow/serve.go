@@ -66,13 +66,14 @@ func newServeCommand() *cobra.Command {
 			"id sidecar~IP~POD.NS~… is matched by pod name, else IP; any other id gets round-robin weights.\n" +
 			"Istio sidecars get EDS only, under Istio's cluster names; nodes with user_agent_name envoy get socket\n" +
 			"listeners on 127.0.0.1:PORT per service port (PORT+--egress-port-offset), RDS, CDS and EDS (both need the services' ports).\n" +
-			"Every pod of a called service needs an address (IP:PORT) in the file.\n\n" +
+			"Every pod of a called service needs an address in the file: address: IP:PORT, or ip: IP with a port on the service.\n\n" +
 			"The file is polled for changes and re-read on SIGHUP; each change is solved and pushed (debounced) to\n" +
 			"the clients whose weights changed. A changed file that is invalid is logged and the last good topology\n" +
 			"stays. /metrics, /healthz and /readyz (ready after the first publication) are served on\n" +
 			"--metrics-address. SIGINT or SIGTERM shut down gracefully.",
-		Example: "  edgeflow serve -f topology.yaml --xds-address 127.0.0.1:18000 --metrics-address 127.0.0.1:9090",
-		Args:    noArgs,
+		Example: "  edgeflow serve -f examples/bookinfo.yaml --xds-address 127.0.0.1:18000 --metrics-address 127.0.0.1:9090\n" +
+			"  edgeflow serve -f examples/bookinfo.yaml --xds-address 127.0.0.1:18000 --ui-address 127.0.0.1:8080   # the web view",
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			app, err := newServeApp(cmd, &f)
 			if err != nil {
