@@ -71,11 +71,63 @@ func enumVar[T ~string](cmd *cobra.Command, fs *pflag.FlagSet, e *enumFlag[T], n
 	_ = cmd.RegisterFlagCompletionFunc(name, cobra.FixedCompletions(e.strings(), cobra.ShellCompDirectiveNoFileComp))
 }
 
+// Values of --dry-run, as kubectl takes them.
+const (
+	dryRunNone   = "none"   // act
+	dryRunClient = "client" // change nothing: plan or list only (the bare --dry-run)
+	dryRunServer = "server" // kubectl: the API server runs the request without persisting it
+)
+
+// dryRunFlag is a --dry-run flag read as kubectl reads it: none acts, client (also the bare
+// flag) changes nothing; true and false, the values of the flag when it was a bool, are
+// client and none. server is an error saying edgeflow has no server-side dry run.
+type dryRunFlag struct {
+	p    *bool
+	flag string
+}
+
+var _ pflag.Value = (*dryRunFlag)(nil)
+
+func (d *dryRunFlag) String() string {
+	if d.p != nil && *d.p {
+		return dryRunClient
+	}
+	return dryRunNone
+}
+
+func (d *dryRunFlag) Type() string { return "mode" }
+
+func (d *dryRunFlag) Set(s string) error {
+	switch strings.ToLower(s) {
+	case dryRunClient, "true":
+		*d.p = true
+	case dryRunNone, "false":
+		*d.p = false
+	case dryRunServer:
+		return &enumError{flag: d.flag, value: s, values: []string{dryRunNone, dryRunClient},
+			note: "edgeflow has no server-side dry run: " + dryRunClient + " (the bare " + d.flag + ") changes nothing"}
+	default:
+		return &enumError{flag: d.flag, value: s, values: []string{dryRunNone, dryRunClient}}
+	}
+	return nil
+}
+
+// dryRunVar defines the --dry-run flag name on cmd, default def (true: client), and its
+// completion.
+func dryRunVar(cmd *cobra.Command, p *bool, name string, def bool, usage string) {
+	*p = def
+	d := &dryRunFlag{p: p, flag: "--" + name}
+	cmd.Flags().Var(d, name, usage)
+	cmd.Flags().Lookup(name).NoOptDefVal = dryRunClient
+	_ = cmd.RegisterFlagCompletionFunc(name, cobra.FixedCompletions([]string{dryRunNone, dryRunClient}, cobra.ShellCompDirectiveNoFileComp))
+}
+
 // enumError is an enum flag's bad value. The root's flag error function shows it as it is,
 // not inside pflag's "invalid argument … for … flag", since it names the flag itself.
 type enumError struct {
 	flag, value, noun string
 	values            []string
+	note              string // why, when more than the values allowed need saying
 }
 
 func (e *enumError) Error() string {
@@ -85,6 +137,9 @@ func (e *enumError) Error() string {
 	}
 	if e.noun != "" {
 		return fmt.Sprintf("%s: unknown %s %q (want %s)", e.flag, e.noun, e.value, want)
+	}
+	if e.note != "" {
+		return fmt.Sprintf("%s %q: %s; want %s", e.flag, e.value, e.note, want)
 	}
 	return fmt.Sprintf("%s %q: want %s", e.flag, e.value, want)
 }

@@ -42,7 +42,7 @@ type rebalanceFlags struct {
 
 func (f *rebalanceFlags) register(cmd *cobra.Command, prefix string) {
 	fl := cmd.Flags()
-	fl.BoolVar(&f.dryRun, prefix+"dry-run", true, "plan and report only; --"+prefix+"dry-run=false evicts pods and gates their replacements")
+	dryRunVar(cmd, &f.dryRun, prefix+"dry-run", true, "client (the default, also the bare flag): plan and report only; none: act, evicting pods and gating their replacements (true and false: client and none)")
 	fl.DurationVar(&f.period, prefix+"period", rebalancer.DefaultPeriod, "time between runs (SIGUSR1 runs at once)")
 	fl.Float64Var(&f.threshold, prefix+"threshold", rebalancer.DefaultThreshold, "act only when the predicted cost (network + queueing) falls by at least this fraction")
 	fl.Float64Var(&f.maxUtil, prefix+"max-node-utilization", optimizer.DefaultMaxNodeUtilization, "highest planned utilisation of a node's cores the plan gives a node, in (0, 1] (0: no limit)")
@@ -181,7 +181,7 @@ func newRebalanceCommand() *cobra.Command {
 		metricsAddress string
 	)
 	cmd := &cobra.Command{
-		Use:   "rebalance [--kubeconfig FILE] [--context NAME] [--dry-run=false] [-o table|json]",
+		Use:   "rebalance [--kubeconfig FILE] [--context NAME] [--dry-run=none] [-o table|json]",
 		Short: "Move running pods toward a LARP placement, safely (dry-run by default)",
 		Long: "rebalance reads the live topology (as serve does), computes a LARP placement reachable from where the\n" +
 			"pods run now in the fewest moves, and picks the moves with the most gain. It acts only when the predicted\n" +
@@ -192,7 +192,7 @@ func newRebalanceCommand() *cobra.Command {
 			"(default 0.7, 0: no limit), and no move crosses it; the plan shows the network and queueing parts of\n" +
 			"the cost and every node's planned utilisation, now and at the target.\n\n" +
 			"--dry-run (the default) prints the plan once — its predicted gain and each move, with the reason a move\n" +
-			"would be skipped — and exits. With --dry-run=false it runs as a controller: only the holder of the Lease\n" +
+			"would be skipped — and exits. With --dry-run=none (or =false) it runs as a controller: only the holder of the Lease\n" +
 			"acts; every --period (and on SIGUSR1) it evicts through the Eviction API (PodDisruptionBudgets hold) and\n" +
 			"lifts the edgeflow.io/placement scheduling gate of each replacement with a required node affinity to\n" +
 			"its planned node. --webhook-address serves the mutating webhook that adds that gate, to the replacements\n" +
@@ -203,7 +203,7 @@ func newRebalanceCommand() *cobra.Command {
 			"the next leader reads before it acts; it moves nothing in its first period.",
 		Example: "  edgeflow rebalance --calls calls.yaml --default-latency 10\n" +
 			"  edgeflow rebalance --prometheus-url http://prometheus:9090 -o json\n" +
-			"  edgeflow rebalance --dry-run=false --webhook-address :8443 --webhook-tls-cert tls.crt --webhook-tls-key tls.key",
+			"  edgeflow rebalance --dry-run=none --webhook-address :8443 --webhook-tls-cert tls.crt --webhook-tls-key tls.key",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := rf.check(); err != nil {

@@ -117,7 +117,7 @@ func newServeCommand() *cobra.Command {
 	fl.Float64Var(&f.limits.RequestsPerSecond, "xds-requests-per-second", xdsserver.DefaultRequestsPerSecond, "xDS requests per second one stream may send on average; a faster stream is closed (negative: no bound)")
 	fl.IntVar(&f.limits.RequestBurst, "xds-request-burst", xdsserver.DefaultRequestBurst, "xDS requests one stream may send at once above --xds-requests-per-second")
 	fl.DurationVar(&f.limits.MaxConnectionAge, "xds-max-connection-age", xdsserver.DefaultMaxConnectionAge, "ask a client connection to go away after this long (±10 %), so clients spread over replicas again (negative: never)")
-	fl.BoolVar(&f.rebalance, "rebalance", false, "also run the LARP rebalancer (see edgeflow rebalance; its flags here are prefixed rebalance-, and it is dry-run unless --rebalance-dry-run=false)")
+	fl.BoolVar(&f.rebalance, "rebalance", false, "also run the LARP rebalancer (see edgeflow rebalance; its flags here are prefixed rebalance-, and it is dry-run unless --rebalance-dry-run=none)")
 	f.rebalancer.register(cmd, "rebalance-")
 	f.istioLeader.register(cmd)
 	_ = cmd.MarkFlagRequired("xds-address")

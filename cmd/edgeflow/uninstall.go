@@ -85,7 +85,7 @@ func newUninstallCommand() *cobra.Command {
 	o.flags.register(cmd, false)
 	o.cf.registerKubeLimits(cmd)
 	fl.DurationVar(&o.timeout, "timeout", time.Minute, "give up after this long")
-	fl.BoolVar(&o.dryRun, "dry-run", false, "list what would be removed; change nothing")
+	dryRunVar(cmd, &o.dryRun, "dry-run", false, "client (also the bare flag): list what would be removed, change nothing; none (the default): remove it")
 	fl.StringSliceVar(&o.only, "only", nil, "remove only these parts: "+strings.Join(uninstallParts, ", ")+", "+partIstio+" (default: all)")
 	fl.StringVar(&o.stop, "stop-deployment", "", "NAMESPACE/NAME: first scale this Deployment (edgeflow serve) to zero replicas and wait until its pods are gone")
 	return cmd
