@@ -58,7 +58,7 @@ type clusterFlags struct {
 	podDownstream  string
 	podCPU         string
 	maxProbeLoss   float64
-	unreachable    time.Duration
+	unreachableMS  float64
 	nodeMatch      string
 	granularity    string
 	maxNodePairs   int
@@ -203,7 +203,7 @@ func (f *clusterFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.sourceLabel, "latency-source-label", prom.DefaultSourceLabel, "label of the latency series naming the probing node ($source_label)")
 	fl.StringVar(&f.targetLabel, "latency-target-label", prom.DefaultTargetLabel, "label of the latency series naming the probed node ($target_label)")
 	fl.Float64Var(&f.maxProbeLoss, "max-probe-loss", prom.DefaultMaxProbeLoss, "a node pair that lost more than this share of its probes in the window is unreachable")
-	fl.DurationVar(&f.unreachable, "unreachable-latency", time.Duration(prom.DefaultUnreachableMS)*time.Millisecond, "latency given to an unreachable node pair")
+	latencyVar(cmd, &f.unreachableMS, "unreachable-latency", prom.DefaultUnreachableMS, "latency given to an unreachable node pair (a duration, or a number of ms)")
 	fl.StringVar(&f.nodeMatch, "node-match", watcher.NodeMatchName, "how latency labels name nodes: name (the node's name) or internal-ip (an address, IP or IP:PORT like a probe's instance, matched to the node's InternalIP)")
 	enumVar(cmd, fl, &enumFlag[string]{p: &f.granularity, values: []string{watcher.LatencyAuto, optimizer.LatencyPerNode, optimizer.LatencyPerZone}, typ: "granularity"},
 		"latency-granularity", "", watcher.LatencyAuto, "what latency is measured and planned between: node (every node pair), zone (every pair of zones, a zone being a node's region/zone label or, without one, the node itself; the prober needs one representative node per zone: docs/tasks/live-cluster.md), or auto (node while nodes × (nodes − 1) ≤ --max-node-pairs, else zone)")
@@ -215,7 +215,9 @@ func (f *clusterFlags) register(cmd *cobra.Command) {
 	fl.Int64Var(&f.maxBytes, "prometheus-max-response-bytes", prom.DefaultMaxResponseBytes, "a query response larger than this fails, naming the query")
 	fl.StringVar(&f.callsQuery, "calls-query", prom.DefaultCallsQuery, "PromQL for call rates by source/destination workload and namespace, optionally by reporter (source kept over destination for one pair); placeholder $window")
 	fl.Float64Var(&f.hystRel, "hysteresis-relative", prom.DefaultHysteresisRelative, "a measured change smaller than this fraction of the old value causes no recompute")
-	fl.Float64Var(&f.hystMS, "hysteresis-latency-ms", prom.DefaultHysteresisLatencyMS, "a latency change of at most this many ms causes no recompute")
+	latencyVar(cmd, &f.hystMS, "hysteresis-latency", prom.DefaultHysteresisLatencyMS, "a latency change of at most this much causes no recompute (a duration, or a number of ms)")
+	latencyVar(cmd, &f.hystMS, "hysteresis-latency-ms", prom.DefaultHysteresisLatencyMS, "the former name of --hysteresis-latency")
+	_ = fl.MarkHidden("hysteresis-latency-ms") // still taken: the chart and existing command lines give it
 	fl.Float64Var(&f.hystRPS, "hysteresis-rps", prom.DefaultHysteresisRPS, "a call-rate change of at most this many requests/s causes no recompute")
 	fl.StringVar(&f.podRequests, "pod-requests-query", prom.DefaultPodRequestsQuery, "PromQL for the requests each pod completed in the window, by namespace and pod; placeholder $window (\"-\": no pod loads at all)")
 	fl.StringVar(&f.podInbound, "pod-inbound-query", prom.DefaultPodInboundQuery, "PromQL for the summed duration in ms of the requests each pod completed in the window, by namespace and pod; placeholder $window (\"-\": none)")
@@ -332,15 +334,15 @@ func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, chec
 		cc.CallGraph = g
 	}
 	if f.prometheusURL != "" {
-		if f.unreachable <= 0 {
-			return nil, badInput("--unreachable-latency %v: want a positive duration", f.unreachable)
+		if f.unreachableMS <= 0 {
+			return nil, badInput("--unreachable-latency %vms: want a positive latency", f.unreachableMS)
 		}
 		if f.maxSeries <= 0 || f.maxBytes <= 0 {
 			return nil, badInput("--prometheus-max-series %d, --prometheus-max-response-bytes %d: want positive numbers", f.maxSeries, f.maxBytes)
 		}
 		pc := prom.Config{URL: f.prometheusURL, HTTP: f.httpConfig(), Interval: f.promInterval, ScrapeInterval: f.scrapeInterval, Window: f.promWindow,
 			ProbeJob: f.probeJob, ProbePins: f.probePins, Namespaces: f.namespaces, LatencyQuery: f.latencyQuery, SuccessQuery: f.successQuery, SourceLabel: f.sourceLabel, TargetLabel: f.targetLabel,
-			CallsQuery: f.callsQuery, MaxProbeLoss: f.maxProbeLoss, UnreachableMS: float64(f.unreachable) / float64(time.Millisecond),
+			CallsQuery: f.callsQuery, MaxProbeLoss: f.maxProbeLoss, UnreachableMS: f.unreachableMS,
 			HysteresisRelative: f.hystRel, HysteresisLatencyMS: f.hystMS, HysteresisRPS: f.hystRPS, HysteresisCores: f.hystCores,
 			PodRequestsQuery: f.podRequests, PodInboundQuery: f.podInbound, PodDownstreamQuery: f.podDownstream, PodCPUQuery: f.podCPU,
 			MaxSeries: f.maxSeries, MaxResponseBytes: f.maxBytes, Logger: logger, Registerer: reg}

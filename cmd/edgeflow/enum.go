@@ -3,8 +3,11 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -121,6 +124,53 @@ func dryRunVar(cmd *cobra.Command, p *bool, name string, def bool, usage string)
 	cmd.Flags().Lookup(name).NoOptDefVal = dryRunClient
 	_ = cmd.RegisterFlagCompletionFunc(name, cobra.FixedCompletions([]string{dryRunNone, dryRunClient}, cobra.ShellCompDirectiveNoFileComp))
 }
+
+// latencyFlag is a flag that takes a latency: a duration (20ms, 1.5ms, 2s), or a bare number
+// of milliseconds (20), the form the flags took before; it holds milliseconds. A negative,
+// NaN or infinite latency is refused while the command line is parsed.
+type latencyFlag struct {
+	p    *float64
+	flag string
+}
+
+var _ pflag.Value = (*latencyFlag)(nil)
+
+func (l *latencyFlag) String() string {
+	if l.p == nil {
+		return ""
+	}
+	return time.Duration(*l.p * float64(time.Millisecond)).String()
+}
+
+func (l *latencyFlag) Type() string { return "latency" }
+
+func (l *latencyFlag) Set(s string) error {
+	ms, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		d, derr := time.ParseDuration(s)
+		if derr != nil {
+			return &valueError{flag: l.flag, value: s, want: "a latency: a duration (20ms) or a number of milliseconds"}
+		}
+		ms = float64(d) / float64(time.Millisecond)
+	}
+	if !(ms >= 0) || math.IsInf(ms, 0) {
+		return &valueError{flag: l.flag, value: s, want: "a latency of at least 0 (20ms, or 20 for milliseconds)"}
+	}
+	*l.p = ms
+	return nil
+}
+
+// latencyVar defines the latency flag name on cmd, holding milliseconds in p, default def ms.
+func latencyVar(cmd *cobra.Command, p *float64, name string, def float64, usage string) {
+	*p = def
+	cmd.Flags().Var(&latencyFlag{p: p, flag: "--" + name}, name, usage)
+}
+
+// valueError is a flag's bad value, naming the flag; the root's flag error function shows it
+// as it is, as it does an enumError.
+type valueError struct{ flag, value, want string }
+
+func (e *valueError) Error() string { return fmt.Sprintf("%s %q: want %s", e.flag, e.value, e.want) }
 
 // enumError is an enum flag's bad value. The root's flag error function shows it as it is,
 // not inside pflag's "invalid argument … for … flag", since it names the flag itself.

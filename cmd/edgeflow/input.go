@@ -26,7 +26,7 @@ type topologyFlags struct {
 
 func (f *topologyFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVarP(&f.file, "filename", "f", "", "topology file (YAML or JSON); - reads standard input")
-	cmd.Flags().Float64Var(&f.defaultLatency, "default-latency", -1, "latency in ms for node pairs the file does not give (default: a missing pair is an error)")
+	latencyVar(cmd, &f.defaultLatency, "default-latency", 0, "latency of node pairs the file does not give, a duration (20ms) or a number of ms (default: a missing pair is an error)")
 	cmd.Flags().Lookup("default-latency").DefValue = "0" // not set: the usage text says what happens
 	cmd.Flags().Float64Var(&f.utilizationCap, "utilization-cap", optimizer.DefaultUtilizationCap, "lata-q: the most of a pod's service rate (capacity_rps) it is loaded to, in (0, 1)")
 	f.clusterFlags.register(cmd)

@@ -51,6 +51,10 @@ func newRootCommand() *cobra.Command {
 		if errors.As(err, &bad) {
 			return usageError{bad}
 		}
+		var badValue *valueError
+		if errors.As(err, &badValue) {
+			return usageError{badValue}
+		}
 		return usageError{err}
 	})
 	var logs logFlags

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
 	"gopkg.in/yaml.v3"
 
 	"github.com/edgeflow/edgeflow/optimizer"
@@ -279,6 +280,51 @@ func TestServeIstioModeFlags(t *testing.T) {
 		code, out, errOut := runCLI(t, "", args...)
 		if code != 2 || out != "" || !strings.Contains(errOut, tt.want) {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tt.args, code, errOut, tt.want)
+		}
+	}
+}
+
+// Every latency flag takes a duration or, as before, a bare number of milliseconds; a bad one
+// is exit 2 naming the flag.
+func TestLatencyFlags(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cmd        func() *cobra.Command
+		flag, give string
+		want       string // the value as the flag shows it
+	}{
+		{newPlanCommand, "default-latency", "20ms", "20ms"},
+		{newPlanCommand, "default-latency", "20", "20ms"},
+		{newPlanCommand, "default-latency", "1.5ms", "1.5ms"},
+		{newPlaceCommand, "default-latency", "0.25s", "250ms"},
+		{newServeCommand, "default-latency", "0", "0s"},
+		{newRebalanceCommand, "default-latency", "7ms", "7ms"},
+		{newPlanCommand, "unreachable-latency", "5000", "5s"},
+		{newPlanCommand, "unreachable-latency", "800ms", "800ms"},
+		{newServeCommand, "hysteresis-latency", "2ms", "2ms"},
+		{newServeCommand, "hysteresis-latency-ms", "0.5", "500µs"},
+	} {
+		c := tc.cmd()
+		if err := c.ParseFlags([]string{"--" + tc.flag, tc.give}); err != nil {
+			t.Errorf("%s --%s %s: %v", c.Name(), tc.flag, tc.give, err)
+			continue
+		}
+		if got := c.Flags().Lookup(tc.flag).Value.String(); got != tc.want {
+			t.Errorf("%s --%s %s: %s, want %s", c.Name(), tc.flag, tc.give, got, tc.want)
+		}
+	}
+	dir := t.TempDir()
+	missingPair := filepath.Join(dir, "missing.yaml")
+	writeFile(t, missingPair, "nodes: [{name: n1}, {name: n2}]\nservices: [{name: a, pods: [{name: a-0, node: n1}]}, {name: b, pods: [{name: b-0, node: n2}]}]\ncalls: [{from: a, to: b}]\ningress: [{service: a, rps: 10}]\n")
+	_, asMS, _ := runCLI(t, "", "plan", "-f", missingPair, "--default-latency", "7", "-o", "json")
+	code, asDuration, errOut := runCLI(t, "", "plan", "-f", missingPair, "--default-latency", "7ms", "-o", "json")
+	if code != 0 || asDuration != asMS || !strings.Contains(asDuration, `"cost": 70`) {
+		t.Errorf("--default-latency 7ms: exit %d, %s%s; want the plan of --default-latency 7 (cost 70)\n%s", code, asDuration, errOut, asMS)
+	}
+	for _, bad := range []string{"fast", "-3ms", "NaN"} {
+		code, out, errOut := runCLI(t, "", "plan", "-f", missingPair, "--default-latency", bad)
+		if code != exitBadInput || out != "" || !strings.Contains(errOut, `--default-latency "`+bad+`": want a latency`) {
+			t.Errorf("--default-latency %s: exit %d, stdout %q, stderr %q; want 2 naming the flag", bad, code, out, errOut)
 		}
 	}
 }

@@ -218,7 +218,8 @@ func newRebalanceCommand() *cobra.Command {
 	}
 	cf.register(cmd)
 	rf.register(cmd, "")
-	cmd.Flags().Float64Var(&defLat, "default-latency", 0, "latency in ms for node pairs never measured (default: the largest measured)")
+	latencyVar(cmd, &defLat, "default-latency", 0, "latency of node pairs never measured, a duration (20ms) or a number of ms (default: the largest measured)")
+	cmd.Flags().Lookup("default-latency").DefValue = "0" // not set: the usage text says what happens
 	outputVar(cmd, &output, "dry-run output format: table, json", "table", "json")
 	cmd.Flags().StringVar(&metricsAddress, "metrics-address", "", "HOST:PORT for /metrics and /healthz (controller mode)")
 	return cmd
