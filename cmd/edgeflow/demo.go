@@ -206,7 +206,7 @@ func newDemoCommand() *cobra.Command {
 			"one table per rate, in the order given. One rate takes about rows × (--duration + --rounds ×\n" +
 			"--warmup) plus a few seconds of start-up: with the defaults ~11 s a row, ~1.2 min for the six\n" +
 			"rows, so --rates 150,300,450 takes 3.5–4 min (--duration 5s\n" +
-			"nearly halves that, with half the samples). -o json prints the rows as JSON instead (one\n" +
+			"nearly halves that, with half the samples). -o json (or yaml) prints the rows as JSON instead (one\n" +
 			"object per row and rate: policy, rate, mean/p50/p90/p99 in ms, errors, achieved rate).\n\n" +
 			"The pods of a node share its cores (the topology's cores, else its cpu rounded up; unlimited\n" +
 			"without either): a request holds one of its pod's workers and one of the node's cores.\n" +
@@ -257,7 +257,7 @@ func newDemoCommand() *cobra.Command {
 			return err
 		})
 	fl.StringSliceVar(&f.l7Penalty, "l7-penalty", nil, "FROM:TO=DURATION,…: calls from FROM's pods to TO's pods (nodes; directed) pay DURATION beyond the RTT, hidden from edgeflow")
-	outputVar(cmd, &f.output, "output format: table, or json (one object per row and rate, for scripts)", "table", "json")
+	outputVar(cmd, &f.output, "output format: table, json or yaml (one object per row and rate, for scripts)", "table", "json", "yaml")
 	cmd.MarkFlagsMutuallyExclusive("rate", "rates")
 	return cmd
 }
@@ -436,8 +436,12 @@ func runDemo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, f d
 			rows = append(rows, newDemoRow(in.modes[i].Name, rate, o))
 		}
 	}
-	if f.output == "json" {
-		if err := writeStructured(stdout, "json", rows); err != nil {
+	if f.output != "table" {
+		format := f.output
+		if format == "yaml" {
+			format = "yaml-json-keys"
+		}
+		if err := writeStructured(stdout, format, rows); err != nil {
 			return nil, err
 		}
 	}

@@ -288,7 +288,7 @@ func TestDemoBadInput(t *testing.T) {
 		{"l7 penalty: one node", []string{"--l7-penalty", "n2:n2=3ms"}, `--l7-penalty n2:n2: name two nodes`},
 		{"l7 penalty: twice", []string{"--l7-penalty", "n1:n2=3ms,n1:n2=4ms"}, `--l7-penalty: n1:n2 is given twice`},
 		{"latency correction: not a bool", []string{"--latency-correction=maybe"}, `invalid argument "maybe" for "--latency-correction"`},
-		{"output", []string{"-o", "yaml"}, `-o: unknown output format "yaml" (want table or json)`},
+		{"output", []string{"-o", "xml"}, `-o: unknown output format "xml" (want table, json or yaml)`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

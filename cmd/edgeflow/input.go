@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"gopkg.in/yaml.v3"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 )
@@ -113,6 +114,12 @@ func writeStructured(w io.Writer, format string, v any) error {
 		if err := enc.Close(); err != nil {
 			return err
 		}
+	case "yaml-json-keys": // YAML with the JSON keys, for types without yaml tags
+		out, err := sigsyaml.Marshal(v)
+		if err != nil {
+			return err
+		}
+		buf.Write(out)
 	default:
 		return badInput("unknown output format %q", format)
 	}

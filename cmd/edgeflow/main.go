@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -84,11 +85,28 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintln(stderr, "error:", err)
+	fmt.Fprintln(stderr, "error:", userMessage(err))
 	if isBadInput(err) {
 		return exitBadInput
 	}
 	return exitFailure
+}
+
+// packagePrefix is a package name edgeflow's errors start with (optimizer: invalid topology: …),
+// at the start of the message or after a wrapping error's ": ".
+var packagePrefix = regexp.MustCompile(`(^|: )(?:optimizer|mcf|xds/istio|xds|watcher|kube|prom|estimate|rebalancer|leader|certfile|ui): `)
+
+// userMessage is err's message for a person: without the Go package names inside it (the
+// errors keep them for callers and logs); the item the error names stays.
+func userMessage(err error) string {
+	msg := err.Error()
+	for {
+		out := packagePrefix.ReplaceAllString(msg, "$1")
+		if out == msg {
+			return out
+		}
+		msg = out
+	}
 }
 
 // isBadInput says whether err is the user's input being wrong: a usage error, an invalid

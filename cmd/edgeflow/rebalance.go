@@ -181,7 +181,7 @@ func newRebalanceCommand() *cobra.Command {
 		metricsAddress string
 	)
 	cmd := &cobra.Command{
-		Use:   "rebalance [--kubeconfig FILE] [--context NAME] [--dry-run=none] [-o table|json]",
+		Use:   "rebalance [--kubeconfig FILE] [--context NAME] [--dry-run=none] [-o table|json|yaml]",
 		Short: "Move running pods toward a LARP placement, safely (dry-run by default)",
 		Long: "rebalance reads the live topology (as serve does), computes a LARP placement reachable from where the\n" +
 			"pods run now in the fewest moves, and picks the moves with the most gain. It acts only when the predicted\n" +
@@ -220,7 +220,7 @@ func newRebalanceCommand() *cobra.Command {
 	rf.register(cmd, "")
 	latencyVar(cmd, &defLat, "default-latency", 0, "latency of node pairs never measured, a duration (20ms) or a number of ms (default: the largest measured)")
 	cmd.Flags().Lookup("default-latency").DefValue = "0" // not set: the usage text says what happens
-	outputVar(cmd, &output, "dry-run output format: table, json", "table", "json")
+	outputVar(cmd, &output, "dry-run output format: table, json, yaml (the keys of json)", "table", "json", "yaml")
 	cmd.Flags().StringVar(&metricsAddress, "metrics-address", "", "HOST:PORT for /metrics and /healthz (controller mode)")
 	return cmd
 }
@@ -263,8 +263,11 @@ func runRebalance(cmd *cobra.Command, cf *clusterFlags, rf *rebalanceFlags, outp
 		if err != nil {
 			return err
 		}
-		if output == "json" {
+		switch output {
+		case "json":
 			return writeStructured(cmd.OutOrStdout(), "json", r)
+		case "yaml":
+			return writeStructured(cmd.OutOrStdout(), "yaml-json-keys", r)
 		}
 		return writeRebalanceTable(cmd.OutOrStdout(), r)
 	}

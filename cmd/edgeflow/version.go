@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"runtime"
 	"runtime/debug"
@@ -59,22 +58,23 @@ func (v buildVersion) String() string {
 func newVersionCommand() *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
-		Use:     "version [-o text|json]",
+		Use:     "version [-o text|json|yaml]",
 		Short:   "Print edgeflow's version, the commit it was built from and its Go version",
 		Long:    "version prints the module version and the VCS commit stamped into the binary by the go command (a build\nfrom a git checkout has them; go run and test binaries have no commit), and the Go version it was built with.",
 		Example: "  edgeflow version\n  edgeflow version -o json",
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v := readBuildVersion()
-			if output == "json" {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(v)
+			switch output {
+			case "json":
+				return writeStructured(cmd.OutOrStdout(), "json", v)
+			case "yaml":
+				return writeStructured(cmd.OutOrStdout(), "yaml-json-keys", v)
 			}
 			_, err := fmt.Fprintln(cmd.OutOrStdout(), v)
 			return err
 		},
 	}
-	outputVar(cmd, &output, "output format: text, json", "text", "json")
+	outputVar(cmd, &output, "output format: text, json, yaml", "text", "json", "yaml")
 	return cmd
 }
