@@ -7,11 +7,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/edgeflow/edgeflow/internal/testkit"
 )
@@ -225,5 +227,55 @@ func runExample(t *testing.T, line string) {
 			t.Fatalf("stage %q: exit %d, stdout %d bytes: %s", stage, code, len(out), errOut)
 		}
 		stdin = out
+	}
+}
+
+// TestServeHelpGroupsFlags: serve --help lists its flags by section, each flag once, in the
+// section that says what it is for; a command without sections keeps cobra's one Flags list.
+func TestServeHelpGroupsFlags(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := runCLI(t, "", "serve", "--help")
+	if code != 0 {
+		t.Fatalf("serve --help: exit %d: %s", code, errOut)
+	}
+	titles := []string{"Flags:", "xDS flags:", "HTTP flags (metrics, profiling, web view):", "Cluster flags (without -f: Kubernetes and Prometheus):",
+		"Istio flags (--istio-mode):", "Rebalancer flags (--rebalance):", "Global Flags:"}
+	section := map[string]string{} // flag → its section
+	current := ""
+	for _, line := range strings.Split(out, "\n") {
+		if slices.Contains(titles, line) {
+			current = line
+			continue
+		}
+		if m := regexp.MustCompile(`^\s+(?:-\w, )?--([a-z0-9-]+)`).FindStringSubmatch(line); m != nil && current != "" {
+			if prev, ok := section[m[1]]; ok {
+				t.Errorf("--%s listed twice: under %q and %q", m[1], prev, current)
+			}
+			section[m[1]] = current
+		}
+	}
+	last := -1
+	for _, title := range titles {
+		i := strings.Index(out, "\n"+title+"\n")
+		if i < 0 || i < last {
+			t.Errorf("section %q missing or out of order", title)
+		}
+		last = i
+	}
+	newServeCommand().Flags().VisitAll(func(f *pflag.Flag) {
+		if _, ok := section[f.Name]; !ok && !f.Hidden {
+			t.Errorf("--%s is not in serve --help", f.Name)
+		}
+	})
+	for flag, want := range map[string]string{"filename": "Flags:", "xds-tls-cert": "xDS flags:", "ui-address": titles[2], "kubeconfig": titles[3],
+		"context": titles[3], "prometheus-url": titles[3], "istio-mode": titles[4], "cluster-domain": titles[4], "rebalance-period": titles[5],
+		"webhook-address": titles[5], "log-level": "Global Flags:"} {
+		if section[flag] != want {
+			t.Errorf("--%s is under %q, want %q", flag, section[flag], want)
+		}
+	}
+	_, plan, _ := runCLI(t, "", "plan", "--help")
+	if strings.Contains(plan, "Cluster flags") || !strings.Contains(plan, "\nFlags:\n") {
+		t.Errorf("plan --help: want cobra's one Flags list:\n%s", plan)
 	}
 }

@@ -86,7 +86,9 @@ func cliPage(c *cobra.Command) []byte {
 	if c.Example != "" {
 		fmt.Fprintf(&b, "## Examples\n\n```\n%s\n```\n\n", c.Example)
 	}
-	flagSection(&b, "Flags", c.NonInheritedFlags())
+	for _, s := range flagSections(c, c.NonInheritedFlags()) {
+		flagSection(&b, s.title, s.flags)
+	}
 	flagSection(&b, "Flags of every command", c.InheritedFlags())
 	var see []string
 	if p := c.Parent(); p != nil {

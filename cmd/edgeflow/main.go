@@ -58,6 +58,7 @@ func newRootCommand() *cobra.Command {
 		}
 		return usageError{err}
 	})
+	root.SetUsageTemplate(usageTemplate(root))
 	var logs logFlags
 	logs.register(root)
 	for _, add := range subcommands {

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -121,7 +123,30 @@ func newServeCommand() *cobra.Command {
 	f.rebalancer.register(cmd, "rebalance-")
 	f.istioLeader.register(cmd)
 	_ = cmd.MarkFlagRequired("xds-address")
+	groupServeFlags(cmd, f.only)
 	return cmd
+}
+
+// groupServeFlags lists serve's flags in sections (flaggroups.go); cluster are the flags that
+// read a cluster (clusterFlags.only).
+func groupServeFlags(cmd *cobra.Command, cluster []string) {
+	in := func(names ...string) func(string) bool {
+		return func(n string) bool { return slices.Contains(names, n) }
+	}
+	prefixed := func(prefixes ...string) func(string) bool {
+		return func(n string) bool {
+			return slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(n, p) })
+		}
+	}
+	groupFlags(cmd, []flagSectionRule{
+		{"xDS flags", func(n string) bool {
+			return prefixed("xds-", "debounce-")(n) || in("insecure-xds", "trust-domain", "encoding", "lb-policy", "egress-port-offset", "removal-grace", "damping")(n)
+		}},
+		{"HTTP flags (metrics, profiling, web view)", in("metrics-address", "profiling-address", "ui-address")},
+		{"Cluster flags (without -f: Kubernetes and Prometheus)", in(cluster...)},
+		{"Istio flags (--istio-mode)", func(n string) bool { return prefixed("istio-")(n) || n == "cluster-domain" }},
+		{"Rebalancer flags (--rebalance)", prefixed("rebalance", "webhook-")},
+	})
 }
 
 // serveApp is serve validated and wired: newServeApp checks the flags and builds every
