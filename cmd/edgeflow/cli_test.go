@@ -147,6 +147,9 @@ printf '%s\n' "${COMPREPLY[@]}"`
 		{"edgeflow plan --policy la", []string{"lata", "lata-q"}},
 		{"edgeflow place --policy ", []string{"k8s-spread", "larp-greedy", "larp"}},
 		{"edgeflow version --log-format ", []string{"text", "json"}},
+		{"edgeflow plan --node-match ", []string{"name", "internal-ip"}},
+		{"edgeflow serve --probe-pins ", []string{"targets", "off"}},
+		{"edgeflow uninstall --dry-run=", []string{"none", "client"}},
 	} {
 		got := complete(tc.line)
 		for _, w := range tc.want {

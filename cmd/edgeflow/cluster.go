@@ -197,18 +197,24 @@ func (f *clusterFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.scrapeInterval, "scrape-interval", 0, "the probe job's scrape interval (default: read from Prometheus's /api/v1/targets for --probe-job, else 15s)")
 	fl.DurationVar(&f.promWindow, "prometheus-window", 0, "window of the queries ($window; default 4 × the scrape interval)")
 	fl.StringVar(&f.probeJob, "probe-job", prom.DefaultProbeJob, "job label of the blackbox-exporter ICMP probe series ($job): the default queries read only this job")
-	fl.StringVar(&f.probePins, "probe-pins", prom.PinTargets, "which probe series are trusted: targets (only those carrying every label of one of --probe-job's active targets in Prometheus's /api/v1/targets) or off (every series of the job; for an API without /api/v1/targets); a node pair with more than one series is contested either way")
+	enumVar(cmd, fl, &enumFlag[string]{p: &f.probePins, values: []string{prom.PinTargets, prom.PinOff}, typ: "pins"}, "probe-pins", "", prom.PinTargets, "which probe series are trusted: targets (only those carrying every label of one of --probe-job's active targets in Prometheus's /api/v1/targets) or off (every series of the job; for an API without /api/v1/targets); a node pair with more than one series is contested either way")
 	fl.StringVar(&f.latencyQuery, "latency-query", prom.DefaultLatencyQuery, "PromQL for node-to-node RTT in seconds over answered probes (NaN or no series when none was answered), one series per ordered node pair, each keeping its target's labels (job, instance: --probe-pins); placeholders $window, $scrape_interval, $job, $source_label, $target_label")
 	fl.StringVar(&f.successQuery, "probe-success-query", prom.DefaultSuccessQuery, "PromQL for the share of answered probes per node pair (same placeholders; \"-\": none, every RTT counts as answered)")
 	fl.StringVar(&f.sourceLabel, "latency-source-label", prom.DefaultSourceLabel, "label of the latency series naming the probing node ($source_label)")
 	fl.StringVar(&f.targetLabel, "latency-target-label", prom.DefaultTargetLabel, "label of the latency series naming the probed node ($target_label)")
 	fl.Float64Var(&f.maxProbeLoss, "max-probe-loss", prom.DefaultMaxProbeLoss, "a node pair that lost more than this share of its probes in the window is unreachable")
 	latencyVar(cmd, &f.unreachableMS, "unreachable-latency", prom.DefaultUnreachableMS, "latency given to an unreachable node pair (a duration, or a number of ms)")
-	fl.StringVar(&f.nodeMatch, "node-match", watcher.NodeMatchName, "how latency labels name nodes: name (the node's name) or internal-ip (an address, IP or IP:PORT like a probe's instance, matched to the node's InternalIP)")
+	enumVar(cmd, fl, &enumFlag[string]{p: &f.nodeMatch, values: []string{watcher.NodeMatchName, watcher.NodeMatchInternalIP}, typ: "match"}, "node-match", "", watcher.NodeMatchName, "how latency labels name nodes: name (the node's name) or internal-ip (an address, IP or IP:PORT like a probe's instance, matched to the node's InternalIP)")
 	enumVar(cmd, fl, &enumFlag[string]{p: &f.granularity, values: []string{watcher.LatencyAuto, optimizer.LatencyPerNode, optimizer.LatencyPerZone}, typ: "granularity"},
 		"latency-granularity", "", watcher.LatencyAuto, "what latency is measured and planned between: node (every node pair), zone (every pair of zones, a zone being a node's region/zone label or, without one, the node itself; the prober needs one representative node per zone: docs/tasks/live-cluster.md), or auto (node while nodes × (nodes − 1) ≤ --max-node-pairs, else zone)")
 	fl.IntVar(&f.maxNodePairs, "max-node-pairs", watcher.DefaultMaxNodePairs, "--latency-granularity=auto: the most ordered node pairs planned per node (default 500 nodes: there one merge, compile and plan of every node pair took 0.12 s, allocated 42 MB and held 12 MiB, at 1,000 nodes 0.88 s, 163 MB and 47 MiB, growing with nodes²; per zone at 5,000 nodes 0.1–0.2 s and 8 MiB; docs/benchmarks/measured.md)")
-	fl.StringVar(&f.ipFamily, "ip-family", "", "address family of endpoints: IPv4 or IPv6 (default: each pod's primary IP's family)")
+	enumVar(cmd, fl, &enumFlag[string]{p: &f.ipFamily, values: []string{string(corev1.IPv4Protocol), string(corev1.IPv6Protocol)}, typ: "family",
+		parse: func(s string) (string, error) { // "": each pod's primary IP's family
+			if s == "" || s == string(corev1.IPv4Protocol) || s == string(corev1.IPv6Protocol) {
+				return s, nil
+			}
+			return "", errors.New("unknown")
+		}}, "ip-family", "", "", "address family of endpoints: IPv4 or IPv6 (default: each pod's primary IP's family)")
 	fl.StringVar(&f.tokenFile, "prometheus-bearer-token-file", "", "file holding a bearer token for Prometheus (read at every request, so a rotated token is picked up)")
 	fl.StringVar(&f.caFile, "prometheus-ca-file", "", "PEM file of the CA certificates that verify Prometheus's TLS certificate (default: the system's)")
 	fl.IntVar(&f.maxSeries, "prometheus-max-series", prom.DefaultMaxSeries, "a query answering more series than this fails, naming the query")
