@@ -20,11 +20,13 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
 	"github.com/edgeflow/edgeflow/watcher/kube"
+	"github.com/edgeflow/edgeflow/watcher/probesd"
 	"github.com/edgeflow/edgeflow/xds"
 	xdsserver "github.com/edgeflow/edgeflow/xds/server"
 )
@@ -56,6 +58,7 @@ type serveFlags struct {
 	rebalance      bool
 	rebalancer     rebalanceFlags
 	istioLeader    istioLeaderFlags
+	probes         probesd.Config // the latency probes served as HTTP service discovery (with a cluster)
 }
 
 func newServeCommand() *cobra.Command {
@@ -88,7 +91,11 @@ func newServeCommand() *cobra.Command {
 	f.istio.register(cmd, true)
 	fl := cmd.Flags()
 	fl.StringVar(&f.xdsAddress, "xds-address", "", "HOST:PORT the xDS server listens on (port 0 picks one; the address is logged)")
-	fl.StringVar(&f.metricsAddress, "metrics-address", "", "HOST:PORT for /metrics, /healthz and /readyz (empty: not served)")
+	fl.StringVar(&f.metricsAddress, "metrics-address", "", "HOST:PORT for /metrics, /healthz and /readyz (empty: not served); with a cluster also "+probesd.Path+", the latency probes' targets as Prometheus HTTP service discovery")
+	fl.IntVar(&f.probes.Port, "probe-exporter-port", 9115, "with a cluster: the blackbox-exporter's port on every node's address, in "+probesd.Path)
+	enumVar(cmd, fl, &enumFlag[corev1.NodeAddressType]{p: &f.probes.AddressType, values: []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP}, typ: "address-type"},
+		"probe-address-type", "", corev1.NodeInternalIP, "with a cluster: the node address "+probesd.Path+" probes and reaches the node's exporter at: InternalIP or ExternalIP")
+	fl.StringVar(&f.probes.RepresentativeLabel, "probe-representative-label", probesd.DefaultRepresentativeLabel, "with a cluster, per zone (--latency-granularity): the node label (value \"true\") that marks a zone's probing representative in "+probesd.Path+" (no node labelled: each region/zone's first node by name)")
 	policyVar(cmd, &f.policy)
 	enumVar(cmd, fl, &enumFlag[xds.Encoding]{p: &f.encoding, values: []xds.Encoding{xds.EncodingLocality, xds.EncodingWeightedClusters},
 		parse: xds.ParseEncoding, typ: "encoding", noun: "encoding"},
@@ -228,7 +235,11 @@ func newServeApp(cmd *cobra.Command, f *serveFlags) (*serveApp, error) {
 	a.gs = grpc.NewServer(gopts...)
 	a.srv.Register(a.gs)
 	if f.metricsAddress != "" {
-		a.httpSrv = newHTTPServer(serveMux(a.reg, a.srv, a.cluster, rules, a.leader), time.Minute)
+		mux := serveMux(a.reg, a.srv, a.cluster, rules, a.leader)
+		if a.inf != nil {
+			mux.Handle(probesd.Path, f.probesHandler(a.inf))
+		}
+		a.httpSrv = newHTTPServer(mux, time.Minute)
 	}
 	if f.profilingAddr != "" {
 		a.profSrv = newHTTPServer(pprofMux(), 10*time.Minute) // a CPU profile or trace writes for its whole duration
@@ -459,4 +470,12 @@ func (f fanout) UpdateCompiled(t *optimizer.Topology, cm *optimizer.Compiled) {
 // topologySource is what serve follows: the file or the cluster.
 type topologySource interface {
 	Run(context.Context, watcher.Listener) error
+}
+
+// probesHandler serves the latency probes' targets (probesd) from the Node informer's cache,
+// at the granularity latency is planned at.
+func (f *serveFlags) probesHandler(inf *kube.Informers) http.Handler {
+	cfg := f.probes
+	cfg.Granularity, cfg.MaxNodePairs = f.granularity, f.maxNodePairs
+	return probesd.Handler(probesd.InformerNodes(inf.Nodes), cfg)
 }

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +19,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
@@ -25,6 +28,7 @@ import (
 	"github.com/edgeflow/edgeflow/e2e/testbed"
 	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/rebalancer"
+	"github.com/edgeflow/edgeflow/watcher/probesd"
 )
 
 // variant is one rendering of the chart: its values and the RBAC features they switch on.
@@ -32,13 +36,6 @@ type variant struct {
 	name   string
 	values map[string]any
 	f      features
-}
-
-// probeNodes are the nodes a variant lists for the latency probes.
-var probeNodes = []any{
-	map[string]any{"name": "edge-1", "address": "10.0.0.1"},
-	map[string]any{"name": "edge-2", "address": "10.0.0.2"},
-	map[string]any{"name": "edge-3", "address": "10.0.0.3"},
 }
 
 func variants(t *testing.T) []variant {
@@ -56,9 +53,9 @@ func variants(t *testing.T) []variant {
 		{"istio envoyfilter", map[string]any{"istio": map[string]any{"mode": "envoyfilter"}}, features{rebalance: true, ef: true}},
 		{"istio destinationrule, rebalancer off", map[string]any{"istio": map[string]any{"mode": "destinationrule"}, "rebalancer": map[string]any{"mode": "off"}},
 			features{dr: true}},
-		{"prometheus operator, nodes listed, proxyless clients, xds certificate by cert-manager", map[string]any{
+		{"prometheus operator, probes per zone, proxyless clients, xds certificate by cert-manager", map[string]any{
 			"scrape":        map[string]any{"operator": true},
-			"latencyProbes": map[string]any{"nodes": probeNodes},
+			"latencyProbes": map[string]any{"granularity": "zone"},
 			"xds": map[string]any{"proxylessClients": true,
 				"tls": map[string]any{"certManager": map[string]any{"enabled": true, "issuerRef": map[string]any{"name": "mesh-ca"}}}},
 		}, features{rebalance: true, dr: true}},
@@ -179,12 +176,14 @@ func TestWebhookRegistrationIsTheRebalancers(t *testing.T) {
 }
 
 // The plain scrape configuration's probe job is the one the live tests run
-// (e2e/testbed.ScrapeConfig): same job, module, targets, labels and relabelling, so its
-// series carry exactly the labels edgeflow's latency queries read; the ScrapeConfig object
-// says the same; Prometheus' own promtool accepts the whole file.
+// (e2e/testbed.ScrapeConfig) with its static targets discovered from edgeflow instead: same
+// job, module, labels and relabelling, and edgeflow's answer (probesd) for the testbed's nodes
+// is the testbed's static_configs exactly, so its series carry exactly the labels edgeflow's
+// latency queries read. The ScrapeConfig object says the same; Prometheus' own promtool
+// accepts the probe job.
 func TestScrapeConfigIsTheTestbeds(t *testing.T) {
 	t.Parallel()
-	objs := render(t, map[string]any{"latencyProbes": map[string]any{"nodes": probeNodes}, "scrape": map[string]any{"operator": true}})
+	objs := render(t, map[string]any{"scrape": map[string]any{"operator": true}})
 	cm := find(t, objs, "ConfigMap", release+"-scrape-config")
 	data, _, _ := unstructuredString(cm.Object, "data", "scrape_configs.yml")
 	var chart struct {
@@ -200,23 +199,48 @@ func TestScrapeConfigIsTheTestbeds(t *testing.T) {
 	if err := yaml.Unmarshal([]byte(testbed.ScrapeConfig([]string{"edge-1", "edge-2", "edge-3"}, ips, 15*time.Second)), &bed); err != nil {
 		t.Fatal(err)
 	}
-	got, want := chart.ScrapeConfigs[0], bed.ScrapeConfigs[0]
+	got, want := maps.Clone(chart.ScrapeConfigs[0]), maps.Clone(bed.ScrapeConfigs[0])
 	if got["scrape_interval"] != "15s" {
 		t.Errorf("probe job scrape_interval %v, want 15s", got["scrape_interval"])
 	}
+	sdURL := fmt.Sprintf("http://%s-metrics.%s.svc.cluster.local:9090%s", release, namespace, probesd.Path)
+	wantSD := []any{map[string]any{"url": sdURL, "refresh_interval": "15s"}}
+	if diff := cmp.Diff(wantSD, got["http_sd_configs"]); diff != "" {
+		t.Errorf("the probe job's discovery (-want +got):\n%s", diff)
+	}
 	delete(got, "scrape_interval") // the testbed sets it globally
+	delete(got, "http_sd_configs")
+	delete(want, "static_configs")
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("the chart's probe job differs from the testbed's (-testbed +chart):\n%s", diff)
+	}
+	// edgeflow's answer for the testbed's nodes is the testbed's static targets.
+	var nodes []*corev1.Node
+	for n, ip := range ips {
+		nodes = append(nodes, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n},
+			Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}}})
+	}
+	answer, err := json.Marshal(probesd.TargetGroups(nodes, probesd.Config{Port: 9115}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var groups []any
+	if err := json.Unmarshal(answer, &groups); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(bed.ScrapeConfigs[0]["static_configs"], groups); diff != "" {
+		t.Errorf("edgeflow's answer differs from the testbed's static_configs (-testbed +edgeflow):\n%s", diff)
 	}
 	sc := find(t, objs, "ScrapeConfig", release+"-icmp")
 	spec, _ := sc.Object["spec"].(map[string]any)
 	if spec["jobName"] != testbed.ProbeJob || spec["metricsPath"] != "/probe" {
 		t.Errorf("ScrapeConfig job %v path %v", spec["jobName"], spec["metricsPath"])
 	}
-	statics, _ := spec["staticConfigs"].([]any)
-	wantStatics, _ := want["static_configs"].([]any)
-	if diff := cmp.Diff(wantStatics, statics); diff != "" {
-		t.Errorf("ScrapeConfig staticConfigs differ from the testbed's (-testbed +chart):\n%s", diff)
+	if diff := cmp.Diff([]any{map[string]any{"url": sdURL, "refreshInterval": "15s"}}, spec["httpSDConfigs"]); diff != "" {
+		t.Errorf("ScrapeConfig httpSDConfigs (-want +got):\n%s", diff)
+	}
+	if spec["staticConfigs"] != nil {
+		t.Errorf("ScrapeConfig has staticConfigs %v", spec["staticConfigs"])
 	}
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
@@ -286,7 +310,8 @@ func TestBadValuesNamed(t *testing.T) {
 		{map[string]any{"istio": map[string]any{"mode": "mesh"}}, `at '/istio/mode': value must be one of 'off', 'destinationrule', 'envoyfilter'`},
 		{map[string]any{"rebalancer": map[string]any{"mode": "yes"}}, `at '/rebalancer/mode': value must be one of 'off', 'dry-run', 'act'`},
 		{map[string]any{"webhook": map[string]any{"certificate": "edgeflow"}}, `at '/webhook/certificate': value must be one of 'cert-manager', 'secret'`},
-		{map[string]any{"latencyProbes": map[string]any{"nodes": []any{map[string]any{"name": "a"}}}}, `at '/latencyProbes/nodes/0': missing property 'address'`},
+		{map[string]any{"latencyProbes": map[string]any{"nodes": []any{map[string]any{"name": "a", "address": "10.0.0.1"}}}}, `at '/latencyProbes': additional properties 'nodes' not allowed`},
+		{map[string]any{"latencyProbes": map[string]any{"addressType": "Hostname"}}, `at '/latencyProbes/addressType': value must be one of 'InternalIP', 'ExternalIP'`},
 		{map[string]any{"latencyProbes": map[string]any{"granularity": "rack"}}, `at '/latencyProbes/granularity': value must be one of 'node', 'zone'`},
 		{map[string]any{"antiAffinity": "soft"}, `at '/antiAffinity': value must be one of 'required', 'preferred'`},
 		{map[string]any{"replicas": 3}, `additional properties 'replicas' not allowed`},
@@ -385,120 +410,48 @@ func TestPermissionTableInTheREADMEs(t *testing.T) {
 	}
 }
 
-// TestProbeNodes: the chart's lookup of the cluster's Nodes, on one control plane. The
-// subtests run one after the other (the lookup sees every Node), each deleting its Nodes when
-// it ends.
-func TestProbeNodes(t *testing.T) {
+// The chart reads nothing from the cluster (no Helm lookup): rendered against an API server
+// that has Nodes (helm template --dry-run=server) it is the same as without one, so helm
+// template and GitOps render what helm install does; the probes' pairs are edgeflow's to serve
+// (probesd), at the granularity the chart runs edgeflow with.
+func TestProbesNeedNoLookup(t *testing.T) {
 	t.Parallel()
 	c, _ := startAPIServer(t, kubeapi.Options{})
-	t.Run("LookedUp", func(t *testing.T) { probeNodesLookedUp(t, c) })
-	t.Run("PerZone", func(t *testing.T) { probeNodesPerZone(t, c) })
-}
-
-// staticConfig is one static configuration of a Prometheus scrape job.
-type staticConfig struct {
-	Targets []string          `json:"targets"`
-	Labels  map[string]string `json:"labels"`
-}
-
-// probeStatics is the probe job's (the first job's) static configurations in the rendered
-// scrape ConfigMap.
-func probeStatics(t *testing.T, objs []*unstructured.Unstructured) []staticConfig {
-	t.Helper()
-	data, _, _ := unstructuredString(find(t, objs, "ConfigMap", release+"-scrape-config").Object, "data", "scrape_configs.yml")
-	var cfg struct {
-		ScrapeConfigs []struct {
-			StaticConfigs []staticConfig `json:"static_configs"`
-		} `json:"scrape_configs"`
-	}
-	if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
-		t.Fatal(err)
-	}
-	return cfg.ScrapeConfigs[0].StaticConfigs
-}
-
-// nodesDeletedAtEnd deletes every Node of c when t ends.
-func nodesDeletedAtEnd(t *testing.T, c *kubeapi.Cluster) {
-	t.Cleanup(func() {
-		if err := c.Client.CoreV1().Nodes().DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-			t.Errorf("deleting the Nodes: %v", err)
-		}
-	})
-}
-
-// Without latencyProbes.nodes, helm install (here helm template --dry-run=server, which runs
-// the same lookup against the cluster) probes every ordered pair of the cluster's Nodes, by
-// name and InternalIP.
-func probeNodesLookedUp(t *testing.T, c *kubeapi.Cluster) {
 	ctx := kubeapi.Context(t)
-	nodesDeletedAtEnd(t, c)
 	for i, n := range []string{"edge-1", "edge-2"} {
 		if _, err := kubeapi.CreateNode(ctx, c.Client, kubeapi.NodeSpec{Name: n, Address: fmt.Sprintf("10.0.0.%d", i+1)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	out, err := renderRaw(t, nil, "--dry-run=server", "--kubeconfig", c.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, sc := range probeStatics(t, decodeAll(t, out)) {
-		got = append(got, fmt.Sprintf("%s→%s %v via %s", sc.Labels["source_node"], sc.Labels["target_node"], sc.Targets, sc.Labels["__tmp_exporter"]))
-	}
-	want := []string{"edge-1→edge-2 [10.0.0.2] via 10.0.0.1:9115", "edge-2→edge-1 [10.0.0.1] via 10.0.0.2:9115"}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("probe pairs from the cluster's Nodes (-want +got):\n%s", diff)
+	for _, values := range []map[string]any{nil, {"latencyProbes": map[string]any{"granularity": "zone"}, "scrape": map[string]any{"operator": true}}} {
+		offline, err := renderRaw(t, values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		online, err := renderRaw(t, values, "--dry-run=server", "--kubeconfig", c.Kubeconfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(strings.Split(string(offline), "\n"), strings.Split(string(online), "\n")); diff != "" {
+			t.Errorf("values %v: the rendering depends on the cluster (-helm template +--dry-run=server):\n%s", values, diff)
+		}
+		args := strings.Join(deploymentArgs(t, decodeAll(t, offline)), " ")
+		for _, want := range []string{"--metrics-address=0.0.0.0:9090", "--probe-exporter-port=9115", "--probe-address-type=InternalIP",
+			"--probe-representative-label=edgeflow.io/latency-representative"} {
+			if !strings.Contains(args, want) {
+				t.Errorf("values %v: edgeflow runs without %s: %s", values, want, args)
+			}
+		}
+		if zone := values != nil; zone != strings.Contains(args, "--latency-granularity=zone") {
+			t.Errorf("values %v: --latency-granularity=zone %v: %s", values, !zone, args)
+		}
 	}
 }
 
-// latencyProbes.granularity=zone: one representative per zone probes the others' (the first
-// node by name of each region/zone, a node without a zone label being its own zone; the
-// labelled representatives when some node carries the label), and edgeflow plans per zone.
-func probeNodesPerZone(t *testing.T, c *kubeapi.Cluster) {
-	ctx := kubeapi.Context(t)
-	nodesDeletedAtEnd(t, c)
-	zone := func(z string) map[string]string {
-		return map[string]string{"topology.kubernetes.io/region": "eu", "topology.kubernetes.io/zone": z}
-	}
-	for i, n := range []kubeapi.NodeSpec{{Name: "a-1", Labels: zone("a")}, {Name: "a-2", Labels: zone("a")},
-		{Name: "b-1", Labels: zone("b")}, {Name: "b-2", Labels: zone("b")}, {Name: "lone"}} {
-		n.Address = fmt.Sprintf("10.0.0.%d", i+1)
-		if _, err := kubeapi.CreateNode(ctx, c.Client, n); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pairs := func() []string {
-		t.Helper()
-		out, err := renderRaw(t, map[string]any{"latencyProbes": map[string]any{"granularity": "zone"}, "prometheus": map[string]any{"url": "http://prometheus:9090"}},
-			"--dry-run=server", "--kubeconfig", c.Kubeconfig)
-		if err != nil {
-			t.Fatal(err)
-		}
-		objs := decodeAll(t, out)
-		if !strings.Contains(string(out), "- --latency-granularity=zone") {
-			t.Error("edgeflow is not run with --latency-granularity=zone")
-		}
-		var got []string
-		for _, sc := range probeStatics(t, objs) {
-			got = append(got, sc.Labels["source_node"]+"→"+sc.Labels["target_node"])
-		}
-		return got
-	}
-	want := []string{"a-1→b-1", "a-1→lone", "b-1→a-1", "b-1→lone", "lone→a-1", "lone→b-1"}
-	if diff := cmp.Diff(want, pairs()); diff != "" {
-		t.Errorf("probe pairs, first node of each zone (-want +got):\n%s", diff)
-	}
-	for _, n := range []string{"a-2", "b-2"} {
-		node, err := c.Client.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		node.Labels["edgeflow.io/latency-representative"] = "true"
-		if _, err := c.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if diff := cmp.Diff([]string{"a-2→b-2", "b-2→a-2"}, pairs()); diff != "" {
-		t.Errorf("probe pairs, the labelled representatives (-want +got):\n%s", diff)
-	}
+// deploymentArgs are the arguments of the edgeflow Deployment's container.
+func deploymentArgs(t *testing.T, objs []*unstructured.Unstructured) []string {
+	t.Helper()
+	var d appsv1.Deployment
+	convert(t, find(t, objs, "Deployment", release), &d)
+	return d.Spec.Template.Spec.Containers[0].Args
 }

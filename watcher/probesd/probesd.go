@@ -13,6 +13,9 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 )
 
 // Path is where edgeflow serves the answer on its metrics address.
@@ -160,4 +163,14 @@ func Handler(nodes func() []*corev1.Node, cfg Config) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(body)
 	})
+}
+
+// InformerNodes returns the Nodes in a Node informer's cache, for Handler: a node is there
+// before the informer's handlers hear of it, so the answer holds it from its informer event on.
+func InformerNodes(nodes cache.SharedIndexInformer) func() []*corev1.Node {
+	lister := corelisters.NewNodeLister(nodes.GetIndexer())
+	return func() []*corev1.Node {
+		ns, _ := lister.List(labels.Everything()) // a cache's List fails never
+		return ns
+	}
 }
