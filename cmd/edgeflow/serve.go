@@ -293,6 +293,9 @@ func (a *serveApp) buildSource(opts optimizer.Options) error {
 		a.source = file
 		return nil
 	}
+	if f.probes.Port < 1 || f.probes.Port > 65535 {
+		return badInput("--probe-exporter-port %d: want a port, 1 to 65535", f.probes.Port)
+	}
 	var err error
 	if a.inf, err = f.informers(f.rebalance, a.logger); err != nil {
 		return err

@@ -279,6 +279,8 @@ func TestServeBadInput(t *testing.T) {
 		{"Istio writer's Lease renewed beyond its duration", []string{"--kubeconfig", filepath.Join(dir, "absent.kubeconfig"), "--xds-address", "127.0.0.1:0", "--istio-mode", "destinationrule", "--rebalance-lease-namespace", "edgeflow", "--istio-lease-renew-deadline", "20s"}, "must be below --istio-lease-duration"},
 		{"Istio writer's Lease the rebalancer's", []string{"--kubeconfig", filepath.Join(dir, "absent.kubeconfig"), "--xds-address", "127.0.0.1:0", "--istio-mode", "destinationrule", "--rebalance-lease-namespace", "edgeflow", "--rebalance", "--rebalance-dry-run=false", "--istio-lease-name", "edgeflow-rebalancer"}, "differ from --rebalance-lease-name"},
 		{"a cluster flag with -f", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--namespaces", "shop"}, "--namespaces reads the topology from a cluster"},
+		{"probe exporter port out of range", []string{"--kubeconfig", filepath.Join(dir, "absent.kubeconfig"), "--xds-address", "127.0.0.1:0", "--probe-exporter-port", "70000"}, "--probe-exporter-port 70000: want a port"},
+		{"bad probe address type", []string{"--kubeconfig", filepath.Join(dir, "absent.kubeconfig"), "--xds-address", "127.0.0.1:0", "--probe-address-type", "Hostname"}, "want InternalIP or ExternalIP"},
 		{"TLS key without certificate", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--xds-tls-key", filepath.Join(dir, "absent.key")}, "both a certificate and a key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
