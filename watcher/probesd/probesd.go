@@ -147,7 +147,9 @@ func address(n *corev1.Node, t corev1.NodeAddressType) string {
 
 // Handler answers GET with TargetGroups of nodes() as JSON, the body Prometheus' http_sd
 // expects. nodes is called once per request and must be safe for concurrent use (an
-// informer's lister is); the handler is.
+// informer's lister is); the handler is. The answer grows with the pairs: at 100 nodes 9,900
+// groups, 1.2 MB, about 25 ms on a busy 2-core machine (BenchmarkHandler), Prometheus asking
+// once per refresh interval; per zone it is zones².
 func Handler(nodes func() []*corev1.Node, cfg Config) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
