@@ -96,6 +96,7 @@ func newServeCommand() *cobra.Command {
 	enumVar(cmd, fl, &enumFlag[corev1.NodeAddressType]{p: &f.probes.AddressType, values: []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP}, typ: "address-type"},
 		"probe-address-type", "", corev1.NodeInternalIP, "with a cluster: the node address "+probesd.Path+" probes and reaches the node's exporter at: InternalIP or ExternalIP")
 	fl.StringVar(&f.probes.RepresentativeLabel, "probe-representative-label", probesd.DefaultRepresentativeLabel, "with a cluster, per zone (--latency-granularity): the node label (value \"true\") that marks a zone's probing representative in "+probesd.Path+" (no node labelled: each region/zone's first node by name)")
+	f.only = append(f.only, "probe-exporter-port", "probe-address-type", "probe-representative-label") // they read the Nodes
 	policyVar(cmd, &f.policy)
 	enumVar(cmd, fl, &enumFlag[xds.Encoding]{p: &f.encoding, values: []xds.Encoding{xds.EncodingLocality, xds.EncodingWeightedClusters},
 		parse: xds.ParseEncoding, typ: "encoding", noun: "encoding"},
