@@ -284,7 +284,7 @@ func (s *Source) round(ctx context.Context) *Measurements {
 		}
 	}
 	var staleLat, staleCalls int
-	contested := map[Pair]bool{}
+	var contested map[Pair]bool
 	if latOK {
 		var lat map[Pair]lastGood
 		lat, contested = s.parseLatency(latVec, sucVec, seen)
