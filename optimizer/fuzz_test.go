@@ -36,6 +36,7 @@ func FuzzParseTopology(f *testing.F) {
 	f.Add([]byte(validTopology))
 	f.Add([]byte(baselineTopology))
 	f.Add([]byte(`{"nodes":[{"name":"n"}],"services":[{"name":"s","pods":[{"name":"p","node":"n","weight":1e308}]}]}`))
+	f.Add([]byte("nodes: [{name: n}]\nservices: [{name: s, ports: [{port: 80, targetPort: 81}], pods: [{name: p, node: n, serviceAccount: sa}]}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		top, err := ParseTopology(bytes.NewReader(data), "fuzz")
 		if err != nil {

@@ -14,7 +14,7 @@ services:
   - {name: web, pods: [{name: web-0, node: n1}, {name: web-1, node: n2}]}
   - name: reviews
     namespace: shop
-    ports: [{name: http, port: 9080, targetPort: 8080}]
+    ports: [{name: http, port: 9080, target_port: 8080}]
     pods: [{name: r-0, node: n1, ip: 10.1.0.1}, {name: r-1, node: n2, ip: 10.1.0.2}]
   - name: reviews
     namespace: blog

@@ -89,11 +89,12 @@ type Service struct {
 }
 
 // Port is one port of a service: Port is the service port (what callers dial and what Istio's
-// cluster names carry), TargetPort the pod's port (0 means the same as Port).
+// cluster names carry), TargetPort the pod's port (0 means the same as Port). A file may still
+// give TargetPort as targetPort, its key before target_port (see UnmarshalYAML).
 type Port struct {
 	Name       string `json:"name,omitempty" yaml:"name,omitempty"`
 	Port       int32  `json:"port" yaml:"port"`
-	TargetPort int32  `json:"targetPort,omitempty" yaml:"targetPort,omitempty"`
+	TargetPort int32  `json:"target_port,omitempty" yaml:"target_port,omitempty"`
 }
 
 // Pod is one ready replica of a service (a pod that is not ready is not in a Topology: sources
@@ -108,8 +109,9 @@ type Pod struct {
 	IP      string   `json:"ip,omitempty" yaml:"ip,omitempty"`
 	Address string   `json:"address,omitempty" yaml:"address,omitempty"`
 	// ServiceAccount is the pod's Kubernetes service account: with mutual TLS on the xDS port,
-	// only a client whose certificate names it may claim the pod's identity.
-	ServiceAccount string `json:"serviceAccount,omitempty" yaml:"serviceAccount,omitempty"`
+	// only a client whose certificate names it may claim the pod's identity. A file may still
+	// give it as serviceAccount, its key before service_account (see UnmarshalYAML).
+	ServiceAccount string `json:"service_account,omitempty" yaml:"service_account,omitempty"`
 	// CapacityRPS, when set, is this pod's service rate μ in requests/s, overriding its
 	// service's. Only the lata-q policy reads it.
 	CapacityRPS *float64 `json:"capacity_rps,omitempty" yaml:"capacity_rps,omitempty"`
