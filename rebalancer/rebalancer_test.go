@@ -91,7 +91,7 @@ func leadingWith(c *Controller, apps ...string) {
 	defer c.mu.Unlock()
 	c.leading = true
 	for _, app := range apps {
-		c.st.Moves = append(c.st.Moves, moveRecord{Move: Move{Namespace: "shop", Service: app + ".shop", Pod: app + "-0", From: "n1", To: "n2"},
+		c.st.Moves = append(c.st.Moves, moveRecord{recordedMove: recordedMove{Namespace: "shop", Service: app + ".shop", Pod: app + "-0", From: "n1", To: "n2"},
 			PodUID: types.UID("shop/" + app + "-0"), Owner: types.UID("owner-" + app), Evicted: t0})
 	}
 }

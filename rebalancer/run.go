@@ -350,7 +350,7 @@ func (c *Controller) act(ctx context.Context, r *Report, rec events.EventRecorde
 			m.Action, m.Reason = ActionSkip, ReasonGone
 			continue
 		}
-		c.st.Moves = append(c.st.Moves, moveRecord{Move: *m, PodUID: pod.UID, Owner: owner.UID,
+		c.st.Moves = append(c.st.Moves, moveRecord{recordedMove: recordedMove(*m), PodUID: pod.UID, Owner: owner.UID,
 			Requests: podRequests(pod), Evicted: now})
 		todo = append(todo, chosen{m, pod})
 	}

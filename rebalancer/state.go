@@ -38,8 +38,13 @@ const (
 )
 
 // moveRecord is one move the leader carried out (or is carrying out).
+//
+// Its keys are the state's since its first release, camelCase podUID and costAfter among them,
+// not the snake_case of what edgeflow prints: the state passes from one leader to the next,
+// across an upgrade or a downgrade, and a key renamed would have to be read under both names
+// for as long as a record may hold it (TestStateKeys pins them).
 type moveRecord struct {
-	Move
+	recordedMove
 	PodUID types.UID `json:"podUID"`
 	// Owner is the UID of the pod's controller (ReplicaSet, StatefulSet): its replacement is
 	// the next new pod of the same owner.
@@ -48,6 +53,20 @@ type moveRecord struct {
 	Evicted     time.Time `json:"evicted"`
 	Outcome     string    `json:"outcome,omitempty"`
 	Replacement types.UID `json:"replacement,omitempty"`
+}
+
+// recordedMove is a Move as the state records it: Move's fields (Move converts to it, so a
+// field added to Move must be added here) under the keys they had when the state was first
+// written, while Move's printed keys are snake_case.
+type recordedMove struct {
+	Namespace string  `json:"namespace"`
+	Service   string  `json:"service"`
+	Pod       string  `json:"pod"`
+	From      string  `json:"from"`
+	To        string  `json:"to"`
+	CostAfter float64 `json:"costAfter"`
+	Action    string  `json:"action"`
+	Reason    string  `json:"reason,omitempty"`
 }
 
 type leftRecord struct {

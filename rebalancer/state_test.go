@@ -2,9 +2,12 @@ package rebalancer
 
 import (
 	"context"
+	"encoding/json"
+	"slices"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -52,5 +55,46 @@ func TestStateHandover(t *testing.T) {
 	}
 	if got, _ := b.loadState(ctx); len(got.Moves) != 1 || got.Moves[0].Outcome != outcomePlaced {
 		t.Errorf("moves %+v after the last write", got.Moves)
+	}
+}
+
+// The state's keys are those of its first release, whatever the printed keys of a Move: a leader
+// reads the records of the one before it across an upgrade (and a downgrade).
+func TestStateKeys(t *testing.T) {
+	t.Parallel()
+	m := Move{Namespace: "shop", Service: "cart.shop", Pod: "cart-0", From: "n1", To: "n2", CostAfter: 12.5,
+		Action: ActionEvict, Reason: "r"}
+	st := state{Moves: []moveRecord{{recordedMove: recordedMove(m), PodUID: "uid", Owner: "owner",
+		Requests: resources{corev1.ResourceCPU: 100}, Evicted: t0, Outcome: outcomePlaced, Replacement: "uid-2"}}}
+	data, err := json.Marshal(&st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct{ Moves []map[string]any }
+	if err := json.Unmarshal(data, &got); err != nil || len(got.Moves) != 1 {
+		t.Fatalf("%s: %v", data, err)
+	}
+	var keys []string
+	for k := range got.Moves[0] {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	want := []string{"action", "costAfter", "evicted", "from", "namespace", "outcome", "owner", "pod", "podUID",
+		"reason", "replacement", "requests", "service", "to"}
+	if !slices.Equal(keys, want) {
+		t.Errorf("a move record's keys are %q, want %q (the state's since its first release)", keys, want)
+	}
+
+	// A record as the first release wrote it.
+	const first = `{"moves":[{"namespace":"shop","service":"cart.shop","pod":"cart-0","from":"n1","to":"n2",` +
+		`"costAfter":12.5,"action":"evict","podUID":"uid","owner":"owner","requests":{"cpu":100},` +
+		`"evicted":"2026-01-01T00:00:00Z"}]}`
+	var old state
+	if err := json.Unmarshal([]byte(first), &old); err != nil {
+		t.Fatal(err)
+	}
+	if r := old.Moves[0]; Move(r.recordedMove) != (Move{Namespace: "shop", Service: "cart.shop", Pod: "cart-0",
+		From: "n1", To: "n2", CostAfter: 12.5, Action: ActionEvict}) || r.PodUID != "uid" || r.Requests[corev1.ResourceCPU] != 100 {
+		t.Errorf("the first release's record read as %+v", r)
 	}
 }
