@@ -29,11 +29,11 @@ type PlacementCut struct {
 	// Starts is the number of starts (greedy runs and the k8s spread) planned; StartsBuilt
 	// how many were built before the budget ran out.
 	Starts      int `json:"starts" yaml:"starts"`
-	StartsBuilt int `json:"startsBuilt" yaml:"startsBuilt"`
+	StartsBuilt int `json:"starts_built" yaml:"starts_built"`
 	// Searches is the number of local searches planned (the best distinct starts);
 	// SearchesFinished how many ran until no step improved (or their pass limit).
 	Searches         int `json:"searches" yaml:"searches"`
-	SearchesFinished int `json:"searchesFinished" yaml:"searchesFinished"`
+	SearchesFinished int `json:"searches_finished" yaml:"searches_finished"`
 	// Passes is the number of local-search passes run, over all searches.
 	Passes int `json:"passes" yaml:"passes"`
 }

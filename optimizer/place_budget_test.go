@@ -127,7 +127,7 @@ func TestPlacementJSONTruncated(t *testing.T) {
 		{Placement{Policy: LARP, Placement: map[string]string{"a-0": "n"}, Cost: 1}, `{"policy":"larp","placement":{"a-0":"n"},"cost":1,"queueing":0}`},
 		{Placement{Policy: LARP, Placement: map[string]string{"a-0": "n"}, Cost: 1, Truncated: true,
 			Cut: &PlacementCut{Starts: 129, StartsBuilt: 4, Searches: 1, Passes: 2}},
-			`{"policy":"larp","placement":{"a-0":"n"},"cost":1,"queueing":0,"truncated":true,"cut":{"starts":129,"startsBuilt":4,"searches":1,"searchesFinished":0,"passes":2}}`},
+			`{"policy":"larp","placement":{"a-0":"n"},"cost":1,"queueing":0,"truncated":true,"cut":{"starts":129,"starts_built":4,"searches":1,"searches_finished":0,"passes":2}}`},
 	} {
 		got, err := json.Marshal(&tc.pl)
 		if err != nil {

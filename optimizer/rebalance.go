@@ -43,23 +43,23 @@ type Move struct {
 	To      string `json:"to"`
 	// CostAfter is the LATA cost (what Plan(…, LATA) reports) after this move and every move
 	// before it in Moves; 0 in Blocked.
-	CostAfter float64 `json:"costAfter"`
+	CostAfter float64 `json:"cost_after"`
 }
 
 // Rebalance is a plan from the current placement toward a LARP target.
 type Rebalance struct {
 	// CostBefore is the LATA cost of the current placement (what Plan(m, LATA) gives).
-	CostBefore float64 `json:"costBefore"`
+	CostBefore float64 `json:"cost_before"`
 	// CostTarget is the LATA cost of the target placement (Target applied).
-	CostTarget float64 `json:"costTarget"`
+	CostTarget float64 `json:"cost_target"`
 	// QueueingBefore and QueueingTarget are the predicted queueing of the current and the
 	// target placement (Placement.Queueing), in ms·req/s.
-	QueueingBefore float64 `json:"queueingBefore"`
-	QueueingTarget float64 `json:"queueingTarget"`
+	QueueingBefore float64 `json:"queueing_before"`
+	QueueingTarget float64 `json:"queueing_target"`
 	// UtilizationBefore and UtilizationTarget are every node's planned use in the current and
 	// the target placement (Placement.Utilization), in node order.
-	UtilizationBefore []NodeUse `json:"utilizationBefore"`
-	UtilizationTarget []NodeUse `json:"utilizationTarget"`
+	UtilizationBefore []NodeUse `json:"utilization_before"`
+	UtilizationTarget []NodeUse `json:"utilization_target"`
 	// Target maps every pod of the model to its node in the target.
 	Target map[string]string `json:"target"`
 	// Moves lead from the current placement toward Target, in order: each is feasible in the

@@ -240,7 +240,7 @@ type Move struct {
 	From      string `json:"from"`
 	To        string `json:"to"`
 	// CostAfter is the predicted LATA cost once this move and those before it are done.
-	CostAfter float64 `json:"costAfter"`
+	CostAfter float64 `json:"cost_after"`
 	// Action is "evict" for a move carried out (or that would be, in dry-run), else "skip".
 	Action string `json:"action"`
 	// Reason says why a move is skipped (one of the Reason constants); empty when evicted.
@@ -250,18 +250,18 @@ type Move struct {
 // Report is one run's plan: the predicted LATA cost now and at the target, and each move.
 type Report struct {
 	Time       time.Time `json:"time"`
-	DryRun     bool      `json:"dryRun"`
-	CostBefore float64   `json:"costBefore"`
-	CostTarget float64   `json:"costTarget"`
+	DryRun     bool      `json:"dry_run"`
+	CostBefore float64   `json:"cost_before"`
+	CostTarget float64   `json:"cost_target"`
 	// QueueingBefore and QueueingTarget are the predicted queueing parts of the cost
 	// (optimizer.Rebalance), in ms·req/s.
-	QueueingBefore float64 `json:"queueingBefore"`
-	QueueingTarget float64 `json:"queueingTarget"`
+	QueueingBefore float64 `json:"queueing_before"`
+	QueueingTarget float64 `json:"queueing_target"`
 	// UtilizationBefore and UtilizationTarget are every node's planned use now and at the
 	// target; MaxNodeUtilization the limit the target keeps (0: none).
-	UtilizationBefore  []optimizer.NodeUse `json:"utilizationBefore"`
-	UtilizationTarget  []optimizer.NodeUse `json:"utilizationTarget"`
-	MaxNodeUtilization float64             `json:"maxNodeUtilization"`
+	UtilizationBefore  []optimizer.NodeUse `json:"utilization_before"`
+	UtilizationTarget  []optimizer.NodeUse `json:"utilization_target"`
+	MaxNodeUtilization float64             `json:"max_node_utilization"`
 	// Gain is the relative fall of the predicted cost, network + queueing (what the plan
 	// minimises): (before − target) / before.
 	Gain      float64 `json:"gain"`

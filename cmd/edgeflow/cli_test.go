@@ -71,7 +71,7 @@ func TestVersion(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.GoVersion != runtime.Version() || v.Version == "" {
 		t.Fatalf("version -o json: exit %d, %v: %s", code, err, out)
 	}
-	if code, out, _ = runCLI(t, "", "version", "-o", "yaml"); code != 0 || !strings.Contains(out, "goVersion: "+runtime.Version()+"\n") {
+	if code, out, _ = runCLI(t, "", "version", "-o", "yaml"); code != 0 || !strings.Contains(out, "go_version: "+runtime.Version()+"\n") {
 		t.Errorf("version -o yaml: exit %d, %q; want the keys of -o json", code, out)
 	}
 	if code, out, errOut := runCLI(t, "", "version", "-o", "xml"); code != exitBadInput || out != "" || !strings.Contains(errOut, `-o: unknown output format "xml" (want text, json or yaml)`) {

@@ -107,8 +107,8 @@ func TestCommandsOnALiveCluster(t *testing.T) {
 		rep.Moves[0].Reason != rebalancer.ReasonBarePod || rep.Moves[0].Namespace != "shop" {
 		t.Errorf("rebalance report %+v: want dry-run, 1000 → 0, one move skipped as bare_pod", rep)
 	}
-	if code, out, errOut := runCLI(t, "", append([]string{"rebalance", "-o", "yaml"}, common...)...); code != 0 || !strings.Contains(out, "costBefore: 1000\n") {
-		t.Errorf("rebalance -o yaml: exit %d, want the keys of -o json (costBefore: 1000)\n%s%s", code, out, errOut)
+	if code, out, errOut := runCLI(t, "", append([]string{"rebalance", "-o", "yaml"}, common...)...); code != 0 || !strings.Contains(out, "cost_before: 1000\n") {
+		t.Errorf("rebalance -o yaml: exit %d, want the keys of -o json (cost_before: 1000)\n%s%s", code, out, errOut)
 	}
 	code, out, errOut = runCLI(t, "", append([]string{"rebalance"}, common...)...)
 	if code != 0 || !strings.Contains(out, "gain 100.0%") || !strings.Contains(out, "dry-run") || !strings.Contains(out, "bare_pod") {

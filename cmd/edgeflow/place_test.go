@@ -237,7 +237,7 @@ func TestPlaceBudget(t *testing.T) {
 		Truncated bool              `json:"truncated"`
 		Cut       *struct {
 			Starts      int `json:"starts"`
-			StartsBuilt int `json:"startsBuilt"`
+			StartsBuilt int `json:"starts_built"`
 		} `json:"cut"`
 	}
 	if err := json.Unmarshal([]byte(stdout), &got); err != nil {

@@ -17,8 +17,8 @@ type buildVersion struct {
 	Version   string `json:"version"`
 	Commit    string `json:"commit"`             // "" when the build has no VCS stamp (go run, go test)
 	Modified  bool   `json:"modified,omitempty"` // the working tree had uncommitted changes
-	Time      string `json:"commitTime,omitempty"`
-	GoVersion string `json:"goVersion"`
+	Time      string `json:"commit_time,omitempty"`
+	GoVersion string `json:"go_version"`
 }
 
 func readBuildVersion() buildVersion {
