@@ -212,7 +212,7 @@ func (c *Controller) lead(lctx context.Context, rec events.EventRecorder) {
 	c.setLeading(true)
 	defer c.setLeading(false)
 	c.log.Info("rebalancer: leading", "identity", c.identity(), "period", c.cfg.Period,
-		"movesInFlight", len(c.st.Moves))
+		"moves_in_flight", len(c.st.Moves))
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Add(1)
@@ -249,7 +249,7 @@ func (c *Controller) lead(lctx context.Context, rec events.EventRecorder) {
 func (c *Controller) replanForRate() bool {
 	ref, now, moved := c.rateChanged()
 	if moved {
-		c.log.Info("rebalancer: the offered rate changed: planning again", "plannedAt", ref, "now", now, "change", c.cfg.RateChange)
+		c.log.Info("rebalancer: the offered rate changed: planning again", "planned_at", ref, "now", now, "change", c.cfg.RateChange)
 		c.metrics.rateReplans.Inc()
 	}
 	return moved
@@ -318,7 +318,7 @@ func (c *Controller) runOnce(ctx context.Context, rec events.EventRecorder) *Rep
 	c.mu.Lock()
 	c.last = r
 	c.mu.Unlock()
-	c.log.Info("rebalancer: run", "dryRun", r.DryRun, "costBefore", r.CostBefore, "costTarget", r.CostTarget,
+	c.log.Info("rebalancer: run", "dry_run", r.DryRun, "cost_before", r.CostBefore, "cost_target", r.CostTarget,
 		"gain", r.Gain, "planned", len(r.Moves), "evicted", r.Evictions(), "skipped", r.skipped(), "settling", r.Settling)
 	return r
 }
