@@ -398,23 +398,29 @@ func keyed(c map[string]float64, pods map[string]podFacts) map[string]float64 {
 	return out
 }
 
-// scrape reads every pod's counters; a pod whose /metrics fails is left out of the round (the
-// estimator keeps its history) and named in the error.
+// scrape reads every pod's counters, all pods at once (as Prometheus scrapes its targets: a round
+// takes the slowest pod's time, not the sum); a pod whose /metrics fails is left out of the round
+// (the estimator keeps its history) and named in the error.
 func (f *feedback) scrape(ctx context.Context) ([]podScrape, error) {
 	names := make([]string, 0, len(f.urls))
 	for pod := range f.urls {
 		names = append(names, pod)
 	}
 	sort.Strings(names)
+	scrapes, errs := make([]podScrape, len(names)), make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, pod := range names {
+		wg.Go(func() { scrapes[i], errs[i] = f.scrapePod(ctx, pod) })
+	}
+	wg.Wait()
 	var out []podScrape
 	var failed []string
-	for _, pod := range names {
-		s, err := f.scrapePod(ctx, pod)
-		if err != nil {
-			failed = append(failed, fmt.Sprintf("%s: %v", pod, err))
+	for i, pod := range names {
+		if errs[i] != nil {
+			failed = append(failed, fmt.Sprintf("%s: %v", pod, errs[i]))
 			continue
 		}
-		out = append(out, s)
+		out = append(out, scrapes[i])
 	}
 	if len(failed) > 0 {
 		return out, fmt.Errorf("demo: closed loop: reading /metrics of %v", failed)
