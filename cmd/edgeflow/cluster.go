@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -102,7 +104,7 @@ func (f *istioFlags) register(cmd *cobra.Command, withAddress bool) {
 		enumVar(cmd, fl, &enumFlag[string]{p: &f.mode, values: []string{istioModeOff, istioModeDestinationRule, istioModeEnvoyFilter}, typ: "mode"},
 			"istio-mode", "", istioModeOff, "Istio integration: off; destinationrule (stock Istio: the plan as DestinationRules with locality weights, per caller workload and callee host); envoyfilter (per-pod weights: the sidecars of pods labelled "+istio.EDSLabel+"="+istio.EDSLabelValue+" take the managed services' EDS from edgeflow; needs --istio-xds-address and the bootstrap override)")
 		fl.StringVar(&f.xdsAddress, "istio-xds-address", "", "--istio-mode=envoyfilter: HOST:PORT at which sidecars reach edgeflow's xDS server (e.g. edgeflow.edgeflow.svc.cluster.local:18000); edgeflow manages the EnvoyFilters and bootstrap ConfigMaps")
-		fl.StringSliceVar(&f.xdsServerSANs, "istio-xds-server-san", nil, "--istio-mode=envoyfilter with --xds-tls-cert: a subject alternative name edgeflow's certificate carries (e.g. its SPIFFE id), checked by the sidecars (default: any certificate the mesh root signed)")
+		fl.StringSliceVar(&f.xdsServerSANs, "istio-xds-server-san", nil, "--istio-mode=envoyfilter with --xds-tls-cert, required: a subject alternative name edgeflow's certificate carries, checked by the sidecars: its SPIFFE id spiffe://TRUST_DOMAIN/ns/NAMESPACE/sa/SERVICE_ACCOUNT; \""+anyXDSServer+"\": any certificate the mesh root signed (any mesh workload could pose as edgeflow)")
 		fl.BoolVar(&f.labelNodes, "istio-label-nodes", false, "--istio-mode=destinationrule: give each node with a region and zone its own subzone (label "+istio.SubzoneLabel+"=NODE), so the mesh can weigh nodes apart (a write to Nodes)")
 	}
 	fl.StringVar(&f.namespace, "istio-namespace", istio.DefaultNamespace, "namespace of the EnvoyFilters (Istio's root namespace applies them in every namespace)")
@@ -132,14 +134,50 @@ func (f *istioFlags) checkMode() error {
 	if f.labelNodes && f.mode != istioModeDestinationRule {
 		return badInput("--istio-label-nodes is for --istio-mode=%s", istioModeDestinationRule)
 	}
+	if len(f.xdsServerSANs) > 0 && f.mode != istioModeEnvoyFilter {
+		return badInput("--istio-xds-server-san is for --istio-mode=%s", istioModeEnvoyFilter)
+	}
 	return nil
 }
 
 // config is the per-pod mode's configuration; xdsTLS is set by the caller when the xDS port
-// serves TLS (serve: --xds-tls-cert).
+// serves TLS (serve: --xds-tls-cert), and checkXDSServerSANs has accepted xdsServerSANs.
 func (f *istioFlags) config() istio.Config {
-	return istio.Config{Namespace: f.namespace, XDSAddress: f.xdsAddress, ClusterDomain: f.clusterDomain,
-		TLS: f.xdsTLS, TLSServerSANs: f.xdsServerSANs}
+	cfg := istio.Config{Namespace: f.namespace, XDSAddress: f.xdsAddress, ClusterDomain: f.clusterDomain, TLS: f.xdsTLS}
+	cfg.TLSServerSANs, cfg.TLSAnyServer = xdsServerSANs(f.xdsServerSANs)
+	return cfg
+}
+
+// anyXDSServer is the --istio-xds-server-san value by which the operator accepts any
+// certificate the mesh root signed as edgeflow's.
+const anyXDSServer = "any"
+
+// checkXDSServerSANs validates --istio-xds-server-san for an edgeflow-xds cluster with TLS
+// (tls, switched on by tlsFlag) or without: with TLS a SAN is required, so that the sidecars
+// take only edgeflow's certificate for edgeflow's, unless the value is exactly anyXDSServer;
+// without TLS there is nothing to check a SAN against.
+func checkXDSServerSANs(values []string, tls bool, tlsFlag string) error {
+	switch {
+	case !tls && len(values) > 0:
+		return badInput("--istio-xds-server-san without TLS (%s): the sidecars check no certificate", tlsFlag)
+	case tls && len(values) == 0:
+		return badInput("%s needs --istio-xds-server-san: the SAN the sidecars require of edgeflow's certificate, its SPIFFE id "+
+			"spiffe://TRUST_DOMAIN/ns/NAMESPACE/sa/SERVICE_ACCOUNT; --istio-xds-server-san=%s accepts any certificate the mesh root signed "+
+			"(any workload of the mesh reachable at --istio-xds-address could then serve the sidecars their endpoints)", tlsFlag, anyXDSServer)
+	case slices.Contains(values, anyXDSServer) && len(values) > 1:
+		return badInput("--istio-xds-server-san %q: %q accepts any certificate the mesh root signed, so it goes alone", strings.Join(values, ","), anyXDSServer)
+	case slices.Contains(values, ""):
+		return badInput("--istio-xds-server-san %q: an empty SAN", strings.Join(values, ","))
+	}
+	return nil
+}
+
+// xdsServerSANs reads checked --istio-xds-server-san values: the SANs, or any.
+func xdsServerSANs(values []string) (sans []string, anyServer bool) {
+	if slices.Equal(values, []string{anyXDSServer}) {
+		return nil, true
+	}
+	return values, false
 }
 
 // envoyFilterReconciler is the per-pod mode's reconciler (EnvoyFilters and bootstrap

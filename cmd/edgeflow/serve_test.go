@@ -271,6 +271,8 @@ func TestServeBadInput(t *testing.T) {
 		{"stdin", []string{"-f", "-", "--xds-address", ":0"}, "standard input"},
 		{"missing TLS certificate", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--xds-tls-cert", filepath.Join(dir, "absent.crt"), "--xds-tls-key", filepath.Join(dir, "absent.key")}, "absent.crt"},
 		{"Istio mode with a file", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--istio-mode", "envoyfilter", "--istio-xds-address", "edgeflow:18000"}, "needs the cluster flags"},
+		{"Istio per-pod mode, TLS, no server SAN", []string{"--kubeconfig", filepath.Join(dir, "absent.kubeconfig"), "--xds-address", "0.0.0.0:0", "--istio-mode", "envoyfilter", "--istio-xds-address", "edgeflow:18000",
+			"--xds-tls-cert", filepath.Join(dir, "absent.crt"), "--xds-tls-key", filepath.Join(dir, "absent.key"), "--rebalance-lease-namespace", "edgeflow"}, "needs --istio-xds-server-san"},
 		{"plaintext xDS on every interface", []string{"-f", serveGood, "--xds-address", "0.0.0.0:0"}, "--insecure-xds"},
 		{"plaintext xDS on an empty host", []string{"-f", serveGood, "--xds-address", ":0"}, "not a loopback address"},
 		{"plaintext xDS on a host name", []string{"-f", serveGood, "--xds-address", "edgeflow.example:18000"}, "--insecure-xds"},

@@ -216,7 +216,7 @@ func TestIstioValidatesTheFilters(t *testing.T) {
 	t.Parallel()
 	for _, cfg := range []efistio.Config{
 		{XDSAddress: "edgeflow.edgeflow.svc.cluster.local:18000"},
-		{XDSAddress: "10.96.0.100:18000", ClusterDomain: "edge.example", TLS: true},
+		{XDSAddress: "10.96.0.100:18000", ClusterDomain: "edge.example", TLS: true, TLSAnyServer: true},
 	} {
 		for _, f := range efistio.EnvoyFilters(cfg, managed) {
 			// What istiod's validating webhook and istioctl validate run on an EnvoyFilter.

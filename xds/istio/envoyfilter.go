@@ -129,10 +129,16 @@ type Config struct {
 	// TLSServerName is the SNI the sidecar sends; "" means XDSAddress's host when it is a
 	// name (none for an IP).
 	TLSServerName string
-	// TLSServerSANs, when set, are the subject alternative names (exact; a URI SAN when the
-	// name has "://", as a SPIFFE id, else a DNS SAN) one of which edgeflow's certificate must
-	// carry; empty accepts any certificate the mesh root signed.
+	// TLSServerSANs are the subject alternative names (exact; a URI SAN when the name has
+	// "://", as a SPIFFE id, else a DNS SAN) one of which edgeflow's certificate must carry:
+	// edgeflow's own identity, typically its SPIFFE id
+	// spiffe://TRUST_DOMAIN/ns/NAMESPACE/sa/SERVICE_ACCOUNT. With TLS, Validate requires them
+	// unless TLSAnyServer says otherwise.
 	TLSServerSANs []string
+	// TLSAnyServer, with TLS and no TLSServerSANs, has the sidecars accept any certificate the
+	// mesh root signed as edgeflow's: any workload of the mesh that can be reached at
+	// XDSAddress could then serve the sidecars their endpoints. It must be asked for.
+	TLSAnyServer bool
 }
 
 func (c Config) namespace() string { return cmp.Or(c.Namespace, DefaultNamespace) }
@@ -142,7 +148,8 @@ func (c Config) connectTimeout() time.Duration {
 }
 
 // Validate checks XDSAddress (HOST:PORT with a port in 1..65535), ConnectTimeout (not
-// negative), ClusterDomain (a DNS name) and the TLS fields (only with TLS).
+// negative), ClusterDomain (a DNS name) and the TLS fields (only with TLS; with TLS, either
+// TLSServerSANs or TLSAnyServer, not both).
 func (c Config) Validate() error {
 	host, port, err := net.SplitHostPort(c.XDSAddress)
 	if err != nil {
@@ -159,8 +166,20 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: ClusterDomain %q: %s", ErrInvalidConfig, c.ClusterDomain, strings.Join(errs, "; "))
 		}
 	}
-	if !c.TLS && (c.TLSServerName != "" || len(c.TLSServerSANs) > 0) {
-		return fmt.Errorf("%w: TLSServerName or TLSServerSANs without TLS", ErrInvalidConfig)
+	if !c.TLS && (c.TLSServerName != "" || len(c.TLSServerSANs) > 0 || c.TLSAnyServer) {
+		return fmt.Errorf("%w: TLSServerName, TLSServerSANs or TLSAnyServer without TLS", ErrInvalidConfig)
+	}
+	if c.TLSAnyServer && len(c.TLSServerSANs) > 0 {
+		return fmt.Errorf("%w: TLSAnyServer with TLSServerSANs %q: either any certificate the mesh root signed, or one carrying a SAN", ErrInvalidConfig, c.TLSServerSANs)
+	}
+	if c.TLS && len(c.TLSServerSANs) == 0 && !c.TLSAnyServer {
+		return fmt.Errorf("%w: TLS without TLSServerSANs: the sidecars would take any certificate the mesh root signed for edgeflow's; "+
+			"name edgeflow's SAN (its SPIFFE id), or set TLSAnyServer", ErrInvalidConfig)
+	}
+	for _, san := range c.TLSServerSANs {
+		if san == "" {
+			return fmt.Errorf("%w: TLSServerSANs %q: an empty SAN", ErrInvalidConfig, c.TLSServerSANs)
+		}
 	}
 	return nil
 }
@@ -314,7 +333,8 @@ func XDSCluster(cfg Config) *clusterv3.Cluster {
 
 // xdsTLS is the edgeflow-xds cluster's TLS: the sidecar's workload certificate (SDS secret
 // SDSCertName) as its client certificate, edgeflow's verified against the mesh root (SDS
-// secret SDSRootName), both from istio-agent's SDS server through the bootstrap's
+// secret SDSRootName) and, unless cfg.TLSAnyServer, matched against cfg.TLSServerSANs
+// (match_typed_subject_alt_names), both certificates from istio-agent's SDS server through the bootstrap's
 // SDSClusterName cluster, ALPN h2 — what Istio builds for a bootstrap cluster with
 // ISTIO_MUTUAL TLS (istio/istio pkg/bootstrap/option/convert.go tlsContextConvert, and
 // pkg/model/authentication.go ConstructSdsSecretConfig for the SDS config source).

@@ -194,12 +194,16 @@ func TestXDSCluster(t *testing.T) {
 	if len(sans) != 1 || sans[0].GetSanType() != tlsv3.SubjectAltNameMatcher_URI || sans[0].GetMatcher().GetExact() != "spiffe://cluster.local/ns/edgeflow/sa/edgeflow" {
 		t.Errorf("SAN match %v", sans)
 	}
-	if ip := XDSCluster(Config{XDSAddress: "10.0.0.1:1", TLS: true}); ip.GetTransportSocket() == nil {
+	if ip := XDSCluster(Config{XDSAddress: "10.0.0.1:1", TLS: true, TLSAnyServer: true}); ip.GetTransportSocket() == nil {
 		t.Error("no transport socket for an IP address with TLS")
 	} else {
 		tc := &tlsv3.UpstreamTlsContext{}
 		if err := ip.GetTransportSocket().GetTypedConfig().UnmarshalTo(tc); err != nil || tc.GetSni() != "" {
 			t.Errorf("IP address: SNI %q (err %v), want none", tc.GetSni(), err)
+		}
+		// TLSAnyServer: the mesh root alone decides, as asked.
+		if sans := tc.GetCommonTlsContext().GetCombinedValidationContext().GetDefaultValidationContext().GetMatchTypedSubjectAltNames(); len(sans) != 0 {
+			t.Errorf("TLSAnyServer: SAN match %v, want none", sans)
 		}
 	}
 }
@@ -343,6 +347,13 @@ func TestConfigValidate(t *testing.T) {
 		{Config{XDSAddress: "edgeflow:1", TLS: true, TLSServerName: "x", TLSServerSANs: []string{"y"}}, true},
 		{Config{XDSAddress: "edgeflow:1", TLSServerName: "x"}, false},
 		{Config{XDSAddress: "edgeflow:1", TLSServerSANs: []string{"y"}}, false},
+		// TLS names edgeflow's identity, or says explicitly that any mesh certificate will do.
+		{Config{XDSAddress: "edgeflow:1", TLS: true}, false},
+		{Config{XDSAddress: "edgeflow:1", TLS: true, TLSServerName: "x"}, false},
+		{Config{XDSAddress: "edgeflow:1", TLS: true, TLSAnyServer: true}, true},
+		{Config{XDSAddress: "edgeflow:1", TLS: true, TLSAnyServer: true, TLSServerSANs: []string{"y"}}, false},
+		{Config{XDSAddress: "edgeflow:1", TLSAnyServer: true}, false},
+		{Config{XDSAddress: "edgeflow:1", TLS: true, TLSServerSANs: []string{""}}, false},
 	}
 	for _, tt := range tests {
 		err := tt.cfg.Validate()
