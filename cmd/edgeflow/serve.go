@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
@@ -59,6 +60,7 @@ type serveFlags struct {
 	rebalancer     rebalanceFlags
 	istioLeader    istioLeaderFlags
 	probes         probesd.Config // the latency probes served as HTTP service discovery (with a cluster)
+	probeNodes     string         // --probe-node-selector, parsed into probes.Nodes
 }
 
 func newServeCommand() *cobra.Command {
@@ -96,7 +98,8 @@ func newServeCommand() *cobra.Command {
 	enumVar(cmd, fl, &enumFlag[corev1.NodeAddressType]{p: &f.probes.AddressType, values: []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP}, typ: "address-type"},
 		"probe-address-type", "", corev1.NodeInternalIP, "with a cluster: the node address "+probesd.Path+" probes and reaches the node's exporter at: InternalIP or ExternalIP")
 	fl.StringVar(&f.probes.RepresentativeLabel, "probe-representative-label", probesd.DefaultRepresentativeLabel, "with a cluster, per zone (--latency-granularity): the node label (value \"true\") that marks a zone's probing representative in "+probesd.Path+" (no node labelled: each region/zone's first node by name)")
-	f.only = append(f.only, "probe-exporter-port", "probe-address-type", "probe-representative-label") // they read the Nodes
+	fl.StringVar(&f.probeNodes, "probe-node-selector", "", "with a cluster: label selector of the nodes that run an exporter (e.g. \"!node-role.kubernetes.io/control-plane\"); the others are neither probed nor probing in "+probesd.Path+" (default: every node)")
+	f.only = append(f.only, "probe-exporter-port", "probe-address-type", "probe-representative-label", "probe-node-selector") // they read the Nodes
 	policyVar(cmd, &f.policy)
 	enumVar(cmd, fl, &enumFlag[xds.Encoding]{p: &f.encoding, values: []xds.Encoding{xds.EncodingLocality, xds.EncodingWeightedClusters},
 		parse: xds.ParseEncoding, typ: "encoding", noun: "encoding"},
@@ -296,6 +299,13 @@ func (a *serveApp) buildSource(opts optimizer.Options) error {
 	}
 	if f.probes.Port < 1 || f.probes.Port > 65535 {
 		return badInput("--probe-exporter-port %d: want a port, 1 to 65535", f.probes.Port)
+	}
+	if f.probeNodes != "" {
+		sel, err := labels.Parse(f.probeNodes)
+		if err != nil {
+			return badInput("--probe-node-selector %q: %v", f.probeNodes, err)
+		}
+		f.probes.Nodes = sel
 	}
 	var err error
 	if a.inf, err = f.informers(f.rebalance, a.logger); err != nil {

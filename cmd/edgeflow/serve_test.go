@@ -283,6 +283,7 @@ func TestServeBadInput(t *testing.T) {
 		{"a cluster flag with -f", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--namespaces", "shop"}, "--namespaces reads the topology from a cluster"},
 		{"a probe flag with -f", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--probe-exporter-port", "9100"}, "--probe-exporter-port reads the topology from a cluster"},
 		{"probe exporter port out of range", []string{"--kubeconfig", filepath.Join(dir, "absent.kubeconfig"), "--xds-address", "127.0.0.1:0", "--probe-exporter-port", "70000"}, "--probe-exporter-port 70000: want a port"},
+		{"bad probe node selector", []string{"--kubeconfig", filepath.Join(dir, "absent.kubeconfig"), "--xds-address", "127.0.0.1:0", "--probe-node-selector", "role in (a"}, `--probe-node-selector "role in (a"`},
 		{"bad probe address type", []string{"--kubeconfig", filepath.Join(dir, "absent.kubeconfig"), "--xds-address", "127.0.0.1:0", "--probe-address-type", "Hostname"}, "want InternalIP or ExternalIP"},
 		{"TLS key without certificate", []string{"-f", serveGood, "--xds-address", "127.0.0.1:0", "--xds-tls-key", filepath.Join(dir, "absent.key")}, "both a certificate and a key"},
 	} {

@@ -52,6 +52,10 @@ type Config struct {
 	// represents it; a zone is a node's region/zone labels, a node without a zone label being
 	// a zone of its own.
 	RepresentativeLabel string
+	// Nodes selects by label the nodes that run an exporter (the DaemonSet's placement, e.g.
+	// "!node-role.kubernetes.io/control-plane"); a node it does not select is neither probed
+	// nor probing, and cannot represent a zone. nil selects every node.
+	Nodes labels.Selector
 }
 
 // TargetGroup is one target group of Prometheus' HTTP service discovery.
@@ -95,9 +99,13 @@ func TargetGroups(nodes []*corev1.Node, cfg Config) []TargetGroup {
 	return out
 }
 
-// representatives returns the nodes probed, sorted by name: every node, or one per zone.
+// representatives returns the nodes probed, sorted by name: every node cfg.Nodes selects, or
+// one per zone.
 func representatives(nodes []*corev1.Node, cfg Config) []*corev1.Node {
 	sorted := slices.Clone(nodes)
+	if cfg.Nodes != nil {
+		sorted = slices.DeleteFunc(sorted, func(n *corev1.Node) bool { return !cfg.Nodes.Matches(labels.Set(n.Labels)) })
+	}
 	slices.SortFunc(sorted, func(a, b *corev1.Node) int { return strings.Compare(a.Name, b.Name) })
 	zone := cfg.Granularity == GranularityZone ||
 		(cfg.Granularity == GranularityAuto && len(sorted)*(len(sorted)-1) > cfg.MaxNodePairs)

@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 func node(name, ip string, labels map[string]string) *corev1.Node {
@@ -41,6 +42,16 @@ func pairs(gs []TargetGroup) []string {
 func jsonString(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// notControlPlane is the chart's default --probe-node-selector.
+func notControlPlane(t *testing.T) labels.Selector {
+	t.Helper()
+	sel, err := labels.Parse("!node-role.kubernetes.io/control-plane")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sel
 }
 
 func TestTargetGroups(t *testing.T) {
@@ -86,6 +97,15 @@ func TestTargetGroups(t *testing.T) {
 		{"auto beyond MaxNodePairs: per zone", []*corev1.Node{node("a-1", "10.0.0.1", zone("a")), node("a-2", "10.0.0.2", zone("a")), node("b-1", "10.0.0.3", zone("b"))},
 			Config{Port: 9115, Granularity: GranularityAuto, MaxNodePairs: 2},
 			[]string{`a-1→b-1 ["10.0.0.3"] via 10.0.0.1:9115`, `b-1→a-1 ["10.0.0.1"] via 10.0.0.3:9115`}},
+		{"a node the selector leaves out (no exporter there) neither probes nor is probed, nor represents its zone",
+			[]*corev1.Node{node("cp-1", "10.0.0.9", zone("a", "node-role.kubernetes.io/control-plane", "")), node("a-1", "10.0.0.1", zone("a")),
+				node("b-1", "10.0.0.3", zone("b"))},
+			Config{Port: 9115, Granularity: GranularityZone, Nodes: notControlPlane(t)},
+			[]string{`a-1→b-1 ["10.0.0.3"] via 10.0.0.1:9115`, `b-1→a-1 ["10.0.0.1"] via 10.0.0.3:9115`}},
+		{"auto counts only the selected nodes", []*corev1.Node{node("a-1", "10.0.0.1", zone("a")), node("a-2", "10.0.0.2", zone("a")),
+			node("cp-1", "10.0.0.9", map[string]string{"node-role.kubernetes.io/control-plane": ""})},
+			Config{Port: 9115, Granularity: GranularityAuto, MaxNodePairs: 2, Nodes: notControlPlane(t)},
+			[]string{`a-1→a-2 ["10.0.0.2"] via 10.0.0.1:9115`, `a-2→a-1 ["10.0.0.1"] via 10.0.0.2:9115`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if diff := cmp.Diff(tc.want, pairs(TargetGroups(tc.nodes, tc.cfg))); diff != "" {
