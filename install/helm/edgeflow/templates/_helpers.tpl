@@ -44,6 +44,12 @@ clients, or TLS asked for): it listens on 0.0.0.0 behind its Service; otherwise 
 {{- if or (eq $tls "true") (and (eq $tls "auto") (include "edgeflow.xdsServed" .)) }}true{{ end -}}
 {{- end -}}
 
+{{/* edgeflow's SPIFFE id, which its xDS certificate carries (the cert-manager Certificate's URI
+SAN) and the sidecars require of it in envoyfilter mode (--istio-xds-server-san). */}}
+{{- define "edgeflow.spiffeID" -}}
+spiffe://{{ .Values.xds.tls.trustDomain }}/ns/{{ .Release.Namespace }}/sa/{{ .Values.serviceAccount.name }}
+{{- end -}}
+
 {{/* Bad values fail the render, naming the value. */}}
 {{- define "edgeflow.validate" -}}
 {{- if not (has .Values.istio.mode (list "off" "destinationrule" "envoyfilter")) -}}
