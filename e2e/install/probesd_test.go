@@ -208,6 +208,15 @@ func freePort(t *testing.T, host string) int {
 // printed when t failed.
 func startLogged(t *testing.T, dir, name string, argv ...string) string {
 	t.Helper()
+	logFile, _ := startLoggedWith(t, dir, name, (*exec.Cmd).Start, argv...)
+	return logFile
+}
+
+// startLoggedWith is startLogged with the process started by start (which may run cmd.Start
+// elsewhere, such as on a thread in another network namespace, which must then outlive the
+// process: Pdeathsig follows the thread that started it); it also returns the process.
+func startLoggedWith(t *testing.T, dir, name string, start func(*exec.Cmd) error, argv ...string) (string, *os.Process) {
+	t.Helper()
 	logFile := filepath.Join(dir, name+".log")
 	f, err := os.Create(logFile)
 	if err != nil {
@@ -216,7 +225,7 @@ func startLogged(t *testing.T, dir, name string, argv ...string) string {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := start(cmd); err != nil {
 		f.Close()
 		t.Fatal(err)
 	}
@@ -236,7 +245,7 @@ func startLogged(t *testing.T, dir, name string, argv ...string) string {
 			t.Logf("%s's log (last 30 lines):\n%s", name, strings.Join(lines[max(0, len(lines)-30):], "\n"))
 		}
 	})
-	return logFile
+	return logFile, cmd.Process
 }
 
 // httptestRecorder is h's answer to GET probesd.Path.
@@ -308,27 +317,35 @@ func promTargets(t *testing.T, url string) []string {
 	return out
 }
 
-// The probe DaemonSet's pod and Pod Security admission on the real API server: the
-// "baseline" and "restricted" levels reject it (host network, the host port that host
-// network implies, NET_RAW; restricted also root), "privileged" admits it — what
-// docs/security.md says.
+// The probe DaemonSet's pod and Pod Security admission on the real API server. By default
+// (latencyProbes.icmpSocket=unprivileged) the "baseline" and "restricted" levels reject it for
+// the host network alone (hostNetwork, and the host port it implies) — no root, no capability;
+// with icmpSocket=raw also for NET_RAW (restricted: and root). "privileged" admits both. And the
+// per-pod net.ipv4.ping_group_range that would let it go without the node's is refused on the
+// host network — what docs/security.md says.
 func TestProbePodSecurity(t *testing.T) {
 	t.Parallel()
 	c, _ := startAPIServer(t, kubeapi.Options{})
 	ctx := kubeapi.Context(t)
-	var ds appsv1.DaemonSet
-	convert(t, find(t, render(t, nil), "DaemonSet", release+"-blackbox"), &ds)
+	hostNet := []string{"host namespaces (hostNetwork=true)", "hostPort (container \"blackbox-exporter\" uses hostPort 9115)"}
+	rawOnly := []string{"NET_RAW", "runAsUser=0", "runAsNonRoot != true"}
 	for _, tc := range []struct {
-		level string
-		want  []string // in the refusal; none: admitted
+		socket, level string
+		want, not     []string // in the refusal, and not; want nil: admitted
 	}{
-		{"baseline", []string{`violates PodSecurity "baseline:latest"`, "host namespaces (hostNetwork=true)", "hostPort (container \"blackbox-exporter\" uses hostPort 9115)",
-			`non-default capabilities (container "blackbox-exporter" must not include "NET_RAW" in securityContext.capabilities.add)`}},
-		{"restricted", []string{`violates PodSecurity "restricted:latest"`, "host namespaces (hostNetwork=true)", "runAsNonRoot != true", "runAsUser=0",
-			`unrestricted capabilities (container "blackbox-exporter" must not include "NET_RAW" in securityContext.capabilities.add)`}},
-		{"privileged", nil},
+		{"unprivileged", "baseline", append([]string{`violates PodSecurity "baseline:latest"`}, hostNet...), rawOnly},
+		{"unprivileged", "restricted", append([]string{`violates PodSecurity "restricted:latest"`}, hostNet...), rawOnly},
+		{"unprivileged", "privileged", nil, nil},
+		{"raw", "baseline", append([]string{`violates PodSecurity "baseline:latest"`,
+			`non-default capabilities (container "blackbox-exporter" must not include "NET_RAW" in securityContext.capabilities.add)`}, hostNet...), nil},
+		{"raw", "restricted", append([]string{`violates PodSecurity "restricted:latest"`, "runAsNonRoot != true", "runAsUser=0",
+			`unrestricted capabilities (container "blackbox-exporter" must not include "NET_RAW" in securityContext.capabilities.add)`}, hostNet...), nil},
+		{"raw", "privileged", nil, nil},
 	} {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "pss-" + tc.level, Labels: map[string]string{"pod-security.kubernetes.io/enforce": tc.level}}}
+		var ds appsv1.DaemonSet
+		convert(t, find(t, render(t, map[string]any{"latencyProbes": map[string]any{"icmpSocket": tc.socket}}), "DaemonSet", release+"-blackbox"), &ds)
+		name := "pss-" + tc.socket + "-" + tc.level
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"pod-security.kubernetes.io/enforce": tc.level}}}
 		if _, err := c.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -336,15 +353,30 @@ func TestProbePodSecurity(t *testing.T) {
 		_, err := c.Client.CoreV1().Pods(ns.Name).Create(ctx, pod, metav1.CreateOptions{})
 		switch {
 		case tc.want == nil && err != nil:
-			t.Errorf("%s: the probe pod refused: %v", tc.level, err)
+			t.Errorf("%s, %s: the probe pod refused: %v", tc.socket, tc.level, err)
 		case tc.want != nil && err == nil:
-			t.Errorf("%s: the probe pod admitted", tc.level)
+			t.Errorf("%s, %s: the probe pod admitted", tc.socket, tc.level)
 		case err != nil:
-			t.Logf("%s: %v", tc.level, err)
+			t.Logf("%s, %s: %v", tc.socket, tc.level, err)
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
-					t.Errorf("%s: the refusal does not say %q: %v", tc.level, w, err)
+					t.Errorf("%s, %s: the refusal does not say %q: %v", tc.socket, tc.level, w, err)
 				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(err.Error(), w) {
+					t.Errorf("%s, %s: the refusal says %q: %v", tc.socket, tc.level, w, err)
+				}
+			}
+		}
+		if tc.socket == "unprivileged" && tc.level == "privileged" {
+			// The pod cannot set the range itself on the host network: the sysctl is the node's.
+			pod.Name, pod.Spec.SecurityContext.Sysctls = "probe-sysctl", []corev1.Sysctl{{Name: "net.ipv4.ping_group_range", Value: "65534 65534"}}
+			_, err := c.Client.CoreV1().Pods(ns.Name).Create(ctx, pod, metav1.CreateOptions{})
+			if err == nil || !strings.Contains(err.Error(), `"net.ipv4.ping_group_range": may not be specified when 'hostNetwork' is true`) {
+				t.Errorf("a host-network probe pod setting net.ipv4.ping_group_range: %v; want it refused", err)
+			} else {
+				t.Logf("the per-pod sysctl on the host network: %v", err)
 			}
 		}
 	}

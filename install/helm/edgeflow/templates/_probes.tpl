@@ -12,3 +12,24 @@ representative node per zone; edgeflow runs with --latency-granularity=zone). */
 {{- end -}}
 {{- $g -}}
 {{- end -}}
+
+{{/* The probe exporter's container securityContext, by latencyProbes.icmpSocket: unprivileged
+(ICMP datagram sockets: no capability; user and group from the pod) or raw (raw sockets: root
+with NET_RAW only). */}}
+{{- define "edgeflow.probeContainerSecurity" -}}
+{{- if eq .Values.latencyProbes.icmpSocket "unprivileged" -}}
+runAsNonRoot: true
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+privileged: false
+capabilities: {drop: [ALL]}
+{{- else -}}
+# raw ICMP sockets: root with CAP_NET_RAW only
+runAsUser: 0
+runAsNonRoot: false
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+privileged: false
+capabilities: {drop: [ALL], add: [NET_RAW]}
+{{- end -}}
+{{- end -}}
