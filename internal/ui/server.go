@@ -6,7 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/http"
+	"net/netip"
+	"strings"
 	"sync"
 	"time"
 )
@@ -96,7 +99,37 @@ func (v *View) Handler() http.Handler {
 		_, _ = w.Write(b)
 	})
 	mux.HandleFunc("GET /events", v.events)
-	return securityHeaders(mux)
+	return securityHeaders(loopbackHost(mux))
+}
+
+// loopbackHost answers only requests whose Host names the loopback: "localhost" or a loopback
+// IP, with any port — what a browser sends to the view on its loopback listener, directly or
+// through kubectl port-forward or an SSH tunnel. Any other Host is refused with 421, so a page
+// of another site whose name an attacker rebinds to 127.0.0.1 (DNS rebinding) cannot read the
+// view with the browser's help: the browser sends the attacker's name as Host.
+func loopbackHost(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !IsLoopbackHost(r.Host) {
+			http.Error(w, fmt.Sprintf("ui: Host %q is not the loopback: open the view as localhost or 127.0.0.1", r.Host), http.StatusMisdirectedRequest)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// IsLoopbackHost says whether an HTTP Host (HOST or HOST:PORT, an IPv6 literal in brackets)
+// names the loopback: "localhost" (any case, with or without a final dot) or a loopback IP.
+func IsLoopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	} else {
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	}
+	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }
 
 // securityHeaders forbids anything but the page's own assets, framing and type sniffing.

@@ -155,3 +155,39 @@ func TestEventStreamOutlivesWriteTimeout(t *testing.T) {
 		t.Fatalf("after 4 write timeouts: publication %d, want 7", s.Publication)
 	}
 }
+
+// TestOnlyLoopbackHosts: a page of another site whose name an attacker rebinds to 127.0.0.1
+// (DNS rebinding) makes the browser send that name as Host; the view answers only loopback
+// names, so such a page reads nothing, while localhost, 127.0.0.1 and [::1] (a browser on the
+// machine, kubectl port-forward, an SSH tunnel) still work.
+func TestOnlyLoopbackHosts(t *testing.T) {
+	t.Parallel()
+	v := New(Config{})
+	srv := httptest.NewServer(v.Handler())
+	defer srv.Close()
+	for _, tc := range []struct {
+		host string
+		code int
+	}{
+		{"localhost:8080", 200}, {"LOCALHOST", 200}, {"localhost.:8080", 200}, {"127.0.0.1:8080", 200}, {"127.3.4.5", 200},
+		{"[::1]:8080", 200}, {"::1", 200}, {"[::ffff:127.0.0.1]:80", 200},
+		{"attacker.example:8080", 421}, {"attacker.example", 421}, {"localhost.attacker.example", 421},
+		{"10.0.0.1:8080", 421}, {"0.0.0.0:8080", 421},
+	} {
+		for _, path := range []string{"/", "/snapshot.json", "/events"} {
+			req, _ := http.NewRequest("GET", srv.URL+path, nil)
+			req.Host = tc.host
+			if path == "/events" && tc.code == 200 {
+				continue // a stream that stays open; the refused case is what matters here
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.code {
+				t.Errorf("GET %s with Host %q: %d, want %d", path, tc.host, resp.StatusCode, tc.code)
+			}
+		}
+	}
+}
