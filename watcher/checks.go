@@ -67,7 +67,7 @@ func (c *Live) Checks() []Check {
 	lat := Check{Name: "latency", OK: true, Message: "measured"}
 	var problems []string
 	if len(ls.unmatched) > 0 {
-		problems = append(problems, fmt.Sprintf("latency labels naming no node (--node-match=%s): %s", c.cfg.NodeMatch, strings.Join(ls.unmatched, ", ")))
+		problems = append(problems, fmt.Sprintf("latency labels naming no node (--node-match=%s): %s", c.cfg.NodeMatch, listed(ls.unmatched, maxListed)))
 	}
 	if !ls.usable {
 		problems = append(problems, "no usable latency measurement: serving the capacity-weighted plan (every node pair equal) until one arrives")
@@ -102,4 +102,17 @@ func breakerCheck(states []estimate.BreakerState) Check {
 		ck.Message = "model-error breaker tripped, served as lata: " + strings.Join(tripped, "; ")
 	}
 	return ck
+}
+
+// maxListed bounds the names one /readyz line or log line lists: the names come from
+// Prometheus labels, which any pod that can push a series may multiply.
+const maxListed = 10
+
+// listed joins names with ", ", at most limit of them (0: all), followed by how many more there
+// are.
+func listed(names []string, limit int) string {
+	if limit > 0 && len(names) > limit {
+		return strings.Join(names[:limit], ", ") + fmt.Sprintf(" and %d more", len(names)-limit)
+	}
+	return strings.Join(names, ", ")
 }

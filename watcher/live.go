@@ -312,7 +312,7 @@ func (c *Live) feedCapacity(ks *kube.State, meas *prom.Measurements) map[string]
 	fresh := added(c.podsOff, r.unmatched)
 	c.unmatched.WithLabelValues("pod").Add(float64(len(fresh)))
 	if len(fresh) > 0 {
-		c.log.Debug("watcher: pod loads naming no pod of a managed service; left out", "pods", fresh)
+		c.log.Debug("watcher: pod loads naming no pod of a managed service; left out", "count", len(fresh), "pods", listed(fresh, maxListed))
 	}
 	c.podsOff = r.unmatched
 	return c.capacity.inForce(ks)
@@ -402,7 +402,7 @@ func (c *Live) record(n mergeNotes) {
 	c.unmatched.WithLabelValues("node").Add(float64(len(added(prev.unmatched, ls.unmatched))))
 	if !slices.Equal(prev.unmatched, ls.unmatched) {
 		if len(ls.unmatched) > 0 {
-			c.log.Error("watcher: latency labels name no node; their pairs are not used", "node_match", c.cfg.NodeMatch, "names", ls.unmatched)
+			c.log.Error("watcher: latency labels name no node; their pairs are not used", "node_match", c.cfg.NodeMatch, "count", len(ls.unmatched), "names", listed(ls.unmatched, maxListed))
 		} else if prev.merged {
 			c.log.Info("watcher: every latency label names a node again")
 		}

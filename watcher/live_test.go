@@ -1219,3 +1219,32 @@ func TestClusterContestedPairShownDegraded(t *testing.T) {
 		t.Errorf("/readyz with a contested pair: %d %s; want 200, the latency check degraded", rr.Code, rr.Body)
 	}
 }
+
+// TestUnmatchedNamesBounded: /readyz (served on every address of the metrics listener) and the
+// log list at most maxListed of the latency labels that name no node, then how many more —
+// a pod that pushes series with 100,000 made-up node names gets neither a 100,000-name
+// /readyz answer nor such a log line.
+func TestUnmatchedNamesBounded(t *testing.T) {
+	t.Parallel()
+	fp := &fakeProm{}
+	logs := &logBuffer{}
+	c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, kubetest.NewClientset(clusterObjects()...)), Prom: fakePromSource(t, fp),
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	var forged []promSample
+	for i := range 500 {
+		forged = append(forged, latSample(fmt.Sprintf("ghost-%03d", i), "n1", "0.002"))
+	}
+	fp.set(func(f *fakeProm) { f.latency = forged })
+	rec := recorder{got: make(chan *optimizer.Topology, 16)}
+	runCluster(t, c, rec)
+	testkit.Eventually(t, 10*time.Second, "the unmatched names reported", func() bool {
+		return strings.Contains(checkNamed(c, "latency").Message, "ghost-000")
+	})
+	msg := checkNamed(c, "latency").Message
+	if !strings.Contains(msg, "ghost-009 and 490 more") || strings.Contains(msg, "ghost-010") {
+		t.Errorf("latency check lists more than %d unmatched names, or not how many more: %d bytes: %.300s", maxListed, len(msg), msg)
+	}
+	if l := logs.String(); strings.Contains(l, "ghost-010") || !strings.Contains(l, "count=500") {
+		t.Errorf("the log lists more than %d unmatched names, or not their count: %.300s", maxListed, l)
+	}
+}
