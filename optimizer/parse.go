@@ -9,19 +9,19 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// maxTopologyBytes bounds a topology file (64 MiB): larger input is refused, not half-read.
-const maxTopologyBytes = 64 << 20
+// MaxTopologyBytes bounds a topology file (64 MiB): larger input is refused, not half-read.
+const MaxTopologyBytes = 64 << 20
 
 // ParseTopology reads a topology in YAML or JSON (JSON is read as YAML, which it is). Unknown
 // fields are errors. It checks syntax and field types only; Compile validates the content.
 // name labels errors (a file name, or "-" for standard input).
 func ParseTopology(r io.Reader, name string) (*Topology, error) {
-	data, err := io.ReadAll(io.LimitReader(r, maxTopologyBytes+1))
+	data, err := io.ReadAll(io.LimitReader(r, MaxTopologyBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("optimizer: reading %s: %w", name, err)
 	}
-	if len(data) > maxTopologyBytes {
-		return nil, invalidf("%s: larger than %d bytes", name, maxTopologyBytes)
+	if len(data) > MaxTopologyBytes {
+		return nil, invalidf("%s: larger than %d bytes", name, MaxTopologyBytes)
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, invalidf("%s: empty topology", name)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"sync"
@@ -79,11 +80,35 @@ func NewFile(path string, cfg FileConfig) (*File, error) {
 
 // Load reads and validates the file once, without delivering it.
 func (f *File) Load() (*optimizer.Topology, error) {
-	data, err := os.ReadFile(f.path)
+	data, err := f.read()
 	if err != nil {
 		return nil, fmt.Errorf("watcher: reading topology: %w", err)
 	}
 	return f.parse(data)
+}
+
+// read reads the file, at most optimizer.MaxTopologyBytes of it: a larger file is an error
+// naming it, found without reading (or holding) more than the cap, at every poll.
+func (f *File) read() ([]byte, error) {
+	fd, err := os.Open(f.path)
+	if err != nil {
+		return nil, err
+	}
+	defer fd.Close()
+	tooLarge := func() error {
+		return fmt.Errorf("%w: %s: larger than %d bytes", optimizer.ErrInvalidTopology, f.path, optimizer.MaxTopologyBytes)
+	}
+	if st, err := fd.Stat(); err == nil && st.Mode().IsRegular() && st.Size() > optimizer.MaxTopologyBytes {
+		return nil, tooLarge() // refused unread
+	}
+	data, err := io.ReadAll(io.LimitReader(fd, optimizer.MaxTopologyBytes+1)) // a file growing as it is read
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > optimizer.MaxTopologyBytes {
+		return nil, tooLarge()
+	}
+	return data, nil
 }
 
 func (f *File) parse(data []byte) (*optimizer.Topology, error) {
@@ -125,7 +150,7 @@ func (f *File) Reload() { f.reload.Notify() }
 // nil). If the first read fails, Run returns that error at once (wrapping
 // optimizer.ErrInvalidTopology when the content is invalid). Run may be called once.
 func (f *File) Run(ctx context.Context, l Listener) error {
-	data, err := os.ReadFile(f.path)
+	data, err := f.read()
 	if err != nil {
 		return fmt.Errorf("watcher: reading topology: %w", err)
 	}
@@ -149,7 +174,7 @@ func (f *File) Run(ctx context.Context, l Listener) error {
 		case <-f.reload.C():
 			force = true
 		}
-		data, err := os.ReadFile(f.path)
+		data, err := f.read()
 		if err != nil {
 			if msg := err.Error(); msg != readErr || force {
 				readErr = msg

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -198,5 +199,34 @@ func TestFileStopsWithContext(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after cancel")
+	}
+}
+
+// TestFileTooLargeNotRead: a topology file over optimizer.MaxTopologyBytes (here a sparse
+// 1 GiB file) is refused naming it, having read no more than the cap — not read whole at
+// every poll before the parser's cap refuses it.
+func TestFileTooLargeNotRead(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "huge.yaml")
+	fd, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fd.Truncate(1 << 30); err != nil {
+		t.Fatal(err)
+	}
+	fd.Close()
+	f, err := NewFile(path, FileConfig{Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err = f.Load()
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, optimizer.ErrInvalidTopology) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "larger than") {
+		t.Errorf("Load of a 1 GiB file: %v", err)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > optimizer.MaxTopologyBytes {
+		t.Errorf("Load of a 1 GiB file allocated %d MiB; the cap is %d MiB", alloc>>20, optimizer.MaxTopologyBytes>>20)
 	}
 }
