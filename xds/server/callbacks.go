@@ -250,6 +250,9 @@ func (s *Server) onResponse(key streamKey, resp *discovery.DiscoveryResponse) {
 	st.sotw.answered[i] = false
 	st.sotw.open[i] = true
 	st.since[i] = n.writes[i] + 1
+	if n.awaitPub != nil {
+		n.awaitPub.sent(s.clock.Now())
+	}
 }
 
 // onRequest registers new streams and handles SOTW ACKs and NACKs. The version a request names
@@ -337,6 +340,9 @@ func (s *Server) onDeltaResponse(key streamKey, resp *discovery.DeltaDiscoveryRe
 		st.delta.pending = slices.Delete(st.delta.pending, oldest, oldest+1)
 	}
 	st.since[i] = n.writes[i] + 1
+	if n.awaitPub != nil {
+		n.awaitPub.sent(s.clock.Now())
+	}
 }
 
 // onDeltaRequest handles a delta stream's subscriptions, ACKs and NACKs. Delta has no

@@ -52,6 +52,10 @@ type publication struct {
 	byIP     map[string]string // address host → pod name; "" when several pods share the host
 	changeAt time.Time
 	pending  atomic.Int64 // nodes still expected to answer (+1 while nodes are being visited)
+	// firstSent and lastSent are when the first and the last response to a node this
+	// publication waits for was handed to gRPC (Clock time in Unix ns, 0 = none): the fan-out's
+	// stages, logged when the publication converges.
+	firstSent, lastSent atomic.Int64
 
 	internMu sync.Mutex
 	interned map[internKey]*internedSet        // see intern
@@ -83,6 +87,19 @@ func newPublication(num uint64, t *optimizer.Topology, a *optimizer.Allocation, 
 		}
 	}
 	return p
+}
+
+// sent records a response handed to gRPC at now for a node the publication waits for. Safe
+// for concurrent use: two atomic operations, no lock.
+func (p *publication) sent(now time.Time) {
+	t := now.UnixNano()
+	p.firstSent.CompareAndSwap(0, t)
+	for {
+		last := p.lastSent.Load()
+		if last >= t || p.lastSent.CompareAndSwap(last, t) {
+			return
+		}
+	}
 }
 
 // resourcesFor resolves a node id: a pod name; else an Istio sidecar id by pod, then by IP;

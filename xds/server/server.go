@@ -492,7 +492,7 @@ func (s *Server) publish() {
 	now := s.clock.Now()
 	s.log.Info("xds: published", "publication", pub.num, "policy", alloc.Policy, "cost", alloc.Cost,
 		"nodes", len(nodes), "pushed", pushed, "solve", t1.Sub(t0), "translate", t2.Sub(t1), "set", now.Sub(t2),
-		"since_change", now.Sub(changeAt), "pooled", alloc.Pooled)
+		"since_change", now.Sub(changeAt), "change_at", changeAt.UTC().Format(time.RFC3339Nano), "pooled", alloc.Pooled)
 	s.answered(pub)
 }
 
@@ -510,6 +510,17 @@ func (s *Server) answered(pub *publication) {
 			break
 		}
 	}
-	s.m.convergence.Observe(s.clock.Now().Sub(pub.changeAt).Seconds())
+	now := s.clock.Now()
+	s.m.convergence.Observe(now.Sub(pub.changeAt).Seconds())
 	s.notify()
+	// The fan-out's stages, each since the change (the publication's "published" line has the
+	// ones before): the first and last response to a node it waited for, and its last answer.
+	since := func(ns int64) any {
+		if ns == 0 {
+			return "none"
+		}
+		return time.Unix(0, ns).Sub(pub.changeAt)
+	}
+	s.log.Info("xds: converged", "publication", pub.num, "first_response", since(pub.firstSent.Load()),
+		"last_response", since(pub.lastSent.Load()), "since_change", now.Sub(pub.changeAt))
 }
