@@ -24,9 +24,10 @@ type side struct {
 	addr  string // xDS
 	pprof string // base URL of /debug/pprof/, "" when the server has none
 	fl    *fleet
-	// published matches the server's log line of publication (or reload) number k.
-	published func(line string, k int) bool
-	res       sideResult
+	// published matches the server's log line of publication (or reload) number k; converged,
+	// when not nil, its line saying that publication k's last answer is in.
+	published, converged func(line string, k int) bool
+	res                  sideResult
 }
 
 // sideResult is what was measured of one side at one size.
@@ -37,9 +38,12 @@ type sideResult struct {
 	Responses  []float64                  // responses received per awaited stream, per measured round
 	CPU        []time.Duration            // server CPU time per measured round (to quiet after it)
 	PhaseTimes map[string][]time.Duration // the server's logged phases (solve, translate, set, …)
-	RSSBefore  int64                      // server VmRSS, topology published, before clients connect
-	RSSAfter   int64                      // server VmRSS, every client converged on the first version
-	Unquiet    int                        // rounds that started before the servers were quiet (limit reached)
+	// Stages are, per measured round, when each stage of the push was done, from the change
+	// (see stages), read from the server's own log lines and clock; the last is the client's.
+	Stages    map[string][]time.Duration
+	RSSBefore int64 // server VmRSS, topology published, before clients connect
+	RSSAfter  int64 // server VmRSS, every client converged on the first version
+	Unquiet   int   // rounds that started before the servers were quiet (limit reached)
 	// RetainedBefore and RetainedAfter are, at the moments of RSSBefore and RSSAfter, the
 	// server's live heap and goroutine stacks after a forced GC (runtime.MemStats HeapAlloc +
 	// StackInuse, from /debug/pprof/heap?gc=1); 0 without -profile.
@@ -72,11 +76,14 @@ func runSize(ctx context.Context, cfg Config, n int, dir string, progress io.Wri
 			return res, err
 		}
 	}
-	ef := &side{name: "edgeflow", file: filepath.Join(dir, "topology-edgeflow.yaml"), res: sideResult{PhaseTimes: map[string][]time.Duration{}},
+	ef := &side{name: "edgeflow", file: filepath.Join(dir, "topology-edgeflow.yaml"), res: newSideResult(),
 		published: func(line string, k int) bool {
 			return strings.Contains(line, `msg="xds: published"`) && logFields(line)["publication"] == strconv.Itoa(k)
+		},
+		converged: func(line string, k int) bool {
+			return strings.Contains(line, `msg="xds: converged"`) && logFields(line)["publication"] == strconv.Itoa(k)
 		}}
-	bare := &side{name: "bare", file: filepath.Join(dir, "topology-bare.yaml"), res: sideResult{PhaseTimes: map[string][]time.Duration{}},
+	bare := &side{name: "bare", file: filepath.Join(dir, "topology-bare.yaml"), res: newSideResult(),
 		published: func(line string, k int) bool {
 			return strings.HasPrefix(line, "pushbench-bare: published ") && logFields(line)["load"] == strconv.Itoa(k)
 		}}
@@ -324,6 +331,15 @@ func (s *side) round(ctx context.Context, cfg Config, r int, file []byte, prev, 
 	if err != nil {
 		return 0, err
 	}
+	var convLine, watchLine string
+	// An edgeflow that logs no change_at (one built before the stage breakdown) logs no
+	// convergence either: its rounds are timed without stages.
+	if s.converged != nil && logFields(line)["change_at"] != "" {
+		if convLine, err = s.srv.waitLine(lctx, mark, fmt.Sprintf("convergence of round %d", r), func(l string) bool { return s.converged(l, r+1) }); err != nil {
+			return 0, err
+		}
+		watchLine, _ = s.srv.waitLine(lctx, mark, "the watcher's reload", func(l string) bool { return strings.Contains(l, `msg="watcher: topology file reloaded"`) })
+	}
 	waitQuiet(ctx, 10*time.Second, s.srv.pid())
 	cpu1, err := cpuTime(s.srv.pid())
 	if err != nil {
@@ -345,10 +361,81 @@ func (s *side) round(ctx context.Context, cfg Config, r int, file []byte, prev, 
 	if !quiet {
 		res.Unquiet++
 	}
-	for k, v := range logFields(line) {
+	fields := logFields(line)
+	for _, l := range []string{watchLine, convLine} {
+		for k, v := range logFields(l) {
+			if k == "since_change" {
+				k = "converged" // the convergence line's, not the publication's
+			}
+			fields[k] = v
+		}
+	}
+	for k, v := range fields {
 		if dur, err := time.ParseDuration(v); err == nil {
 			res.PhaseTimes[k] = append(res.PhaseTimes[k], dur)
 		}
 	}
+	for k, v := range stages(fields, t0, d) {
+		res.Stages[k] = append(res.Stages[k], v)
+	}
 	return d, nil
+}
+
+func newSideResult() sideResult {
+	return sideResult{PhaseTimes: map[string][]time.Duration{}, Stages: map[string][]time.Duration{}}
+}
+
+// stageNames are the stages of a round in order, each timed from the change (rename +
+// SIGHUP) to its end: the server has the new topology compiled (edgeflow: the watcher hands
+// it to the xDS server; bare: parsed and compiled), planned, translated, published (every
+// node's snapshot set), the first and the last response to a changed stream handed to gRPC
+// (edgeflow only), the last answer received (edgeflow only), and the client's last ACK sent
+// (the round). From the servers' log lines: their clocks and the harness's are the same
+// machine's wall clock.
+var stageNames = []string{"compiled", "planned", "translated", "published", "first response", "last response", "last ACK (server)", "last ACK (client)"}
+
+// stages computes a round's stages (stageNames) from the server's log fields: edgeflow's
+// change_at (its watcher's Update) and durations since it; bare's at (SIGHUP received) and
+// its phases.
+func stages(f map[string]string, t0 time.Time, round time.Duration) map[string]time.Duration {
+	dur := func(k string) (time.Duration, bool) {
+		d, err := time.ParseDuration(f[k])
+		return d, err == nil
+	}
+	out := map[string]time.Duration{"last ACK (client)": round}
+	if at, err := time.Parse(time.RFC3339Nano, f["change_at"]); err == nil { // edgeflow
+		c := at.Sub(t0)
+		out["compiled"] = c
+		solve, ok1 := dur("solve")
+		translate, ok2 := dur("translate")
+		if ok1 && ok2 {
+			out["planned"], out["translated"] = c+solve, c+solve+translate
+		}
+		for stage, k := range map[string]string{"published": "since_change", "first response": "first_response",
+			"last response": "last_response", "last ACK (server)": "converged"} {
+			if d, ok := dur(k); ok {
+				out[stage] = c + d
+			}
+		}
+		return out
+	}
+	if at, err := time.Parse(time.RFC3339Nano, f["at"]); err == nil { // bare
+		c := at.Sub(t0)
+		for _, k := range []string{"read", "parse"} {
+			if d, ok := dur(k); ok {
+				c += d
+			}
+		}
+		out["compiled"] = c
+		if d, ok := dur("solve"); ok {
+			out["planned"] = c + d // bare's solve compiles and plans
+			if t, ok := dur("translate"); ok {
+				out["translated"] = c + d + t
+				if set, ok := dur("set"); ok {
+					out["published"] = c + d + t + set
+				}
+			}
+		}
+	}
+	return out
 }

@@ -51,7 +51,7 @@ type Config struct {
 	StreamsPerConn int
 	// RoundTimeout bounds one round.
 	RoundTimeout time.Duration
-	// ProfileDir, when set, receives CPU, mutex and block profiles of the servers that serve
+	// ProfileDir, when set, receives CPU, mutex, block and allocation profiles of the servers that serve
 	// net/http/pprof (see profiler).
 	ProfileDir string
 	// WorkDir holds topology files and server logs; "" means a temporary folder, removed after
@@ -78,7 +78,7 @@ func main() {
 	flag.DurationVar(&cfg.PollInterval, "poll-interval", time.Hour, "edgeflow serve --poll-interval (long: SIGHUP is the trigger)")
 	flag.IntVar(&cfg.StreamsPerConn, "streams-per-conn", 0, "ADS streams per gRPC client connection (0: 1 if the open-file hard limit allows it for both fleets at the largest size, else the fewest that fit)")
 	flag.DurationVar(&cfg.RoundTimeout, "round-timeout", 2*time.Minute, "longest a round may take")
-	flag.StringVar(&cfg.ProfileDir, "profile", "", "folder for CPU, mutex and block profiles of the servers during the measured rounds")
+	flag.StringVar(&cfg.ProfileDir, "profile", "", "folder for CPU, mutex, block and allocation profiles of the servers during the measured rounds")
 	flag.StringVar(&cfg.WorkDir, "workdir", "", "folder for topology files and server logs (default: a temporary folder)")
 	flag.BoolVar(&cfg.Verify, "verify", false, "clients unmarshal and check every ClusterLoadAssignment")
 	flag.BoolVar(&cfg.Delta, "delta", false, "delta ADS streams (DeltaAggregatedResources) instead of SOTW")

@@ -15,7 +15,7 @@ import (
 )
 
 // profiler collects, for -profile, a CPU profile of every measured round of each server that
-// serves net/http/pprof (both do when profiling: edgeflow serve on --profiling-address), and the mutex and block profiles before and after the measured rounds
+// serves net/http/pprof (both do when profiling: edgeflow serve on --profiling-address), and the mutex, block and allocation profiles before and after the measured rounds
 // (compare with `go tool pprof -base …-before.pb.gz …-after.pb.gz`), and the heap profile with
 // every stream connected (when the RSS per stream is measured).
 type profiler struct {
@@ -24,12 +24,16 @@ type profiler struct {
 	client   *http.Client
 }
 
+// profileKinds are the profiles saved before and after the measured rounds: contention, and
+// allocations (`go tool pprof -sample_index=alloc_space -base …`: what the rounds allocated).
+var profileKinds = []string{"mutex", "block", "allocs"}
+
 func newProfiler(dir string, progress io.Writer) *profiler {
 	return &profiler{dir: dir, progress: progress, client: &http.Client{}}
 }
 
 // begin checks which servers serve /debug/pprof/ (clearing side.pprof for those that do not)
-// and saves their mutex and block profiles before the measured rounds.
+// and saves their mutex, block and allocation profiles before the measured rounds.
 func (p *profiler) begin(ctx context.Context, sides ...*side) error {
 	if err := os.MkdirAll(p.dir, 0o755); err != nil {
 		return err
@@ -50,7 +54,7 @@ func (p *profiler) begin(ctx context.Context, sides ...*side) error {
 			s.pprof = ""
 			continue
 		}
-		for _, kind := range []string{"mutex", "block"} {
+		for _, kind := range profileKinds {
 			if err := p.save(ctx, s.pprof+kind, filepath.Join(p.dir, s.name+"-"+kind+"-before.pb.gz")); err != nil {
 				return err
 			}
@@ -81,13 +85,13 @@ func (p *profiler) cpu(ctx context.Context, s *side, r int, warm time.Duration) 
 	return func() error { return <-done }
 }
 
-// end saves the mutex and block profiles after the measured rounds.
+// end saves the mutex, block and allocation profiles after the measured rounds.
 func (p *profiler) end(ctx context.Context, sides ...*side) error {
 	for _, s := range sides {
 		if s.pprof == "" {
 			continue
 		}
-		for _, kind := range []string{"mutex", "block"} {
+		for _, kind := range profileKinds {
 			if err := p.save(ctx, s.pprof+kind, filepath.Join(p.dir, s.name+"-"+kind+"-after.pb.gz")); err != nil {
 				return err
 			}

@@ -74,6 +74,30 @@ func report(w io.Writer, cfg Config, results []sizeResult, load0, load1 string, 
 				float64(s.res.RSSBefore)/(1<<20), float64(s.res.RSSAfter)/(1<<20))
 		}
 	}
+	fmt.Fprintln(w, "\nStages: when each stage of a round was done, from the change (median over the measured rounds, ms), "+
+		"from the servers' own log lines and clocks (the machine's wall clock, as the harness's). compiled: edgeflow's watcher "+
+		"hands the topology to the xDS server (signal, read, parse, compile), bare has read and parsed it; planned: bare's "+
+		"solve compiles and plans; published: every node's snapshot set; first/last response: the first and last response to a "+
+		"node the publication waits for, handed to gRPC; last ACK (server): its last answer received; (client): the round.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| streams | side | "+strings.Join(stageNames, " | ")+" |")
+	fmt.Fprintln(w, "|---:|---|"+strings.Repeat("---:|", len(stageNames)))
+	for _, r := range results {
+		for _, s := range []struct {
+			name string
+			res  sideResult
+		}{{"edgeflow", r.Edgeflow}, {"bare", r.Bare}} {
+			cells := make([]string, len(stageNames))
+			for i, k := range stageNames {
+				cells[i] = "–"
+				if ds := s.res.Stages[k]; len(ds) > 0 {
+					cells[i] = strconv.FormatFloat(float64(median(ds))/1e6, 'f', 1, 64)
+				}
+			}
+			fmt.Fprintf(w, "| %d | %s | %s |\n", r.N, s.name, strings.Join(cells, " | "))
+		}
+	}
+
 	fmt.Fprintln(w)
 	for _, r := range results {
 		fmt.Fprintf(w, "- N=%d: %d gRPC connections per side; harness (both fleets) VmRSS %.0f → %.0f MiB, %s per stream\n",
@@ -96,7 +120,7 @@ func prefixed(p, s string) string {
 
 // phases formats the server's logged phases in the order the work happens.
 func phases(side string, t map[string][]time.Duration) string {
-	keys := []string{"solve", "translate", "set", "since_change"}
+	keys := []string{"read", "compile", "solve", "translate", "set", "since_change", "first_response", "last_response", "converged"}
 	if side == "bare" {
 		keys = []string{"read", "parse", "solve", "translate", "set", "total"}
 	}

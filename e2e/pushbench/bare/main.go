@@ -9,7 +9,9 @@
 // per-type content-hash versions. Reading, solving and translating are part of every reload,
 // as they are in edgeflow serve; each reload's phases are logged on stderr:
 //
-//	pushbench-bare: published load=2 nodes=1050 read=… parse=… solve=… translate=… set=… total=…
+//	pushbench-bare: published load=2 nodes=1050 read=… parse=… solve=… translate=… set=… total=… at=…
+//
+// (at: when the reload began, the wall clock in RFC 3339, for the harness's stage breakdown.)
 //
 // A reload that fails is logged and the previous snapshots stay. SIGINT or SIGTERM stop it.
 package main
@@ -163,7 +165,7 @@ func load(ctx context.Context, snapshots cache.SnapshotCache, file string, n int
 		}
 	}
 	t5 := time.Now()
-	fmt.Fprintf(os.Stderr, "pushbench-bare: published load=%d nodes=%d read=%v parse=%v solve=%v translate=%v set=%v total=%v\n",
-		n, len(tr.Pods), t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), t4.Sub(t3), t5.Sub(t4), t5.Sub(t0))
+	fmt.Fprintf(os.Stderr, "pushbench-bare: published load=%d nodes=%d read=%v parse=%v solve=%v translate=%v set=%v total=%v at=%s\n",
+		n, len(tr.Pods), t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), t4.Sub(t3), t5.Sub(t4), t5.Sub(t0), t0.UTC().Format(time.RFC3339Nano))
 	return nil
 }
