@@ -131,6 +131,19 @@ func buildCallFrom(m *Model, e CallEdge, splits [][]split, load []float64) CallA
 	a, b := &m.Services[e.From], &m.Services[e.To]
 	ca := CallAllocation{From: a.Name, To: b.Name}
 	wa := a.TotalWeight()
+	// Sized at once: at thousands of callers, growing the slice by doubling copied and
+	// cleared several times its final size (most of a publication's solve time).
+	routes := 0
+	for _, row := range splits {
+		for _, s := range row {
+			if s.fraction > 0 {
+				routes++
+			}
+		}
+	}
+	if routes > 0 {
+		ca.Routes = make([]Route, 0, routes)
+	}
 	for p, row := range splits {
 		caller := a.Pods[p]
 		supply := a.Load * e.Rate * caller.Weight / wa
@@ -145,7 +158,7 @@ func buildCallFrom(m *Model, e CallEdge, splits [][]split, load []float64) CallA
 			callee := b.Pods[s.callee]
 			lat := m.Latency.At(caller.Node, callee.Node)
 			r := Route{Caller: caller.Name, Callee: callee.Name, Fraction: s.fraction, RPS: s.fraction * supply, LatencyMS: lat}
-			ca.Cost += r.RPS * lat
+			ca.Cost += float64(r.RPS * lat) // never fused into one rounding: RoundRobinCost sums the same
 			ca.Routes = append(ca.Routes, r)
 		}
 	}

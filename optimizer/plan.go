@@ -47,6 +47,42 @@ func Plan(m *Model, p Policy) (*Allocation, error) {
 	return a, err
 }
 
+// RoundRobinCost returns Plan(m, RoundRobin).Cost without building the allocation: the same
+// products summed in the same order, so the two are equal exactly, in O(callers × callees)
+// time and no memory per route (Plan's round-robin routes for 10,000 callers of a 50-pod
+// service take 28 MB). A model whose latency is per zone is planned between zones, as by Plan.
+func RoundRobinCost(m *Model) (float64, error) {
+	if m.Latency.Zoned() {
+		a, err := Plan(m, RoundRobin)
+		if err != nil {
+			return 0, err
+		}
+		return a.Cost, nil
+	}
+	var total float64
+	for _, e := range m.Calls {
+		// As roundRobin's rows and buildCallFrom's sums.
+		a, b := &m.Services[e.From], &m.Services[e.To]
+		w := weights(b.Pods)
+		sw, wa := sum(w), a.TotalWeight()
+		var cost float64
+		for _, caller := range a.Pods {
+			supply := a.Load * e.Rate * caller.Weight / wa
+			for q, wq := range w {
+				if !(wq > 0) {
+					continue
+				}
+				if fraction := wq / sw; fraction > 0 {
+					rps := fraction * supply
+					cost += float64(rps * m.Latency.At(caller.Node, b.Pods[q].Node)) // unfused, as buildCallFrom
+				}
+			}
+		}
+		total += cost
+	}
+	return total, nil
+}
+
 // previousPlan is the last plan made of the model's previous version (incremental recompute),
 // and which parts of it a solve may keep: a call edge k with keepEdge(k), and under lata-q a
 // callee service b with keepService(b) (its queueing cost from queue[b]). nil keeps nothing.

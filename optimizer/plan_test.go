@@ -287,3 +287,35 @@ func TestPlanManyReplicasMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestRoundRobinCost: RoundRobinCost equals Plan's round-robin cost exactly, on seeded random
+// topologies with and without weights (zero weights included) and per zone.
+func TestRoundRobinCost(t *testing.T) {
+	for i := 0; i < 80; i++ {
+		c := genConfig{nodes: 2 + i%9, services: 2 + i%4, maxPods: 8, extraCalls: i % 3, weights: i%2 == 0, fractional: i%4 == 0}
+		top := genTopology(uint64(i), c)
+		if i%5 == 0 && c.weights { // a caller pod that receives nothing
+			zero := 0.0
+			top.Services[0].Pods[0].Weight = &zero
+		}
+		tops := map[string]*Topology{"per node": top}
+		if i%3 == 0 {
+			perZone, _ := zoneTopology(uint64(i), c, 1+i%4, i%2 == 0)
+			tops["per zone"] = perZone
+		}
+		for kind, top := range tops {
+			m, err := Compile(top, Options{})
+			if err != nil {
+				t.Fatalf("instance %d %s: %v", i, kind, err)
+			}
+			want := mustPlan(t, m, RoundRobin).Cost
+			got, err := RoundRobinCost(m)
+			if err != nil {
+				t.Fatalf("instance %d %s: %v", i, kind, err)
+			}
+			if got != want && !(math.IsNaN(got) && math.IsNaN(want)) {
+				t.Errorf("instance %d %s: RoundRobinCost %v, Plan's round-robin cost %v", i, kind, got, want)
+			}
+		}
+	}
+}

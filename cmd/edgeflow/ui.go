@@ -260,13 +260,15 @@ func (p *publicationFollower) snapshot(at time.Time) *ui.Snapshot {
 			}
 		}
 	}
-	rr, err := optimizer.Plan(m, optimizer.RoundRobin)
+	// The cost alone: the round-robin allocation's routes (callers × callee pods) cost more
+	// than the publication's own plan, at the moment its push goes out.
+	rr, err := optimizer.RoundRobinCost(m)
 	if err != nil {
 		p.log.Warn("web view: round-robin plan", "error", err)
 		return s
 	}
-	s.RoundRobinCostMS = rr.Cost
-	p.cost.WithLabelValues("round_robin").Set(rr.Cost / 1000)
+	s.RoundRobinCostMS = rr
+	p.cost.WithLabelValues("round_robin").Set(rr / 1000)
 	return s
 }
 
