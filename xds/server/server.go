@@ -155,7 +155,7 @@ type Server struct {
 	latestCompiled *optimizer.Compiled
 	changeAt       time.Time // first Update since the last publication started
 
-	nodesMu    sync.Mutex // guards pub, nodes, streams
+	nodesMu    sync.RWMutex // guards pub, nodes, streams; the watches only read nodes (RLock)
 	pub        *publication
 	nodes      map[string]*nodeState // by node id and owner (nodeState.key), nodes with ≥ 1 open stream
 	streams    sync.Map              // streamKey → *streamState; written under nodesMu

@@ -79,9 +79,9 @@ func (w sotwCache) Fetch(_ context.Context, req *cache.Request) (cache.Response,
 // response channel (see revokeLocked).
 func (w sotwCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, ch chan cache.DeltaResponse) (func(), error) {
 	s := w.s
-	s.nodesMu.Lock()
+	s.nodesMu.RLock()
 	n := s.nodes[req.GetNode().GetId()]
-	s.nodesMu.Unlock()
+	s.nodesMu.RUnlock()
 	if n != nil {
 		n.mu.Lock()
 		for _, x := range n.live {
@@ -109,9 +109,9 @@ func (w sotwCache) CreateWatch(req *cache.Request, _ cache.Subscription, ch chan
 	if i < 0 {
 		return noCancel, nil // a type edgeflow does not serve: never answered
 	}
-	s.nodesMu.Lock()
+	s.nodesMu.RLock()
 	n := s.nodes[req.GetNode().GetId()]
-	s.nodesMu.Unlock()
+	s.nodesMu.RUnlock()
 	if n == nil {
 		return noCancel, nil // the stream is closing
 	}
