@@ -227,9 +227,11 @@ bench-watch:
 	  if [ $$status -ne 0 ]; then tail -20 $(CACHE)/bench-watch.log; fi; exit $$status
 
 ## bench-push: how long until every sidecar follows a change — the real `edgeflow serve` against a
-## bare go-control-plane server (own process, same resources), N raw ADS clients each, interleaved
-## rounds of file rename + SIGHUP; median per N, ratio, per-stream p50/p99, RSS per stream
-## (e2e/pushbench; e.g. BENCH_PUSH_FLAGS='-sizes 1000 -rounds 3' or '-profile DIR')
+## bare go-control-plane server (own process, same resources), N raw ADS clients each (50 streams
+## per connection, every response checked), interleaved rounds of file rename + SIGHUP; median per
+## N, ratio, per-stream p50/p99, RSS per stream, server CPU per round, and the stages from the
+## servers' own clocks (compiled → planned → translated → published → first/last response → last
+## ACK) (e2e/pushbench; e.g. BENCH_PUSH_FLAGS='-sizes 1000 -rounds 3' or '-profile DIR')
 BENCH_PUSH_FLAGS ?=
 bench-push:
 	$(GO) build -o bin/edgeflow ./cmd/edgeflow

@@ -15,6 +15,10 @@
 //
 //	make bench-push BENCH_PUSH_FLAGS='-sizes 1000 -rounds 3'
 //	bin/pushbench -edgeflow bin/edgeflow -bare bin/pushbench-bare -sizes 1000,5000,10000
+//
+// Besides the rounds it prints a stage breakdown from the servers' own log lines: when the
+// topology was compiled, planned, translated, published, when the first and last response
+// was handed to gRPC and the last answer came in (edgeflow serve's "xds: converged" line).
 package main
 
 import (
@@ -67,20 +71,23 @@ type Config struct {
 
 func main() {
 	cfg := Config{}
-	sizes := flag.String("sizes", "1000,5000,10000", "stream counts N, comma-separated")
+	// The defaults are the settings of the independent end-to-end probe of issue 42 (what a
+	// user of `edgeflow serve -f` waits for): no quiet period, a 10 ms debounce bound, 50 streams
+	// per connection, every response checked.
+	sizes := flag.String("sizes", "1000,10000", "stream counts N, comma-separated")
 	flag.IntVar(&cfg.Rounds, "rounds", 5, "measured rounds per side and size")
 	flag.IntVar(&cfg.Warmup, "warmup", 1, "warm-up rounds per side and size (not measured)")
 	flag.StringVar(&cfg.Edgeflow, "edgeflow", "bin/edgeflow", "the edgeflow binary")
 	flag.StringVar(&cfg.Bare, "bare", "bin/pushbench-bare", "the bare go-control-plane server (e2e/pushbench/bare)")
 	extra := flag.String("edgeflow-args", "", "extra arguments for edgeflow serve, space-separated")
-	flag.DurationVar(&cfg.DebounceQuiet, "debounce-quiet", time.Millisecond, "edgeflow serve --debounce-quiet")
-	flag.DurationVar(&cfg.DebounceMax, "debounce-max", 5*time.Millisecond, "edgeflow serve --debounce-max")
+	flag.DurationVar(&cfg.DebounceQuiet, "debounce-quiet", -time.Millisecond, "edgeflow serve --debounce-quiet (negative: push every change at once)")
+	flag.DurationVar(&cfg.DebounceMax, "debounce-max", 10*time.Millisecond, "edgeflow serve --debounce-max")
 	flag.DurationVar(&cfg.PollInterval, "poll-interval", time.Hour, "edgeflow serve --poll-interval (long: SIGHUP is the trigger)")
-	flag.IntVar(&cfg.StreamsPerConn, "streams-per-conn", 0, "ADS streams per gRPC client connection (0: 1 if the open-file hard limit allows it for both fleets at the largest size, else the fewest that fit)")
+	flag.IntVar(&cfg.StreamsPerConn, "streams-per-conn", 50, "ADS streams per gRPC client connection (0: 1 if the open-file hard limit allows it for both fleets at the largest size, else the fewest that fit)")
 	flag.DurationVar(&cfg.RoundTimeout, "round-timeout", 2*time.Minute, "longest a round may take")
 	flag.StringVar(&cfg.ProfileDir, "profile", "", "folder for CPU, mutex, block and allocation profiles of the servers during the measured rounds")
 	flag.StringVar(&cfg.WorkDir, "workdir", "", "folder for topology files and server logs (default: a temporary folder)")
-	flag.BoolVar(&cfg.Verify, "verify", false, "clients unmarshal and check every ClusterLoadAssignment")
+	flag.BoolVar(&cfg.Verify, "verify", true, "clients unmarshal and check every ClusterLoadAssignment")
 	flag.BoolVar(&cfg.Delta, "delta", false, "delta ADS streams (DeltaAggregatedResources) instead of SOTW")
 	flag.Parse()
 	if flag.NArg() > 0 {

@@ -31,7 +31,8 @@ func report(w io.Writer, cfg Config, results []sizeResult, load0, load1 string, 
 		kind = "delta ADS stream (subscribing by name; an EDS version is a response's system_version_info)"
 	}
 	fmt.Fprintf(w, "- clients: in the harness process, one %s per caller pod per server, %d stream(s) per gRPC connection "+
-		"(open-file hard limit %d), LDS → RDS → CDS → EDS, every response ACKed; both fleets connected throughout\n", kind, cfg.StreamsPerConn, lim.Max)
+		"(open-file hard limit %d), LDS → RDS → CDS → EDS, every response ACKed%s; both fleets connected throughout\n", kind, cfg.StreamsPerConn, lim.Max,
+		map[bool]string{true: ", every ClusterLoadAssignment unmarshalled and checked (-verify)"}[cfg.Verify])
 	fmt.Fprintf(w, "- round: change = rename of the new file over the server's file + SIGHUP; done = every stream whose EDS version changed "+
 		"holds it and has sent its ACK; rounds interleaved edgeflow, bare, …; %d warm-up + %d measured per side; per-stream "+
 		"p50/p99 pooled over the measured rounds; RSS/stream = (server VmRSS with N streams converged − before they connected) / N\n",
