@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,7 +45,32 @@ var (
 	scaleHeartbeat  = flag.Duration("watch.heartbeat", 15*time.Second, "how long node status reports arrive at their real rate (every node every 5 min); 5m sends one from each node")
 	scaleChurn      = flag.Duration("watch.churn", 20*time.Second, "how long the churn scenario runs (100 pod events/s)")
 	scaleCheck      = flag.Bool("watch.check", true, "fail when a figure misses the generous CI bound (TestWatchScale)")
+	scaleProfile    = flag.String("watch.cpuprofile", "", "folder for a CPU profile of each scenario (SCENARIO.cpu.pb.gz)")
 )
+
+// profileScenario starts a CPU profile of one scenario when -watch.cpuprofile is set; the
+// result stops it.
+func profileScenario(t *testing.T, name string) func() {
+	if *scaleProfile == "" {
+		return func() {}
+	}
+	if err := os.MkdirAll(*scaleProfile, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(*scaleProfile, name+".cpu.pb.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+}
 
 // Real kubelets report an unchanged node status every 5 minutes (nodeStatusReportFrequency).
 const heartbeatPeriod = 5 * time.Minute
@@ -132,6 +159,7 @@ func TestWatchScale(t *testing.T) {
 	passesFrom = len(b.passes) // not the first, full pass
 	b.mu.Unlock()
 	var lat []time.Duration
+	stopProfile := profileScenario(t, "pod-ready")
 	cpu := cpuMeter()
 	for i := range *scaleReady {
 		lat = append(lat, b.flip(t, w.notReady[i%len(w.notReady)], true))
@@ -139,17 +167,21 @@ func TestWatchScale(t *testing.T) {
 		cs.ClearActions()
 		time.Sleep(50 * time.Millisecond) // one pod at a time, as pods become ready
 	}
-	report("pod-ready", lat, cpu())
+	readyCPU := cpu()
+	stopProfile()
+	report("pod-ready", lat, readyCPU)
 
 	// node-heartbeat
 	b.settle()
 	states, rebuilds := b.counts()
 	n := int(float64(*scaleHeartbeat) / float64(heartbeatPeriod) * float64(w.nodes))
 	every := heartbeatPeriod / time.Duration(w.nodes)
+	stopProfile = profileScenario(t, "node-heartbeat")
 	cpu = cpuMeter()
 	hbStart := time.Now()
 	b.heartbeats(t, n, every)
 	hbCPU := cpu()
+	stopProfile()
 	lat = b.heartbeatLatencies(t, n, hbStart)
 	states2, rebuilds2 := b.counts()
 	t.Logf("node-heartbeat: %d reports every %v: %d States delivered, %d rebuilds", n, every, states2-states, rebuilds2-rebuilds)
@@ -161,6 +193,7 @@ func TestWatchScale(t *testing.T) {
 	// churn
 	b.settle()
 	lat = nil
+	stopProfile = profileScenario(t, "churn")
 	cpu = cpuMeter()
 	tick := time.NewTicker(10 * time.Millisecond) // 100 events/s
 	end := time.Now().Add(*scaleChurn)
@@ -187,6 +220,7 @@ func TestWatchScale(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	churnCPU := cpu()
+	stopProfile()
 	if len(pending) > 0 {
 		t.Errorf("churn: %d events never delivered", len(pending))
 	}
