@@ -311,17 +311,26 @@ func (s *Source) pass(b *builder, d dirty, deliver func(*State)) {
 // assemble makes a State of the cached entries: O(services), the entries shared, not copied (no
 // State is modified once delivered).
 func (b *builder) assemble() *State {
-	st := &State{Nodes: b.nodes.list, NodeAddresses: b.nodes.addrs, Workloads: map[Workload][]string{}, Skipped: map[string]int{}}
+	st := &State{Nodes: b.nodes.list, NodeAddresses: b.nodes.addrs, Skipped: map[string]int{}}
 	ps := make([]*serviceEntry, 0, len(b.entries))
+	workloads := 0
 	for _, p := range b.entries {
 		for r, n := range p.skipped {
 			st.Skipped[r] += n
 		}
 		if p.svc != nil {
 			ps = append(ps, p)
+			workloads += len(p.workloads)
 		}
 	}
 	sort.Slice(ps, func(i, j int) bool { return ps[i].key < ps[j].key })
+	// Sized once: at every churn event a pass assembles the whole State, and growing these
+	// (a map rehashed at each doubling, a slice of ~1,000 services copied at each) was most of
+	// the churn's CPU (make bench-watch -watch.cpuprofile).
+	st.Workloads = make(map[Workload][]string, workloads)
+	if len(ps) > 0 {
+		st.Services, st.PodCPU = make([]optimizer.Service, 0, len(ps)), make([]map[string]int64, 0, len(ps))
+	}
 	anyCPU := false
 	for _, p := range ps {
 		st.Services = append(st.Services, *p.svc)
