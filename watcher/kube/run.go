@@ -315,8 +315,10 @@ func (b *builder) assemble() *State {
 	ps := make([]*serviceEntry, 0, len(b.entries))
 	workloads := 0
 	for _, p := range b.entries {
-		for r, n := range p.skipped {
-			st.Skipped[r] += n
+		if len(p.skipped) > 0 { // most are empty: no iterator started for them
+			for r, n := range p.skipped {
+				st.Skipped[r] += n
+			}
 		}
 		if p.svc != nil {
 			ps = append(ps, p)
