@@ -126,7 +126,12 @@ func (s *state) setLeft(service, node string, at time.Time) {
 // expire forgets what no rule reads any more: cool-downs and back-offs that are over, moves
 // done longer than a period ago (the per-period limits read the others), and moves in flight
 // whose replacement never came (twice the gate timeout and the placement timeout).
+//
+// A record dated after now (another leader's clock ahead, or a state written by hand) is taken
+// as made now, so it expires as any other instead of never: times are clamped to now, and a
+// back-off to now plus its longest delay, the period.
 func (s *state) expire(now time.Time, cfg *Config) {
+	s.clampFuture(now, cfg)
 	for uid, at := range s.Placed {
 		if now.Sub(at) >= cfg.Cooldown {
 			delete(s.Placed, uid)
@@ -146,6 +151,35 @@ func (s *state) expire(now time.Time, cfg *Config) {
 	s.Moves = slices.DeleteFunc(s.Moves, func(m moveRecord) bool {
 		return m.Outcome != outcomeInFlight && now.Sub(m.Evicted) >= cfg.Period
 	})
+}
+
+// clampFuture brings the times of s that lie in the future back to now (a back-off's end to
+// now + cfg.Period at most, its delay to cfg.Period at most).
+func (s *state) clampFuture(now time.Time, cfg *Config) {
+	for uid, at := range s.Placed {
+		if at.After(now) {
+			s.Placed[uid] = now
+		}
+	}
+	for i := range s.Left {
+		if s.Left[i].At.After(now) {
+			s.Left[i].At = now
+		}
+	}
+	for uid, b := range s.Backoff {
+		if latest := now.Add(cfg.Period); b.Until.After(latest) || b.Delay > cfg.Period {
+			if b.Until.After(latest) {
+				b.Until = latest
+			}
+			b.Delay = min(b.Delay, cfg.Period)
+			s.Backoff[uid] = b
+		}
+	}
+	for i := range s.Moves {
+		if s.Moves[i].Evicted.After(now) {
+			s.Moves[i].Evicted = now
+		}
+	}
 }
 
 // stateStore reads and writes the state ConfigMap.

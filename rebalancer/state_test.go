@@ -98,3 +98,29 @@ func TestStateKeys(t *testing.T) {
 		t.Errorf("the first release's record read as %+v", r)
 	}
 }
+
+// TestFutureRecordsExpire: a state whose records are dated in the year 3000 (a leader whose
+// clock ran ahead, or a ConfigMap edited by hand) no longer blocks a pod, a service's way back
+// or a PDB retry forever: each is taken as made now and expires as any other.
+func TestFutureRecordsExpire(t *testing.T) {
+	cfg := Config{Cooldown: 10 * time.Minute, Period: 5 * time.Minute, GateTimeout: time.Minute, PlacementTimeout: time.Minute}
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	future := time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)
+	st := newState()
+	st.Placed["p1"] = future
+	st.Left = []leftRecord{{Service: "shop/api", Node: "n1", At: future}}
+	st.Backoff["p2"] = backoffState{Until: future, Delay: 1000 * time.Hour}
+	st.Moves = []moveRecord{{PodUID: "p3", Owner: "rs", Evicted: future, Outcome: outcomePlaced}}
+	st.expire(now, &cfg)
+	if at := st.Placed["p1"]; !at.Equal(now) {
+		t.Errorf("a placement dated %v is kept as %v, want now", future, at)
+	}
+	if b := st.Backoff["p2"]; b.Until.After(now.Add(cfg.Period)) || b.Delay > cfg.Period {
+		t.Errorf("a back-off to %v of %v is kept as %+v, want at most a period", future, 1000*time.Hour, b)
+	}
+	later := now.Add(cfg.Cooldown + 2*cfg.Period)
+	st.expire(later, &cfg)
+	if len(st.Placed) != 0 || len(st.Left) != 0 || len(st.Backoff) != 0 || len(st.Moves) != 0 {
+		t.Errorf("records dated %v still there at %v: %+v", future, later, st)
+	}
+}
