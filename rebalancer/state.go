@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -17,7 +18,9 @@ import (
 // The leader keeps what must survive a leader change — moves in flight, recent moves (the
 // per-period limits), cool-downs and back-offs — in one ConfigMap it owns, named after the
 // Lease with the suffix "-state", in the Lease's namespace, labelled ManagedByLabel and
-// ComponentLabel. A new leader reads it before it acts.
+// ComponentLabel. A new leader reads it before it acts. It creates the ConfigMap only when it
+// is missing; one created beforehand (the Helm chart's, so that the rebalancer needs no create
+// permission) is updated, keeping the labels and annotations found on it.
 const (
 	stateSuffix = "-state"
 	stateKey    = "state.json"
@@ -188,6 +191,17 @@ type stateStore struct {
 	mu              sync.Mutex // one read or write at a time (the leader loop's and the writer's)
 	rv              string     // resourceVersion last read or written
 	exists          bool       // the ConfigMap existed at the last read or write
+	// labels and annotations of the ConfigMap last read or written (an update keeps them)
+	labels, annotations map[string]string
+}
+
+// seen records the ConfigMap last read or written (nil: there is none).
+func (s *stateStore) seen(cm *corev1.ConfigMap) {
+	if cm == nil {
+		s.rv, s.exists, s.labels, s.annotations = "", false, nil, nil
+		return
+	}
+	s.rv, s.exists, s.labels, s.annotations = cm.ResourceVersion, true, cm.Labels, cm.Annotations
 }
 
 // load reads the state (an empty one when the ConfigMap does not exist).
@@ -197,13 +211,13 @@ func (c *Controller) loadState(ctx context.Context) (state, error) {
 	st := newState()
 	cm, err := c.cs.CoreV1().ConfigMaps(c.store.namespace).Get(ctx, c.store.name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		c.store.rv, c.store.exists = "", false
+		c.store.seen(nil)
 		return st, nil
 	}
 	if err != nil {
 		return st, fmt.Errorf("rebalancer: reading the state %s/%s: %w", c.store.namespace, c.store.name, err)
 	}
-	c.store.rv, c.store.exists = cm.ResourceVersion, true
+	c.store.seen(cm)
 	if data := cm.Data[stateKey]; data != "" {
 		if err := json.Unmarshal([]byte(data), &st); err != nil {
 			return newState(), fmt.Errorf("rebalancer: the state %s/%s is not readable: %w", c.store.namespace, c.store.name, err)
@@ -230,8 +244,13 @@ func (c *Controller) saveState(ctx context.Context) error {
 		return err
 	}
 	for attempt := 0; ; attempt++ {
+		labels := maps.Clone(c.store.labels)
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels[ManagedByLabel], labels[ComponentLabel] = ManagedByValue, ComponentValue
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: c.store.namespace, Name: c.store.name,
-			ResourceVersion: c.store.rv, Labels: map[string]string{ManagedByLabel: ManagedByValue, ComponentLabel: ComponentValue}},
+			ResourceVersion: c.store.rv, Labels: labels, Annotations: c.store.annotations},
 			Data: map[string]string{stateKey: string(data)}}
 		var out *corev1.ConfigMap
 		if !c.store.exists {
@@ -240,7 +259,7 @@ func (c *Controller) saveState(ctx context.Context) error {
 			out, err = c.cs.CoreV1().ConfigMaps(c.store.namespace).Update(ctx, cm, metav1.UpdateOptions{})
 		}
 		if err == nil {
-			c.store.rv, c.store.exists = out.ResourceVersion, true
+			c.store.seen(out)
 			return nil
 		}
 		if attempt > 0 || !(apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err)) {
@@ -249,11 +268,11 @@ func (c *Controller) saveState(ctx context.Context) error {
 		cur, gerr := c.cs.CoreV1().ConfigMaps(c.store.namespace).Get(ctx, c.store.name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(gerr):
-			c.store.rv, c.store.exists = "", false
+			c.store.seen(nil)
 		case gerr != nil:
 			return fmt.Errorf("rebalancer: writing the state %s/%s: %w", c.store.namespace, c.store.name, gerr)
 		default:
-			c.store.rv, c.store.exists = cur.ResourceVersion, true
+			c.store.seen(cur)
 		}
 	}
 }

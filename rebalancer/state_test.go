@@ -7,8 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 // What a leader writes, the next reads: moves in flight, cool-downs, back-offs. A write by a
@@ -122,5 +125,47 @@ func TestFutureRecordsExpire(t *testing.T) {
 	st.expire(later, &cfg)
 	if len(st.Placed) != 0 || len(st.Left) != 0 || len(st.Backoff) != 0 || len(st.Moves) != 0 {
 		t.Errorf("records dated %v still there at %v: %+v", future, later, st)
+	}
+}
+
+// A state ConfigMap created beforehand, empty (the Helm chart's: the rebalancer is granted get
+// and update on that name only, no create), reads as an empty state; the first write updates
+// it, never creates, and keeps the labels and annotations it carried.
+func TestStateInAConfigMapCreatedBeforehand(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := DefaultLeaseName + stateSuffix
+	chart := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "edgeflow", Name: name,
+		Labels:      map[string]string{"app.kubernetes.io/instance": "edgeflow", ManagedByLabel: ManagedByValue, ComponentLabel: ComponentValue},
+		Annotations: map[string]string{"meta.helm.sh/release-name": "edgeflow"}}}
+	a := started(t, Config{}, chart)
+	a.store = stateStore{namespace: "edgeflow", name: name}
+	st, err := a.loadState(ctx)
+	if err != nil || len(st.Moves) != 0 || st.Placed == nil || st.Backoff == nil {
+		t.Fatalf("an empty ConfigMap: %+v, %v; want an empty state", st, err)
+	}
+	a.st = st
+	leadingWith(a, "cart")
+	if err := a.saveState(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, act := range a.cs.(*fake.Clientset).Actions() {
+		if act.GetResource().Resource == "configmaps" && act.GetVerb() == "create" {
+			t.Errorf("the state was created (%v); want the existing ConfigMap updated", act)
+		}
+	}
+	got, err := a.cs.CoreV1().ConfigMaps("edgeflow").Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(chart.Labels, got.Labels); diff != "" {
+		t.Errorf("labels (-chart's +after the write):\n%s", diff)
+	}
+	if diff := cmp.Diff(chart.Annotations, got.Annotations); diff != "" {
+		t.Errorf("annotations (-chart's +after the write):\n%s", diff)
+	}
+	b := &Controller{cs: a.cs, store: stateStore{namespace: "edgeflow", name: name}}
+	if st, err := b.loadState(ctx); err != nil || st.inFlight("owner-cart") < 0 {
+		t.Errorf("the next leader reads %+v, %v; want cart's move in flight", st.Moves, err)
 	}
 }
