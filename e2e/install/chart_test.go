@@ -122,17 +122,26 @@ func TestChartOnTheAPIServer(t *testing.T) {
 	}
 }
 
-// The table's rebalancer rows are exactly the acting rebalancer's own list
-// (rebalancer.PolicyRules, which e2e/rebalance runs with), less the reads every mode has.
+// The table's rebalancer rows are the acting rebalancer's own list (rebalancer.PolicyRules,
+// which e2e/rebalance runs with, where the rebalancer creates its state ConfigMap and Lease),
+// less the reads every mode has and less the two creates the chart spares it by creating those
+// objects itself.
 func TestRebalancerRulesAreTheChartsRules(t *testing.T) {
 	t.Parallel()
-	acting, reading := expected(features{rebalance: true, act: true}), expected(features{})
+	acting, reading := unscoped(expected(features{rebalance: true, act: true})), unscoped(expected(features{}))
 	code := flatten(rebalancer.PolicyRules())
-	// Every rule the rebalancer's list holds is granted when it acts, and every grant of the
-	// acting chart beyond the read-only one is in its list.
+	chartCreates := []string{grant("", "configmaps", "create"), grant("coordination.k8s.io", "leases", "create")}
+	// Every rule the rebalancer's list holds is granted when it acts (but the creates the
+	// chart makes unneeded), and every grant of the acting chart beyond the read-only one is in
+	// its list.
 	for _, g := range code {
-		if !contains(acting, g) {
+		if !contains(acting, g) && !contains(chartCreates, g) {
 			t.Errorf("rebalancer.PolicyRules grants %s; the chart with rebalancer.mode=act does not", g)
+		}
+	}
+	for _, g := range chartCreates {
+		if contains(acting, g) {
+			t.Errorf("the chart with rebalancer.mode=act grants %s, though it creates the object itself", g)
 		}
 	}
 	for _, g := range acting {
@@ -454,4 +463,53 @@ func deploymentArgs(t *testing.T, objs []*unstructured.Unstructured) []string {
 	var d appsv1.Deployment
 	convert(t, find(t, objs, "Deployment", release), &d)
 	return d.Spec.Template.Spec.Containers[0].Args
+}
+
+// The real authorizer allows the chart's ServiceAccount exactly what the permission table
+// grants for each rendering's switches — names (resourceNames) and namespaces (Roles) included —
+// with only the chart's RBAC objects installed (accessReviews: every resource of the table and
+// Secrets, every verb, five namespaces, the named names and another).
+func TestAccessReviewsOfTheChart(t *testing.T) {
+	t.Parallel()
+	c, cl := startAPIServer(t, kubeapi.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	t.Cleanup(cancel)
+	createNamespaces(ctx, t, c.Client, namespace, "istio-system", "shop", "web")
+	caPEM, _ := testkit.SelfSigned(t, "webhook-ca")
+	secret := map[string]any{"certificate": "secret", "caBundle": base64.StdEncoding.EncodeToString(caPEM)}
+	for _, v := range []variant{
+		{"defaults", nil, features{rebalance: true, dr: true}},
+		{"rebalancer acting, node labels", map[string]any{"rebalancer": map[string]any{"mode": "act"}, "webhook": secret,
+			"istio": map[string]any{"mode": "destinationrule", "labelNodes": true}}, features{rebalance: true, act: true, dr: true, labelNodes: true}},
+		{"envoyfilter", map[string]any{"istio": map[string]any{"mode": "envoyfilter"}}, features{rebalance: true, ef: true}},
+		{"watched namespaces, rebalancer acting, destinationrule", map[string]any{"watch": map[string]any{"namespaces": []any{"shop", "web"}},
+			"rebalancer": map[string]any{"mode": "act"}, "webhook": secret}, features{rebalance: true, act: true, dr: true, namespaced: true}},
+		{"watched namespace, rebalancer off, envoyfilter", map[string]any{"watch": map[string]any{"namespaces": []any{"shop"}},
+			"rebalancer": map[string]any{"mode": "off"}, "istio": map[string]any{"mode": "envoyfilter"}}, features{ef: true, namespaced: true}},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			var rbac []*unstructured.Unstructured
+			for _, o := range withoutHooks(render(t, v.values)) {
+				switch o.GetKind() {
+				case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
+					rbac = append(rbac, o)
+				}
+			}
+			if err := cl.create(ctx, rbac); err != nil {
+				t.Fatalf("the API server refused the chart: %v", err)
+			}
+			defer func() {
+				if err := cl.remove(ctx, rbac); err != nil {
+					t.Fatal(err)
+				}
+			}()
+			var watched []string
+			if w, ok := v.values["watch"].(map[string]any); ok {
+				for _, ns := range w["namespaces"].([]any) {
+					watched = append(watched, ns.(string))
+				}
+			}
+			accessReviews(t, ctx, c.Client, expected(v.f), watched)
+		})
+	}
 }

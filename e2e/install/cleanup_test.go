@@ -108,10 +108,19 @@ func (w *offWorld) writeAsServe(t *testing.T, act, envoyFilter, destinationRule 
 	ctx, cs := w.ctx, w.c.Client
 	var gated string
 	if act {
-		state := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "edgeflow-rebalancer-state", Namespace: namespace,
-			Labels: map[string]string{rebalancer.ManagedByLabel: rebalancer.ManagedByValue, rebalancer.ComponentLabel: rebalancer.ComponentValue}},
-			Data: map[string]string{"state": "{}"}}
-		if _, err := cs.CoreV1().ConfigMaps(namespace).Create(ctx, state, metav1.CreateOptions{}); err != nil {
+		// into the chart's state ConfigMap (the rebalancer creates one only where it is missing)
+		state, err := cs.CoreV1().ConfigMaps(namespace).Get(ctx, "edgeflow-rebalancer-state", metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			state = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "edgeflow-rebalancer-state", Namespace: namespace,
+				Labels: map[string]string{rebalancer.ManagedByLabel: rebalancer.ManagedByValue, rebalancer.ComponentLabel: rebalancer.ComponentValue}},
+				Data: map[string]string{"state.json": "{}"}}
+			_, err = cs.CoreV1().ConfigMaps(namespace).Create(ctx, state, metav1.CreateOptions{})
+		case err == nil:
+			state.Data = map[string]string{"state.json": "{}"}
+			_, err = cs.CoreV1().ConfigMaps(namespace).Update(ctx, state, metav1.UpdateOptions{})
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: "backend-", Namespace: appNS, Labels: map[string]string{"app": "backend"}},

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -16,10 +17,11 @@ import (
 
 var efGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1alpha3", Resource: "envoyfilters"}
 
-// In the per-pod Istio mode, with exactly the chart's permissions (a Role for EnvoyFilters in
-// istio-system, ConfigMaps cluster-wide, reads in the watched namespace), edgeflow writes one
-// EnvoyFilter per managed service and the bootstrap ConfigMap, with no forbidden request;
-// helm uninstall plus edgeflow uninstall then leave nothing.
+// In the per-pod Istio mode, with exactly the chart's permissions (the table's: a Role for
+// EnvoyFilters in istio-system, the ConfigMaps named edgeflow-bootstrap cluster-wide, reads and
+// the ConfigMap create in the watched namespace), edgeflow writes one EnvoyFilter per managed
+// service and the bootstrap ConfigMap, with no forbidden request; helm uninstall plus edgeflow
+// uninstall then leave nothing.
 func TestEnvoyFilterModeWithTheChartsPermissions(t *testing.T) {
 	t.Parallel()
 	c, cl := startAPIServer(t, kubeapi.Options{AuditLog: true})
@@ -50,10 +52,13 @@ func TestEnvoyFilterModeWithTheChartsPermissions(t *testing.T) {
 		"rebalancer":       map[string]any{"mode": "off"},
 	}
 	objs := withoutHooks(render(t, values)) // helm install creates the hooks only when their event comes
+	if diff := cmp.Diff(expected(features{ef: true, namespaced: true}), granted(t, objs)); diff != "" {
+		t.Errorf("the chart's grants differ from the table's (-table +chart):\n%s", diff)
+	}
 	if err := cl.create(ctx, objs); err != nil {
 		t.Fatalf("the API server refused the chart: %v", err)
 	}
-	a := &apps{t: t, ctx: ctx, cs: cs}
+	a := &apps{t: t, ctx: ctx, cs: cs, watched: []string{appNS}}
 	r := a.launch(objs, c.Config.Host, nil)
 
 	var filters []string

@@ -11,13 +11,16 @@ import (
 )
 
 // permission is one row of the chart's permission table (docs/security.md lists the same rows):
-// a verb on a resource, what calls it, and the values that grant it.
+// a verb on a resource, the names it is limited to, where, what calls it, and the values that
+// grant it.
 type permission struct {
 	group, resource string
 	verbs           []string
-	scope           string // "cluster", "release namespace", "istio namespace", or "watched namespaces"
-	feature         string // when the chart grants it
-	why             string // the call in the code
+	names           []string // resourceNames as rendered with the default values (nil: any name)
+	namesDoc        string   // the names as the table shows them (which values they follow)
+	scope           string   // the table's words for scopes
+	feature         string   // when the chart grants it
+	why             string   // the call in the code
 }
 
 // features are the chart's switches that change its RBAC.
@@ -30,46 +33,130 @@ type features struct {
 	namespaced bool // watch.namespaces given
 }
 
-// permissions is the table; on says whether a row is granted with the features f.
+// The scopes a rule is granted in: a ClusterRole's (cluster), or a Role's in the release
+// namespace, in istio.namespace, or in each watched namespace.
+const (
+	scopeCluster = "cluster"
+	scopeRelease = "release"
+	scopeIstio   = "istio"
+	scopeWatched = "watched"
+)
+
+func inCluster(features) []string { return []string{scopeCluster} }
+func inRelease(features) []string { return []string{scopeRelease} }
+func inIstio(features) []string   { return []string{scopeIstio} }
+
+// inWatched: Roles in the watched namespaces when the chart has them, else the ClusterRole.
+func inWatched(f features) []string {
+	if f.namespaced {
+		return []string{scopeWatched}
+	}
+	return []string{scopeCluster}
+}
+
+// The names the chart's rules are limited to, with the default values.
+const (
+	stateName     = "edgeflow-rebalancer-state" // rebalancer.leaseName + "-state"
+	rebalancerTag = "edgeflow-rebalancer"       // rebalancer.leaseName
+	istioLease    = "edgeflow-istio"            // istio.leaseName
+	bootstrapName = "edgeflow-bootstrap"        // xds/istio.BootstrapConfigMapName
+)
+
+// permissions is the table; on says whether a row is granted with the features f, scopes where.
 var permissions = []struct {
 	permission
-	on func(f features) bool
+	on     func(f features) bool
+	scopes func(f features) []string
 }{
-	{permission{"", "nodes", []string{"list", "watch"}, "cluster", "always", "watcher/kube and rebalancer node informers (allocatable cpu and memory, localities)"},
-		func(features) bool { return true }},
-	{permission{"", "pods", []string{"list", "watch"}, "cluster, or watched namespaces", "always", "watcher/kube pod informer (endpoints' pods, owners, sidecar label); the rebalancer's pod informer is cluster-wide"},
-		func(features) bool { return true }},
-	{permission{"", "services", []string{"list", "watch"}, "cluster, or watched namespaces", "always", "watcher/kube and rebalancer service informers (managed Services)"},
-		func(features) bool { return true }},
-	{permission{"discovery.k8s.io", "endpointslices", []string{"list", "watch"}, "cluster, or watched namespaces", "always", "watcher/kube EndpointSlice informer (ready endpoints)"},
-		func(features) bool { return true }},
-	{permission{"", "configmaps", []string{"get"}, "release namespace", "rebalancer.mode dry-run or act", "rebalancer/state.go reads the state ConfigMap LEASE-NAME-state (cool-downs, moves in flight)"},
-		func(f features) bool { return f.rebalance }},
-	{permission{"", "configmaps", []string{"create", "update"}, "release namespace", "rebalancer.mode act", "rebalancer/state.go writes the state before every eviction"},
-		func(f features) bool { return f.act }},
-	{permission{"coordination.k8s.io", "leases", []string{"get", "create", "update"}, "release namespace", "rebalancer.mode act, or istio.mode destinationrule or envoyfilter", "internal/leader (client-go leaderelection's LeaseLock): only the rebalancer's Lease holder acts, only the Istio Lease's holder writes Istio's objects"},
-		func(f features) bool { return f.act || f.dr || f.ef }},
-	{permission{"", "pods", []string{"patch", "delete"}, "cluster", "rebalancer.mode act", "rebalancer/gates.go: one JSON PATCH lifts the placement gate; a replacement unscheduled past --placement-timeout is deleted once"},
-		func(f features) bool { return f.act }},
-	{permission{"", "pods/eviction", []string{"create"}, "cluster", "rebalancer.mode act", "rebalancer/run.go evicts through the Eviction API (PodDisruptionBudgets hold)"},
-		func(f features) bool { return f.act }},
-	{permission{"events.k8s.io", "events", []string{"create", "patch"}, "cluster", "rebalancer.mode act", "client-go's events broadcaster: Rebalance, Placed, NotPlaced, PlacementFailed (patch for a repeated event)"},
-		func(f features) bool { return f.act }},
-	{permission{"networking.istio.io", "destinationrules", []string{"list", "create", "update", "delete"}, "cluster", "istio.mode destinationrule", "xds/istio/rules.go: reads every rule (the user's are carried over), writes edgeflow's"},
-		func(f features) bool { return f.dr }},
-	{permission{"", "nodes", []string{"patch"}, "cluster", "istio.labelNodes", "xds/istio/rules.go sets topology.istio.io/subzone"},
-		func(f features) bool { return f.labelNodes }},
-	{permission{"networking.istio.io", "envoyfilters", []string{"list", "create", "update", "delete"}, "istio namespace", "istio.mode envoyfilter", "xds/istio/reconciler.go: one EnvoyFilter per managed service"},
-		func(f features) bool { return f.ef }},
-	{permission{"", "configmaps", []string{"list", "create", "update", "delete"}, "cluster", "istio.mode envoyfilter", "xds/istio/reconciler.go: the edgeflow-bootstrap ConfigMap in every namespace with a managed service"},
-		func(f features) bool { return f.ef }},
+	{permission{"", "nodes", []string{"list", "watch"}, nil, "", "cluster", "always", "watcher/kube and rebalancer node informers (allocatable cpu and memory, localities)"},
+		func(features) bool { return true }, inCluster},
+	{permission{"", "pods", []string{"list", "watch"}, nil, "", "watched namespaces, or cluster; cluster whenever the rebalancer runs", "always", "watcher/kube pod informer (endpoints' pods, owners, sidecar label); the rebalancer's pod informer is cluster-wide (node usage), and the watcher shares it"},
+		func(features) bool { return true }, func(f features) []string {
+			if f.rebalance {
+				return []string{scopeCluster}
+			}
+			return inWatched(f)
+		}},
+	{permission{"", "services", []string{"list", "watch"}, nil, "", "watched namespaces, or cluster", "always", "watcher/kube and rebalancer service informers (managed Services)"},
+		func(features) bool { return true }, inWatched},
+	{permission{"discovery.k8s.io", "endpointslices", []string{"list", "watch"}, nil, "", "watched namespaces, or cluster", "always", "watcher/kube EndpointSlice informer (ready endpoints)"},
+		func(features) bool { return true }, inWatched},
+	{permission{"", "configmaps", []string{"get"}, []string{stateName}, "`edgeflow-rebalancer-state` (rebalancer.leaseName-state)", "release namespace", "rebalancer.mode dry-run or act", "rebalancer/state.go reads the state ConfigMap (cool-downs, moves in flight)"},
+		func(f features) bool { return f.rebalance }, inRelease},
+	{permission{"", "configmaps", []string{"update"}, []string{stateName}, "`edgeflow-rebalancer-state` (rebalancer.leaseName-state)", "release namespace", "rebalancer.mode act", "rebalancer/state.go writes the state before every eviction, into the ConfigMap the chart creates (no create)"},
+		func(f features) bool { return f.act }, inRelease},
+	{permission{"coordination.k8s.io", "leases", []string{"get", "update"}, []string{rebalancerTag}, "`edgeflow-rebalancer` (rebalancer.leaseName)", "release namespace", "rebalancer.mode act", "internal/leader (client-go leaderelection's LeaseLock gets and updates the Lease; it creates one only when missing, and the chart creates it): only the holder acts"},
+		func(f features) bool { return f.act }, inRelease},
+	{permission{"coordination.k8s.io", "leases", []string{"get", "update"}, []string{istioLease}, "`edgeflow-istio` (istio.leaseName)", "release namespace", "istio.mode destinationrule or envoyfilter", "internal/leader, as above: only the holder writes Istio's objects"},
+		func(f features) bool { return f.dr || f.ef }, inRelease},
+	{permission{"", "pods", []string{"patch", "delete"}, nil, "", "watched namespaces, or cluster", "rebalancer.mode act", "rebalancer/gates.go: one JSON PATCH lifts the placement gate; a replacement unscheduled past --placement-timeout is deleted once"},
+		func(f features) bool { return f.act }, inWatched},
+	{permission{"", "pods/eviction", []string{"create"}, nil, "", "watched namespaces, or cluster", "rebalancer.mode act", "rebalancer/run.go evicts through the Eviction API (PodDisruptionBudgets hold)"},
+		func(f features) bool { return f.act }, inWatched},
+	{permission{"events.k8s.io", "events", []string{"create", "patch"}, nil, "", "watched namespaces, or cluster", "rebalancer.mode act", "client-go's events broadcaster, in the moved pod's namespace: Rebalance, Placed, NotPlaced, PlacementFailed (patch for a repeated event)"},
+		func(f features) bool { return f.act }, inWatched},
+	{permission{"networking.istio.io", "destinationrules", []string{"list", "create", "update", "delete"}, nil, "", "cluster", "istio.mode destinationrule", "xds/istio/rules.go: reads every rule (the user's are carried over), writes edgeflow's"},
+		func(f features) bool { return f.dr }, inCluster},
+	{permission{"", "nodes", []string{"patch"}, nil, "", "cluster", "istio.labelNodes", "xds/istio/rules.go sets topology.istio.io/subzone"},
+		func(f features) bool { return f.labelNodes }, inCluster},
+	{permission{"networking.istio.io", "envoyfilters", []string{"list", "create", "update", "delete"}, nil, "", "istio namespace", "istio.mode envoyfilter", "xds/istio/reconciler.go: one EnvoyFilter per managed service"},
+		func(f features) bool { return f.ef }, inIstio},
+	{permission{"", "configmaps", []string{"list", "update", "delete"}, []string{bootstrapName}, "`edgeflow-bootstrap`", "cluster", "istio.mode envoyfilter", "xds/istio/reconciler.go: the bootstrap ConfigMap in every namespace with a managed service (listed in all namespaces with a metadata.name field selector)"},
+		func(f features) bool { return f.ef }, inCluster},
+	{permission{"", "configmaps", []string{"create"}, nil, "", "watched namespaces, or cluster", "istio.mode envoyfilter", "xds/istio/reconciler.go creates the bootstrap ConfigMap where it is missing (RBAC cannot limit a create by name)"},
+		func(f features) bool { return f.ef }, inWatched},
 }
 
 // grant is one flattened rule: group/resource verb.
 func grant(group, resource, verb string) string { return group + "/" + resource + " " + verb }
 
-// granted flattens the rules of every ClusterRole and Role rendered for edgeflow serve (the
-// cleanup hooks' own are not: see hookGranted).
+// scopedGrant is one flattened rule with where it holds and the one name it is limited to
+// ("*": any): "group/resource verb @scope name".
+func scopedGrant(group, resource, verb, scope, name string) string {
+	if name == "" {
+		name = "*"
+	}
+	return grant(group, resource, verb) + " @" + scope + " " + name
+}
+
+// call is one request: what the audit log records, what a SubjectAccessReview asks.
+type call struct {
+	group, resource, verb, namespace, name string
+}
+
+// covers says whether the scoped grant g allows c, edgeflow's Roles being in the watched
+// namespaces, the release namespace and istio-system.
+func covers(g string, c call, watched []string) bool {
+	i := strings.LastIndex(g, " @")
+	if g[:i] != grant(c.group, c.resource, c.verb) {
+		return false
+	}
+	scope, name, _ := strings.Cut(g[i+2:], " ")
+	switch scope {
+	case scopeRelease:
+		if c.namespace != namespace {
+			return false
+		}
+	case scopeIstio:
+		if c.namespace != "istio-system" {
+			return false
+		}
+	case scopeWatched:
+		if c.namespace == "" || !slices.Contains(watched, c.namespace) {
+			return false
+		}
+	}
+	return name == "*" || name == c.name
+}
+
+// allowedBy says whether any of grants covers c.
+func allowedBy(grants []string, c call, watched []string) bool {
+	return slices.ContainsFunc(grants, func(g string) bool { return covers(g, c, watched) })
+}
+
+// granted flattens the rules of every ClusterRole (cluster) and Role (release namespace,
+// istio-system, or a watched namespace) rendered for edgeflow serve, one entry per name a rule
+// is limited to (the cleanup hooks' own are not: see hookGranted).
 func granted(t *testing.T, objs []*unstructured.Unstructured) []string {
 	t.Helper()
 	set := map[string]bool{}
@@ -77,15 +164,38 @@ func granted(t *testing.T, objs []*unstructured.Unstructured) []string {
 		if o.GetKind() != "ClusterRole" && o.GetKind() != "Role" || isHook(o) {
 			continue
 		}
+		scope := scopeCluster
+		switch {
+		case o.GetKind() == "ClusterRole":
+		case o.GetNamespace() == namespace:
+			scope = scopeRelease
+		case o.GetNamespace() == "istio-system":
+			scope = scopeIstio
+		default:
+			scope = scopeWatched
+		}
 		var r rbacv1.ClusterRole
 		convert(t, o, &r)
-		for _, g := range flatten(r.Rules) {
-			set[g] = true
+		for _, rule := range r.Rules {
+			names := rule.ResourceNames
+			if len(names) == 0 {
+				names = []string{""}
+			}
+			for _, g := range rule.APIGroups {
+				for _, res := range rule.Resources {
+					for _, v := range rule.Verbs {
+						for _, n := range names {
+							set[scopedGrant(g, res, v, scope, n)] = true
+						}
+					}
+				}
+			}
 		}
 	}
 	return sortedSet(set)
 }
 
+// flatten flattens rules to group/resource verb (names and scope aside).
 func flatten(rules []rbacv1.PolicyRule) []string {
 	set := map[string]bool{}
 	for _, r := range rules {
@@ -100,13 +210,31 @@ func flatten(rules []rbacv1.PolicyRule) []string {
 	return sortedSet(set)
 }
 
+// unscoped is grants without their scopes and names.
+func unscoped(grants []string) []string {
+	set := map[string]bool{}
+	for _, g := range grants {
+		set[g[:strings.LastIndex(g, " @")]] = true
+	}
+	return sortedSet(set)
+}
+
 // expected is the table's grants for the features f.
 func expected(f features) []string {
 	set := map[string]bool{}
 	for _, p := range permissions {
-		if p.on(f) {
+		if !p.on(f) {
+			continue
+		}
+		names := p.names
+		if len(names) == 0 {
+			names = []string{""}
+		}
+		for _, scope := range p.scopes(f) {
 			for _, v := range p.verbs {
-				set[grant(p.group, p.resource, v)] = true
+				for _, n := range names {
+					set[scopedGrant(p.group, p.resource, v, scope, n)] = true
+				}
 			}
 		}
 	}
@@ -125,13 +253,17 @@ func sortedSet(set map[string]bool) []string {
 // permissionTable prints the table as Markdown (docs/security.md's; TestPermissionTable logs it).
 func permissionTable() string {
 	var b strings.Builder
-	b.WriteString("| resource | verbs | scope | granted when | why (the call) |\n|---|---|---|---|---|\n")
+	b.WriteString("| resource | verbs | names | scope | granted when | why (the call) |\n|---|---|---|---|---|---|\n")
 	for _, p := range permissions {
 		res := p.resource
 		if p.group != "" {
 			res = p.resource + "." + p.group
 		}
-		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s |\n", res, strings.Join(p.verbs, ", "), p.scope, p.feature, p.why)
+		names := p.namesDoc
+		if names == "" {
+			names = "any"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s |\n", res, strings.Join(p.verbs, ", "), names, p.scope, p.feature, p.why)
 	}
 	return b.String()
 }
