@@ -10,6 +10,9 @@ HELM_VERSION := v3.22.0
 HELM        := $(CACHE)/bin/helm-$(HELM_VERSION)/helm
 # the Kubernetes version helm template renders for (a helm built with go install assumes v1.20)
 KUBE_VERSION := v1.37.2
+# what that Kubernetes serves that helm template cannot know without a cluster (it knows API group
+# versions, not kinds): the chart's admission policy is rendered where this is served
+KUBE_API_VERSIONS := admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy
 FUZZTIME    ?= 20s
 
 .PHONY: all build image demo docs test test-lint test-unit test-e2e test-quiet test-istio test-ui test-smoke test-image prebuild-unit prebuild-e2e prebuild-istio prebuild-smoke lint k8s helm manifests e2e-istio e2e-ui e2e-reproduce reproduce reproduce-report fuzz bench bench-solver bench-push bench-watch clean
@@ -171,11 +174,13 @@ helm: $(HELM)
 $(HELM):
 	GOBIN=$(dir $(HELM)) $(NICE) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
-## manifests: install/manifests/edgeflow.yaml, the chart rendered with its default values and
-## without its Helm hooks (the cleanup Jobs: with plain manifests, run edgeflow uninstall
-## yourself); e2e/install's TestManifestsUpToDate fails when it is stale
+## manifests: install/manifests/edgeflow.yaml, the chart rendered with its default values for
+## Kubernetes $(KUBE_VERSION) (its admission policy included) and without its Helm hooks (the
+## cleanup Jobs: with plain manifests, run edgeflow uninstall yourself); e2e/install's
+## TestManifestsUpToDate fails when it is stale
 manifests: $(HELM)
-	$(HELM) template edgeflow install/helm/edgeflow --namespace edgeflow --kube-version $(KUBE_VERSION) --no-hooks > install/manifests/edgeflow.yaml
+	$(HELM) template edgeflow install/helm/edgeflow --namespace edgeflow --kube-version $(KUBE_VERSION) \
+	  $(addprefix --api-versions ,$(KUBE_API_VERSIONS)) --no-hooks > install/manifests/edgeflow.yaml
 
 ## docs: the CLI reference, docs/reference/cli (cmd/edgeflow's TestCLIDocsUpToDate fails when it is stale),
 ## and the chart README's values table from values.yaml (e2e/install's TestValuesTable likewise)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -20,8 +21,9 @@ var efGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "
 // In the per-pod Istio mode, with exactly the chart's permissions (the table's: a Role for
 // EnvoyFilters in istio-system, the ConfigMaps named edgeflow-bootstrap cluster-wide, reads and
 // the ConfigMap create in the watched namespace), edgeflow writes one EnvoyFilter per managed
-// service and the bootstrap ConfigMap, with no forbidden request; helm uninstall plus edgeflow
-// uninstall then leave nothing.
+// service and the bootstrap ConfigMap, with no forbidden request; the admission policy refuses
+// it another ConfigMap RBAC would let it create; helm uninstall plus edgeflow uninstall then
+// leave nothing.
 func TestEnvoyFilterModeWithTheChartsPermissions(t *testing.T) {
 	t.Parallel()
 	c, cl := startAPIServer(t, kubeapi.Options{AuditLog: true})
@@ -78,6 +80,19 @@ func TestEnvoyFilterModeWithTheChartsPermissions(t *testing.T) {
 	r.stop()
 	grants := a.checkRequests(r, objs, c.AuditLog)
 	a.accessReviews(grants)
+	// RBAC lets edgeflow create ConfigMaps in the watched namespace (a create has no name to
+	// limit it by); the admission policy lets it create edgeflow-bootstrap only.
+	as, _ := asEdgeflow(t, c.Config)
+	other := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "not-edgeflows", Namespace: appNS}}
+	var refused error
+	if !testkit.WaitUntil(30*time.Second, func() bool { // dry runs: nothing is created meanwhile
+		_, refused = as.CoreV1().ConfigMaps(appNS).Create(ctx, other, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return refusedByPolicy(refused)
+	}) {
+		t.Errorf("edgeflow creating a ConfigMap not its own: %v; want refused by the admission policy", refused)
+	} else {
+		t.Logf("edgeflow creating ConfigMap %s/not-edgeflows: refused: %s", appNS, policyMessage(refused))
+	}
 
 	if err := cl.remove(ctx, objs); err != nil {
 		t.Fatal(err)

@@ -86,7 +86,16 @@ func render(t *testing.T, values map[string]any) []*unstructured.Unstructured {
 	return decodeAll(t, out)
 }
 
+// renderRaw is helm template's output for the Kubernetes the tests run (kubeVersion, serving
+// policyAPI, as helm install would read from its discovery; the Makefile's KUBE_API_VERSIONS).
 func renderRaw(t *testing.T, values map[string]any, extra ...string) ([]byte, error) {
+	t.Helper()
+	return renderFor(t, values, append([]string{"--api-versions", policyAPI}, extra...)...)
+}
+
+// renderFor is helm template's output with only the capabilities extra gives it beyond its
+// own (Kubernetes kubeVersion's group versions, no kinds).
+func renderFor(t *testing.T, values map[string]any, extra ...string) ([]byte, error) {
 	t.Helper()
 	args := []string{"template", release, filepath.Join(testkit.RepoRoot(), "install", "helm", "edgeflow"), "--namespace", namespace, "--kube-version", kubeVersion}
 	if values != nil {
