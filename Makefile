@@ -71,7 +71,7 @@ UNIT_PKGS    = $$($(GO) list ./... | grep -v -e '/e2e/' -e '/internal/demo')
 
 # The quiet group: tests that time things or count allocations, run alone after every other
 # suite, without the race detector (it slows the code they time ~10x; they skip under it).
-QUIET_TESTS := TestInjectedLatency|TestClosedLoopRoutesAroundL7Penalty|TestPlaceLargeInstance|TestPlaceBudgetLargeInstance|TestNoAllocs|TestWatchScale|TestWatchAtScale|TestIstioWriterIsLeaderElected|TestReplicaKilledMidPush|TestLeaderChangeMidMove
+QUIET_TESTS := TestInjectedLatency|TestClosedLoopRoutesAroundL7Penalty|TestClosedLoopLearnsCapacity|TestClosedLoopFollowsASlowdown|TestClosedLoopBreakerFallsBackToLATA|TestPlaceLargeInstance|TestPlaceBudgetLargeInstance|TestNoAllocs|TestWatchScale|TestWatchAtScale|TestIstioWriterIsLeaderElected|TestReplicaKilledMidPush|TestLeaderChangeMidMove
 QUIET_PKGS  := ./internal/demo ./optimizer ./optimizer/mcf ./watcher/kube ./e2e/live ./e2e/install ./e2e/replicas ./e2e/rebalance
 # Packages whose every test runs in the quiet group, with -race (the demo times its latencies).
 QUIET_RACE_PKGS := ./internal/demo/...
