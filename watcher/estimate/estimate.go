@@ -251,6 +251,16 @@ type window struct {
 	inboundMS, downstreamMS float64
 }
 
+// studentTTable returns t[df], Student's t quantile at p on df = 1 … windows−1 degrees of
+// freedom (t[0] unused): the quantiles a rule over at most windows windows reads.
+func studentTTable(p float64, windows int) []float64 {
+	t := make([]float64, windows)
+	for df := 1; df < windows; df++ {
+		t[df] = studentT(p, float64(df))
+	}
+	return t
+}
+
 // New returns an Estimator with cfg's rules (zero fields take their defaults), or an error
 // wrapping ErrInvalidConfig.
 func New(cfg Config) (*Estimator, error) {
@@ -258,11 +268,7 @@ func New(cfg Config) (*Estimator, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := make([]float64, cfg.Windows)
-	for df := 1; df < cfg.Windows; df++ {
-		t[df] = studentT(cfg.Confidence, float64(df))
-	}
-	return &Estimator{cfg: cfg, t: t, pods: make(map[string]*podState)}, nil
+	return &Estimator{cfg: cfg, t: studentTTable(cfg.Confidence, cfg.Windows), pods: make(map[string]*podState)}, nil
 }
 
 // studentT is the quantile of Student's t distribution with df degrees of freedom at p > 0.5:

@@ -204,10 +204,7 @@ func NewLatencyCorrector(cfg LatencyConfig) (*LatencyCorrector, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := make([]float64, cfg.Windows)
-	for df := 1; df < cfg.Windows; df++ {
-		t[df] = studentT((1+cfg.Confidence)/2, float64(df))
-	}
+	t := studentTTable((1+cfg.Confidence)/2, cfg.Windows)
 	return &LatencyCorrector{cfg: cfg, decay: math.Exp2(-1 / float64(cfg.HalfLife)), t: t, pairs: map[NodePair]*pairState{}}, nil
 }
 
