@@ -30,23 +30,31 @@ func freeAddr(t *testing.T) string {
 
 // TestPodSlowAndMetrics: a pod run with --slow 3 serves /metrics on --metrics-addr, where its
 // busy time is three times its seeded service-time draws, and its CPU request is exported.
-func TestPodSlowAndMetrics(t *testing.T) {
-	o := options{name: "p-0", node: "n1", listen: freeAddr(t), metricsAddr: freeAddr(t), workload: "p", namespace: "ns",
-		workers: 1, service: 2 * time.Millisecond, seed: 9, slow: 3, cpuRequest: 0.25}
+// startPod runs the pod with o until the test ends and returns a client connection to it
+// (closed first at cleanup, then the pod stopped and its error checked).
+func startPod(t *testing.T, o options) *grpc.ClientConn {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, o) }()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("run: %v", err)
 		}
-	}()
+	})
 	conn, err := grpc.NewClient("passthrough:///"+o.listen, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func TestPodSlowAndMetrics(t *testing.T) {
+	o := options{name: "p-0", node: "n1", listen: freeAddr(t), metricsAddr: freeAddr(t), workload: "p", namespace: "ns",
+		workers: 1, service: 2 * time.Millisecond, seed: 9, slow: 3, cpuRequest: 0.25}
+	conn := startPod(t, o)
 	const n = 3
 	for range n {
 		ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
@@ -95,20 +103,7 @@ func TestPodSlowAndMetrics(t *testing.T) {
 func TestPodSlowdownAtRunTime(t *testing.T) {
 	o := options{name: "p-0", node: "n1", listen: freeAddr(t), metricsAddr: freeAddr(t), workers: 1,
 		service: 2 * time.Millisecond, seed: 4, slow: 1}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, o) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	}()
-	conn, err := grpc.NewClient("passthrough:///"+o.listen, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := startPod(t, o)
 	call := func(n int) {
 		for range n {
 			ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
