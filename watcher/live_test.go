@@ -1,7 +1,6 @@
 package watcher
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -916,31 +915,13 @@ func fakePromSource(t *testing.T, fp *fakeProm, opts ...func(*prom.Config)) *pro
 	return ps
 }
 
-// logBuffer collects log output written from any goroutine.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // Cold start: with Prometheus down, the capacity-weighted plan (every pair equal, never 0 ms)
 // is served at once, flagged degraded; the first measurements replace it. Latency labels that
 // name no node are reported and never used.
 func TestClusterColdStartAndUnmatchedNames(t *testing.T) {
 	t.Parallel()
 	fp := &fakeProm{status: http.StatusServiceUnavailable}
-	logs := &logBuffer{}
+	logs := &testkit.LogBuffer{}
 	ps := fakePromSource(t, fp)
 	c, reg := newCluster(t, LiveConfig{Kube: kubeSource(t, kubetest.NewClientset(clusterObjects()...)), Prom: ps,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
@@ -1156,7 +1137,7 @@ func TestLatencyGranularityAuto(t *testing.T) {
 	t.Parallel()
 	nodes := []string{"a1@r/a", "a2@r/a", "b1@r/b", "b2@r/b"} // 12 ordered pairs
 	st := zoneState(nodes, service("api", "api-1@a1"))
-	var logs logBuffer
+	var logs testkit.LogBuffer
 	c, _ := newCluster(t, LiveConfig{Prom: fakePromSource(t, &fakeProm{}), CallGraph: &CallGraph{}, MaxNodePairs: 12,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if top := c.Merge(st, &prom.Measurements{}); top.LatencyGranularity != "" || len(top.Latency) != 16 {
@@ -1227,7 +1208,7 @@ func TestClusterContestedPairShownDegraded(t *testing.T) {
 func TestUnmatchedNamesBounded(t *testing.T) {
 	t.Parallel()
 	fp := &fakeProm{}
-	logs := &logBuffer{}
+	logs := &testkit.LogBuffer{}
 	c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, kubetest.NewClientset(clusterObjects()...)), Prom: fakePromSource(t, fp),
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	var forged []promSample

@@ -103,9 +103,9 @@ func TestDashboardQueriesParse(t *testing.T) {
 
 // startServeBinary runs the binary until the test ends (SIGINT, then a kill after 15 s) and
 // returns its stderr and pid.
-func startServeBinary(t *testing.T, bin string, args ...string) (*syncBuffer, int) {
+func startServeBinary(t *testing.T, bin string, args ...string) (*testkit.LogBuffer, int) {
 	t.Helper()
-	var stderr syncBuffer
+	var stderr testkit.LogBuffer
 	cmd := exec.Command(bin, args...)
 	cmd.Stderr = &stderr
 	exited := startProcess(t, cmd)
@@ -144,7 +144,7 @@ func stopProcess(cmd *exec.Cmd, exited <-chan error) error {
 
 // listeningMetrics waits for serve's listening line in stderr and returns its metrics
 // address (HOST:PORT).
-func listeningMetrics(t *testing.T, what string, stderr *syncBuffer) string {
+func listeningMetrics(t *testing.T, what string, stderr *testkit.LogBuffer) string {
 	t.Helper()
 	re := regexp.MustCompile(`, metrics http://(\S+)/metrics, `)
 	var addr string

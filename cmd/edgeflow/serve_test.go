@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,24 +22,6 @@ import (
 	"github.com/edgeflow/edgeflow/internal/testkit/xdsclient"
 )
 
-// syncBuffer is a bytes.Buffer safe for the command's goroutines and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // echoAddrs is the address of each backend testkit.StartEchoes started, by pod.
 func echoAddrs(echoes map[string]*testkit.Echo) map[string]string {
 	addrs := make(map[string]string, len(echoes))
@@ -52,7 +33,7 @@ func echoAddrs(echoes map[string]*testkit.Echo) map[string]string {
 
 // serveRun is edgeflow's command line running in this process (startServeProcess).
 type serveRun struct {
-	stderr *syncBuffer
+	stderr *testkit.LogBuffer
 	cancel context.CancelFunc
 	done   chan error
 	once   sync.Once
@@ -65,7 +46,7 @@ type serveRun struct {
 func startServeProcess(t *testing.T, args ...string) *serveRun {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &serveRun{stderr: &syncBuffer{}, cancel: cancel, done: make(chan error, 1)}
+	s := &serveRun{stderr: &testkit.LogBuffer{}, cancel: cancel, done: make(chan error, 1)}
 	root := newRootCommand()
 	root.SetArgs(args)
 	root.SetErr(s.stderr)

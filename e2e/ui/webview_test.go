@@ -17,7 +17,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -80,24 +79,6 @@ func writeTopology(t *testing.T, path string, top *optimizer.Topology) {
 	}
 }
 
-// lockedBuffer collects a process's stderr.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestMain removes the edgeflow binary testkit.Binary built (when EDGEFLOW_BIN is unset).
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -110,7 +91,7 @@ func TestMain(m *testing.M) {
 func startServe(t *testing.T, file string) (uiURL, xdsAddr string) {
 	cmd := exec.Command(testkit.Binary(t), "serve", "-f", file, "--xds-address", "127.0.0.1:0", "--ui-address", "127.0.0.1:0",
 		"--poll-interval", "50ms", "--debounce-quiet", "10ms")
-	var stderr lockedBuffer
+	var stderr testkit.LogBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

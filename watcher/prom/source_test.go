@@ -1,7 +1,6 @@
 package prom
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -152,29 +151,10 @@ func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// syncBuffer collects log output written from any goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
+// syncBuffer collects log output written from any goroutine, and counts lines in it.
+type syncBuffer struct{ testkit.LogBuffer }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *syncBuffer) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.buf.String(), s)
-}
+func (b *syncBuffer) count(s string) int { return strings.Count(b.String(), s) }
 
 // harness is a Source on a fake Prometheus with a fake clock; tests drive rounds by hand.
 type harness struct {

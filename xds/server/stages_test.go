@@ -1,35 +1,16 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
-
-// lockedBuffer is a log sink the server's goroutines may write concurrently.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestPushStagesLogged: a publication's log lines give the push's stages from the server's
 // clock, as e2e/pushbench reads them — the change's wall time on the published line, and on
@@ -37,7 +18,7 @@ func (l *lockedBuffer) String() string {
 // in that order.
 func TestPushStagesLogged(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
+	var logs testkit.LogBuffer
 	h := startServer(t, Config{Policy: optimizer.Localization, DebounceQuiet: -1,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	c := dialADS(t, h.addr, "x-0")
