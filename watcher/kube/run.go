@@ -238,7 +238,15 @@ type builder struct {
 	nodes   *nodesEntry
 	entries map[string]*serviceEntry // NAMESPACE/NAME of each managed service
 	last    *State
+	keys    []string // last.Services' keys, in their order
 }
+
+// change is one service entry a pass replaced: old or new is nil where there was none.
+type change struct{ old, new *serviceEntry }
+
+// patchMax is the most changed entries a pass patches the last State with; more are assembled
+// anew (each patch may shift the services, O(services)).
+const patchMax = 32
 
 // nodesEntry is what the State takes from the nodes.
 type nodesEntry struct {
@@ -280,6 +288,7 @@ func (s *Source) pass(b *builder, d dirty, deliver func(*State)) {
 			}
 		}
 	}
+	var changes []change
 	for k := range keys {
 		p := s.buildEntry(k, b.nodes.known)
 		old, had := b.entries[k]
@@ -287,16 +296,21 @@ func (s *Source) pass(b *builder, d dirty, deliver func(*State)) {
 		case p == nil && !had:
 		case p == nil:
 			delete(b.entries, k)
-			changed = true
+			changes = append(changes, change{old: old})
 		case !had || !reflect.DeepEqual(old, p):
 			b.entries[k] = p
-			changed = true
+			changes = append(changes, change{old: old, new: p})
 		}
 	}
-	if !changed {
+	if !changed && len(changes) == 0 {
 		return
 	}
-	st := b.assemble()
+	var st *State
+	if b.last == nil || d.all || len(changes) > patchMax {
+		st = b.assemble()
+	} else {
+		st = b.patch(changes)
+	}
 	s.logSkips(b.last, st)
 	b.last = st
 	s.mu.Lock()
@@ -326,6 +340,10 @@ func (b *builder) assemble() *State {
 		}
 	}
 	sort.Slice(ps, func(i, j int) bool { return ps[i].key < ps[j].key })
+	b.keys = make([]string, len(ps))
+	for i, p := range ps {
+		b.keys[i] = p.key
+	}
 	// Sized once: at every churn event a pass assembles the whole State, and growing these
 	// (a map rehashed at each doubling, a slice of ~1,000 services copied at each) was most of
 	// the churn's CPU (make bench-watch -watch.cpuprofile).
@@ -336,12 +354,8 @@ func (b *builder) assemble() *State {
 	anyCPU := false
 	for _, p := range ps {
 		st.Services = append(st.Services, *p.svc)
-		cpu := p.podCPU
-		if len(cpu) == 0 {
-			cpu = nil
-		} else {
-			anyCPU = true
-		}
+		cpu := podCPU(p)
+		anyCPU = anyCPU || cpu != nil
 		st.PodCPU = append(st.PodCPU, cpu)
 		for _, w := range p.workloads {
 			st.Workloads[w] = append(st.Workloads[w], p.key)
@@ -354,6 +368,102 @@ func (b *builder) assemble() *State {
 		sort.Strings(st.Workloads[w])
 	}
 	return st
+}
+
+// patch makes a State of the last one and the entries a pass changed: the same State assemble
+// would make (TestPatchIsAssemble), in O(services) copies of the last one's slices and
+// O(changes) work besides — at a churn event (one pod's readiness) assemble's rebuilding of the
+// workload map and its walk over every entry were most of the Source's CPU (make bench-watch
+// -watch.cpuprofile). The workload map is shared with the last State unless a change moves a
+// workload, and then cloned with only the changed services' lists copied.
+func (b *builder) patch(changes []change) *State {
+	last := b.last
+	st := &State{Nodes: b.nodes.list, NodeAddresses: b.nodes.addrs, Skipped: maps.Clone(last.Skipped),
+		Services: slices.Clone(last.Services), Workloads: last.Workloads}
+	if last.PodCPU != nil {
+		st.PodCPU = slices.Clone(last.PodCPU)
+	} else {
+		st.PodCPU = make([]map[string]int64, len(st.Services))
+	}
+	b.keys = slices.Clone(b.keys)
+	cloned := false
+	for _, c := range changes {
+		if c.old != nil {
+			for r, n := range c.old.skipped {
+				if st.Skipped[r] -= n; st.Skipped[r] == 0 {
+					delete(st.Skipped, r)
+				}
+			}
+		}
+		var key string
+		var before, after []Workload
+		if c.old != nil {
+			key = c.old.key
+			if c.old.svc != nil {
+				before = c.old.workloads
+			}
+		}
+		if c.new != nil {
+			key = c.new.key
+			for r, n := range c.new.skipped {
+				st.Skipped[r] += n
+			}
+		}
+		i, found := slices.BinarySearch(b.keys, key)
+		switch live := c.new != nil && c.new.svc != nil; {
+		case live && found:
+			st.Services[i], st.PodCPU[i] = *c.new.svc, podCPU(c.new)
+		case live:
+			b.keys = slices.Insert(b.keys, i, key)
+			st.Services = slices.Insert(st.Services, i, *c.new.svc)
+			st.PodCPU = slices.Insert(st.PodCPU, i, podCPU(c.new))
+		case found:
+			b.keys = slices.Delete(b.keys, i, i+1)
+			st.Services = slices.Delete(st.Services, i, i+1)
+			st.PodCPU = slices.Delete(st.PodCPU, i, i+1)
+		}
+		if c.new != nil && c.new.svc != nil {
+			after = c.new.workloads
+		}
+		if slices.Equal(before, after) {
+			continue
+		}
+		if !cloned {
+			st.Workloads, cloned = maps.Clone(last.Workloads), true
+		}
+		for _, w := range before { // a new list for each workload changed: the last State's stays
+			keys := st.Workloads[w]
+			if j, ok := slices.BinarySearch(keys, key); ok {
+				keys = slices.Delete(slices.Clone(keys), j, j+1)
+			}
+			if len(keys) == 0 {
+				delete(st.Workloads, w)
+			} else {
+				st.Workloads[w] = keys
+			}
+		}
+		for _, w := range after {
+			keys := st.Workloads[w]
+			if j, ok := slices.BinarySearch(keys, key); !ok {
+				st.Workloads[w] = slices.Insert(slices.Clone(keys), j, key)
+			}
+		}
+	}
+	if len(st.Services) == 0 {
+		st.Services = nil
+	}
+	if !slices.ContainsFunc(st.PodCPU, func(m map[string]int64) bool { return m != nil }) {
+		st.PodCPU = nil
+	}
+	return st
+}
+
+// podCPU is the entry's CPU map as a State holds it: nil when empty.
+func podCPU(p *serviceEntry) map[string]int64 {
+	if len(p.podCPU) == 0 {
+		return nil
+	}
+	return p.podCPU
 }
 
 // buildNodes reads every node. O(nodes).
