@@ -1,13 +1,16 @@
 package reproduce
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -17,12 +20,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/internal/demo/app"
 	"github.com/edgeflow/edgeflow/rebalancer"
 )
 
 // Deploy creates the application's managed Services and Deployments (the kube-scheduler places
 // the pods) and waits until every pod runs and is ready.
 func (h *Harness) Deploy(a App, w Workload) {
+	h.nodeCores(w)
 	for _, c := range a.Components {
 		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: ns, Labels: map[string]string{kubeapi.ManagedLabel: "true"}},
 			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": c.Name},
@@ -83,6 +88,58 @@ func (h *Harness) Undeploy(a App) {
 		l, err := h.cs.CoreV1().Pods(ns).List(h.ctx, metav1.ListOptions{})
 		return err == nil && len(l.Items) == 0
 	})
+	h.stopCores()
+}
+
+// nodeCores serves each node's cores to the pods started from now on, as w says (none when w
+// gives neither cores nor speeds): one app.ServeNodeCPU per node on a Unix socket in the
+// harness's folder, which the pods of every network namespace reach. They stop at Undeploy, or
+// at the test's end.
+func (h *Harness) nodeCores(w Workload) {
+	h.stopCores()
+	if w.NodeCores == 0 && len(w.NodeSpeed) == 0 {
+		return
+	}
+	for n := range w.NodeSpeed {
+		if !slices.Contains(Nodes, n) {
+			h.t.Fatalf("workload: node speed for %q, which is not a node of the testbed (%v)", n, Nodes)
+		}
+	}
+	ctx, cancel := context.WithCancel(h.ctx)
+	var wg sync.WaitGroup
+	socks := map[string]string{}
+	for _, n := range Nodes {
+		cpu, err := app.NewNodeCPU(app.NodeConfig{Name: n, Cores: w.NodeCores, Speed: w.NodeSpeed[n]})
+		if err != nil {
+			cancel()
+			h.t.Fatal(err)
+		}
+		socks[n] = filepath.Join(h.dir, "cores-"+n+".sock")
+		os.Remove(socks[n])
+		lis, err := net.Listen("unix", socks[n])
+		if err != nil {
+			cancel()
+			h.t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { // ends when ctx is done (stopCores)
+			defer wg.Done()
+			if err := app.ServeNodeCPU(ctx, lis, cpu); err != nil {
+				fmt.Fprintf(h.log, "node %s: cores: %v\n", n, err)
+			}
+		}()
+	}
+	h.coresStop = func() { cancel(); wg.Wait() }
+	h.rt.setCores(socks)
+}
+
+// stopCores stops the node cores nodeCores serves, if any.
+func (h *Harness) stopCores() {
+	h.rt.setCores(nil)
+	if h.coresStop != nil {
+		h.coresStop()
+		h.coresStop = nil
+	}
 }
 
 // waitSettled waits until every component has exactly its replicas, all bound, running and

@@ -51,6 +51,8 @@ type Harness struct {
 	xdsMu   sync.Mutex
 	xdsAddr string
 	log     io.Writer // progress and events
+	// coresStop stops the node cores of the application deployed (nodeCores); nil: none run.
+	coresStop func()
 }
 
 // NewHarness builds the binaries, the testbed (scenario scenario's RTTs), its probes, the
@@ -92,7 +94,8 @@ func NewHarness(t testing.TB, ctx context.Context, scenario string, log io.Write
 		t.Fatal(err)
 	}
 	h.rt = newProcessRuntime(h.tb, h.podBin, net.JoinHostPort(h.tb.MonitorIP(), strconv.Itoa(xdsPort)), logDir, pool)
-	t.Cleanup(h.rt.StopAll) // after the fake kubelet stops (cleanups run last-in first-out)
+	t.Cleanup(h.stopCores)  // after the pods stop (cleanups run last-in first-out)
+	t.Cleanup(h.rt.StopAll) // after the fake kubelet stops
 	kubeapi.RunFakeKubelet(ctx, t, h.cs, kubeapi.FakeKubeletOptions{Namespaces: []string{ns}, Runtime: h.rt})
 	return h
 }

@@ -53,6 +53,7 @@ type processRuntime struct {
 	mu      sync.Mutex
 	slow    map[string]float64 // component → the slowdown its next pod started gets (then removed)
 	slowed  map[string]string  // component → the pod that got it
+	cores   map[string]string  // node → the Unix socket of its cores (nodeCores); none: no --node-cpu
 	running map[types.UID]*podProcess
 	used    map[string]bool // addresses in use
 	next    map[string]int  // node → where its next address search starts
@@ -68,6 +69,14 @@ func newProcessRuntime(tb *testbed.Testbed, podBin, xdsAddr, logDir string, pool
 	return &processRuntime{tb: tb, podBin: podBin, xdsAddr: xdsAddr, logDir: logDir, pool: pool, deadline: 20 * time.Second,
 		running: map[types.UID]*podProcess{}, used: map[string]bool{}, next: map[string]int{},
 		slow: map[string]float64{}, slowed: map[string]string{}}
+}
+
+// setCores gives the pods started from now on their node's cores (node → Unix socket; nil:
+// none).
+func (r *processRuntime) setCores(socks map[string]string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cores = socks
 }
 
 // SlowNext gives the next pod of component (its app label) started `--slow factor`: slower
@@ -150,6 +159,9 @@ func (r *processRuntime) launch(pod *corev1.Pod, node, ip string) (*podProcess, 
 	}
 	args = append(args, "--name", pod.Name, "--node", node, "--listen", net.JoinHostPort(ip, fmt.Sprint(podPort)))
 	r.mu.Lock()
+	if sock := r.cores[node]; sock != "" {
+		args = append(args, "--node-cpu", sock)
+	}
 	if f, ok := r.slow[pod.Labels["app"]]; ok {
 		delete(r.slow, pod.Labels["app"])
 		r.slowed[pod.Labels["app"]] = pod.Name

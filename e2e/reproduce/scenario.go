@@ -127,6 +127,15 @@ type Workload struct {
 	// cAdvisor's CPU usage, its CPU request) on POD_IP:15020 and is annotated for Prometheus's
 	// kubernetes-pods job (podScrapeJob), which then scrapes it every podScrapeInterval.
 	Metrics bool
+	// NodeCores, when positive, is how many cores each node's pods share (app.NodeCPU, served
+	// to the pod processes by the harness: nodeCores): a request holds one of its pod's workers
+	// and one of its node's cores, so pods packed onto a node contend as on a real machine. 0:
+	// each pod is bound by its own workers only (the model of the runs before 2026-12-05).
+	NodeCores int
+	// NodeSpeed divides every service time on a node (0.5: twice as long), the world's hidden
+	// truth: Kubernetes and edgeflow are not told. A node not listed runs at speed 1. Setting it
+	// gives the pods node cores (unlimited when NodeCores is 0).
+	NodeSpeed map[string]float64
 }
 
 // DefaultWorkload is the pods' work in every preset.

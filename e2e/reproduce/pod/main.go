@@ -9,14 +9,14 @@
 //
 //	pod --name NAME --node NODE --listen IP:PORT [--workers N] [--service-time D] [--seed S]
 //	    [--slow FACTOR] [--workload W] [--namespace NS] [--cpu-request CORES]
-//	    [--metrics-addr HOST:PORT] [--call SERVICE.NAMESPACE[=RATE]]…
+//	    [--metrics-addr HOST:PORT] [--node-cpu SOCKET] [--call SERVICE.NAMESPACE[=RATE]]…
 //
 // --slow multiplies every service time (a pod slower than its peers, unseen by edgeflow).
 // --metrics-addr serves the pod's /metrics (app.Pod.Metrics: Istio's request metrics, the busy
-// time as cAdvisor's CPU usage, the CPU request as kube-state-metrics has it). The pods of one
-// node do not share a pool of cores here, as they do in edgeflow demo (app.NodeCPU): each is its
-// own process, and a pool shared across processes is not built; each pod is bound by its own
-// workers only.
+// time as cAdvisor's CPU usage, the CPU request as kube-state-metrics has it). --node-cpu is the
+// Unix socket of its node's cores (app.ServeNodeCPU, run by the harness): a request then holds
+// one of them for its service time (divided by the node's speed), so the pods of a node contend
+// for it as in edgeflow demo (app.NodeCPU); without it each pod is bound by its own workers only.
 //
 // It logs "pod NAME: serving on IP:PORT" once it listens, and stops on SIGTERM or SIGINT.
 package main
@@ -53,6 +53,7 @@ func (c *calls) Set(v string) error { *c = append(*c, v); return nil }
 // options are the pod's flags.
 type options struct {
 	name, node, listen, metricsAddr string
+	nodeCPU                         string
 	workload, namespace             string
 	workers                         int
 	service                         time.Duration
@@ -67,6 +68,7 @@ func main() {
 	flag.StringVar(&o.node, "node", "", "the pod's node (sent to callees)")
 	flag.StringVar(&o.listen, "listen", "", "IP:PORT to serve on (required)")
 	flag.StringVar(&o.metricsAddr, "metrics-addr", "", "HOST:PORT to serve /metrics on (none if empty)")
+	flag.StringVar(&o.nodeCPU, "node-cpu", "", "the Unix socket of the node's cores, shared with its other pods (none if empty: the pod's workers only)")
 	flag.StringVar(&o.workload, "workload", "", "the pod's workload, for its metrics and its callees' (default: --name)")
 	flag.StringVar(&o.namespace, "namespace", "default", "the pod's namespace, for its metrics and its callees'")
 	flag.IntVar(&o.workers, "workers", 1, "requests worked on at once")
@@ -98,6 +100,14 @@ func run(ctx context.Context, o options) error {
 	}
 	cfg := app.Config{Name: o.name, Node: o.node, Workload: o.workload, Namespace: o.namespace, Workers: o.workers,
 		ServiceTime: app.NewExponential(o.service, o.seed), Slowdown: o.slow, CPURequest: o.cpuRequest}
+	if o.nodeCPU != "" {
+		cpu, err := app.DialNodeCPU(o.node, o.nodeCPU)
+		if err != nil {
+			return fmt.Errorf("--node-cpu: %w", err)
+		}
+		defer cpu.Close()
+		cfg.NodeCPU = cpu
+	}
 	for _, d := range o.downstream {
 		svc, rateText, hasRate := strings.Cut(d, "=")
 		rate := 1.0

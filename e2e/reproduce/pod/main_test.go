@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
@@ -28,8 +31,6 @@ func freeAddr(t *testing.T) string {
 	return lis.Addr().String()
 }
 
-// TestPodSlowAndMetrics: a pod run with --slow 3 serves /metrics on --metrics-addr, where its
-// busy time is three times its seeded service-time draws, and its CPU request is exported.
 // startPod runs the pod with o until the test ends and returns a client connection to it
 // (closed first at cleanup, then the pod stopped and its error checked).
 func startPod(t *testing.T, o options) *grpc.ClientConn {
@@ -51,6 +52,8 @@ func startPod(t *testing.T, o options) *grpc.ClientConn {
 	return conn
 }
 
+// TestPodSlowAndMetrics: a pod run with --slow 3 serves /metrics on --metrics-addr, where its
+// busy time is three times its seeded service-time draws, and its CPU request is exported.
 func TestPodSlowAndMetrics(t *testing.T) {
 	o := options{name: "p-0", node: "n1", listen: freeAddr(t), metricsAddr: freeAddr(t), workload: "p", namespace: "ns",
 		workers: 1, service: 2 * time.Millisecond, seed: 9, slow: 3, cpuRequest: 0.25}
@@ -70,18 +73,7 @@ func TestPodSlowAndMetrics(t *testing.T) {
 		want += time.Duration(float64(draws.Draw()) * o.slow)
 	}
 
-	client := &http.Client{Timeout: 10 * time.Second}
-	defer client.CloseIdleConnections()
-	resp, err := client.Get("http://" + o.metricsAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	mfs := scrape(t, o.metricsAddr)
 	if cpu := mfs["container_cpu_usage_seconds_total"].GetMetric(); len(cpu) != 1 || math.Abs(cpu[0].GetCounter().GetValue()-want.Seconds()) > 1e-8 {
 		t.Errorf("container_cpu_usage_seconds_total %v, want %v s (%d draws × 3)", cpu, want.Seconds(), n)
 	}
@@ -153,7 +145,17 @@ func TestPodSlowdownAtRunTime(t *testing.T) {
 		}
 		want += d
 	}
-	resp, err := client.Get("http://" + o.metricsAddr + "/metrics")
+	if cpu := scrape(t, o.metricsAddr)["container_cpu_usage_seconds_total"].GetMetric(); len(cpu) != 1 || math.Abs(cpu[0].GetCounter().GetValue()-want.Seconds()) > 1e-8 {
+		t.Errorf("container_cpu_usage_seconds_total %v, want %v s (%d draws, then %d × 2)", cpu, want.Seconds(), n, n)
+	}
+}
+
+// scrape reads the pod's /metrics at addr.
+func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
+	t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,8 +165,78 @@ func TestPodSlowdownAtRunTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cpu := mfs["container_cpu_usage_seconds_total"].GetMetric(); len(cpu) != 1 || math.Abs(cpu[0].GetCounter().GetValue()-want.Seconds()) > 1e-8 {
-		t.Errorf("container_cpu_usage_seconds_total %v, want %v s (%d draws, then %d × 2)", cpu, want.Seconds(), n, n)
+	return mfs
+}
+
+// TestPodsShareNodeCores: two pods of one worker each, run with --node-cpu on one node of 1 core
+// at half speed (app.ServeNodeCPU, as the harness serves it), 10 requests sent to each at once:
+// every service time takes twice its draw (the node's speed, which only the core server knows),
+// and the node's one core serves the two pods one request at a time, so the last answer comes
+// no sooner than the two pods' busy time together (alone on their nodes they would overlap).
+func TestPodsShareNodeCores(t *testing.T) {
+	node, err := app.NewNodeCPU(app.NodeConfig{Name: "n1", Cores: 1, Speed: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "n1.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- app.ServeNodeCPU(ctx, lis, node) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("ServeNodeCPU: %v", err)
+		}
+	})
+	pods := [2]options{}
+	var conns [2]*grpc.ClientConn
+	for i := range pods {
+		pods[i] = options{name: fmt.Sprintf("p-%d", i), node: "n1", listen: freeAddr(t), metricsAddr: freeAddr(t), workers: 1,
+			service: 4 * time.Millisecond, seed: uint64(3 + i), slow: 1, nodeCPU: sock}
+		conns[i] = startPod(t, pods[i])
+		ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := app.Call(ctx, conns[i], "", "", grpc.WaitForReady(true)) // connected, and one draw each
+		stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 10
+	begin := time.Now()
+	errs := make(chan error, 2*n)
+	for i := range 2 * n {
+		go func() {
+			ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+			defer stop()
+			_, err := app.Call(ctx, conns[i%2], "", "")
+			errs <- err
+		}()
+	}
+	for range 2 * n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	took := time.Since(begin)
+	var busy [2]float64
+	for i, o := range pods {
+		draws := app.NewExponential(o.service, o.seed)
+		var want time.Duration
+		for range n + 1 {
+			want += 2 * draws.Draw()
+		}
+		cpu := scrape(t, o.metricsAddr)["container_cpu_usage_seconds_total"].GetMetric()
+		if len(cpu) != 1 || math.Abs(cpu[0].GetCounter().GetValue()-want.Seconds()) > 1e-8 {
+			t.Fatalf("pod %s: container_cpu_usage_seconds_total %v, want %v s (%d draws × 2: the node's speed 0.5)", o.name, cpu, want.Seconds(), n+1)
+		}
+		busy[i] = want.Seconds() - 2*app.NewExponential(o.service, o.seed).Draw().Seconds() // the first call's was before begin
+	}
+	if sum := time.Duration((busy[0] + busy[1]) * float64(time.Second)); took < sum {
+		t.Errorf("the last of %d requests answered %v after the first was sent, sooner than the one core could serve both pods' %v of work", 2*n, took, sum)
 	}
 }
 

@@ -24,9 +24,10 @@ type NodeConfig struct {
 // virtual time, from arrival times, so the machine's timer lag stays out of capacity. Safe for
 // concurrent use by any number of pods.
 type NodeCPU struct {
-	name  string
-	speed float64
-	cores *workerQueue // nil: unlimited
+	name   string
+	speed  float64
+	cores  *workerQueue // nil: unlimited
+	remote *coreClient  // set: the node's cores are another process's (DialNodeCPU)
 }
 
 // NewNodeCPU validates cfg and returns the node's CPU.
@@ -72,21 +73,36 @@ func (n *NodeCPU) scale(service time.Duration) time.Duration {
 // pods have workers, no request ever waits for a core (TestNodeCPUAmpleCoresChangeNothing).
 // O(workers + cores).
 func admit(q *workerQueue, n *NodeCPU, arrival time.Time, service time.Duration) (start, finish time.Time) {
-	service = n.scale(service)
-	if n == nil || n.cores == nil {
-		return q.admit(arrival, service)
+	if n == nil || (n.cores == nil && n.remote == nil) {
+		return q.admit(arrival, n.scale(service))
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	w := q.earliest()
+	if n.remote != nil {
+		start, finish = n.remote.hold(later(arrival, q.free[w]), service)
+	} else {
+		start, finish = n.hold(later(arrival, q.free[w]), service)
+	}
+	q.free[w] = finish
+	return start, finish
+}
+
+// hold schedules a request that may start at earliest (its pod's worker is free) with the given
+// (unscaled) service time on one of the node's cores, best fit (see admit), and returns when it
+// starts and finishes. Safe for concurrent use.
+func (n *NodeCPU) hold(earliest time.Time, service time.Duration) (start, finish time.Time) {
+	service = n.scale(service)
+	if n.cores == nil {
+		return earliest, earliest.Add(service)
+	}
 	c := n.cores
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	w := q.earliest()
-	start = later(arrival, q.free[w])
-	k := c.bestFit(start)
-	start = later(start, c.free[k])
+	k := c.bestFit(earliest)
+	start = later(earliest, c.free[k])
 	finish = start.Add(service)
-	q.free[w], c.free[k] = finish, finish
+	c.free[k] = finish
 	return start, finish
 }
 
