@@ -3,6 +3,7 @@ package reproduce
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -35,37 +37,113 @@ func (h *Harness) Deploy(a App, w Workload) {
 		if _, err := h.cs.CoreV1().Services(ns).Create(h.ctx, svc, metav1.CreateOptions{}); err != nil {
 			h.t.Fatal(err)
 		}
-		cpu := resource.MustParse(c.CPU)
-		args := []string{"--workers", strconv.Itoa(w.Workers), "--service-time", w.ServiceTime.String(),
-			"--workload", c.Name, "--namespace", ns, "--cpu-request", strconv.FormatFloat(cpu.AsApproximateFloat64(), 'g', -1, 64)}
-		for _, callee := range c.Calls {
-			args = append(args, "--call", callee+"."+ns)
-		}
-		var annotations map[string]string
-		var env []corev1.EnvVar
-		ports := []corev1.ContainerPort{{Name: "grpc", ContainerPort: podPort}}
-		if w.Metrics {
-			// As a pod Istio's sample Prometheus scrapes: annotated, its metrics on its IP (the
-			// kubelet expands $(POD_IP) from the downward API).
-			annotations = map[string]string{"prometheus.io/scrape": "true", "prometheus.io/port": strconv.Itoa(podMetricsPort),
-				"prometheus.io/path": "/metrics"}
-			env = []corev1.EnvVar{{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}}}
-			args = append(args, "--metrics-addr", "$(POD_IP):"+strconv.Itoa(podMetricsPort))
-		}
-		replicas := int32(c.Replicas)
-		d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: ns},
-			Spec: appsv1.DeploymentSpec{Replicas: &replicas,
-				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": c.Name}},
-				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": c.Name}, Annotations: annotations},
-					Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "edgeflow-reproduce-pod", Args: args, Env: env,
-						Ports: ports,
-						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-							corev1.ResourceCPU: cpu, corev1.ResourceMemory: resource.MustParse("128Mi")}}}}}}}}
-		if _, err := h.cs.AppsV1().Deployments(ns).Create(h.ctx, d, metav1.CreateOptions{}); err != nil {
+		if _, err := h.cs.AppsV1().Deployments(ns).Create(h.ctx, deployment(c, w, c.Name, c.Replicas, ""), metav1.CreateOptions{}); err != nil {
 			h.t.Fatal(err)
 		}
 	}
 	h.waitSettled(a, 90*time.Second)
+}
+
+// pinLabel is the label of a pinned pod's node (Pin).
+const pinLabel = "reproduce.edgeflow.io/pinned-to"
+
+// deployment is the Deployment of component c's pods: name, replicas, and, when node is set,
+// every pod bound to that node (spec.nodeName: no scheduler; Pin's per-node Deployments).
+func deployment(c Component, w Workload, name string, replicas int, node string) *appsv1.Deployment {
+	cpu := resource.MustParse(c.CPU)
+	args := []string{"--workers", strconv.Itoa(w.Workers), "--service-time", w.ServiceTime.String(),
+		"--workload", c.Name, "--namespace", ns, "--cpu-request", strconv.FormatFloat(cpu.AsApproximateFloat64(), 'g', -1, 64)}
+	for _, callee := range c.Calls {
+		args = append(args, "--call", callee+"."+ns)
+	}
+	var annotations map[string]string
+	var env []corev1.EnvVar
+	ports := []corev1.ContainerPort{{Name: "grpc", ContainerPort: podPort}}
+	if w.Metrics {
+		// As a pod Istio's sample Prometheus scrapes: annotated, its metrics on its IP (the
+		// kubelet expands $(POD_IP) from the downward API).
+		annotations = map[string]string{"prometheus.io/scrape": "true", "prometheus.io/port": strconv.Itoa(podMetricsPort),
+			"prometheus.io/path": "/metrics"}
+		env = []corev1.EnvVar{{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}}}
+		args = append(args, "--metrics-addr", "$(POD_IP):"+strconv.Itoa(podMetricsPort))
+	}
+	n := int32(replicas)
+	labels := map[string]string{"app": c.Name}
+	if node != "" { // the per-node Deployments of a component must not select each other's pods
+		labels[pinLabel] = node
+	}
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: appsv1.DeploymentSpec{Replicas: &n,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: maps.Clone(labels), Annotations: annotations},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "edgeflow-reproduce-pod", Args: args, Env: env,
+					Ports: ports,
+					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+						corev1.ResourceCPU: cpu, corev1.ResourceMemory: resource.MustParse("128Mi")}}}}}}}}
+	d.Spec.Template.Spec.NodeName = node
+	return d
+}
+
+// Pin runs the application's pods on the nodes pl gives (component → node → pods) and waits
+// until they run there, ready: each component as one Deployment per node whose pods are bound
+// to it (spec.nodeName), in place of the scheduler's Deployment the first time (its pods are
+// stopped first), scaled after that. A placement's pods are thus the same processes however
+// often a run returns to it, and two placements are switched between in seconds, which the
+// interleaved runs need (Run). pl must give every component its replicas.
+func (h *Harness) Pin(a App, w Workload, pl map[string]map[string]int) {
+	for _, c := range a.Components {
+		total := 0
+		for _, k := range pl[c.Name] {
+			total += k
+		}
+		if total != c.Replicas {
+			h.t.Fatalf("pin %s: %d pods of %s placed, want its %d replicas", a.Name, total, c.Name, c.Replicas)
+		}
+	}
+	deps := h.cs.AppsV1().Deployments(ns)
+	for _, c := range a.Components {
+		if err := deps.Delete(h.ctx, c.Name, metav1.DeleteOptions{}); err == nil {
+			h.eventually(90*time.Second, "the scheduler's pods of "+c.Name+" gone", func() bool {
+				l, err := h.cs.CoreV1().Pods(ns).List(h.ctx, metav1.ListOptions{LabelSelector: "app=" + c.Name})
+				return err == nil && len(l.Items) == 0
+			})
+		} else if !apierrors.IsNotFound(err) {
+			h.t.Fatal(err)
+		}
+		for _, n := range Nodes {
+			name, k := c.Name+"-"+n, pl[c.Name][n]
+			d, err := deps.Get(h.ctx, name, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err):
+				_, err = deps.Create(h.ctx, deployment(c, w, name, k, n), metav1.CreateOptions{})
+			case err == nil && (d.Spec.Replicas == nil || int(*d.Spec.Replicas) != k):
+				n := int32(k)
+				d.Spec.Replicas = &n
+				_, err = deps.Update(h.ctx, d, metav1.UpdateOptions{})
+			}
+			if err != nil {
+				h.t.Fatalf("pin %s: %v", name, err)
+			}
+		}
+	}
+	h.eventually(90*time.Second, "every pod of "+a.Name+" ready where pinned", func() bool {
+		return h.unsettled(a) == "" && samePlacement(h.Placement(a), pl)
+	})
+}
+
+// samePlacement reports whether two placements put as many pods of each component on each
+// node (a node missing counts 0).
+func samePlacement(a, b map[string]map[string]int) bool {
+	for _, m := range []map[string]map[string]int{a, b} {
+		for c, nodes := range m {
+			for n := range nodes {
+				if a[c][n] != b[c][n] {
+					return false
+				}
+			}
+		}
+	}
+	return true
 }
 
 // Undeploy deletes the application and waits until its pods are gone. It also deletes the
@@ -75,8 +153,11 @@ func (h *Harness) Deploy(a App, w Workload) {
 // 2026-12-02 had scenario B's rebalancer make 1 of its planned moves in 184 s for Bookinfo,
 // every other refused by scenario A's cool-down.
 func (h *Harness) Undeploy(a App) {
+	// The scheduler's Deployments and Pin's per-node ones.
+	if err := h.cs.AppsV1().Deployments(ns).DeleteCollection(h.ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		h.t.Fatalf("deleting the application's Deployments: %v", err)
+	}
 	for _, c := range a.Components {
-		_ = h.cs.AppsV1().Deployments(ns).Delete(h.ctx, c.Name, metav1.DeleteOptions{})
 		_ = h.cs.CoreV1().Services(ns).Delete(h.ctx, c.Name, metav1.DeleteOptions{})
 	}
 	state := metav1.ListOptions{LabelSelector: rebalancer.ManagedByLabel + "=" + rebalancer.ManagedByValue + "," +

@@ -3,8 +3,10 @@ package reproduce
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"math"
+	"math/rand/v2"
 	"os/exec"
 	"slices"
 	"strings"
@@ -59,8 +61,11 @@ type Outcome struct {
 	Started, Ended time.Time
 	// Commit is the edgeflow commit that ran (git rev-parse; "-dirty" when the work tree had
 	// uncommitted changes; "unknown" outside a git checkout).
-	Commit           string
-	Slices           int
+	Commit string
+	Slices int
+	// Order is every measured slice, in the order it ran (interleave); Seed the shuffles' seed.
+	Order            []Slice
+	Seed             uint64
 	SliceTime        time.Duration // mean wall time of one slice (serve start + load + stop)
 	RebalanceSeconds []float64
 }
@@ -114,15 +119,16 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // Scenarios are the outer loop (the first one listed runs first for every app). checkpoint, if
 // set, is called with the outcome so far after each application × scenario.
 func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint func(*Outcome)) *Outcome {
-	o := &Outcome{Preset: p, Workload: DefaultWorkload, Started: time.Now(), Commit: commit()}
+	o := &Outcome{Preset: p, Workload: DefaultWorkload, Started: time.Now(), Commit: commit(), Seed: p.seed()}
 	h := NewHarness(t, ctx, p.Scenarios[0], log)
 	o.Netem = h.NetemAvailable()
 	pr := &progress{w: log, start: time.Now(), total: len(p.Apps) * len(p.Scenarios) * len(p.Rates) * p.Runs * len(p.Rows())}
 	if p.FindMax {
 		pr.total += len(p.Apps) * len(p.Scenarios) * p.Runs * len(p.Rows())
 	}
-	slice := func(a App, sc string, pol Policy, rate float64, run int) {
+	slice := func(a App, sc string, pol Policy, rate float64, run int, place string) {
 		begin := time.Now()
+		o.Order = append(o.Order, Slice{App: a.Name, Scenario: sc, Run: run, Placement: place, Policy: pol.Name, RPS: rate, Start: begin})
 		res, plan, perr := loadOnce(h, a, sc, pol, p, rate)
 		c := Cell{App: a.Name, Scenario: sc, Policy: pol.Name, RPS: rate}
 		r := o.Find(c)
@@ -169,44 +175,25 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 					pr.total -= p.Runs * len(p.Rows())
 				}
 			}
-			for _, rate := range rates {
-				for run := 1; run <= p.Runs; run++ {
-					for _, pol := range p.Rows() {
-						if !pol.LARP {
-							slice(a, sc, pol, rate, run)
-						}
-					}
-				}
+			placements := []string{PlacementScheduler}
+			if slices.ContainsFunc(p.Rows(), func(q Policy) bool { return q.LARP }) {
+				larp := p.Rows()[slices.IndexFunc(p.Rows(), func(q Policy) bool { return q.LARP })]
+				begin := time.Now()
+				// The mission's loop: serve runs while the rebalancer moves pods, so the callers'
+				// xDS clients stay connected (without a server for the rebalancer's minutes, their
+				// reconnect backoff grows toward grpc's 120 s cap, past the next serve's wait).
+				s := h.Serve(a, larp, rates[len(p.Rates)/2])
+				rb := h.Rebalance(a, rates[len(p.Rates)/2], p.rebalancePeriod(), p.rebalanceWindow(), 180*time.Second)
+				s.stop()
+				st.Moves, st.Settled, st.CostBefore, st.CostAfter = rb.Moves, rb.Settled, rb.CostBefore, rb.CostNow
+				o.RebalanceSeconds = append(o.RebalanceSeconds, time.Since(begin).Seconds())
+				st.After = h.Placement(a)
+				st.Pending = h.Pending()
+				fmt.Fprintf(log, "%s %s: edgeflow rebalance made %d moves in %.0fs (predicted LATA cost %.0f → %.0f ms·req/s); placement now %s; pending: %v\n",
+					a.Name, sc, st.Moves, time.Since(begin).Seconds(), st.CostBefore, st.CostAfter, fmtPlacement(st.After), st.Pending)
+				placements = append(placements, PlacementLARP)
 			}
-			if !slices.ContainsFunc(p.Rows(), func(q Policy) bool { return q.LARP }) {
-				h.Undeploy(a)
-				o.finish(pr)
-				continue
-			}
-			larp := p.Rows()[slices.IndexFunc(p.Rows(), func(q Policy) bool { return q.LARP })]
-			begin := time.Now()
-			// The mission's loop: serve runs while the rebalancer moves pods, so the callers' xDS
-			// clients stay connected (without a server for the rebalancer's minutes, their
-			// reconnect backoff grows toward grpc's 120 s cap, past the next serve's wait).
-			s := h.Serve(a, larp, rates[len(p.Rates)/2])
-			rb := h.Rebalance(a, rates[len(p.Rates)/2], p.rebalancePeriod(), p.rebalanceWindow(), 180*time.Second)
-			s.stop()
-			st.Moves, st.Settled, st.CostBefore, st.CostAfter = rb.Moves, rb.Settled, rb.CostBefore, rb.CostNow
-			o.RebalanceSeconds = append(o.RebalanceSeconds, time.Since(begin).Seconds())
-			st.After = h.Placement(a)
-			st.Pending = h.Pending()
-			fmt.Fprintf(log, "%s %s: edgeflow rebalance made %d moves in %.0fs (predicted LATA cost %.0f → %.0f ms·req/s); placement now %s; pending: %v\n",
-				a.Name, sc, st.Moves, time.Since(begin).Seconds(), st.CostBefore, st.CostAfter, fmtPlacement(st.After), st.Pending)
-			settle(h, a, p, sc, larp, log)
-			for _, rate := range rates {
-				for run := 1; run <= p.Runs; run++ {
-					for _, pol := range p.Rows() {
-						if pol.LARP {
-							slice(a, sc, pol, rate, run)
-						}
-					}
-				}
-			}
+			interleave(h, o, a, sc, st, rates, placements, slice)
 			h.Undeploy(a)
 			o.finish(pr)
 			if checkpoint != nil {
@@ -216,6 +203,83 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 	}
 	o.finish(pr)
 	return o
+}
+
+// Placements a slice runs on (Slice.Placement).
+const (
+	PlacementScheduler = "scheduler" // the kube-scheduler's (Setup.Before)
+	PlacementLARP      = "larp"      // edgeflow rebalance's (Setup.After)
+)
+
+// Slice is one measured slice, in the order the run made them (Outcome.Order).
+type Slice struct {
+	App, Scenario string
+	Run           int    // 1-based
+	Placement     string // PlacementScheduler or PlacementLARP
+	Policy        string
+	RPS           float64
+	Start         time.Time
+}
+
+// interleave runs every row of the preset in every run of one application × scenario, in the
+// order schedule gives. With both placements, the pods are pinned (Pin) so that a placement
+// comes back as the same processes; a placement just switched to gets the settle load before its
+// first slice.
+func interleave(h *Harness, o *Outcome, a App, sc string, st *Setup, rates []float64, placements []string,
+	slice func(a App, sc string, pol Policy, rate float64, run int, place string)) {
+	p := o.Preset
+	at := map[string]map[string]map[string]int{PlacementScheduler: st.Before, PlacementLARP: st.After}
+	byName := map[string]Policy{}
+	for _, pol := range p.Rows() {
+		byName[pol.Name] = pol
+	}
+	current := ""
+	for _, s := range schedule(p, a.Name, sc, rates, placements) {
+		if len(placements) > 1 && s.Placement != current {
+			h.Pin(a, o.Workload, at[s.Placement])
+			fmt.Fprintf(h.log, "%s %s run %d: placement %s pinned: %s\n", a.Name, sc, s.Run, s.Placement, fmtPlacement(at[s.Placement]))
+			current = s.Placement
+			settle(h, a, p, sc, byName[s.Policy], h.log)
+		}
+		slice(a, sc, byName[s.Policy], s.RPS, s.Run, s.Placement)
+	}
+}
+
+// schedule is the order of one application × scenario's slices: each run visits each placement
+// once, counterbalanced across runs (odd runs the scheduler's first, even runs LARP's: S L | L S |
+// S L …, so runs pair up in an ABBA order and the placement switches once a run); within a
+// placement, every (rate, row) of it once, in an order shuffled from the preset's seed, the app,
+// the scenario, the placement and the run. A row runs on LARP's placement if it is a LARP row, on
+// the scheduler's otherwise; a placement without rows is not visited.
+func schedule(p Preset, app, sc string, rates []float64, placements []string) []Slice {
+	var out []Slice
+	for run := 1; run <= p.Runs; run++ {
+		order := slices.Clone(placements)
+		if run%2 == 0 {
+			slices.Reverse(order)
+		}
+		for _, place := range order {
+			var turns []Slice
+			for _, pol := range p.Rows() {
+				if pol.LARP == (place == PlacementLARP) {
+					for _, rate := range rates {
+						turns = append(turns, Slice{App: app, Scenario: sc, Run: run, Placement: place, Policy: pol.Name, RPS: rate})
+					}
+				}
+			}
+			rng := rand.New(rand.NewPCG(p.seed(), seedOf(app, sc, place, run)))
+			rng.Shuffle(len(turns), func(i, j int) { turns[i], turns[j] = turns[j], turns[i] })
+			out = append(out, turns...)
+		}
+	}
+	return out
+}
+
+// seedOf mixes the names and the run into the second word of a shuffle's seed (FNV-1a).
+func seedOf(app, sc, place string, run int) uint64 {
+	f := fnv.New64a()
+	fmt.Fprintf(f, "%s/%s/%s/%d", app, sc, place, run)
+	return f.Sum64()
 }
 
 // finish records the end time and the slices' timing so far.

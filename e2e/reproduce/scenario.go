@@ -164,6 +164,8 @@ type Preset struct {
 	// RebalancePeriod and RebalanceWindow are `edgeflow rebalance`'s --period and
 	// --prometheus-window (0: 10 s and 20 s).
 	RebalancePeriod, RebalanceWindow time.Duration
+	// Seed is the seed of the slices' order within a placement (interleave); 0 means 1.
+	Seed uint64
 	// Smoke: the run is checked for what holds on any run of a working loop (smokeProblems,
 	// reportProblems: every row served, the report whole, the plans' network cost in the
 	// policies' order, the rebalancer settled), not for the paper's P99 claims (checkClaims).
@@ -175,6 +177,9 @@ type Preset struct {
 // planned on topologies and RTTs still moving, and its targets flipped).
 func (p Preset) rebalancePeriod() time.Duration { return cmp.Or(p.RebalancePeriod, 10*time.Second) }
 func (p Preset) rebalanceWindow() time.Duration { return cmp.Or(p.RebalanceWindow, 20*time.Second) }
+
+// seed is p.Seed, or 1 if unset.
+func (p Preset) seed() uint64 { return cmp.Or(p.Seed, 1) }
 
 // settleTime is p.Settle, SettleTime if unset, 0 if negative (none).
 func (p Preset) settleTime() time.Duration {

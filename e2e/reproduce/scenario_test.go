@@ -1,6 +1,8 @@
 package reproduce
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,5 +45,77 @@ func TestOverrideReplicas(t *testing.T) {
 	}
 	if _, err := Override(Presets["full"], env(map[string]string{"REPRODUCE_WARMUP": "-1s"})); err == nil {
 		t.Error("REPRODUCE_WARMUP=-1s accepted")
+	}
+}
+
+// Every run of a setup gives every row at every rate one slice on its placement; the placements
+// alternate S L | L S (one switch a run, ABBA across run pairs); the order within a placement
+// is shuffled by the seed (recorded: the same seed gives the same order), and not the same in
+// every run.
+func TestScheduleInterleaves(t *testing.T) {
+	p := Presets["full"]
+	p.Runs = 10
+	rates := []float64{100, 200, 300}
+	both := []string{PlacementScheduler, PlacementLARP}
+	got := schedule(p, "bookinfo", "B", rates, both)
+	if want := p.Runs * len(rates) * len(p.Rows()); len(got) != want {
+		t.Fatalf("%d slices, want %d (runs × rates × rows)", len(got), want)
+	}
+	switches, orders := 0, map[string]bool{}
+	for run := 1; run <= p.Runs; run++ {
+		seen := map[string]int{}
+		var places, order []string
+		for i, s := range got {
+			if s.Run != run {
+				continue
+			}
+			if i > 0 && got[i-1].Placement != s.Placement {
+				switches++
+			}
+			if len(places) == 0 || places[len(places)-1] != s.Placement {
+				places = append(places, s.Placement)
+			}
+			if larp := slices.ContainsFunc(p.Rows(), func(q Policy) bool { return q.Name == s.Policy && q.LARP }); larp != (s.Placement == PlacementLARP) {
+				t.Errorf("run %d: %s on placement %s", run, s.Policy, s.Placement)
+			}
+			seen[fmt.Sprintf("%s@%g", s.Policy, s.RPS)]++
+			if s.Placement == PlacementScheduler {
+				order = append(order, fmt.Sprintf("%s@%g", s.Policy, s.RPS))
+			}
+		}
+		for _, pol := range p.Rows() {
+			for _, r := range rates {
+				if n := seen[fmt.Sprintf("%s@%g", pol.Name, r)]; n != 1 {
+					t.Errorf("run %d: %s at %g req/s ran %d times, want once", run, pol.Name, r, n)
+				}
+			}
+		}
+		want := both
+		if run%2 == 0 {
+			want = []string{PlacementLARP, PlacementScheduler}
+		}
+		if !slices.Equal(places, want) {
+			t.Errorf("run %d visits %v, want %v", run, places, want)
+		}
+		orders[strings.Join(order, " ")] = true
+	}
+	if switches != p.Runs {
+		t.Errorf("%d placement switches in %d runs, want one a run", switches, p.Runs)
+	}
+	if len(orders) < p.Runs/2 {
+		t.Errorf("only %d distinct orders of the scheduler's slices in %d runs: not shuffled", len(orders), p.Runs)
+	}
+	if again := schedule(p, "bookinfo", "B", rates, both); !slices.Equal(again, got) {
+		t.Error("the same seed gave another order")
+	}
+	p.Seed = 2
+	if other := schedule(p, "bookinfo", "B", rates, both); slices.Equal(other, got) {
+		t.Error("another seed gave the same order")
+	}
+	p.Policies = []string{"proposed"} // a placement without rows is not visited
+	for _, s := range schedule(p, "bookinfo", "B", rates, both) {
+		if s.Placement != PlacementLARP {
+			t.Fatalf("a run visits %s with no row to run there", s.Placement)
+		}
 	}
 }
