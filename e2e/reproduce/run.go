@@ -34,6 +34,11 @@ type Runs struct {
 	// Traffic and PlannedRTT are, per run, that plan's Served.Traffic and Served.PlannedRTT
 	// (nil where it could not be read, and in outcomes saved before they were recorded).
 	Traffic, PlannedRTT []map[[2]string]float64
+	// Health is, per run, the health of the slice kept (Health; outcomes saved before it was
+	// measured have none), and Attempts how many slices that run took: more than 1 when
+	// unhealthy ones were re-run (Preset.Reruns), whose results are not kept.
+	Health   []Health
+	Attempts []int
 }
 
 // Setup is what one application × scenario ran on: the measured RTTs, and the placement by
@@ -129,7 +134,22 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 	slice := func(a App, sc string, pol Policy, rate float64, run int, place string) {
 		begin := time.Now()
 		o.Order = append(o.Order, Slice{App: a.Name, Scenario: sc, Run: run, Placement: place, Policy: pol.Name, RPS: rate, Start: begin})
-		res, plan, perr := loadOnce(h, a, sc, pol, p, rate)
+		var res *loadgen.Result
+		var plan Served
+		var perr error
+		var health Health
+		attempts := 0
+		for attempts <= p.reruns() {
+			attempts++
+			res, plan, perr, health = loadOnce(h, a, sc, pol, p, rate)
+			fmt.Fprintf(log, "  health: %s\n", health)
+			if len(health.Problems) == 0 {
+				break
+			}
+			if attempts <= p.reruns() {
+				fmt.Fprintf(log, "  unhealthy slice: re-running it (%d of at most %d re-runs)\n", attempts, p.reruns())
+			}
+		}
 		c := Cell{App: a.Name, Scenario: sc, Policy: pol.Name, RPS: rate}
 		r := o.Find(c)
 		if r == nil {
@@ -137,6 +157,8 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 			o.Cells = append(o.Cells, r)
 		}
 		r.Results = append(r.Results, res)
+		r.Health = append(r.Health, health)
+		r.Attempts = append(r.Attempts, attempts)
 		pr.slice(c, run, p.Runs, time.Since(begin), res)
 		r.Traffic = append(r.Traffic, plan.Traffic)
 		r.PlannedRTT = append(r.PlannedRTT, plan.PlannedRTT)
@@ -294,15 +316,17 @@ func (o *Outcome) finish(pr *progress) {
 // loadOnce starts serve under pol, sends p's load (warm-up and duration) at rate, reads what
 // serve had published (Served; or why it could not be read), and stops serve. A load that fails
 // ends the test.
-func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) (*loadgen.Result, Served, error) {
+func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) (*loadgen.Result, Served, error, Health) {
 	s := h.Serve(a, pol, rate)
+	probe := h.startHealth(p.Warmup + p.Duration)
 	res, err := h.Load(a, p, rate)
+	health := probe.end(res)
 	plan, perr := planned(s.ui, h.rtt)
 	s.stop()
 	if err != nil {
 		h.t.Fatalf("%s %s %s %g req/s: %v", a.Name, sc, pol.Name, rate, err)
 	}
-	return res, plan, perr
+	return res, plan, perr, health
 }
 
 // SettleTime is the load a placement gets, unmeasured, before its first measured slice (unless
@@ -322,7 +346,7 @@ func settle(h *Harness, a App, p Preset, sc string, pol Policy, log io.Writer) {
 	rate := p.Rates[len(p.Rates)/2]
 	short := p
 	short.Warmup, short.Duration = 0, p.settleTime()
-	res, _, _ := loadOnce(h, a, sc, pol, short, rate)
+	res, _, _, _ := loadOnce(h, a, sc, pol, short, rate)
 	fmt.Fprintf(log, "%s %s: settled under %s at %g req/s for %v, not measured (P99 %.1f ms, %d errors%s; %.1fs)\n",
 		a.Name, sc, pol.Name, rate, short.Duration, ms(res.Latency.Quantile(0.99)), res.Errors, errorKinds(res), time.Since(begin).Seconds())
 }
@@ -334,7 +358,7 @@ func settle(h *Harness, a App, p Preset, sc string, pol Policy, log io.Writer) {
 // MaxStep/4 to the rate before it (0 if none held).
 func findMax(h *Harness, a App, p Preset, sc string, log io.Writer) float64 {
 	holds := func(rate float64) bool {
-		res, _, _ := loadOnce(h, a, sc, Policies[0], p, rate)
+		res, _, _, _ := loadOnce(h, a, sc, Policies[0], p, rate)
 		p99 := res.Latency.Quantile(0.99)
 		fmt.Fprintf(log, "%s %s: max-rate search: default-k8s at %g req/s: P99 %.1f ms, %d errors\n", a.Name, sc, rate, ms(p99), res.Errors)
 		return p99 < time.Second && res.Errors == 0

@@ -164,6 +164,9 @@ type Preset struct {
 	// RebalancePeriod and RebalanceWindow are `edgeflow rebalance`'s --period and
 	// --prometheus-window (0: 10 s and 20 s).
 	RebalancePeriod, RebalanceWindow time.Duration
+	// Reruns is how many times an unhealthy slice (HealthBounds) is run again before its last
+	// result is kept, flagged (0: DefaultReruns; negative: none, the health still recorded).
+	Reruns int
 	// Seed is the seed of the slices' order within a placement (interleave); 0 means 1.
 	Seed uint64
 	// Smoke: the run is checked for what holds on any run of a working loop (smokeProblems,
@@ -177,6 +180,20 @@ type Preset struct {
 // planned on topologies and RTTs still moving, and its targets flipped).
 func (p Preset) rebalancePeriod() time.Duration { return cmp.Or(p.RebalancePeriod, 10*time.Second) }
 func (p Preset) rebalanceWindow() time.Duration { return cmp.Or(p.RebalanceWindow, 20*time.Second) }
+
+// DefaultReruns is Preset.Reruns's default.
+const DefaultReruns = 2
+
+// reruns is p.Reruns, DefaultReruns if unset, 0 if negative.
+func (p Preset) reruns() int {
+	switch {
+	case p.Reruns < 0:
+		return 0
+	case p.Reruns == 0:
+		return DefaultReruns
+	}
+	return p.Reruns
+}
 
 // seed is p.Seed, or 1 if unset.
 func (p Preset) seed() uint64 { return cmp.Or(p.Seed, 1) }
@@ -215,7 +232,7 @@ func (p Preset) Rows() []Policy {
 // run), are checked for the paper's P99 claims (make reproduce).
 var Presets = map[string]Preset{
 	"smoke": {Name: "smoke", Smoke: true, Apps: []App{Bookinfo}, Scenarios: []string{"B"}, Rates: []float64{100},
-		Runs: 1, Duration: 2 * time.Second, Warmup: time.Second, Timeout: 5 * time.Second, Settle: -1,
+		Runs: 1, Duration: 2 * time.Second, Warmup: time.Second, Timeout: 5 * time.Second, Settle: -1, Reruns: -1,
 		RebalancePeriod: 5 * time.Second, RebalanceWindow: 10 * time.Second},
 	"quick": {Name: "quick", Apps: []App{Bookinfo}, Scenarios: []string{"B"}, Rates: []float64{200},
 		Runs: 5, Duration: 10 * time.Second, Warmup: 2 * time.Second, Timeout: 5 * time.Second},

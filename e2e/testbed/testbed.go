@@ -24,7 +24,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -379,6 +381,63 @@ func (tb *Testbed) SetRTT(a, b string, ms float64) error {
 		return fmt.Errorf("testbed: SetRTT %s–%s: %s", a, b, line)
 	}
 	return nil
+}
+
+// DelayStat is nqdelay's account of one directed node pair's packets since it started: how many
+// it held, the sum of their release lateness (how late each left after its due time), and the
+// 99th percentile of the last 4,096 packets' lateness. Two readings' difference is a slice's.
+type DelayStat struct {
+	Packets    int64
+	LateSumUS  float64
+	LastP99US  float64
+	LastWindow int
+}
+
+// nqdelayStat matches a pair's line of nqdelay's statistics.
+var nqdelayStat = regexp.MustCompile(`nqdelay: (\S+)→(\S+): target \S+, (\d+) packets, release lateness µs mean=\S+ max=\S+ sum=(\S+), last (\d+): p50=\S+ p90=\S+ p99=(\S+)`)
+
+// DelayStats asks nqdelay for its statistics (SIGUSR1) and returns them by directed node pair
+// (names; pairs that held no packet are absent).
+func (tb *Testbed) DelayStats() (map[[2]string]DelayStat, error) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if tb.nqdelay == nil || tb.nqdelay.exited() {
+		return nil, errors.New("testbed: DelayStats: nqdelay is not running")
+	}
+	offset := tb.nqdelay.logSize()
+	if err := tb.nqdelay.cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		return nil, fmt.Errorf("testbed: DelayStats: signal nqdelay: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), reloadTimeout)
+	defer cancel()
+	if err := tb.nqdelay.waitLog(ctx, offset, func(l string) bool { return strings.Contains(l, "nqdelay: statistics end") }); err != nil {
+		return nil, fmt.Errorf("testbed: DelayStats: %w", err)
+	}
+	b, err := readFrom(tb.nqdelay.logPath, offset)
+	if err != nil {
+		return nil, fmt.Errorf("testbed: DelayStats: %w", err)
+	}
+	node := map[string]string{}
+	for _, n := range tb.nodes {
+		node[tb.NodeIP(n)] = n
+	}
+	out := map[[2]string]DelayStat{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "nqdelay: statistics end") {
+			break
+		}
+		m := nqdelayStat.FindStringSubmatch(l)
+		if m == nil || node[m[1]] == "" || node[m[2]] == "" {
+			continue // a pod address or the monitor: not a node pair
+		}
+		var st DelayStat
+		st.Packets, _ = strconv.ParseInt(m[3], 10, 64)
+		st.LateSumUS, _ = strconv.ParseFloat(m[4], 64)
+		st.LastWindow, _ = strconv.Atoi(m[5])
+		st.LastP99US, _ = strconv.ParseFloat(m[6], 64)
+		out[[2]string{node[m[1]], node[m[2]]}] = st
+	}
+	return out, nil
 }
 
 // up creates the namespaces, the bridge and the delay.

@@ -119,6 +119,15 @@ func TestTestbed(t *testing.T) {
 			want[pair], want[[2]string{pair[1], pair[0]}] = ms, ms
 		}
 		checkPings(t, tb, want)
+		stats, err := tb.DelayStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for pair := range want { // 5 echo requests one way, 5 replies the other
+			if st := stats[pair]; st.Packets < 5 || st.LateSumUS < 0 || st.LastWindow == 0 {
+				t.Errorf("DelayStats %s→%s: %+v, want the pings' ≥ 5 packets held", pair[0], pair[1], st)
+			}
+		}
 
 		begin = time.Now()
 		tb.StartProbes(t)
@@ -133,6 +142,13 @@ func TestTestbed(t *testing.T) {
 		}
 		want[[2]string{"a", "c"}], want[[2]string{"c", "a"}] = 80, 80
 		checkPings(t, tb, map[[2]string]float64{{"a", "c"}: 80, {"c", "a"}: 80})
+		later, err := tb.DelayStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ac, before := later[[2]string{"a", "c"}], stats[[2]string{"a", "c"}]; ac.Packets < before.Packets+5 || ac.LateSumUS < before.LateSumUS {
+			t.Errorf("DelayStats a→c after 5 more pings: %+v, before %+v: counts must grow", ac, before)
+		}
 		begin = time.Now()
 		waitForProbes(t, client, tb, want, time.Time{})
 		t.Logf("Prometheus followed SetRTT a–c 80 ms in %v", time.Since(begin).Round(time.Millisecond))

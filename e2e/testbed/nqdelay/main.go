@@ -20,7 +20,7 @@
 //
 // Signals: SIGHUP reloads the matrix file and logs "nqdelay: reloaded N directed pairs from
 // FILE", or "nqdelay: reload FILE: ERROR" keeping the previous matrix; SIGUSR1 logs per-pair
-// statistics of release lateness; SIGINT and SIGTERM log the statistics and exit with status 0.
+// statistics of release lateness (a line per pair, then "nqdelay: statistics end"); SIGINT and SIGTERM log the statistics and exit with status 0.
 // Once the queue is bound it logs "nqdelay: queue N bound".
 //
 // Typical use, with a bridge in its own network namespace:
@@ -534,7 +534,8 @@ func (d *daemon) logStats() {
 		}
 		slices.Sort(e)
 		q := func(x float64) float64 { return e[int(x*float64(len(e)-1))] }
-		log.Printf("nqdelay: %v: target %v, %d packets, release lateness µs mean=%.0f max=%.0f, last %d: p50=%.0f p90=%.0f p99=%.0f",
-			k, d.lookup(k).oneWay, n, sum/float64(n), mx, len(e), q(0.5), q(0.9), q(0.99))
+		log.Printf("nqdelay: %v: target %v, %d packets, release lateness µs mean=%.0f max=%.0f sum=%.0f, last %d: p50=%.0f p90=%.0f p99=%.0f",
+			k, d.lookup(k).oneWay, n, sum/float64(n), mx, sum, len(e), q(0.5), q(0.9), q(0.99))
 	}
+	log.Printf("nqdelay: statistics end")
 }
