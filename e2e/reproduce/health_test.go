@@ -22,7 +22,7 @@ func TestHealthBounds(t *testing.T) {
 		{"late releases", func(h *Health) { h.ReleaseLagMeanUS = 700 }, "release lag mean 700"},
 		{"late tail", func(h *Health) { h.ReleaseLagP99US = 12000 }, "release lag p99 12000"},
 		{"generator behind", func(h *Health) { h.SendLagMaxMS = 80 }, "send lag 80.0 ms"},
-		{"slow path", func(h *Health) { h.PingMedianMS = 27 }, "ping n1–n4 median 27.00"},     // 3 ms > 10 % of 24
+		{"slow path", func(h *Health) { h.PingMedianMS = 27 }, "ping n1–n4 median 27.00"},        // 3 ms > 10 % of 24
 		{"fast path", func(h *Health) { h.PingMinMS, h.PingMedianMS = 23.2, 23.4 }, "min 23.20"}, // below the configured delay
 		{"no echo", func(h *Health) { h.Pings = 0 }, "no ping n1–n4"},
 	} {

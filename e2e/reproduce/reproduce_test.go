@@ -108,13 +108,15 @@ func check(t *testing.T, o *Outcome, dir string) {
 }
 
 // TestRenderReport writes the report again, into REPRODUCE_OUT, from the outcome a run saved in
-// REPRODUCE_RAW (make reproduce-report), and checks it as TestReproduce does.
+// REPRODUCE_RAW (make reproduce-report), or from the parts of a grid run apart (make reproduce
+// SETUP=…: a comma-separated list or a glob, merged by MergeOutcomes), and checks it as
+// TestReproduce does.
 func TestRenderReport(t *testing.T) {
 	raw, out := os.Getenv("REPRODUCE_RAW"), os.Getenv("REPRODUCE_OUT")
 	if raw == "" || out == "" {
 		t.Skip("REPRODUCE_RAW (a saved outcome) and REPRODUCE_OUT (where the report goes) are not both set")
 	}
-	o, err := LoadOutcome(raw)
+	o, err := LoadOutcomes(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
