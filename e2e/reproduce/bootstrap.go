@@ -3,7 +3,6 @@ package reproduce
 import (
 	"fmt"
 	"hash/fnv"
-	"math"
 	"math/rand/v2"
 	"slices"
 )
@@ -25,9 +24,9 @@ import (
 // With 5 runs the bootstrap has few distinct resamples and its intervals are too narrow more
 // often than 5 % of the time; the report says so.
 const (
-	BootstrapSeed      uint64 = 20261205
-	BootstrapResamples        = 2000
-	Confidence                = 0.95
+	BootstrapSeed      uint64  = 20261205
+	BootstrapResamples int     = 2000
+	Confidence         float64 = 0.95
 )
 
 // change is one cell's relative claim: x's statistic against base's, in percent.
@@ -159,12 +158,4 @@ func (o *Outcome) compare(key string, x, base *Runs, m metric) change {
 		c.HiOpen = true
 	}
 	return c
-}
-
-// hi is c.Hi, +Inf when unbounded.
-func (c change) hi() float64 {
-	if c.HiOpen {
-		return math.Inf(1)
-	}
-	return c.Hi
 }
