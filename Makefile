@@ -15,7 +15,7 @@ KUBE_VERSION := v1.37.2
 KUBE_API_VERSIONS := admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy
 FUZZTIME    ?= 20s
 
-.PHONY: all build image demo docs test test-lint test-unit test-e2e test-quiet test-istio test-ui test-smoke test-image prebuild-unit prebuild-e2e prebuild-istio prebuild-smoke lint k8s helm manifests e2e-istio e2e-ui e2e-reproduce reproduce reproduce-report fuzz bench bench-solver bench-push bench-watch clean
+.PHONY: all build image demo docs test test-lint test-unit test-e2e test-quiet test-istio test-ui test-smoke test-image prebuild-unit prebuild-e2e prebuild-istio prebuild-smoke lint k8s helm manifests e2e-istio e2e-ui e2e-reproduce reproduce reproduce-report reproduce-check fuzz bench bench-solver bench-push bench-watch clean
 
 all: build
 
@@ -120,7 +120,7 @@ test-ui e2e-ui: $(EDGEFLOW_RACE) $(REPORT)
 ## real Prometheus scraping the pods (docs/closed-loop-testbed.md); its P99 claims run in make reproduce
 test-smoke e2e-reproduce: k8s $(EDGEFLOW_RACE) $(REPORT) prebuild-smoke
 	EDGEFLOW_BIN=$(EDGEFLOW_RACE) REPRODUCE_PRESET=smoke $(GO) tool test2json -t -p github.com/edgeflow/edgeflow/e2e/reproduce \
-	  bin/reproduce.test -test.run '^(TestWriteReport|TestPrice|TestOnMeasuredLatency|TestOverrideReplicas|TestSmokeChecks|TestReproduce|TestClosedLoopOnTestbed|TestPodTargets)$$' -test.v=test2json -test.count=1 -test.timeout 10m \
+	  bin/reproduce.test -test.run '^(TestWriteReport|TestPrice|TestOnMeasuredLatency|TestOverrideReplicas|TestSmokeChecks|TestReproduce|TestClosedLoopOnTestbed|TestPodTargets|TestCensoring|TestTimeoutsOfOldResults|TestEncodeTicks|TestInBand|TestJudgeRange|TestBootstrap|TestRecompute)$$' -test.v=test2json -test.count=1 -test.timeout 10m \
 	  | $(REPORT) -stream smoke > $(TESTOUT)/smoke.json
 
 ## test-image: make image (niced), then install/image's test reads it back from the layout and the
@@ -161,6 +161,11 @@ reproduce-report:
 	cd e2e/reproduce && $(GO) test -c -o $(CURDIR)/bin/reproduce.test .
 	REPRODUCE_RAW=$(CURDIR)/bin/reproduction$(if $(QUICK),-quick).gob REPRODUCE_OUT=$(if $(QUICK),$(CURDIR)/bin/reproduction,$(CURDIR)/docs) \
 	  bin/reproduce.test -test.run '^TestRenderReport$$' -test.v -test.count=1
+
+## reproduce-check: recompute every figure of docs/reproduction.md and .json from the JSON's per-run
+## latencies and counts (e2e/reproduce/cmd/recompute); fails, listing them, on any mismatch
+reproduce-check:
+	cd e2e/reproduce && $(GO) run ./cmd/recompute -json $(CURDIR)/docs/reproduction.json -md $(CURDIR)/docs/reproduction.md
 
 ## k8s: build kube-apiserver, kube-scheduler and kube-controller-manager from the Go module proxy
 ## into $(CACHE)/k8s-VERSION (cold: ~14 min on 2 cores; cached: instant)

@@ -9,30 +9,74 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
 )
 
-// Stats are a cell's figures over its runs: latencies pooled over the runs (every sample kept,
-// nearest-rank quantiles), and each run's P99 for the spread.
+// Stats are a cell's figures over its runs (stats.go says how they are computed): the
+// quantiles and mean of the samples pooled over the runs, each run's P99, mean and counts.
 type Stats struct {
-	Runs                           int
-	Mean, P50, P65, P90, P99, P999 float64 // ms
-	RunP99                         []float64
-	Errors                         int
-	Achieved                       float64 // mean over the runs, req/s
+	Runs int
+	// Mean and the quantiles, in ms: nearest-rank over the pooled samples (successful requests
+	// at the report's resolution, Tick, and timeouts), a timeout counted as the preset's timeout;
+	// a figure named in AtLeast is a lower bound (it falls among the timeouts, or, for the
+	// mean, some timed out).
+	Mean, P50, P65, P90, P99, P999 float64
+	AtLeast                        map[string]bool // keys "mean", "p50", "p65", "p90", "p99", "p999"
+	// Samples is the pooled count of samples (successful requests and timeouts), Timeouts the
+	// timeouts among them, Errors the other errors (no sample).
+	Samples, Timeouts, Errors int
+	// Per run, in run order: P99 and mean (ms; a lower bound where the AtLeast entry is true),
+	// samples, timeouts and other errors.
+	RunP99, RunMean                 []float64
+	RunP99AtLeast, RunMeanAtLeast   []bool
+	RunSamples, RunTimeouts, RunErr []int
+	Achieved                        float64 // mean over the runs, req/s
 	// NetMS is the network time a request's calls cost in the plan serve published, priced at
 	// the configured RTTs (Runs.PlanCost / req/s), the median over the runs; NaN if not read.
 	NetMS float64
 }
 
-func pooled(r *Runs) Stats {
-	m := loadgen.Merge(r.Results...)
-	s := Stats{Runs: len(r.Results), Mean: ms(m.Latency.Mean()), P50: q(m, 0.5), P65: q(m, 0.65), P90: q(m, 0.9),
-		P99: q(m, 0.99), P999: q(m, 0.999), Errors: m.Errors}
-	for _, res := range r.Results {
-		s.RunP99 = append(s.RunP99, ms(res.Latency.Quantile(0.99)))
-		s.Achieved += res.Achieved() / float64(len(r.Results))
+// Collapse says whether the cell collapsed: a pooled P99 of at least CollapseP99, or more than
+// CollapseTimeouts of its samples timed out.
+func (s Stats) Collapse() bool {
+	return s.P99 >= ms(CollapseP99) || float64(s.Timeouts) > CollapseTimeouts*float64(s.Samples)
+}
+
+// timeoutTicks is the preset's timeout at the report's resolution.
+func (o *Outcome) timeoutTicks() int64 { return toTicks(o.Preset.Timeout) }
+
+// data is r's runs as the statistics use them.
+func data(r *Runs) []runData {
+	out := make([]runData, len(r.Results))
+	for i, res := range r.Results {
+		out[i] = dataOf(res)
+	}
+	return out
+}
+
+// stats computes r's Stats.
+func (o *Outcome) stats(r *Runs) Stats {
+	d, to := data(r), o.timeoutTicks()
+	s := Stats{Runs: len(r.Results), AtLeast: map[string]bool{}}
+	mean, atLeast := meanOf(d, nil, to)
+	s.Mean, s.AtLeast["mean"] = ticksMS(mean), atLeast
+	for _, q := range []struct {
+		name string
+		q    float64
+		v    *float64
+	}{{"p50", 0.5, &s.P50}, {"p65", 0.65, &s.P65}, {"p90", 0.9, &s.P90}, {"p99", 0.99, &s.P99}, {"p999", 0.999, &s.P999}} {
+		v, at := quantile(d, nil, q.q, to)
+		*q.v, s.AtLeast[q.name] = tickMS(v), at
+	}
+	for i, rd := range d {
+		s.Samples += rd.n()
+		s.Timeouts += rd.timeouts
+		s.Errors += rd.errors
+		p, pAt := quantile(d[i:i+1], nil, 0.99, to)
+		m, mAt := meanOf(d[i:i+1], nil, to)
+		s.RunP99, s.RunP99AtLeast = append(s.RunP99, tickMS(p)), append(s.RunP99AtLeast, pAt)
+		s.RunMean, s.RunMeanAtLeast = append(s.RunMean, ticksMS(m)), append(s.RunMeanAtLeast, mAt)
+		s.RunSamples, s.RunTimeouts, s.RunErr = append(s.RunSamples, rd.n()), append(s.RunTimeouts, rd.timeouts), append(s.RunErr, rd.errors)
+		s.Achieved += r.Results[i].Achieved() / float64(len(r.Results))
 	}
 	s.NetMS = planNetMS(r)
 	return s
@@ -65,8 +109,6 @@ func medianOf(v []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func q(r *loadgen.Result, f float64) float64 { return ms(r.Latency.Quantile(f)) }
-
 // pct is the change of x against base in percent.
 func pct(x, base float64) float64 {
 	if base == 0 {
@@ -82,12 +124,20 @@ func spread(v []float64) [2]float64 {
 	return [2]float64{slices.Min(v), slices.Max(v)}
 }
 
+// Schema is the version of reproduction.json this code writes and recomputes: 2 added the
+// per-run values (latencies included), timeouts, the method and the claims cell by cell;
+// version 1 (no "schema" field) kept pooled figures only.
+const Schema = 2
+
 // The raw report, docs/reproduction.json.
 type jsonReport struct {
+	Schema  int          `json:"schema"`
 	Testbed jsonTestbed  `json:"testbed"`
+	Method  jsonMethod   `json:"method"`
 	Results []jsonResult `json:"results"`
 	Setups  []jsonSetup  `json:"setups"`
 	Run     jsonRun      `json:"run"`
+	Claims  []jsonClaim  `json:"claims"`
 }
 
 type jsonTestbed struct {
@@ -103,23 +153,73 @@ type jsonTestbed struct {
 	Machine       string                    `json:"machine"`
 }
 
+// jsonMethod records how the figures were computed (stats.go, bootstrap.go, claims.go), so
+// that Recompute can refuse a report written under other rules.
+type jsonMethod struct {
+	ResolutionMS         float64 `json:"latency_resolution_ms"`
+	Encoding             string  `json:"latency_encoding"`
+	TimeoutMS            float64 `json:"timeout_ms"`
+	Quantiles            string  `json:"quantiles"`
+	MinPooledSamples     int     `json:"min_pooled_samples"`
+	CollapseP99MS        float64 `json:"collapse_p99_ms"`
+	CollapseTimeoutShare float64 `json:"collapse_timeout_share"`
+	BootstrapSeed        uint64  `json:"bootstrap_seed"`
+	BootstrapResamples   int     `json:"bootstrap_resamples"`
+	Confidence           float64 `json:"confidence"`
+	Resampling           string  `json:"resampling"`
+	TolerancePP          float64 `json:"agreement_tolerance_pp"`
+	Agreement            string  `json:"agreement"`
+}
+
 type jsonResult struct {
-	App         string     `json:"app"`
-	Scenario    string     `json:"scenario"`
-	Policy      string     `json:"policy"`
-	RPS         float64    `json:"rps"`
-	Runs        int        `json:"runs"`
-	MeanMS      float64    `json:"mean_ms"`
-	P50MS       float64    `json:"p50_ms"`
-	P90MS       float64    `json:"p90_ms"`
-	P99MS       float64    `json:"p99_ms"`
-	P999MS      float64    `json:"p999_ms"`
+	App      string  `json:"app"`
+	Scenario string  `json:"scenario"`
+	Policy   string  `json:"policy"`
+	RPS      float64 `json:"rps"`
+	Runs     int     `json:"runs"`
+	// Samples: successful requests and timeouts pooled over the runs (what the quantiles are
+	// over); FewSamples: fewer than min_pooled_samples.
+	Samples    int     `json:"samples"`
+	FewSamples bool    `json:"few_samples"`
+	Timeouts   int     `json:"timeouts"`
+	MeanMS     float64 `json:"mean_ms"`
+	P50MS      float64 `json:"p50_ms"`
+	P90MS      float64 `json:"p90_ms"`
+	P99MS      float64 `json:"p99_ms"`
+	P999MS     float64 `json:"p999_ms"`
+	// AtLeast names the figures above that are lower bounds: they fall among the timeouts
+	// ("≥ timeout"), or, for mean_ms, some requests timed out.
+	AtLeast     []string   `json:"at_least,omitempty"`
 	P99SpreadMS [2]float64 `json:"p99_spread_ms"`
-	Errors      int        `json:"errors"`
-	AchievedRPS float64    `json:"achieved_rps"`
+	// Errors are the errors other than timeouts (no sample), by kind in ErrorKinds.
+	Errors      int            `json:"errors"`
+	ErrorKinds  map[string]int `json:"error_kinds,omitempty"`
+	AchievedRPS float64        `json:"achieved_rps"`
+	Collapse    bool           `json:"collapse"`
 	// PlanNetworkMS: the network time of a request's calls in serve's published plan, priced
 	// at the configured RTTs (median over the runs); absent when not read.
-	PlanNetworkMS *float64 `json:"plan_network_ms,omitempty"`
+	PlanNetworkMS *float64    `json:"plan_network_ms,omitempty"`
+	PerRun        []jsonSlice `json:"per_run"`
+}
+
+// jsonSlice is one run of one cell.
+type jsonSlice struct {
+	// Round names the round the run belongs to: runs of two rows with the same round took
+	// turns in it, and the bootstrap pairs them.
+	Round      string         `json:"round"`
+	Samples    int            `json:"samples"`
+	OK         int            `json:"ok"`
+	Timeouts   int            `json:"timeouts"`
+	Errors     int            `json:"errors"`
+	ErrorKinds map[string]int `json:"error_kinds,omitempty"`
+	MeanMS     float64        `json:"mean_ms"`
+	P99MS      float64        `json:"p99_ms"`
+	AtLeast    []string       `json:"at_least,omitempty"`
+	ElapsedNS  int64          `json:"elapsed_ns"`
+	MaxLagNS   int64          `json:"max_send_lag_ns"`
+	PlanCost   *float64       `json:"plan_cost,omitempty"` // ms·req/s; absent when not read
+	// Latency: the ok requests' latencies, method.latency_encoding.
+	Latency string `json:"latency"`
 }
 
 type jsonSetup struct {
@@ -128,6 +228,7 @@ type jsonSetup struct {
 	Before   map[string]map[string]int `json:"placement_before"`
 	After    map[string]map[string]int `json:"placement_after"`
 	Moves    int                       `json:"rebalance_moves"`
+	Settled  bool                      `json:"rebalance_settled"`
 	// The rebalancer's predicted LATA cost (ms·req/s) of the two placements, when read.
 	CostBefore float64  `json:"predicted_cost_before,omitempty"`
 	CostAfter  float64  `json:"predicted_cost_after,omitempty"`
@@ -142,13 +243,38 @@ type jsonRun struct {
 	MeasuredSeconds  float64   `json:"measured_seconds_per_run"`
 	WarmupSeconds    float64   `json:"warmup_seconds_per_run"`
 	Started          time.Time `json:"started"`
+	Ended            time.Time `json:"ended"`
 	WallSeconds      float64   `json:"wall_seconds"`
 	Slices           int       `json:"slices"`
 	SliceSeconds     float64   `json:"mean_slice_seconds"`
+	SliceNS          int64     `json:"mean_slice_ns"`
 	RebalanceSeconds []float64 `json:"rebalance_seconds"`
+	// Config and Workload are the preset and the pods' work as the run had them.
+	Config   Preset   `json:"preset_config"`
+	Workload Workload `json:"workload"`
 }
 
+// atLeastNames lists the names whose flag is set, in the order given.
+func atLeastNames(flags map[string]bool, names ...string) []string {
+	var out []string
+	for _, n := range names {
+		if flags[n] {
+			out = append(out, n+"_ms")
+		}
+	}
+	return out
+}
+
+// jsonReport is o's report: its inputs and figures (jsonInputs) and the claims judged.
 func (o *Outcome) jsonReport() jsonReport {
+	r := o.jsonInputs()
+	r.Claims = o.claims()
+	return r
+}
+
+// jsonInputs is o's report without the claims: the testbed, method, setups, the run's record,
+// and every cell's runs (their latencies included) and figures.
+func (o *Outcome) jsonInputs() jsonReport {
 	var maxErr float64
 	acc := map[string][]PairAccuracy{}
 	for _, st := range o.Setups {
@@ -157,63 +283,97 @@ func (o *Outcome) jsonReport() jsonReport {
 			maxErr = max(maxErr, math.Abs(a.MedianMS-a.ConfiguredMS))
 		}
 	}
-	r := jsonReport{Testbed: jsonTestbed{
+	r := jsonReport{Schema: Schema, Testbed: jsonTestbed{
 		Delay: "nqdelay: a userspace delay on the bridge (iptables NFQUEUE, held per node pair with timerfd, " +
 			"SCHED_FIFO priority); each direction held RTT/2",
 		NetemInKernel: o.Netem, RTTAccuracy: acc, MaxAbsErrorMS: math.Round(maxErr*1000) / 1000,
 		ServiceTime: "exponential (simulated: the worker sleeps, it does not spin)", Workers: o.Workload.Workers,
 		MeanServiceMS: ms(o.Workload.ServiceTime),
 		Pods:          "each pod a process in its node's network namespace, on its own address, grpc-go xDS client (node id POD.NAMESPACE) to edgeflow serve",
-		Load:          "open loop, constant rate, latency from the intended send time (no coordinated omission); every latency kept exactly (no histogram buckets)",
-		Machine:       "2 cores shared with other work; 4 emulated nodes",
-	}, Run: jsonRun{Preset: o.Preset.Name, Commit: o.Commit, RunsPerCell: o.Preset.Runs, MeasuredSeconds: o.Preset.Duration.Seconds(),
-		WarmupSeconds: o.Preset.Warmup.Seconds(), Started: o.Started.UTC(), WallSeconds: o.Ended.Sub(o.Started).Seconds(),
-		Slices: o.Slices, SliceSeconds: o.SliceTime.Seconds(), RebalanceSeconds: o.RebalanceSeconds}}
+		Load: "open loop, constant rate, latency from the intended send time (no coordinated omission); every latency kept, " +
+			"at 10 µs resolution; a request past its timeout is a sample ≥ the timeout",
+		Machine: "2 cores shared with other work; 4 emulated nodes",
+	}, Method: methodOf(o), Run: jsonRun{Preset: o.Preset.Name, Commit: o.Commit, RunsPerCell: o.Preset.Runs, MeasuredSeconds: o.Preset.Duration.Seconds(),
+		WarmupSeconds: o.Preset.Warmup.Seconds(), Started: o.Started.UTC(), Ended: o.Ended.UTC(), WallSeconds: o.Ended.Sub(o.Started).Seconds(),
+		Slices: o.Slices, SliceSeconds: o.SliceTime.Seconds(), SliceNS: int64(o.SliceTime), RebalanceSeconds: o.RebalanceSeconds,
+		Config: o.Preset, Workload: o.Workload}}
 	for _, c := range o.Cells {
-		s := pooled(c)
+		s := o.stats(c)
+		sp := spread(s.RunP99)
 		jr := jsonResult{App: c.App, Scenario: c.Scenario, Policy: c.Policy, RPS: c.RPS, Runs: s.Runs,
+			Samples: s.Samples, FewSamples: s.Samples < MinPooled, Timeouts: s.Timeouts,
 			MeanMS: round(s.Mean), P50MS: round(s.P50), P90MS: round(s.P90), P99MS: round(s.P99), P999MS: round(s.P999),
-			P99SpreadMS: [2]float64{round(spread(s.RunP99)[0]), round(spread(s.RunP99)[1])}, Errors: s.Errors, AchievedRPS: round(s.Achieved)}
+			AtLeast:     atLeastNames(s.AtLeast, "mean", "p50", "p90", "p99", "p999"),
+			P99SpreadMS: [2]float64{round(sp[0]), round(sp[1])}, Errors: s.Errors, AchievedRPS: round(s.Achieved), Collapse: s.Collapse()}
 		if !math.IsNaN(s.NetMS) {
 			v := round(s.NetMS)
 			jr.PlanNetworkMS = &v
+		}
+		for i, res := range c.Results {
+			d := dataOf(res)
+			js := jsonSlice{Round: roundOf(c, i), Samples: s.RunSamples[i], OK: len(d.lat), Timeouts: d.timeouts, Errors: d.errors,
+				MeanMS: round(s.RunMean[i]), P99MS: round(s.RunP99[i]),
+				AtLeast:   atLeastNames(map[string]bool{"mean": s.RunMeanAtLeast[i], "p99": s.RunP99AtLeast[i]}, "mean", "p99"),
+				ElapsedNS: int64(res.Elapsed), MaxLagNS: int64(res.MaxSendLag), Latency: encodeTicks(d.lat)}
+			for k, n := range res.ErrorKinds {
+				if js.ErrorKinds == nil {
+					js.ErrorKinds = map[string]int{}
+				}
+				js.ErrorKinds[k] = n
+				if jr.ErrorKinds == nil {
+					jr.ErrorKinds = map[string]int{}
+				}
+				jr.ErrorKinds[k] += n
+			}
+			if i < len(c.PlanCost) && !math.IsNaN(c.PlanCost[i]) {
+				v := c.PlanCost[i]
+				js.PlanCost = &v
+			}
+			jr.PerRun = append(jr.PerRun, js)
 		}
 		r.Results = append(r.Results, jr)
 	}
 	for _, st := range o.Setups {
 		r.Setups = append(r.Setups, jsonSetup{App: st.App, Scenario: st.Scenario, Before: st.Before, After: st.After,
-			Moves: st.Moves, CostBefore: round(st.CostBefore), CostAfter: round(st.CostAfter), Pending: st.Pending, MaxRate: st.MaxRate})
+			Moves: st.Moves, Settled: st.Settled, CostBefore: round(st.CostBefore), CostAfter: round(st.CostAfter), Pending: st.Pending, MaxRate: st.MaxRate})
 	}
 	return r
 }
 
 func round(x float64) float64 { return math.Round(x*100) / 100 }
 
-// WriteReport writes reproduction.json, reproduction.md and the CDF plots into dir.
+// WriteReport writes reproduction.json, reproduction.md and the CDF plots into dir. Every figure
+// is computed from o as the JSON keeps it (quantized: latencies at Tick), so that Recompute
+// finds the same figures from the JSON alone.
 func WriteReport(o *Outcome, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	b, err := json.MarshalIndent(o.jsonReport(), "", "  ")
+	q, err := quantized(o)
+	if err != nil {
+		return err
+	}
+	j := q.jsonReport()
+	b, err := json.MarshalIndent(j, "", "  ")
 	if err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "reproduction.json"), append(b, '\n'), 0o644); err != nil {
 		return err
 	}
-	plots, err := writePlots(o, dir)
+	plots, err := writePlots(q, dir)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, "reproduction.md"), []byte(markdown(o, plots)), 0o644)
+	return os.WriteFile(filepath.Join(dir, "reproduction.md"), []byte(markdown(q, j, plots)), 0o644)
 }
 
 // middle is the preset's middle rate (the headline's).
 func (o *Outcome) middle() float64 { return o.Preset.Rates[len(o.Preset.Rates)/2] }
 
-func markdown(o *Outcome, plots []string) string {
+// markdown is reproduction.md for o and its report j (o.jsonReport()), with the plots named.
+func markdown(o *Outcome, j jsonReport, plots []string) string {
 	var b strings.Builder
-	j := o.jsonReport()
 	fmt.Fprintf(&b, "# Reproduction of the paper's experiment on the live loop\n\n")
 	commit := o.Commit
 	if commit == "" {
@@ -244,7 +404,7 @@ func markdown(o *Outcome, plots []string) string {
 	b.WriteString("## Headline: P99 (ms) at the middle rate\n\n")
 	writeHeadline(&b, o)
 	b.WriteString("\n## The paper's claims beside ours\n\n")
-	writeClaims(&b, o)
+	writeClaims(&b, j)
 	writeWhy(&b, o)
 	b.WriteString("\n## What is structurally different from the paper\n\n")
 	b.WriteString("- **beyond = proposed here.** `lata-q` needs each pod's service rate (`capacity_rps`); a live cluster gives " +
@@ -272,14 +432,28 @@ func markdown(o *Outcome, plots []string) string {
 		"when the run ended, priced at the configured RTTs (the median over the runs; – where not read): what the allocation " +
 		"costs on this testbed's delays, apart from queueing (least-request's is that of the equal weights serve published, " +
 		"which its clients' least-request picker does not follow).\n\n")
-	b.WriteString("| app | scenario | policy | req/s | runs | mean | P50 | P90 | P99 | P99.9 | P99 spread (runs) | errors | achieved req/s | plan's network |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\"samples\" are the successful requests and the timeouts pooled over the runs (flagged ⚑ under %d, too few for a P99 "+
+		"that rests on 100 samples above it); a request past the %g ms timeout counts as a sample ≥ %g ms, so a figure among them reads "+
+		"\"≥ %g\" (a cell with more than 1 %% timeouts has its P99 so); \"errors\" are the other failures, not samples. \"P99 per run\" "+
+		"lists each run's P99 in run order; every run's counts, mean and latencies are in reproduction.json.\n\n", MinPooled, j.Method.TimeoutMS, j.Method.TimeoutMS, j.Method.TimeoutMS)
+	b.WriteString("| app | scenario | policy | req/s | runs | samples | mean | P50 | P90 | P99 | P99.9 | P99 per run | timeouts | errors | achieved req/s | plan's network |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range j.Results {
 		net := "–"
 		if r.PlanNetworkMS != nil {
 			net = fmt.Sprintf("%.1f", *r.PlanNetworkMS)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %g | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f–%.1f | %d | %.1f | %s |\n", r.App, r.Scenario, r.Policy, r.RPS, r.Runs,
-			r.MeanMS, r.P50MS, r.P90MS, r.P99MS, r.P999MS, r.P99SpreadMS[0], r.P99SpreadMS[1], r.Errors, r.AchievedRPS, net)
+		at := func(f string) bool { return slices.Contains(r.AtLeast, f) }
+		samples := fmt.Sprint(r.Samples)
+		if r.FewSamples {
+			samples += " ⚑"
+		}
+		var per []string
+		for _, s := range r.PerRun {
+			per = append(per, fmtMS(s.P99MS, slices.Contains(s.AtLeast, "p99_ms"), 0))
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %g | %d | %s | %s | %s | %s | %s | %s | %s | %d | %d | %.1f | %s |\n", r.App, r.Scenario, r.Policy, r.RPS, r.Runs, samples,
+			fmtMS(r.MeanMS, at("mean_ms"), 1), fmtMS(r.P50MS, at("p50_ms"), 1), fmtMS(r.P90MS, at("p90_ms"), 1), fmtMS(r.P99MS, at("p99_ms"), 1),
+			fmtMS(r.P999MS, at("p999_ms"), 1), strings.Join(per, " "), r.Timeouts, r.Errors, r.AchievedRPS, net)
 	}
 	b.WriteString("\n## Placement before and after `edgeflow rebalance`\n\n")
 	for _, st := range o.Setups {
@@ -342,14 +516,14 @@ func writeHeadline(b *strings.Builder, o *Outcome) {
 		fmt.Fprintf(b, "| %s | %s | %g |", st.App, st.Scenario, mid)
 		for _, p := range Policies {
 			if r := o.Find(Cell{App: st.App, Scenario: st.Scenario, Policy: p.Name, RPS: mid}); r != nil {
-				s := pooled(r)
+				s := o.stats(r)
 				sp := spread(s.RunP99)
-				fmt.Fprintf(b, " %.1f (%.0f–%.0f) |", s.P99, sp[0], sp[1])
+				fmt.Fprintf(b, " %s (%.0f–%.0f) |", fmtMS(s.P99, s.AtLeast["p99"], 1), sp[0], sp[1])
 			} else {
 				b.WriteString(" not run |")
 			}
 		}
 		b.WriteString("\n")
 	}
-	b.WriteString("\nP99 over the runs' pooled latencies; in brackets the lowest and highest P99 of a single run.\n")
+	b.WriteString("\nP99 over the runs' pooled samples (≥: among the timeouts); in brackets the lowest and highest P99 of a single run.\n")
 }

@@ -174,7 +174,7 @@ func checkClaims(t *testing.T, o *Outcome) {
 			if r == nil {
 				t.Fatalf("%s B %s at %g req/s was not run", st.App, policy, mid)
 			}
-			s := pooled(r)
+			s := o.stats(r)
 			return medianOf(s.RunP99), s.P99
 		}
 		for _, winner := range []string{"proposed", "lata-only"} {

@@ -31,6 +31,10 @@ type Runs struct {
 	// slice ended, priced at the configured RTTs (Served.Cost, ms·req/s); NaN where it could
 	// not be read. Outcomes saved before it was recorded have none.
 	PlanCost []float64
+	// Round names, per run, the round it ran in: runs of two rows with the same round took turns
+	// within it (the bootstrap pairs them). Nil (the harness does not record it yet, and in
+	// outcomes saved before it existed): roundOf derives it from Run's order.
+	Round []string
 	// Traffic and PlannedRTT are, per run, that plan's Served.Traffic and Served.PlannedRTT
 	// (nil where it could not be read, and in outcomes saved before they were recorded).
 	Traffic, PlannedRTT []map[[2]string]float64

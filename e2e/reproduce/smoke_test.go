@@ -208,7 +208,7 @@ func reportProblems(o *Outcome, dir string) []string {
 		if r["app"] != c.App || r["scenario"] != c.Scenario || r["policy"] != c.Policy || r["rps"] != c.RPS {
 			bad("%s is of %v %v %v %v", where, r["app"], r["scenario"], r["policy"], r["rps"])
 		}
-		s := pooled(c)
+		s := o.stats(c)
 		if r["runs"] != float64(len(c.Results)) || r["errors"] != float64(s.Errors) {
 			bad("%s: %v runs and %v errors, want %d and %d", where, r["runs"], r["errors"], len(c.Results), s.Errors)
 		}

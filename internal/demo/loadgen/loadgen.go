@@ -28,7 +28,8 @@ type Config struct {
 	// Duration is the measured period (> 0): requests due in [Warmup, Warmup+Duration) are
 	// recorded.
 	Duration time.Duration
-	// Timeout bounds each request; a request that times out counts as an error. 0 means none.
+	// Timeout bounds each request (from its intended send time); a request that times out
+	// counts as an error and in Result.Timeouts. 0 means none.
 	Timeout time.Duration
 }
 
@@ -60,7 +61,14 @@ func (s Schedule) Count(d time.Duration) int {
 type Result struct {
 	// Sent is the number of requests due in the measured period; OK + Errors == Sent.
 	Sent, OK, Errors int
-	// ErrorKinds counts errors by message (the first 10 distinct ones; the rest under "other").
+	// Timeouts counts the errors of requests that failed once their own deadline (intended
+	// send time + Config.Timeout) had passed, whatever error the request returned (a gRPC call
+	// returns a status, not context.DeadlineExceeded): their latency is at least the timeout.
+	// Timeouts ≤ Errors. Results recorded before the field existed have 0 here, and their
+	// timeouts only under ErrorKinds.
+	Timeouts int
+	// ErrorKinds counts errors by message (the first 10 distinct ones; the rest under "other");
+	// a timeout counts as "timeout".
 	ErrorKinds map[string]int
 	// Latency holds the successful requests' latencies, from intended send time to response.
 	Latency Samples
@@ -126,9 +134,10 @@ func Run(ctx context.Context, cfg Config, do Request) (*Result, error) {
 			}
 			err := do(rctx, i)
 			done := time.Now()
+			timedOut := err != nil && cfg.Timeout > 0 && errors.Is(rctx.Err(), context.DeadlineExceeded)
 			cancel()
 			if i >= first {
-				rec.add(done.Sub(due), done, err)
+				rec.add(done.Sub(due), done, err, timedOut)
 			}
 		}(i, due)
 	}
@@ -149,11 +158,13 @@ type recorder struct {
 	mu    sync.Mutex
 	lat   []time.Duration
 	errs  int
+	tos   int
 	kinds map[string]int
 	last  time.Time
 }
 
-func (r *recorder) add(lat time.Duration, done time.Time, err error) {
+// add records one measured request; timedOut says it failed past its own deadline.
+func (r *recorder) add(lat time.Duration, done time.Time, err error, timedOut bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if done.After(r.last) {
@@ -165,7 +176,10 @@ func (r *recorder) add(lat time.Duration, done time.Time, err error) {
 	}
 	r.errs++
 	msg := err.Error()
-	if errors.Is(err, context.DeadlineExceeded) {
+	if timedOut {
+		r.tos++
+	}
+	if timedOut || errors.Is(err, context.DeadlineExceeded) {
 		msg = "timeout"
 	}
 	if _, ok := r.kinds[msg]; !ok && len(r.kinds) >= 10 {
@@ -177,7 +191,7 @@ func (r *recorder) add(lat time.Duration, done time.Time, err error) {
 func (r *recorder) result() *Result {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return &Result{OK: len(r.lat), Errors: r.errs, ErrorKinds: r.kinds, Latency: NewSamples(r.lat)}
+	return &Result{OK: len(r.lat), Errors: r.errs, Timeouts: r.tos, ErrorKinds: r.kinds, Latency: NewSamples(r.lat)}
 }
 
 // Samples are latencies sorted in increasing order.
@@ -236,6 +250,7 @@ func Merge(results ...*Result) *Result {
 		out.Sent += r.Sent
 		out.OK += r.OK
 		out.Errors += r.Errors
+		out.Timeouts += r.Timeouts
 		out.Elapsed += r.Elapsed
 		out.MaxSendLag = max(out.MaxSendLag, r.MaxSendLag)
 		for k, n := range r.ErrorKinds {

@@ -185,12 +185,16 @@ func TestRunOpenLoop(t *testing.T) {
 func TestRunTimeoutsAndErrors(t *testing.T) {
 	boom := errors.New("boom")
 	cfg := Config{Rate: 100, Duration: 200 * time.Millisecond, Timeout: 20 * time.Millisecond}
+	wrapped := errors.New("rpc error: code = DeadlineExceeded") // as a gRPC status reads: not context.DeadlineExceeded
 	res, err := Run(context.Background(), cfg, func(ctx context.Context, seq int) error {
-		switch seq % 4 {
+		switch seq % 5 {
 		case 0:
 			<-ctx.Done() // never answers: times out
 			return ctx.Err()
 		case 1:
+			<-ctx.Done() // times out, and says so in its own words
+			return wrapped
+		case 2:
 			return boom
 		}
 		return nil
@@ -198,11 +202,11 @@ func TestRunTimeoutsAndErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Sent != 20 || res.OK != 10 || res.Errors != 10 {
-		t.Errorf("Sent/OK/Errors = %d/%d/%d, want 20/10/10", res.Sent, res.OK, res.Errors)
+	if res.Sent != 20 || res.OK != 8 || res.Errors != 12 || res.Timeouts != 8 {
+		t.Errorf("Sent/OK/Errors/Timeouts = %d/%d/%d/%d, want 20/8/12/8", res.Sent, res.OK, res.Errors, res.Timeouts)
 	}
-	if res.ErrorKinds["timeout"] != 5 || res.ErrorKinds["boom"] != 5 {
-		t.Errorf("ErrorKinds = %v, want 5 timeout and 5 boom", res.ErrorKinds)
+	if res.ErrorKinds["timeout"] != 8 || res.ErrorKinds["boom"] != 4 {
+		t.Errorf("ErrorKinds = %v, want 8 timeout and 4 boom", res.ErrorKinds)
 	}
 }
 
@@ -231,12 +235,12 @@ func TestRunCancelled(t *testing.T) {
 }
 
 func TestMerge(t *testing.T) {
-	a := &Result{Sent: 3, OK: 2, Errors: 1, ErrorKinds: map[string]int{"timeout": 1}, Latency: NewSamples(ms(5, 1)),
+	a := &Result{Sent: 3, OK: 2, Errors: 1, Timeouts: 1, ErrorKinds: map[string]int{"timeout": 1}, Latency: NewSamples(ms(5, 1)),
 		Elapsed: time.Second, MaxSendLag: 2 * time.Millisecond}
 	b := &Result{Sent: 2, OK: 1, Errors: 1, ErrorKinds: map[string]int{"timeout": 1}, Latency: NewSamples(ms(3)),
 		Elapsed: 2 * time.Second, MaxSendLag: time.Millisecond}
 	got := Merge(a, nil, b)
-	if got.Sent != 5 || got.OK != 3 || got.Errors != 2 || got.ErrorKinds["timeout"] != 2 {
+	if got.Sent != 5 || got.OK != 3 || got.Errors != 2 || got.Timeouts != 1 || got.ErrorKinds["timeout"] != 2 {
 		t.Errorf("counts %+v", got)
 	}
 	if got.Elapsed != 3*time.Second || got.MaxSendLag != 2*time.Millisecond || got.Achieved() != 1 {
