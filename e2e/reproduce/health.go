@@ -22,20 +22,24 @@ import (
 type Health struct {
 	// CPUIdle and CPUSteal are the machine's idle and stolen (hypervisor) share of its CPU time
 	// over the load (/proc/stat; idle includes iowait).
-	CPUIdle, CPUSteal float64
+	CPUIdle  float64 `json:"cpu_idle"`
+	CPUSteal float64 `json:"cpu_steal"`
 	// ReleaseLagMeanUS is how late nqdelay released the node pairs' packets after their due
 	// time, on average over the packets of the load; ReleaseLagP99US the worst pair's 99th
 	// percentile over its last 4,096 packets when the load ended.
-	ReleaseLagMeanUS, ReleaseLagP99US float64
+	ReleaseLagMeanUS float64 `json:"release_lag_mean_us"`
+	ReleaseLagP99US  float64 `json:"release_lag_p99_us"`
 	// SendLagMaxMS is the load generator's largest lag behind a request's intended send time.
-	SendLagMaxMS float64
+	SendLagMaxMS float64 `json:"send_lag_max_ms"`
 	// PingPair's RTT during the load (PingMedianMS, PingMinMS over Pings echoes, 5 a second)
 	// against its configured PingWantMS: the pair of the largest configured RTT.
-	PingPair                            string
-	PingMedianMS, PingMinMS, PingWantMS float64
-	Pings                               int
+	PingPair     string  `json:"ping_pair,omitempty"`
+	PingMedianMS float64 `json:"ping_median_ms"`
+	PingMinMS    float64 `json:"ping_min_ms"`
+	PingWantMS   float64 `json:"ping_configured_ms"`
+	Pings        int     `json:"pings"`
 	// Problems name the bounds missed (HealthBounds); none: a healthy slice.
-	Problems []string
+	Problems []string `json:"problems,omitempty"`
 }
 
 // HealthBounds are the limits of a healthy slice. The delay's and the ping's are the testbed's
@@ -227,4 +231,50 @@ func (p *healthProbe) end(res *loadgen.Result) Health {
 		hl.CPUIdle = 0
 	}
 	return hl
+}
+
+// writeHealth is the report's table of the slices' health, a row per cell: how many of its runs
+// were kept unhealthy (every re-run failed too) and how many re-runs it took, and the worst of
+// each measure over its runs. Nothing when no slice's health was measured.
+func writeHealth(b *strings.Builder, o *Outcome) {
+	if !slices.ContainsFunc(o.Cells, func(r *Runs) bool { return len(r.Health) > 0 }) {
+		return
+	}
+	bd := HealthBounds
+	fmt.Fprintf(b, "\n## Slice health\n\nMeasured while each slice's load ran (health.go): the machine's CPU idle (bound ≥ %.0f %%), the delay's "+
+		"release lag (mean ≤ %.0f µs, the worst pair's p99 ≤ %.0f µs), the load generator's send lag (≤ %.0f ms), and pings across the pair of the "+
+		"largest RTT (median within max(%.0f ms, 10 %%) above the configured RTT, none %.1f ms below it). An unhealthy slice is run again, "+
+		"up to %d times (the preset's re-runs); \"unhealthy kept\" counts runs whose every try missed a bound. Worst over the runs:\n\n",
+		100*bd.MinCPUIdle, bd.MaxReleaseLagMeanUS, bd.MaxReleaseLagP99US, bd.MaxSendLagMS, bd.MaxPingExcessMS, bd.MaxPingShort, o.Preset.reruns())
+	b.WriteString("| app | scenario | policy | req/s | runs | unhealthy kept | re-runs | CPU idle min | steal max | release lag mean max µs | p99 max µs | send lag max ms | ping median max − configured ms | problems |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	for _, r := range o.Cells {
+		if len(r.Health) == 0 {
+			continue
+		}
+		idle, steal, lag, p99, send, ping := math.Inf(1), 0.0, 0.0, 0.0, 0.0, math.Inf(-1)
+		unhealthy, reruns := 0, 0
+		problems := map[string]bool{}
+		for i, h := range r.Health {
+			idle, steal = min(idle, h.CPUIdle), max(steal, h.CPUSteal)
+			lag, p99, send = max(lag, h.ReleaseLagMeanUS), max(p99, h.ReleaseLagP99US), max(send, h.SendLagMaxMS)
+			if h.Pings > 0 {
+				ping = max(ping, h.PingMedianMS-h.PingWantMS)
+			}
+			if len(h.Problems) > 0 {
+				unhealthy++
+				for _, p := range h.Problems {
+					problems[strings.SplitN(p, " ", 3)[0]+" "+strings.SplitN(p, " ", 3)[1]] = true
+				}
+			}
+			if i < len(r.Attempts) {
+				reruns += r.Attempts[i] - 1
+			}
+		}
+		pingText := "–"
+		if !math.IsInf(ping, -1) {
+			pingText = fmt.Sprintf("%+.2f", ping)
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %g | %d | %d | %d | %.0f %% | %.1f %% | %.0f | %.0f | %.1f | %s | %s |\n", r.App, r.Scenario, r.Policy, r.RPS,
+			len(r.Health), unhealthy, reruns, 100*idle, 100*steal, lag, p99, send, pingText, strings.Join(slices.Sorted(maps.Keys(problems)), ", "))
+	}
 }

@@ -30,7 +30,8 @@ func outcomeOf(j jsonReport) (*Outcome, error) {
 		return nil, fmt.Errorf("reproduce: report of schema %d, this code reads %d", j.Schema, Schema)
 	}
 	o := &Outcome{Preset: j.Run.Config, Workload: j.Run.Workload, Netem: j.Testbed.NetemInKernel, Started: j.Run.Started, Ended: j.Run.Ended,
-		Commit: j.Run.Commit, Slices: j.Run.Slices, SliceTime: time.Duration(j.Run.SliceNS), RebalanceSeconds: j.Run.RebalanceSeconds}
+		Commit: j.Run.Commit, Slices: j.Run.Slices, SliceTime: time.Duration(j.Run.SliceNS), RebalanceSeconds: j.Run.RebalanceSeconds,
+		Order: j.Run.Order, Seed: j.Run.Seed}
 	for _, s := range j.Setups {
 		o.Setups = append(o.Setups, &Setup{App: s.App, Scenario: s.Scenario, RTT: j.Testbed.RTTAccuracy[s.App+"/"+s.Scenario],
 			Before: s.Before, After: s.After, Moves: s.Moves, Settled: s.Settled, CostBefore: s.CostBefore, CostAfter: s.CostAfter,
@@ -55,6 +56,10 @@ func outcomeOf(j jsonReport) (*Outcome, error) {
 			}
 			c.PlanCost = append(c.PlanCost, cost)
 			c.Round = append(c.Round, s.Round)
+			if s.Health != nil {
+				c.Health = append(c.Health, *s.Health)
+				c.Attempts = append(c.Attempts, max(s.Attempts, 1))
+			}
 		}
 		o.Cells = append(o.Cells, c)
 	}

@@ -220,6 +220,10 @@ type jsonSlice struct {
 	PlanCost   *float64       `json:"plan_cost,omitempty"` // ms·req/s; absent when not read
 	// Latency: the ok requests' latencies, method.latency_encoding.
 	Latency string `json:"latency"`
+	// Health of the slice kept (absent where not measured), and Attempts: the slices the run
+	// took (re-runs of unhealthy ones included; absent: 1).
+	Health   *Health `json:"health,omitempty"`
+	Attempts int     `json:"attempts,omitempty"`
 }
 
 type jsonSetup struct {
@@ -252,6 +256,10 @@ type jsonRun struct {
 	// Config and Workload are the preset and the pods' work as the run had them.
 	Config   Preset   `json:"preset_config"`
 	Workload Workload `json:"workload"`
+	// Order is every measured slice in the order it ran (absent in runs before every row took
+	// turns within a run); Seed the seed its shuffles were drawn from.
+	Order []Slice `json:"order,omitempty"`
+	Seed  uint64  `json:"seed,omitempty"`
 }
 
 // atLeastNames lists the names whose flag is set, in the order given.
@@ -296,7 +304,7 @@ func (o *Outcome) jsonInputs() jsonReport {
 	}, Method: methodOf(o), Run: jsonRun{Preset: o.Preset.Name, Commit: o.Commit, RunsPerCell: o.Preset.Runs, MeasuredSeconds: o.Preset.Duration.Seconds(),
 		WarmupSeconds: o.Preset.Warmup.Seconds(), Started: o.Started.UTC(), Ended: o.Ended.UTC(), WallSeconds: o.Ended.Sub(o.Started).Seconds(),
 		Slices: o.Slices, SliceSeconds: o.SliceTime.Seconds(), SliceNS: int64(o.SliceTime), RebalanceSeconds: o.RebalanceSeconds,
-		Config: o.Preset, Workload: o.Workload}}
+		Config: o.Preset, Workload: o.Workload, Order: o.Order, Seed: o.Seed}}
 	for _, c := range o.Cells {
 		s := o.stats(c)
 		sp := spread(s.RunP99)
@@ -328,6 +336,13 @@ func (o *Outcome) jsonInputs() jsonReport {
 			if i < len(c.PlanCost) && !math.IsNaN(c.PlanCost[i]) {
 				v := c.PlanCost[i]
 				js.PlanCost = &v
+			}
+			if i < len(c.Health) {
+				h := c.Health[i]
+				js.Health = &h
+			}
+			if i < len(c.Attempts) && c.Attempts[i] > 1 {
+				js.Attempts = c.Attempts[i]
 			}
 			jr.PerRun = append(jr.PerRun, js)
 		}
@@ -471,7 +486,8 @@ func markdown(o *Outcome, j jsonReport, plots []string) string {
 		}
 		b.WriteString("\n")
 	}
-	b.WriteString("## Delay accuracy\n\n| app/scenario | pair | configured RTT ms | ping median | min | max |\n|---|---|---|---|---|---|\n")
+	writeHealth(&b, o)
+	b.WriteString("\n## Delay accuracy\n\n| app/scenario | pair | configured RTT ms | ping median | min | max |\n|---|---|---|---|---|---|\n")
 	for _, st := range o.Setups {
 		for _, a := range st.RTT {
 			fmt.Fprintf(&b, "| %s/%s | %s | %g | %.2f | %.2f | %.2f |\n", st.App, st.Scenario, a.Pair, a.ConfiguredMS, a.MedianMS, a.MinMS, a.MaxMS)

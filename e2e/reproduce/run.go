@@ -161,6 +161,7 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 			o.Cells = append(o.Cells, r)
 		}
 		r.Results = append(r.Results, res)
+		r.Round = append(r.Round, fmt.Sprintf("%s/%s run %d", a.Name, sc, run)) // every row of a run takes turns in it
 		r.Health = append(r.Health, health)
 		r.Attempts = append(r.Attempts, attempts)
 		pr.slice(c, run, p.Runs, time.Since(begin), res)
@@ -239,12 +240,13 @@ const (
 
 // Slice is one measured slice, in the order the run made them (Outcome.Order).
 type Slice struct {
-	App, Scenario string
-	Run           int    // 1-based
-	Placement     string // PlacementScheduler or PlacementLARP
-	Policy        string
-	RPS           float64
-	Start         time.Time
+	App       string    `json:"app"`
+	Scenario  string    `json:"scenario"`
+	Run       int       `json:"run"`       // 1-based
+	Placement string    `json:"placement"` // PlacementScheduler or PlacementLARP
+	Policy    string    `json:"policy"`
+	RPS       float64   `json:"rps"`
+	Start     time.Time `json:"start"`
 }
 
 // interleave runs every row of the preset in every run of one application × scenario, in the

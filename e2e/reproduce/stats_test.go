@@ -3,6 +3,7 @@ package reproduce
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -278,6 +279,13 @@ func syntheticOutcome() *Outcome {
 						}
 						r.Results = append(r.Results, result(lat, tos, 1))
 						r.PlanCost = append(r.PlanCost, 1000*rng.Float64())
+						h := Health{CPUIdle: 0.3 * rng.Float64(), ReleaseLagMeanUS: 100 + 100*rng.Float64(), ReleaseLagP99US: 900,
+							SendLagMaxMS: 5, PingPair: "n1–n4", PingMedianMS: 24.3, PingMinMS: 24.1, PingWantMS: 24, Pings: 40}
+						h.check()
+						r.Health, r.Attempts = append(r.Health, h), append(r.Attempts, 1+len(h.Problems))
+						r.Round = append(r.Round, fmt.Sprintf("%s/%s run %d", a.Name, sc, len(r.Results)))
+						o.Order = append(o.Order, Slice{App: a.Name, Scenario: sc, Run: len(r.Results), Policy: pol.Name, RPS: rate,
+							Placement: map[bool]string{false: PlacementScheduler, true: PlacementLARP}[pol.LARP], Start: o.Started.Add(time.Duration(len(o.Order)) * time.Second)})
 					}
 					r.PlanCost[0] = math.NaN()
 					o.Cells = append(o.Cells, r)
@@ -309,7 +317,7 @@ func TestRecompute(t *testing.T) {
 	if err := json.Unmarshal(rawJSON, &j); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| dag | B | localization | 300 | 3 | 948 ⚑ |", "≥ 5000.0", "**does not agree**"} {
+	for _, want := range []string{"| dag | B | localization | 300 | 3 | 948 ⚑ |", "≥ 5000.0", "**does not agree**", "## Slice health", "CPU idle"} {
 		if !strings.Contains(string(rawMD), want) {
 			t.Errorf("reproduction.md lacks %q", want)
 		}
