@@ -58,7 +58,7 @@ test:
 	  $(MAKE) --no-print-directory -j$(TEST_JOBS) test-lint test-unit test-e2e test-istio test-smoke test-image || status=1; \
 	  $(MAKE) --no-print-directory test-quiet test-ui || status=1; \
 	  echo "make test: $$(( $$(date +%s) - start )) s, status $$status (go test -json in $(TESTOUT)/)"; \
-	  $(REPORT) -want unit,e2e,istio,smoke,image,quiet-race,quiet,ui $(TESTOUT)/*.json | tee $(TESTOUT)/report.txt; exit $$status
+	  $(REPORT) -want unit,e2e,istio,smoke,smoke-pod,image,quiet-race,quiet,ui $(TESTOUT)/*.json | tee $(TESTOUT)/report.txt; exit $$status
 
 TESTOUT     := bin/test
 REPORT      := bin/testreport
@@ -120,8 +120,9 @@ test-ui e2e-ui: $(EDGEFLOW_RACE) $(REPORT)
 ## real Prometheus scraping the pods (docs/closed-loop-testbed.md); its P99 claims run in make reproduce
 test-smoke e2e-reproduce: k8s $(EDGEFLOW_RACE) $(REPORT) prebuild-smoke
 	EDGEFLOW_BIN=$(EDGEFLOW_RACE) REPRODUCE_PRESET=smoke $(GO) tool test2json -t -p github.com/edgeflow/edgeflow/e2e/reproduce \
-	  bin/reproduce.test -test.run '^(TestWriteReport|TestPrice|TestOnMeasuredLatency|TestOverrideReplicas|TestSmokeChecks|TestReproduce|TestClosedLoopOnTestbed|TestPodTargets|TestCensoring|TestTimeoutsOfOldResults|TestEncodeTicks|TestInBand|TestJudgeRange|TestBootstrap|TestRecompute)$$' -test.v=test2json -test.count=1 -test.timeout 10m \
+	  bin/reproduce.test -test.skip '^TestRenderReport$$' -test.v=test2json -test.count=1 -test.timeout 10m \
 	  | $(REPORT) -stream smoke > $(TESTOUT)/smoke.json
+	cd e2e/reproduce && $(GO) test -race -count=1 -json ./pod ./cmd/... | $(CURDIR)/$(REPORT) -stream smoke-pod > $(CURDIR)/$(TESTOUT)/smoke-pod.json
 
 ## test-image: make image (niced), then install/image's test reads it back from the layout and the
 ## tarball, checks its config against the chart's securityContext and runs edgeflow version from its layer
