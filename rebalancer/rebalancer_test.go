@@ -8,7 +8,11 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	goruntime "runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	testingclock "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/yaml"
 
 	"github.com/edgeflow/edgeflow/internal/kubetest"
 	"github.com/edgeflow/edgeflow/optimizer"
@@ -234,6 +239,212 @@ func TestWebhookBodyLimit(t *testing.T) {
 	c.Webhook().ServeHTTP(rr, httptest.NewRequest(http.MethodPost, WebhookPath, bytes.NewReader(review(t, p))))
 	if rr.Code != http.StatusOK {
 		t.Errorf("a review under the limit: status %d, want 200", rr.Code)
+	}
+}
+
+// countingBody is a request body of n bytes of a review's padding that counts what is read
+// of it and, when hold is set, blocks its first read until hold is closed.
+type countingBody struct {
+	n, read int64
+	started chan<- struct{}
+	hold    <-chan struct{}
+	payload *bytes.Reader
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	if b.started != nil {
+		b.started <- struct{}{}
+		b.started = nil
+		<-b.hold
+	}
+	if b.payload != nil {
+		n, err := b.payload.Read(p)
+		atomic.AddInt64(&b.read, int64(n))
+		return n, err
+	}
+	if b.read >= b.n {
+		return 0, io.EOF
+	}
+	n := int(min(int64(len(p)), b.n-b.read))
+	for i := range p[:n] {
+		p[i] = ' '
+	}
+	atomic.AddInt64(&b.read, int64(n))
+	return n, nil
+}
+
+// Bodies declared larger than MaxReviewBytes are refused (413) without a byte of them read,
+// however many arrive at once; one of unknown length is read no further than the bound.
+func TestWebhookOversizedUnread(t *testing.T) {
+	t.Parallel()
+	c := started(t, Config{})
+	h := c.Webhook()
+	const n = 100
+	bodies := make([]*countingBody, n)
+	codes := make([]int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		bodies[i] = &countingBody{n: 64 << 20}
+		wg.Go(func() {
+			req := httptest.NewRequest(http.MethodPost, WebhookPath, bodies[i])
+			req.ContentLength = bodies[i].n
+			rr := httptest.NewRecorder()
+			h.ServeHTTP(rr, req)
+			codes[i] = rr.Code
+		})
+	}
+	wg.Wait()
+	var read int64
+	for i := range n {
+		read += atomic.LoadInt64(&bodies[i].read)
+		if codes[i] != http.StatusRequestEntityTooLarge {
+			t.Errorf("review %d of %d bytes: status %d, want 413", i, bodies[i].n, codes[i])
+		}
+	}
+	if read != 0 {
+		t.Errorf("%d reviews declaring 64 MiB each: %d bytes read of them, want none", n, read)
+	}
+
+	// Chunked (no Content-Length): read up to the bound, then 413.
+	b := &countingBody{n: 64 << 20}
+	req := httptest.NewRequest(http.MethodPost, WebhookPath, b)
+	req.ContentLength = -1
+	rr := httptest.NewRecorder()
+	h.ServeHTTP(rr, req)
+	if rr.Code != http.StatusRequestEntityTooLarge || b.read > MaxReviewBytes+64<<10 {
+		t.Errorf("a chunked 64 MiB review: status %d after reading %d bytes, want 413 within %d", rr.Code, b.read, MaxReviewBytes)
+	}
+}
+
+// At most maxConcurrentReviews reviews are read at once; the others are answered at once 429
+// with Retry-After (the API server's client retries them), their bodies unread — none waits
+// holding a connection and a goroutine for a slot.
+func TestWebhookConcurrencyBounded(t *testing.T) {
+	t.Parallel()
+	c := started(t, Config{})
+	h := c.Webhook()
+	const n = 100
+	started := make(chan struct{}, n)
+	hold := make(chan struct{})
+	body := review(t, pod("shop", "cart-1", "cart", "", "ReplicaSet", t0, 100))
+	bodies := make([]*countingBody, n)
+	codes := make(chan int, n)
+	retryAfter := make(chan string, n)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	released := false
+	defer func() {
+		if !released {
+			close(hold)
+		}
+	}()
+	for i := range n {
+		bodies[i] = &countingBody{started: started, hold: hold, payload: bytes.NewReader(body)}
+		wg.Go(func() {
+			req := httptest.NewRequest(http.MethodPost, WebhookPath, bodies[i])
+			req.ContentLength = int64(len(body))
+			rr := httptest.NewRecorder()
+			h.ServeHTTP(rr, req)
+			codes <- rr.Code
+			if rr.Code == http.StatusTooManyRequests {
+				retryAfter <- rr.Header().Get("Retry-After")
+			}
+		})
+	}
+	// Every review but those being read is answered while the readers are held.
+	answered := map[int]int{}
+	deadline := time.After(10 * time.Second)
+	for len(started) < n && sum(answered)+len(started) < n {
+		select {
+		case code := <-codes:
+			answered[code]++
+		case <-deadline:
+			t.Fatalf("10 s: %d reviews being read, %d answered (%v); want all %d either read or answered at once",
+				len(started), sum(answered), answered, n)
+		}
+	}
+	reading := len(started)
+	if reading > maxConcurrentReviews || answered[http.StatusTooManyRequests] != n-reading {
+		t.Errorf("%d reviews at once: %d read together, answered %v; want at most %d read, the rest 429",
+			n, reading, answered, maxConcurrentReviews)
+	}
+	for range answered[http.StatusTooManyRequests] {
+		if ra := <-retryAfter; ra != "1" {
+			t.Errorf("a 429 with Retry-After %q, want 1", ra)
+		}
+	}
+	var unread int
+	for _, b := range bodies {
+		if atomic.LoadInt64(&b.read) == 0 {
+			unread++
+		}
+	}
+	if unread != n {
+		t.Errorf("%d bodies read before the held readers went on, want none", n-unread)
+	}
+	close(hold)
+	released = true
+	for range reading {
+		if code := <-codes; code != http.StatusOK {
+			t.Errorf("a review read in its turn: status %d, want 200", code)
+		}
+	}
+}
+
+func sum(m map[int]int) int {
+	s := 0
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
+
+// The reviews read at once, each of the largest body, allocate well under the chart's memory
+// limit for edgeflow: maxConcurrentReviews × what one such review allocates ≤ a quarter of it.
+func TestWebhookMemoryBound(t *testing.T) {
+	c := started(t, Config{})
+	leadingWith(c, "cart")
+	h := c.Webhook()
+	p := pod("shop", "cart-1", "cart", "", "ReplicaSet", t0, 100)
+	p.Annotations = map[string]string{"pad": strings.Repeat("x", MaxReviewBytes-4096)}
+	body := review(t, p)
+	if len(body) > MaxReviewBytes || len(body) < MaxReviewBytes-8192 {
+		t.Fatalf("body %d bytes, want just under %d", len(body), MaxReviewBytes)
+	}
+	const runs = 5
+	var before, after goruntime.MemStats
+	goruntime.GC()
+	goruntime.ReadMemStats(&before)
+	for range runs {
+		rr := httptest.NewRecorder()
+		h.ServeHTTP(rr, httptest.NewRequest(http.MethodPost, WebhookPath, bytes.NewReader(body)))
+		if rr.Code != http.StatusOK || !strings.Contains(rr.Body.String(), `"patch"`) {
+			t.Fatalf("status %d: %.200s", rr.Code, rr.Body)
+		}
+	}
+	goruntime.ReadMemStats(&after)
+	perReview := (after.TotalAlloc - before.TotalAlloc) / runs
+
+	values, err := os.ReadFile("../install/helm/edgeflow/values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Resources struct {
+			Limits struct {
+				Memory resource.Quantity `json:"memory"`
+			} `json:"limits"`
+		} `json:"resources"`
+	}
+	if err := yaml.Unmarshal(values, &v); err != nil {
+		t.Fatal(err)
+	}
+	limit := v.Resources.Limits.Memory.Value()
+	total := uint64(maxConcurrentReviews) * perReview
+	t.Logf("a %d-byte review allocates %.1f MiB; %d at once %.1f MiB; the chart's limit %d MiB",
+		len(body), float64(perReview)/(1<<20), maxConcurrentReviews, float64(total)/(1<<20), limit>>20)
+	if limit <= 0 || total > uint64(limit)/4 {
+		t.Errorf("%d reviews at once allocate %d MiB, over a quarter of the chart's memory limit (%d MiB)", maxConcurrentReviews, total>>20, limit>>20)
 	}
 }
 
