@@ -92,7 +92,7 @@ func (c *Controller) syncGated(ctx context.Context, rec events.EventRecorder, p 
 	leading := c.leading
 	i := -1
 	if leading && owner != nil {
-		i = c.st.inFlight(owner.UID)
+		i = c.st.inFlight(p.Namespace, owner)
 	}
 	var m moveRecord
 	var others []resources // the other moves in flight to the same node

@@ -90,6 +90,11 @@ func started(t *testing.T, cfg Config, objs ...runtime.Object) *Controller {
 	return c
 }
 
+// ownerOf is the controller reference pod gives a pod of app owned by a ReplicaSet.
+func ownerOf(app string) *metav1.OwnerReference {
+	return &metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: app, UID: "owner-" + types.UID(app), Controller: ptr(true)}
+}
+
 // leadingWith makes c the leader with a move in flight of owner app's pods (owner-APP).
 func leadingWith(c *Controller, apps ...string) {
 	c.mu.Lock()
@@ -97,7 +102,7 @@ func leadingWith(c *Controller, apps ...string) {
 	c.leading = true
 	for _, app := range apps {
 		c.st.Moves = append(c.st.Moves, moveRecord{recordedMove: recordedMove{Namespace: "shop", Service: app + ".shop", Pod: app + "-0", From: "n1", To: "n2"},
-			PodUID: types.UID("shop/" + app + "-0"), Owner: types.UID("owner-" + app), Evicted: t0})
+			PodUID: types.UID("shop/" + app + "-0"), Owner: types.UID("owner-" + app), OwnerKind: "ReplicaSet", OwnerName: app, Evicted: t0})
 	}
 }
 
@@ -240,6 +245,79 @@ func TestWebhookBodyLimit(t *testing.T) {
 	if rr.Code != http.StatusOK {
 		t.Errorf("a review under the limit: status %d, want 200", rr.Code)
 	}
+}
+
+// A move's replacement is a pod whose controller reference names the moved pod's owner by
+// namespace, kind, name and UID. A pod elsewhere, or naming another kind or name, that carries
+// the owner's UID (copied: the API server does not check an owner reference's UID) is neither
+// gated by the webhook nor placed on the move's node, and the move stays in flight for the
+// real replacement.
+func TestOwnerMatchedByKindNameAndUID(t *testing.T) {
+	t.Parallel()
+	forged := func(ns, name string, edit func(o *metav1.OwnerReference)) *corev1.Pod {
+		p := pod(ns, name, "cart", "", "ReplicaSet", t0, 100)
+		edit(&p.OwnerReferences[0])
+		return p
+	}
+	same := func(*metav1.OwnerReference) {}
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		want bool
+	}{
+		{"the replacement", forged("shop", "cart-1", same), true},
+		{"another namespace, the same reference", forged("tenant", "cart-1", same), false},
+		{"the owner's UID under another name", forged("shop", "cart-1", func(o *metav1.OwnerReference) { o.Name = "other" }), false},
+		{"the owner's UID under another kind", forged("shop", "cart-1", func(o *metav1.OwnerReference) { o.Kind = "StatefulSet" }), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The webhook: gated only if it is the replacement.
+			c := started(t, Config{}, service("shop", "cart", true))
+			leadingWith(c, "cart")
+			body := reviewIn(t, tc.pod.Namespace, tc.pod)
+			rr := httptest.NewRecorder()
+			c.Webhook().ServeHTTP(rr, httptest.NewRequest(http.MethodPost, WebhookPath, bytes.NewReader(body)))
+			var got admissionv1.AdmissionReview
+			if err := json.Unmarshal(rr.Body.Bytes(), &got); err != nil || got.Response == nil || !got.Response.Allowed {
+				t.Fatalf("status %d: %s (%v)", rr.Code, rr.Body, err)
+			}
+			if gated := len(got.Response.Patch) > 0; gated != tc.want {
+				t.Errorf("gated %v, want %v", gated, tc.want)
+			}
+
+			// The gate worker: a pod gated by other means is placed only if it is the replacement.
+			p := tc.pod.DeepCopy()
+			p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: GateName}}
+			p.Status = corev1.PodStatus{Phase: corev1.PodPending}
+			c = started(t, Config{}, service("shop", "cart", true), node("n1", 4000, 110), node("n2", 4000, 110), p)
+			leadingWith(c, "cart")
+			if _, err := c.syncPod(context.Background(), discard{}, p.Namespace+"/"+p.Name); err != nil {
+				t.Fatal(err)
+			}
+			after, err := c.cs.CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			placed := after.Annotations[AnnotationPlacedOn] == "n2" && after.Spec.Affinity != nil
+			inFlight := c.st.inFlight("shop", ownerOf("cart")) >= 0
+			if hasGate(after) || placed != tc.want || inFlight == tc.want {
+				t.Errorf("gated %v, placed on n2 %v, the move still in flight %v; want released, placed %v, in flight %v",
+					hasGate(after), placed, inFlight, tc.want, !tc.want)
+			}
+		})
+	}
+}
+
+// reviewIn is review with the request in namespace ns.
+func reviewIn(t *testing.T, ns string, p *corev1.Pod) []byte {
+	t.Helper()
+	var r admissionv1.AdmissionReview
+	if err := json.Unmarshal(review(t, p), &r); err != nil {
+		t.Fatal(err)
+	}
+	r.Request.Namespace = ns
+	body, _ := json.Marshal(&r)
+	return body
 }
 
 // countingBody is a request body of n bytes of a review's padding that counts what is read
@@ -542,7 +620,7 @@ func TestReleaseGated(t *testing.T) {
 			}
 			if tc.wantHow == ReleasePlanned {
 				at, _ := c.st.leftAt("cart.shop", "n1")
-				if c.st.Placed[got.UID] != t0 || at != t0 || c.st.inFlight("owner-cart") >= 0 {
+				if c.st.Placed[got.UID] != t0 || at != t0 || c.st.inFlight("shop", ownerOf("cart")) >= 0 {
 					t.Errorf("a planned release must start the cool-downs and end the move: %+v", c.st)
 				}
 			}

@@ -49,9 +49,13 @@ const (
 type moveRecord struct {
 	recordedMove
 	PodUID types.UID `json:"podUID"`
-	// Owner is the UID of the pod's controller (ReplicaSet, StatefulSet): its replacement is
-	// the next new pod of the same owner.
+	// Owner is the UID of the pod's controller (ReplicaSet, StatefulSet), OwnerKind and
+	// OwnerName its kind and name: the replacement is the next new pod in the move's namespace
+	// whose controller reference names the same kind, name and UID (owns). A UID alone is not
+	// proof: any pod may carry an owner reference with a UID copied from another object.
 	Owner       types.UID `json:"owner"`
+	OwnerKind   string    `json:"ownerKind,omitempty"`
+	OwnerName   string    `json:"ownerName,omitempty"`
 	Requests    resources `json:"requests"`
 	Evicted     time.Time `json:"evicted"`
 	Outcome     string    `json:"outcome,omitempty"`
@@ -97,14 +101,23 @@ func newState() state {
 	return state{Placed: map[types.UID]time.Time{}, Backoff: map[types.UID]backoffState{}}
 }
 
-// inFlight returns the index of the oldest move in flight whose pod the owner controls, or -1.
-func (s *state) inFlight(owner types.UID) int {
+// inFlight returns the index of the oldest move in flight whose replacement a pod in namespace
+// ns controlled by owner would be, or -1.
+func (s *state) inFlight(ns string, owner *metav1.OwnerReference) int {
 	for i := range s.Moves {
-		if s.Moves[i].Outcome == outcomeInFlight && s.Moves[i].Owner == owner {
+		if s.Moves[i].Outcome == outcomeInFlight && s.Moves[i].owns(ns, owner) {
 			return i
 		}
 	}
 	return -1
+}
+
+// owns says whether a pod in namespace ns controlled by owner is of the move's owner: the same
+// namespace, kind, name and UID. A record of a release before kind and name were recorded owns
+// no pod (its replacement is scheduled as any pod).
+func (m *moveRecord) owns(ns string, owner *metav1.OwnerReference) bool {
+	return owner != nil && m.OwnerKind != "" && m.OwnerName != "" && ns == m.Namespace &&
+		owner.UID == m.Owner && owner.Kind == m.OwnerKind && owner.Name == m.OwnerName
 }
 
 // serviceInFlight says whether a move of the service is in flight.
