@@ -20,14 +20,17 @@ import (
 	"go.uber.org/goleak"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
 	testingclock "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/yaml"
 
 	"github.com/edgeflow/edgeflow/internal/kubetest"
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -77,11 +80,14 @@ func started(t *testing.T, cfg Config, objs ...runtime.Object) *Controller {
 		cfg.Selector = "edgeflow.io/managed=true"
 	}
 	cfg.Clock = testingclock.NewFakeClock(t0)
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
 	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.store = stateStore{namespace: "edgeflow", name: DefaultLeaseName + stateSuffix}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); c.Stop() })
 	if err := c.Start(ctx); err != nil {
@@ -623,32 +629,85 @@ func TestReleaseGated(t *testing.T) {
 				if c.st.Placed[got.UID] != t0 || at != t0 || c.st.inFlight("shop", ownerOf("cart")) >= 0 {
 					t.Errorf("a planned release must start the cool-downs and end the move: %+v", c.st)
 				}
+				// The placement is in the state ConfigMap before the pod carries its annotations.
+				written, patched := -1, -1
+				for i, a := range c.cs.(*fake.Clientset).Actions() {
+					switch {
+					case a.GetResource().Resource == "configmaps" && (a.GetVerb() == "create" || a.GetVerb() == "update") && written < 0:
+						written = i
+					case a.GetResource().Resource == "pods" && a.GetVerb() == "patch":
+						patched = i
+					}
+				}
+				if st, err := c.loadState(context.Background()); err != nil || st.Placed[got.UID].IsZero() || written < 0 || written > patched {
+					t.Errorf("the state records the placement %v (%v), written at action %d, the pod patched at %d: want written first",
+						st.Placed, err, written, patched)
+				}
 			}
 		})
 	}
 }
 
 // A replacement released to its node and not bound within the placement timeout is deleted
-// once (its controller recreates it); before the timeout it is left alone.
+// once (its controller recreates it) — if edgeflow placed it: the leader's state, or on a
+// replica that does not lead the state ConfigMap, records it. Before the timeout it is left
+// alone; an unbound pod carrying the annotations that the state does not record (a tenant
+// wrote them on their own pod, or they outlived edgeflow's record) is never deleted, and is
+// logged.
 func TestPlacementTimeout(t *testing.T) {
 	t.Parallel()
-	p := pod("shop", "cart-1", "cart", "", "ReplicaSet", t0.Add(-time.Hour), 500)
-	p.Status = corev1.PodStatus{Phase: corev1.PodPending}
-	p.Annotations = map[string]string{AnnotationPlacedOn: "n2", AnnotationPlacedAt: t0.Add(-DefaultPlacementTimeout + time.Second).Format(time.RFC3339)}
-	c := started(t, Config{}, p)
-	after, err := c.syncPod(context.Background(), discard{}, "shop/cart-1")
-	if err != nil || after <= 0 || after > time.Second {
-		t.Fatalf("before the timeout: look again after %v (%v), want within 1 s", after, err)
-	}
-	c.cfg.Clock.(*testingclock.FakeClock).Step(time.Second)
-	if _, err := c.syncPod(context.Background(), discard{}, "shop/cart-1"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.cs.CoreV1().Pods("shop").Get(context.Background(), "cart-1", metav1.GetOptions{}); err == nil {
-		t.Error("the replacement still exists after the placement timeout")
-	}
-	if v := testutil.ToFloat64(c.metrics.placementFailures); v != 1 {
-		t.Errorf("placement failures %v, want 1", v)
+	for _, tc := range []struct {
+		name             string
+		leading, record  bool
+		wantDeleted      bool
+		wantLogLeftAlone bool
+	}{
+		{"placed by the leader", true, true, true, false},
+		{"placed, seen by a replica that does not lead", false, true, true, false},
+		{"annotated, not placed: the leader", true, false, false, true},
+		{"annotated, not placed: a replica that does not lead", false, false, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := pod("shop", "cart-1", "cart", "", "ReplicaSet", t0.Add(-time.Hour), 500)
+			p.Status = corev1.PodStatus{Phase: corev1.PodPending}
+			p.Annotations = map[string]string{AnnotationPlacedOn: "n2", AnnotationPlacedAt: t0.Add(-DefaultPlacementTimeout + time.Second).Format(time.RFC3339)}
+			var logs testkit.LogBuffer
+			c := started(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, p)
+			// Another pod placed: the state is not empty.
+			c.st.Placed["shop/cart-0"] = t0.Add(-time.Hour)
+			if tc.record {
+				c.st.Placed[p.UID] = t0.Add(-DefaultPlacementTimeout + time.Second)
+			}
+			if err := c.saveState(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if !tc.leading {
+				c.st = newState() // the state of a replica that led before, or never
+			}
+			c.leading = tc.leading
+			after, err := c.syncPod(context.Background(), discard{}, "shop/cart-1")
+			if err != nil || after <= 0 || after > time.Second {
+				t.Fatalf("before the timeout: look again after %v (%v), want within 1 s", after, err)
+			}
+			c.cfg.Clock.(*testingclock.FakeClock).Step(time.Second)
+			if _, err := c.syncPod(context.Background(), discard{}, "shop/cart-1"); err != nil {
+				t.Fatal(err)
+			}
+			_, err = c.cs.CoreV1().Pods("shop").Get(context.Background(), "cart-1", metav1.GetOptions{})
+			if deleted := apierrors.IsNotFound(err); deleted != tc.wantDeleted {
+				t.Errorf("deleted after the placement timeout: %v (%v), want %v", deleted, err, tc.wantDeleted)
+			}
+			want := 0.0
+			if tc.wantDeleted {
+				want = 1
+			}
+			if v := testutil.ToFloat64(c.metrics.placementFailures); v != want {
+				t.Errorf("placement failures %v, want %v", v, want)
+			}
+			if left := strings.Contains(logs.String(), "left alone") && strings.Contains(logs.String(), "pod=shop/cart-1"); left != tc.wantLogLeftAlone {
+				t.Errorf("logged as left alone: %v, want %v; log:\n%s", left, tc.wantLogLeftAlone, logs.String())
+			}
+		})
 	}
 }
 

@@ -90,7 +90,8 @@ type backoffState struct {
 // state is what a leader hands to the next.
 type state struct {
 	Moves []moveRecord `json:"moves,omitempty"`
-	// Placed: replacements placed by a move → when (their cool-down).
+	// Placed: replacements placed by a move → when (their cool-down, and the proof that
+	// edgeflow placed them: only these are deleted past the placement timeout).
 	Placed map[types.UID]time.Time `json:"placed,omitempty"`
 	// Left: (service, node a move left) → when (no move of the service back there).
 	Left    []leftRecord               `json:"left,omitempty"`
@@ -139,17 +140,20 @@ func (s *state) setLeft(service, node string, at time.Time) {
 	s.Left = append(s.Left, leftRecord{service, node, at})
 }
 
-// expire forgets what no rule reads any more: cool-downs and back-offs that are over, moves
-// done longer than a period ago (the per-period limits read the others), and moves in flight
-// whose replacement never came (twice the gate timeout and the placement timeout).
+// expire forgets what no rule reads any more: cool-downs and back-offs that are over (a
+// placement is kept for its placement timeout and a period at least, the proof that edgeflow
+// placed the pod, which syncPlacing reads), moves done longer than a period ago (the per-period
+// limits read the others), and moves in flight whose replacement never came (twice the gate
+// timeout and the placement timeout).
 //
 // A record dated after now (another leader's clock ahead, or a state written by hand) is taken
 // as made now, so it expires as any other instead of never: times are clamped to now, and a
 // back-off to now plus its longest delay, the period.
 func (s *state) expire(now time.Time, cfg *Config) {
 	s.clampFuture(now, cfg)
+	keep := max(cfg.Cooldown, cfg.PlacementTimeout+cfg.Period)
 	for uid, at := range s.Placed {
-		if now.Sub(at) >= cfg.Cooldown {
+		if now.Sub(at) >= keep {
 			delete(s.Placed, uid)
 		}
 	}

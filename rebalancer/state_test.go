@@ -132,6 +132,23 @@ func TestFutureRecordsExpire(t *testing.T) {
 	}
 }
 
+// A placement stays in the state for its placement timeout and a period at least, whatever
+// the cool-down (none, here): it is what lets a replica delete the pod past that timeout.
+func TestPlacementKeptPastItsTimeout(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Cooldown: -1, Period: 5 * time.Second, PlacementTimeout: 15 * time.Second, GateTimeout: time.Minute}
+	st := newState()
+	st.Placed["p1"] = t0
+	st.expire(t0.Add(cfg.PlacementTimeout+time.Second), &cfg)
+	if _, ok := st.Placed["p1"]; !ok {
+		t.Errorf("a placement forgotten %v after it, before its timeout and a period", cfg.PlacementTimeout+time.Second)
+	}
+	st.expire(t0.Add(cfg.PlacementTimeout+cfg.Period), &cfg)
+	if _, ok := st.Placed["p1"]; ok {
+		t.Error("a placement kept past its timeout and a period without a cool-down")
+	}
+}
+
 // A state ConfigMap created beforehand, empty (the Helm chart's: the rebalancer is granted get
 // and update on that name only, no create), reads as an empty state; the first write updates
 // it, never creates, and keeps the labels and annotations it carried.
