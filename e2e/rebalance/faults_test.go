@@ -408,7 +408,9 @@ func TestSingleReplicaNeverEvicted(t *testing.T) {
 }
 
 // uninstall removes the webhook registration, releases every gate edgeflow set (another's
-// gate stays) and removes the rebalancer's state; a second run finds nothing and succeeds.
+// gate stays) and removes the rebalancer's state — by its name in the Lease's namespace, not a
+// tenant's ConfigMaps labelled as the state is, one of them under the state's name; a second
+// run finds nothing and succeeds.
 func TestUninstallReleasesGates(t *testing.T) {
 	t.Parallel()
 	w := badWorld(t)
@@ -432,8 +434,17 @@ func TestUninstallReleasesGates(t *testing.T) {
 	if _, err := w.cs.CoreV1().ConfigMaps("default").Get(w.ctx, rebalancer.DefaultLeaseName+"-state", metav1.GetOptions{}); err != nil {
 		t.Fatalf("the leader left no state: %v", err)
 	}
+	tenants := []string{"tenant-settings", rebalancer.DefaultLeaseName + "-state"}
+	for _, name := range tenants {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+			Labels: map[string]string{rebalancer.ManagedByLabel: rebalancer.ManagedByValue, rebalancer.ComponentLabel: rebalancer.ComponentValue}}}
+		if _, err := w.cs.CoreV1().ConfigMaps(ns).Create(w.ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 
-	res, err := rebalancer.Uninstall(w.ctx, w.cs, rebalancer.UninstallConfig{})
+	lease := rebalancer.UninstallConfig{Namespace: "default", LeaseName: rebalancer.DefaultLeaseName}
+	res, err := rebalancer.Uninstall(w.ctx, w.cs, lease)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -447,6 +458,11 @@ func TestUninstallReleasesGates(t *testing.T) {
 	if _, err := w.cs.CoreV1().ConfigMaps("default").Get(w.ctx, rebalancer.DefaultLeaseName+"-state", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the state is still there (%v)", err)
 	}
+	for _, name := range tenants {
+		if _, err := w.cs.CoreV1().ConfigMaps(ns).Get(w.ctx, name, metav1.GetOptions{}); err != nil {
+			t.Errorf("the tenant's ConfigMap %s/%s, labelled as the state: %v after uninstall, want it kept", ns, name, err)
+		}
+	}
 	p, err := w.cs.CoreV1().Pods(ns).Get(w.ctx, "two-gates", metav1.GetOptions{})
 	if err != nil || len(p.Spec.SchedulingGates) != 1 || p.Spec.SchedulingGates[0].Name != "other.io/gate" {
 		t.Errorf("two-gates: %v, gates %v: want other.io/gate only", err, p.Spec.SchedulingGates)
@@ -457,7 +473,7 @@ func TestUninstallReleasesGates(t *testing.T) {
 	testkit.Eventually(t, 30*time.Second, "every pod running", func() bool {
 		return w.allRunning() && len(w.pods("frontend")) == 3 && len(w.pods("backend")) == 3
 	})
-	again, err := rebalancer.Uninstall(w.ctx, w.cs, rebalancer.UninstallConfig{})
+	again, err := rebalancer.Uninstall(w.ctx, w.cs, lease)
 	if err != nil || again.WebhookRemoved || again.GatesReleased != 0 || len(again.StateRemoved) != 0 {
 		t.Errorf("a second uninstall: %+v, %v: want nothing to do", again, err)
 	}
