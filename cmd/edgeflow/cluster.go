@@ -311,10 +311,10 @@ func (f *clusterFlags) clientConfig() clientcmd.ClientConfig {
 // namespace is kubectl's default namespace for the flags' cluster: the context's, in a pod
 // the pod's own, else "default".
 func (f *clusterFlags) namespace() (string, error) {
-	ns, _, err := f.clientConfig().Namespace()
-	if clientcmd.IsEmptyConfig(err) {
-		return "", usageError{errNoCluster}
+	if _, err := f.restConfig(); err != nil { // its errors name a missing context or cluster
+		return "", err
 	}
+	ns, _, err := f.clientConfig().Namespace()
 	if err != nil {
 		return "", usageError{fmt.Errorf("kubeconfig: %w", err)}
 	}
