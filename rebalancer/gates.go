@@ -23,7 +23,9 @@ import (
 //     affinity at once. A replica that does not lead looks again when the timeout is due.
 //   - A replacement released to its planned node and still not bound PlacementTimeout later is
 //     deleted, once, by any replica: its controller recreates it, ungated (no move awaits it
-//     any more), and the move counts as failed.
+//     any more), and the move counts as failed. Only a pod the state records as placed
+//     (state.Placed, written before the pod is released with its annotations) is deleted:
+//     the annotations alone are anyone's to write on their own pod.
 //   - Every write is one PATCH whose tests pin the pod's UID and what the decision read.
 
 // gateWorker works the gate queue until it is shut down (Run shuts it down when its context
@@ -92,7 +94,7 @@ func (c *Controller) syncGated(ctx context.Context, rec events.EventRecorder, p 
 	leading := c.leading
 	i := -1
 	if leading && owner != nil {
-		i = c.st.inFlight(owner.UID)
+		i = c.st.inFlight(p.Namespace, owner)
 	}
 	var m moveRecord
 	var others []resources // the other moves in flight to the same node
@@ -128,6 +130,16 @@ func (c *Controller) syncGated(ctx context.Context, rec events.EventRecorder, p 
 	if why != "" {
 		how, node = ReleaseNodeUnfit, ""
 	}
+	if how == ReleasePlanned {
+		// Recorded, and the state written, before the pod carries edgeflow's annotations: a
+		// replica deletes a pod past its placement timeout only on this record (syncPlacing).
+		c.mu.Lock()
+		c.st.Placed[p.UID] = now
+		c.mu.Unlock()
+		if err := c.saveState(ctx); err != nil {
+			return 0, err
+		}
+	}
 	if err := c.releaseAs(ctx, p, node, how); err != nil {
 		return 0, err
 	}
@@ -155,13 +167,24 @@ func (c *Controller) syncGated(ctx context.Context, rec events.EventRecorder, p 
 	return 0, nil
 }
 
-// syncPlacing deletes a replacement that its planned node has not taken in PlacementTimeout.
+// syncPlacing deletes a replacement that its planned node has not taken in PlacementTimeout,
+// if edgeflow placed it (placedByEdgeflow); a pod that only carries the annotations is left
+// alone, and logged.
 func (c *Controller) syncPlacing(ctx context.Context, rec events.EventRecorder, p *corev1.Pod, now time.Time) (time.Duration, error) {
 	at := placedAt(p)
 	if wait := at.Add(c.cfg.PlacementTimeout).Sub(now); wait > 0 {
 		return wait, nil
 	}
-	err := c.cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}})
+	ours, err := c.placedByEdgeflow(ctx, p.UID)
+	if err != nil {
+		return 0, err
+	}
+	if !ours {
+		c.log.Warn("rebalancer: a pod annotated as placed by edgeflow, which the state does not record as placed: left alone",
+			"pod", p.Namespace+"/"+p.Name, "uid", p.UID, "placed_at", p.Annotations[AnnotationPlacedAt])
+		return 0, nil
+	}
+	err = c.cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return 0, nil // gone already, or another replica deleted it
 	}
@@ -182,6 +205,26 @@ func (c *Controller) syncPlacing(ctx context.Context, rec events.EventRecorder, 
 	c.mu.Unlock()
 	c.markDirty()
 	return 0, nil
+}
+
+// placedByEdgeflow says whether the state records the pod uid as placed by a move: the
+// leader's own state, or, on a replica that does not lead, the state ConfigMap as the leader
+// wrote it (one read). Only edgeflow's account writes that ConfigMap (the chart grants its
+// update by name, to nobody else).
+func (c *Controller) placedByEdgeflow(ctx context.Context, uid types.UID) (bool, error) {
+	c.mu.Lock()
+	leading := c.leading
+	_, ok := c.st.Placed[uid]
+	c.mu.Unlock()
+	if leading {
+		return ok, nil
+	}
+	st, err := c.loadState(ctx)
+	if err != nil {
+		return false, err
+	}
+	_, ok = st.Placed[uid]
+	return ok, nil
 }
 
 // find returns the index of the move of the pod uid evicted at, or -1.

@@ -350,7 +350,8 @@ func (c *Controller) act(ctx context.Context, r *Report, rec events.EventRecorde
 			m.Action, m.Reason = ActionSkip, ReasonGone
 			continue
 		}
-		c.st.Moves = append(c.st.Moves, moveRecord{recordedMove: recordedMove(*m), PodUID: pod.UID, Owner: owner.UID,
+		c.st.Moves = append(c.st.Moves, moveRecord{recordedMove: recordedMove(*m), PodUID: pod.UID,
+			Owner: owner.UID, OwnerKind: owner.Kind, OwnerName: owner.Name,
 			Requests: podRequests(pod), Evicted: now})
 		todo = append(todo, chosen{m, pod})
 	}
@@ -405,7 +406,8 @@ func (c *Controller) act(ctx context.Context, r *Report, rec events.EventRecorde
 }
 
 // expects says whether the webhook gates the pod: this replica leads and a move of the pod's
-// owner is in flight (the pod replaces the pod that move evicted).
+// owner (namespace, kind, name and UID) is in flight (the pod replaces the pod that move
+// evicted).
 func (c *Controller) expects(p *corev1.Pod) bool {
 	owner := metav1.GetControllerOf(p)
 	if owner == nil {
@@ -413,5 +415,5 @@ func (c *Controller) expects(p *corev1.Pod) bool {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.leading && c.st.inFlight(owner.UID) >= 0
+	return c.leading && c.st.inFlight(p.Namespace, owner) >= 0
 }

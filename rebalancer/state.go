@@ -49,9 +49,13 @@ const (
 type moveRecord struct {
 	recordedMove
 	PodUID types.UID `json:"podUID"`
-	// Owner is the UID of the pod's controller (ReplicaSet, StatefulSet): its replacement is
-	// the next new pod of the same owner.
+	// Owner is the UID of the pod's controller (ReplicaSet, StatefulSet), OwnerKind and
+	// OwnerName its kind and name: the replacement is the next new pod in the move's namespace
+	// whose controller reference names the same kind, name and UID (owns). A UID alone is not
+	// proof: any pod may carry an owner reference with a UID copied from another object.
 	Owner       types.UID `json:"owner"`
+	OwnerKind   string    `json:"ownerKind,omitempty"`
+	OwnerName   string    `json:"ownerName,omitempty"`
 	Requests    resources `json:"requests"`
 	Evicted     time.Time `json:"evicted"`
 	Outcome     string    `json:"outcome,omitempty"`
@@ -86,7 +90,8 @@ type backoffState struct {
 // state is what a leader hands to the next.
 type state struct {
 	Moves []moveRecord `json:"moves,omitempty"`
-	// Placed: replacements placed by a move → when (their cool-down).
+	// Placed: replacements placed by a move → when (their cool-down, and the proof that
+	// edgeflow placed them: only these are deleted past the placement timeout).
 	Placed map[types.UID]time.Time `json:"placed,omitempty"`
 	// Left: (service, node a move left) → when (no move of the service back there).
 	Left    []leftRecord               `json:"left,omitempty"`
@@ -97,14 +102,23 @@ func newState() state {
 	return state{Placed: map[types.UID]time.Time{}, Backoff: map[types.UID]backoffState{}}
 }
 
-// inFlight returns the index of the oldest move in flight whose pod the owner controls, or -1.
-func (s *state) inFlight(owner types.UID) int {
+// inFlight returns the index of the oldest move in flight whose replacement a pod in namespace
+// ns controlled by owner would be, or -1.
+func (s *state) inFlight(ns string, owner *metav1.OwnerReference) int {
 	for i := range s.Moves {
-		if s.Moves[i].Outcome == outcomeInFlight && s.Moves[i].Owner == owner {
+		if s.Moves[i].Outcome == outcomeInFlight && s.Moves[i].owns(ns, owner) {
 			return i
 		}
 	}
 	return -1
+}
+
+// owns says whether a pod in namespace ns controlled by owner is of the move's owner: the same
+// namespace, kind, name and UID. A record of a release before kind and name were recorded owns
+// no pod (its replacement is scheduled as any pod).
+func (m *moveRecord) owns(ns string, owner *metav1.OwnerReference) bool {
+	return owner != nil && m.OwnerKind != "" && m.OwnerName != "" && ns == m.Namespace &&
+		owner.UID == m.Owner && owner.Kind == m.OwnerKind && owner.Name == m.OwnerName
 }
 
 // serviceInFlight says whether a move of the service is in flight.
@@ -126,17 +140,20 @@ func (s *state) setLeft(service, node string, at time.Time) {
 	s.Left = append(s.Left, leftRecord{service, node, at})
 }
 
-// expire forgets what no rule reads any more: cool-downs and back-offs that are over, moves
-// done longer than a period ago (the per-period limits read the others), and moves in flight
-// whose replacement never came (twice the gate timeout and the placement timeout).
+// expire forgets what no rule reads any more: cool-downs and back-offs that are over (a
+// placement is kept for its placement timeout and a period at least, the proof that edgeflow
+// placed the pod, which syncPlacing reads), moves done longer than a period ago (the per-period
+// limits read the others), and moves in flight whose replacement never came (twice the gate
+// timeout and the placement timeout).
 //
 // A record dated after now (another leader's clock ahead, or a state written by hand) is taken
 // as made now, so it expires as any other instead of never: times are clamped to now, and a
 // back-off to now plus its longest delay, the period.
 func (s *state) expire(now time.Time, cfg *Config) {
 	s.clampFuture(now, cfg)
+	keep := max(cfg.Cooldown, cfg.PlacementTimeout+cfg.Period)
 	for uid, at := range s.Placed {
-		if now.Sub(at) >= cfg.Cooldown {
+		if now.Sub(at) >= keep {
 			delete(s.Placed, uid)
 		}
 	}

@@ -39,7 +39,7 @@ func TestStateHandover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if i := got.inFlight("owner-cart"); i < 0 || got.Moves[i].To != "n2" || !got.Moves[i].Evicted.Equal(t0) {
+	if i := got.inFlight("shop", ownerOf("cart")); i < 0 || got.Moves[i].To != "n2" || !got.Moves[i].Evicted.Equal(t0) {
 		t.Errorf("moves %+v: want cart's move to n2 in flight", got.Moves)
 	}
 	if at, ok := got.leftAt("cart.shop", "n1"); !ok || !at.Equal(t0) || !got.Placed[types.UID("shop/cart-9")].Equal(t0) ||
@@ -62,12 +62,13 @@ func TestStateHandover(t *testing.T) {
 }
 
 // The state's keys are those of its first release, whatever the printed keys of a Move: a leader
-// reads the records of the one before it across an upgrade (and a downgrade).
+// reads the records of the one before it across an upgrade (and a downgrade). ownerKind and
+// ownerName came later: a first release's record, without them, owns no pod.
 func TestStateKeys(t *testing.T) {
 	t.Parallel()
 	m := Move{Namespace: "shop", Service: "cart.shop", Pod: "cart-0", From: "n1", To: "n2", CostAfter: 12.5,
 		Action: ActionEvict, Reason: "r"}
-	st := state{Moves: []moveRecord{{recordedMove: recordedMove(m), PodUID: "uid", Owner: "owner",
+	st := state{Moves: []moveRecord{{recordedMove: recordedMove(m), PodUID: "uid", Owner: "owner", OwnerKind: "ReplicaSet", OwnerName: "cart-7d9f",
 		Requests: resources{corev1.ResourceCPU: 100}, Evicted: t0, Outcome: outcomePlaced, Replacement: "uid-2"}}}
 	data, err := json.Marshal(&st)
 	if err != nil {
@@ -82,8 +83,8 @@ func TestStateKeys(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	want := []string{"action", "costAfter", "evicted", "from", "namespace", "outcome", "owner", "pod", "podUID",
-		"reason", "replacement", "requests", "service", "to"}
+	want := []string{"action", "costAfter", "evicted", "from", "namespace", "outcome", "owner", "ownerKind", "ownerName",
+		"pod", "podUID", "reason", "replacement", "requests", "service", "to"}
 	if !slices.Equal(keys, want) {
 		t.Errorf("a move record's keys are %q, want %q (the state's since its first release)", keys, want)
 	}
@@ -99,6 +100,9 @@ func TestStateKeys(t *testing.T) {
 	if r := old.Moves[0]; Move(r.recordedMove) != (Move{Namespace: "shop", Service: "cart.shop", Pod: "cart-0",
 		From: "n1", To: "n2", CostAfter: 12.5, Action: ActionEvict}) || r.PodUID != "uid" || r.Requests[corev1.ResourceCPU] != 100 {
 		t.Errorf("the first release's record read as %+v", r)
+	}
+	if old.Moves[0].owns("shop", &metav1.OwnerReference{Kind: "ReplicaSet", Name: "cart-7d9f", UID: "owner"}) {
+		t.Error("a record without the owner's kind and name owns a pod by its UID alone")
 	}
 }
 
@@ -125,6 +129,23 @@ func TestFutureRecordsExpire(t *testing.T) {
 	st.expire(later, &cfg)
 	if len(st.Placed) != 0 || len(st.Left) != 0 || len(st.Backoff) != 0 || len(st.Moves) != 0 {
 		t.Errorf("records dated %v still there at %v: %+v", future, later, st)
+	}
+}
+
+// A placement stays in the state for its placement timeout and a period at least, whatever
+// the cool-down (none, here): it is what lets a replica delete the pod past that timeout.
+func TestPlacementKeptPastItsTimeout(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Cooldown: -1, Period: 5 * time.Second, PlacementTimeout: 15 * time.Second, GateTimeout: time.Minute}
+	st := newState()
+	st.Placed["p1"] = t0
+	st.expire(t0.Add(cfg.PlacementTimeout+time.Second), &cfg)
+	if _, ok := st.Placed["p1"]; !ok {
+		t.Errorf("a placement forgotten %v after it, before its timeout and a period", cfg.PlacementTimeout+time.Second)
+	}
+	st.expire(t0.Add(cfg.PlacementTimeout+cfg.Period), &cfg)
+	if _, ok := st.Placed["p1"]; ok {
+		t.Error("a placement kept past its timeout and a period without a cool-down")
 	}
 }
 
@@ -165,7 +186,7 @@ func TestStateInAConfigMapCreatedBeforehand(t *testing.T) {
 		t.Errorf("annotations (-chart's +after the write):\n%s", diff)
 	}
 	b := &Controller{cs: a.cs, store: stateStore{namespace: "edgeflow", name: name}}
-	if st, err := b.loadState(ctx); err != nil || st.inFlight("owner-cart") < 0 {
+	if st, err := b.loadState(ctx); err != nil || st.inFlight("shop", ownerOf("cart")) < 0 {
 		t.Errorf("the next leader reads %+v, %v; want cart's move in flight", st.Moves, err)
 	}
 }

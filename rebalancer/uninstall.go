@@ -21,8 +21,13 @@ type UninstallResult struct {
 	GatesReleased int
 	// Gated lists those pods (NAMESPACE/NAME).
 	Gated []string
-	// StateRemoved lists the state ConfigMaps deleted (NAMESPACE/NAME).
+	// StateRemoved lists the state ConfigMap deleted (NAMESPACE/NAME), if any.
 	StateRemoved []string
+	// StateKept names the ConfigMap where the state would be (NAMESPACE/NAME) when it exists
+	// without edgeflow's labels: left alone.
+	StateKept string
+	// StateMissing names the ConfigMap where the state would be when there is none.
+	StateMissing string
 }
 
 // UninstallConfig configures Uninstall.
@@ -30,13 +35,19 @@ type UninstallConfig struct {
 	// DryRun: find what Uninstall would remove and change nothing (the result says what it
 	// found: WebhookRemoved for an edgeflow registration present, the gated pods, the state).
 	DryRun bool
+	// Namespace and LeaseName are the rebalancer's Lease's (rebalance --lease-namespace and
+	// --lease-name; the chart's release namespace and rebalancer.leaseName): the state is the
+	// ConfigMap LeaseName-state there (LeaseName empty: DefaultLeaseName). Namespace empty:
+	// no state is removed.
+	Namespace, LeaseName string
 }
 
 // Uninstall removes what the rebalancer put in the cluster, in an order that leaves no pod
 // waiting: the webhook registration first (when edgeflow's: labelled ManagedByLabel), so that
 // no new pod is gated; then edgeflow's gate on every pod of the cluster (one PATCH each, the
-// pod's other gates kept); then the state ConfigMaps (labelled ManagedByLabel and
-// ComponentLabel, in every namespace). It is idempotent: a second run finds nothing and
+// pod's other gates kept); then the state ConfigMap, by its name in the Lease's namespace
+// (cfg), and only if it carries the labels the rebalancer writes on it (ManagedByLabel and
+// ComponentLabel): never another ConfigMap, labelled or not. It is idempotent: a second run finds nothing and
 // succeeds. Stop the rebalancer first, or its leader may gate a replacement meanwhile (a gate
 // it set is lifted within its gate timeout in any case). With cfg.DryRun it only reads.
 func Uninstall(ctx context.Context, cs kubernetes.Interface, cfg UninstallConfig) (UninstallResult, error) {
@@ -95,22 +106,32 @@ func Uninstall(ctx context.Context, cs kubernetes.Interface, cfg UninstallConfig
 		opts.Continue = pods.Continue
 	}
 
-	sel := ManagedByLabel + "=" + ManagedByValue + "," + ComponentLabel + "=" + ComponentValue
-	cms, err := cs.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{LabelSelector: sel})
-	if err != nil {
-		return res, fmt.Errorf("rebalancer: uninstall: listing the state ConfigMaps: %w", err)
+	if cfg.Namespace == "" {
+		return res, nil
 	}
-	for _, cm := range cms.Items {
-		if cfg.DryRun {
-			res.StateRemoved = append(res.StateRemoved, cm.Namespace+"/"+cm.Name)
-			continue
-		}
-		err := cs.CoreV1().ConfigMaps(cm.Namespace).Delete(ctx, cm.Name, metav1.DeleteOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			return res, fmt.Errorf("rebalancer: uninstall: deleting the state %s/%s: %w", cm.Namespace, cm.Name, err)
+	name := cfg.LeaseName
+	if name == "" {
+		name = DefaultLeaseName
+	}
+	name += stateSuffix
+	ref := cfg.Namespace + "/" + name
+	cm, err := cs.CoreV1().ConfigMaps(cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		res.StateMissing = ref
+	case err != nil:
+		return res, fmt.Errorf("rebalancer: uninstall: reading the state %s: %w", ref, err)
+	case cm.Labels[ManagedByLabel] != ManagedByValue || cm.Labels[ComponentLabel] != ComponentValue:
+		res.StateKept = ref
+	case cfg.DryRun:
+		res.StateRemoved = append(res.StateRemoved, ref)
+	default:
+		err := cs.CoreV1().ConfigMaps(cfg.Namespace).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &cm.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return res, fmt.Errorf("rebalancer: uninstall: deleting the state %s: %w", ref, err)
 		}
 		if err == nil {
-			res.StateRemoved = append(res.StateRemoved, cm.Namespace+"/"+cm.Name)
+			res.StateRemoved = append(res.StateRemoved, ref)
 		}
 	}
 	return res, nil

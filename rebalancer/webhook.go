@@ -30,12 +30,19 @@ const WebhookName = "placement.edgeflow.io"
 
 // Webhook bounds.
 const (
-	// MaxReviewBytes bounds an AdmissionReview's body; a larger one gets 413. The API server
-	// sends at most its own request limit (3 MiB by default) plus the review's envelope.
+	// MaxReviewBytes bounds an AdmissionReview's body; a larger one gets 413, refused unread
+	// when its Content-Length says so. The API server's own limit for a request body is 3 MiB
+	// (k8s.io/apiserver server.Config MaxRequestBodyBytes), and a review of a pod CREATE
+	// carries the pod once.
 	MaxReviewBytes = 3 << 20
-	// maxConcurrentReviews bounds the reviews answered at once; the rest wait (the API server
-	// gives up after the registration's 5 s, and failurePolicy Ignore admits the pod ungated).
-	maxConcurrentReviews = 64
+	// maxConcurrentReviews bounds the reviews read and answered at once. One more is answered
+	// at once 429 with Retry-After: 1, its body unread: the API server's webhook client
+	// (client-go's rest.Request) retries it after that second, within the registration's 5 s;
+	// past them failurePolicy Ignore admits the pod ungated. A review holds its body, the
+	// pod's copy the decoded review keeps and the decoded pod — about 3 × MaxReviewBytes at
+	// most — so 8 of them stay under 100 MiB, a fifth of the chart's 512 MiB memory limit
+	// (TestWebhookMemoryBound measures it).
+	maxConcurrentReviews = 8
 )
 
 // Webhook returns the mutating admission webhook (AdmissionReview admission.k8s.io/v1 about
@@ -43,7 +50,8 @@ const (
 // this replica leads and a move of the pod's owner is in flight: the pod is that move's
 // replacement. Every other pod is admitted unchanged: with no leader, nothing is gated. A body
 // over MaxReviewBytes gets 413; a review of another group, version or kind, or about another
-// resource, is refused (400), never answered allowed. The informers must have synced (Start)
+// resource, is refused (400), never answered allowed. At most maxConcurrentReviews are read
+// and answered at once; one more gets 429 with Retry-After, unread. The informers must have synced (Start)
 // before it is served. It answers every review itself: ServeWebhook forwards a follower's
 // reviews to the leader (Config.LeaderWebhook).
 func (c *Controller) Webhook() http.Handler { return c.webhook(nil) }
@@ -78,14 +86,19 @@ func (c *Controller) webhook(fwd *forwarder) http.Handler {
 			http.Error(w, "POST an AdmissionReview", http.StatusMethodNotAllowed)
 			return
 		}
+		if r.ContentLength > MaxReviewBytes {
+			http.Error(w, fmt.Sprintf("an AdmissionReview is at most %d bytes, not %d", MaxReviewBytes, r.ContentLength), http.StatusRequestEntityTooLarge)
+			return
+		}
 		select {
 		case slots <- struct{}{}:
 			defer func() { <-slots }()
-		case <-r.Context().Done():
-			http.Error(w, "busy", http.StatusServiceUnavailable)
+		default:
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, fmt.Sprintf("busy: %d reviews in flight, retry", maxConcurrentReviews), http.StatusTooManyRequests)
 			return
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxReviewBytes))
+		body, err := readReview(w, r)
 		if err != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) {
@@ -120,6 +133,21 @@ func (c *Controller) webhook(fwd *forwarder) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(&review)
 	})
+}
+
+// readReview reads a review's body, at most MaxReviewBytes: into one buffer of its
+// Content-Length when it has one (already checked against the bound), else growing up to the
+// bound.
+func readReview(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body := http.MaxBytesReader(w, r.Body, MaxReviewBytes)
+	if r.ContentLength < 0 {
+		return io.ReadAll(body)
+	}
+	buf := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(body, buf); err != nil {
+		return nil, fmt.Errorf("reading the review: %w", err)
+	}
+	return buf, nil
 }
 
 // forward sends a review (body, as received) to the leader's webhook and returns the leader's

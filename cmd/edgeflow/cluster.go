@@ -291,9 +291,7 @@ var errNoCluster = errors.New("no cluster: give --kubeconfig, set $KUBECONFIG, w
 // of $KUBECONFIG, else ~/.kube/config, else, in a pod, the in-cluster config; --context picks
 // the context (default: the current-context).
 func (f *clusterFlags) restConfig() (*rest.Config, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = f.kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: f.context}).ClientConfig()
+	cfg, err := f.clientConfig().ClientConfig()
 	if clientcmd.IsEmptyConfig(err) {
 		return nil, usageError{errNoCluster}
 	}
@@ -301,6 +299,26 @@ func (f *clusterFlags) restConfig() (*rest.Config, error) {
 		return nil, usageError{fmt.Errorf("kubeconfig: %w", err)}
 	}
 	return f.limited(cfg)
+}
+
+// clientConfig is kubectl's client configuration for the flags (restConfig).
+func (f *clusterFlags) clientConfig() clientcmd.ClientConfig {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = f.kubeconfig
+	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: f.context})
+}
+
+// namespace is kubectl's default namespace for the flags' cluster: the context's, in a pod
+// the pod's own, else "default".
+func (f *clusterFlags) namespace() (string, error) {
+	if _, err := f.restConfig(); err != nil { // its errors name a missing context or cluster
+		return "", err
+	}
+	ns, _, err := f.clientConfig().Namespace()
+	if err != nil {
+		return "", usageError{fmt.Errorf("kubeconfig: %w", err)}
+	}
+	return ns, nil
 }
 
 // limited applies --kube-qps and --kube-burst (their defaults when not registered) and names

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/xds/istio"
 )
 
@@ -36,6 +37,8 @@ type uninstallOptions struct {
 	dryRun  bool
 	only    []string
 	stop    string // NAMESPACE/NAME of a Deployment to scale to zero first
+	// the rebalancer's Lease, whose name-state ConfigMap is its state
+	leaseNamespace, leaseName string
 }
 
 // parts is the set --only selects (every part without it).
@@ -60,11 +63,12 @@ func (o *uninstallOptions) parts() (map[string]bool, error) {
 func newUninstallCommand() *cobra.Command {
 	var o uninstallOptions
 	cmd := &cobra.Command{
-		Use:   "uninstall [--dry-run] [--only PARTS] [--stop-deployment NS/NAME] [--kubeconfig PATH] [--context NAME] [--istio-namespace NS]",
+		Use:   "uninstall [--dry-run] [--only PARTS] [--stop-deployment NS/NAME] [--kubeconfig PATH] [--context NAME] [--istio-namespace NS] [--lease-namespace NS]",
 		Short: "Remove everything edgeflow wrote into the cluster (--dry-run: list it)",
 		Long: "uninstall removes what edgeflow wrote into the cluster, part by part (--only selects parts; default all):\n" +
 			"  rebalancer       the placement webhook's registration (when edgeflow's), the edgeflow.io/placement\n" +
-			"                   scheduling gate on every pod (other gates stay), the rebalancer's state ConfigMaps\n" +
+			"                   scheduling gate on every pod (other gates stay), the rebalancer's state: the ConfigMap\n" +
+			"                   LEASE-NAME-state in --lease-namespace, only if labelled as the rebalancer labels it\n" +
 			"  envoyfilter      the EnvoyFilters in --istio-namespace, then the " + istio.BootstrapConfigMapName + " ConfigMaps in every namespace\n" +
 			"  destinationrule  the DestinationRules in every namespace\n" +
 			"  istio            envoyfilter and destinationrule\n" +
@@ -88,6 +92,8 @@ func newUninstallCommand() *cobra.Command {
 	dryRunVar(cmd, &o.dryRun, "dry-run", false, "client (also the bare flag): list what would be removed, change nothing; none (the default): remove it")
 	fl.StringSliceVar(&o.only, "only", nil, "remove only these parts: "+strings.Join(uninstallParts, ", ")+", "+partIstio+" (default: all)")
 	fl.StringVar(&o.stop, "stop-deployment", "", "NAMESPACE/NAME: first scale this Deployment (edgeflow serve) to zero replicas and wait until its pods are gone")
+	fl.StringVar(&o.leaseNamespace, "lease-namespace", "", "the rebalancer's: namespace of its Lease and state ConfigMap, as given to rebalance or serve (default: the kubeconfig context's namespace; in a pod its own)")
+	fl.StringVar(&o.leaseName, "lease-name", rebalancer.DefaultLeaseName, "the rebalancer's: name of its Lease; its state is the ConfigMap NAME-state")
 	return cmd
 }
 
@@ -115,7 +121,14 @@ func (o *uninstallOptions) run(cmd *cobra.Command) error {
 	}
 	// The rebalancer first: its webhook registration, its gates, its state.
 	if parts[partRebalancer] {
-		if err := uninstallRebalancer(ctx, out, &o.cf, o.dryRun); err != nil {
+		ns := o.leaseNamespace
+		if ns == "" {
+			if ns, err = o.cf.namespace(); err != nil {
+				return err
+			}
+		}
+		cfg := rebalancer.UninstallConfig{DryRun: o.dryRun, Namespace: ns, LeaseName: o.leaseName}
+		if err := uninstallRebalancer(ctx, out, &o.cf, cfg); err != nil {
 			return err
 		}
 	}

@@ -154,8 +154,29 @@ func (w *offWorld) writeAsServe(t *testing.T, act, envoyFilter, destinationRule 
 	return gated
 }
 
+// tenantsConfigMaps are a tenant's ConfigMaps in the application's namespace, labelled as the
+// rebalancer labels its state (one under the state's own name): not edgeflow's, whatever
+// their labels, and never deleted by uninstall.
+var tenantsConfigMaps = []string{"tenant-settings", "edgeflow-rebalancer-state"}
+
+// tenantConfigMaps creates tenantsConfigMaps.
+func (w *offWorld) tenantConfigMaps(t *testing.T) {
+	for _, name := range tenantsConfigMaps {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appNS,
+			Labels: map[string]string{rebalancer.ManagedByLabel: rebalancer.ManagedByValue, rebalancer.ComponentLabel: rebalancer.ComponentValue}},
+			Data: map[string]string{"state.json": "{}"}}
+		if _, err := w.c.Client.CoreV1().ConfigMaps(appNS).Create(w.ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = w.c.Client.CoreV1().ConfigMaps(appNS).Delete(context.Background(), name, metav1.DeleteOptions{})
+		})
+	}
+}
+
 // edgeflowsObjects lists what of edgeflow's is in the cluster: its labelled objects of every
-// kind it writes, the webhook registration, and pods carrying its gate.
+// kind it writes (the tenant's ConfigMaps aside), the webhook registration, and pods carrying
+// its gate.
 func (w *offWorld) edgeflowsObjects(t *testing.T) []string {
 	ctx, cs := w.ctx, w.c.Client
 	sel := metav1.ListOptions{LabelSelector: istio.ManagedByLabel + "=" + istio.ManagedByValue}
@@ -165,6 +186,9 @@ func (w *offWorld) edgeflowsObjects(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	for _, o := range cms.Items {
+		if o.Namespace == appNS && slices.Contains(tenantsConfigMaps, o.Name) {
+			continue
+		}
 		out = append(out, "ConfigMap "+o.Namespace+"/"+o.Name)
 	}
 	efs, err := w.ic.NetworkingV1alpha3().EnvoyFilters("").List(ctx, sel)
@@ -309,6 +333,7 @@ func (w *offWorld) helmUninstall(t *testing.T) {
 	})
 	// edgeflow ran in the envoyfilter mode before this one, and in this one.
 	gated := w.writeAsServe(t, true, true, true)
+	w.tenantConfigMaps(t)
 	written := w.edgeflowsObjects(t)
 	t.Logf("edgeflow's objects: %v", written)
 	if len(written) != 7 {
@@ -330,6 +355,11 @@ func (w *offWorld) helmUninstall(t *testing.T) {
 	if got := w.edgeflowsObjects(t); !slices.Equal(got, written) {
 		t.Errorf("uninstall --dry-run changed edgeflow's objects: %v, was %v", got, written)
 	}
+	for _, name := range tenantsConfigMaps {
+		if strings.Contains(dry, appNS+"/"+name) {
+			t.Errorf("uninstall --dry-run lists the tenant's ConfigMap %s/%s", appNS, name)
+		}
+	}
 	if s, err := cs.AppsV1().Deployments(namespace).GetScale(ctx, release, metav1.GetOptions{}); err != nil || s.Spec.Replicas != 2 {
 		t.Errorf("uninstall --dry-run scaled edgeflow: %v %v", s, err)
 	}
@@ -339,6 +369,16 @@ func (w *offWorld) helmUninstall(t *testing.T) {
 	}
 	if left := w.edgeflowsObjects(t); len(left) > 0 {
 		t.Errorf("left of edgeflow's after the pre-delete hook: %v", left)
+	}
+	for _, name := range tenantsConfigMaps {
+		if _, err := cs.CoreV1().ConfigMaps(appNS).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Errorf("the tenant's ConfigMap %s/%s, labelled as the rebalancer's state, after edgeflow uninstall: %v", appNS, name, err)
+		}
+	}
+	for _, name := range tenantsConfigMaps { // the tenant's to remove
+		if err := cs.CoreV1().ConfigMaps(appNS).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	p, err := cs.CoreV1().Pods(appNS).Get(ctx, gated, metav1.GetOptions{})
 	if err != nil || len(p.Spec.SchedulingGates) != 0 {
@@ -460,7 +500,7 @@ func (c *client) upgrade(ctx context.Context, prev, next []*unstructured.Unstruc
 // needs, and no other.
 var uninstallPartGrants = map[string][]string{
 	"rebalancer": {"admissionregistration.k8s.io/mutatingwebhookconfigurations get", "admissionregistration.k8s.io/mutatingwebhookconfigurations delete",
-		"/pods list", "/pods patch", "/configmaps list", "/configmaps delete"},
+		"/pods list", "/pods patch", "/configmaps get", "/configmaps delete"},
 	"envoyfilter":     {"networking.istio.io/envoyfilters list", "networking.istio.io/envoyfilters delete", "/configmaps list", "/configmaps delete"},
 	"destinationrule": {"networking.istio.io/destinationrules list", "networking.istio.io/destinationrules delete"},
 	"stop":            {"apps/deployments/scale get", "apps/deployments/scale update"},

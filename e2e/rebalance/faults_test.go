@@ -104,7 +104,8 @@ func TestNoLeaderNothingGated(t *testing.T) {
 // node_unschedulable. After the replacement was released to it (kube-scheduler stopped
 // meanwhile, so that it cannot bind first): it stays Pending, is deleted once at
 // --placement-timeout, and its ReplicaSet recreates it ungated elsewhere. No pod stays Pending
-// past the timeout (+ 10 s).
+// past the timeout (+ 10 s). A tenant's unbound pod carrying edgeflow's placement annotations,
+// which edgeflow never placed, is never deleted.
 func TestTaintedTargetNeverPending(t *testing.T) {
 	t.Parallel()
 	w := badWorld(t)
@@ -149,6 +150,7 @@ func TestTaintedTargetNeverPending(t *testing.T) {
 	if err := w.cluster.Stop("kube-scheduler"); err != nil {
 		t.Fatal(err)
 	}
+	forged := w.forgedPlacement()
 	b, regB := w.controller(rebalancer.Config{Identity: "b", MaxMoves: 1, Period: 5 * time.Second, PlacementTimeout: placementTimeout})
 	w.serveAt(b, addr, certFile, keyFile)
 	w.start(b, "b")
@@ -189,7 +191,34 @@ func TestTaintedTargetNeverPending(t *testing.T) {
 			t.Errorf("pod %s Pending %v: past --placement-timeout + 10 s", l.name, d.Round(time.Millisecond))
 		}
 	}
+	// Past the timeout of its annotations from b's start, and of the real replacement's.
+	p, err := w.cs.CoreV1().Pods(forged.Namespace).Get(w.ctx, forged.Name, metav1.GetOptions{})
+	if err != nil || p.UID != forged.UID || p.DeletionTimestamp != nil {
+		t.Errorf("the tenant's pod annotated %s, never placed by edgeflow: %v, deleting at %v; want it left alone",
+			rebalancer.AnnotationPlacedAt, err, p.DeletionTimestamp)
+	}
 	reportWaits(t, tr, "planned node cordoned after the release")
+}
+
+// forgedPlacement creates, in a tenant's namespace, an unbound pod that carries edgeflow's
+// placement annotations (placed an hour ago, so past any placement timeout) and a node
+// selector no node matches: a pod edgeflow never placed, and Pending for good.
+func (w *world) forgedPlacement() *corev1.Pod {
+	const tenant = "tenant"
+	_, err := w.cs.CoreV1().Namespaces().Create(w.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		w.t.Fatal(err)
+	}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "forged", Namespace: tenant,
+		Annotations: map[string]string{rebalancer.AnnotationPlacedOn: "n1",
+			rebalancer.AnnotationPlacedAt: time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)}},
+		Spec: corev1.PodSpec{NodeSelector: map[string]string{"no-such": "node"},
+			Containers: []corev1.Container{{Name: "app", Image: "app"}}}}
+	p, err = w.cs.CoreV1().Pods(tenant).Create(w.ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return p
 }
 
 // taint sets (or, with nil, removes) the node's "dedicated" taint.
@@ -379,7 +408,9 @@ func TestSingleReplicaNeverEvicted(t *testing.T) {
 }
 
 // uninstall removes the webhook registration, releases every gate edgeflow set (another's
-// gate stays) and removes the rebalancer's state; a second run finds nothing and succeeds.
+// gate stays) and removes the rebalancer's state — by its name in the Lease's namespace, not a
+// tenant's ConfigMaps labelled as the state is, one of them under the state's name; a second
+// run finds nothing and succeeds.
 func TestUninstallReleasesGates(t *testing.T) {
 	t.Parallel()
 	w := badWorld(t)
@@ -403,8 +434,17 @@ func TestUninstallReleasesGates(t *testing.T) {
 	if _, err := w.cs.CoreV1().ConfigMaps("default").Get(w.ctx, rebalancer.DefaultLeaseName+"-state", metav1.GetOptions{}); err != nil {
 		t.Fatalf("the leader left no state: %v", err)
 	}
+	tenants := []string{"tenant-settings", rebalancer.DefaultLeaseName + "-state"}
+	for _, name := range tenants {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+			Labels: map[string]string{rebalancer.ManagedByLabel: rebalancer.ManagedByValue, rebalancer.ComponentLabel: rebalancer.ComponentValue}}}
+		if _, err := w.cs.CoreV1().ConfigMaps(ns).Create(w.ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 
-	res, err := rebalancer.Uninstall(w.ctx, w.cs, rebalancer.UninstallConfig{})
+	lease := rebalancer.UninstallConfig{Namespace: "default", LeaseName: rebalancer.DefaultLeaseName}
+	res, err := rebalancer.Uninstall(w.ctx, w.cs, lease)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,6 +458,11 @@ func TestUninstallReleasesGates(t *testing.T) {
 	if _, err := w.cs.CoreV1().ConfigMaps("default").Get(w.ctx, rebalancer.DefaultLeaseName+"-state", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the state is still there (%v)", err)
 	}
+	for _, name := range tenants {
+		if _, err := w.cs.CoreV1().ConfigMaps(ns).Get(w.ctx, name, metav1.GetOptions{}); err != nil {
+			t.Errorf("the tenant's ConfigMap %s/%s, labelled as the state: %v after uninstall, want it kept", ns, name, err)
+		}
+	}
 	p, err := w.cs.CoreV1().Pods(ns).Get(w.ctx, "two-gates", metav1.GetOptions{})
 	if err != nil || len(p.Spec.SchedulingGates) != 1 || p.Spec.SchedulingGates[0].Name != "other.io/gate" {
 		t.Errorf("two-gates: %v, gates %v: want other.io/gate only", err, p.Spec.SchedulingGates)
@@ -428,7 +473,7 @@ func TestUninstallReleasesGates(t *testing.T) {
 	testkit.Eventually(t, 30*time.Second, "every pod running", func() bool {
 		return w.allRunning() && len(w.pods("frontend")) == 3 && len(w.pods("backend")) == 3
 	})
-	again, err := rebalancer.Uninstall(w.ctx, w.cs, rebalancer.UninstallConfig{})
+	again, err := rebalancer.Uninstall(w.ctx, w.cs, lease)
 	if err != nil || again.WebhookRemoved || again.GatesReleased != 0 || len(again.StateRemoved) != 0 {
 		t.Errorf("a second uninstall: %+v, %v: want nothing to do", again, err)
 	}
