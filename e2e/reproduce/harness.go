@@ -61,6 +61,13 @@ type Harness struct {
 // Everything stops in t's cleanup.
 func NewHarness(t testing.TB, ctx context.Context, scenario string, log io.Writer) *Harness {
 	t.Helper()
+	return NewHarnessWith(t, ctx, scenario, log, "")
+}
+
+// NewHarnessWith is NewHarness with the nodes' CPU (their capacity and allocatable, a quantity;
+// "": kubeapi's default, 4 cores).
+func NewHarnessWith(t testing.TB, ctx context.Context, scenario string, log io.Writer, nodeCPU string) *Harness {
+	t.Helper()
 	testbed.RequireRoot(t)
 	kubeapi.Require(t)
 	rtt, err := Scenario(scenario)
@@ -85,7 +92,7 @@ func NewHarness(t testing.TB, ctx context.Context, scenario string, log io.Write
 		t.Fatal(err)
 	}
 	for _, n := range Nodes {
-		if _, err := kubeapi.CreateNode(ctx, h.cs, kubeapi.NodeSpec{Name: n, Address: h.tb.NodeIP(n)}); err != nil {
+		if _, err := kubeapi.CreateNode(ctx, h.cs, kubeapi.NodeSpec{Name: n, Address: h.tb.NodeIP(n), CPU: nodeCPU}); err != nil {
 			t.Fatal(err)
 		}
 	}

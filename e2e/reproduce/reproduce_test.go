@@ -56,7 +56,7 @@ func TestReproduce(t *testing.T) {
 	}
 	p, ok := Presets[name]
 	if !ok {
-		t.Fatalf("REPRODUCE_PRESET=%q: want smoke, quick or full", name)
+		t.Fatalf("REPRODUCE_PRESET=%q: want smoke, quick, full or paper", name)
 	}
 	p, err := Override(p, os.Getenv)
 	if err != nil {

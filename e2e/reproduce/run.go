@@ -128,8 +128,8 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // Scenarios are the outer loop (the first one listed runs first for every app). checkpoint, if
 // set, is called with the outcome so far after each application × scenario.
 func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint func(*Outcome)) *Outcome {
-	o := &Outcome{Preset: p, Workload: DefaultWorkload, Started: time.Now(), Commit: commit(), Seed: p.seed()}
-	h := NewHarness(t, ctx, p.Scenarios[0], log)
+	o := &Outcome{Preset: p, Workload: p.workload(), Started: time.Now(), Commit: commit(), Seed: p.seed()}
+	h := NewHarnessWith(t, ctx, p.Scenarios[0], log, p.NodeCPU)
 	o.Netem = h.NetemAvailable()
 	pr := &progress{w: log, start: time.Now(), total: len(p.Apps) * len(p.Scenarios) * len(p.Rates) * p.Runs * len(p.Rows())}
 	if p.FindMax {

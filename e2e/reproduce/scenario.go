@@ -11,6 +11,7 @@ package reproduce
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,6 +58,35 @@ var (
 		{Name: "e", Replicas: 3, CPU: "500m"},
 	}}
 )
+
+// PaperApps are the applications of the paper's regime (preset "paper"): 3–5 replicas per
+// component in ratios that favour OptTraffic, as the seed says — every service called has at
+// least as many pods as the testbed has nodes, so a placement can give every caller pod a callee
+// pod on its own node, the case OptTraffic's same-node-first rule is made for — with CPU requests
+// that fit the regime's 1-core nodes (Bookinfo's 16 pods, the DAG's 21, at most 6 a node).
+var PaperApps = []App{
+	{Name: "bookinfo", Components: []Component{
+		{Name: "productpage", Replicas: 3, CPU: "150m", Calls: []string{"details", "reviews"}},
+		{Name: "details", Replicas: 4, CPU: "150m"},
+		{Name: "reviews", Replicas: 4, CPU: "150m", Calls: []string{"ratings"}},
+		{Name: "ratings", Replicas: 5, CPU: "150m"},
+	}},
+	{Name: "dag", Components: []Component{
+		{Name: "a", Replicas: 3, CPU: "150m", Calls: []string{"b"}},
+		{Name: "b", Replicas: 4, CPU: "150m", Calls: []string{"c"}},
+		{Name: "c", Replicas: 4, CPU: "150m", Calls: []string{"d"}},
+		{Name: "d", Replicas: 5, CPU: "150m", Calls: []string{"e"}},
+		{Name: "e", Replicas: 5, CPU: "150m"},
+	}},
+}
+
+// PaperWorkload is the pods' work in the paper's regime: each node's pods share one core (the
+// nodes say so to Kubernetes: Preset.NodeCPU "1"), a request holds a pod's worker (2 a pod) and
+// a core for an exponential 2.5 ms, so an idle path costs about a millisecond or two a hop and a
+// node saturates near 400 services a second — Localization, which keeps each entry pod's
+// traffic on its node, runs a node's core at ρ ≈ 0.33 at 100 req/s and past 1 by 300 (first
+// principles; the calibration run in the report measures it).
+var PaperWorkload = Workload{Workers: 2, ServiceTime: 2500 * time.Microsecond, NodeCores: 1}
 
 // Neutral is the neutral replica set: 3 pods per service, 4 for the service with the most
 // callers' traffic per pod (reviews, b), the replicas of examples/bookinfo.yaml and dag.yaml.
@@ -164,6 +194,10 @@ type Preset struct {
 	// RebalancePeriod and RebalanceWindow are `edgeflow rebalance`'s --period and
 	// --prometheus-window (0: 10 s and 20 s).
 	RebalancePeriod, RebalanceWindow time.Duration
+	// Workload is the pods' work (nil: DefaultWorkload); NodeCPU the nodes' CPU as Kubernetes
+	// sees it (a quantity; "": 4 cores), which should be Workload.NodeCores where that is set.
+	Workload *Workload
+	NodeCPU  string
 	// Reruns is how many times an unhealthy slice (HealthBounds) is run again before its last
 	// result is kept, flagged (0: DefaultReruns; negative: none, the health still recorded).
 	Reruns int
@@ -193,6 +227,14 @@ func (p Preset) reruns() int {
 		return DefaultReruns
 	}
 	return p.Reruns
+}
+
+// workload is p.Workload, or DefaultWorkload if unset.
+func (p Preset) workload() Workload {
+	if p.Workload == nil {
+		return DefaultWorkload
+	}
+	return *p.Workload
 }
 
 // seed is p.Seed, or 1 if unset.
@@ -234,6 +276,8 @@ var Presets = map[string]Preset{
 	"smoke": {Name: "smoke", Smoke: true, Apps: []App{Bookinfo}, Scenarios: []string{"B"}, Rates: []float64{100},
 		Runs: 1, Duration: 2 * time.Second, Warmup: time.Second, Timeout: 5 * time.Second, Settle: -1, Reruns: -1,
 		RebalancePeriod: 5 * time.Second, RebalanceWindow: 10 * time.Second},
+	"paper": {Name: "paper", Apps: PaperApps, Scenarios: []string{"A", "B"}, Rates: []float64{100, 200, 300},
+		Workload: &PaperWorkload, NodeCPU: "1", Runs: 10, Duration: 10 * time.Second, Warmup: 3 * time.Second, Timeout: 5 * time.Second},
 	"quick": {Name: "quick", Apps: []App{Bookinfo}, Scenarios: []string{"B"}, Rates: []float64{200},
 		Runs: 5, Duration: 10 * time.Second, Warmup: 2 * time.Second, Timeout: 5 * time.Second},
 	"full": {Name: "full", Apps: []App{Bookinfo, DAG}, Scenarios: []string{"A", "B"}, Rates: []float64{100, 200, 300},
@@ -246,15 +290,21 @@ var Presets = map[string]Preset{
 // REPRODUCE_POLICIES (names),
 // REPRODUCE_REPLICAS (COMPONENT=N,…: another replica count for the named components; "neutral":
 // the Neutral set),
-// REPRODUCE_FIND_MAX (0 or 1). The report names the preset and says what ran.
+// REPRODUCE_NODE_SPEED (NODE=FACTOR,…: nodes slower or faster than the rest, unseen by
+// Kubernetes and edgeflow: HEART's heterogeneous cluster), REPRODUCE_FIND_MAX (0 or 1). The
+// report names the preset and says what ran.
 func Override(p Preset, getenv func(string) string) (Preset, error) {
 	if v := getenv("REPRODUCE_APPS"); v != "" {
+		own := p.Apps // the preset's replicas, where it has the app
 		p.Apps = nil
 		for _, name := range strings.Split(v, ",") {
-			switch name {
-			case Bookinfo.Name:
+			i := slices.IndexFunc(own, func(a App) bool { return a.Name == name })
+			switch {
+			case i >= 0:
+				p.Apps = append(p.Apps, own[i])
+			case name == Bookinfo.Name:
 				p.Apps = append(p.Apps, Bookinfo)
-			case DAG.Name:
+			case name == DAG.Name:
 				p.Apps = append(p.Apps, DAG)
 			default:
 				return p, fmt.Errorf("REPRODUCE_APPS: unknown app %q (want bookinfo, dag)", name)
@@ -351,6 +401,20 @@ func Override(p Preset, getenv func(string) string) (Preset, error) {
 		}
 		p.Apps = apps
 		p.Name += "+replicas"
+	}
+	if v := getenv("REPRODUCE_NODE_SPEED"); v != "" {
+		w := p.workload()
+		w.NodeSpeed = map[string]float64{}
+		for _, kv := range strings.Split(v, ",") {
+			node, speed, ok := strings.Cut(kv, "=")
+			f, err := strconv.ParseFloat(speed, 64)
+			if !ok || err != nil || !(f > 0) || math.IsInf(f, 0) || !slices.Contains(Nodes, node) {
+				return p, fmt.Errorf("REPRODUCE_NODE_SPEED: bad entry %q (want NODE=FACTOR, NODE one of %v, FACTOR > 0)", kv, Nodes)
+			}
+			w.NodeSpeed[node] = f
+		}
+		p.Workload = &w
+		p.Name += "+speed"
 	}
 	if v := getenv("REPRODUCE_FIND_MAX"); v != "" {
 		p.FindMax = v == "1"
