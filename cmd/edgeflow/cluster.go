@@ -89,6 +89,8 @@ type istioFlags struct {
 	labelNodes    bool
 	xdsTLS        bool
 	xdsServerSANs []string
+	// drExportTo is the mesh's defaultDestinationRuleExportTo (--istio-default-destination-rule-export-to).
+	drExportTo []string
 }
 
 // Istio modes (--istio-mode).
@@ -117,6 +119,7 @@ func (f *istioFlags) registerRules(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.rootNamespace, "istio-root-namespace", istio.DefaultRootNamespace, "Istio's root namespace, whose exported DestinationRules apply mesh-wide (a user's rule there is carried into edgeflow's)")
 	fl.StringVar(&f.clusterDomain, "cluster-domain", optimizer.DefaultClusterDomain, "the Kubernetes cluster's DNS domain, in Istio's cluster names and service host names")
+	fl.StringSliceVar(&f.drExportTo, "istio-default-destination-rule-export-to", nil, "the mesh's defaultDestinationRuleExportTo (MeshConfig, as istiod is given it): with \".\" a user's DestinationRule without exportTo is private to its namespace, so edgeflow carries it only into rules of that namespace's callers; empty or \"*\": exported everywhere (Istio honours only \".\" and \"*\" there)")
 }
 
 // checkMode validates the flags that go with --istio-mode (the flag validates its value).
@@ -199,7 +202,7 @@ func (f *clusterFlags) envoyFilterReconciler(cfg istio.Config, logger *slog.Logg
 }
 
 func (f *istioFlags) rulesConfig() istio.RulesConfig {
-	return istio.RulesConfig{ClusterDomain: f.clusterDomain, RootNamespace: f.rootNamespace}
+	return istio.RulesConfig{ClusterDomain: f.clusterDomain, RootNamespace: f.rootNamespace, DefaultExportTo: f.drExportTo}
 }
 
 // istioClient is the istio client-go clientset for the cluster of the flags.

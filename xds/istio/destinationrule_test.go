@@ -152,6 +152,44 @@ func TestDestinationRulesShape(t *testing.T) {
 	}
 }
 
+// TestMissingExportToFollowsTheMeshDefault: a user's rule without exportTo, in the callee's
+// namespace or the root namespace, is carried into the caller's rule only when the mesh's
+// defaultDestinationRuleExportTo exports it (Istio honours "." and "*" alone:
+// push_context.go setDestinationRules). Before, a missing exportTo was read as "*" whatever the
+// mesh said.
+func TestMissingExportToFollowsTheMeshDefault(t *testing.T) {
+	t.Parallel()
+	p := planShop(t)
+	callee := []*clientnetworkingv1.DestinationRule{userRule("shop", "api", "api", nil)}
+	root := []*clientnetworkingv1.DestinationRule{userRule("istio-system", "mesh", "*.local", nil)}
+	explicit := []*clientnetworkingv1.DestinationRule{userRule("shop", "api", "api", func(s *networking.DestinationRule) { s.ExportTo = []string{"*"} })}
+	tests := []struct {
+		name        string
+		meshDefault []string
+		user        []*clientnetworkingv1.DestinationRule
+		basedOn     string
+	}{
+		{"no mesh default: exported", nil, callee, "shop/api"},
+		{"mesh default *", []string{"*"}, callee, "shop/api"},
+		{"mesh default .: private to the callee's namespace", []string{"."}, callee, ""},
+		{"mesh default .: private to the root namespace", []string{"."}, root, ""},
+		{"mesh default . and *: private (Istio checks . first)", []string{".", "*"}, callee, ""},
+		{"mesh default ~ is not honoured: exported", []string{"~"}, callee, "shop/api"},
+		{"an explicit exportTo wins over the mesh default", []string{"."}, explicit, "shop/api"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rules, rep := DestinationRules(RulesConfig{DefaultExportTo: tt.meshDefault}, p, tt.user)
+			if len(rules) != 1 {
+				t.Fatalf("%d rules: %+v", len(rules), rep.Edges)
+			}
+			if got := rules[0].Annotations[BasedOnAnnotation]; got != tt.basedOn {
+				t.Errorf("based on %q, want %q", got, tt.basedOn)
+			}
+		})
+	}
+}
+
 func TestDestinationRulesCarryTheUsersRule(t *testing.T) {
 	t.Parallel()
 	p := planShop(t)
