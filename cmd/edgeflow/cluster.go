@@ -151,6 +151,34 @@ func (f *istioFlags) config() istio.Config {
 	return cfg
 }
 
+// allNamespaces is the --namespaces value by which the operator has edgeflow manage the
+// Services of every namespace explicitly (no namespace is named "*").
+const allNamespaces = "*"
+
+// checkNamespaces validates --namespaces and reads allNamespaces as every namespace (nil).
+func (f *clusterFlags) checkNamespaces() error {
+	if !slices.Contains(f.namespaces, allNamespaces) {
+		return nil
+	}
+	if len(f.namespaces) > 1 {
+		return badInput("--namespaces %q: %q is every namespace, so it goes alone", strings.Join(f.namespaces, ","), allNamespaces)
+	}
+	f.namespaces = nil
+	return nil
+}
+
+// checkIstioNamespaces: an Istio mode writes for every managed Service (DestinationRules in its
+// callers' namespaces, EnvoyFilters and bootstrap ConfigMaps), so anyone who can label a Service
+// in a namespace edgeflow watches has it write there; the operator names those namespaces, or
+// says allNamespaces.
+func (f *clusterFlags) checkIstioNamespaces() error {
+	if f.istio.mode == istioModeOff || len(f.namespaces) > 0 {
+		return nil
+	}
+	return badInput("--istio-mode=%s needs --namespaces: the namespaces whose Services edgeflow manages and writes Istio's objects for "+
+		"(anyone who can label a Service in a watched namespace has edgeflow write for it); --namespaces=%s watches every namespace", f.istio.mode, allNamespaces)
+}
+
 // anyXDSServer is the --istio-xds-server-san value by which the operator accepts any
 // certificate the mesh root signed as edgeflow's.
 const anyXDSServer = "any"
@@ -229,7 +257,7 @@ func (f *clusterFlags) register(cmd *cobra.Command) {
 	})
 	f.registerKubeconfig(cmd, "read the topology from the cluster of this kubeconfig instead of -f (default: kubectl's: $KUBECONFIG, else ~/.kube/config, else in a pod the in-cluster config)")
 	f.registerKubeLimits(cmd)
-	fl.StringSliceVar(&f.namespaces, "namespaces", nil, "namespaces whose Services may be managed (default: all)")
+	fl.StringSliceVar(&f.namespaces, "namespaces", nil, "namespaces whose Services may be managed; \""+allNamespaces+"\": every namespace, explicitly (default: all, except with --istio-mode, which needs the list or \""+allNamespaces+"\")")
 	fl.StringVarP(&f.selector, "selector", "l", kube.DefaultSelector, "label selector of managed Services (\"\" selects every Service in --namespaces)")
 	fl.StringVar(&f.prometheusURL, "prometheus-url", "", "Prometheus base URL: node-to-node latency (blackbox ICMP RTT) and the call graph (istio_requests_total)")
 	fl.StringVar(&f.callsFile, "calls", "", "call graph file (calls and ingress, as in a topology file) instead of istio_requests_total")
@@ -344,6 +372,9 @@ func (f *clusterFlags) clientset() (kubernetes.Interface, error) {
 // node), else those of --namespaces. The caller starts them (Start) and stops them (Stop) once
 // everything reading them has ended.
 func (f *clusterFlags) informers(allPods bool, logger *slog.Logger) (*kube.Informers, error) {
+	if err := f.checkNamespaces(); err != nil {
+		return nil, err
+	}
 	cfg, err := f.restConfig()
 	if err != nil {
 		return nil, err
