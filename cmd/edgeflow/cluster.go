@@ -71,6 +71,7 @@ type clusterFlags struct {
 	maxBytes       int64
 	kubeQPS        float32
 	kubeBurst      int
+	maxServices    int
 
 	istio istioFlags
 
@@ -150,6 +151,10 @@ func (f *istioFlags) config() istio.Config {
 	cfg.TLSServerSANs, cfg.TLSAnyServer = xdsServerSANs(f.xdsServerSANs)
 	return cfg
 }
+
+// DefaultMaxManagedServices is --max-managed-services' default: a tenant who can label
+// Services makes edgeflow plan, serve and write for at most this many.
+const DefaultMaxManagedServices = 1000
 
 // allNamespaces is the --namespaces value by which the operator has edgeflow manage the
 // Services of every namespace explicitly (no namespace is named "*").
@@ -258,6 +263,7 @@ func (f *clusterFlags) register(cmd *cobra.Command) {
 	f.registerKubeconfig(cmd, "read the topology from the cluster of this kubeconfig instead of -f (default: kubectl's: $KUBECONFIG, else ~/.kube/config, else in a pod the in-cluster config)")
 	f.registerKubeLimits(cmd)
 	fl.StringSliceVar(&f.namespaces, "namespaces", nil, "namespaces whose Services may be managed; \""+allNamespaces+"\": every namespace, explicitly (default: all, except with --istio-mode, which needs the list or \""+allNamespaces+"\")")
+	fl.IntVar(&f.maxServices, "max-managed-services", DefaultMaxManagedServices, "the most managed Services: beyond it the others are refused (the first by namespace, then name, kept), logged, counted in edgeflow_kube_skipped{reason=\"over_cap\"} and listed in /readyz (0: no bound)")
 	fl.StringVarP(&f.selector, "selector", "l", kube.DefaultSelector, "label selector of managed Services (\"\" selects every Service in --namespaces)")
 	fl.StringVar(&f.prometheusURL, "prometheus-url", "", "Prometheus base URL: node-to-node latency (blackbox ICMP RTT) and the call graph (istio_requests_total)")
 	fl.StringVar(&f.callsFile, "calls", "", "call graph file (calls and ingress, as in a topology file) instead of istio_requests_total")
@@ -393,7 +399,7 @@ func (f *clusterFlags) informers(allPods bool, logger *slog.Logger) (*kube.Infor
 // (watcher.LiveConfig.Breaker). Bad flags or files are usage errors.
 func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, check func(*optimizer.Topology) error, plan func() (*optimizer.Topology, *optimizer.Allocation),
 	logger *slog.Logger, reg prometheus.Registerer) (*watcher.Live, error) {
-	ks, err := kube.NewSource(kube.Config{Informers: inf, Namespaces: f.namespaces, Selector: f.selector, IPFamily: corev1.IPFamily(f.ipFamily),
+	ks, err := kube.NewSource(kube.Config{Informers: inf, Namespaces: f.namespaces, Selector: f.selector, MaxServices: f.maxServices, IPFamily: corev1.IPFamily(f.ipFamily),
 		Logger: logger, Registerer: reg})
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--ip-family: %w", err)}

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -214,7 +215,7 @@ func (s *Source) Run(ctx context.Context, deliver func(*State)) error {
 	s.mu.Unlock()
 	s.log.Info("kube: informer caches synced", "namespaces", s.cfg.Namespaces, "selector", s.cfg.Selector)
 	s.touch(func(d *dirty) { d.all = true })
-	b := &builder{entries: map[string]*serviceEntry{}}
+	b := &builder{entries: map[string]*serviceEntry{}, maxServices: s.cfg.MaxServices}
 	for {
 		select {
 		case <-ctx.Done():
@@ -238,6 +239,9 @@ type builder struct {
 	nodes   *nodesEntry
 	entries map[string]*serviceEntry // NAMESPACE/NAME of each managed service
 	last    *State
+	// maxServices is Config.MaxServices: the entries beyond it, by namespace then name, are
+	// refused (0 or negative: none).
+	maxServices int
 }
 
 // nodesEntry is what the State takes from the nodes.
@@ -314,7 +318,12 @@ func (b *builder) assemble() *State {
 	st := &State{Nodes: b.nodes.list, NodeAddresses: b.nodes.addrs, Skipped: map[string]int{}}
 	ps := make([]*serviceEntry, 0, len(b.entries))
 	workloads := 0
-	for _, p := range b.entries {
+	entries := b.entries
+	if b.maxServices > 0 && len(entries) > b.maxServices {
+		entries, st.Refused = b.capped()
+		st.Skipped[SkipOverCap] = len(st.Refused)
+	}
+	for _, p := range entries {
 		if len(p.skipped) > 0 { // most are empty: no iterator started for them
 			for r, n := range p.skipped {
 				st.Skipped[r] += n
@@ -354,6 +363,21 @@ func (b *builder) assemble() *State {
 		sort.Strings(st.Workloads[w])
 	}
 	return st
+}
+
+// capped splits the entries at maxServices, by namespace then name: those kept, and the keys
+// (NAMESPACE/NAME) of those refused, sorted. O(services log services), only while over the cap.
+func (b *builder) capped() (map[string]*serviceEntry, []string) {
+	keys := slices.SortedFunc(maps.Keys(b.entries), func(x, y string) int {
+		xns, xname, _ := strings.Cut(x, "/")
+		yns, yname, _ := strings.Cut(y, "/")
+		return cmp.Or(strings.Compare(xns, yns), strings.Compare(xname, yname))
+	})
+	kept := make(map[string]*serviceEntry, b.maxServices)
+	for _, k := range keys[:b.maxServices] {
+		kept[k] = b.entries[k]
+	}
+	return kept, keys[b.maxServices:]
 }
 
 // buildNodes reads every node. O(nodes).
