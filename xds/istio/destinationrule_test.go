@@ -2,20 +2,28 @@ package istio
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/proto"
 	networking "istio.io/api/networking/v1alpha3"
 	typev1beta1 "istio.io/api/type/v1beta1"
 	clientnetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	istiofake "istio.io/client-go/pkg/clientset/versioned/fake"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -311,6 +319,54 @@ func TestDestinationRulesSkipWhatTheMeshCannotExpress(t *testing.T) {
 	}
 	if rules, rep = DestinationRules(RulesConfig{}, p, nil); len(rules) != 0 || !strings.Contains(rep.Edges[0].Skipped, "one locality") {
 		t.Errorf("one locality: rules %d, edge %+v", len(rules), rep.Edges[0])
+	}
+}
+
+// TestRefusedRuleCounted: a rule the API server refuses (here an admission policy's 403 on one
+// edge's create) is counted in edgeflow_istio_refused_writes_total and logged, and the pass
+// writes the other edges' rules and succeeds. Before, the refusal failed the whole pass (retried
+// every RetryInterval).
+func TestRefusedRuleCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	client := istiofake.NewSimpleClientset()
+	client.PrependReactor("create", "destinationrules", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		dr := a.(k8stesting.CreateAction).GetObject().(*clientnetworkingv1.DestinationRule)
+		if dr.Name == "edgeflow.web.api.shop" {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "networking.istio.io", Resource: "destinationrules"}, dr.Name,
+				errors.New("ValidatingAdmissionPolicy 'quota' denied request"))
+		}
+		return false, nil, nil
+	})
+	reg := prometheus.NewRegistry()
+	var logs testkit.LogBuffer
+	r, err := NewRulesReconciler(RulesReconcilerConfig{Client: client, Registerer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo := shopTopology()
+	topo.Calls = append(topo.Calls, optimizer.Call{From: "web.front", To: "db.shop"})
+	p, err := PlanLocalities(topo, optimizer.LATA, optimizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Reconcile(ctx, p); err != nil {
+		t.Fatalf("a refused rule failed the pass: %v", err)
+	}
+	if got := testutil.ToFloat64(r.metrics.refused); got != 1 {
+		t.Errorf("edgeflow_istio_refused_writes_total = %v, want 1", got)
+	}
+	if !strings.Contains(logs.String(), "rule=front/edgeflow.web.api.shop") {
+		t.Errorf("no log line naming the refused rule:\n%s", logs.String())
+	}
+	list, err := client.NetworkingV1().DestinationRules("front").List(ctx, metav1.ListOptions{})
+	if err != nil || len(list.Items) == 0 {
+		t.Fatalf("the other edges' rules were not written: %v %v", list, err)
+	}
+	for _, dr := range list.Items {
+		if dr.Name == "edgeflow.web.api.shop" {
+			t.Errorf("the refused rule exists")
+		}
 	}
 }
 

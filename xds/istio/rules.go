@@ -280,6 +280,14 @@ func (r *RulesReconciler) Reconcile(ctx context.Context, p *LocalityPlan) error 
 		default:
 			err = nil
 		}
+		if refused(err) {
+			// The API server judged this one object (an admission policy, a quota, validation):
+			// retrying the pass at once would be refused again, and the other edges' rules must
+			// not wait on it. Counted and logged; the next pass (Resync) asks again.
+			r.metrics.refused.Inc()
+			r.log.Warn("DestinationRule refused by the API server; the other rules are written", "rule", key, "err", err)
+			err = nil
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("xds/istio: DestinationRule %s: %w", key, err))
 		}
@@ -383,6 +391,14 @@ func (r *RulesReconciler) labelNodes(ctx context.Context, t *optimizer.Topology)
 	return errors.Join(errs...)
 }
 
+// refused says whether err is the API server refusing a write for the object itself: admission
+// (a ValidatingAdmissionPolicy or webhook, a ResourceQuota: 403 Forbidden), validation (422
+// Invalid) or its size (413). RBAC's 403 is a Forbidden too: a missing grant is counted the same
+// way, never retried in a tight loop.
+func refused(err error) bool {
+	return err != nil && (apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsRequestEntityTooLargeError(err))
+}
+
 func sameReport(a, b *RulesReport) bool {
 	if a.Granularity != b.Granularity || a.Localities != b.Localities || len(a.Edges) != len(b.Edges) {
 		return false
@@ -419,6 +435,7 @@ type rulesMetrics struct {
 	perNode    prometheus.Gauge
 	edges      *prometheus.GaugeVec
 	deviation  prometheus.Gauge
+	refused    prometheus.Counter
 }
 
 // newRulesMetrics makes the metrics and registers them with reg (nil: with none). A
@@ -435,6 +452,8 @@ func newRulesMetrics(reg prometheus.Registerer) (m *rulesMetrics, err error) {
 			Help: "Call edges by what became of them: written (a DestinationRule), skipped, conflict (a user's rule edgeflow cannot merge)."}, []string{labelStatus}),
 		deviation: f.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "weight_deviation_ratio",
 			Help: "Largest fraction of one call edge's planned traffic that integer locality weights send elsewhere."}),
+		refused: f.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "refused_writes_total",
+			Help: "DestinationRule creates and updates the API server refused (admission, quota, validation, size); the pass went on with the others."}),
 	}, nil
 }
 
