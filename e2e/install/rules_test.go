@@ -95,7 +95,7 @@ var permissions = []struct {
 		func(f features) bool { return f.act }, inWatched},
 	{permission{"events.k8s.io", "events", []string{"create", "patch"}, nil, "", "watched namespaces, or cluster", "rebalancer.mode act", "client-go's events broadcaster, in the moved pod's namespace: Rebalance, Placed, NotPlaced, PlacementFailed (patch for a repeated event)"},
 		func(f features) bool { return f.act }, inWatched},
-	{permission{"networking.istio.io", "destinationrules", []string{"list", "create", "update", "delete"}, nil, "", "cluster", "istio.mode destinationrule", "xds/istio/rules.go: reads every rule (the user's are carried over), writes edgeflow's (the admission policy: only `edgeflow.*` with a workload selector)"},
+	{permission{"networking.istio.io", "destinationrules", []string{"get", "list", "watch", "create", "update", "delete"}, nil, "", "cluster", "istio.mode destinationrule", "xds/istio/rules.go: an informer of every rule, read per pass only in the callers', callees' and root namespaces (the user's are carried over) and for edgeflow's own; get when a create finds edgeflow's rule not yet in its cache; writes edgeflow's (the admission policy: only `edgeflow.*` with a workload selector)"},
 		func(f features) bool { return f.dr }, inCluster},
 	{permission{"", "nodes", []string{"patch"}, nil, "", "cluster", "istio.labelNodes", "xds/istio/rules.go sets topology.istio.io/subzone (the admission policy: that label only)"},
 		func(f features) bool { return f.labelNodes }, inCluster},

@@ -584,3 +584,90 @@ func TestDestinationRulesPooled(t *testing.T) {
 		})
 	}
 }
+
+// TestRulesReadFromTheirNamespacesOnly: a pass reads the DestinationRules of the callers',
+// callees' and root namespaces only, and edgeflow's own. Under Run, through an informer: after
+// its first LIST and WATCH, no pass sends a LIST (the user's rule in the callee's namespace is
+// still carried over, read from the cache); without Run (Reconcile), LISTs of those namespaces
+// and one of edgeflow's rules by label, never one of every rule in the cluster. Before, every
+// pass listed every rule in the cluster.
+func TestRulesReadFromTheirNamespacesOnly(t *testing.T) {
+	t.Parallel()
+	unrelated := userRule("other", "everything", "*", nil) // matches every host; never in scope
+	type listed struct{ ns, selector string }
+	lists := func(client *istiofake.Clientset) (out []listed) {
+		for _, a := range client.Actions() {
+			if l, ok := a.(k8stesting.ListAction); ok && a.GetResource().Resource == "destinationrules" {
+				out = append(out, listed{a.GetNamespace(), l.GetListRestrictions().Labels.String()})
+			}
+		}
+		return out
+	}
+
+	t.Run("Run", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithCancel(context.Background())
+		client := istiofake.NewSimpleClientset(userRule("shop", "api", "api", nil), unrelated)
+		r, err := NewRulesReconciler(RulesReconcilerConfig{Client: listThenWatch{client}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		passed := make(chan bool, 4)
+		r.passes.passed = func(ok bool) { passed <- ok }
+		r.Update(shopTopology())
+		done := make(chan error)
+		go func() { done <- r.Run(ctx) }()
+		if !<-passed {
+			t.Fatal("the first pass had nothing to do")
+		}
+		if got, want := lists(client), []listed{{"", ""}}; !slices.Equal(got, want) {
+			t.Errorf("LISTs by the first pass %v, want only the informer's %v", got, want)
+		}
+		ours, err := client.NetworkingV1().DestinationRules("front").Get(ctx, "edgeflow.web.api.shop", metav1.GetOptions{})
+		if err != nil || ours.Annotations[BasedOnAnnotation] != "shop/api" {
+			t.Fatalf("the rule was not written from the user's, read from the informer: %v %v", ours, err)
+		}
+		client.ClearActions()
+		for range 3 {
+			r.Update(shopTopology())
+			if !<-passed {
+				t.Fatal("a pass had nothing to do")
+			}
+		}
+		for _, a := range client.Actions() {
+			if a.GetVerb() == "list" || a.GetVerb() == "watch" {
+				t.Errorf("a pass after the informer synced sent %s %s in %q", a.GetVerb(), a.GetResource().Resource, a.GetNamespace())
+			}
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run returned %v", err)
+		}
+	})
+
+	t.Run("Reconcile", func(t *testing.T) {
+		t.Parallel()
+		client := istiofake.NewSimpleClientset(userRule("shop", "api", "api", nil), unrelated)
+		r, err := NewRulesReconciler(RulesReconcilerConfig{Client: client})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Reconcile(context.Background(), planShop(t)); err != nil {
+			t.Fatal(err)
+		}
+		got := lists(client)
+		slices.SortFunc(got, func(a, b listed) int { return strings.Compare(a.ns+a.selector, b.ns+b.selector) })
+		want := []listed{{"", ManagedByLabel + "=" + ManagedByValue}, {"front", ""}, {"istio-system", ""}, {"shop", ""}}
+		if !slices.Equal(got, want) {
+			t.Errorf("LISTs %v, want %v (the caller's, callee's and root namespaces, and edgeflow's rules)", got, want)
+		}
+	})
+}
+
+// listThenWatch is Istio's fake clientset telling client-go's reflector that it cannot stream
+// a watch's initial list (client-go's own fake clientset says so; Istio's v1.32 does not, and
+// its tracker never sends the bookmark a streamed list ends with): the informer lists, then
+// watches, as with an API server without WatchList.
+type listThenWatch struct{ *istiofake.Clientset }
+
+func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }
