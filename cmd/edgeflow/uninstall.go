@@ -68,7 +68,9 @@ func newUninstallCommand() *cobra.Command {
 			"  envoyfilter      the EnvoyFilters in --istio-namespace, then the " + istio.BootstrapConfigMapName + " ConfigMaps in every namespace\n" +
 			"  destinationrule  the DestinationRules in every namespace\n" +
 			"  istio            envoyfilter and destinationrule\n" +
-			"Only objects labelled " + istio.ManagedByLabel + "=" + istio.ManagedByValue + " are deleted; Istio's sidecars then take every\n" +
+			"Only objects labelled " + istio.ManagedByLabel + "=" + istio.ManagedByValue + " are deleted, EnvoyFilters only when also named\n" +
+			"edgeflow-eds.NAME.NAMESPACE and annotated " + istio.FilterServiceAnnotation + "=NAME.NAMESPACE as edgeflow writes them (a label\n" +
+			"alone is anyone's to set: such a filter is left and logged); Istio's sidecars then take every\n" +
 			"service's endpoints and load balancing from istiod and the user's own rules again. Running it twice is\n" +
 			"harmless. Stop edgeflow first, or a running replica writes again what this removes: --stop-deployment\n" +
 			"scales edgeflow's Deployment to zero and waits until its pods are gone (the Helm chart's pre-delete hook\n" +

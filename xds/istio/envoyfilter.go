@@ -106,6 +106,11 @@ const (
 	serviceFilterPrefix    = "edgeflow-eds."
 )
 
+// FilterServiceAnnotation is on every EnvoyFilter edgeflow writes: the managed service it
+// carries (NAME.NAMESPACE), the rest of its name (FilterName). With the label, the name and
+// the namespace, it is what makes a filter edgeflow's (ownedFilter).
+const FilterServiceAnnotation = "edgeflow.io/service"
+
 // Config says where the filters live and how sidecars reach edgeflow.
 type Config struct {
 	// Namespace holds the filters; "" means DefaultNamespace. Use Istio's root namespace so the
@@ -243,7 +248,7 @@ func EnvoyFilters(cfg Config, services []optimizer.Service) []*clientnetworking.
 				},
 			}
 		}
-		out = append(out, newFilter(cfg, FilterName(s), patches))
+		out = append(out, newFilter(cfg, FilterName(s), s.Name+"."+s.NamespaceOrDefault(), patches))
 	}
 	slices.SortFunc(out, func(a, b *clientnetworking.EnvoyFilter) int { return cmp.Compare(a.Name, b.Name) })
 	// Two services with the same name and namespace would give two filters of one name: keep
@@ -267,13 +272,26 @@ func servicePorts(s optimizer.Service) []int32 {
 	return slices.Compact(ports)
 }
 
-func newFilter(cfg Config, name string, patches []*networking.EnvoyFilter_EnvoyConfigObjectPatch) *clientnetworking.EnvoyFilter {
+// ownedFilter says whether f is edgeflow's: labelled ManagedByLabel=ManagedByValue, in cfg's
+// namespace, named "edgeflow-eds.NAME.NAMESPACE" (two DNS labels) and annotated
+// FilterServiceAnnotation=NAME.NAMESPACE, as EnvoyFilters writes them. A filter with the label
+// alone is someone else's: edgeflow never updates nor deletes it.
+func ownedFilter(cfg Config, f *clientnetworking.EnvoyFilter) bool {
+	svc := f.Annotations[FilterServiceAnnotation]
+	name, ns, ok := strings.Cut(svc, ".")
+	return f.Labels[ManagedByLabel] == ManagedByValue && f.Namespace == cfg.namespace() && ok &&
+		f.Name == serviceFilterPrefix+svc &&
+		len(validation.IsDNS1123Label(name)) == 0 && len(validation.IsDNS1123Label(ns)) == 0
+}
+
+func newFilter(cfg Config, name, service string, patches []*networking.EnvoyFilter_EnvoyConfigObjectPatch) *clientnetworking.EnvoyFilter {
 	return &clientnetworking.EnvoyFilter{
 		TypeMeta: metav1.TypeMeta{APIVersion: clientnetworking.SchemeGroupVersion.String(), Kind: "EnvoyFilter"},
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      name,
-			Namespace: cfg.namespace(),
-			Labels:    map[string]string{ManagedByLabel: ManagedByValue},
+			Name:        name,
+			Namespace:   cfg.namespace(),
+			Labels:      map[string]string{ManagedByLabel: ManagedByValue},
+			Annotations: map[string]string{FilterServiceAnnotation: service},
 		},
 		Spec: networking.EnvoyFilter{
 			WorkloadSelector: &networking.WorkloadSelector{Labels: map[string]string{EDSLabel: EDSLabelValue}},

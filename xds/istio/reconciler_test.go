@@ -535,3 +535,102 @@ func pending(c *testkit.FakeClock) time.Duration {
 	}
 	return d[0]
 }
+
+// TestLabelledFilterNotEdgeflowsLeftAlone: an EnvoyFilter carrying edgeflow's label but not its
+// name pattern and annotation (anyone who may write EnvoyFilters in the namespace can set a
+// label) survives reconcile passes, Managed lists it not and Uninstall (edgeflow uninstall's
+// envoyfilter part) leaves it; it is logged once. Before, the label alone made it edgeflow's:
+// the first pass deleted it.
+func TestLabelledFilterNotEdgeflowsLeftAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	owned := map[string]string{ManagedByLabel: ManagedByValue}
+	tenants := []*clientnetworking.EnvoyFilter{
+		foreign("tenant-filter", DefaultNamespace, owned),               // another name
+		foreign("edgeflow-eds.forged.default", DefaultNamespace, owned), // edgeflow's pattern, no annotation
+		foreign("edgeflow-eds.other.default", DefaultNamespace, owned),  // an annotation naming another service
+	}
+	tenants[2].Annotations = map[string]string{FilterServiceAnnotation: "reviews.default"}
+	var objs []runtime.Object
+	for _, f := range tenants {
+		objs = append(objs, f)
+	}
+	e, _ := newTestEnv(t, nil, objs...)
+	var logs testkit.LogBuffer
+	r, err := NewReconciler(ReconcilerConfig{Filters: testConfig, Client: e.istio, Kube: e.kube, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	survive := func(when string) {
+		t.Helper()
+		have := inCluster(t, e.istio, DefaultNamespace)
+		for _, f := range tenants {
+			if _, ok := have[f.Name]; !ok {
+				t.Errorf("%s: the tenant's labelled filter %s is gone", when, f.Name)
+			}
+		}
+		for _, w := range e.writes() {
+			for _, f := range tenants {
+				if strings.HasSuffix(w, "/"+f.Name) {
+					t.Errorf("%s: edgeflow wrote the tenant's filter: %s", when, w)
+				}
+			}
+		}
+	}
+	for _, services := range [][]optimizer.Service{bookinfo(), bookinfo(), nil, bookinfo()} {
+		if err := r.Reconcile(ctx, services); err != nil {
+			t.Fatal(err)
+		}
+		survive("reconcile")
+	}
+	got, err := r.Managed(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"EnvoyFilter istio-system/edgeflow-eds.ratings.shop", "EnvoyFilter istio-system/edgeflow-eds.reviews.default",
+		"ConfigMap default/edgeflow-bootstrap", "ConfigMap shop/edgeflow-bootstrap"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Managed (-want +got):\n%s", diff)
+	}
+	if err := r.Uninstall(ctx); err != nil {
+		t.Fatal(err)
+	}
+	survive("uninstall")
+	if len(listOwned(e.istio)) != len(tenants) {
+		t.Errorf("after uninstall, labelled filters %v, want only the tenant's", listOwned(e.istio))
+	}
+	for _, f := range tenants {
+		if n := strings.Count(logs.String(), "name="+f.Name+" "); n != 1 {
+			t.Errorf("the tenant's filter %s logged %d times, want once:\n%s", f.Name, n, logs.String())
+		}
+	}
+}
+
+// TestFilterOfAnEarlierEdgeflowAdopted: a filter an edgeflow before FilterServiceAnnotation
+// wrote (labelled, edgeflow's name, exactly the spec it would write) is annotated and kept on
+// upgrade; one of edgeflow's name and label with another spec is reported and not touched.
+func TestFilterOfAnEarlierEdgeflowAdopted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	wanted := EnvoyFilters(testConfig, bookinfo())
+	legacy, forged := wanted[0].DeepCopy(), wanted[1].DeepCopy()
+	legacy.Annotations, forged.Annotations = nil, nil
+	forged.Spec.WorkloadSelector = nil // every sidecar of the mesh
+	e, r := newTestEnv(t, nil, legacy, forged)
+	err := r.Reconcile(ctx, bookinfo())
+	if err == nil || !strings.Contains(err.Error(), forged.Name) || !strings.Contains(err.Error(), "not touching it") {
+		t.Errorf("err = %v, want one naming %s, not touched", err, forged.Name)
+	}
+	have := inCluster(t, e.istio, DefaultNamespace)
+	if got := have[legacy.Name].Annotations[FilterServiceAnnotation]; got != "ratings.shop" {
+		t.Errorf("the earlier edgeflow's filter was not adopted: annotation %q", got)
+	}
+	if have[forged.Name].Spec.WorkloadSelector != nil || have[forged.Name].Annotations[FilterServiceAnnotation] != "" {
+		t.Errorf("the forged filter was written: %+v", have[forged.Name])
+	}
+	for _, w := range e.writes() {
+		if strings.HasSuffix(w, "/"+forged.Name) && !strings.HasPrefix(w, "create ") { // the create was refused
+			t.Errorf("edgeflow wrote the forged filter: %s", w)
+		}
+	}
+}
