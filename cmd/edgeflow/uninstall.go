@@ -69,8 +69,9 @@ func newUninstallCommand() *cobra.Command {
 			"  destinationrule  the DestinationRules in every namespace\n" +
 			"  istio            envoyfilter and destinationrule\n" +
 			"Only objects labelled " + istio.ManagedByLabel + "=" + istio.ManagedByValue + " are deleted, EnvoyFilters only when also named\n" +
-			"edgeflow-eds.NAME.NAMESPACE and annotated " + istio.FilterServiceAnnotation + "=NAME.NAMESPACE as edgeflow writes them (a label\n" +
-			"alone is anyone's to set: such a filter is left and logged); Istio's sidecars then take every\n" +
+			"edgeflow-eds.NAMESPACE and annotated " + istio.FilterNamespaceAnnotation + "=NAMESPACE as edgeflow writes them, or exactly as\n" +
+			"an earlier edgeflow wrote one per service (a label alone is anyone's to set: such a filter is left and\n" +
+			"logged); Istio's sidecars then take every\n" +
 			"service's endpoints and load balancing from istiod and the user's own rules again. Running it twice is\n" +
 			"harmless. Stop edgeflow first, or a running replica writes again what this removes: --stop-deployment\n" +
 			"scales edgeflow's Deployment to zero and waits until its pods are gone (the Helm chart's pre-delete hook\n" +

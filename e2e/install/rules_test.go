@@ -99,7 +99,7 @@ var permissions = []struct {
 		func(f features) bool { return f.dr }, inCluster},
 	{permission{"", "nodes", []string{"patch"}, nil, "", "cluster", "istio.labelNodes", "xds/istio/rules.go sets topology.istio.io/subzone (the admission policy: that label only)"},
 		func(f features) bool { return f.labelNodes }, inCluster},
-	{permission{"networking.istio.io", "envoyfilters", []string{"list", "create", "update", "delete"}, nil, "", "istio namespace", "istio.mode envoyfilter", "xds/istio/reconciler.go: one EnvoyFilter per managed service"},
+	{permission{"networking.istio.io", "envoyfilters", []string{"list", "create", "update", "delete"}, nil, "", "istio namespace", "istio.mode envoyfilter", "xds/istio/reconciler.go: one EnvoyFilter per namespace holding managed services (edgeflow-eds.NAMESPACE)"},
 		func(f features) bool { return f.ef }, inIstio},
 	{permission{"", "configmaps", []string{"list", "update", "delete"}, []string{bootstrapName}, "`edgeflow-bootstrap`", "cluster", "istio.mode envoyfilter", "xds/istio/reconciler.go: the bootstrap ConfigMap in every namespace with a managed service (listed in all namespaces with a metadata.name field selector)"},
 		func(f features) bool { return f.ef }, inCluster},

@@ -207,10 +207,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 		case !ok:
 			_, err = filters.Create(ctx, f, metav1.CreateOptions{})
 			if apierrors.IsAlreadyExists(err) {
-				err = r.adoptFilter(ctx, f, err)
-			} else {
-				r.logWrite(err, "created", "EnvoyFilter", f.Namespace, f.Name)
+				err = fmt.Errorf("exists without label %s=%s and annotation %s as edgeflow writes them; not touching it: %w", ManagedByLabel, ManagedByValue, FilterNamespaceAnnotation, err)
 			}
+			r.logWrite(err, "created", "EnvoyFilter", f.Namespace, f.Name)
 		case !proto.Equal(&old.Spec, &f.Spec):
 			// Keep what others put on the object; replace the spec.
 			f.ResourceVersion = old.ResourceVersion
@@ -228,23 +227,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 	errs = append(errs, r.deleteFilters(ctx, slices.Collect(maps.Values(have)))...)
 	errs = append(errs, r.deleteConfigMaps(ctx, slices.Collect(maps.Values(haveCM)))...)
 	return errors.Join(errs...)
-}
-
-// adoptFilter handles want's create finding an object of its name (exists, the create's
-// error): a filter an earlier edgeflow wrote before FilterServiceAnnotation (labelled, with
-// exactly want's spec) is given the annotation; any other is not touched, and exists returned.
-// The spec's equality is the proof: such a filter does what edgeflow's would.
-func (r *Reconciler) adoptFilter(ctx context.Context, want *clientnetworking.EnvoyFilter, exists error) error {
-	api := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(want.Namespace)
-	cur, err := api.Get(ctx, want.Name, metav1.GetOptions{})
-	if err != nil || cur.Labels[ManagedByLabel] != ManagedByValue || cur.Annotations[FilterServiceAnnotation] != "" || !proto.Equal(&cur.Spec, &want.Spec) {
-		return fmt.Errorf("exists without label %s=%s and annotation %s as edgeflow writes them; not touching it: %w", ManagedByLabel, ManagedByValue, FilterServiceAnnotation, exists)
-	}
-	upd := cur.DeepCopy()
-	upd.Annotations = mergeMaps(cur.Annotations, want.Annotations)
-	_, err = api.Update(ctx, upd, metav1.UpdateOptions{})
-	r.logWrite(err, "adopted (written by an earlier edgeflow: annotated)", "EnvoyFilter", want.Namespace, want.Name)
-	return err
 }
 
 // managedSelector selects the objects edgeflow owns.
@@ -279,7 +261,7 @@ func (r *Reconciler) ownedFilters(ctx context.Context) ([]*clientnetworking.Envo
 		r.mu.Unlock()
 		if !logged {
 			r.log.Warn("EnvoyFilter labelled "+managedSelector+" but not named and annotated as edgeflow writes them; not edgeflow's, left alone",
-				"namespace", f.Namespace, "name", f.Name, "annotation", FilterServiceAnnotation)
+				"namespace", f.Namespace, "name", f.Name, "annotation", FilterNamespaceAnnotation)
 		}
 	}
 	return out, nil
