@@ -217,8 +217,8 @@ func xdsServerSANs(values []string) (sans []string, anyServer bool) {
 }
 
 // envoyFilterReconciler is the per-pod mode's reconciler (EnvoyFilters and bootstrap
-// ConfigMaps) for the cluster of the flags.
-func (f *clusterFlags) envoyFilterReconciler(cfg istio.Config, logger *slog.Logger) (*istio.Reconciler, error) {
+// ConfigMaps) for the cluster of the flags; reg (nil: none) receives its metrics.
+func (f *clusterFlags) envoyFilterReconciler(cfg istio.Config, logger *slog.Logger, reg prometheus.Registerer) (*istio.Reconciler, error) {
 	ic, err := f.istioClient()
 	if err != nil {
 		return nil, err
@@ -227,7 +227,7 @@ func (f *clusterFlags) envoyFilterReconciler(cfg istio.Config, logger *slog.Logg
 	if err != nil {
 		return nil, err
 	}
-	r, err := istio.NewReconciler(istio.ReconcilerConfig{Filters: cfg, Client: ic, Kube: kc, Logger: logger})
+	r, err := istio.NewReconciler(istio.ReconcilerConfig{Filters: cfg, Client: ic, Kube: kc, Logger: logger, Registerer: reg})
 	if err != nil {
 		return nil, usageError{err}
 	}

@@ -65,7 +65,7 @@ func (a *serveApp) buildIstio(opts optimizer.Options, lease leader.Config) (*ist
 	switch f.istio.mode {
 	case istioModeEnvoyFilter:
 		f.istio.xdsTLS = f.tls.CertFile != ""
-		if a.istio, err = f.envoyFilterReconciler(f.istio.config(), a.logger); err != nil {
+		if a.istio, err = f.envoyFilterReconciler(f.istio.config(), a.logger, a.reg); err != nil {
 			return nil, err
 		}
 	case istioModeDestinationRule:

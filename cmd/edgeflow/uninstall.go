@@ -125,7 +125,7 @@ func (o *uninstallOptions) run(cmd *cobra.Command) error {
 	if parts[partEnvoyFilter] {
 		filters := o.flags.config()
 		filters.XDSAddress = "uninstall.invalid:1" // not used: uninstall only deletes by label
-		r, err := o.cf.envoyFilterReconciler(filters, nil)
+		r, err := o.cf.envoyFilterReconciler(filters, nil, nil)
 		if err != nil {
 			return err
 		}

@@ -353,7 +353,7 @@ func TestRefusedRuleCounted(t *testing.T) {
 	if err := r.Reconcile(ctx, p); err != nil {
 		t.Fatalf("a refused rule failed the pass: %v", err)
 	}
-	if got := testutil.ToFloat64(r.metrics.refused); got != 1 {
+	if got := testutil.ToFloat64(r.metrics.refused.WithLabelValues(kindDestinationRule)); got != 1 {
 		t.Errorf("edgeflow_istio_refused_writes_total = %v, want 1", got)
 	}
 	if !strings.Contains(logs.String(), "rule=front/edgeflow.web.api.shop") {

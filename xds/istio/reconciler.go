@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"google.golang.org/protobuf/proto"
 	clientnetworking "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	"istio.io/client-go/pkg/clientset/versioned"
@@ -21,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
+	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -48,6 +51,8 @@ type ReconcilerConfig struct {
 	Clock clock.WithTickerAndDelayedExecution
 	// Logger receives one line per change and per failed pass (nil means slog.Default()).
 	Logger *slog.Logger
+	// Registerer, when set, receives edgeflow_istio_refused_writes_total{kind=EnvoyFilter|ConfigMap}.
+	Registerer prometheus.Registerer
 }
 
 // Reconciler keeps the objects edgeflow owns (labelled ManagedByLabel=ManagedByValue; a
@@ -83,6 +88,8 @@ type Reconciler struct {
 	updated       bool            // an Update has arrived
 	loggedForeign map[string]bool // labelled filters not edgeflow's, logged (ownedFilters)
 
+	refused *prometheus.CounterVec // edgeflow_istio_refused_writes_total
+
 	passes *passLoop
 }
 
@@ -110,7 +117,12 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("component", "istio-envoyfilters")
+	refused, err := newReconcilerMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
 	return &Reconciler{
+		refused:       refused,
 		cfg:           cfg,
 		log:           log,
 		loggedForeign: map[string]bool{},
@@ -191,6 +203,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 		default:
 			err = nil
 		}
+		err = r.countRefused(err, kindConfigMap, cm.Namespace, cm.Name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("xds/istio: ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err))
 		}
@@ -220,6 +233,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 		default:
 			err = nil
 		}
+		err = r.countRefused(err, kindEnvoyFilter, f.Namespace, f.Name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("xds/istio: EnvoyFilter %s/%s: %w", f.Namespace, f.Name, err))
 		}
@@ -227,6 +241,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 	errs = append(errs, r.deleteFilters(ctx, slices.Collect(maps.Values(have)))...)
 	errs = append(errs, r.deleteConfigMaps(ctx, slices.Collect(maps.Values(haveCM)))...)
 	return errors.Join(errs...)
+}
+
+// countRefused counts and logs err when the API server refused the write for the object itself
+// (refused: admission, quota, validation, size) and returns nil: retrying the pass at once
+// would be refused again, and the other objects must not wait on it (the next pass, Resync
+// later, asks again). Any other err is returned.
+func (r *Reconciler) countRefused(err error, kind, namespace, name string) error {
+	if !refused(err) {
+		return err
+	}
+	r.refused.WithLabelValues(kind).Inc()
+	r.log.Warn(kind+" refused by the API server; the other objects are written", "namespace", namespace, "name", name, "err", err)
+	return nil
+}
+
+// newReconcilerMetrics makes the Reconciler's metric and registers it with reg (nil: with
+// none); a registration that fails is returned as an error.
+func newReconcilerMetrics(reg prometheus.Registerer) (c *prometheus.CounterVec, err error) {
+	defer func() { err = metrics.Registered("xds/istio", recover()) }()
+	return refusedWrites(promauto.With(reg), kindEnvoyFilter, kindConfigMap), nil
 }
 
 // managedSelector selects the objects edgeflow owns.

@@ -12,15 +12,19 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
 	networking "istio.io/api/networking/v1alpha3"
 	clientnetworking "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	"istio.io/client-go/pkg/clientset/versioned/fake"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/clock"
@@ -646,5 +650,56 @@ func TestFiltersOfAnEarlierEdgeflowReplaced(t *testing.T) {
 	}
 	if got := listOwned(e.istio); !slices.Equal(got, []string{forged.Name}) {
 		t.Errorf("labelled filters after Uninstall %v, want only %s", got, forged.Name)
+	}
+}
+
+// TestRefusedFilterAndConfigMapCounted: an EnvoyFilter or bootstrap ConfigMap write the API
+// server refuses (an admission policy's 403, a validation's 422) is counted in
+// edgeflow_istio_refused_writes_total{kind} and logged naming it, and the pass writes the
+// others and succeeds, as for DestinationRules. Before, the refusal failed the whole pass
+// (retried every RetryInterval).
+func TestRefusedFilterAndConfigMapCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e, _ := newTestEnv(t, nil)
+	e.istio.PrependReactor("create", "envoyfilters", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if f := a.(k8stesting.CreateAction).GetObject().(*clientnetworking.EnvoyFilter); f.Name == "edgeflow-eds.shop" {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "networking.istio.io", Resource: "envoyfilters"}, f.Name,
+				errors.New("ValidatingAdmissionPolicy 'quota' denied request"))
+		}
+		return false, nil, nil
+	})
+	e.kube.PrependReactor("create", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetNamespace() == "default" {
+			return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "ConfigMap"}, BootstrapConfigMapName, nil)
+		}
+		return false, nil, nil
+	})
+	reg := prometheus.NewRegistry()
+	var logs testkit.LogBuffer
+	r, err := NewReconciler(ReconcilerConfig{Filters: testConfig, Client: e.istio, Kube: e.kube, Registerer: reg,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Reconcile(ctx, bookinfo()); err != nil {
+		t.Fatalf("a refused write failed the pass: %v", err)
+	}
+	for kind, want := range map[string]float64{kindEnvoyFilter: 1, kindConfigMap: 1, kindDestinationRule: 0} {
+		if got := testutil.ToFloat64(r.refused.WithLabelValues(kind)); got != want {
+			t.Errorf("edgeflow_istio_refused_writes_total{kind=%s} = %v, want %v", kind, got, want)
+		}
+	}
+	for _, want := range []string{"msg=\"EnvoyFilter refused by the API server; the other objects are written\" component=istio-envoyfilters namespace=istio-system name=edgeflow-eds.shop",
+		"msg=\"ConfigMap refused by the API server; the other objects are written\" component=istio-envoyfilters namespace=default name=edgeflow-bootstrap"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("no log line %q:\n%s", want, logs.String())
+		}
+	}
+	if _, ok := inCluster(t, e.istio, DefaultNamespace)["edgeflow-eds.default"]; !ok {
+		t.Error("the other namespace's filter was not written")
+	}
+	if _, ok := configMaps(t, e.kube)["shop/"+BootstrapConfigMapName]; !ok {
+		t.Error("the other namespace's ConfigMap was not written")
 	}
 }

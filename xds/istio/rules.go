@@ -341,7 +341,7 @@ func (r *RulesReconciler) reconcile(ctx context.Context, p *LocalityPlan, src ru
 			// The API server judged this one object (an admission policy, a quota, validation):
 			// retrying the pass at once would be refused again, and the other edges' rules must
 			// not wait on it. Counted and logged; the next pass (Resync) asks again.
-			r.metrics.refused.Inc()
+			r.metrics.refused.WithLabelValues(kindDestinationRule).Inc()
 			r.log.Warn("DestinationRule refused by the API server; the other rules are written", "rule", key, "err", err)
 			err = nil
 		}
@@ -492,7 +492,7 @@ type rulesMetrics struct {
 	perNode    prometheus.Gauge
 	edges      *prometheus.GaugeVec
 	deviation  prometheus.Gauge
-	refused    prometheus.Counter
+	refused    *prometheus.CounterVec
 }
 
 // newRulesMetrics makes the metrics and registers them with reg (nil: with none). A
@@ -509,9 +509,27 @@ func newRulesMetrics(reg prometheus.Registerer) (m *rulesMetrics, err error) {
 			Help: "Call edges by what became of them: written (a DestinationRule), skipped, conflict (a user's rule edgeflow cannot merge)."}, []string{labelStatus}),
 		deviation: f.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "weight_deviation_ratio",
 			Help: "Largest fraction of one call edge's planned traffic that integer locality weights send elsewhere."}),
-		refused: f.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "refused_writes_total",
-			Help: "DestinationRule creates and updates the API server refused (admission, quota, validation, size); the pass went on with the others."}),
+		refused: refusedWrites(f, kindDestinationRule),
 	}, nil
+}
+
+// The kind label values of edgeflow_istio_refused_writes_total.
+const (
+	kindDestinationRule = "DestinationRule"
+	kindEnvoyFilter     = "EnvoyFilter"
+	kindConfigMap       = "ConfigMap"
+)
+
+// refusedWrites makes edgeflow_istio_refused_writes_total{kind}, with a series at 0 for each
+// of kinds (the objects the reconciler writes). Each Istio mode's reconciler makes its own.
+func refusedWrites(f promauto.Factory, kinds ...string) *prometheus.CounterVec {
+	c := f.NewCounterVec(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "refused_writes_total",
+		Help: "Creates and updates of Istio's objects (kind: DestinationRule, EnvoyFilter, ConfigMap, the bootstrap ConfigMap) the API server refused (admission, quota, validation, size); the pass went on with the others."},
+		[]string{"kind"})
+	for _, k := range kinds {
+		c.WithLabelValues(k)
+	}
+	return c
 }
 
 func (m *rulesMetrics) observe(rep *RulesReport) {
