@@ -185,7 +185,7 @@ $(HELM):
 ## cleanup Jobs: with plain manifests, run edgeflow uninstall yourself); e2e/install's
 ## TestManifestsUpToDate fails when it is stale
 manifests: $(HELM)
-	$(HELM) template edgeflow install/helm/edgeflow --namespace edgeflow --kube-version $(KUBE_VERSION) \
+	$(HELM) template edgeflow install/helm/edgeflow --namespace edgeflow --kube-version $(KUBE_VERSION) --set 'watch.namespaces={*}' \
 	  $(addprefix --api-versions ,$(KUBE_API_VERSIONS)) --no-hooks > install/manifests/edgeflow.yaml
 
 ## docs: the CLI reference, docs/reference/cli (cmd/edgeflow's TestCLIDocsUpToDate fails when it is stale),

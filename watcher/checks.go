@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/edgeflow/edgeflow/watcher/estimate"
+	"github.com/edgeflow/edgeflow/watcher/kube"
 )
 
 // Check is the state of one input, for /readyz.
@@ -33,6 +34,10 @@ func (c *Live) Checks() []Check {
 			parts = append(parts, fmt.Sprintf("%s: failing since %s: %v", f.Informer, f.Since.Format(time.RFC3339), f.Err))
 		}
 		k.Message = strings.Join(parts, "; ") + "; serving the last known state"
+	}
+	if st := c.cfg.Kube.Current(); st != nil && len(st.Refused) > 0 {
+		// Not failed: the services within the bound are served in full.
+		k.Message += fmt.Sprintf("; %d managed services beyond --max-managed-services refused: %s", len(st.Refused), kube.ListRefused(st.Refused))
 	}
 	checks := []Check{k}
 	if c.cfg.Prom == nil {

@@ -71,6 +71,7 @@ type clusterFlags struct {
 	maxBytes       int64
 	kubeQPS        float32
 	kubeBurst      int
+	maxServices    int
 
 	istio istioFlags
 
@@ -89,6 +90,8 @@ type istioFlags struct {
 	labelNodes    bool
 	xdsTLS        bool
 	xdsServerSANs []string
+	// drExportTo is the mesh's defaultDestinationRuleExportTo (--istio-default-destination-rule-export-to).
+	drExportTo []string
 }
 
 // Istio modes (--istio-mode).
@@ -117,6 +120,7 @@ func (f *istioFlags) registerRules(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.rootNamespace, "istio-root-namespace", istio.DefaultRootNamespace, "Istio's root namespace, whose exported DestinationRules apply mesh-wide (a user's rule there is carried into edgeflow's)")
 	fl.StringVar(&f.clusterDomain, "cluster-domain", optimizer.DefaultClusterDomain, "the Kubernetes cluster's DNS domain, in Istio's cluster names and service host names")
+	fl.StringSliceVar(&f.drExportTo, "istio-default-destination-rule-export-to", nil, "the mesh's defaultDestinationRuleExportTo (MeshConfig, as istiod is given it): with \".\" a user's DestinationRule without exportTo is private to its namespace, so edgeflow carries it only into rules of that namespace's callers; empty or \"*\": exported everywhere (Istio honours only \".\" and \"*\" there)")
 }
 
 // checkMode validates the flags that go with --istio-mode (the flag validates its value).
@@ -146,6 +150,38 @@ func (f *istioFlags) config() istio.Config {
 	cfg := istio.Config{Namespace: f.namespace, XDSAddress: f.xdsAddress, ClusterDomain: f.clusterDomain, TLS: f.xdsTLS}
 	cfg.TLSServerSANs, cfg.TLSAnyServer = xdsServerSANs(f.xdsServerSANs)
 	return cfg
+}
+
+// DefaultMaxManagedServices is --max-managed-services' default: a tenant who can label
+// Services makes edgeflow plan, serve and write for at most this many.
+const DefaultMaxManagedServices = 1000
+
+// allNamespaces is the --namespaces value by which the operator has edgeflow manage the
+// Services of every namespace explicitly (no namespace is named "*").
+const allNamespaces = "*"
+
+// checkNamespaces validates --namespaces and reads allNamespaces as every namespace (nil).
+func (f *clusterFlags) checkNamespaces() error {
+	if !slices.Contains(f.namespaces, allNamespaces) {
+		return nil
+	}
+	if len(f.namespaces) > 1 {
+		return badInput("--namespaces %q: %q is every namespace, so it goes alone", strings.Join(f.namespaces, ","), allNamespaces)
+	}
+	f.namespaces = nil
+	return nil
+}
+
+// checkIstioNamespaces: an Istio mode writes for every managed Service (DestinationRules in its
+// callers' namespaces, EnvoyFilters and bootstrap ConfigMaps), so anyone who can label a Service
+// in a namespace edgeflow watches has it write there; the operator names those namespaces, or
+// says allNamespaces.
+func (f *clusterFlags) checkIstioNamespaces() error {
+	if f.istio.mode == istioModeOff || len(f.namespaces) > 0 {
+		return nil
+	}
+	return badInput("--istio-mode=%s needs --namespaces: the namespaces whose Services edgeflow manages and writes Istio's objects for "+
+		"(anyone who can label a Service in a watched namespace has edgeflow write for it); --namespaces=%s watches every namespace", f.istio.mode, allNamespaces)
 }
 
 // anyXDSServer is the --istio-xds-server-san value by which the operator accepts any
@@ -181,8 +217,8 @@ func xdsServerSANs(values []string) (sans []string, anyServer bool) {
 }
 
 // envoyFilterReconciler is the per-pod mode's reconciler (EnvoyFilters and bootstrap
-// ConfigMaps) for the cluster of the flags.
-func (f *clusterFlags) envoyFilterReconciler(cfg istio.Config, logger *slog.Logger) (*istio.Reconciler, error) {
+// ConfigMaps) for the cluster of the flags; reg (nil: none) receives its metrics.
+func (f *clusterFlags) envoyFilterReconciler(cfg istio.Config, logger *slog.Logger, reg prometheus.Registerer) (*istio.Reconciler, error) {
 	ic, err := f.istioClient()
 	if err != nil {
 		return nil, err
@@ -191,7 +227,7 @@ func (f *clusterFlags) envoyFilterReconciler(cfg istio.Config, logger *slog.Logg
 	if err != nil {
 		return nil, err
 	}
-	r, err := istio.NewReconciler(istio.ReconcilerConfig{Filters: cfg, Client: ic, Kube: kc, Logger: logger})
+	r, err := istio.NewReconciler(istio.ReconcilerConfig{Filters: cfg, Client: ic, Kube: kc, Logger: logger, Registerer: reg})
 	if err != nil {
 		return nil, usageError{err}
 	}
@@ -199,7 +235,7 @@ func (f *clusterFlags) envoyFilterReconciler(cfg istio.Config, logger *slog.Logg
 }
 
 func (f *istioFlags) rulesConfig() istio.RulesConfig {
-	return istio.RulesConfig{ClusterDomain: f.clusterDomain, RootNamespace: f.rootNamespace}
+	return istio.RulesConfig{ClusterDomain: f.clusterDomain, RootNamespace: f.rootNamespace, DefaultExportTo: f.drExportTo}
 }
 
 // istioClient is the istio client-go clientset for the cluster of the flags.
@@ -226,7 +262,8 @@ func (f *clusterFlags) register(cmd *cobra.Command) {
 	})
 	f.registerKubeconfig(cmd, "read the topology from the cluster of this kubeconfig instead of -f (default: kubectl's: $KUBECONFIG, else ~/.kube/config, else in a pod the in-cluster config)")
 	f.registerKubeLimits(cmd)
-	fl.StringSliceVar(&f.namespaces, "namespaces", nil, "namespaces whose Services may be managed (default: all)")
+	fl.StringSliceVar(&f.namespaces, "namespaces", nil, "namespaces whose Services may be managed; \""+allNamespaces+"\": every namespace, explicitly (default: all, except with --istio-mode, which needs the list or \""+allNamespaces+"\")")
+	fl.IntVar(&f.maxServices, "max-managed-services", DefaultMaxManagedServices, "the most managed Services: beyond it the others are refused (the first by namespace, then name, kept), logged, counted in edgeflow_kube_skipped{reason=\"over_cap\"} and listed in /readyz (0: no bound)")
 	fl.StringVarP(&f.selector, "selector", "l", kube.DefaultSelector, "label selector of managed Services (\"\" selects every Service in --namespaces)")
 	fl.StringVar(&f.prometheusURL, "prometheus-url", "", "Prometheus base URL: node-to-node latency (blackbox ICMP RTT) and the call graph (istio_requests_total)")
 	fl.StringVar(&f.callsFile, "calls", "", "call graph file (calls and ingress, as in a topology file) instead of istio_requests_total")
@@ -359,6 +396,9 @@ func (f *clusterFlags) clientset() (kubernetes.Interface, error) {
 // node), else those of --namespaces. The caller starts them (Start) and stops them (Stop) once
 // everything reading them has ended.
 func (f *clusterFlags) informers(allPods bool, logger *slog.Logger) (*kube.Informers, error) {
+	if err := f.checkNamespaces(); err != nil {
+		return nil, err
+	}
 	cfg, err := f.restConfig()
 	if err != nil {
 		return nil, err
@@ -377,7 +417,7 @@ func (f *clusterFlags) informers(allPods bool, logger *slog.Logger) (*kube.Infor
 // (watcher.LiveConfig.Breaker). Bad flags or files are usage errors.
 func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, check func(*optimizer.Topology) error, plan func() (*optimizer.Topology, *optimizer.Allocation),
 	logger *slog.Logger, reg prometheus.Registerer) (*watcher.Live, error) {
-	ks, err := kube.NewSource(kube.Config{Informers: inf, Namespaces: f.namespaces, Selector: f.selector, IPFamily: corev1.IPFamily(f.ipFamily),
+	ks, err := kube.NewSource(kube.Config{Informers: inf, Namespaces: f.namespaces, Selector: f.selector, MaxServices: f.maxServices, IPFamily: corev1.IPFamily(f.ipFamily),
 		Logger: logger, Registerer: reg})
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--ip-family: %w", err)}

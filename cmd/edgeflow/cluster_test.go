@@ -153,6 +153,38 @@ func TestCommandsOnALiveCluster(t *testing.T) {
 	if err := serve.stop(); err != nil {
 		t.Errorf("serve returned %v", err)
 	}
+
+	t.Run("bounded", func(t *testing.T) { boundedOnALiveCluster(t, common) })
+}
+
+// boundedOnALiveCluster: serve --max-managed-services 1 on the real API server keeps api (the
+// first of shop's two managed Services by name) and refuses web: a log line and /readyz name
+// it, edgeflow_kube_skipped{reason="over_cap"} counts it, and api is still served (published).
+// Before the bound, both were managed.
+func boundedOnALiveCluster(t *testing.T, common []string) {
+	serve := startServeProcess(t, append([]string{"serve", "--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0", "--max-managed-services", "1"}, common...)...)
+	var metricsURL string
+	re := regexp.MustCompile(`metrics (http://\S+)/metrics, .*topology from the cluster`)
+	testkit.Eventually(t, 15*time.Second, "the listening line", func() bool {
+		if m := re.FindStringSubmatch(serve.stderr.String()); m != nil {
+			metricsURL = m[1]
+		}
+		return metricsURL != ""
+	})
+	testkit.Eventually(t, 15*time.Second, "/readyz", func() bool { code, _ := httpGet(metricsURL + "/readyz"); return code == 200 })
+	if _, body := httpGet(metricsURL + "/readyz"); !strings.Contains(body, "1 managed services beyond --max-managed-services refused: shop/web") {
+		t.Errorf("/readyz does not name the refused service:\n%s", body)
+	}
+	_, metrics := httpGet(metricsURL + "/metrics")
+	if !strings.Contains(metrics, `edgeflow_kube_skipped{reason="over_cap"} 1`) {
+		t.Errorf("the refused service is not counted:\n%s", grep(metrics, "edgeflow_kube_skipped"))
+	}
+	if log := serve.stderr.String(); !strings.Contains(log, "refused=shop/web") || !strings.Contains(log, "max=1") {
+		t.Errorf("no log line naming the refused service:\n%s", log)
+	}
+	if err := serve.stop(); err != nil {
+		t.Errorf("serve returned %v", err)
+	}
 }
 
 // Cluster inputs that cannot work are bad input: exit 2, nothing on stdout.

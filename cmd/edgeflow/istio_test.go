@@ -111,6 +111,7 @@ func TestXDSServerSANRequired(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &serveFlags{}
+			f.namespaces = []string{"shop"}
 			f.istio = istioFlags{mode: istioModeEnvoyFilter, xdsAddress: "edgeflow.edgeflow.svc.cluster.local:18000", xdsServerSANs: tc.sans}
 			f.tls.CertFile = tc.cert
 			_, err := f.checkIstio()

@@ -28,6 +28,9 @@ func (f *serveFlags) checkIstio() (leader.Config, error) {
 	if f.istio.mode != istioModeOff && f.file != "" {
 		return lease, badInput("--istio-mode=%s needs the cluster flags (--kubeconfig or in-cluster), not -f", f.istio.mode)
 	}
+	if err := f.checkIstioNamespaces(); err != nil {
+		return lease, err
+	}
 	if f.istio.mode == istioModeEnvoyFilter {
 		if err := checkXDSServerSANs(f.istio.xdsServerSANs, f.tls.CertFile != "", "--istio-mode="+istioModeEnvoyFilter+" with --xds-tls-cert"); err != nil {
 			return lease, err
@@ -62,7 +65,7 @@ func (a *serveApp) buildIstio(opts optimizer.Options, lease leader.Config) (*ist
 	switch f.istio.mode {
 	case istioModeEnvoyFilter:
 		f.istio.xdsTLS = f.tls.CertFile != ""
-		if a.istio, err = f.envoyFilterReconciler(f.istio.config(), a.logger); err != nil {
+		if a.istio, err = f.envoyFilterReconciler(f.istio.config(), a.logger, a.reg); err != nil {
 			return nil, err
 		}
 	case istioModeDestinationRule:

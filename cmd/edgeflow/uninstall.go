@@ -72,7 +72,10 @@ func newUninstallCommand() *cobra.Command {
 			"  envoyfilter      the EnvoyFilters in --istio-namespace, then the " + istio.BootstrapConfigMapName + " ConfigMaps in every namespace\n" +
 			"  destinationrule  the DestinationRules in every namespace\n" +
 			"  istio            envoyfilter and destinationrule\n" +
-			"Only objects labelled " + istio.ManagedByLabel + "=" + istio.ManagedByValue + " are deleted; Istio's sidecars then take every\n" +
+			"Only objects labelled " + istio.ManagedByLabel + "=" + istio.ManagedByValue + " are deleted, EnvoyFilters only when also named\n" +
+			"edgeflow-eds.NAMESPACE and annotated " + istio.FilterNamespaceAnnotation + "=NAMESPACE as edgeflow writes them, or exactly as\n" +
+			"an earlier edgeflow wrote one per service (a label alone is anyone's to set: such a filter is left and\n" +
+			"logged); Istio's sidecars then take every\n" +
 			"service's endpoints and load balancing from istiod and the user's own rules again. Running it twice is\n" +
 			"harmless. Stop edgeflow first, or a running replica writes again what this removes: --stop-deployment\n" +
 			"scales edgeflow's Deployment to zero and waits until its pods are gone (the Helm chart's pre-delete hook\n" +
@@ -135,7 +138,7 @@ func (o *uninstallOptions) run(cmd *cobra.Command) error {
 	if parts[partEnvoyFilter] {
 		filters := o.flags.config()
 		filters.XDSAddress = "uninstall.invalid:1" // not used: uninstall only deletes by label
-		r, err := o.cf.envoyFilterReconciler(filters, nil)
+		r, err := o.cf.envoyFilterReconciler(filters, nil, nil)
 		if err != nil {
 			return err
 		}

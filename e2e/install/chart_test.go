@@ -334,6 +334,9 @@ func TestBadValuesNamed(t *testing.T) {
 		{map[string]any{"logLevel": "verbose"}, `at '/logLevel': value must be one of 'debug', 'info', 'warn', 'error'`},
 		// the templates
 		{map[string]any{"istio": map[string]any{"mode": "off", "labelNodes": true}}, "istio.labelNodes needs istio.mode=destinationrule"},
+		{map[string]any{"watch": map[string]any{"namespaces": []any{}}}, "istio.mode=destinationrule needs watch.namespaces"},
+		{map[string]any{"watch": map[string]any{"namespaces": []any{}}, "istio": map[string]any{"mode": "envoyfilter"}}, "istio.mode=envoyfilter needs watch.namespaces"},
+		{map[string]any{"watch": map[string]any{"namespaces": []any{"*", "shop"}}}, `"*" is every namespace, so it goes alone`},
 		{map[string]any{"istio": map[string]any{"mode": "destinationrule", "leaseName": "edgeflow-rebalancer"}}, "istio.leaseName must differ from rebalancer.leaseName"},
 		{map[string]any{"rebalancer": map[string]any{"mode": "act"}, "webhook": map[string]any{"certificate": "secret"}}, "webhook.caBundle"},
 		{map[string]any{"prometheus": map[string]any{"url": ""}}, "callGraph"},

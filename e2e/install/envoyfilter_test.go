@@ -3,6 +3,7 @@ package install
 import (
 	"context"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,8 +21,8 @@ var efGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "
 
 // In the per-pod Istio mode, with exactly the chart's permissions (the table's: a Role for
 // EnvoyFilters in istio-system, the ConfigMaps named edgeflow-bootstrap cluster-wide, reads and
-// the ConfigMap create in the watched namespace), edgeflow writes one EnvoyFilter per managed
-// service and the bootstrap ConfigMap, with no forbidden request; the admission policy refuses
+// the ConfigMap create in the watched namespace), edgeflow writes one EnvoyFilter for the
+// namespace of the two managed services (edgeflow-eds.shop) and the bootstrap ConfigMap, with no forbidden request; the admission policy refuses
 // it another ConfigMap RBAC would let it create; helm uninstall plus edgeflow uninstall then
 // leave nothing.
 func TestEnvoyFilterModeWithTheChartsPermissions(t *testing.T) {
@@ -64,7 +65,7 @@ func TestEnvoyFilterModeWithTheChartsPermissions(t *testing.T) {
 	r := a.launch(objs, c.Config.Host, nil)
 
 	var filters []string
-	testkit.Eventually(t, 60*time.Second, "an EnvoyFilter per managed service and the bootstrap ConfigMap", func() bool {
+	testkit.Eventually(t, 60*time.Second, "one EnvoyFilter for the managed services' namespace and the bootstrap ConfigMap", func() bool {
 		list, err := cl.dyn.Resource(efGVR).Namespace("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=edgeflow"})
 		if err != nil {
 			t.Fatal(err)
@@ -74,7 +75,7 @@ func TestEnvoyFilterModeWithTheChartsPermissions(t *testing.T) {
 			filters = append(filters, o.GetName())
 		}
 		_, err = cs.CoreV1().ConfigMaps(appNS).Get(ctx, "edgeflow-bootstrap", metav1.GetOptions{})
-		return len(filters) == 2 && err == nil
+		return slices.Equal(filters, []string{"edgeflow-eds." + appNS}) && err == nil
 	})
 	t.Logf("EnvoyFilters in istio-system: %v; ConfigMap %s/edgeflow-bootstrap", filters, appNS)
 	r.stop()

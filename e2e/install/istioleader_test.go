@@ -85,7 +85,7 @@ func TestIstioWriterIsLeaderElected(t *testing.T) {
 		// Port 0: the process binds its own ports and prints them.
 		r.cmd = exec.Command(bin, "serve", "--kubeconfig", c.Kubeconfig, "--calls", calls, "--default-latency", "10",
 			"--xds-address", "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
-			"--istio-mode", "destinationrule", "--rebalance-lease-namespace", namespace)
+			"--istio-mode", "destinationrule", "--namespaces", appNS, "--rebalance-lease-namespace", namespace)
 		r.cmd.Stdout, r.cmd.Stderr = f, f
 		r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := r.cmd.Start(); err != nil {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -93,11 +94,33 @@ func renderRaw(t *testing.T, values map[string]any, extra ...string) ([]byte, er
 	return renderFor(t, values, append([]string{"--api-versions", policyAPI}, extra...)...)
 }
 
+// everyNamespaceUnlessNamed returns values with watch.namespaces ["*"] (every namespace,
+// explicitly) when they name none, as make manifests renders: the chart refuses an Istio mode
+// (the default, destinationrule) without watch.namespaces. values itself is not modified.
+func everyNamespaceUnlessNamed(values map[string]any) map[string]any {
+	watch, _ := values["watch"].(map[string]any)
+	if _, named := watch["namespaces"]; named {
+		return values
+	}
+	out := maps.Clone(values)
+	if out == nil {
+		out = map[string]any{}
+	}
+	w := maps.Clone(watch)
+	if w == nil {
+		w = map[string]any{}
+	}
+	w["namespaces"] = []any{"*"}
+	out["watch"] = w
+	return out
+}
+
 // renderFor is helm template's output with only the capabilities extra gives it beyond its
 // own (Kubernetes kubeVersion's group versions, no kinds).
 func renderFor(t *testing.T, values map[string]any, extra ...string) ([]byte, error) {
 	t.Helper()
 	args := []string{"template", release, filepath.Join(testkit.RepoRoot(), "install", "helm", "edgeflow"), "--namespace", namespace, "--kube-version", kubeVersion}
+	values = everyNamespaceUnlessNamed(values)
 	if values != nil {
 		raw, err := yaml.Marshal(values)
 		if err != nil {

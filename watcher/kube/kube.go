@@ -66,6 +66,12 @@ type Config struct {
 	// (default DefaultHealthInterval): client-go retries a refused watch without telling its
 	// watch error handler, so an API server that is down is found this way.
 	HealthInterval time.Duration
+	// MaxServices bounds the managed services (0 or negative: no bound): beyond it, services
+	// are refused, the first MaxServices by namespace then name kept, whatever their
+	// readiness, so which are kept does not move with a tenant's pods (State.Refused,
+	// SkipOverCap). A tenant who can label Services cannot make edgeflow plan, serve and write
+	// Istio's objects for an unbounded number of them.
+	MaxServices int
 	// Logger and Registerer as elsewhere (nil: slog.Default(), metrics not registered).
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -94,8 +100,11 @@ type State struct {
 	// Source's cache (a pass assembles a State in O(services), not O(pods)): read only.
 	PodCPU []map[string]int64
 	// Skipped counts endpoints left out, by reason (the Skip constants); and services left
-	// out: no_ready_pods.
+	// out: no_ready_pods, over_cap.
 	Skipped map[string]int
+	// Refused are the managed services (NAMESPACE/NAME) beyond Config.MaxServices, sorted:
+	// left out of Services.
+	Refused []string
 }
 
 // SidecarContainer is the name of the container Istio's injector adds to a pod (its Envoy).
@@ -115,10 +124,12 @@ const (
 	// namespace's pod, so it is left out rather than let one pod stand for another.
 	SkipAmbiguousName = "ambiguous_name"
 	SkipNoReadyPods   = "no_ready_pods"
+	// SkipOverCap: a managed service beyond Config.MaxServices (State.Refused).
+	SkipOverCap = "over_cap"
 )
 
 // skipReasons lists every skip reason, for the metric.
-var skipReasons = []string{SkipNotReady, SkipTerminating, SkipNoAddress, SkipNoNode, SkipUnknownNode, SkipBadName, SkipAmbiguousName, SkipNoReadyPods}
+var skipReasons = []string{SkipNotReady, SkipTerminating, SkipNoAddress, SkipNoNode, SkipUnknownNode, SkipBadName, SkipAmbiguousName, SkipNoReadyPods, SkipOverCap}
 
 // Source follows the cluster with shared informers.
 //
@@ -341,11 +352,34 @@ func (s *Source) logSkips(prev, st *State) {
 			s.log.Warn(msg, "count", n)
 		}
 	}
+	if !slices.Equal(st.Refused, refusedOf(prev)) && len(st.Refused) > 0 {
+		s.log.Warn("kube: managed services beyond --max-managed-services are refused (the first by namespace, then name, are kept)",
+			"max", s.cfg.MaxServices, "count", len(st.Refused), "refused", ListRefused(st.Refused))
+	}
 	if prev == nil || prev.Skipped[SkipNoReadyPods] != st.Skipped[SkipNoReadyPods] {
 		if n := st.Skipped[SkipNoReadyPods]; n > 0 {
 			s.log.Warn("kube: managed services without a ready endpoint are left out", "count", n)
 		}
 	}
+}
+
+func refusedOf(st *State) []string {
+	if st == nil {
+		return nil
+	}
+	return st.Refused
+}
+
+// maxListedRefused bounds the services one log or /readyz line names: a tenant may label many.
+const maxListedRefused = 10
+
+// ListRefused joins refused services for a log or /readyz line: at most 10 of them, then how
+// many more.
+func ListRefused(refused []string) string {
+	if len(refused) > maxListedRefused {
+		return strings.Join(refused[:maxListedRefused], ", ") + fmt.Sprintf(" and %d more", len(refused)-maxListedRefused)
+	}
+	return strings.Join(refused, ", ")
 }
 
 // UniqueNamespaces returns namespaces without repeats (each would get its own informers and

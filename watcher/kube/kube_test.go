@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -695,4 +696,54 @@ func dupRegistry() *prometheus.Registry {
 		panic(err)
 	}
 	return reg
+}
+
+// TestManagedServicesBounded: beyond Config.MaxServices, the managed services after the first
+// MaxServices by namespace, then name, are refused (State.Refused, edgeflow_kube_skipped
+// {reason="over_cap"}), whatever their readiness; those kept are served in full. A tenant's new
+// service in an earlier namespace takes a place; one deleted gives it back. Before the bound,
+// every labelled service was managed.
+func TestManagedServicesBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	objs := append([]runtime.Object(nil), nodes...)
+	for _, ref := range [][2]string{{"b", "x"}, {"a", "z"}, {"a-b", "y"}, {"c", "w"}} {
+		ns, name := ref[0], ref[1]
+		objs = append(objs, managed(ns, name, corev1.ServicePort{Name: "http", Port: 80}), deployed(ns, name, name+"-1", "n1"),
+			slice(ns, name, name+"-s", []string{"http:80"}, endpoint("10.0.0.1", name+"-1", "n1")))
+	}
+	h := start(t, Config{Selector: DefaultSelector, MaxServices: 2}, objs...)
+	keys := func(st *State) []string {
+		var out []string
+		for _, s := range st.Services {
+			out = append(out, s.Namespace+"/"+s.Name)
+		}
+		slices.Sort(out) // Services are sorted by Key (NAME.NAMESPACE)
+		return out
+	}
+	st := h.first()
+	// By namespace, then name: a, a-b, b, c.
+	if got, want := keys(st), []string{"a-b/y", "a/z"}; !slices.Equal(got, want) {
+		t.Errorf("services kept %v, want %v", got, want)
+	}
+	if want := []string{"b/x", "c/w"}; !slices.Equal(st.Refused, want) || st.Skipped[SkipOverCap] != 2 {
+		t.Errorf("refused %v (skipped %v), want %v", st.Refused, st.Skipped, want)
+	}
+	if got := testutil.ToFloat64(h.src.skipped.WithLabelValues(SkipOverCap)); got != 2 {
+		t.Errorf("edgeflow_kube_skipped{reason=over_cap} = %v, want 2", got)
+	}
+	for _, s := range st.Services {
+		if len(s.Pods) != 1 || len(s.Ports) != 1 {
+			t.Errorf("kept service %s served without its pods or ports: %+v", s.Key(), s)
+		}
+	}
+
+	// The first service goes: the next by namespace takes its place.
+	if err := h.client.CoreV1().Services("a").Delete(ctx, "z", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "b/x managed once a/z is gone", func() bool {
+		st = h.src.Current()
+		return slices.Equal(keys(st), []string{"a-b/y", "b/x"}) && slices.Equal(st.Refused, []string{"c/w"})
+	})
 }

@@ -26,7 +26,7 @@ func (s *Source) newMetrics(reg prometheus.Registerer) (err error) {
 	s.rebuilds = f.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "rebuilds_total",
 		Help: "Cluster states rebuilt from the informer caches (events are coalesced)."})
 	s.skipped = f.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "skipped",
-		Help: "Endpoints (not_ready, terminating, no_address, no_node, unknown_node, bad_name, ambiguous_name) and managed services (no_ready_pods) left out of the current state."},
+		Help: "Endpoints (not_ready, terminating, no_address, no_node, unknown_node, bad_name, ambiguous_name) and managed services (no_ready_pods; over_cap: beyond --max-managed-services) left out of the current state."},
 		[]string{labelReason})
 	return nil
 }

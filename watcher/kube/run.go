@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -214,7 +215,7 @@ func (s *Source) Run(ctx context.Context, deliver func(*State)) error {
 	s.mu.Unlock()
 	s.log.Info("kube: informer caches synced", "namespaces", s.cfg.Namespaces, "selector", s.cfg.Selector)
 	s.touch(func(d *dirty) { d.all = true })
-	b := &builder{entries: map[string]*serviceEntry{}}
+	b := &builder{entries: map[string]*serviceEntry{}, maxServices: s.cfg.MaxServices}
 	for {
 		select {
 		case <-ctx.Done():
@@ -239,6 +240,9 @@ type builder struct {
 	entries map[string]*serviceEntry // NAMESPACE/NAME of each managed service
 	last    *State
 	keys    []string // last.Services' keys, in their order
+	// maxServices is Config.MaxServices: the entries beyond it, by namespace then name, are
+	// refused (0 or negative: none).
+	maxServices int
 }
 
 // change is one service entry a pass replaced: old or new is nil where there was none.
@@ -306,7 +310,10 @@ func (s *Source) pass(b *builder, d dirty, deliver func(*State)) {
 		return
 	}
 	var st *State
-	if b.last == nil || d.all || len(changes) > patchMax {
+	// Over the cap of managed services (now or in the last State), the services kept depend on
+	// every entry: assembled anew.
+	overCap := b.maxServices > 0 && len(b.entries) > b.maxServices
+	if b.last == nil || d.all || len(changes) > patchMax || overCap || len(b.last.Refused) > 0 {
 		st = b.assemble()
 	} else {
 		st = b.patch(changes)
@@ -328,7 +335,12 @@ func (b *builder) assemble() *State {
 	st := &State{Nodes: b.nodes.list, NodeAddresses: b.nodes.addrs, Skipped: map[string]int{}}
 	ps := make([]*serviceEntry, 0, len(b.entries))
 	workloads := 0
-	for _, p := range b.entries {
+	entries := b.entries
+	if b.maxServices > 0 && len(entries) > b.maxServices {
+		entries, st.Refused = b.capped()
+		st.Skipped[SkipOverCap] = len(st.Refused)
+	}
+	for _, p := range entries {
 		if len(p.skipped) > 0 { // most are empty: no iterator started for them
 			for r, n := range p.skipped {
 				st.Skipped[r] += n
@@ -464,6 +476,21 @@ func podCPU(p *serviceEntry) map[string]int64 {
 		return nil
 	}
 	return p.podCPU
+}
+
+// capped splits the entries at maxServices, by namespace then name: those kept, and the keys
+// (NAMESPACE/NAME) of those refused, sorted. O(services log services), only while over the cap.
+func (b *builder) capped() (map[string]*serviceEntry, []string) {
+	keys := slices.SortedFunc(maps.Keys(b.entries), func(x, y string) int {
+		xns, xname, _ := strings.Cut(x, "/")
+		yns, yname, _ := strings.Cut(y, "/")
+		return cmp.Or(strings.Compare(xns, yns), strings.Compare(xname, yname))
+	})
+	kept := make(map[string]*serviceEntry, b.maxServices)
+	for _, k := range keys[:b.maxServices] {
+		kept[k] = b.entries[k]
+	}
+	return kept, keys[b.maxServices:]
 }
 
 // buildNodes reads every node. O(nodes).

@@ -66,6 +66,10 @@ type RulesConfig struct {
 	// its own simple, which is kept and reported (EdgeStatus.UserLB). Other values leave
 	// simple to the user's rule, or to Istio's default (also LEAST_REQUEST).
 	LBPolicy xds.LBPolicy
+	// DefaultExportTo is the mesh's defaultDestinationRuleExportTo (MeshConfig): how a rule
+	// without exportTo is exported. Istio honours only "." in it (such a rule is private to its
+	// namespace); nil, "*" or any other value leave it exported everywhere (see exportedTo).
+	DefaultExportTo []string
 }
 
 func (c RulesConfig) domain() string { return cmp.Or(c.ClusterDomain, optimizer.DefaultClusterDomain) }
@@ -466,7 +470,7 @@ func userRuleFor(cfg RulesConfig, user []*clientnetworkingv1.DestinationRule, ca
 					continue
 				}
 			}
-			if !local && !exportedTo(dr, callerNS) {
+			if !local && !exportedTo(dr, callerNS, cfg.DefaultExportTo) {
 				continue
 			}
 			n, ok := hostMatch(cfg.fqdn(dr.Spec.Host, dr.Namespace), host)
@@ -516,11 +520,17 @@ func hostMatch(rule, host string) (int, bool) {
 	return 0, false
 }
 
-// exportedTo says whether dr (without a workload selector) is visible to namespace ns.
-func exportedTo(dr *clientnetworkingv1.DestinationRule, ns string) bool {
+// exportedTo says whether dr (without a workload selector) is visible to namespace ns, another
+// namespace than its own, when the mesh's defaultDestinationRuleExportTo is meshDefault. A rule
+// without exportTo takes the mesh default, of which Istio honours only "." (private) and "*"
+// (exported everywhere; also nil and any other value): istio/istio
+// pilot/pkg/model/push_context.go, setDestinationRules ("No exportTo in destinationRule. Use the
+// global default. We only honor . and *": isPrivateOnly when the default contains "."), with the
+// default from initDefaultExportMaps (nil means "*").
+func exportedTo(dr *clientnetworkingv1.DestinationRule, ns string, meshDefault []string) bool {
 	exp := dr.Spec.GetExportTo()
 	if len(exp) == 0 {
-		return true
+		return !slices.Contains(meshDefault, ".")
 	}
 	for _, e := range exp {
 		if e == "*" || e == ns || (e == "." && dr.Namespace == ns) {

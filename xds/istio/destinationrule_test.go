@@ -2,20 +2,28 @@ package istio
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/proto"
 	networking "istio.io/api/networking/v1alpha3"
 	typev1beta1 "istio.io/api/type/v1beta1"
 	clientnetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	istiofake "istio.io/client-go/pkg/clientset/versioned/fake"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/xds"
 )
@@ -152,6 +160,44 @@ func TestDestinationRulesShape(t *testing.T) {
 	}
 }
 
+// TestMissingExportToFollowsTheMeshDefault: a user's rule without exportTo, in the callee's
+// namespace or the root namespace, is carried into the caller's rule only when the mesh's
+// defaultDestinationRuleExportTo exports it (Istio honours "." and "*" alone:
+// push_context.go setDestinationRules). Before, a missing exportTo was read as "*" whatever the
+// mesh said.
+func TestMissingExportToFollowsTheMeshDefault(t *testing.T) {
+	t.Parallel()
+	p := planShop(t)
+	callee := []*clientnetworkingv1.DestinationRule{userRule("shop", "api", "api", nil)}
+	root := []*clientnetworkingv1.DestinationRule{userRule("istio-system", "mesh", "*.local", nil)}
+	explicit := []*clientnetworkingv1.DestinationRule{userRule("shop", "api", "api", func(s *networking.DestinationRule) { s.ExportTo = []string{"*"} })}
+	tests := []struct {
+		name        string
+		meshDefault []string
+		user        []*clientnetworkingv1.DestinationRule
+		basedOn     string
+	}{
+		{"no mesh default: exported", nil, callee, "shop/api"},
+		{"mesh default *", []string{"*"}, callee, "shop/api"},
+		{"mesh default .: private to the callee's namespace", []string{"."}, callee, ""},
+		{"mesh default .: private to the root namespace", []string{"."}, root, ""},
+		{"mesh default . and *: private (Istio checks . first)", []string{".", "*"}, callee, ""},
+		{"mesh default ~ is not honoured: exported", []string{"~"}, callee, "shop/api"},
+		{"an explicit exportTo wins over the mesh default", []string{"."}, explicit, "shop/api"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rules, rep := DestinationRules(RulesConfig{DefaultExportTo: tt.meshDefault}, p, tt.user)
+			if len(rules) != 1 {
+				t.Fatalf("%d rules: %+v", len(rules), rep.Edges)
+			}
+			if got := rules[0].Annotations[BasedOnAnnotation]; got != tt.basedOn {
+				t.Errorf("based on %q, want %q", got, tt.basedOn)
+			}
+		})
+	}
+}
+
 func TestDestinationRulesCarryTheUsersRule(t *testing.T) {
 	t.Parallel()
 	p := planShop(t)
@@ -273,6 +319,54 @@ func TestDestinationRulesSkipWhatTheMeshCannotExpress(t *testing.T) {
 	}
 	if rules, rep = DestinationRules(RulesConfig{}, p, nil); len(rules) != 0 || !strings.Contains(rep.Edges[0].Skipped, "one locality") {
 		t.Errorf("one locality: rules %d, edge %+v", len(rules), rep.Edges[0])
+	}
+}
+
+// TestRefusedRuleCounted: a rule the API server refuses (here an admission policy's 403 on one
+// edge's create) is counted in edgeflow_istio_refused_writes_total and logged, and the pass
+// writes the other edges' rules and succeeds. Before, the refusal failed the whole pass (retried
+// every RetryInterval).
+func TestRefusedRuleCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	client := istiofake.NewSimpleClientset()
+	client.PrependReactor("create", "destinationrules", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		dr := a.(k8stesting.CreateAction).GetObject().(*clientnetworkingv1.DestinationRule)
+		if dr.Name == "edgeflow.web.api.shop" {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "networking.istio.io", Resource: "destinationrules"}, dr.Name,
+				errors.New("ValidatingAdmissionPolicy 'quota' denied request"))
+		}
+		return false, nil, nil
+	})
+	reg := prometheus.NewRegistry()
+	var logs testkit.LogBuffer
+	r, err := NewRulesReconciler(RulesReconcilerConfig{Client: client, Registerer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo := shopTopology()
+	topo.Calls = append(topo.Calls, optimizer.Call{From: "web.front", To: "db.shop"})
+	p, err := PlanLocalities(topo, optimizer.LATA, optimizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Reconcile(ctx, p); err != nil {
+		t.Fatalf("a refused rule failed the pass: %v", err)
+	}
+	if got := testutil.ToFloat64(r.metrics.refused.WithLabelValues(kindDestinationRule)); got != 1 {
+		t.Errorf("edgeflow_istio_refused_writes_total = %v, want 1", got)
+	}
+	if !strings.Contains(logs.String(), "rule=front/edgeflow.web.api.shop") {
+		t.Errorf("no log line naming the refused rule:\n%s", logs.String())
+	}
+	list, err := client.NetworkingV1().DestinationRules("front").List(ctx, metav1.ListOptions{})
+	if err != nil || len(list.Items) == 0 {
+		t.Fatalf("the other edges' rules were not written: %v %v", list, err)
+	}
+	for _, dr := range list.Items {
+		if dr.Name == "edgeflow.web.api.shop" {
+			t.Errorf("the refused rule exists")
+		}
 	}
 }
 
@@ -490,3 +584,90 @@ func TestDestinationRulesPooled(t *testing.T) {
 		})
 	}
 }
+
+// TestRulesReadFromTheirNamespacesOnly: a pass reads the DestinationRules of the callers',
+// callees' and root namespaces only, and edgeflow's own. Under Run, through an informer: after
+// its first LIST and WATCH, no pass sends a LIST (the user's rule in the callee's namespace is
+// still carried over, read from the cache); without Run (Reconcile), LISTs of those namespaces
+// and one of edgeflow's rules by label, never one of every rule in the cluster. Before, every
+// pass listed every rule in the cluster.
+func TestRulesReadFromTheirNamespacesOnly(t *testing.T) {
+	t.Parallel()
+	unrelated := userRule("other", "everything", "*", nil) // matches every host; never in scope
+	type listed struct{ ns, selector string }
+	lists := func(client *istiofake.Clientset) (out []listed) {
+		for _, a := range client.Actions() {
+			if l, ok := a.(k8stesting.ListAction); ok && a.GetResource().Resource == "destinationrules" {
+				out = append(out, listed{a.GetNamespace(), l.GetListRestrictions().Labels.String()})
+			}
+		}
+		return out
+	}
+
+	t.Run("Run", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithCancel(context.Background())
+		client := istiofake.NewSimpleClientset(userRule("shop", "api", "api", nil), unrelated)
+		r, err := NewRulesReconciler(RulesReconcilerConfig{Client: listThenWatch{client}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		passed := make(chan bool, 4)
+		r.passes.passed = func(ok bool) { passed <- ok }
+		r.Update(shopTopology())
+		done := make(chan error)
+		go func() { done <- r.Run(ctx) }()
+		if !<-passed {
+			t.Fatal("the first pass had nothing to do")
+		}
+		if got, want := lists(client), []listed{{"", ""}}; !slices.Equal(got, want) {
+			t.Errorf("LISTs by the first pass %v, want only the informer's %v", got, want)
+		}
+		ours, err := client.NetworkingV1().DestinationRules("front").Get(ctx, "edgeflow.web.api.shop", metav1.GetOptions{})
+		if err != nil || ours.Annotations[BasedOnAnnotation] != "shop/api" {
+			t.Fatalf("the rule was not written from the user's, read from the informer: %v %v", ours, err)
+		}
+		client.ClearActions()
+		for range 3 {
+			r.Update(shopTopology())
+			if !<-passed {
+				t.Fatal("a pass had nothing to do")
+			}
+		}
+		for _, a := range client.Actions() {
+			if a.GetVerb() == "list" || a.GetVerb() == "watch" {
+				t.Errorf("a pass after the informer synced sent %s %s in %q", a.GetVerb(), a.GetResource().Resource, a.GetNamespace())
+			}
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run returned %v", err)
+		}
+	})
+
+	t.Run("Reconcile", func(t *testing.T) {
+		t.Parallel()
+		client := istiofake.NewSimpleClientset(userRule("shop", "api", "api", nil), unrelated)
+		r, err := NewRulesReconciler(RulesReconcilerConfig{Client: client})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Reconcile(context.Background(), planShop(t)); err != nil {
+			t.Fatal(err)
+		}
+		got := lists(client)
+		slices.SortFunc(got, func(a, b listed) int { return strings.Compare(a.ns+a.selector, b.ns+b.selector) })
+		want := []listed{{"", ManagedByLabel + "=" + ManagedByValue}, {"front", ""}, {"istio-system", ""}, {"shop", ""}}
+		if !slices.Equal(got, want) {
+			t.Errorf("LISTs %v, want %v (the caller's, callee's and root namespaces, and edgeflow's rules)", got, want)
+		}
+	})
+}
+
+// listThenWatch is Istio's fake clientset telling client-go's reflector that it cannot stream
+// a watch's initial list (client-go's own fake clientset says so; Istio's v1.32 does not, and
+// its tracker never sends the bookmark a streamed list ends with): the informer lists, then
+// watches, as with an API server without WatchList.
+type listThenWatch struct{ *istiofake.Clientset }
+
+func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }

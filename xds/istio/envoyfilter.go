@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -105,6 +106,11 @@ const (
 	tlsTransportSocketName = "envoy.transport_sockets.tls"
 	serviceFilterPrefix    = "edgeflow-eds."
 )
+
+// FilterNamespaceAnnotation is on every EnvoyFilter edgeflow writes: the namespace whose
+// managed services it carries, the rest of its name (FilterName). With the label, the name
+// and the filters' namespace, it is what makes a filter edgeflow's (ownedFilter).
+const FilterNamespaceAnnotation = "edgeflow.io/namespace"
 
 // Config says where the filters live and how sidecars reach edgeflow.
 type Config struct {
@@ -198,63 +204,77 @@ func (c Config) serverName() string {
 
 // EnvoyFilters returns the EnvoyFilters that make the sidecars of pods labelled
 // EDSLabel=EDSLabelValue take the EDS of services' outbound clusters from edgeflow, sorted by
-// name: "edgeflow-eds.NAME.NAMESPACE", one per service with ports, in cfg's namespace, each
-// with that workloadSelector, MERGEs into each port's cluster
-// outbound|PORT||NAME.NAMESPACE.svc.DOMAIN (context SIDECAR_OUTBOUND) an EDS config of its own
-// (an api_config_source over gRPC to the bootstrap's edgeflow-xds cluster, not istiod's ADS),
-// service_name = the cluster's name (the ClusterLoadAssignment edgeflow serves), and
-// common_lb_config.locality_weighted_lb_config.
+// name: "edgeflow-eds.NAMESPACE", one per namespace holding a service with ports, in cfg's
+// namespace, each with that workloadSelector, MERGEs into each port's cluster
+// outbound|PORT||NAME.NAMESPACE.svc.DOMAIN (context SIDECAR_OUTBOUND) of that namespace's
+// services (by name, then port) an EDS config of its own (an api_config_source over gRPC to
+// the bootstrap's edgeflow-xds cluster, not istiod's ADS), service_name = the cluster's name
+// (the ClusterLoadAssignment edgeflow serves), and common_lb_config.locality_weighted_lb_config.
 //
 // No filter ADDs the edgeflow-xds cluster: Envoy would reject every cluster naming a cluster
 // that came over CDS (see the package doc); the sidecars take it from BootstrapOverride.
 //
-// One filter per service rather than one for all: adding or removing a managed service creates
-// or deletes its own object and leaves the others' resourceVersions alone, so an update touches
-// only what changed, a conflict or a rejected write affects one service, and `kubectl get
-// envoyfilters` shows which services are managed. Subset clusters
-// (outbound|PORT|SUBSET|HOST) are matched by exact name, so they stay istiod's (package doc).
+// One filter per namespace, not per service: a tenant who can label Services in a namespace
+// makes edgeflow write one object in cfg's namespace (usually istio-system) for all of them,
+// however many it labels; adding or removing a managed service rewrites its namespace's filter
+// only, so other namespaces' resourceVersions stay, and a conflict or a rejected write affects
+// one namespace. Subset clusters (outbound|PORT|SUBSET|HOST) are matched by exact name, so they
+// stay istiod's (package doc).
 //
-// Services without ports get no filter; ports repeated in a service count once. cfg must be
-// valid (Validate); EnvoyFilters panics otherwise. It is pure and deterministic.
+// Services without ports get no patch, a namespace without patches no filter; ports repeated
+// in a service count once, and a service repeated in a namespace (by name) once, the first.
+// cfg must be valid (Validate); EnvoyFilters panics otherwise. It is pure and deterministic.
 func EnvoyFilters(cfg Config, services []optimizer.Service) []*clientnetworking.EnvoyFilter {
 	if err := cfg.Validate(); err != nil {
 		panic(err)
 	}
-	var out []*clientnetworking.EnvoyFilter
+	byNS := map[string][]optimizer.Service{}
 	for _, s := range services {
-		ports := servicePorts(s)
-		if len(ports) == 0 {
-			continue
+		ns := s.NamespaceOrDefault()
+		if !slices.ContainsFunc(byNS[ns], func(o optimizer.Service) bool { return o.Name == s.Name }) {
+			byNS[ns] = append(byNS[ns], s)
 		}
-		patches := make([]*networking.EnvoyFilter_EnvoyConfigObjectPatch, len(ports))
-		for i, port := range ports {
-			name := s.IstioClusterName(port, cfg.ClusterDomain)
-			patches[i] = &networking.EnvoyFilter_EnvoyConfigObjectPatch{
-				ApplyTo: networking.EnvoyFilter_CLUSTER,
-				Match: &networking.EnvoyFilter_EnvoyConfigObjectMatch{
-					Context: networking.EnvoyFilter_SIDECAR_OUTBOUND,
-					ObjectTypes: &networking.EnvoyFilter_EnvoyConfigObjectMatch_Cluster{
-						Cluster: &networking.EnvoyFilter_ClusterMatch{Name: name},
-					},
-				},
-				Patch: &networking.EnvoyFilter_Patch{
-					Operation: networking.EnvoyFilter_Patch_MERGE,
-					Value:     toStruct(edsPatch(name)),
-				},
+	}
+	var out []*clientnetworking.EnvoyFilter
+	for _, ns := range slices.Sorted(maps.Keys(byNS)) {
+		in := byNS[ns]
+		slices.SortStableFunc(in, func(a, b optimizer.Service) int { return cmp.Compare(a.Name, b.Name) })
+		var patches []*networking.EnvoyFilter_EnvoyConfigObjectPatch
+		for _, s := range in {
+			for _, port := range servicePorts(s) {
+				patches = append(patches, clusterPatch(s.IstioClusterName(port, cfg.ClusterDomain)))
 			}
 		}
-		out = append(out, newFilter(cfg, FilterName(s), patches))
+		if len(patches) > 0 {
+			out = append(out, newFilter(cfg, FilterName(ns), ns, patches))
+		}
 	}
-	slices.SortFunc(out, func(a, b *clientnetworking.EnvoyFilter) int { return cmp.Compare(a.Name, b.Name) })
-	// Two services with the same name and namespace would give two filters of one name: keep
-	// the first, as a Kubernetes namespace holds one Service of a name.
-	return slices.CompactFunc(out, func(a, b *clientnetworking.EnvoyFilter) bool { return a.Name == b.Name })
+	return out
 }
 
-// FilterName is the name of the EnvoyFilter for s: "edgeflow-eds.NAME.NAMESPACE". Service and
-// namespace names are DNS labels, so the name is a valid, unambiguous object name.
-func FilterName(s optimizer.Service) string {
-	return serviceFilterPrefix + s.Name + "." + s.NamespaceOrDefault()
+// clusterPatch MERGEs edgeflow's EDS config (edsPatch) into the sidecars' outbound cluster
+// name, matched by exact name.
+func clusterPatch(name string) *networking.EnvoyFilter_EnvoyConfigObjectPatch {
+	return &networking.EnvoyFilter_EnvoyConfigObjectPatch{
+		ApplyTo: networking.EnvoyFilter_CLUSTER,
+		Match: &networking.EnvoyFilter_EnvoyConfigObjectMatch{
+			Context: networking.EnvoyFilter_SIDECAR_OUTBOUND,
+			ObjectTypes: &networking.EnvoyFilter_EnvoyConfigObjectMatch_Cluster{
+				Cluster: &networking.EnvoyFilter_ClusterMatch{Name: name},
+			},
+		},
+		Patch: &networking.EnvoyFilter_Patch{
+			Operation: networking.EnvoyFilter_Patch_MERGE,
+			Value:     toStruct(edsPatch(name)),
+		},
+	}
+}
+
+// FilterName is the name of the EnvoyFilter of namespace ns's managed services:
+// "edgeflow-eds.NAMESPACE". A namespace name is a DNS label, so the name is a valid,
+// unambiguous object name.
+func FilterName(ns string) string {
+	return serviceFilterPrefix + ns
 }
 
 // servicePorts returns s's service ports, sorted and without repeats.
@@ -267,13 +287,50 @@ func servicePorts(s optimizer.Service) []int32 {
 	return slices.Compact(ports)
 }
 
-func newFilter(cfg Config, name string, patches []*networking.EnvoyFilter_EnvoyConfigObjectPatch) *clientnetworking.EnvoyFilter {
+// ownedFilter says whether f is edgeflow's: labelled ManagedByLabel=ManagedByValue, in cfg's
+// namespace, named "edgeflow-eds.NAMESPACE" and annotated FilterNamespaceAnnotation=NAMESPACE,
+// as EnvoyFilters writes them, or one an earlier edgeflow wrote (legacyFilter). A filter with
+// the label alone is someone else's: edgeflow never updates nor deletes it.
+func ownedFilter(cfg Config, f *clientnetworking.EnvoyFilter) bool {
+	ns := f.Annotations[FilterNamespaceAnnotation]
+	return f.Labels[ManagedByLabel] == ManagedByValue && f.Namespace == cfg.namespace() &&
+		len(validation.IsDNS1123Label(ns)) == 0 && f.Name == FilterName(ns) || legacyFilter(cfg, f)
+}
+
+// legacyFilter says whether f is a filter of one service as edgeflow wrote them before one per
+// namespace: labelled, in cfg's namespace, named "edgeflow-eds.NAME.NAMESPACE", no
+// FilterNamespaceAnnotation, and exactly the spec edgeflow wrote for that service (the
+// workload selector, then one clusterPatch per port of its clusters, nothing else). Such a
+// filter is deleted on the way to the namespace's (a copy anyone made does exactly what
+// edgeflow's did).
+func legacyFilter(cfg Config, f *clientnetworking.EnvoyFilter) bool {
+	svc, ok := strings.CutPrefix(f.Name, serviceFilterPrefix)
+	name, ns, two := strings.Cut(svc, ".")
+	if !ok || !two || f.Labels[ManagedByLabel] != ManagedByValue || f.Namespace != cfg.namespace() ||
+		f.Annotations[FilterNamespaceAnnotation] != "" || len(validation.IsDNS1123Label(name)) > 0 || len(validation.IsDNS1123Label(ns)) > 0 ||
+		len(f.Spec.ConfigPatches) == 0 {
+		return false
+	}
+	want := newFilter(cfg, f.Name, "", nil)
+	host := "||" + name + "." + ns + ".svc." + cmp.Or(cfg.ClusterDomain, optimizer.DefaultClusterDomain)
+	for _, p := range f.Spec.ConfigPatches {
+		cluster := p.GetMatch().GetCluster().GetName()
+		if !strings.HasPrefix(cluster, "outbound|") || !strings.HasSuffix(cluster, host) {
+			return false
+		}
+		want.Spec.ConfigPatches = append(want.Spec.ConfigPatches, clusterPatch(cluster))
+	}
+	return proto.Equal(&f.Spec, &want.Spec)
+}
+
+func newFilter(cfg Config, name, namespace string, patches []*networking.EnvoyFilter_EnvoyConfigObjectPatch) *clientnetworking.EnvoyFilter {
 	return &clientnetworking.EnvoyFilter{
 		TypeMeta: metav1.TypeMeta{APIVersion: clientnetworking.SchemeGroupVersion.String(), Kind: "EnvoyFilter"},
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      name,
-			Namespace: cfg.namespace(),
-			Labels:    map[string]string{ManagedByLabel: ManagedByValue},
+			Name:        name,
+			Namespace:   cfg.namespace(),
+			Labels:      map[string]string{ManagedByLabel: ManagedByValue},
+			Annotations: map[string]string{FilterNamespaceAnnotation: namespace},
 		},
 		Spec: networking.EnvoyFilter{
 			WorkloadSelector: &networking.WorkloadSelector{Labels: map[string]string{EDSLabel: EDSLabelValue}},

@@ -3,6 +3,7 @@ package istio
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -109,14 +110,14 @@ func TestEnvoyFiltersShape(t *testing.T) {
 			}
 		}
 	}
-	wantNames := []string{"edgeflow-eds.ratings.shop", "edgeflow-eds.reviews.default"}
+	wantNames := []string{"edgeflow-eds.default", "edgeflow-eds.shop"}
 	if diff := cmp.Diff(wantNames, names); diff != "" {
 		t.Fatalf("filter names (-want +got):\n%s", diff)
 	}
 
-	// ratings.shop: one MERGE per port, sorted, matched by exact cluster name.
+	// shop (ratings): one MERGE per port, sorted, matched by exact cluster name.
 	var merged []string
-	for _, p := range filters[0].Spec.ConfigPatches {
+	for _, p := range filters[1].Spec.ConfigPatches {
 		name := p.Match.GetCluster().GetName()
 		merged = append(merged, name)
 		if p.Patch.Operation != networking.EnvoyFilter_Patch_MERGE || p.Match.Context != networking.EnvoyFilter_SIDECAR_OUTBOUND {
@@ -134,7 +135,7 @@ func TestEnvoyFiltersShape(t *testing.T) {
 	if diff := cmp.Diff(wantMerged, merged); diff != "" {
 		t.Errorf("merged clusters (-want +got):\n%s", diff)
 	}
-	if got := len(filters[1].Spec.ConfigPatches); got != 1 {
+	if got := len(filters[0].Spec.ConfigPatches); got != 1 {
 		t.Errorf("reviews: %d patches for one distinct port, want 1", got)
 	}
 
@@ -366,5 +367,41 @@ func TestConfigValidate(t *testing.T) {
 		if _, berr := BootstrapOverride(tt.cfg); (berr == nil) != tt.ok {
 			t.Errorf("%+v: BootstrapOverride error %v, want ok=%v", tt.cfg, berr, tt.ok)
 		}
+	}
+}
+
+// TestOneFilterPerNamespace: however many Services a tenant labels in a namespace, edgeflow
+// writes one EnvoyFilter for that namespace, carrying every one of its services' ports (by
+// service name, then port; a service repeated by name once), annotated with the namespace.
+// Before, each service got a filter of its own in the filters' namespace.
+func TestOneFilterPerNamespace(t *testing.T) {
+	t.Parallel()
+	var services []optimizer.Service
+	for i := range 50 {
+		ns := []string{"tenant", "shop"}[i%2]
+		services = append(services, optimizer.Service{Name: fmt.Sprintf("svc-%02d", i), Namespace: ns, Ports: []optimizer.Port{{Port: 80}, {Port: 8080}}})
+	}
+	services = append(services, optimizer.Service{Name: "svc-00", Namespace: "tenant", Ports: []optimizer.Port{{Port: 9}}}, optimizer.Service{Name: "no-ports", Namespace: "empty"})
+	filters := EnvoyFilters(testConfig, services)
+	var names []string
+	for _, f := range filters {
+		names = append(names, f.Name)
+		ns := strings.TrimPrefix(f.Name, "edgeflow-eds.")
+		if f.Annotations[FilterNamespaceAnnotation] != ns || !ownedFilter(testConfig, f) {
+			t.Errorf("%s: annotations %v, owned %v", f.Name, f.Annotations, ownedFilter(testConfig, f))
+		}
+		if got := len(f.Spec.ConfigPatches); got != 50 {
+			t.Errorf("%s: %d patches, want 50 (25 services × 2 ports)", f.Name, got)
+		}
+		var clusters []string
+		for _, p := range f.Spec.ConfigPatches {
+			clusters = append(clusters, p.Match.GetCluster().GetName())
+		}
+		if first := "outbound|80||svc-0" + map[string]string{"shop": "1", "tenant": "0"}[ns] + "." + ns + ".svc.cluster.local"; clusters[0] != first {
+			t.Errorf("%s: clusters start %v, want %s first", f.Name, clusters[:2], first)
+		}
+	}
+	if want := []string{"edgeflow-eds.shop", "edgeflow-eds.tenant"}; !slices.Equal(names, want) {
+		t.Errorf("filters %v, want %v: one per namespace with ports", names, want)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"google.golang.org/protobuf/proto"
 	clientnetworking "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	"istio.io/client-go/pkg/clientset/versioned"
@@ -21,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
+	"github.com/edgeflow/edgeflow/internal/metrics"
 	"github.com/edgeflow/edgeflow/optimizer"
 )
 
@@ -48,15 +51,18 @@ type ReconcilerConfig struct {
 	Clock clock.WithTickerAndDelayedExecution
 	// Logger receives one line per change and per failed pass (nil means slog.Default()).
 	Logger *slog.Logger
+	// Registerer, when set, receives edgeflow_istio_refused_writes_total{kind=EnvoyFilter|ConfigMap}.
+	Registerer prometheus.Registerer
 }
 
-// Reconciler keeps the objects edgeflow owns (labelled ManagedByLabel=ManagedByValue) equal to
+// Reconciler keeps the objects edgeflow owns (labelled ManagedByLabel=ManagedByValue; a
+// filter also by its name, namespace and annotation: ownedFilter) equal to
 // what the managed services need: the EnvoyFilters in Filters.Namespace equal to
 // EnvoyFilters(Filters, services), and the ConfigMaps named BootstrapConfigMapName equal to
 // BootstrapConfigMaps(Filters, services), one per namespace holding a managed service. It
 // creates the missing ones, updates those whose content differs and deletes those no longer
 // wanted. It never touches an object without the label, nor a labelled ConfigMap of another
-// name.
+// name, nor a labelled EnvoyFilter not named and annotated as EnvoyFilters writes them.
 //
 // Rules:
 //   - Each pass lists what exists and recomputes (level-triggered), so a lost event or a hand
@@ -77,9 +83,12 @@ type Reconciler struct {
 	cfg ReconcilerConfig
 	log *slog.Logger
 
-	mu       sync.Mutex
-	services []optimizer.Service
-	updated  bool // an Update has arrived
+	mu            sync.Mutex
+	services      []optimizer.Service
+	updated       bool            // an Update has arrived
+	loggedForeign map[string]bool // labelled filters not edgeflow's, logged (ownedFilters)
+
+	refused *prometheus.CounterVec // edgeflow_istio_refused_writes_total
 
 	passes *passLoop
 }
@@ -108,9 +117,15 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("component", "istio-envoyfilters")
+	refused, err := newReconcilerMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
 	return &Reconciler{
-		cfg: cfg,
-		log: log,
+		refused:       refused,
+		cfg:           cfg,
+		log:           log,
+		loggedForeign: map[string]bool{},
 		passes: &passLoop{clock: cfg.Clock, resync: cfg.Resync, retry: cfg.RetryInterval, log: log,
 			what: "EnvoyFilter/ConfigMap", owner: "Reconciler"},
 	}, nil
@@ -154,9 +169,9 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // Lists and one write per object that changes.
 func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service) error {
 	filters := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace())
-	flist, err := filters.List(ctx, metav1.ListOptions{LabelSelector: managedSelector})
+	owned, err := r.ownedFilters(ctx)
 	if err != nil {
-		return fmt.Errorf("xds/istio: list EnvoyFilters in %s: %w", r.cfg.Filters.namespace(), err)
+		return err
 	}
 	cms, err := r.ownedConfigMaps(ctx)
 	if err != nil {
@@ -188,13 +203,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 		default:
 			err = nil
 		}
+		err = r.countRefused(err, kindConfigMap, cm.Namespace, cm.Name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("xds/istio: ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err))
 		}
 	}
 
-	have := make(map[string]*clientnetworking.EnvoyFilter, len(flist.Items))
-	for _, f := range flist.Items {
+	have := make(map[string]*clientnetworking.EnvoyFilter, len(owned))
+	for _, f := range owned {
 		have[f.Name] = f
 	}
 	for _, f := range EnvoyFilters(r.cfg.Filters, services) {
@@ -204,19 +220,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 		case !ok:
 			_, err = filters.Create(ctx, f, metav1.CreateOptions{})
 			if apierrors.IsAlreadyExists(err) {
-				err = fmt.Errorf("exists without label %s=%s; not touching it: %w", ManagedByLabel, ManagedByValue, err)
+				err = fmt.Errorf("exists without label %s=%s and annotation %s as edgeflow writes them; not touching it: %w", ManagedByLabel, ManagedByValue, FilterNamespaceAnnotation, err)
 			}
 			r.logWrite(err, "created", "EnvoyFilter", f.Namespace, f.Name)
 		case !proto.Equal(&old.Spec, &f.Spec):
 			// Keep what others put on the object; replace the spec.
 			f.ResourceVersion = old.ResourceVersion
 			f.Labels = mergeMaps(old.Labels, f.Labels)
-			f.Annotations = old.Annotations
+			f.Annotations = mergeMaps(old.Annotations, f.Annotations)
 			_, err = filters.Update(ctx, f, metav1.UpdateOptions{})
 			r.logWrite(err, "updated", "EnvoyFilter", f.Namespace, f.Name)
 		default:
 			err = nil
 		}
+		err = r.countRefused(err, kindEnvoyFilter, f.Namespace, f.Name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("xds/istio: EnvoyFilter %s/%s: %w", f.Namespace, f.Name, err))
 		}
@@ -226,8 +243,63 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 	return errors.Join(errs...)
 }
 
+// countRefused counts and logs err when the API server refused the write for the object itself
+// (refused: admission, quota, validation, size) and returns nil: retrying the pass at once
+// would be refused again, and the other objects must not wait on it (the next pass, Resync
+// later, asks again). Any other err is returned.
+func (r *Reconciler) countRefused(err error, kind, namespace, name string) error {
+	if !refused(err) {
+		return err
+	}
+	r.refused.WithLabelValues(kind).Inc()
+	r.log.Warn(kind+" refused by the API server; the other objects are written", "namespace", namespace, "name", name, "err", err)
+	return nil
+}
+
+// newReconcilerMetrics makes the Reconciler's metric and registers it with reg (nil: with
+// none); a registration that fails is returned as an error.
+func newReconcilerMetrics(reg prometheus.Registerer) (c *prometheus.CounterVec, err error) {
+	defer func() { err = metrics.Registered("xds/istio", recover()) }()
+	return refusedWrites(promauto.With(reg), kindEnvoyFilter, kindConfigMap), nil
+}
+
 // managedSelector selects the objects edgeflow owns.
 const managedSelector = ManagedByLabel + "=" + ManagedByValue
+
+// maxLoggedForeign bounds the labelled filters not edgeflow's that are remembered as logged.
+const maxLoggedForeign = 1000
+
+// ownedFilters lists the EnvoyFilters edgeflow owns in Filters.Namespace (ownedFilter): those
+// with its label but not its name, namespace and annotation are someone else's, left alone
+// and logged once each.
+func (r *Reconciler) ownedFilters(ctx context.Context) ([]*clientnetworking.EnvoyFilter, error) {
+	list, err := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace()).List(ctx, metav1.ListOptions{LabelSelector: managedSelector})
+	if err != nil {
+		return nil, fmt.Errorf("xds/istio: list EnvoyFilters in %s: %w", r.cfg.Filters.namespace(), err)
+	}
+	var out []*clientnetworking.EnvoyFilter
+	for _, f := range list.Items {
+		if ownedFilter(r.cfg.Filters, f) {
+			out = append(out, f)
+			continue
+		}
+		key := f.Namespace + "/" + f.Name + "/" + string(f.UID)
+		r.mu.Lock()
+		logged := r.loggedForeign[key]
+		if !logged {
+			if len(r.loggedForeign) >= maxLoggedForeign {
+				clear(r.loggedForeign)
+			}
+			r.loggedForeign[key] = true
+		}
+		r.mu.Unlock()
+		if !logged {
+			r.log.Warn("EnvoyFilter labelled "+managedSelector+" but not named and annotated as edgeflow writes them; not edgeflow's, left alone",
+				"namespace", f.Namespace, "name", f.Name, "annotation", FilterNamespaceAnnotation)
+		}
+	}
+	return out, nil
+}
 
 // ownedConfigMaps lists the bootstrap ConfigMaps edgeflow owns, in every namespace.
 func (r *Reconciler) ownedConfigMaps(ctx context.Context) ([]*corev1.ConfigMap, error) {
@@ -252,16 +324,15 @@ func (r *Reconciler) ownedConfigMaps(ctx context.Context) ([]*corev1.ConfigMap, 
 // returned. Pods still annotated BootstrapAnnotation keep running but cannot restart until
 // the annotation is removed.
 func (r *Reconciler) Uninstall(ctx context.Context) error {
-	api := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace())
-	list, err := api.List(ctx, metav1.ListOptions{LabelSelector: managedSelector})
+	owned, err := r.ownedFilters(ctx)
 	var errs []error
 	switch {
 	case apierrors.IsNotFound(err):
 		// Istio's CRDs are not installed: no EnvoyFilter to delete; the ConfigMaps may remain.
 	case err != nil:
-		return fmt.Errorf("xds/istio: list EnvoyFilters in %s: %w", r.cfg.Filters.namespace(), err)
+		return err
 	default:
-		errs = r.deleteFilters(ctx, list.Items)
+		errs = r.deleteFilters(ctx, owned)
 	}
 	cms, err := r.ownedConfigMaps(ctx)
 	if err != nil {
@@ -275,14 +346,14 @@ func (r *Reconciler) Uninstall(ctx context.Context) error {
 // Without Istio's CRDs it lists the ConfigMaps alone.
 func (r *Reconciler) Managed(ctx context.Context) ([]string, error) {
 	var out []string
-	list, err := r.cfg.Client.NetworkingV1alpha3().EnvoyFilters(r.cfg.Filters.namespace()).List(ctx, metav1.ListOptions{LabelSelector: managedSelector})
+	owned, err := r.ownedFilters(ctx)
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return nil, fmt.Errorf("xds/istio: list EnvoyFilters in %s: %w", r.cfg.Filters.namespace(), err)
+		return nil, err
 	default:
-		slices.SortFunc(list.Items, func(a, b *clientnetworking.EnvoyFilter) int { return strings.Compare(a.Name, b.Name) })
-		for _, f := range list.Items {
+		slices.SortFunc(owned, func(a, b *clientnetworking.EnvoyFilter) int { return strings.Compare(a.Name, b.Name) })
+		for _, f := range owned {
 			out = append(out, "EnvoyFilter "+f.Namespace+"/"+f.Name)
 		}
 	}

@@ -12,14 +12,19 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
+	networking "istio.io/api/networking/v1alpha3"
 	clientnetworking "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	"istio.io/client-go/pkg/clientset/versioned/fake"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/clock"
@@ -193,7 +198,7 @@ func TestReconcile(t *testing.T) {
 	}
 	want := []string{
 		"create configmaps default/edgeflow-bootstrap", "create configmaps shop/edgeflow-bootstrap",
-		"create envoyfilters istio-system/edgeflow-eds.ratings.shop", "create envoyfilters istio-system/edgeflow-eds.reviews.default",
+		"create envoyfilters istio-system/edgeflow-eds.default", "create envoyfilters istio-system/edgeflow-eds.shop",
 		"delete configmaps stale/edgeflow-bootstrap",
 	}
 	if diff := cmp.Diff(want, e.writes()); diff != "" {
@@ -210,7 +215,7 @@ func TestReconcile(t *testing.T) {
 	}
 
 	// Update: a new port on reviews rewrites its filter only, keeping others' labels.
-	f := inCluster(t, e.istio, DefaultNamespace)["edgeflow-eds.reviews.default"]
+	f := inCluster(t, e.istio, DefaultNamespace)["edgeflow-eds.default"]
 	f.Labels["team"] = "bookinfo"
 	if _, err := e.istio.NetworkingV1alpha3().EnvoyFilters(DefaultNamespace).Update(ctx, f, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
@@ -220,18 +225,18 @@ func TestReconcile(t *testing.T) {
 	if err := r.Reconcile(ctx, services); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]string{"update envoyfilters istio-system/edgeflow-eds.reviews.default"}, e.writes()); diff != "" {
+	if diff := cmp.Diff([]string{"update envoyfilters istio-system/edgeflow-eds.default"}, e.writes()); diff != "" {
 		t.Errorf("update pass (-want +got):\n%s", diff)
 	}
 	checkOwned(t, e, services)
-	reviews := inCluster(t, e.istio, DefaultNamespace)["edgeflow-eds.reviews.default"]
+	reviews := inCluster(t, e.istio, DefaultNamespace)["edgeflow-eds.default"]
 	if reviews.Labels["team"] != "bookinfo" || len(reviews.Spec.ConfigPatches) != 2 {
 		t.Errorf("updated reviews filter: labels %v, %d patches", reviews.Labels, len(reviews.Spec.ConfigPatches))
 	}
 
 	// Repair: a filter deleted by hand comes back; a ConfigMap edited by hand is set back,
 	// keeping the labels and annotations others added.
-	if err := e.istio.NetworkingV1alpha3().EnvoyFilters(DefaultNamespace).Delete(ctx, "edgeflow-eds.ratings.shop", metav1.DeleteOptions{}); err != nil {
+	if err := e.istio.NetworkingV1alpha3().EnvoyFilters(DefaultNamespace).Delete(ctx, "edgeflow-eds.shop", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	cm := configMaps(t, e.kube)["shop/"+BootstrapConfigMapName]
@@ -244,7 +249,7 @@ func TestReconcile(t *testing.T) {
 	if err := r.Reconcile(ctx, services); err != nil {
 		t.Fatal(err)
 	}
-	want = []string{"update configmaps shop/edgeflow-bootstrap", "create envoyfilters istio-system/edgeflow-eds.ratings.shop"}
+	want = []string{"update configmaps shop/edgeflow-bootstrap", "create envoyfilters istio-system/edgeflow-eds.shop"}
 	if diff := cmp.Diff(want, e.writes()); diff != "" {
 		t.Errorf("repair pass (-want +got):\n%s", diff)
 	}
@@ -259,7 +264,7 @@ func TestReconcile(t *testing.T) {
 	if err := r.Reconcile(ctx, services); err != nil {
 		t.Fatal(err)
 	}
-	want = []string{"delete envoyfilters istio-system/edgeflow-eds.ratings.shop", "delete configmaps shop/edgeflow-bootstrap"}
+	want = []string{"delete envoyfilters istio-system/edgeflow-eds.shop", "delete configmaps shop/edgeflow-bootstrap"}
 	if diff := cmp.Diff(want, e.writes()); diff != "" {
 		t.Errorf("delete pass (-want +got):\n%s", diff)
 	}
@@ -295,7 +300,7 @@ func TestReconcile(t *testing.T) {
 	if err := r.Uninstall(ctx); err != nil {
 		t.Fatal(err)
 	}
-	want = []string{"delete envoyfilters istio-system/edgeflow-eds.reviews.default", "delete configmaps default/edgeflow-bootstrap"}
+	want = []string{"delete envoyfilters istio-system/edgeflow-eds.default", "delete configmaps default/edgeflow-bootstrap"}
 	if diff := cmp.Diff(want, e.writes()); diff != "" {
 		t.Errorf("uninstall (-want +got):\n%s", diff)
 	}
@@ -319,17 +324,17 @@ func TestReconcileErrorsNameTheObject(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	t.Run("unlabelled filter of the same name", func(t *testing.T) {
-		e, r := newTestEnv(t, nil, foreign("edgeflow-eds.reviews.default", DefaultNamespace, nil))
+		e, r := newTestEnv(t, nil, foreign("edgeflow-eds.default", DefaultNamespace, nil))
 		err := r.Reconcile(ctx, bookinfo())
-		if err == nil || !strings.Contains(err.Error(), "EnvoyFilter istio-system/edgeflow-eds.reviews.default") ||
+		if err == nil || !strings.Contains(err.Error(), "EnvoyFilter istio-system/edgeflow-eds.default") ||
 			!strings.Contains(err.Error(), "without label") {
-			t.Fatalf("err = %v, want one naming edgeflow-eds.reviews.default", err)
+			t.Fatalf("err = %v, want one naming edgeflow-eds.default", err)
 		}
 		got := inCluster(t, e.istio, DefaultNamespace)
-		if got["edgeflow-eds.ratings.shop"] == nil {
+		if got["edgeflow-eds.shop"] == nil {
 			t.Error("one failing filter stopped the others")
 		}
-		if got["edgeflow-eds.reviews.default"].Spec.ConfigPatches != nil {
+		if got["edgeflow-eds.default"].Spec.ConfigPatches != nil {
 			t.Error("the unlabelled filter was overwritten")
 		}
 	})
@@ -350,7 +355,7 @@ func TestReconcileErrorsNameTheObject(t *testing.T) {
 		services := bookinfo()[:1]
 		services[0].Ports = []optimizer.Port{{Port: 1}}
 		err := r.Reconcile(ctx, services)
-		for _, want := range []string{"EnvoyFilter istio-system/edgeflow-eds.reviews.default", "delete EnvoyFilter istio-system/edgeflow-eds.ratings.shop",
+		for _, want := range []string{"EnvoyFilter istio-system/edgeflow-eds.default", "delete EnvoyFilter istio-system/edgeflow-eds.shop",
 			"delete ConfigMap shop/edgeflow-bootstrap"} {
 			if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, boom) {
 				t.Errorf("err = %v, want one containing %q wrapping boom", err, want)
@@ -412,7 +417,7 @@ func TestRun(t *testing.T) {
 	testkit.Eventually(t, 10*time.Second, "a resync timer after the good pass", func() bool { return pending(clock) == DefaultResync })
 
 	// A resync repairs a filter deleted by hand.
-	if err := client.NetworkingV1alpha3().EnvoyFilters(DefaultNamespace).Delete(ctx, "edgeflow-eds.reviews.default", metav1.DeleteOptions{}); err != nil {
+	if err := client.NetworkingV1alpha3().EnvoyFilters(DefaultNamespace).Delete(ctx, "edgeflow-eds.default", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	clock.Step(DefaultResync)
@@ -534,4 +539,167 @@ func pending(c *testkit.FakeClock) time.Duration {
 		return 0
 	}
 	return d[0]
+}
+
+// TestLabelledFilterNotEdgeflowsLeftAlone: an EnvoyFilter carrying edgeflow's label but not its
+// name pattern and annotation (nor an earlier edgeflow's exact filter: legacyFilter) (anyone who may write EnvoyFilters in the namespace can set a
+// label) survives reconcile passes, Managed lists it not and Uninstall (edgeflow uninstall's
+// envoyfilter part) leaves it; it is logged once. Before, the label alone made it edgeflow's:
+// the first pass deleted it.
+func TestLabelledFilterNotEdgeflowsLeftAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	owned := map[string]string{ManagedByLabel: ManagedByValue}
+	tenants := []*clientnetworking.EnvoyFilter{
+		foreign("tenant-filter", DefaultNamespace, owned),               // another name
+		foreign("edgeflow-eds.forged", DefaultNamespace, owned),         // edgeflow's pattern, no annotation
+		foreign("edgeflow-eds.other", DefaultNamespace, owned),          // an annotation naming another namespace
+		foreign("edgeflow-eds.forged.default", DefaultNamespace, owned), // an earlier edgeflow's pattern, not its spec
+	}
+	tenants[2].Annotations = map[string]string{FilterNamespaceAnnotation: "default"}
+	var objs []runtime.Object
+	for _, f := range tenants {
+		objs = append(objs, f)
+	}
+	e, _ := newTestEnv(t, nil, objs...)
+	var logs testkit.LogBuffer
+	r, err := NewReconciler(ReconcilerConfig{Filters: testConfig, Client: e.istio, Kube: e.kube, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	survive := func(when string) {
+		t.Helper()
+		have := inCluster(t, e.istio, DefaultNamespace)
+		for _, f := range tenants {
+			if _, ok := have[f.Name]; !ok {
+				t.Errorf("%s: the tenant's labelled filter %s is gone", when, f.Name)
+			}
+		}
+		for _, w := range e.writes() {
+			for _, f := range tenants {
+				if strings.HasSuffix(w, "/"+f.Name) {
+					t.Errorf("%s: edgeflow wrote the tenant's filter: %s", when, w)
+				}
+			}
+		}
+	}
+	for _, services := range [][]optimizer.Service{bookinfo(), bookinfo(), nil, bookinfo()} {
+		if err := r.Reconcile(ctx, services); err != nil {
+			t.Fatal(err)
+		}
+		survive("reconcile")
+	}
+	got, err := r.Managed(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"EnvoyFilter istio-system/edgeflow-eds.default", "EnvoyFilter istio-system/edgeflow-eds.shop",
+		"ConfigMap default/edgeflow-bootstrap", "ConfigMap shop/edgeflow-bootstrap"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Managed (-want +got):\n%s", diff)
+	}
+	if err := r.Uninstall(ctx); err != nil {
+		t.Fatal(err)
+	}
+	survive("uninstall")
+	if len(listOwned(e.istio)) != len(tenants) {
+		t.Errorf("after uninstall, labelled filters %v, want only the tenant's", listOwned(e.istio))
+	}
+	for _, f := range tenants {
+		if n := strings.Count(logs.String(), "name="+f.Name+" "); n != 1 {
+			t.Errorf("the tenant's filter %s logged %d times, want once:\n%s", f.Name, n, logs.String())
+		}
+	}
+}
+
+// TestFiltersOfAnEarlierEdgeflowReplaced: the filters of one service an earlier edgeflow wrote
+// (labelled, "edgeflow-eds.NAME.NAMESPACE", exactly the spec it wrote) are deleted once their
+// namespace's filter is written, and by Uninstall; one of that pattern and label with another
+// spec is not edgeflow's and stays.
+func TestFiltersOfAnEarlierEdgeflowReplaced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	legacy := func(s optimizer.Service) *clientnetworking.EnvoyFilter {
+		var patches []*networking.EnvoyFilter_EnvoyConfigObjectPatch
+		for _, port := range servicePorts(s) {
+			patches = append(patches, clusterPatch(s.IstioClusterName(port, testConfig.ClusterDomain)))
+		}
+		f := newFilter(testConfig, "edgeflow-eds."+s.Name+"."+s.NamespaceOrDefault(), "", patches)
+		f.Annotations = nil
+		return f
+	}
+	services := bookinfo()
+	old := []*clientnetworking.EnvoyFilter{legacy(services[0]), legacy(services[1])}
+	forged := legacy(optimizer.Service{Name: "forged", Namespace: "shop", Ports: []optimizer.Port{{Port: 80}}})
+	forged.Spec.WorkloadSelector = nil // every sidecar of the mesh
+	e, r := newTestEnv(t, nil, old[0], old[1], forged)
+	if err := r.Reconcile(ctx, services); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"create configmaps default/edgeflow-bootstrap", "create configmaps shop/edgeflow-bootstrap",
+		"create envoyfilters istio-system/edgeflow-eds.default", "create envoyfilters istio-system/edgeflow-eds.shop",
+		"delete envoyfilters istio-system/" + old[1].Name, "delete envoyfilters istio-system/" + old[0].Name,
+	}
+	slices.Sort(want[4:])
+	if diff := cmp.Diff(want, e.writes()); diff != "" {
+		t.Errorf("upgrade pass (-want +got):\n%s", diff)
+	}
+	if err := r.Uninstall(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := listOwned(e.istio); !slices.Equal(got, []string{forged.Name}) {
+		t.Errorf("labelled filters after Uninstall %v, want only %s", got, forged.Name)
+	}
+}
+
+// TestRefusedFilterAndConfigMapCounted: an EnvoyFilter or bootstrap ConfigMap write the API
+// server refuses (an admission policy's 403, a validation's 422) is counted in
+// edgeflow_istio_refused_writes_total{kind} and logged naming it, and the pass writes the
+// others and succeeds, as for DestinationRules. Before, the refusal failed the whole pass
+// (retried every RetryInterval).
+func TestRefusedFilterAndConfigMapCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e, _ := newTestEnv(t, nil)
+	e.istio.PrependReactor("create", "envoyfilters", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if f := a.(k8stesting.CreateAction).GetObject().(*clientnetworking.EnvoyFilter); f.Name == "edgeflow-eds.shop" {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "networking.istio.io", Resource: "envoyfilters"}, f.Name,
+				errors.New("ValidatingAdmissionPolicy 'quota' denied request"))
+		}
+		return false, nil, nil
+	})
+	e.kube.PrependReactor("create", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetNamespace() == "default" {
+			return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "ConfigMap"}, BootstrapConfigMapName, nil)
+		}
+		return false, nil, nil
+	})
+	reg := prometheus.NewRegistry()
+	var logs testkit.LogBuffer
+	r, err := NewReconciler(ReconcilerConfig{Filters: testConfig, Client: e.istio, Kube: e.kube, Registerer: reg,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Reconcile(ctx, bookinfo()); err != nil {
+		t.Fatalf("a refused write failed the pass: %v", err)
+	}
+	for kind, want := range map[string]float64{kindEnvoyFilter: 1, kindConfigMap: 1, kindDestinationRule: 0} {
+		if got := testutil.ToFloat64(r.refused.WithLabelValues(kind)); got != want {
+			t.Errorf("edgeflow_istio_refused_writes_total{kind=%s} = %v, want %v", kind, got, want)
+		}
+	}
+	for _, want := range []string{"msg=\"EnvoyFilter refused by the API server; the other objects are written\" component=istio-envoyfilters namespace=istio-system name=edgeflow-eds.shop",
+		"msg=\"ConfigMap refused by the API server; the other objects are written\" component=istio-envoyfilters namespace=default name=edgeflow-bootstrap"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("no log line %q:\n%s", want, logs.String())
+		}
+	}
+	if _, ok := inCluster(t, e.istio, DefaultNamespace)["edgeflow-eds.default"]; !ok {
+		t.Error("the other namespace's filter was not written")
+	}
+	if _, ok := configMaps(t, e.kube)["shop/"+BootstrapConfigMapName]; !ok {
+		t.Error("the other namespace's ConfigMap was not written")
+	}
 }

@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
 	"github.com/edgeflow/edgeflow/optimizer"
@@ -63,9 +64,9 @@ type RulesReconcilerConfig struct {
 // differs and deletes those no longer wanted. It never writes a rule without the label.
 //
 // It is a watcher.Listener: Update records the latest topology and never blocks; Run plans
-// and reconciles. Each pass lists every DestinationRule (level-triggered: a lost event, a
-// hand edit or a change to a user's rule is repaired by the next pass, at most Resync
-// later). Nothing is written before the first Update. Update and Run are safe to call
+// and reconciles. Each pass re-reads the rules it needs from Run's informer (level-triggered:
+// a lost event, a hand edit or a change to a user's rule is repaired by the next pass, at most
+// Resync later). Nothing is written before the first Update. Update and Run are safe to call
 // concurrently; Reconcile and Uninstall must not run while Run does.
 type RulesReconciler struct {
 	cfg     RulesReconcilerConfig
@@ -156,10 +157,43 @@ func (r *RulesReconciler) Granularity() string {
 // owns ctx); it then returns nil and leaves the rules in place (see Uninstall). Nothing is
 // written while Run is not running (Update only records): serve runs it only while its
 // replica holds the Istio Lease, calling it again at each new term. Calls must not overlap.
-func (r *RulesReconciler) Run(ctx context.Context) error { return r.passes.run(ctx, r.pass) }
+//
+// Run reads the DestinationRules through an informer of its own, indexed by namespace and by
+// ownership: it starts it, waits for its first list before the first pass (without Istio's
+// CRDs the list is retried and logged, and no pass runs), and stops it and waits for its
+// goroutine before returning. A pass then reads only the callers', callees' and root
+// namespaces' rules from the informer's cache, and edgeflow's own, with no request to the API
+// server but its writes.
+func (r *RulesReconciler) Run(ctx context.Context) error {
+	inf, err := newRuleInformer(r.cfg.Client)
+	if err != nil {
+		return err
+	}
+	if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		r.log.Warn("DestinationRule informer: list or watch failed; retrying", "err", err)
+	}); err != nil {
+		return fmt.Errorf("xds/istio: DestinationRule informer: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	go func() { // owned by this Run: cancelled and waited for below
+		defer close(stopped)
+		inf.RunWithContext(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-stopped
+	}()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return nil // ctx done before the first list
+	}
+	src := indexedRules{inf.GetIndexer()}
+	return r.passes.run(ctx, func(ctx context.Context) (bool, error) { return r.pass(ctx, src) })
+}
 
-// pass plans the latest topology (if it is new) and reconciles; false before the first Update.
-func (r *RulesReconciler) pass(ctx context.Context) (bool, error) {
+// pass plans the latest topology (if it is new) and reconciles, reading rules from src; false
+// before the first Update.
+func (r *RulesReconciler) pass(ctx context.Context, src ruleSource) (bool, error) {
 	r.mu.Lock()
 	t := r.latest
 	r.mu.Unlock()
@@ -174,7 +208,7 @@ func (r *RulesReconciler) pass(ctx context.Context) (bool, error) {
 	if err != nil {
 		return true, errors.Join(append(errs, err)...)
 	}
-	errs = append(errs, r.Reconcile(ctx, p))
+	errs = append(errs, r.reconcile(ctx, p, src))
 	return true, errors.Join(errs...)
 }
 
@@ -218,23 +252,37 @@ func (r *RulesReconciler) planFor(t *optimizer.Topology) (*LocalityPlan, error) 
 	return r.plan, nil
 }
 
-// Reconcile makes one pass for plan p: it lists every DestinationRule, computes
-// DestinationRules(Rules, p, the user's rules) and creates, updates (only when the spec,
-// labels or annotations it sets changed) and deletes edgeflow's so that they equal it. It goes
-// on past a failing rule and returns every failure, each naming its rule.
+// Reconcile makes one pass for plan p: it reads the DestinationRules of the namespaces Istio
+// may take a rule from for p's edges (every caller's and callee's, and the root namespace) and
+// edgeflow's own, computes DestinationRules(Rules, p, the user's rules) and creates, updates
+// (only when the spec, labels or annotations it sets changed) and deletes edgeflow's so that
+// they equal it. It goes on past a failing rule and returns every failure, each naming its
+// rule. It reads from the API server (a LIST per such namespace, one of edgeflow's rules by
+// label); Run's passes read its informer's cache instead.
 func (r *RulesReconciler) Reconcile(ctx context.Context, p *LocalityPlan) error {
-	list, err := r.cfg.Client.NetworkingV1().DestinationRules(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return fmt.Errorf("xds/istio: list DestinationRules: %w", err)
-	}
+	return r.reconcile(ctx, p, apiRules{r.cfg.Client})
+}
+
+func (r *RulesReconciler) reconcile(ctx context.Context, p *LocalityPlan, src ruleSource) error {
 	var user []*clientnetworkingv1.DestinationRule
-	have := map[string]*clientnetworkingv1.DestinationRule{}
-	for _, dr := range list.Items {
-		if dr.Labels[ManagedByLabel] == ManagedByValue && strings.HasPrefix(dr.Name, ruleNamePrefix) {
-			have[dr.Namespace+"/"+dr.Name] = dr
-		} else {
-			user = append(user, dr)
+	for _, ns := range ruleNamespaces(r.cfg.Rules, p) {
+		rules, err := src.inNamespace(ctx, ns)
+		if err != nil {
+			return err
 		}
+		for _, dr := range rules {
+			if !ownedRule(dr) {
+				user = append(user, dr)
+			}
+		}
+	}
+	owned, err := src.owned(ctx)
+	if err != nil {
+		return err
+	}
+	have := map[string]*clientnetworkingv1.DestinationRule{}
+	for _, dr := range owned {
+		have[dr.Namespace+"/"+dr.Name] = dr
 	}
 	want, rep := DestinationRules(r.cfg.Rules, p, user)
 	r.mu.Lock()
@@ -258,14 +306,25 @@ func (r *RulesReconciler) Reconcile(ctx context.Context, p *LocalityPlan) error 
 		key := dr.Namespace + "/" + dr.Name
 		old, ok := have[key]
 		delete(have, key)
+		var err error
 		api := r.cfg.Client.NetworkingV1().DestinationRules(dr.Namespace)
-		switch {
-		case !ok:
+		if !ok {
 			_, err = api.Create(ctx, dr, metav1.CreateOptions{})
 			if apierrors.IsAlreadyExists(err) {
-				err = fmt.Errorf("exists without label %s=%s; not touching it: %w", ManagedByLabel, ManagedByValue, err)
+				// Edgeflow's own, not yet in the informer's cache (created by the pass before),
+				// is compared below; any other is not edgeflow's to touch.
+				if cur, gerr := api.Get(ctx, dr.Name, metav1.GetOptions{}); gerr == nil && ownedRule(cur) {
+					old, ok, err = cur, true, nil
+				} else {
+					err = fmt.Errorf("exists without label %s=%s; not touching it: %w", ManagedByLabel, ManagedByValue, err)
+				}
 			}
-			r.logWrite(err, "created", key)
+			if !ok {
+				r.logWrite(err, "created", key)
+			}
+		}
+		switch {
+		case !ok:
 		case !proto.Equal(&old.Spec, &dr.Spec) || !subsetOf(dr.Labels, old.Labels) || !subsetOf(dr.Annotations, old.Annotations) ||
 			(old.Annotations[BasedOnAnnotation] != "" && dr.Annotations[BasedOnAnnotation] == ""):
 			upd := old.DeepCopy()
@@ -277,7 +336,13 @@ func (r *RulesReconciler) Reconcile(ctx context.Context, p *LocalityPlan) error 
 			}
 			_, err = api.Update(ctx, upd, metav1.UpdateOptions{})
 			r.logWrite(err, "updated", key)
-		default:
+		}
+		if refused(err) {
+			// The API server judged this one object (an admission policy, a quota, validation):
+			// retrying the pass at once would be refused again, and the other edges' rules must
+			// not wait on it. Counted and logged; the next pass (Resync) asks again.
+			r.metrics.refused.WithLabelValues(kindDestinationRule).Inc()
+			r.log.Warn("DestinationRule refused by the API server; the other rules are written", "rule", key, "err", err)
 			err = nil
 		}
 		if err != nil {
@@ -383,6 +448,14 @@ func (r *RulesReconciler) labelNodes(ctx context.Context, t *optimizer.Topology)
 	return errors.Join(errs...)
 }
 
+// refused says whether err is the API server refusing a write for the object itself: admission
+// (a ValidatingAdmissionPolicy or webhook, a ResourceQuota: 403 Forbidden), validation (422
+// Invalid) or its size (413). RBAC's 403 is a Forbidden too: a missing grant is counted the same
+// way, never retried in a tight loop.
+func refused(err error) bool {
+	return err != nil && (apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsRequestEntityTooLargeError(err))
+}
+
 func sameReport(a, b *RulesReport) bool {
 	if a.Granularity != b.Granularity || a.Localities != b.Localities || len(a.Edges) != len(b.Edges) {
 		return false
@@ -419,6 +492,7 @@ type rulesMetrics struct {
 	perNode    prometheus.Gauge
 	edges      *prometheus.GaugeVec
 	deviation  prometheus.Gauge
+	refused    *prometheus.CounterVec
 }
 
 // newRulesMetrics makes the metrics and registers them with reg (nil: with none). A
@@ -435,7 +509,27 @@ func newRulesMetrics(reg prometheus.Registerer) (m *rulesMetrics, err error) {
 			Help: "Call edges by what became of them: written (a DestinationRule), skipped, conflict (a user's rule edgeflow cannot merge)."}, []string{labelStatus}),
 		deviation: f.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "weight_deviation_ratio",
 			Help: "Largest fraction of one call edge's planned traffic that integer locality weights send elsewhere."}),
+		refused: refusedWrites(f, kindDestinationRule),
 	}, nil
+}
+
+// The kind label values of edgeflow_istio_refused_writes_total.
+const (
+	kindDestinationRule = "DestinationRule"
+	kindEnvoyFilter     = "EnvoyFilter"
+	kindConfigMap       = "ConfigMap"
+)
+
+// refusedWrites makes edgeflow_istio_refused_writes_total{kind}, with a series at 0 for each
+// of kinds (the objects the reconciler writes). Each Istio mode's reconciler makes its own.
+func refusedWrites(f promauto.Factory, kinds ...string) *prometheus.CounterVec {
+	c := f.NewCounterVec(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "refused_writes_total",
+		Help: "Creates and updates of Istio's objects (kind: DestinationRule, EnvoyFilter, ConfigMap, the bootstrap ConfigMap) the API server refused (admission, quota, validation, size); the pass went on with the others."},
+		[]string{"kind"})
+	for _, k := range kinds {
+		c.WithLabelValues(k)
+	}
+	return c
 }
 
 func (m *rulesMetrics) observe(rep *RulesReport) {

@@ -50,6 +50,11 @@ SAN) and the sidecars require of it in envoyfilter mode (--istio-xds-server-san)
 spiffe://{{ .Values.xds.tls.trustDomain }}/ns/{{ .Release.Namespace }}/sa/{{ .Values.serviceAccount.name }}
 {{- end -}}
 
+{{/* The watched namespaces the grants are Roles in: watch.namespaces, none for ["*"] (every namespace). */}}
+{{- define "edgeflow.watchedNamespaces" -}}
+{{- without .Values.watch.namespaces "*" | toJson -}}
+{{- end -}}
+
 {{/* Bad values fail the render, naming the value. */}}
 {{- define "edgeflow.validate" -}}
 {{- if not (has .Values.istio.mode (list "off" "destinationrule" "envoyfilter")) -}}
@@ -75,6 +80,12 @@ spiffe://{{ .Values.xds.tls.trustDomain }}/ns/{{ .Release.Namespace }}/sa/{{ .Va
 {{- end -}}
 {{- if and .Values.xds.tls.certManager.enabled (not .Values.xds.tls.certManager.issuerRef.name) -}}
 {{- fail "xds.tls.certManager.enabled needs xds.tls.certManager.issuerRef.name" -}}
+{{- end -}}
+{{- if and (has "*" .Values.watch.namespaces) (gt (len .Values.watch.namespaces) 1) -}}
+{{- fail (printf "watch.namespaces %v: \"*\" is every namespace, so it goes alone" .Values.watch.namespaces) -}}
+{{- end -}}
+{{- if and (ne .Values.istio.mode "off") (empty .Values.watch.namespaces) -}}
+{{- fail (printf "istio.mode=%s needs watch.namespaces: the namespaces whose Services edgeflow manages and writes Istio's objects for (anyone who can label a Service in a watched namespace has edgeflow write for it); [\"*\"] for every namespace" .Values.istio.mode) -}}
 {{- end -}}
 {{- if and (ne .Values.istio.mode "off") (eq .Values.istio.leaseName .Values.rebalancer.leaseName) -}}
 {{- fail "istio.leaseName must differ from rebalancer.leaseName: the Istio writer and the rebalancer elect on Leases of their own" -}}
