@@ -53,6 +53,9 @@ func deployment(c Component, w Workload, name string, replicas int, node string)
 	cpu := resource.MustParse(c.CPU)
 	args := []string{"--workers", strconv.Itoa(w.Workers), "--service-time", w.ServiceTime.String(),
 		"--workload", c.Name, "--namespace", ns, "--cpu-request", strconv.FormatFloat(cpu.AsApproximateFloat64(), 'g', -1, 64)}
+	if w.ServiceFixed > 0 {
+		args = append(args, "--service-fixed", w.ServiceFixed.String())
+	}
 	for _, callee := range c.Calls {
 		args = append(args, "--call", callee+"."+ns)
 	}

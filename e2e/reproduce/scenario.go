@@ -81,12 +81,14 @@ var PaperApps = []App{
 }
 
 // PaperWorkload is the pods' work in the paper's regime: each node's pods share one core (the
-// nodes say so to Kubernetes: Preset.NodeCPU "1"), a request holds a pod's worker (2 a pod) and
-// a core for an exponential 2.5 ms, so an idle path costs about a millisecond or two a hop and a
-// node saturates near 400 services a second — Localization, which keeps each entry pod's
-// traffic on its node, runs a node's core at ρ ≈ 0.33 at 100 req/s and past 1 by 300 (first
-// principles; the calibration run in the report measures it).
-var PaperWorkload = Workload{Workers: 2, ServiceTime: 2500 * time.Microsecond, NodeCores: 1}
+// nodes say so to Kubernetes: Preset.NodeCPU "1"), a request holds a pod's worker (2 a pod) and a
+// core for 2.6 ms on average, 1.95 ms of it fixed and the rest exponential (a service's own work
+// varies little). An idle path then costs a few milliseconds a hop, and a node saturates near
+// 385 services a second: Localization, which keeps each of the 3 entry pods' traffic on its node
+// (4 services a request), runs those nodes' cores at ρ ≈ 0.35 at 100 req/s (M/G/1: a mean near
+// 13 ms, the paper's 11 ± 30 %) and past 1 at 300 (the paper's collapse). First principles; the
+// calibration run (docs/benchmarks/paper-experiment.md) measures it.
+var PaperWorkload = Workload{Workers: 2, ServiceTime: 2600 * time.Microsecond, ServiceFixed: 1950 * time.Microsecond, NodeCores: 1}
 
 // Neutral is the neutral replica set: 3 pods per service, 4 for the service with the most
 // callers' traffic per pod (reviews, b), the replicas of examples/bookinfo.yaml and dag.yaml.
@@ -153,6 +155,9 @@ var Policies = []Policy{
 type Workload struct {
 	Workers     int
 	ServiceTime time.Duration
+	// ServiceFixed is the part of ServiceTime every request takes, the rest exponential
+	// (app.Shifted); 0: exponential.
+	ServiceFixed time.Duration
 	// Metrics: every pod serves its /metrics (Istio's request metrics, the busy time as
 	// cAdvisor's CPU usage, its CPU request) on POD_IP:15020 and is annotated for Prometheus's
 	// kubernetes-pods job (podScrapeJob), which then scrapes it every podScrapeInterval.

@@ -7,11 +7,12 @@
 //
 // Usage:
 //
-//	pod --name NAME --node NODE --listen IP:PORT [--workers N] [--service-time D] [--seed S]
+//	pod --name NAME --node NODE --listen IP:PORT [--workers N] [--service-time D] [--service-fixed D] [--seed S]
 //	    [--slow FACTOR] [--workload W] [--namespace NS] [--cpu-request CORES]
 //	    [--metrics-addr HOST:PORT] [--node-cpu SOCKET] [--call SERVICE.NAMESPACE[=RATE]]…
 //
-// --slow multiplies every service time (a pod slower than its peers, unseen by edgeflow).
+// --service-fixed is the part of the mean service time every request takes, the rest being
+// exponential (app.Shifted; 0: purely exponential). --slow multiplies every service time (a pod slower than its peers, unseen by edgeflow).
 // --metrics-addr serves the pod's /metrics (app.Pod.Metrics: Istio's request metrics, the busy
 // time as cAdvisor's CPU usage, the CPU request as kube-state-metrics has it). --node-cpu is the
 // Unix socket of its node's cores (app.ServeNodeCPU, run by the harness): a request then holds
@@ -56,7 +57,7 @@ type options struct {
 	nodeCPU                         string
 	workload, namespace             string
 	workers                         int
-	service                         time.Duration
+	service, serviceFixed           time.Duration
 	seed                            uint64
 	slow, cpuRequest                float64
 	downstream                      calls
@@ -72,7 +73,8 @@ func main() {
 	flag.StringVar(&o.workload, "workload", "", "the pod's workload, for its metrics and its callees' (default: --name)")
 	flag.StringVar(&o.namespace, "namespace", "default", "the pod's namespace, for its metrics and its callees'")
 	flag.IntVar(&o.workers, "workers", 1, "requests worked on at once")
-	flag.DurationVar(&o.service, "service-time", 6*time.Millisecond, "mean of the exponential service time")
+	flag.DurationVar(&o.service, "service-time", 6*time.Millisecond, "mean of the service time")
+	flag.DurationVar(&o.serviceFixed, "service-fixed", 0, "the part of the service time every request takes (0 ≤ it ≤ --service-time), the rest exponential")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the service-time draws")
 	flag.Float64Var(&o.slow, "slow", 1, "multiply every service time by this factor (> 0; a slow pod)")
 	flag.Float64Var(&o.cpuRequest, "cpu-request", 0, "the pod's CPU request in cores, exported as kube-state-metrics does (0: none)")
@@ -98,8 +100,15 @@ func run(ctx context.Context, o options) error {
 	if !(o.slow > 0) || math.IsInf(o.slow, 0) {
 		return fmt.Errorf("--slow %v: want a positive factor", o.slow)
 	}
+	if o.serviceFixed < 0 || o.serviceFixed > o.service {
+		return fmt.Errorf("--service-fixed %v: want 0 ≤ it ≤ --service-time %v", o.serviceFixed, o.service)
+	}
+	var service app.ServiceTime = app.NewExponential(o.service, o.seed)
+	if o.serviceFixed > 0 {
+		service = app.NewShifted(o.service, o.serviceFixed, o.seed)
+	}
 	cfg := app.Config{Name: o.name, Node: o.node, Workload: o.workload, Namespace: o.namespace, Workers: o.workers,
-		ServiceTime: app.NewExponential(o.service, o.seed), Slowdown: o.slow, CPURequest: o.cpuRequest}
+		ServiceTime: service, Slowdown: o.slow, CPURequest: o.cpuRequest}
 	if o.nodeCPU != "" {
 		cpu, err := app.DialNodeCPU(o.node, o.nodeCPU)
 		if err != nil {

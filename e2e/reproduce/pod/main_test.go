@@ -248,3 +248,12 @@ func TestPodRejectsBadSlow(t *testing.T) {
 		}
 	}
 }
+
+func TestPodRejectsBadServiceFixed(t *testing.T) {
+	for _, fixed := range []time.Duration{-time.Millisecond, 7 * time.Millisecond} {
+		o := options{name: "p-0", listen: "127.0.0.1:0", workers: 1, slow: 1, service: 6 * time.Millisecond, serviceFixed: fixed}
+		if err := run(context.Background(), o); err == nil || !strings.Contains(err.Error(), "--service-fixed") {
+			t.Errorf("--service-fixed %v with --service-time 6ms: %v, want an error naming the flag", fixed, err)
+		}
+	}
+}

@@ -42,6 +42,25 @@ func (e *Exponential) Draw() time.Duration {
 	return time.Duration(x * float64(e.mean))
 }
 
+// Shifted is a service time with a fixed part and an exponential rest: Fixed plus an
+// exponential draw of mean Rest's — a request's own work (parsing, serialising) that every
+// request costs, and a variable part. Its squared coefficient of variation is (rest/mean)², 1 for
+// a purely exponential time and 0 for a fixed one. It is safe for concurrent use.
+type Shifted struct {
+	Fixed time.Duration
+	Rest  *Exponential
+}
+
+// NewShifted returns a service time of the given mean whose first fixed of it every request
+// takes (0 ≤ fixed ≤ mean; clamped), the rest exponential, drawn from seed as NewExponential.
+func NewShifted(mean, fixed time.Duration, seed uint64) *Shifted {
+	fixed = min(max(fixed, 0), max(mean, 0))
+	return &Shifted{Fixed: fixed, Rest: NewExponential(mean-fixed, seed)}
+}
+
+// Draw returns the next service time.
+func (s *Shifted) Draw() time.Duration { return s.Fixed + s.Rest.Draw() }
+
 // Fixed is a constant service time (a deterministic "D" server), mainly for tests.
 type Fixed time.Duration
 
@@ -51,4 +70,5 @@ func (f Fixed) Draw() time.Duration { return time.Duration(f) }
 var (
 	_ ServiceTime = (*Exponential)(nil)
 	_ ServiceTime = Fixed(0)
+	_ ServiceTime = (*Shifted)(nil)
 )
