@@ -336,8 +336,8 @@ func (w *offWorld) helmUninstall(t *testing.T) {
 	w.tenantConfigMaps(t)
 	written := w.edgeflowsObjects(t)
 	t.Logf("edgeflow's objects: %v", written)
-	if len(written) != 7 {
-		t.Fatalf("want 7 of edgeflow's objects (webhook, gated pod, state, 2 EnvoyFilters, bootstrap ConfigMap, DestinationRule), got %v", written)
+	if len(written) != 6 {
+		t.Fatalf("want 6 of edgeflow's objects (webhook, gated pod, state, the app namespace's EnvoyFilter, bootstrap ConfigMap, DestinationRule), got %v", written)
 	}
 
 	// helm uninstall: the pre-delete hook's objects, then its Job.
