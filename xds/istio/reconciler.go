@@ -203,7 +203,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 		default:
 			err = nil
 		}
-		err = r.countRefused(err, kindConfigMap, cm.Namespace, cm.Name)
+		err = countRefused(r.refused, r.log, err, kindConfigMap, "namespace", cm.Namespace, "name", cm.Name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("xds/istio: ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err))
 		}
@@ -233,7 +233,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 		default:
 			err = nil
 		}
-		err = r.countRefused(err, kindEnvoyFilter, f.Namespace, f.Name)
+		err = countRefused(r.refused, r.log, err, kindEnvoyFilter, "namespace", f.Namespace, "name", f.Name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("xds/istio: EnvoyFilter %s/%s: %w", f.Namespace, f.Name, err))
 		}
@@ -246,13 +246,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, services []optimizer.Service
 // countRefused counts and logs err when the API server refused the write for the object itself
 // (refused: admission, quota, validation, size) and returns nil: retrying the pass at once
 // would be refused again, and the other objects must not wait on it (the next pass, Resync
-// later, asks again). Any other err is returned.
-func (r *Reconciler) countRefused(err error, kind, namespace, name string) error {
+// later, asks again). Any other err is returned. object names the object in the log line
+// (its key and value). Both Istio modes' reconcilers count with it.
+func countRefused(c *prometheus.CounterVec, log *slog.Logger, err error, kind string, object ...any) error {
 	if !refused(err) {
 		return err
 	}
-	r.refused.WithLabelValues(kind).Inc()
-	r.log.Warn(kind+" refused by the API server; the other objects are written", "namespace", namespace, "name", name, "err", err)
+	c.WithLabelValues(kind).Inc()
+	log.Warn(kind+" refused by the API server; the other objects are written", append(object, "err", err)...)
 	return nil
 }
 

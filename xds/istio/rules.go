@@ -337,15 +337,7 @@ func (r *RulesReconciler) reconcile(ctx context.Context, p *LocalityPlan, src ru
 			_, err = api.Update(ctx, upd, metav1.UpdateOptions{})
 			r.logWrite(err, "updated", key)
 		}
-		if refused(err) {
-			// The API server judged this one object (an admission policy, a quota, validation):
-			// retrying the pass at once would be refused again, and the other edges' rules must
-			// not wait on it. Counted and logged; the next pass (Resync) asks again.
-			r.metrics.refused.WithLabelValues(kindDestinationRule).Inc()
-			r.log.Warn("DestinationRule refused by the API server; the other rules are written", "rule", key, "err", err)
-			err = nil
-		}
-		if err != nil {
+		if err = countRefused(r.metrics.refused, r.log, err, kindDestinationRule, "rule", key); err != nil {
 			errs = append(errs, fmt.Errorf("xds/istio: DestinationRule %s: %w", key, err))
 		}
 	}
