@@ -1,7 +1,6 @@
 package reproduce
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"net"
@@ -11,7 +10,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -189,31 +187,27 @@ func (h *Harness) nodeCores(w Workload) {
 			h.t.Fatalf("workload: node speed for %q, which is not a node of the testbed (%v)", n, Nodes)
 		}
 	}
-	ctx, cancel := context.WithCancel(h.ctx)
-	var wg sync.WaitGroup
 	socks := map[string]string{}
+	var stops []func() error
+	h.coresStop = func() {
+		for _, stop := range stops {
+			if err := stop(); err != nil {
+				fmt.Fprintf(h.log, "node cores: %v\n", err)
+			}
+		}
+	}
 	for _, n := range Nodes {
 		cpu, err := app.NewNodeCPU(app.NodeConfig{Name: n, Cores: w.NodeCores, Speed: w.NodeSpeed[n]})
 		if err != nil {
-			cancel()
 			h.t.Fatal(err)
 		}
 		socks[n] = filepath.Join(h.dir, "cores-"+n+".sock")
-		os.Remove(socks[n])
-		lis, err := net.Listen("unix", socks[n])
+		stop, err := app.StartNodeCPU(socks[n], cpu)
 		if err != nil {
-			cancel()
 			h.t.Fatal(err)
 		}
-		wg.Add(1)
-		go func() { // ends when ctx is done (stopCores)
-			defer wg.Done()
-			if err := app.ServeNodeCPU(ctx, lis, cpu); err != nil {
-				fmt.Fprintf(h.log, "node %s: cores: %v\n", n, err)
-			}
-		}()
+		stops = append(stops, stop)
 	}
-	h.coresStop = func() { cancel(); wg.Wait() }
 	h.rt.setCores(socks)
 }
 

@@ -179,16 +179,12 @@ func TestPodsShareNodeCores(t *testing.T) {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(t.TempDir(), "n1.sock")
-	lis, err := net.Listen("unix", sock)
+	stop, err := app.StartNodeCPU(sock, node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- app.ServeNodeCPU(ctx, lis, node) }()
 	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("ServeNodeCPU: %v", err)
 		}
 	})

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"os"
 	"sync"
 	"time"
 )
@@ -25,22 +26,18 @@ func ServeNodeCPU(ctx context.Context, lis net.Listener, n *NodeCPU) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	conns := map[net.Conn]bool{}
-	stop := context.AfterFunc(ctx, func() {
+	closeAll := func() {
 		lis.Close()
 		mu.Lock()
 		defer mu.Unlock()
 		for c := range conns {
 			c.Close()
 		}
-	})
+	}
+	stop := context.AfterFunc(ctx, closeAll)
 	defer func() {
 		stop()
-		lis.Close()
-		mu.Lock()
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
+		closeAll()
 		wg.Wait()
 	}()
 	for {
@@ -82,6 +79,20 @@ func ServeNodeCPU(ctx context.Context, lis net.Listener, n *NodeCPU) error {
 			}
 		}()
 	}
+}
+
+// StartNodeCPU serves n on a Unix socket at path (a stale file there is replaced) until stop is
+// called; stop closes it and every connection, waits, and returns ServeNodeCPU's error.
+func StartNodeCPU(path string, n *NodeCPU) (stop func() error, err error) {
+	os.Remove(path)
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("app: node %s: cores: %w", n.name, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ServeNodeCPU(ctx, lis, n) }() // ends at stop
+	return func() error { cancel(); return <-done }, nil
 }
 
 // DialNodeCPU connects to the node's cores served at the Unix socket path (ServeNodeCPU) and

@@ -1,9 +1,7 @@
 package app
 
 import (
-	"context"
 	"math/rand/v2"
-	"net"
 	"path/filepath"
 	"testing"
 	"time"
@@ -14,16 +12,12 @@ import (
 func serveCores(t *testing.T, n *NodeCPU) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "cores.sock")
-	lis, err := net.Listen("unix", path)
+	stop, err := StartNodeCPU(path, n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ServeNodeCPU(ctx, lis, n) }()
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("ServeNodeCPU: %v", err)
 		}
 	})
@@ -80,13 +74,10 @@ func TestNodeCPUServedAcrossASocket(t *testing.T) {
 func TestNodeCPUServerGone(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "cores.sock")
-	lis, err := net.Listen("unix", path)
+	stop, err := StartNodeCPU(path, newNode(t, NodeConfig{Name: "n1", Cores: 1}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ServeNodeCPU(ctx, lis, newNode(t, NodeConfig{Name: "n1", Cores: 1})) }()
 	n := dialCores(t, path)
 	q := newWorkerQueue(2)
 	t0 := time.Unix(100, 0)
@@ -96,8 +87,7 @@ func TestNodeCPUServerGone(t *testing.T) {
 	if s, _ := admit(q, n, t0, 10*time.Millisecond); !s.Equal(t0.Add(10 * time.Millisecond)) {
 		t.Fatalf("second request on the 1-core node starts at %v, want after the first", s)
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("ServeNodeCPU: %v", err)
 	}
 	s, f := admit(q, n, t0.Add(time.Second), 10*time.Millisecond)
