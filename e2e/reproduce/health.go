@@ -227,9 +227,6 @@ func (p *healthProbe) end(res *loadgen.Result) Health {
 	for _, e := range p.err {
 		hl.Problems = append(hl.Problems, "not measured: "+e)
 	}
-	if math.IsNaN(hl.CPUIdle) {
-		hl.CPUIdle = 0
-	}
 	return hl
 }
 
@@ -262,8 +259,9 @@ func writeHealth(b *strings.Builder, o *Outcome) {
 			}
 			if len(h.Problems) > 0 {
 				unhealthy++
-				for _, p := range h.Problems {
-					problems[strings.SplitN(p, " ", 3)[0]+" "+strings.SplitN(p, " ", 3)[1]] = true
+				for _, p := range h.Problems { // by what missed its bound: its first two words
+					f := strings.Fields(p)
+					problems[strings.Join(f[:min(2, len(f))], " ")] = true
 				}
 			}
 			if i < len(r.Attempts) {
