@@ -81,7 +81,7 @@ func (s *Source) queryLoad(ctx context.Context, window time.Duration) (vecs [loa
 		if q == DisableLoad {
 			continue
 		}
-		vecs[sig], errs[sig] = s.query(ctx, loadQueryNames[sig], s.expand(q, window))
+		vecs[sig], errs[sig] = s.query(ctx, loadQueryNames[sig], s.expand(q, window), time.Time{})
 	}
 	return vecs, errs
 }

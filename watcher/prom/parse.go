@@ -6,14 +6,15 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// ignore counts an ignored sample and logs it the first time in a row that the series is bad.
+// ignore counts an ignored sample and logs it the first time in a row that the series is bad:
+// unless the last round (s.reported) or this reading (seen) already did.
 func (s *Source) ignore(seen map[string]bool, query, reason string, metric model.Metric, msg string, args ...any) {
 	s.ignored.WithLabelValues(query, reason).Inc()
 	key := query + " " + metric.String()
-	seen[key] = true
-	if !s.reported[key] {
+	if !s.reported[key] && !seen[key] {
 		s.log.Warn(msg, append([]any{"query", query, "series", metric.String()}, args...)...)
 	}
+	seen[key] = true
 }
 
 // pairOf reads a series' node labels; ok is false (the sample counted and logged) without them.

@@ -49,7 +49,8 @@ type Status struct {
 	LoadReason string
 }
 
-// Source polls Prometheus for latency and call rates. Create it with NewSource, run it with Run.
+// Source polls Prometheus for latency and call rates. Create it with NewSource, run it with Run;
+// LoadHistory, before Run, reads the pod loads of the last windows from Prometheus's history.
 // Status may be called from any goroutine.
 //
 // Rules, per query round:
@@ -242,14 +243,14 @@ func (s *Source) round(ctx context.Context) *Measurements {
 	s.discoverTargets(ctx, s.cfg.Clock.Now())
 	window := s.windowFor()
 	s.window.Set(window.Seconds())
-	latVec, latErr := s.query(ctx, queryLatency, s.expand(s.cfg.LatencyQuery, window))
+	latVec, latErr := s.query(ctx, queryLatency, s.expand(s.cfg.LatencyQuery, window), time.Time{})
 	var sucVec, callVec model.Vector
 	var sucErr, callErr error
 	if s.cfg.SuccessQuery != DisableSuccess {
-		sucVec, sucErr = s.query(ctx, querySuccess, s.expand(s.cfg.SuccessQuery, window))
+		sucVec, sucErr = s.query(ctx, querySuccess, s.expand(s.cfg.SuccessQuery, window), time.Time{})
 	}
 	if s.cfg.CallsQuery != DisableCalls {
-		callVec, callErr = s.query(ctx, queryCalls, s.expand(s.cfg.CallsQuery, window))
+		callVec, callErr = s.query(ctx, queryCalls, s.expand(s.cfg.CallsQuery, window), time.Time{})
 	}
 	loadVecs, loadErrs := s.queryLoad(ctx, window)
 	if ctx.Err() != nil {

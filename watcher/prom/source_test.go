@@ -50,18 +50,21 @@ func call(from, to, rps string) series {
 // fakeProm speaks the instant-query endpoint of the Prometheus HTTP API: the latency query
 // (recognised by "probe_icmp") gets latency, the success query ("probe_success" alone) gets
 // success (nil: 1 for every latency series), a pod-load query ("by (namespace, pod)") gets
-// load[its query name] (loadQueryOf), any other query gets calls.
+// load[its query name] (loadQueryOf), any other query gets calls. A pod-load query evaluated
+// at a time (the time parameter) is answered from the history instead: loadAt[that time].
 type fakeProm struct {
 	mu         sync.Mutex
 	latency    []series
 	success    []series
 	calls      []series
 	load       map[string][]series
-	loadFail   map[string]bool // the pod-load queries (by name) answered with HTTP 500
-	status     int             // non-zero: answer with this HTTP status and body
-	body       string          // with status
-	resultType string          // "" means vector
-	targets    []any           // non-nil: /api/v1/targets answers these active targets
+	loadFail   map[string]bool                   // the pod-load queries (by name) answered with HTTP 500
+	loadAt     map[time.Time]map[string][]series // pod loads by evaluation time, then query name; a time not in it has none
+	failAt     map[time.Time]bool                // pod-load queries evaluated at these times answered with HTTP 500
+	status     int                               // non-zero: answer with this HTTP status and body
+	body       string                            // with status
+	resultType string                            // "" means vector
+	targets    []any                             // non-nil: /api/v1/targets answers these active targets
 	received   []url.Values
 }
 
@@ -106,7 +109,16 @@ func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, f.body)
 		return
 	}
-	if q := r.Form.Get("query"); strings.Contains(q, "by (namespace, pod") && f.loadFail[loadQueryOf(q)] {
+	var at time.Time // the evaluation time asked for; zero: now
+	if ts := r.Form.Get("time"); ts != "" {
+		sec, err := strconv.ParseFloat(ts, 64)
+		if err != nil {
+			http.Error(w, "bad time: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		at = time.Unix(0, int64(math.Round(sec*1e9))).UTC()
+	}
+	if q := r.Form.Get("query"); strings.Contains(q, "by (namespace, pod") && (f.loadFail[loadQueryOf(q)] || f.failAt[at]) {
 		w.WriteHeader(http.StatusInternalServerError)
 		fmt.Fprint(w, "pod-load query exploded")
 		return
@@ -115,6 +127,8 @@ func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch q := r.Form.Get("query"); {
 	case strings.Contains(q, "probe_icmp"):
 		src = f.latency
+	case strings.Contains(q, "by (namespace, pod") && !at.IsZero():
+		src = f.loadAt[at][loadQueryOf(q)]
 	case strings.Contains(q, "by (namespace, pod"):
 		src = f.load[loadQueryOf(q)]
 	case strings.Contains(q, "probe_success"):

@@ -13,12 +13,12 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// query runs one instant query and returns its vector.
-// A query cut short because ctx is done (shutdown) is not counted.
-func (s *Source) query(ctx context.Context, name, q string) (model.Vector, error) {
+// query runs one instant query evaluated at time at (zero: Prometheus's now, no time parameter
+// sent) and returns its vector. A query cut short because ctx is done (shutdown) is not counted.
+func (s *Source) query(ctx context.Context, name, q string, at time.Time) (model.Vector, error) {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	v, warnings, _, err := s.api.Query(qctx, q, time.Time{}, v1.WithTimeout(s.cfg.Timeout))
+	v, warnings, _, err := s.api.Query(qctx, q, at, v1.WithTimeout(s.cfg.Timeout))
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
