@@ -239,24 +239,7 @@ func readLoop(s *proc, backPods []string) (loopState, error) {
 	if err != nil {
 		return st, err
 	}
-	const prefix = "edgeflow_closed_loop_pod_capacity_rps{"
-	for k, v := range m {
-		rest, ok := strings.CutPrefix(k, prefix)
-		if !ok {
-			continue
-		}
-		labels := map[string]string{}
-		for _, kv := range strings.Split(strings.TrimSuffix(rest, "}"), ",") {
-			name, val, _ := strings.Cut(kv, "=")
-			labels[name], _ = strconv.Unquote(val)
-		}
-		switch labels["bound"] {
-		case "estimate":
-			st.estimate[labels["pod"]] = v
-		case "lower":
-			st.lower[labels["pod"]] = v
-		}
-	}
+	st.estimate, st.lower = podCapacities(m)
 	st.publications = m["edgeflow_xds_publications_total"]
 	snap, err := snapshot(s.ui)
 	if err != nil {

@@ -152,3 +152,28 @@ func metrics(addr string) (map[string]float64, error) {
 	}
 	return out, sc.Err()
 }
+
+// podCapacities reads serve's capacity estimates from its metrics (as metrics returns them):
+// edgeflow_closed_loop_pod_capacity_rps by pod, bound "estimate" and "lower".
+func podCapacities(m map[string]float64) (estimate, lower map[string]float64) {
+	estimate, lower = map[string]float64{}, map[string]float64{}
+	const prefix = "edgeflow_closed_loop_pod_capacity_rps{"
+	for k, v := range m {
+		rest, ok := strings.CutPrefix(k, prefix)
+		if !ok {
+			continue
+		}
+		labels := map[string]string{}
+		for _, kv := range strings.Split(strings.TrimSuffix(rest, "}"), ",") {
+			name, val, _ := strings.Cut(kv, "=")
+			labels[name], _ = strconv.Unquote(val)
+		}
+		switch labels["bound"] {
+		case "estimate":
+			estimate[labels["pod"]] = v
+		case "lower":
+			lower[labels["pod"]] = v
+		}
+	}
+	return estimate, lower
+}

@@ -418,6 +418,13 @@ func markdown(o *Outcome, j jsonReport, plots []string) string {
 
 	b.WriteString("## Headline: P99 (ms) at the middle rate\n\n")
 	writeHeadline(&b, o)
+	if sec := closedLoopSection(o); sec != "" {
+		b.WriteString("\n## The closed loop against least-request and lata (issue 37)\n\n")
+		if len(o.Preset.Slow) > 0 {
+			fmt.Fprintf(&b, "Pods slower than their peers, unseen by Kubernetes and edgeflow: %s.\n\n", fmtSlow(o))
+		}
+		b.WriteString(sec)
+	}
 	b.WriteString("\n## The paper's claims beside ours\n\n")
 	writeClaims(&b, j)
 	writeWhy(&b, o)
@@ -510,7 +517,7 @@ func describePreset(o *Outcome) string {
 	return fmt.Sprintf("apps %s, scenarios %s, rates %v req/s%s, %d runs per cell, %d policies — %d cells, %d measured slices",
 		strings.Join(apps, ", "), strings.Join(o.Preset.Scenarios, ", "), o.Preset.Rates,
 		map[bool]string{true: " (+ the highest rate at which default-k8s keeps P99 < 1 s)", false: ""}[o.Preset.FindMax],
-		o.Preset.Runs, len(Policies), len(o.Cells), o.Slices)
+		o.Preset.Runs, len(o.Preset.Rows()), len(o.Cells), o.Slices)
 }
 
 func perNode(m map[string]int) string {
@@ -524,13 +531,14 @@ func perNode(m map[string]int) string {
 func writeHeadline(b *strings.Builder, o *Outcome) {
 	mid := o.middle()
 	b.WriteString("| app | scenario | req/s |")
-	for _, p := range Policies {
+	rows := o.Preset.Rows()
+	for _, p := range rows {
 		b.WriteString(" " + p.Name + " |")
 	}
-	b.WriteString("\n|---|---|---|" + strings.Repeat("---|", len(Policies)) + "\n")
+	b.WriteString("\n|---|---|---|" + strings.Repeat("---|", len(rows)) + "\n")
 	for _, st := range o.Setups {
 		fmt.Fprintf(b, "| %s | %s | %g |", st.App, st.Scenario, mid)
-		for _, p := range Policies {
+		for _, p := range rows {
 			if r := o.Find(Cell{App: st.App, Scenario: st.Scenario, Policy: p.Name, RPS: mid}); r != nil {
 				s := o.stats(r)
 				sp := spread(s.RunP99)

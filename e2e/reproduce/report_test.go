@@ -186,3 +186,49 @@ func TestOnMeasuredLatency(t *testing.T) {
 		}
 	}
 }
+
+// The closed loop's section pairs closed-loop's runs with the other rows' of the same round:
+// closed-loop 10 % under the better row in every run gives 0.90, whichever row is better in a
+// run; the target follows the scenario (homogeneous: ≤ 1.02 × the better at every rate; slowed
+// pods: ≤ 0.90 × each at the two highest rates only).
+func TestClosedLoopSection(t *testing.T) {
+	o := &Outcome{Preset: Presets["closedloop"]}
+	o.Setups = []*Setup{{App: "bookinfo", Scenario: "A"}}
+	p99 := map[string][]float64{ // per run: least-request better in run 1, lata-only in runs 2 and 3
+		"least-request": {100, 300, 200},
+		"lata-only":     {150, 200, 100},
+		"lata-q":        {120, 220, 110},
+		"closed-loop":   {90, 180, 90},
+	}
+	for _, rate := range o.Preset.Rates {
+		for _, name := range closedLoopRows {
+			r := &Runs{Cell: Cell{App: "bookinfo", Scenario: "A", Policy: name, RPS: rate}}
+			for _, v := range p99[name] {
+				var lat []time.Duration
+				for range 1000 { // a run's P99 is v: 1 % of its samples at 2v, the rest at v/2
+					lat = append(lat, time.Duration(v/2*float64(time.Millisecond)))
+				}
+				for i := range 10 {
+					lat[i] = time.Duration(v * float64(time.Millisecond))
+				}
+				r.Results = append(r.Results, &loadgen.Result{Sent: 1000, OK: 1000, Latency: loadgen.NewSamples(lat), Elapsed: 20 * time.Second})
+			}
+			o.Cells = append(o.Cells, r)
+		}
+	}
+	sec := closedLoopSection(o)
+	for _, want := range []string{"| bookinfo | A | 50 |", " 0.90 (0.90–0.90) | ≤ 1.02 × the better |", " 0.90 (0.60–0.90) |", " 0.90 (0.60–0.90) | 0.90 (0.90–0.90)"} {
+		if !strings.Contains(sec, want) {
+			t.Errorf("closed loop's section without %q:\n%s", want, sec)
+		}
+	}
+	o.Preset.Slow = map[string]float64{"details": 1.5}
+	sec = closedLoopSection(o)
+	if !strings.Contains(sec, "| 50 |") || !strings.Contains(sec, "≤ 0.90 × each |") || strings.Count(sec, "≤ 0.90 × each") != 2 {
+		t.Errorf("slowed pods: want the 0.90 target at the two highest rates only:\n%s", sec)
+	}
+	o.Preset = Presets["quick"]
+	if sec := closedLoopSection(o); sec != "" {
+		t.Errorf("a preset without closed-loop has a closed loop section:\n%s", sec)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os/exec"
@@ -43,6 +44,9 @@ type Runs struct {
 	// unhealthy ones were re-run (Preset.Reruns), whose results are not kept.
 	Health   []Health
 	Attempts []int
+	// Capacity is, per run, the capacities (req/s by pod) serve's estimator had in force when
+	// the slice ended, for the rows that measure them (lata-q, closed-loop); nil for the others.
+	Capacity []map[string]float64
 }
 
 // Setup is what one application × scenario ran on: the measured RTTs, and the placement by
@@ -58,6 +62,7 @@ type Setup struct {
 	CostBefore, CostAfter float64
 	Pending               []string // pods not placed once the rebalancer settled
 	MaxRate               float64  // the highest rate at which default-k8s kept P99 < 1 s (FindMax), else 0
+	Slowed                []string // the pods Preset.Slow slowed, unseen by Kubernetes and edgeflow
 }
 
 // Outcome is everything one invocation measured.
@@ -128,6 +133,11 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // Scenarios are the outer loop (the first one listed runs first for every app). checkpoint, if
 // set, is called with the outcome so far after each application × scenario.
 func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint func(*Outcome)) *Outcome {
+	for _, q := range p.Rows() {
+		if q.Extra && !p.workload().Metrics {
+			t.Fatalf("row %s plans on the pods' telemetry: the preset's workload must export it (Workload.Metrics)", q.Name)
+		}
+	}
 	o := &Outcome{Preset: p, Workload: p.workload(), Started: time.Now(), Commit: commit(), Seed: p.seed()}
 	h := NewHarnessWith(t, ctx, p.Scenarios[0], log, p.NodeCPU)
 	o.Netem = h.NetemAvailable()
@@ -167,6 +177,10 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 		pr.slice(c, run, p.Runs, time.Since(begin), res)
 		r.Traffic = append(r.Traffic, plan.Traffic)
 		r.PlannedRTT = append(r.PlannedRTT, plan.PlannedRTT)
+		r.Capacity = append(r.Capacity, plan.Capacity)
+		if plan.Capacity != nil {
+			fmt.Fprintf(log, "  capacities estimated (req/s) for %d pods: %s\n", len(plan.Capacity), fmtCapacity(plan.Capacity))
+		}
 		if perr != nil {
 			r.PlanCost = append(r.PlanCost, math.NaN())
 			fmt.Fprintf(log, "  plan: %v\n", perr)
@@ -189,7 +203,14 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 				t.Fatal(err)
 			}
 			st.RTT = acc
+			for c, f := range p.Slow {
+				h.rt.SlowNext(c, f)
+			}
 			h.Deploy(a, o.Workload)
+			for c := range p.Slow {
+				st.Slowed = append(st.Slowed, h.rt.Slowed(c))
+			}
+			slices.Sort(st.Slowed)
 			st.Before = h.Placement(a)
 			fmt.Fprintf(log, "%s %s: placed by kube-scheduler: %s\n", a.Name, sc, fmtPlacement(st.Before))
 			settle(h, a, p, sc, Policies[0], log)
@@ -323,11 +344,16 @@ func (o *Outcome) finish(pr *progress) {
 // serve had published (Served; or why it could not be read), and stops serve. A load that fails
 // ends the test.
 func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) (*loadgen.Result, Served, error, Health) {
-	s := h.Serve(a, pol, rate)
+	s := h.Serve(a, pol, rate, pol.Flags...)
 	probe := h.startHealth(p.Warmup + p.Duration)
 	res, err := h.Load(a, p, rate)
 	health := probe.end(res)
 	plan, perr := planned(s.ui, h.rtt)
+	if pol.Extra {
+		if m, err := metrics(s.metrics); err == nil {
+			plan.Capacity, _ = podCapacities(m)
+		}
+	}
 	s.stop()
 	if err != nil {
 		h.t.Fatalf("%s %s %s %g req/s: %v", a.Name, sc, pol.Name, rate, err)
@@ -449,4 +475,13 @@ func commit() string {
 		head += "-dirty"
 	}
 	return head
+}
+
+// fmtCapacity lists capacities by pod, sorted by pod.
+func fmtCapacity(c map[string]float64) string {
+	var parts []string
+	for _, pod := range slices.Sorted(maps.Keys(c)) {
+		parts = append(parts, fmt.Sprintf("%s %.0f", pod, c[pod]))
+	}
+	return strings.Join(parts, ", ")
 }

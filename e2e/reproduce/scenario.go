@@ -90,6 +90,24 @@ var PaperApps = []App{
 // calibration run (docs/benchmarks/paper-experiment.md) measures it.
 var PaperWorkload = Workload{Workers: 2, ServiceTime: 2600 * time.Microsecond, ServiceFixed: 1950 * time.Microsecond, NodeCores: 1}
 
+// ClosedLoopApp is Bookinfo with the paper's replica ratios (3 caller pods, 2 callee pods) as
+// the closed loop's comparison runs it (preset "closedloop", issue 37): each pod requests the one
+// core its one worker can use, so that the utilisation law's cores (the CPU request) are the
+// pod's truth, and the nodes' 3 cores (ClosedLoopWorkload, NodeCPU "3") fit the 10 pods with
+// room for the scheduler to choose.
+var ClosedLoopApp = App{Name: "bookinfo", Components: []Component{
+	{Name: "productpage", Replicas: 3, CPU: "1", Calls: []string{"details", "reviews"}},
+	{Name: "details", Replicas: 2, CPU: "1"},
+	{Name: "reviews", Replicas: 3, CPU: "1", Calls: []string{"ratings"}},
+	{Name: "ratings", Replicas: 2, CPU: "1"},
+}}
+
+// ClosedLoopWorkload is the pods' work in the closed loop's comparison: one worker, 15 ms
+// exponential (67 req/s a pod: the 2-pod services' 133 req/s bound the application, 111 with
+// one pod 1.5× slower), each node's pods sharing its 3 cores (a node with 3 pods contends at high
+// load), and the telemetry a mesh exports, which lata-q and closed-loop estimate capacities from.
+var ClosedLoopWorkload = Workload{Workers: 1, ServiceTime: 15 * time.Millisecond, NodeCores: 3, Metrics: true}
+
 // Neutral is the neutral replica set: 3 pods per service, 4 for the service with the most
 // callers' traffic per pod (reviews, b), the replicas of examples/bookinfo.yaml and dag.yaml.
 var Neutral = map[string]int{"productpage": 3, "details": 3, "reviews": 4, "ratings": 3, "a": 3, "b": 4, "c": 3, "d": 3, "e": 3}
@@ -135,9 +153,20 @@ type Policy struct {
 	Allocation, LB string
 	// LARP: the placement is `edgeflow rebalance --dry-run=false`'s, else the scheduler's.
 	LARP bool
+	// Flags are further flags of serve for this row.
+	Flags []string
+	// Extra: a row beyond the paper's seven, run only where a preset names it (Preset.Policies).
+	Extra bool
 }
 
-// Policies are the experiment's rows, in order.
+// estimatorFlags are serve's flags for the rows that plan on capacities measured from the pods'
+// telemetry (lata-q, closed-loop): the estimator's window, two scrapes of the pods
+// (podScrapeInterval), the fewest increase() needs.
+var estimatorFlags = []string{"--prometheus-window", (2 * podScrapeInterval).String()}
+
+// Policies are the experiment's rows, in order: the paper's seven, then the closed loop's
+// comparison (issue 37: least-request, lata and lata-q on measured capacities and closed-loop,
+// all on the scheduler's placement), which need the pods' telemetry (Workload.Metrics).
 var Policies = []Policy{
 	{Name: "default-k8s", Allocation: "round-robin", LB: "round-robin"},
 	{Name: "least-request", Allocation: "round-robin", LB: "least-request"},
@@ -146,6 +175,8 @@ var Policies = []Policy{
 	{Name: "lata-only", Allocation: "lata", LB: "round-robin"},
 	{Name: "proposed", Allocation: "lata", LB: "round-robin", LARP: true},
 	{Name: "beyond", Allocation: "lata-q", LB: "round-robin", LARP: true},
+	{Name: "lata-q", Allocation: "lata-q", LB: "round-robin", Flags: estimatorFlags, Extra: true},
+	{Name: "closed-loop", Allocation: "closed-loop", LB: "bands", Flags: estimatorFlags, Extra: true},
 }
 
 // Workload is the pods' simulated work, as in `edgeflow demo`: one worker per pod and a 6 ms
@@ -208,6 +239,10 @@ type Preset struct {
 	Reruns int
 	// Seed is the seed of the slices' order within a placement (interleave); 0 means 1.
 	Seed uint64
+	// Slow names components one of whose pods runs slower than its peers by the factor given,
+	// unseen by Kubernetes and edgeflow (the pod's --slow): the closed loop's scenario (B). The
+	// scheduler's placement only: not with LARP rows, whose placement starts the pods anew.
+	Slow map[string]float64
 	// Smoke: the run is checked for what holds on any run of a working loop (smokeProblems,
 	// reportProblems: every row served, the report whole, the plans' network cost in the
 	// policies' order, the rebalancer settled), not for the paper's P99 claims (checkClaims).
@@ -256,14 +291,12 @@ func (p Preset) settleTime() time.Duration {
 	return p.Settle
 }
 
-// Rows returns the policies the preset runs, in Policies order.
+// Rows returns the policies the preset runs, in Policies order: those it names, or the
+// paper's seven (the rows not Extra).
 func (p Preset) Rows() []Policy {
-	if len(p.Policies) == 0 {
-		return Policies
-	}
 	var out []Policy
 	for _, q := range Policies {
-		if slices.Contains(p.Policies, q.Name) {
+		if len(p.Policies) == 0 && !q.Extra || slices.Contains(p.Policies, q.Name) {
 			out = append(out, q)
 		}
 	}
@@ -283,6 +316,9 @@ var Presets = map[string]Preset{
 		RebalancePeriod: 5 * time.Second, RebalanceWindow: 10 * time.Second},
 	"paper": {Name: "paper", Apps: PaperApps, Scenarios: []string{"A", "B"}, Rates: []float64{100, 200, 300},
 		Workload: &PaperWorkload, NodeCPU: "1", Runs: 10, Duration: 10 * time.Second, Warmup: 3 * time.Second, Timeout: 5 * time.Second},
+	"closedloop": {Name: "closedloop", Apps: []App{ClosedLoopApp}, Scenarios: []string{"A"}, Rates: []float64{50, 80, 100},
+		Policies: []string{"least-request", "lata-only", "lata-q", "closed-loop"}, Workload: &ClosedLoopWorkload, NodeCPU: "3",
+		Runs: 3, Duration: 20 * time.Second, Warmup: 3 * time.Second, Timeout: 5 * time.Second},
 	"quick": {Name: "quick", Apps: []App{Bookinfo}, Scenarios: []string{"B"}, Rates: []float64{200},
 		Runs: 5, Duration: 10 * time.Second, Warmup: 2 * time.Second, Timeout: 5 * time.Second},
 	"full": {Name: "full", Apps: []App{Bookinfo, DAG}, Scenarios: []string{"A", "B"}, Rates: []float64{100, 200, 300},
@@ -295,6 +331,8 @@ var Presets = map[string]Preset{
 // REPRODUCE_POLICIES (names),
 // REPRODUCE_REPLICAS (COMPONENT=N,…: another replica count for the named components; "neutral":
 // the Neutral set),
+// REPRODUCE_SLOW (COMPONENT=FACTOR,…: one pod of each component named that much slower than its
+// peers, unseen: Preset.Slow),
 // REPRODUCE_NODE_SPEED (NODE=FACTOR,…: nodes slower or faster than the rest, unseen by
 // Kubernetes and edgeflow: HEART's heterogeneous cluster), REPRODUCE_FIND_MAX (0 or 1). The
 // report names the preset and says what ran.
@@ -406,6 +444,23 @@ func Override(p Preset, getenv func(string) string) (Preset, error) {
 		}
 		p.Apps = apps
 		p.Name += "+replicas"
+	}
+	if v := getenv("REPRODUCE_SLOW"); v != "" {
+		p.Slow = map[string]float64{}
+		for _, kv := range strings.Split(v, ",") {
+			name, factor, ok := strings.Cut(kv, "=")
+			f, err := strconv.ParseFloat(factor, 64)
+			if !ok || err != nil || !(f > 0) || math.IsInf(f, 0) || !slices.ContainsFunc(p.Apps, func(a App) bool {
+				return slices.ContainsFunc(a.Components, func(c Component) bool { return c.Name == name })
+			}) {
+				return p, fmt.Errorf("REPRODUCE_SLOW: bad entry %q (want COMPONENT=FACTOR, COMPONENT one of the apps %v, FACTOR > 0)", kv, appNames(p.Apps))
+			}
+			p.Slow[name] = f
+		}
+		if slices.ContainsFunc(p.Rows(), func(q Policy) bool { return q.LARP }) {
+			return p, fmt.Errorf("REPRODUCE_SLOW: the slowed pods are the scheduler's placement's; run it without the LARP rows (REPRODUCE_POLICIES)")
+		}
+		p.Name += "+slow"
 	}
 	if v := getenv("REPRODUCE_NODE_SPEED"); v != "" {
 		w := p.workload()

@@ -119,3 +119,42 @@ func TestScheduleInterleaves(t *testing.T) {
 		}
 	}
 }
+
+// The closed loop's rows run only where a preset names them; REPRODUCE_SLOW slows one pod of
+// each component it names, refusing names no app has, factors that are not positive, and LARP
+// rows (whose placement starts the pods anew).
+func TestClosedLoopRowsAndSlow(t *testing.T) {
+	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
+	var names []string
+	for _, q := range Presets["full"].Rows() {
+		names = append(names, q.Name)
+	}
+	if want := []string{"default-k8s", "least-request", "localization", "opttraffic", "lata-only", "proposed", "beyond"}; !slices.Equal(names, want) {
+		t.Errorf("the full preset's rows: %v, want the paper's seven %v", names, want)
+	}
+	names = nil
+	for _, q := range Presets["closedloop"].Rows() {
+		names = append(names, q.Name)
+		if q.LARP {
+			t.Errorf("closedloop row %s runs on LARP's placement; the comparison is on the scheduler's", q.Name)
+		}
+	}
+	if !slices.Equal(names, closedLoopRows) {
+		t.Errorf("the closedloop preset's rows: %v, want %v", names, closedLoopRows)
+	}
+	p, err := Override(Presets["closedloop"], env(map[string]string{"REPRODUCE_SLOW": "details=1.5,reviews=1.5"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Slow["details"] != 1.5 || p.Slow["reviews"] != 1.5 || len(p.Slow) != 2 || !strings.HasSuffix(p.Name, "+slow") {
+		t.Errorf("REPRODUCE_SLOW=details=1.5,reviews=1.5: %v, preset %q", p.Slow, p.Name)
+	}
+	for _, bad := range []string{"details", "nosuch=1.5", "details=0", "details=-2", "details=x", "details=+Inf"} {
+		if _, err := Override(Presets["closedloop"], env(map[string]string{"REPRODUCE_SLOW": bad})); err == nil || !strings.Contains(err.Error(), "REPRODUCE_SLOW") {
+			t.Errorf("REPRODUCE_SLOW=%s: error %v, want one naming the variable", bad, err)
+		}
+	}
+	if _, err := Override(Presets["quick"], env(map[string]string{"REPRODUCE_SLOW": "details=1.5"})); err == nil {
+		t.Error("REPRODUCE_SLOW with the LARP rows accepted")
+	}
+}

@@ -20,6 +20,9 @@ type Served struct {
 	// on (the publication's, measured), so that plans can be priced alike at serve's inputs
 	// (costAt).
 	Traffic, PlannedRTT map[[2]string]float64
+	// Capacity is the capacities (req/s by pod) serve's estimator had in force (podCapacities),
+	// read for the rows that measure them (Policy.Extra); nil otherwise.
+	Capacity map[string]float64
 }
 
 // costAt prices traffic (req/s per ordered node pair) at rtt (ms per ordered node pair):
