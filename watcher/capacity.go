@@ -98,8 +98,22 @@ func newCapacityFeed(est *estimate.Estimator, breaker *estimate.Breaker, plan fu
 // counters and the estimator runs a round; a pod's capacity in force becomes its estimate's
 // lower bound when that moved by more than CapacityHysteresis (a pod without an estimate has
 // none). Stale loads (a window mixed of two rounds) are not fed; loads naming no pod of a
-// managed service are left out and listed.
+// managed service are left out and listed. With a breaker the window is judged, or held (judge).
 func (f *capacityFeed) feed(ks *kube.State, meas *prom.Measurements) capacityRound {
+	return f.take(ks, meas, true)
+}
+
+// feedHistory takes one window of Prometheus's history (prom.Source.LoadHistory) as feed does,
+// but the breaker does not judge it and it is never held: it was measured before this process
+// planned, under a plan it does not know (its own before a restart, another replica's), so there
+// is no prediction to judge it by and no push of its own to hold down for; its estimate is in
+// force at once. Fed oldest first, before the first live snapshot.
+func (f *capacityFeed) feedHistory(ks *kube.State, meas *prom.Measurements) capacityRound {
+	return f.take(ks, meas, false)
+}
+
+// take is feed, judging the window by the plan in force when judge is set.
+func (f *capacityFeed) take(ks *kube.State, meas *prom.Measurements, judge bool) capacityRound {
 	var r capacityRound
 	if meas == nil || len(meas.Load) == 0 || !f.fedAt.IsZero() && meas.At.Sub(f.fedAt) < meas.Window {
 		return r
@@ -158,7 +172,10 @@ func (f *capacityFeed) feed(ks *kube.State, meas *prom.Measurements) capacityRou
 		}
 	}
 	f.estimated = CapacitiesInForce(caps, f.estimated)
-	if r.held = f.judge(own, &r); !r.held {
+	if judge {
+		r.held = f.judge(own, &r)
+	}
+	if !r.held {
 		f.capacity = f.estimated
 	}
 	return r

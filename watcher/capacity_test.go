@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/edgeflow/edgeflow/internal/kubetest"
 	"github.com/edgeflow/edgeflow/internal/testkit"
@@ -367,4 +370,144 @@ func TestCapacityHoldDown(t *testing.T) {
 		t.Errorf("window 7 (one plan): api-1 %v, want the slower estimate in force (under %v)", after["default/api-1"], before["default/api-1"]*(1-CapacityHysteresis))
 	}
 	t.Logf("api-1: %.1f before, %.1f held, %.1f after", before["default/api-1"], held["default/api-1"], after["default/api-1"])
+}
+
+// TestCapacityFromHistory: Run reads Prometheus's history of pod load before the Prometheus
+// source's first round and feeds it before the first live window, so that with enough of it
+// (MinWindows windows after the first, which sets the counters' base) the first topology
+// delivered already has the pods' capacities; with less, or with the history off, it has none.
+// b's two pods have one core each and take 4 ms of CPU per request, 1,000 requests a minute
+// (250 req/s).
+func TestCapacityFromHistory(t *testing.T) {
+	t.Parallel()
+	const window = time.Minute
+	tests := []struct {
+		name      string
+		history   int // the windows Prometheus holds, up to t0
+		windows   int // LiveConfig.CapacityHistoryWindows
+		wantCap   bool
+		wantLog   string
+		noLogLine bool
+	}{
+		{name: "no history", history: 0, windows: 5, wantLog: "windows=0 windows_read=0 pods_with_capacity=0"},
+		{name: "MinWindows windows: the first only sets the base", history: 3, windows: 5, wantLog: "windows=3 windows_read=3 pods_with_capacity=0"},
+		{name: "MinWindows + 1 windows", history: 4, windows: 5, wantCap: true, wantLog: "windows=4 windows_read=4 pods_with_capacity=2"},
+		{name: "the default of 5 windows", history: 10, windows: 5, wantCap: true, wantLog: "windows=5 windows_read=5 pods_with_capacity=2"},
+		{name: "history off", history: 10, windows: 0, noLogLine: true},
+	}
+	if _, err := NewLive(LiveConfig{Kube: kubeSource(t, kubetest.NewClientset()), CallGraph: &CallGraph{}, CapacityHistoryWindows: -1}); err == nil || !strings.Contains(err.Error(), "-1 windows") {
+		t.Errorf("NewLive with a history of -1 windows: %v, want an error naming it", err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			from := t0.Add(-time.Duration(tt.history-1) * window) // the oldest window's end Prometheus has
+			fp := &fakeProm{latency: []promSample{latSample("n1", "n2", "0.002")}, podLoad: func(q string, at time.Time) []promSample {
+				if tt.history == 0 || !at.IsZero() && at.Before(from) {
+					return nil // evaluated before Prometheus's history begins
+				}
+				value := "1000" // requests a window
+				switch {
+				case strings.Contains(q, "container_cpu"):
+					value = "4"
+				case strings.Contains(q, `reporter="source"`):
+					value = "0"
+				case strings.Contains(q, "duration"):
+					value = "4000"
+				}
+				var out []promSample
+				for _, pod := range []string{"b-1", "b-2"} {
+					out = append(out, promSample{labels: map[string]string{"namespace": "default", "pod": pod}, value: value})
+				}
+				return out
+			}}
+			ps := fakePromSource(t, fp, func(c *prom.Config) { c.Window, c.Clock = window, testkit.NewFakeClock(t0) })
+			objs := []runtime.Object{k8sNode("n1"), k8sNode("n2"), k8sService("b"), k8sSlice("b", "b-1@n1@10.0.1.1", "b-2@n2@10.0.1.2")}
+			for _, p := range []*corev1.Pod{k8sPod("b", "b-1", "n1"), k8sPod("b", "b-2", "n2")} {
+				p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}
+				objs = append(objs, p)
+			}
+			est, err := estimate.New(estimate.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			logs := &testkit.LogBuffer{}
+			c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, kubetest.NewClientset(objs...)), Prom: ps, Estimator: est,
+				CapacityHistoryWindows: tt.windows, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+			rec := recorder{got: make(chan *optimizer.Topology, 16)}
+			runCluster(t, c, rec)
+			caps := capacities(rec.next(t))
+			for _, pod := range []string{"default/b-1", "default/b-2"} {
+				v := caps[pod]
+				switch {
+				case !tt.wantCap && v != nil:
+					t.Errorf("%s: capacity %v in the first topology, want none", pod, *v)
+				case tt.wantCap && (v == nil || *v > 250*1.0001 || *v < 250*0.9):
+					t.Errorf("%s: capacity %v in the first topology, want the lower bound of 250 req/s", pod, v)
+				}
+			}
+			line := grepLine(logs.String(), "capacity estimator fed from Prometheus's history")
+			switch {
+			case tt.noLogLine && line != "":
+				t.Errorf("a history log line with the history off: %s", line)
+			case !tt.noLogLine && !strings.Contains(line, tt.wantLog):
+				t.Errorf("history log line %q, want it to hold %q:\n%s", line, tt.wantLog, logs)
+			}
+		})
+	}
+}
+
+// grepLine is the first line of s holding sub ("" if none).
+func grepLine(s, sub string) string {
+	for l := range strings.Lines(s) {
+		if strings.Contains(l, sub) {
+			return strings.TrimSpace(l)
+		}
+	}
+	return ""
+}
+
+// TestCapacityHistoryNotJudged: windows of history are never the breaker's, nor held, though a
+// plan is in force (another replica's view cannot be told apart here): their estimate is in
+// force at once. The first live window under the plan in force is the hold-down, as after any
+// change of plan.
+func TestCapacityHistoryNotJudged(t *testing.T) {
+	t.Parallel()
+	est, err := estimate.New(estimate.Config{MinRequests: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	breaker, err := estimate.NewBreaker(estimate.BreakerConfig{MinRequests: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := state([]string{"n1", "n2"}, service("api", "api-1@n1", "api-2@n2"))
+	st.PodCPU = []map[string]int64{{"default/api-1": 500, "default/api-2": 1000}}
+	const window = time.Minute
+	perPod := 1000 / window.Seconds()
+	plan := &optimizer.Allocation{Policy: optimizer.ClosedLoop, Calls: []optimizer.CallAllocation{
+		{From: "front", To: "api", Routes: []optimizer.Route{{Caller: "front-1", Callee: "api-1", Fraction: 1, RPS: perPod}, {Caller: "front-2", Callee: "api-2", Fraction: 1, RPS: perPod}}}}}
+	planTop := &optimizer.Topology{Nodes: st.Nodes, Services: st.Services}
+	c, _ := newCluster(t, LiveConfig{Prom: promStub, Estimator: est, Breaker: breaker, Plan: func() (*optimizer.Topology, *optimizer.Allocation) {
+		return planTop, plan
+	}})
+	var windows []*prom.Measurements
+	for i := 0; i <= 5; i++ {
+		windows = append(windows, loadRound(i, window))
+	}
+	c.feedHistory(st, windows)
+	got := c.capacity.inForce(st)
+	if len(got) != 2 {
+		t.Fatalf("capacities after 6 windows of history: %v, want api-1's and api-2's (none held)", got)
+	}
+	if states := breaker.States(); len(states) != 0 {
+		t.Errorf("the breaker judged history: %+v", states)
+	}
+	r := c.capacity.feed(st, loadRound(6, window))
+	if !r.fed || !r.held || r.judged {
+		t.Errorf("the first live window: fed %v, held %v, judged %v; want fed, held (the plan in force is new to the feed), not judged", r.fed, r.held, r.judged)
+	}
+	if after := c.capacity.inForce(st); !maps.Equal(after, got) {
+		t.Errorf("capacities after the held window: %v, want %v", after, got)
+	}
 }

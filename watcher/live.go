@@ -66,6 +66,12 @@ type LiveConfig struct {
 	// (nil, nil before the first), as xds/server's Server.Publication gives them. Safe for
 	// concurrent use; called from Run's merge loop.
 	Plan func() (*optimizer.Topology, *optimizer.Allocation)
+	// CapacityHistoryWindows, with an Estimator and Prom, is how many windows of pod load Run
+	// reads from Prometheus's history at start (prom.Source.LoadHistory, before Prom's first
+	// round) and feeds the Estimator, oldest first, before the first live window: a process that
+	// restarts or takes over starts with the estimates Prometheus's history gives instead of
+	// none for the first windows. 0: none.
+	CapacityHistoryWindows int
 	// Logger and Registerer as elsewhere.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -93,7 +99,10 @@ const (
 //
 // Rules:
 //   - Nothing is delivered before the Kubernetes caches synced: never a half-built topology.
-//     From then on a topology is always delivered, Prometheus or not (a cold start serves).
+//     From then on a topology is always delivered, Prometheus or not (a cold start serves). With
+//     CapacityHistoryWindows the first also waits until Prometheus's history of pod load has
+//     been read (LoadHistory gives up at the first query that fails: a Prometheus that hangs
+//     delays it by a query timeout, two when the probe job's scrape interval is read first).
 //   - Each source delivers into the Live source without waiting for the other; the merge runs on
 //     its own goroutine (Run's, apart from the sources') and delivers only a topology that
 //     differs from the last one.
@@ -137,6 +146,13 @@ const (
 //     more than CapacityHysteresis, and set on a service's pods only when every one of them
 //     has an estimate. Stale loads are not fed. Without pod loads the topology is what it is
 //     without an estimator.
+//   - Capacity history (CapacityHistoryWindows): the windows of pod load Prometheus's history
+//     holds are fed, oldest first, with the first Kubernetes state, before the first live
+//     snapshot (which the feed skips when it overlaps the last of them); a pod with enough of
+//     them (estimate.Config's MinWindows after the first, which only sets the counters' base)
+//     has its capacity in the first topology. The breaker judges none of them and none is held:
+//     no plan of this process was in force then. One log line says how many windows were fed
+//     and how many pods have a capacity.
 //   - Model-error breaker (with a Breaker and Plan): each window of pod loads fed, unless the
 //     plan in force changed since the last one (a window of two plans), per service, the own
 //     time lata-q predicts for the plan in force (optimizer.PredictedOwnTimeMS, on the plan's
@@ -167,11 +183,19 @@ type Live struct {
 	compiler optimizer.Compiler // Run's only
 	capacity *capacityFeed      // Run's only; nil without an Estimator
 	podsOff  []string           // Run's only: the pod loads naming no pod of the last feed
-	mu       sync.Mutex         // guards kube, meas, current, latency
+	mu       sync.Mutex         // guards kube, meas, current, latency, history
 	kube     *kube.State
 	meas     *prom.Measurements
 	current  *optimizer.Topology
 	latency  latencyState // of the last Merge
+	history  historyRead  // Prometheus's history of pod load, from Run's start until deliver fed it
+}
+
+// historyRead is Prometheus's history of pod load on its way to the capacity feed
+// (LiveConfig.CapacityHistoryWindows): being read, then read and not fed yet.
+type historyRead struct {
+	reading, read bool
+	windows       []*prom.Measurements // oldest first
 }
 
 // latencyState is what the last Merge made of the measurements.
@@ -223,6 +247,9 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 		cfg.MaxNodePairs = DefaultMaxNodePairs
 	case cfg.MaxNodePairs < 0:
 		return nil, fmt.Errorf("watcher: max node pairs %d: want a positive number", cfg.MaxNodePairs)
+	}
+	if cfg.CapacityHistoryWindows < 0 {
+		return nil, fmt.Errorf("watcher: capacity history of %d windows: want 0 (none) or more", cfg.CapacityHistoryWindows)
 	}
 	c := &Live{cfg: cfg, log: cfg.Logger, compiler: optimizer.Compiler{Options: cfg.Options}}
 	if cfg.Estimator != nil && cfg.Prom != nil {
@@ -316,6 +343,30 @@ func (c *Live) feedCapacity(ks *kube.State, meas *prom.Measurements) map[string]
 	}
 	c.podsOff = r.unmatched
 	return c.capacity.inForce(ks)
+}
+
+// feedHistory feeds Prometheus's history of pod load (windows, oldest first) to the capacity
+// feed before its first live snapshot (capacityFeed.feedHistory: not judged, not held), sets
+// edgeflow_closed_loop_pod_capacity_rps from the estimator's last round, and logs how many
+// windows were fed and how many pods have a capacity in force. Run's only.
+func (c *Live) feedHistory(ks *kube.State, windows []*prom.Measurements) {
+	fed := 0
+	var caps map[string]estimate.Capacity
+	for _, m := range windows {
+		r := c.capacity.feedHistory(ks, m)
+		if r.err != nil {
+			c.log.Warn("watcher: the capacity estimator left samples of Prometheus's history out", "at", m.At, "error", r.err)
+		}
+		if r.fed {
+			fed++
+			caps = r.caps
+		}
+	}
+	if caps != nil {
+		c.recordCapacities(caps)
+	}
+	c.log.Info("watcher: capacity estimator fed from Prometheus's history", "windows", fed, "windows_read", len(windows),
+		"pods_with_capacity", len(c.capacity.capacity))
 }
 
 // recordCapacities sets edgeflow_closed_loop_pod_capacity_rps from one estimator round, and

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -830,14 +831,17 @@ func TestClusterRunStops(t *testing.T) {
 }
 
 // fakeProm speaks the instant-query endpoint of the Prometheus HTTP API: the latency query
-// (recognised by "probe_icmp") is answered with latency, any other with calls; each a list
-// of (labels, value).
+// (recognised by "probe_icmp") is answered with latency, a pod-load query ("by (namespace,
+// pod") with podLoad's answer, any other with calls; each a list of (labels, value).
 type fakeProm struct {
 	mu      sync.Mutex
 	latency []promSample
 	calls   []promSample
 	status  int    // non-zero: answer with this HTTP status
 	fail    string // a query holding this is answered with HTTP 500
+	// podLoad answers a pod-load query q evaluated at time at (the time parameter; zero
+	// without one); nil: no series.
+	podLoad func(q string, at time.Time) []promSample
 }
 
 type promSample struct {
@@ -885,8 +889,23 @@ func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	src := f.calls
-	if strings.Contains(r.Form.Get("query"), "probe_icmp") {
+	switch q := r.Form.Get("query"); {
+	case strings.Contains(q, "probe_icmp"):
 		src = f.latency
+	case strings.Contains(q, "by (namespace, pod"):
+		src = nil
+		if f.podLoad != nil {
+			var at time.Time
+			if ts := r.Form.Get("time"); ts != "" {
+				sec, err := strconv.ParseFloat(ts, 64)
+				if err != nil {
+					http.Error(w, "bad time: "+err.Error(), http.StatusBadRequest)
+					return
+				}
+				at = time.Unix(0, int64(math.Round(sec*1e9))).UTC()
+			}
+			src = f.podLoad(q, at)
+		}
 	}
 	result := []any{}
 	for _, s := range src {

@@ -31,7 +31,16 @@ func (c *Live) Run(ctx context.Context, l Listener) error {
 		return c.cfg.Kube.Run(gctx, keepLatest(c, &c.kube))
 	})
 	if c.cfg.Prom != nil {
+		history := c.capacity != nil && c.cfg.CapacityHistoryWindows > 0
+		if history {
+			c.mu.Lock()
+			c.history.reading = true
+			c.mu.Unlock()
+		}
 		g.Go(func() error {
+			if history {
+				c.readHistory(gctx)
+			}
 			return c.cfg.Prom.Run(gctx, keepLatest(c, &c.meas))
 		})
 	}
@@ -44,8 +53,25 @@ func (c *Live) Run(ctx context.Context, l Listener) error {
 	return err // a source failed
 }
 
+// readHistory reads Prometheus's history of pod load for the capacity feed
+// (LiveConfig.CapacityHistoryWindows) and hands it to deliver. It runs on the Prometheus
+// source's goroutine before its Run, as LoadHistory requires; a failure is logged and leaves
+// no history (it is best effort).
+func (c *Live) readHistory(ctx context.Context) {
+	windows, err := c.cfg.Prom.LoadHistory(ctx, c.cfg.CapacityHistoryWindows)
+	if err != nil {
+		c.log.Warn("watcher: no history of pod load for the capacity estimator", "error", err)
+	}
+	c.mu.Lock()
+	c.history = historyRead{read: true, windows: windows}
+	c.mu.Unlock()
+	c.changed.Notify()
+}
+
 // deliver merges the latest inputs on each change and delivers what differs from the last
-// topology delivered, until ctx is done. Run's only; it alone uses c.compiler.
+// topology delivered, until ctx is done. The first time it has a Kubernetes state it first
+// feeds the capacity feed Prometheus's history of pod load (waiting for it while it is read).
+// Run's only; it alone uses c.compiler.
 func (c *Live) deliver(ctx context.Context, l Listener) {
 	for {
 		select {
@@ -54,10 +80,16 @@ func (c *Live) deliver(ctx context.Context, l Listener) {
 		case <-c.changed.C():
 		}
 		c.mu.Lock()
-		ks, meas, last := c.kube, c.meas, c.current
+		ks, meas, last, history := c.kube, c.meas, c.current, c.history
+		if ks != nil && history.read {
+			c.history = historyRead{}
+		}
 		c.mu.Unlock()
-		if ks == nil {
-			continue // never a half-built topology
+		if ks == nil || history.reading {
+			continue // never a half-built topology; the history of pod load first
+		}
+		if history.read {
+			c.feedHistory(ks, history.windows)
 		}
 		t := c.mergeWith(ks, meas, c.feedCapacity(ks, meas))
 		// Compiled once, here, with the consumers' options: the compile validates it, says
