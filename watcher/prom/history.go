@@ -28,9 +28,9 @@ import (
 // History is best effort. A window in which no pod answered the requests query is left out. A
 // query that fails (an error, a timeout, an answer over a cap) ends the reading, logged at warn:
 // the windows newer than it are returned and the older ones are not asked (the windows are read
-// newest first), so a Prometheus that is down or hangs costs one query's Config.Timeout, not
-// 4 × windows of them. With the pod-load queries off (DisableLoad), or windows 0, it returns
-// nil and asks nothing.
+// newest first), so a Prometheus that hangs costs one query's Config.Timeout (and the targets
+// read's, below), not 4 × windows of them. With the pod-load queries off (DisableLoad), or
+// windows 0, it returns nil and asks nothing.
 //
 // When the window follows the probe job's scrape interval (Config.Window zero), it first reads
 // that interval from Prometheus's targets as the first round would. LoadHistory reads state
