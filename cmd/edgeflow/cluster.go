@@ -72,6 +72,9 @@ type clusterFlags struct {
 	kubeQPS        float32
 	kubeBurst      int
 	maxServices    int
+	// capacityHistory is serve's --capacity-history-windows (0, none, for the commands that
+	// do not register it).
+	capacityHistory int
 
 	istio istioFlags
 
@@ -458,6 +461,7 @@ func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, chec
 			if cc.Estimator, err = estimate.New(estimate.Config{}); err != nil {
 				return nil, err
 			}
+			cc.CapacityHistoryWindows = f.capacityHistory
 			if plan != nil {
 				// The breaker's sample floor is the estimator's: a window the estimator takes.
 				if cc.Breaker, err = estimate.NewBreaker(estimate.BreakerConfig{MinRequests: estimate.DefaultMinRequests}); err != nil {

@@ -2,26 +2,36 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/edgeflow/edgeflow/e2e/kubeapi"
+	"github.com/edgeflow/edgeflow/internal/kubetest"
 	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
+	"github.com/edgeflow/edgeflow/watcher/estimate"
+	"github.com/edgeflow/edgeflow/watcher/kube"
+	"github.com/edgeflow/edgeflow/watcher/prom"
 )
 
 // clusterFixture starts a real kube-apiserver holding a small mesh in namespace "shop": web
@@ -338,5 +348,81 @@ func kubectlLoadingRules(t *testing.T, kubeconfig, calls string, wantCost float6
 	}
 	if code, _, errOut := edgeflow("plan", "--context", "nope", "--calls", calls); code != exitBadInput || !strings.Contains(errOut, `context "nope" does not exist`) {
 		t.Errorf("plan --context nope: exit %d, stderr %q; want 2 naming the context", code, errOut)
+	}
+}
+
+// --capacity-history-windows reaches the watcher: the cluster source reads that many windows of
+// pod load from Prometheus's history (pod-load queries evaluated at past times, one
+// --prometheus-window apart) before its first live round; 0 reads none. Its default is the
+// windows the estimator sums.
+func TestCapacityHistoryWindowsReachesTheWatcher(t *testing.T) {
+	t.Parallel()
+	if def := newServeCommand().Flags().Lookup("capacity-history-windows").DefValue; def != strconv.Itoa(estimate.DefaultWindows) {
+		t.Errorf("--capacity-history-windows defaults to %s, want %d", def, estimate.DefaultWindows)
+	}
+	for _, windows := range []int{3, 0} {
+		t.Run(strconv.Itoa(windows), func(t *testing.T) {
+			t.Parallel()
+			var mu sync.Mutex
+			var times []string // the evaluation times of the pod-load queries, "" for now
+			promSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if err := r.ParseForm(); err == nil && strings.Contains(r.Form.Get("query"), "by (namespace, pod") {
+					mu.Lock()
+					times = append(times, r.Form.Get("time"))
+					mu.Unlock()
+				}
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprint(w, `{"status":"success","data":{"resultType":"vector","result":[]}}`)
+			}))
+			t.Cleanup(promSrv.Close)
+			var f clusterFlags
+			f.register(&cobra.Command{}) // the defaults
+			f.prometheusURL, f.promWindow, f.probePins, f.capacityHistory = promSrv.URL, time.Minute, prom.PinOff, windows
+			logger := slog.New(slog.DiscardHandler)
+			inf, err := kube.NewInformers(kube.InformersConfig{Client: kubetest.NewClientset(), EndpointSlices: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := f.cluster(inf, optimizer.Options{}, nil, nil, logger, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			inf.Start(ctx)
+			done := make(chan error, 1)
+			go func() { done <- c.Run(ctx, &latestTopology{}) }()
+			t.Cleanup(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Run: %v", err)
+				}
+				inf.Stop()
+			})
+			var asked []string // the distinct times before the first live pod-load query
+			testkit.Eventually(t, 15*time.Second, "a live pod-load query", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				asked = nil
+				for _, ts := range times {
+					if ts == "" {
+						return true
+					}
+					if !slices.Contains(asked, ts) {
+						asked = append(asked, ts)
+					}
+				}
+				return false
+			})
+			if len(asked) != windows {
+				t.Fatalf("pod-load queries asked at %d past times before the live round (%v), want %d", len(asked), asked, windows)
+			}
+			for i := 1; i < len(asked); i++ {
+				newer, _ := strconv.ParseFloat(asked[i-1], 64)
+				older, _ := strconv.ParseFloat(asked[i], 64)
+				if newer-older != 60 {
+					t.Errorf("evaluation times %v: want them one --prometheus-window (60 s) apart, newest first", asked)
+				}
+			}
+		})
 	}
 }

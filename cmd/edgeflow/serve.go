@@ -26,6 +26,7 @@ import (
 	"github.com/edgeflow/edgeflow/optimizer"
 	"github.com/edgeflow/edgeflow/rebalancer"
 	"github.com/edgeflow/edgeflow/watcher"
+	"github.com/edgeflow/edgeflow/watcher/estimate"
 	"github.com/edgeflow/edgeflow/watcher/kube"
 	"github.com/edgeflow/edgeflow/watcher/probesd"
 	"github.com/edgeflow/edgeflow/xds"
@@ -100,6 +101,8 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.probes.RepresentativeLabel, "probe-representative-label", probesd.DefaultRepresentativeLabel, "with a cluster, per zone (--latency-granularity): the node label (value \"true\") that marks a zone's probing representative in "+probesd.Path+" (no node labelled: each region/zone's first node by name)")
 	fl.StringVar(&f.probeNodes, "probe-node-selector", "", "with a cluster: label selector of the nodes that run an exporter (e.g. \"!node-role.kubernetes.io/control-plane\"); the others are neither probed nor probing in "+probesd.Path+" (default: every node)")
 	f.only = append(f.only, "probe-exporter-port", "probe-address-type", "probe-representative-label", "probe-node-selector") // they read the Nodes
+	fl.IntVar(&f.capacityHistory, "capacity-history-windows", estimate.DefaultWindows, "with the pod-load queries: the windows (--prometheus-window) of pod load read from Prometheus's history at start and fed to the capacity estimator before the first live one, so that after a restart or failover lata-q and closed-loop plan with estimated capacities at once instead of about 4 windows later; the default is the number of windows the estimator sums; 0: none")
+	f.only = append(f.only, "capacity-history-windows") // read from Prometheus
 	policyVar(cmd, &f.policy)
 	enumVar(cmd, fl, &enumFlag[xds.Encoding]{p: &f.encoding, values: []xds.Encoding{xds.EncodingLocality, xds.EncodingWeightedClusters},
 		parse: xds.ParseEncoding, typ: "encoding", noun: "encoding"},
@@ -296,6 +299,9 @@ func (a *serveApp) buildSource(opts optimizer.Options) error {
 		}
 		a.source = file
 		return nil
+	}
+	if f.capacityHistory < 0 {
+		return badInput("--capacity-history-windows %d: want 0 (none) or a number of windows", f.capacityHistory)
 	}
 	if f.probes.Port < 1 || f.probes.Port > 65535 {
 		return badInput("--probe-exporter-port %d: want a port, 1 to 65535", f.probes.Port)

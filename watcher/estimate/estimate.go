@@ -136,12 +136,17 @@ type Capacity struct {
 // is within ±14 % of the truth at 95 %.
 const DefaultMinRequests = 200
 
+// DefaultWindows is Config.Windows's default: the estimate sums the windows of the last 5
+// rounds.
+const DefaultWindows = 5
+
 // Config sets an Estimator's rules. The zero value of a field means its default.
 type Config struct {
 	// MinRequests is the sample floor: a window in which a pod completed fewer requests
 	// contributes nothing. Default DefaultMinRequests (the confidence bound covers the rest).
 	MinRequests float64
-	// Windows is N, the number of most recent rounds whose windows are summed. Default 5.
+	// Windows is N, the number of most recent rounds whose windows are summed. Default
+	// DefaultWindows.
 	Windows int
 	// MinWindows is the number of windows above the floor, among the last Windows rounds, that
 	// a pod needs for a measured estimate; at least 2 (the confidence bound needs a variance).
@@ -156,7 +161,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.MinRequests = DefaultMinRequests
 	}
 	if c.Windows == 0 {
-		c.Windows = 5
+		c.Windows = DefaultWindows
 	}
 	if c.MinWindows == 0 {
 		c.MinWindows = min(3, c.Windows)
