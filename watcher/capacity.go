@@ -20,19 +20,63 @@ const CapacityHysteresis = 0.05
 // CapacitiesInForce returns the capacities a loop puts in force after an estimator round: each
 // pod's lower confidence bound where it has a usable estimate (any source but none, positive and
 // finite), kept at its value in force (inForce, requests/s by pod) while it moved by no more
-// than CapacityHysteresis of it. Pods without a usable estimate have none. O(pods).
+// than CapacityHysteresis of it. Pods without a usable estimate have none.
+//
+// Pods the data cannot tell apart share one capacity: a pod whose estimate is within its own
+// confidence margin (RPS − Lower) of its service's median estimate is pooled, and every pooled
+// pod of a service gets the median of their lower bounds. Pods of one kind measured apart differ
+// by their sampling noise alone (±5–10 % over a few windows), and planning on that noise sends
+// one pod more than its peers for no reason, which costs tail latency on pods that are in truth
+// alike; a pod really slower or faster than its peers (by more than its margin) keeps its own.
+// O(pods log pods).
 func CapacitiesInForce(caps map[string]estimate.Capacity, inForce map[string]float64) map[string]float64 {
-	next := make(map[string]float64, len(caps))
+	usable := map[string][]string{} // service → its pods with a usable estimate
 	for pod, c := range caps {
 		if c.Source == estimate.SourceNone || !(c.Lower > 0) || math.IsInf(c.Lower, 0) {
 			continue
 		}
-		next[pod] = c.Lower
-		if old, ok := inForce[pod]; ok && math.Abs(c.Lower-old) <= CapacityHysteresis*old {
+		usable[c.Service] = append(usable[c.Service], pod)
+	}
+	next := make(map[string]float64, len(caps))
+	for _, pods := range usable {
+		rps := make([]float64, len(pods))
+		for i, pod := range pods {
+			rps[i] = caps[pod].RPS
+		}
+		median := medianOf(rps)
+		var pooled []string
+		var lowers []float64
+		for _, pod := range pods {
+			c := caps[pod]
+			next[pod] = c.Lower
+			if math.Abs(c.RPS-median) <= c.RPS-c.Lower {
+				pooled = append(pooled, pod)
+				lowers = append(lowers, c.Lower)
+			}
+		}
+		if len(pooled) > 1 {
+			shared := medianOf(lowers)
+			for _, pod := range pooled {
+				next[pod] = shared
+			}
+		}
+	}
+	for pod, v := range next {
+		if old, ok := inForce[pod]; ok && math.Abs(v-old) <= CapacityHysteresis*old {
 			next[pod] = old
 		}
 	}
 	return next
+}
+
+// medianOf is the median of v (the mean of the middle two for an even count); v is reordered.
+func medianOf(v []float64) float64 {
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
 }
 
 // capacityFeed feeds the Prometheus source's pod loads to the capacity estimator and keeps the

@@ -511,3 +511,37 @@ func TestCapacityHistoryNotJudged(t *testing.T) {
 		t.Errorf("capacities after the held window: %v, want %v", after, got)
 	}
 }
+
+// Pods whose estimates differ by less than their own confidence margin share one capacity (the
+// median of their lower bounds); a pod measured apart from its peers by more keeps its own; a
+// service of two pods that differ keeps both; hysteresis keeps a value in force within 5 %.
+func TestCapacitiesInForcePoolsAlikePods(t *testing.T) {
+	c := func(svc string, rps, lower float64) estimate.Capacity {
+		return estimate.Capacity{Service: svc, Source: estimate.SourceMeasured, RPS: rps, Lower: lower, Upper: 2*rps - lower}
+	}
+	caps := map[string]estimate.Capacity{
+		// reviews: three alike pods, measured 64, 70 and 67 (margins 6–7): one capacity, 61
+		"ns/reviews-a": c("ns/reviews", 64, 58), "ns/reviews-b": c("ns/reviews", 70, 63), "ns/reviews-c": c("ns/reviews", 67, 61),
+		// ratings: one slow pod (44) among two at 67: the slow one keeps its own
+		"ns/ratings-a": c("ns/ratings", 44, 40), "ns/ratings-b": c("ns/ratings", 66, 60), "ns/ratings-c": c("ns/ratings", 68, 62),
+		// details: two pods measured apart, neither within its margin of their median (55.5)
+		"ns/details-a": c("ns/details", 44, 40), "ns/details-b": c("ns/details", 67, 61),
+		// no estimate
+		"ns/new": {Service: "ns/details", Source: estimate.SourceNone},
+	}
+	got := CapacitiesInForce(caps, nil)
+	want := map[string]float64{
+		"ns/reviews-a": 61, "ns/reviews-b": 61, "ns/reviews-c": 61,
+		"ns/ratings-a": 40, "ns/ratings-b": 61, "ns/ratings-c": 61,
+		"ns/details-a": 40, "ns/details-b": 61,
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("capacities in force (-want +got):\n%s", d)
+	}
+	// The next round: the pooled value moved under 5 % from the value in force: kept.
+	caps["ns/reviews-a"] = c("ns/reviews", 66, 62)
+	got = CapacitiesInForce(caps, want)
+	if got["ns/reviews-a"] != 61 || got["ns/reviews-b"] != 61 {
+		t.Errorf("within the hysteresis, in force %v, want 61 kept", got)
+	}
+}
