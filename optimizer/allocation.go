@@ -59,8 +59,9 @@ type Allocation struct {
 	// linearised; lata-q minimises Cost plus its linearisation). Other policies leave it 0.
 	QueueCost float64 `json:"queue_cost,omitempty" yaml:"queue_cost,omitempty"`
 	// Saturated (lata-q) says, for each callee service whose load the utilisation cap cannot
-	// hold, why: such a service is served as lata (equal shares by weight, lata-q's saturated
-	// limit) and its queueing term is left out of QueueCost.
+	// hold, why: such a service is served as lata by capacity (each pod's share in proportion to
+	// its capacity, every pod at the same utilisation: lata-q's saturated limit) and its
+	// queueing term is left out of QueueCost.
 	Saturated []string `json:"saturated,omitempty" yaml:"saturated,omitempty"`
 	// ServedAsLATA (lata-q) says lata-q's own plan was no cheaper than lata's in its objective,
 	// so these are lata's routes, with QueueCost at lata's loads.

@@ -126,8 +126,8 @@ type queueState struct {
 }
 
 // overCap says a service's load cannot be kept under its pods' utilisation cap: lata-q serves
-// it as lata (equal shares by weight, the saturated limit) and lists it in
-// Allocation.Saturated.
+// it as lata by capacity (shares by each pod's capacity, every pod at the same utilisation: the
+// saturated limit) and lists it in Allocation.Saturated.
 type overCap struct{ why string }
 
 func (e overCap) Error() string { return e.why }
@@ -476,19 +476,22 @@ func lataUnlessBeaten(m *Model, alloc *Allocation, st *queueState, prev *previou
 	var queue float64
 	for b := range m.Services {
 		svc := &m.Services[b]
-		if !hasCapacity(svc) || st.saturated[b] != "" {
+		if !hasCapacity(svc) {
 			continue
 		}
+		saturated := st.saturated[b] != ""
 		wb := svc.TotalWeight()
 		for _, q := range svc.Pods {
 			if q.Weight == 0 {
 				continue
 			}
 			l := svc.Load * q.Weight / wb
-			if l >= q.CapacityRPS {
-				return alloc, nil // lata overloads a pod lata-q does not
+			if l >= q.CapacityRPS && (!saturated || l > svc.Load*q.CapacityRPS/totalCapacity(svc)*(1+1e-9)) {
+				return alloc, nil // lata overloads a pod lata-q does not, or more than by capacity
 			}
-			queue += queueCost(l, q.CapacityRPS)
+			if !saturated {
+				queue += queueCost(l, q.CapacityRPS)
+			}
 		}
 	}
 	if lata.Cost+queue > alloc.Cost+alloc.QueueCost {
@@ -524,24 +527,35 @@ func (a *edgeAllocator) queuedService(m *Model, b int, edges []int, alloc *Alloc
 	}
 	// lata: b's pods receive their shares by weight, whatever the callers' loads; exactly so
 	// (st.load[b] stays nil) when every caller's are by weight, else within lata's rounding,
-	// and then b's loads are what the routes send.
+	// and then b's loads are what the routes send. A saturated service (its load past the cap
+	// of its measured capacity) is lata by capacity instead (byCapacity): every pod at the same
+	// utilisation, the least the service's load allows; by weight would load a pod measured
+	// slower than its peers past its capacity while they have room.
+	callees, byCap := m.Services[b].Pods, st.saturated[b] != ""
+	if byCap {
+		callees = byCapacity(callees)
+	}
 	var planned []float64
 	for _, k := range edges {
 		from := m.Calls[k].From
 		var err error
-		if alloc.Calls[k], err = a.callFrom(m, m.Calls[k], st.load[from]); err != nil {
+		if alloc.Calls[k], err = a.callFrom(m, m.Calls[k], st.load[from], callees); err != nil {
 			return err
 		}
-		if st.load[from] != nil && planned == nil {
+		if (st.load[from] != nil || byCap) && planned == nil {
 			planned = make([]float64, len(m.Services[b].Pods))
 		}
 	}
 	if planned != nil {
 		svc := &m.Services[b]
 		at := make(map[string]int, len(svc.Pods))
+		share, total := svc.Pods, svc.TotalWeight()
+		if byCap {
+			share, total = callees, sum(weights(callees))
+		}
 		for i, q := range svc.Pods {
 			at[q.Name] = i
-			planned[i] = svc.Ingress * q.Weight / svc.TotalWeight()
+			planned[i] = svc.Ingress * share[i].Weight / total
 		}
 		for _, k := range edges {
 			for _, r := range alloc.Calls[k].Routes {
@@ -553,17 +567,30 @@ func (a *edgeAllocator) queuedService(m *Model, b int, edges []int, alloc *Alloc
 	return nil
 }
 
-// callFrom is call(LATA, …) for callers whose pods receive load[p] requests/s (nil: by
-// weight): their supplies are those loads times the edge's rate.
-func (a *edgeAllocator) callFrom(m *Model, e CallEdge, load []float64) (CallAllocation, error) {
-	if load == nil {
-		return a.call(LATA, m, e)
+// byCapacity is pods with each weight replaced by the pod's capacity (requests/s), for lata's
+// shares by capacity; pods of weight 0 (not ready, draining) keep 0.
+func byCapacity(pods []PodRef) []PodRef {
+	out := slices.Clone(pods)
+	for i := range out {
+		if out[i].Weight > 0 {
+			out[i].Weight = out[i].CapacityRPS
+		}
 	}
-	callers := append([]PodRef(nil), m.Services[e.From].Pods...)
-	for p := range callers {
-		callers[p].Weight = load[p]
+	return out
+}
+
+// callFrom is call(LATA, …) into callees (the callee service's pods, or byCapacity's) for
+// callers whose pods receive load[p] requests/s (nil: by weight): their supplies are those
+// loads times the edge's rate.
+func (a *edgeAllocator) callFrom(m *Model, e CallEdge, load []float64, callees []PodRef) (CallAllocation, error) {
+	callers := m.Services[e.From].Pods
+	if load != nil {
+		callers = slices.Clone(callers)
+		for p := range callers {
+			callers[p].Weight = load[p]
+		}
 	}
-	splits, err := a.lata(callers, m.Services[e.To].Pods, m.Latency)
+	splits, err := a.lata(callers, callees, m.Latency)
 	if err != nil {
 		return CallAllocation{}, fmt.Errorf("optimizer: call %s → %s: %w", m.Services[e.From].Name, m.Services[e.To].Name, err)
 	}
@@ -598,4 +625,15 @@ func sameCallerLoads(m *Model, edges []int, prev, now [][]float64) bool {
 		}
 	}
 	return true
+}
+
+// totalCapacity is Σ capacity over svc's pods of positive weight.
+func totalCapacity(svc *ServiceModel) float64 {
+	var total float64
+	for _, q := range svc.Pods {
+		if q.Weight > 0 {
+			total += q.CapacityRPS
+		}
+	}
+	return total
 }

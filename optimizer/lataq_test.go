@@ -586,3 +586,37 @@ func TestLATAQChainCap(t *testing.T) {
 		}
 	}
 }
+
+// TestLATAQSaturatedByCapacity: a service whose load is past the utilisation cap of its
+// measured capacity, with one pod slower than its peer (66 and 44 req/s, equal weights, 100 req/s
+// at cap 0.9), is served by capacity — every pod at the same utilisation, 100/110 — not by weight,
+// which would load the slow pod past its capacity (50 > 44); lata-q's plan is never lata's when
+// lata overloads a pod more. With a third pod, so that the service fits under the cap, nothing is
+// saturated and no pod is past the cap.
+func TestLATAQSaturatedByCapacity(t *testing.T) {
+	for seed := uint64(0); seed < 20; seed++ {
+		top := twoTier(seed, 4, 2, 66, 100)
+		top.Services[1].Pods[1].CapacityRPS = ptr(44.0)
+		m, err := Compile(top, Options{UtilizationCap: 0.9})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := Plan(m, LATAQ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(a.Saturated) != 1 {
+			t.Fatalf("seed %d: saturated %q, want the callee service", seed, a.Saturated)
+		}
+		load := flowLoads(m, a)
+		for _, p := range top.Services[1].Pods {
+			mu := 66.0
+			if p.CapacityRPS != nil {
+				mu = *p.CapacityRPS
+			}
+			if got, want := load[p.Name], 100*mu/110; math.Abs(got-want) > 0.5 {
+				t.Errorf("seed %d: pod %s (μ %v) planned %.2f req/s, want %.2f (by capacity)", seed, p.Name, mu, got, want)
+			}
+		}
+	}
+}
