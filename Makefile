@@ -147,20 +147,25 @@ prebuild-smoke:
 
 ## reproduce: the paper's experiment on the live loop, real delay, real control plane (root; see
 ## e2e/reproduce): the full grid writes docs/reproduction.md, .json and the CDF PNGs; QUICK=1
-## runs one app, scenario B, 200 req/s, 5 runs (report in bin/reproduction/)
+## runs one app, scenario B, 200 req/s, 5 runs (report in bin/reproduction/); PRESET=NAME runs
+## another preset (e2e/reproduce Presets: paper, closedloop, …; report in bin/reproduction-NAME/).
+## REPRODUCE_OUT and REPRODUCE_RAW, when set, say where the report and the raw outcome go
 QUICK ?=
+PRESET ?= $(if $(QUICK),quick,full)
+REPRODUCE_DIR = $(or $(REPRODUCE_OUT),$(if $(filter full,$(PRESET)),$(CURDIR)/docs,$(if $(filter quick,$(PRESET)),$(CURDIR)/bin/reproduction,$(CURDIR)/bin/reproduction-$(PRESET))))
+REPRODUCE_GOB = $(or $(REPRODUCE_RAW),$(CURDIR)/bin/reproduction$(if $(filter full,$(PRESET)),,-$(PRESET)).gob)
 reproduce: k8s
 	mkdir -p bin
 	cd e2e/reproduce && $(GO) test -c -o $(CURDIR)/bin/reproduce.test .
-	REPRODUCE_PRESET=$(if $(QUICK),quick,full) REPRODUCE_OUT=$(if $(QUICK),$(CURDIR)/bin/reproduction,$(CURDIR)/docs) \
-	  REPRODUCE_RAW=$(CURDIR)/bin/reproduction$(if $(QUICK),-quick).gob \
+	REPRODUCE_PRESET=$(PRESET) REPRODUCE_OUT='$(REPRODUCE_DIR)' REPRODUCE_RAW='$(REPRODUCE_GOB)' \
 	  bin/reproduce.test -test.run '^TestReproduce$$' -test.v -test.count=1 -test.timeout 0
 
 ## reproduce-report: write the report of the last make reproduce again (into docs/, or
-## bin/reproduction/ with QUICK=1) from everything it measured (bin/reproduction.gob), no rerun
+## bin/reproduction/ with QUICK=1, bin/reproduction-NAME/ with PRESET=NAME) from everything it
+## measured (bin/reproduction.gob, or REPRODUCE_RAW: a list or a glob of parts), no rerun
 reproduce-report:
 	cd e2e/reproduce && $(GO) test -c -o $(CURDIR)/bin/reproduce.test .
-	REPRODUCE_RAW=$(CURDIR)/bin/reproduction$(if $(QUICK),-quick).gob REPRODUCE_OUT=$(if $(QUICK),$(CURDIR)/bin/reproduction,$(CURDIR)/docs) \
+	REPRODUCE_RAW='$(REPRODUCE_GOB)' REPRODUCE_OUT='$(REPRODUCE_DIR)' \
 	  bin/reproduce.test -test.run '^TestRenderReport$$' -test.v -test.count=1
 
 ## reproduce-check: recompute every figure of docs/reproduction.md and .json from the JSON's per-run
