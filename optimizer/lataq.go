@@ -145,12 +145,7 @@ func (a *edgeAllocator) queued(m *Model, b int, edgeIdx []int, load [][]float64)
 	pods := svc.Pods
 	cap := m.UtilizationCap
 	wb := svc.TotalWeight()
-	var totalMu float64
-	for _, q := range pods {
-		if q.Weight > 0 {
-			totalMu += q.CapacityRPS
-		}
-	}
+	totalMu := totalCapacity(svc)
 	if svc.Load > cap*totalMu*(1+1e-12) {
 		return queuedService{}, overCap{fmt.Sprintf("service %q: load %.6g rps exceeds its utilisation cap %g × capacity %.6g rps", svc.Name, svc.Load, cap, totalMu)}
 	}
@@ -480,13 +475,13 @@ func lataUnlessBeaten(m *Model, alloc *Allocation, st *queueState, prev *previou
 			continue
 		}
 		saturated := st.saturated[b] != ""
-		wb := svc.TotalWeight()
+		wb, mu := svc.TotalWeight(), totalCapacity(svc)
 		for _, q := range svc.Pods {
 			if q.Weight == 0 {
 				continue
 			}
 			l := svc.Load * q.Weight / wb
-			if l >= q.CapacityRPS && (!saturated || l > svc.Load*q.CapacityRPS/totalCapacity(svc)*(1+1e-9)) {
+			if l >= q.CapacityRPS && (!saturated || l > svc.Load*q.CapacityRPS/mu*(1+1e-9)) {
 				return alloc, nil // lata overloads a pod lata-q does not, or more than by capacity
 			}
 			if !saturated {

@@ -43,7 +43,7 @@ func CapacitiesInForce(caps map[string]estimate.Capacity, inForce map[string]flo
 		for i, pod := range pods {
 			rps[i] = caps[pod].RPS
 		}
-		median := medianOf(rps)
+		median := prom.Median(rps)
 		var pooled []string
 		var lowers []float64
 		for _, pod := range pods {
@@ -55,7 +55,7 @@ func CapacitiesInForce(caps map[string]estimate.Capacity, inForce map[string]flo
 			}
 		}
 		if len(pooled) > 1 {
-			shared := medianOf(lowers)
+			shared := prom.Median(lowers)
 			for _, pod := range pooled {
 				next[pod] = shared
 			}
@@ -67,16 +67,6 @@ func CapacitiesInForce(caps map[string]estimate.Capacity, inForce map[string]flo
 		}
 	}
 	return next
-}
-
-// medianOf is the median of v (the mean of the middle two for an even count); v is reordered.
-func medianOf(v []float64) float64 {
-	slices.Sort(v)
-	n := len(v)
-	if n%2 == 1 {
-		return v[n/2]
-	}
-	return (v[n/2-1] + v[n/2]) / 2
 }
 
 // capacityFeed feeds the Prometheus source's pod loads to the capacity estimator and keeps the

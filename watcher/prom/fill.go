@@ -124,16 +124,17 @@ func AggregateLatency(m map[Pair]float64, groupOf func(node string) (string, boo
 	for gp, vs := range by {
 		switch {
 		case len(vs.distinct) > 0:
-			out[gp] = median(vs.distinct)
+			out[gp] = Median(vs.distinct)
 		case gp.From == gp.To:
-			out[gp] = median(vs.self)
+			out[gp] = Median(vs.self)
 		}
 	}
 	return out
 }
 
-// median sorts vs and returns its median (vs is not empty).
-func median(vs []float64) float64 {
+// Median sorts vs and returns its median, the mean of the middle two for an even count (vs is
+// not empty).
+func Median(vs []float64) float64 {
 	slices.Sort(vs)
 	n := len(vs)
 	if n%2 == 1 {
