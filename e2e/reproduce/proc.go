@@ -116,6 +116,30 @@ func (p *proc) tail() string {
 	return lastLines(string(b), 15)
 }
 
+// goroutines ends p with SIGQUIT, on which a Go program prints every goroutine's stack and
+// exits, and returns the stacks that run edgeflow's own code (the rest are the runtime's and
+// the libraries' idle ones): what a process that stopped making progress was waiting on.
+func (p *proc) goroutines() string {
+	if p.exited() {
+		return "(it had exited)"
+	}
+	before := int64(len(p.text())) + p.from
+	_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		return "(no stacks within 10 s of SIGQUIT)"
+	}
+	b, _ := os.ReadFile(p.log)
+	var out []string
+	for _, g := range strings.Split(string(b[min(before, int64(len(b))):]), "\n\n") {
+		if strings.HasPrefix(g, "goroutine ") && strings.Contains(g, "github.com/edgeflow/edgeflow/") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
+}
+
 // metricsClient keeps no idle connections: serve and rebalance come and go.
 var metricsClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 

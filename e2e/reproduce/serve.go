@@ -47,6 +47,7 @@ func (h *Harness) Serve(a App, p Policy, rate float64, flags ...string) *proc {
 		if last != nil && h.t.Failed() { // the wait timed out: say how far it got
 			fmt.Fprintf(h.log, "serve: at the timeout %g publications, %g caller pods, %g streams; latency: %s\n",
 				last["edgeflow_xds_publications_total"], last["edgeflow_xds_nodes"], last["edgeflow_xds_connected_clients"], latency)
+			fmt.Fprintf(h.log, "serve: its log's tail:\n%s\nserve: its goroutines in edgeflow's code (SIGQUIT):\n%s\n", s.tail(), s.goroutines())
 		}
 	}()
 	h.eventually(90*time.Second, what, func() bool {
