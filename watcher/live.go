@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -72,10 +73,22 @@ type LiveConfig struct {
 	// restarts or takes over starts with the estimates Prometheus's history gives instead of
 	// none for the first windows. 0: none.
 	CapacityHistoryWindows int
+	// FirstRoundWait, with Prom, is how long Run's first topology waits, from Run's start, for
+	// Prom's first round (prom.Source.FirstRound: answered, failed or timed out), so that a
+	// process that starts does not deliver a topology without measurements in the moment
+	// before Prometheus's first answer, which its consumers would act on (serve would push the
+	// capacity-weighted plan, every node pair equal, to every client, and then the measured
+	// one; or keep the first when the measured plan moves too little to pass its damping). 0:
+	// DefaultFirstRoundWait; negative: no wait.
+	FirstRoundWait time.Duration
 	// Logger and Registerer as elsewhere.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
+
+// DefaultFirstRoundWait is LiveConfig.FirstRoundWait's default: a round of a Prometheus that
+// answers takes well under a second, and one that hangs costs a query timeout per query.
+const DefaultFirstRoundWait = 15 * time.Second
 
 // LatencyAuto is LiveConfig.LatencyGranularity's default: per node up to MaxNodePairs ordered
 // node pairs, else per zone.
@@ -103,6 +116,8 @@ const (
 //     CapacityHistoryWindows the first also waits until Prometheus's history of pod load has
 //     been read (LoadHistory gives up at the first query that fails: a Prometheus that hangs
 //     delays it by a query timeout, two when the probe job's scrape interval is read first).
+//     With Prom it also waits for Prometheus's first round, at most FirstRoundWait from Run's
+//     start (then it is delivered without measurements, and they follow when they come).
 //   - Each source delivers into the Live source without waiting for the other; the merge runs on
 //     its own goroutine (Run's, apart from the sources') and delivers only a topology that
 //     differs from the last one.
@@ -189,6 +204,8 @@ type Live struct {
 	current  *optimizer.Topology
 	latency  latencyState // of the last Merge
 	history  historyRead  // Prometheus's history of pod load, from Run's start until deliver fed it
+	// awaiting: Run's first topology waits for Prometheus's first round (FirstRoundWait).
+	awaiting bool
 }
 
 // historyRead is Prometheus's history of pod load on its way to the capacity feed
@@ -250,6 +267,9 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 	}
 	if cfg.CapacityHistoryWindows < 0 {
 		return nil, fmt.Errorf("watcher: capacity history of %d windows: want 0 (none) or more", cfg.CapacityHistoryWindows)
+	}
+	if cfg.FirstRoundWait == 0 {
+		cfg.FirstRoundWait = DefaultFirstRoundWait
 	}
 	c := &Live{cfg: cfg, log: cfg.Logger, compiler: optimizer.Compiler{Options: cfg.Options}}
 	if cfg.Estimator != nil && cfg.Prom != nil {

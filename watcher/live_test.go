@@ -842,6 +842,7 @@ type fakeProm struct {
 	// podLoad answers a pod-load query q evaluated at time at (the time parameter; zero
 	// without one); nil: no series.
 	podLoad func(q string, at time.Time) []promSample
+	delay   time.Duration // each answer is this late
 }
 
 type promSample struct {
@@ -876,6 +877,14 @@ func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := r.ParseForm(); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	f.mu.Lock()
+	delay := f.delay
+	f.mu.Unlock()
+	select {
+	case <-time.After(delay):
+	case <-r.Context().Done():
 		return
 	}
 	f.mu.Lock()
@@ -995,6 +1004,48 @@ func TestClusterColdStartAndUnmatchedNames(t *testing.T) {
 	if n := strings.Count(logs.String(), "latency labels name no node"); n != 1 {
 		t.Errorf("%d log lines about unmatched names, want 1 (one per change):\n%s", n, logs)
 	}
+}
+
+// The first topology waits for Prometheus's first round (FirstRoundWait): a Prometheus that
+// answers late still makes the first topology a measured one, so that serve never pushes the
+// capacity-weighted plan for the moment before the first answer (and, when the measured plan
+// then moves too little to pass the damping, keeps it); one that hangs delays the first
+// topology by FirstRoundWait only, which then comes without measurements.
+func TestClusterFirstTopologyWaitsForPrometheus(t *testing.T) {
+	t.Parallel()
+	t.Run("late answer", func(t *testing.T) {
+		t.Parallel()
+		fp := &fakeProm{latency: []promSample{latSample("n1", "n2", "0.004")}, delay: 300 * time.Millisecond}
+		c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, kubetest.NewClientset(clusterObjects()...)), Prom: fakePromSource(t, fp)})
+		rec := recorder{got: make(chan *optimizer.Topology, 16)}
+		runCluster(t, c, rec)
+		want := []optimizer.Latency{{From: "n1", To: "n2", MS: 4}, {From: "n2", To: "n1", MS: 4}}
+		if diff := cmp.Diff(want, rec.next(t).Latency, approx); diff != "" {
+			t.Errorf("the first topology's latency (-want +got):\n%s", diff)
+		}
+	})
+	t.Run("hanging", func(t *testing.T) {
+		t.Parallel()
+		fp := &fakeProm{latency: []promSample{latSample("n1", "n2", "0.004")}, delay: time.Minute}
+		logs := &testkit.LogBuffer{}
+		const wait = 200 * time.Millisecond
+		c, _ := newCluster(t, LiveConfig{Kube: kubeSource(t, kubetest.NewClientset(clusterObjects()...)), Prom: fakePromSource(t, fp),
+			FirstRoundWait: wait, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		rec := recorder{got: make(chan *optimizer.Topology, 16)}
+		start := time.Now()
+		runCluster(t, c, rec)
+		top := rec.next(t)
+		if took := time.Since(start); took < wait {
+			t.Errorf("the first topology came %v after Run started, before FirstRoundWait (%v)", took, wait)
+		}
+		equal := []optimizer.Latency{{From: "n1", To: "n1", MS: 1}, {From: "n1", To: "n2", MS: 1}, {From: "n2", To: "n1", MS: 1}, {From: "n2", To: "n2", MS: 1}}
+		if diff := cmp.Diff(equal, top.Latency); diff != "" {
+			t.Errorf("the first topology without an answer (-want +got):\n%s", diff)
+		}
+		if !strings.Contains(logs.String(), "no answer from Prometheus yet") {
+			t.Errorf("no log line says the topology went out without Prometheus:\n%s", logs)
+		}
+	})
 }
 
 // --node-match=internal-ip: a probe's instance address identifies the node.

@@ -2,6 +2,7 @@ package watcher
 
 import (
 	"context"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -43,6 +44,15 @@ func (c *Live) Run(ctx context.Context, l Listener) error {
 			}
 			return c.cfg.Prom.Run(gctx, keepLatest(c, &c.meas))
 		})
+		if c.cfg.FirstRoundWait > 0 {
+			c.mu.Lock()
+			c.awaiting = true
+			c.mu.Unlock()
+			g.Go(func() error {
+				c.awaitFirstRound(gctx)
+				return nil
+			})
+		}
 	}
 	c.deliver(gctx, l)
 	stopped := ctx.Err() != nil // the caller stopped us (cancelled, or its deadline passed)
@@ -68,6 +78,24 @@ func (c *Live) readHistory(ctx context.Context) {
 	c.changed.Notify()
 }
 
+// awaitFirstRound lets deliver go on once Prometheus's first round has ended, or
+// FirstRoundWait after it was called (Run's start), or when ctx is done.
+func (c *Live) awaitFirstRound(ctx context.Context) {
+	timer := time.NewTimer(c.cfg.FirstRoundWait)
+	defer timer.Stop()
+	select {
+	case <-c.cfg.Prom.FirstRound():
+	case <-timer.C:
+		c.log.Warn("watcher: no answer from Prometheus yet; delivering the topology without measurements until one comes", "waited", c.cfg.FirstRoundWait)
+	case <-ctx.Done():
+		return
+	}
+	c.mu.Lock()
+	c.awaiting = false
+	c.mu.Unlock()
+	c.changed.Notify()
+}
+
 // deliver merges the latest inputs on each change and delivers what differs from the last
 // topology delivered, until ctx is done. The first time it has a Kubernetes state it first
 // feeds the capacity feed Prometheus's history of pod load (waiting for it while it is read).
@@ -81,12 +109,14 @@ func (c *Live) deliver(ctx context.Context, l Listener) {
 		}
 		c.mu.Lock()
 		ks, meas, last, history := c.kube, c.meas, c.current, c.history
-		if ks != nil && history.read {
+		// Never a half-built topology; the history of pod load and Prometheus's first answer first.
+		ready := ks != nil && !history.reading && !c.awaiting
+		if ready && history.read {
 			c.history = historyRead{}
 		}
 		c.mu.Unlock()
-		if ks == nil || history.reading {
-			continue // never a half-built topology; the history of pod load first
+		if !ready {
+			continue
 		}
 		if history.read {
 			c.feedHistory(ks, history.windows)

@@ -107,6 +107,8 @@ type Source struct {
 	client  api.Client
 	url     string // Config.URL, redacted
 	running atomic.Bool
+	// firstRound is closed once Run's first round has ended (FirstRound).
+	firstRound chan struct{}
 
 	sourceMetrics
 
@@ -168,6 +170,7 @@ func NewSource(cfg Config) (*Source, error) {
 		api:        v1.NewAPI(client),
 		client:     client,
 		url:        redacted,
+		firstRound: make(chan struct{}),
 		latency:    map[Pair]lastGood{},
 		calls:      map[CallEdge]lastGood{},
 		reported:   map[string]bool{},
@@ -211,9 +214,14 @@ func (s *Source) Run(ctx context.Context, deliver func(*Measurements)) error {
 	}
 	ticker := s.cfg.Clock.NewTicker(s.cfg.Interval)
 	defer ticker.Stop()
+	first := true
 	for {
 		if m := s.round(ctx); m != nil {
 			deliver(m)
+		}
+		if first {
+			first = false
+			close(s.firstRound)
 		}
 		select {
 		case <-ctx.Done():
@@ -222,6 +230,12 @@ func (s *Source) Run(ctx context.Context, deliver func(*Measurements)) error {
 		}
 	}
 }
+
+// FirstRound returns a channel closed once Run's first round has ended, after its snapshot, if
+// it had one to deliver, was delivered: whether Prometheus answered, failed or timed out. A
+// consumer that starts can wait for it rather than act on no measurements for the moment
+// before the first answer.
+func (s *Source) FirstRound() <-chan struct{} { return s.firstRound }
 
 // Status reports whether the last query round succeeded, and if not, why and since when.
 // It is safe for concurrent use.
