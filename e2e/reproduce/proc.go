@@ -177,6 +177,16 @@ func metrics(addr string) (map[string]float64, error) {
 	return out, sc.Err()
 }
 
+// publications is serve's edgeflow_xds_publications_total read from its metrics at addr, -1 if
+// they cannot be read.
+func publications(addr string) int {
+	m, err := metrics(addr)
+	if err != nil {
+		return -1
+	}
+	return int(m["edgeflow_xds_publications_total"])
+}
+
 // podCapacities reads serve's capacity estimates from its metrics (as metrics returns them):
 // edgeflow_closed_loop_pod_capacity_rps by pod, bound "estimate" and "lower".
 func podCapacities(m map[string]float64) (estimate, lower map[string]float64) {

@@ -47,6 +47,10 @@ type Runs struct {
 	// Capacity is, per run, the capacities (req/s by pod) serve's estimator had in force when
 	// the slice ended, for the rows that measure them (lata-q, closed-loop); nil for the others.
 	Capacity []map[string]float64
+	// Publications is, per run, how many plans serve published while the slice's load ran
+	// (warm-up and measured time; edgeflow_xds_publications_total's increase), -1 where its
+	// metrics could not be read.
+	Publications []int `json:",omitempty"`
 }
 
 // Setup is what one application × scenario ran on: the measured RTTs, and the placement by
@@ -178,6 +182,8 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 		r.Traffic = append(r.Traffic, plan.Traffic)
 		r.PlannedRTT = append(r.PlannedRTT, plan.PlannedRTT)
 		r.Capacity = append(r.Capacity, plan.Capacity)
+		r.Publications = append(r.Publications, plan.Publications)
+		fmt.Fprintf(log, "  publications during the load: %d\n", plan.Publications)
 		if plan.Capacity != nil {
 			fmt.Fprintf(log, "  capacities estimated (req/s) for %d pods: %s\n", len(plan.Capacity), fmtCapacity(plan.Capacity))
 		}
@@ -345,10 +351,16 @@ func (o *Outcome) finish(pr *progress) {
 // ends the test.
 func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) (*loadgen.Result, Served, error, Health) {
 	s := h.Serve(a, pol, rate, pol.Flags...)
+	before := publications(s.metrics)
 	probe := h.startHealth(p.Warmup + p.Duration)
 	res, err := h.Load(a, p, rate)
 	health := probe.end(res)
 	plan, perr := planned(s.ui, h.rtt)
+	if after := publications(s.metrics); before >= 0 && after >= 0 {
+		plan.Publications = after - before
+	} else {
+		plan.Publications = -1
+	}
 	if pol.Extra {
 		if m, err := metrics(s.metrics); err == nil {
 			plan.Capacity, _ = podCapacities(m)

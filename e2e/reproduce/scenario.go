@@ -177,6 +177,10 @@ var Policies = []Policy{
 	{Name: "beyond", Allocation: "lata-q", LB: "round-robin", LARP: true},
 	{Name: "lata-q", Allocation: "lata-q", LB: "round-robin", Flags: estimatorFlags, Extra: true},
 	{Name: "closed-loop", Allocation: "closed-loop", LB: "bands", Flags: estimatorFlags, Extra: true},
+	// Controls that take closed-loop apart from lata-only one difference at a time: lata with
+	// the estimator rows' serve settings, and closed-loop delivered by round-robin (no bands).
+	{Name: "lata-w10", Allocation: "lata", LB: "round-robin", Flags: estimatorFlags, Extra: true},
+	{Name: "closed-loop-rr", Allocation: "closed-loop", LB: "round-robin", Flags: estimatorFlags, Extra: true},
 }
 
 // Workload is the pods' simulated work, as in `edgeflow demo`: one worker per pod and a 6 ms

@@ -3,6 +3,8 @@ package reproduce
 import (
 	"fmt"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -47,6 +49,14 @@ func (h *Harness) Serve(a App, p Policy, rate float64, flags ...string) *proc {
 		if last != nil && h.t.Failed() { // the wait timed out: say how far it got
 			fmt.Fprintf(h.log, "serve: at the timeout %g publications, %g caller pods, %g streams; latency: %s\n",
 				last["edgeflow_xds_publications_total"], last["edgeflow_xds_nodes"], last["edgeflow_xds_connected_clients"], latency)
+			var keys []string
+			for k := range last {
+				if strings.HasPrefix(k, "edgeflow_prometheus_") || strings.HasPrefix(k, "edgeflow_watcher_") || strings.HasPrefix(k, "edgeflow_latency_") {
+					keys = append(keys, fmt.Sprintf("%s %g", k, last[k]))
+				}
+			}
+			slices.Sort(keys)
+			fmt.Fprintf(h.log, "serve: its Prometheus source's metrics:\n  %s\n", strings.Join(keys, "\n  "))
 			fmt.Fprintf(h.log, "serve: its log's tail:\n%s\nserve: its goroutines in edgeflow's code (SIGQUIT):\n%s\n", s.tail(), s.goroutines())
 		}
 	}()
