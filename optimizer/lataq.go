@@ -546,7 +546,7 @@ func (a *edgeAllocator) queuedService(m *Model, b int, edges []int, alloc *Alloc
 		at := make(map[string]int, len(svc.Pods))
 		share, total := svc.Pods, svc.TotalWeight()
 		if byCap {
-			share, total = callees, sum(weights(callees))
+			share, total = callees, totalCapacity(svc)
 		}
 		for i, q := range svc.Pods {
 			at[q.Name] = i

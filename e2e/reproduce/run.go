@@ -356,13 +356,12 @@ func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) 
 	res, err := h.Load(a, p, rate)
 	health := probe.end(res)
 	plan, perr := planned(s.ui, h.rtt)
-	if after := publications(s.metrics); before >= 0 && after >= 0 {
-		plan.Publications = after - before
-	} else {
-		plan.Publications = -1
-	}
-	if pol.Extra {
-		if m, err := metrics(s.metrics); err == nil {
+	plan.Publications = -1
+	if m, err := metrics(s.metrics); err == nil {
+		if before >= 0 {
+			plan.Publications = int(m["edgeflow_xds_publications_total"]) - before
+		}
+		if pol.Extra {
 			plan.Capacity, _ = podCapacities(m)
 		}
 	}
