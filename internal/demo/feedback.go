@@ -47,8 +47,12 @@ var FeedbackBreaker = estimate.BreakerConfig{MinRequests: FeedbackEstimator.MinR
 // FeedbackLatency is the latency correction of the demo's closed loop: the corrector's
 // defaults but for the sample floor, FeedbackEstimator's, and more windows: a demo window is a
 // second, tens of attempts on a pair, and an attempt's time (a callee's queueing and downstream
-// calls) varies by several ms, so an estimate wants 4 to 8 windows.
-var FeedbackLatency = estimate.LatencyConfig{MinRequests: FeedbackEstimator.MinRequests, Windows: 8, MinWindows: 4}
+// calls) varies by 5–10 ms. A pair's attempts sample their bands' inbound times, so an
+// estimate from 4 windows (about 400 attempts) was off by 0.6 ms (one standard deviation, in
+// TestClosedLoopRoutesAroundL7Penalty's world); and once a penalty is in force the plan moves
+// the pair's traffic away and its windows thin, so the first estimate must rest on enough:
+// 8 windows to measure, 16 to sum.
+var FeedbackLatency = estimate.LatencyConfig{MinRequests: FeedbackEstimator.MinRequests, Windows: 16, MinWindows: 8}
 
 // feedback is one closed-loop stack's loop: each window it reads the pods' counters, runs an
 // estimator round, and when a pod's capacity in force moved (by watcher.CapacityHysteresis)

@@ -131,7 +131,7 @@ func TestClosedLoopRoutesAroundL7Penalty(t *testing.T) {
 	}
 	const (
 		penalty = 3 * time.Millisecond
-		learn   = 8 * time.Second // capacities need 3 windows past the base, the penalty 4, then steps
+		learn   = 14 * time.Second // capacities need 3 windows past the base, the penalty 8 (FeedbackLatency), then steps
 		measure = 4 * time.Second
 	)
 	pair := NodePair{"n3", "n4"}

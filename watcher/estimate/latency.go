@@ -146,13 +146,17 @@ type LatencyPenalty struct {
 //     are left out). What is left is the network, the client's and the sidecars' overhead,
 //     and any penalty. A pair's window is its services' residuals and attempts summed; a
 //     window under the sample floor (MinRequests attempts) contributes nothing.
-//   - Baseline. The overhead that is no distance (the client library, the sidecars, and
-//     whatever slows the whole machine in that window) is what a same-node path pays: a
-//     caller node u's baseline in a window is the residual per attempt of (u, u) in that
-//     window, else the attempt-weighted mean of the window's same-node residuals. A pair's
-//     window without a baseline (no same-node path over the floor) contributes nothing:
-//     overhead cannot be told from distance. Taking the baseline of the same window cancels
-//     what the window's stalls add to both.
+//   - Baseline. The overhead that is no distance (the client library, the sidecars, the
+//     response's way back, and whatever slows the whole machine in that window) is what a
+//     same-node call pays, and it is not the same for every callee service (the demo measured
+//     0.5–1.8 ms by service). A caller node u's baseline for service s in a window is, from
+//     the most specific on: the residual per attempt of u's same-node calls to s; of every
+//     node's same-node calls to s; of u's same-node calls to every service; of every
+//     same-node call of the window (each counted only over the sample floor). A pair's window
+//     is its services' residuals less their attempts times their baselines. A pair's window
+//     without a baseline (no same-node path over the floor) contributes nothing: overhead
+//     cannot be told from distance. Taking the baseline of the same window cancels what the
+//     window's stalls add to both.
 //   - Smoothing. A pair's excess per attempt is the sum over its windows of the last Windows
 //     rounds, Σ (residual − attempts · baseline) / Σ attempts (the sliding sum of Estimator:
 //     exact for a ratio whatever the load per window), measured once it has MinWindows
@@ -233,7 +237,12 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 		inbound[k] = [2]float64{v[0] + b.Requests, v[1] + b.InboundMS}
 	}
 	type window struct{ attempts, residualMS float64 }
-	fresh := map[NodePair]*window{}
+	type path struct {
+		pair    NodePair
+		service string
+	}
+	fresh := map[path]*window{}     // by pair and callee service
+	pairs := map[NodePair]*window{} // the same, summed over the services
 	for _, p := range paths {
 		if p.Pair.From == "" || p.Pair.To == "" || p.Service == "" || badCount(p.Attempts) || badCount(p.AttemptMS) {
 			errs = append(errs, fmt.Errorf("%w: path %s to service %q: attempts %v, %v ms", ErrInvalidSample, p.Pair, p.Service,
@@ -244,53 +253,72 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 		if in[0] < c.cfg.MinRequests || p.Attempts == 0 {
 			continue // the band's inbound time is not known this window
 		}
-		w := fresh[p.Pair]
-		if w == nil {
-			w = &window{}
-			fresh[p.Pair] = w
+		residual := p.AttemptMS - p.Attempts*in[1]/in[0]
+		k := path{p.Pair, p.Service}
+		if fresh[k] == nil {
+			fresh[k] = &window{}
 		}
-		w.attempts += p.Attempts
-		w.residualMS += p.AttemptMS - p.Attempts*in[1]/in[0]
+		if pairs[p.Pair] == nil {
+			pairs[p.Pair] = &window{}
+		}
+		for _, w := range []*window{fresh[k], pairs[p.Pair]} {
+			w.attempts += p.Attempts
+			w.residualMS += residual
+		}
 	}
-	// This window's baselines: a caller node's same-node residual per attempt, else the
-	// attempt-weighted mean of the same-node residuals of the window.
+	// This window's baselines, per caller node and callee service: what a same-node call to
+	// the service pays beyond the callee's inbound time (the client, the sidecars, the
+	// response's way back: not the same for every service). From the most to the least
+	// specific: the node's own same-node path to the service, the same-node paths to the
+	// service from every node, the node's same-node paths to every service, every same-node
+	// path of the window; each only from windows over the sample floor.
 	idle := true
-	base := map[string]float64{}
-	var sameAttempts, sameResidual float64
-	for pair, w := range fresh {
+	var byPath, byService, byNode, all sums
+	for pair, w := range pairs {
 		if w.attempts < c.cfg.MinRequests {
 			continue
 		}
 		idle = false
 		if pair.From == pair.To {
-			base[pair.From] = w.residualMS / w.attempts
-			sameAttempts += w.attempts
-			sameResidual += w.residualMS
+			byNode.add(pair.From, w.attempts, w.residualMS)
+			all.add("", w.attempts, w.residualMS)
 		}
 	}
-	baseline := func(node string) (float64, bool) {
-		if b, ok := base[node]; ok {
-			return b, true
+	for p, w := range fresh {
+		if p.pair.From == p.pair.To && w.attempts >= c.cfg.MinRequests {
+			byPath.add(p.pair.From+"\x00"+p.service, w.attempts, w.residualMS)
+			byService.add(p.service, w.attempts, w.residualMS)
 		}
-		if sameAttempts > 0 {
-			return sameResidual / sameAttempts, true
+	}
+	baseline := func(node, service string) (float64, bool) {
+		for _, b := range []struct {
+			sums
+			key string
+		}{{byPath, node + "\x00" + service}, {byService, service}, {byNode, node}, {all, ""}} {
+			if v, ok := b.mean(b.key); ok {
+				return v, true
+			}
 		}
 		return 0, false
 	}
-	for pair, w := range fresh {
-		if pair.From == pair.To || w.attempts < c.cfg.MinRequests {
+	excess := map[NodePair]float64{}
+	for p, w := range fresh {
+		if p.pair.From == p.pair.To || pairs[p.pair].attempts < c.cfg.MinRequests {
 			continue
 		}
-		b, ok := baseline(pair.From)
+		b, ok := baseline(p.pair.From, p.service)
 		if !ok {
 			continue // overhead cannot be told from distance in this window
 		}
+		excess[p.pair] += w.residualMS - w.attempts*b
+	}
+	for pair, e := range excess {
 		st := c.pairs[pair]
 		if st == nil {
 			st = &pairState{}
 			c.pairs[pair] = st
 		}
-		st.windows = append(st.windows, pairWindow{round: round, attempts: w.attempts, excessMS: w.residualMS - w.attempts*b})
+		st.windows = append(st.windows, pairWindow{round: round, attempts: pairs[pair].attempts, excessMS: e})
 	}
 	if !idle {
 		c.round = round
@@ -348,3 +376,23 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 }
 
 func badCount(v float64) bool { return math.IsNaN(v) || math.IsInf(v, 0) || v < 0 }
+
+// sums are attempts and residuals summed by a key.
+type sums map[string][2]float64
+
+func (s *sums) add(key string, attempts, residualMS float64) {
+	if *s == nil {
+		*s = sums{}
+	}
+	v := (*s)[key]
+	(*s)[key] = [2]float64{v[0] + attempts, v[1] + residualMS}
+}
+
+// mean is the residual per attempt under key; false if it has none.
+func (s sums) mean(key string) (float64, bool) {
+	v := s[key]
+	if v[0] == 0 {
+		return 0, false
+	}
+	return v[1] / v[0], true
+}

@@ -357,3 +357,62 @@ func FuzzLatencyObserve(f *testing.F) {
 		}
 	})
 }
+
+// TestLatencyBaselinePerService: what a call pays beyond the callee's inbound time is not the
+// same for every service (the demo measured 0.5–1.8 ms by service: the response's size, the
+// client's path), so a pair whose calls go to other services than its caller node's same-node
+// calls would read the difference as distance. The baseline is per callee service: the caller
+// node's own same-node path to the service, else the service's same-node paths from every
+// node, else the node's same-node paths to every service. No noise: every attempt pays its
+// service's overhead exactly, and no pair has a penalty.
+func TestLatencyBaselinePerService(t *testing.T) {
+	const inbound = 5.0
+	overhead := map[string]float64{"s": 0.3, "t": 1.5}
+	icmp := func(p NodePair) (float64, bool) {
+		if p.From == p.To {
+			return 0, true
+		}
+		return 4, true
+	}
+	path := func(from, to, service string, extra float64) PathWindow {
+		return PathWindow{Pair: NodePair{from, to}, Service: service, Attempts: 100,
+			AttemptMS: 100 * (inbound + overhead[service] + extra)}
+	}
+	band := func(service, node string) BandWindow {
+		return BandWindow{Service: service, Node: node, Requests: 100, InboundMS: 100 * inbound}
+	}
+	bands := []BandWindow{band("s", "a"), band("s", "b"), band("t", "a"), band("t", "b"), band("t", "c")}
+	for _, c := range []struct {
+		name  string
+		paths []PathWindow
+		want  float64 // a→b's estimate
+	}{
+		// a's same-node calls go to s only; a→b's to t, whose overhead b's and c's same-node
+		// calls to t show. (A baseline of a's same-node calls would read 1.2 ms of distance.)
+		{"the service's same-node paths from other nodes", []PathWindow{
+			path("a", "a", "s", 0), path("b", "b", "t", 0), path("c", "c", "t", 0), path("a", "b", "t", 4)}, 0},
+		// a's own same-node path to t pays 0.4 ms more than other nodes' (its client is
+		// slower): a→b's calls to t pay it too, and a's own baseline takes it.
+		{"the node's own same-node path to the service", []PathWindow{
+			path("a", "a", "s", 0), path("a", "a", "t", 0.4), path("b", "b", "t", 0), path("a", "b", "t", 4.4)}, 0},
+		// No same-node call to t anywhere: a's same-node calls (to s) are the baseline, and
+		// t's extra overhead reads as distance: the documented fallback, not a silent zero.
+		{"no same-node path to the service", []PathWindow{
+			path("a", "a", "s", 0), path("b", "b", "s", 0), path("a", "b", "t", 4)}, 1.2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			corr := newCorrector(t, LatencyConfig{MinRequests: 50})
+			var got []LatencyPenalty
+			for range 3 {
+				var err error
+				if got, err = corr.Observe(c.paths, bands, icmp); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ab := byPair(got)[NodePair{"a", "b"}]
+			if !ab.Measured || math.Abs(ab.EstimateMS-c.want) > 1e-9 {
+				t.Errorf("a→b %+v; want measured, estimate %v ms", ab, c.want)
+			}
+		})
+	}
+}
