@@ -58,7 +58,7 @@ test:
 	  $(MAKE) --no-print-directory -j$(TEST_JOBS) test-lint test-unit test-e2e test-istio test-smoke test-image || status=1; \
 	  $(MAKE) --no-print-directory test-quiet test-ui || status=1; \
 	  echo "make test: $$(( $$(date +%s) - start )) s, status $$status (go test -json in $(TESTOUT)/)"; \
-	  $(REPORT) -want unit,e2e,istio,smoke,smoke-pod,image,quiet-race,quiet,ui $(TESTOUT)/*.json | tee $(TESTOUT)/report.txt; exit $$status
+	  $(REPORT) -want unit,e2e,istio,smoke,smoke-pod,image,quiet-race,quiet,quiet-testbed,ui $(TESTOUT)/*.json | tee $(TESTOUT)/report.txt; exit $$status
 
 TESTOUT     := bin/test
 REPORT      := bin/testreport
@@ -75,6 +75,11 @@ QUIET_TESTS := TestInjectedLatency|TestClosedLoopRoutesAroundL7Penalty|TestClose
 QUIET_PKGS  := ./internal/demo ./optimizer ./optimizer/mcf ./watcher/kube ./e2e/live ./e2e/install ./e2e/replicas ./e2e/rebalance
 # Packages whose every test runs in the quiet group, with -race (the demo times its latencies).
 QUIET_RACE_PKGS := ./internal/demo/...
+# The quiet group's test of e2e/reproduce (a module of its own, the smoke's test binary): the
+# closed loop's capacity estimates on the testbed must hold to ±10 % of the truth. Beside every
+# other suite one estimate came out −11 %: the queueing bound, from the pod's measured own time,
+# which late timers on a starved machine lengthen.
+QUIET_TESTBED := TestClosedLoopOnTestbed
 
 $(REPORT): $(wildcard internal/testkit/testreport/*.go)
 	@mkdir -p bin && $(GO) build -o $@ ./internal/testkit/testreport
@@ -98,9 +103,12 @@ test-e2e: k8s helm $(EDGEFLOW_RACE) $(REPORT) prebuild-e2e
 	  -skip '^($(QUIET_TESTS))$$' ./e2e/... | $(REPORT) -stream e2e > $(TESTOUT)/e2e.json
 
 ## test-quiet: the timing tests, alone, after every other suite
-test-quiet: $(REPORT)
+test-quiet: k8s $(EDGEFLOW_RACE) $(REPORT) prebuild-smoke
 	$(GO) test -race -count=1 -json -timeout 20m -p 1 $(QUIET_RACE_PKGS) | $(REPORT) -stream quiet-race > $(TESTOUT)/quiet-race.json
 	$(GO) test -count=1 -json -timeout 20m -p 1 -run '^($(QUIET_TESTS))$$' $(QUIET_PKGS) | $(REPORT) -stream quiet > $(TESTOUT)/quiet.json
+	EDGEFLOW_BIN=$(EDGEFLOW_RACE) $(GO) tool test2json -t -p github.com/edgeflow/edgeflow/e2e/reproduce \
+	  bin/reproduce.test -test.run '^($(QUIET_TESTBED))$$' -test.v=test2json -test.count=1 -test.timeout 10m \
+	  | $(REPORT) -stream quiet-testbed > $(TESTOUT)/quiet-testbed.json
 
 ## e2e-istio: Istio's own pilot (in-process, the separate module e2e/istio) decides whether the
 ## EnvoyFilters edgeflow manages work (cold build ~8 min on 2 cores, niced, cached by Go afterwards)
@@ -120,7 +128,7 @@ test-ui e2e-ui: $(EDGEFLOW_RACE) $(REPORT)
 ## real Prometheus scraping the pods (docs/closed-loop-testbed.md); its P99 claims run in make reproduce
 test-smoke e2e-reproduce: k8s $(EDGEFLOW_RACE) $(REPORT) prebuild-smoke
 	EDGEFLOW_BIN=$(EDGEFLOW_RACE) REPRODUCE_PRESET=smoke $(GO) tool test2json -t -p github.com/edgeflow/edgeflow/e2e/reproduce \
-	  bin/reproduce.test -test.skip '^TestRenderReport$$' -test.v=test2json -test.count=1 -test.timeout 10m \
+	  bin/reproduce.test -test.skip '^(TestRenderReport|$(QUIET_TESTBED))$$' -test.v=test2json -test.count=1 -test.timeout 10m \
 	  | $(REPORT) -stream smoke > $(TESTOUT)/smoke.json
 	cd e2e/reproduce && $(GO) test -race -count=1 -json ./pod ./cmd/... | $(CURDIR)/$(REPORT) -stream smoke-pod > $(CURDIR)/$(TESTOUT)/smoke-pod.json
 
