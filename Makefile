@@ -55,8 +55,8 @@ test:
 	@rm -rf $(TESTOUT) && mkdir -p $(TESTOUT)
 	@$(MAKE) --no-print-directory $(REPORT)
 	@status=0; start=$$(date +%s); \
-	  $(MAKE) --no-print-directory -j$(TEST_JOBS) test-lint test-unit test-e2e test-istio test-smoke test-image || status=1; \
-	  $(MAKE) --no-print-directory test-quiet test-ui || status=1; \
+	  $(MAKE) --no-print-directory -k -j$(TEST_JOBS) test-lint test-unit test-e2e test-istio test-smoke test-image || status=1; \
+	  $(MAKE) --no-print-directory -k test-quiet test-ui || status=1; \
 	  echo "make test: $$(( $$(date +%s) - start )) s, status $$status (go test -json in $(TESTOUT)/)"; \
 	  $(REPORT) -want unit,e2e,istio,smoke,smoke-pod,image,quiet-race,quiet,quiet-testbed,ui $(TESTOUT)/*.json | tee $(TESTOUT)/report.txt; exit $$status
 
@@ -104,11 +104,13 @@ test-e2e: k8s helm $(EDGEFLOW_RACE) $(REPORT) prebuild-e2e
 
 ## test-quiet: the timing tests, alone, after every other suite
 test-quiet: k8s $(EDGEFLOW_RACE) $(REPORT) prebuild-smoke
-	$(GO) test -race -count=1 -json -timeout 20m -p 1 $(QUIET_RACE_PKGS) | $(REPORT) -stream quiet-race > $(TESTOUT)/quiet-race.json
-	$(GO) test -count=1 -json -timeout 20m -p 1 -run '^($(QUIET_TESTS))$$' $(QUIET_PKGS) | $(REPORT) -stream quiet > $(TESTOUT)/quiet.json
+	status=0; \
+	$(GO) test -race -count=1 -json -timeout 20m -p 1 $(QUIET_RACE_PKGS) | $(REPORT) -stream quiet-race > $(TESTOUT)/quiet-race.json || status=1; \
+	$(GO) test -count=1 -json -timeout 20m -p 1 -run '^($(QUIET_TESTS))$$' $(QUIET_PKGS) | $(REPORT) -stream quiet > $(TESTOUT)/quiet.json || status=1; \
 	EDGEFLOW_BIN=$(EDGEFLOW_RACE) $(GO) tool test2json -t -p github.com/edgeflow/edgeflow/e2e/reproduce \
 	  bin/reproduce.test -test.run '^($(QUIET_TESTBED))$$' -test.v=test2json -test.count=1 -test.timeout 10m \
-	  | $(REPORT) -stream quiet-testbed > $(TESTOUT)/quiet-testbed.json
+	  | $(REPORT) -stream quiet-testbed > $(TESTOUT)/quiet-testbed.json || status=1; \
+	exit $$status
 
 ## e2e-istio: Istio's own pilot (in-process, the separate module e2e/istio) decides whether the
 ## EnvoyFilters edgeflow manages work (cold build ~8 min on 2 cores, niced, cached by Go afterwards)
@@ -124,13 +126,15 @@ test-ui e2e-ui: $(EDGEFLOW_RACE) $(REPORT)
 	  | $(CURDIR)/$(REPORT) -stream ui > $(CURDIR)/$(TESTOUT)/ui.json
 
 ## e2e-reproduce: a smoke of the paper's experiment (the live loop end to end, the report's schema,
-## the plan's network cost ordered as the policies promise), and the closed loop on the testbed with a
-## real Prometheus scraping the pods (docs/closed-loop-testbed.md); its P99 claims run in make reproduce
+## the plan's network cost ordered as the policies promise) and the pod's and tools' tests; its P99
+## claims run in make reproduce, and the closed loop on the testbed in test-quiet (QUIET_TESTBED)
 test-smoke e2e-reproduce: k8s $(EDGEFLOW_RACE) $(REPORT) prebuild-smoke
+	status=0; \
 	EDGEFLOW_BIN=$(EDGEFLOW_RACE) REPRODUCE_PRESET=smoke $(GO) tool test2json -t -p github.com/edgeflow/edgeflow/e2e/reproduce \
 	  bin/reproduce.test -test.skip '^(TestRenderReport|$(QUIET_TESTBED))$$' -test.v=test2json -test.count=1 -test.timeout 10m \
-	  | $(REPORT) -stream smoke > $(TESTOUT)/smoke.json
-	cd e2e/reproduce && $(GO) test -race -count=1 -json ./pod ./cmd/... | $(CURDIR)/$(REPORT) -stream smoke-pod > $(CURDIR)/$(TESTOUT)/smoke-pod.json
+	  | $(REPORT) -stream smoke > $(TESTOUT)/smoke.json || status=1; \
+	(cd e2e/reproduce && $(GO) test -race -count=1 -json ./pod ./cmd/... | $(CURDIR)/$(REPORT) -stream smoke-pod > $(CURDIR)/$(TESTOUT)/smoke-pod.json) || status=1; \
+	exit $$status
 
 ## test-image: make image (niced), then install/image's test reads it back from the layout and the
 ## tarball, checks its config against the chart's securityContext and runs edgeflow version from its layer
