@@ -80,6 +80,9 @@ QUIET_RACE_PKGS := ./internal/demo/...
 # other suite one estimate came out −11 %: the queueing bound, from the pod's measured own time,
 # which late timers on a starved machine lengthen.
 QUIET_TESTBED := TestClosedLoopOnTestbed
+# e2e/reproduce's test binary (prebuild-smoke) under test2json, as the smoke and the quiet group run it
+REPRODUCE_TEST = EDGEFLOW_BIN=$(EDGEFLOW_RACE) $(GO) tool test2json -t -p github.com/edgeflow/edgeflow/e2e/reproduce \
+	  bin/reproduce.test -test.v=test2json -test.count=1 -test.timeout 10m
 
 $(REPORT): $(wildcard internal/testkit/testreport/*.go)
 	@mkdir -p bin && $(GO) build -o $@ ./internal/testkit/testreport
@@ -107,9 +110,7 @@ test-quiet: k8s $(EDGEFLOW_RACE) $(REPORT) prebuild-smoke
 	status=0; \
 	$(GO) test -race -count=1 -json -timeout 20m -p 1 $(QUIET_RACE_PKGS) | $(REPORT) -stream quiet-race > $(TESTOUT)/quiet-race.json || status=1; \
 	$(GO) test -count=1 -json -timeout 20m -p 1 -run '^($(QUIET_TESTS))$$' $(QUIET_PKGS) | $(REPORT) -stream quiet > $(TESTOUT)/quiet.json || status=1; \
-	EDGEFLOW_BIN=$(EDGEFLOW_RACE) $(GO) tool test2json -t -p github.com/edgeflow/edgeflow/e2e/reproduce \
-	  bin/reproduce.test -test.run '^($(QUIET_TESTBED))$$' -test.v=test2json -test.count=1 -test.timeout 10m \
-	  | $(REPORT) -stream quiet-testbed > $(TESTOUT)/quiet-testbed.json || status=1; \
+	$(REPRODUCE_TEST) -test.run '^($(QUIET_TESTBED))$$' | $(REPORT) -stream quiet-testbed > $(TESTOUT)/quiet-testbed.json || status=1; \
 	exit $$status
 
 ## e2e-istio: Istio's own pilot (in-process, the separate module e2e/istio) decides whether the
@@ -130,8 +131,7 @@ test-ui e2e-ui: $(EDGEFLOW_RACE) $(REPORT)
 ## claims run in make reproduce, and the closed loop on the testbed in test-quiet (QUIET_TESTBED)
 test-smoke e2e-reproduce: k8s $(EDGEFLOW_RACE) $(REPORT) prebuild-smoke
 	status=0; \
-	EDGEFLOW_BIN=$(EDGEFLOW_RACE) REPRODUCE_PRESET=smoke $(GO) tool test2json -t -p github.com/edgeflow/edgeflow/e2e/reproduce \
-	  bin/reproduce.test -test.skip '^(TestRenderReport|$(QUIET_TESTBED))$$' -test.v=test2json -test.count=1 -test.timeout 10m \
+	REPRODUCE_PRESET=smoke $(REPRODUCE_TEST) -test.skip '^(TestRenderReport|$(QUIET_TESTBED))$$' \
 	  | $(REPORT) -stream smoke > $(TESTOUT)/smoke.json || status=1; \
 	(cd e2e/reproduce && $(GO) test -race -count=1 -json ./pod ./cmd/... | $(CURDIR)/$(REPORT) -stream smoke-pod > $(CURDIR)/$(TESTOUT)/smoke-pod.json) || status=1; \
 	exit $$status

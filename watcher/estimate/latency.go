@@ -271,32 +271,39 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 	// response's way back: not the same for every service). From the most to the least
 	// specific: the node's own same-node path to the service, the same-node paths to the
 	// service from every node, the node's same-node paths to every service, every same-node
-	// path of the window; each only from windows over the sample floor.
+	// path of the window; each only from windows over the sample floor. One sum per scope,
+	// keyed by (caller node, callee service) with "" for any (no node or service is named "":
+	// such windows are rejected above).
+	type scope struct{ node, service string }
 	idle := true
-	var byPath, byService, byNode, all sums
+	same := map[scope]*window{}
+	add := func(k scope, w *window) {
+		if same[k] == nil {
+			same[k] = &window{}
+		}
+		same[k].attempts += w.attempts
+		same[k].residualMS += w.residualMS
+	}
 	for pair, w := range pairs {
 		if w.attempts < c.cfg.MinRequests {
 			continue
 		}
 		idle = false
 		if pair.From == pair.To {
-			byNode.add(pair.From, w.attempts, w.residualMS)
-			all.add("", w.attempts, w.residualMS)
+			add(scope{pair.From, ""}, w)
+			add(scope{}, w)
 		}
 	}
 	for p, w := range fresh {
 		if p.pair.From == p.pair.To && w.attempts >= c.cfg.MinRequests {
-			byPath.add(p.pair.From+"\x00"+p.service, w.attempts, w.residualMS)
-			byService.add(p.service, w.attempts, w.residualMS)
+			add(scope{p.pair.From, p.service}, w)
+			add(scope{"", p.service}, w)
 		}
 	}
 	baseline := func(node, service string) (float64, bool) {
-		for _, b := range []struct {
-			sums
-			key string
-		}{{byPath, node + "\x00" + service}, {byService, service}, {byNode, node}, {all, ""}} {
-			if v, ok := b.mean(b.key); ok {
-				return v, true
+		for _, k := range []scope{{node, service}, {"", service}, {node, ""}, {}} {
+			if w := same[k]; w != nil {
+				return w.residualMS / w.attempts, true
 			}
 		}
 		return 0, false
@@ -376,23 +383,3 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 }
 
 func badCount(v float64) bool { return math.IsNaN(v) || math.IsInf(v, 0) || v < 0 }
-
-// sums are attempts and residuals summed by a key.
-type sums map[string][2]float64
-
-func (s *sums) add(key string, attempts, residualMS float64) {
-	if *s == nil {
-		*s = sums{}
-	}
-	v := (*s)[key]
-	(*s)[key] = [2]float64{v[0] + attempts, v[1] + residualMS}
-}
-
-// mean is the residual per attempt under key; false if it has none.
-func (s sums) mean(key string) (float64, bool) {
-	v := s[key]
-	if v[0] == 0 {
-		return 0, false
-	}
-	return v[1] / v[0], true
-}
