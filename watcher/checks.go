@@ -59,6 +59,9 @@ func (c *Live) Checks() []Check {
 	if st.OK && st.LoadReason != "" { // the pod loads are an extra: their failure is no failed check
 		ck.Message += "; pod-load queries failing, keeping the pods' last good loads: " + st.LoadReason
 	}
+	if st.OK && st.AttemptsReason != "" { // as the pod loads: the latency correction waits
+		ck.Message += "; call-attempt queries failing, the latency correction takes no window: " + st.AttemptsReason
+	}
 	checks = append(checks, ck)
 	if c.capacity != nil && c.capacity.breaker != nil {
 		checks = append(checks, breakerCheck(c.capacity.breaker.States()))

@@ -67,6 +67,11 @@ type LiveConfig struct {
 	// (nil, nil before the first), as xds/server's Server.Publication gives them. Safe for
 	// concurrent use; called from Run's merge loop.
 	Plan func() (*optimizer.Topology, *optimizer.Allocation)
+	// Latency, when non-nil with Prom, is the closed loop's latency correction: each window of
+	// Prometheus's call attempts (prom.Config.AttemptsQuery) and pod loads is fed to it, and
+	// every topology delivered carries the penalties in force (WithLatencyPenalty; see Live's
+	// rules). With Plan, a window in which the plan in force changed is held. Run owns it.
+	Latency *estimate.LatencyCorrector
 	// CapacityHistoryWindows, with an Estimator and Prom, is how many windows of pod load Run
 	// reads from Prometheus's history at start (prom.Source.LoadHistory, before Prom's first
 	// round) and feeds the Estimator, oldest first, before the first live window: a process that
@@ -178,6 +183,12 @@ const (
 //     tripped, and the closed-loop check names the tripped services (readiness does not fail:
 //     the plan still serves them, as lata). A window in which the plan in force changed is the
 //     hold-down: the capacities in force stay until a window measured under one plan.
+//   - Latency correction (with Latency): each window of call attempts and pod loads is fed to
+//     the corrector by latencyFeed's rules (a caller's attempts to a band's node, less the
+//     band's inbound time, less the same-node baseline, less the pair's latency in the merged
+//     topology); the topology delivered has each pair's latency plus its penalty in force
+//     (WithLatencyPenalty; per-node latency only). edgeflow_closed_loop_latency_penalty_seconds
+//     has the penalties in force; a change of the set is logged once.
 type Live struct {
 	cfg LiveConfig
 	log *slog.Logger
@@ -193,10 +204,13 @@ type Live struct {
 	// it has series of (Run's only).
 	podCapacity  *prometheus.GaugeVec
 	capacityPods map[string]bool
+	// penalty is edgeflow_closed_loop_latency_penalty_seconds (Run's only).
+	penalty *prometheus.GaugeVec
 
 	changed  latest.Signal      // an input changed: deliver merges again
 	compiler optimizer.Compiler // Run's only
 	capacity *capacityFeed      // Run's only; nil without an Estimator
+	latFeed  *latencyFeed       // Run's only; nil without a LatencyCorrector
 	podsOff  []string           // Run's only: the pod loads naming no pod of the last feed
 	mu       sync.Mutex         // guards kube, meas, current, latency, history
 	kube     *kube.State
@@ -274,6 +288,9 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 	c := &Live{cfg: cfg, log: cfg.Logger, compiler: optimizer.Compiler{Options: cfg.Options}}
 	if cfg.Estimator != nil && cfg.Prom != nil {
 		c.capacity = newCapacityFeed(cfg.Estimator, cfg.Breaker, cfg.Plan)
+	}
+	if cfg.Latency != nil && cfg.Prom != nil {
+		c.latFeed = &latencyFeed{corr: cfg.Latency, plan: cfg.Plan}
 	}
 	if err := c.newMetrics(cfg.Registerer); err != nil {
 		return nil, err
@@ -363,6 +380,40 @@ func (c *Live) feedCapacity(ks *kube.State, meas *prom.Measurements) map[string]
 	}
 	c.podsOff = r.unmatched
 	return c.capacity.inForce(ks)
+}
+
+// correctLatency runs the latency feed on one pair of inputs and the topology merged from them,
+// records what it did (the penalty gauge, a log line when the set in force changed, the
+// corrector's complaints), and returns t with the penalties in force. Run's only.
+func (c *Live) correctLatency(ks *kube.State, meas *prom.Measurements, t *optimizer.Topology) *optimizer.Topology {
+	if c.latFeed == nil {
+		return t
+	}
+	before := c.latFeed.inForce()
+	r := c.latFeed.feed(ks, meas, t)
+	if r.err != nil {
+		c.log.Warn("watcher: the latency corrector left windows out", "error", r.err)
+	}
+	after := c.latFeed.inForce()
+	if r.fed && !samePenalties(before, after) {
+		for p := range before {
+			if _, ok := after[p]; !ok {
+				c.penalty.DeleteLabelValues(p.From, p.To)
+			}
+		}
+		pairs := make([]string, 0, len(after))
+		for _, lp := range r.penalties {
+			if lp.PenaltyMS > 0 {
+				c.penalty.WithLabelValues(lp.Pair.From, lp.Pair.To).Set(lp.PenaltyMS / 1000)
+				pairs = append(pairs, fmt.Sprintf("%s=%.2fms", lp.Pair, lp.PenaltyMS))
+			}
+		}
+		c.log.Info("watcher: latency penalties in force changed (ms beyond the pairs' ICMP RTT)", "pairs", listed(pairs, maxListed), "held", r.held)
+	}
+	if len(after) == 0 {
+		return t
+	}
+	return WithLatencyPenalty(t, c.cfg.DefaultLatencyMS, after)
 }
 
 // feedHistory feeds Prometheus's history of pod load (windows, oldest first) to the capacity

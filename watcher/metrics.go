@@ -24,6 +24,8 @@ const (
 	labelNamespace = "namespace"
 	labelPod       = "pod"
 	labelBound     = "bound"
+	labelFrom      = "source_node" // the probes' label convention (prom.DefaultSourceLabel)
+	labelTo        = "target_node"
 )
 
 // Values of the bound label of edgeflow_closed_loop_pod_capacity_rps.
@@ -66,6 +68,9 @@ func (c *Live) newMetrics(reg prometheus.Registerer) (err error) {
 	c.podCapacity = a.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemLoop, Name: "pod_capacity_rps",
 		Help: "Each pod's capacity (requests/s) as the estimator's last round has it, from the pod's own windows or its service's median: bound=estimate the point estimate, bound=lower its lower confidence bound (a pod's capacity in force is set from it, watcher.CapacitiesInForce). A pod without an estimate has no series."},
 		[]string{labelNamespace, labelPod, labelBound})
+	c.penalty = a.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemLoop, Name: "latency_penalty_seconds",
+		Help: "Each node pair's latency penalty in force, in seconds (what the plan adds to its ICMP RTT: what its requests pay beyond it, from the callers' attempt times and the callees' inbound times; estimate.LatencyCorrector), by the calling and the called node. A pair without a penalty has no series."},
+		[]string{labelFrom, labelTo})
 	c.unmatched.WithLabelValues("node")
 	c.unmatched.WithLabelValues("pod")
 	return nil

@@ -121,7 +121,7 @@ func (c *Live) deliver(ctx context.Context, l Listener) {
 		if history.read {
 			c.feedHistory(ks, history.windows)
 		}
-		t := c.mergeWith(ks, meas, c.feedCapacity(ks, meas))
+		t := c.correctLatency(ks, meas, c.mergeWith(ks, meas, c.feedCapacity(ks, meas)))
 		// Compiled once, here, with the consumers' options: the compile validates it, says
 		// whether anything changed, and is published for the Planners downstream.
 		cm, err := c.compiler.Compile(t)

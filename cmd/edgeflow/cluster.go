@@ -59,6 +59,11 @@ type clusterFlags struct {
 	podInbound     string
 	podDownstream  string
 	podCPU         string
+	attempts       string // --attempts-query
+	attemptSeconds string // --attempt-seconds-query
+	// correctLatency: the closed loop's latency correction (serve --policy closed-loop) reads
+	// the call-attempt queries; without it they are not run.
+	correctLatency bool
 	maxProbeLoss   float64
 	unreachableMS  float64
 	nodeMatch      string
@@ -307,6 +312,8 @@ func (f *clusterFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.podInbound, "pod-inbound-query", prom.DefaultPodInboundQuery, "PromQL for the summed duration in ms of the requests each pod completed in the window, by namespace and pod; placeholder $window (\"-\": none)")
 	fl.StringVar(&f.podDownstream, "pod-downstream-query", prom.DefaultPodDownstreamQuery, "PromQL for the summed duration in ms of the calls each pod made in the window, by the calling pod's namespace and pod; placeholder $window (\"-\": none)")
 	fl.StringVar(&f.podCPU, "pod-cpu-query", prom.DefaultPodCPUQuery, "PromQL for the CPU-seconds each pod's application containers used in the window, by namespace and pod; placeholder $window (\"-\": none)")
+	fl.StringVar(&f.attempts, "attempts-query", prom.DefaultAttemptsQuery, "with --policy closed-loop: PromQL for the call attempts each proxyless gRPC caller pod completed in the window, by namespace, pod, grpc_target and grpc_lb_locality (grpc-go's OpenTelemetry grpc.client.attempt.duration); placeholder $window (\"-\": no latency correction)")
+	fl.StringVar(&f.attemptSeconds, "attempt-seconds-query", prom.DefaultAttemptSecondsQuery, "with --policy closed-loop: PromQL for the summed duration in seconds of those attempts, labelled as --attempts-query's; placeholder $window")
 	fl.Float64Var(&f.hystCores, "hysteresis-cores", prom.DefaultHysteresisCores, "a change of a pod's CPU use of at most this many cores causes no recompute")
 }
 
@@ -454,6 +461,11 @@ func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, chec
 		if cc.CallGraph != nil {
 			pc.CallsQuery = prom.DisableCalls
 		}
+		// The latency correction reads the callees' inbound times from the pod loads.
+		correct := f.correctLatency && f.podRequests != prom.DisableLoad && f.attempts != prom.DisableAttempts
+		if correct {
+			pc.AttemptsQuery, pc.AttemptSecondsQuery = f.attempts, f.attemptSeconds
+		}
 		if cc.Prom, err = prom.NewSource(pc); err != nil {
 			return nil, usageError{err}
 		}
@@ -468,6 +480,11 @@ func (f *clusterFlags) cluster(inf *kube.Informers, opts optimizer.Options, chec
 					return nil, err
 				}
 				cc.Plan = plan
+			}
+		}
+		if correct {
+			if cc.Latency, err = estimate.NewLatencyCorrector(estimate.LatencyConfig{}); err != nil {
+				return nil, err
 			}
 		}
 	} else if cc.CallGraph == nil {

@@ -326,6 +326,7 @@ func (a *serveApp) buildSource(opts optimizer.Options) error {
 			return t, alloc
 		}
 	}
+	f.correctLatency = f.policy == optimizer.ClosedLoop
 	if a.cluster, err = f.cluster(a.inf, opts, xds.CheckTopology, plan, a.logger, a.reg); err != nil {
 		return err
 	}

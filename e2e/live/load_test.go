@@ -41,6 +41,17 @@ type reportedPodLoads struct {
 	pods                    []reportedPod
 	requests, duration, cpu *prometheus.Desc
 	secondContainer         atomic.Bool
+	attempts                []reportedAttempt
+	attempt                 *prometheus.Desc
+}
+
+// reportedAttempt is one proxyless gRPC caller pod's call attempts to target at one callee
+// locality, as grpc-go's OpenTelemetry plugin records them (grpc.client.attempt.duration with
+// grpc.lb.locality) and OpenTelemetry's Prometheus exporter names them: rps attempts a second
+// of ms each.
+type reportedAttempt struct {
+	namespace, pod, target, locality string
+	rps, ms                          float64
 }
 
 func newReportedPodLoads(pods []reportedPod) *reportedPodLoads {
@@ -51,6 +62,8 @@ func newReportedPodLoads(pods []reportedPod) *reportedPodLoads {
 			[]string{"reporter", "namespace", "pod"}, nil),
 		cpu: prometheus.NewDesc("container_cpu_usage_seconds_total", "CPU time, as cAdvisor counts it.",
 			[]string{"namespace", "pod", "container"}, nil),
+		attempt: prometheus.NewDesc("grpc_client_attempt_duration_seconds", "End-to-end time taken to complete a client call attempt.",
+			[]string{"namespace", "pod", "grpc_method", "grpc_target", "grpc_status", "grpc_lb_locality"}, nil),
 	}
 }
 
@@ -58,11 +71,17 @@ func (c *reportedPodLoads) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.requests
 	ch <- c.duration
 	ch <- c.cpu
+	ch <- c.attempt
 }
 func (c *reportedPodLoads) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now().Round(0)
 	el := now.Sub(c.start).Seconds()
 	at := func(m prometheus.Metric) { ch <- prometheus.NewMetricWithTimestamp(now, m) }
+	for _, a := range c.attempts {
+		n := a.rps * el
+		at(prometheus.MustNewConstHistogram(c.attempt, uint64(n), n*a.ms/1000, nil,
+			a.namespace, a.pod, "edgeflow.test.Echo/Call", a.target, "OK", a.locality))
+	}
 	for _, p := range c.pods {
 		cpu := func(container string, cores float64) {
 			at(prometheus.MustNewConstMetric(c.cpu, prometheus.CounterValue, cores*el, p.namespace, p.pod, container))

@@ -85,6 +85,9 @@ type worldOptions struct {
 	// podLoad is served instead (not with istio): each pod's Istio request and duration counters and its
 	// cAdvisor CPU counters (reportedPodLoads).
 	podLoad []reportedPod
+	// attempts are served with podLoad: proxyless gRPC callers' call attempts by callee
+	// locality, as grpc-go's OpenTelemetry metrics name them (reportedPodLoads).
+	attempts []reportedAttempt
 	// promDown stops Prometheus as soon as it is ready, before its first scrape.
 	promDown bool
 	// honorTargets are scraped with honor_labels (testbed.Config.HonorLabelsTargets).
@@ -136,7 +139,7 @@ func newWorld(t *testing.T, o worldOptions) *world {
 		}
 		w.tb = testbed.Start(t, cfg)
 		if len(o.istio) > 0 || len(o.podLoad) > 0 {
-			w.podLoad = serveIstioMetrics(t, w.tb, o.istio, o.podLoad)
+			w.podLoad = serveIstioMetrics(t, w.tb, o.istio, o.podLoad, o.attempts)
 		}
 		w.tb.StartProbes(t)
 		if o.promDown {
@@ -304,7 +307,7 @@ func (c *reportedRequests) Collect(ch chan<- prometheus.Metric) {
 // serveIstioMetrics serves edges as istio_requests_total, or pods as reportedPodLoads, at
 // istioTarget in the testbed's monitor namespace (a Config.MetricsTargets entry) until the test
 // ends.
-func serveIstioMetrics(t *testing.T, tb *testbed.Testbed, edges []reportedEdge, pods []reportedPod) *reportedPodLoads {
+func serveIstioMetrics(t *testing.T, tb *testbed.Testbed, edges []reportedEdge, pods []reportedPod, attempts []reportedAttempt) *reportedPodLoads {
 	t.Helper()
 	lis, err := tb.ListenMonitor("tcp", istioTarget)
 	if err != nil {
@@ -323,6 +326,7 @@ func serveIstioMetrics(t *testing.T, tb *testbed.Testbed, edges []reportedEdge, 
 				"source_workload", "source_workload_namespace", "destination_workload", "destination_workload_namespace", "response_code"}, nil)})
 	default:
 		loads = newReportedPodLoads(pods)
+		loads.attempts = attempts
 		reg.MustRegister(loads)
 	}
 	srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}

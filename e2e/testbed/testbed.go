@@ -62,6 +62,13 @@ type Config struct {
 	// RTT is the round-trip time in milliseconds per unordered node pair; either order may be
 	// given (both only with the same value). A missing pair has no added delay.
 	RTT map[[2]string]float64
+	// TCPPenalty is a delay in milliseconds that TCP packets from the first node of a pair to
+	// the second pay on top of the pair's RTT, in that direction only (nqdelay's tcp lines):
+	// a cost requests pay and ICMP probes do not see — an L7 penalty. Every TCP exchange
+	// between the two nodes crosses that direction once per round trip (a request from the
+	// first node, or the response to a request from the second), so a request either way takes
+	// the pair's RTT plus the penalty.
+	TCPPenalty map[[2]string]float64
 	// ScrapeInterval is Prometheus's scrape and evaluation interval (whole milliseconds, at
 	// least 200 ms); 0 means 1 s.
 	ScrapeInterval time.Duration
@@ -111,6 +118,7 @@ type Testbed struct {
 	mu         sync.Mutex
 	created    []string              // namespaces created, in order
 	rtt        map[[2]string]float64 // key in Config.Nodes order
+	tcpPenalty map[[2]string]float64 // directed: Config.TCPPenalty
 	procs      []*process            // every process started, in order
 	nqdelay    *process
 	prometheus *process
@@ -200,6 +208,7 @@ func newTestbed(cfg Config, dir string) (*Testbed, error) {
 		nodes:          append([]string(nil), cfg.Nodes...),
 		ips:            map[string]string{},
 		aliases:        cfg.Aliases,
+		tcpPenalty:     cfg.TCPPenalty,
 		netns:          map[string]string{},
 		interval:       cfg.ScrapeInterval,
 		metricsTargets: cfg.MetricsTargets,
@@ -252,6 +261,14 @@ func (cfg Config) validate() (map[[2]string]float64, error) {
 			return nil, fmt.Errorf("testbed: node %q listed twice", n)
 		}
 		index[n] = i
+	}
+	for pair, ms := range cfg.TCPPenalty {
+		if _, err := orderedPair(index, pair[0], pair[1]); err != nil {
+			return nil, fmt.Errorf("testbed: TCP penalty of %s→%s: %w", pair[0], pair[1], err)
+		}
+		if ms < 0 || math.IsNaN(ms) || math.IsInf(ms, 0) {
+			return nil, fmt.Errorf("testbed: TCP penalty of %s→%s is %v ms, want a finite number ≥ 0", pair[0], pair[1], ms)
+		}
 	}
 	rtt := map[[2]string]float64{}
 	for pair, ms := range cfg.RTT {
@@ -579,6 +596,22 @@ func (tb *Testbed) writeMatrix() error {
 			for _, ipA := range append([]string{tb.ips[a]}, tb.aliases[a]...) {
 				for _, ipC := range append([]string{tb.ips[c]}, tb.aliases[c]...) {
 					fmt.Fprintf(&b, "%s %s %g # %s–%s\n", ipA, ipC, ms, a, c)
+				}
+			}
+		}
+	}
+	if len(tb.tcpPenalty) > 0 {
+		b.WriteString("# tcp ipSrc ipDst extra_ms (TCP packets from ipSrc to ipDst only)\n")
+	}
+	for _, from := range tb.nodes { // in node order: the file is the same every time
+		for _, to := range tb.nodes {
+			ms, ok := tb.tcpPenalty[[2]string{from, to}]
+			if !ok || ms == 0 {
+				continue
+			}
+			for _, ipF := range append([]string{tb.ips[from]}, tb.aliases[from]...) {
+				for _, ipT := range append([]string{tb.ips[to]}, tb.aliases[to]...) {
+					fmt.Fprintf(&b, "tcp %s %s %g # %s→%s\n", ipF, ipT, ms, from, to)
 				}
 			}
 		}

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -87,6 +89,9 @@ func TestConfigValidate(t *testing.T) {
 		{"negative", Config{Nodes: nodes, RTT: map[[2]string]float64{{"a", "b"}: -1}}, "a–b is -1 ms"},
 		{"orders disagree", Config{Nodes: nodes, RTT: map[[2]string]float64{{"a", "b"}: 10, {"b", "a"}: 11}}, "given twice"},
 		{"short interval", Config{Nodes: nodes, ScrapeInterval: 100 * time.Millisecond}, "scrape interval 100ms"},
+		{"TCP penalty", Config{Nodes: nodes, TCPPenalty: map[[2]string]float64{{"a", "b"}: 3, {"b", "a"}: 1}}, ""},
+		{"TCP penalty, unknown node", Config{Nodes: nodes, TCPPenalty: map[[2]string]float64{{"a", "x"}: 3}}, `TCP penalty of a→x: unknown node "x"`},
+		{"TCP penalty, negative", Config{Nodes: nodes, TCPPenalty: map[[2]string]float64{{"a", "b"}: -3}}, "a→b is -3 ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tc.cfg.validate()
@@ -101,7 +106,8 @@ func TestConfigValidate(t *testing.T) {
 }
 
 // TestTestbed builds a 3-node testbed and checks the emulated RTTs with ping and through
-// Prometheus, a change of RTT, a Prometheus restart, and that teardown leaves nothing behind.
+// Prometheus, a TCP penalty that ICMP does not see, a change of RTT, a Prometheus restart, and
+// that teardown leaves nothing behind.
 func TestTestbed(t *testing.T) {
 	RequireRoot(t)
 	ignore := goleak.IgnoreCurrent()
@@ -110,6 +116,9 @@ func TestTestbed(t *testing.T) {
 		cfg := Config{
 			Nodes: []string{"a", "b", "c"},
 			RTT:   map[[2]string]float64{{"a", "b"}: 10, {"c", "a"}: 40, {"b", "c"}: 20},
+			// TCP from a to b pays 15 ms more: every TCP round trip between a and b does (a
+			// request from a, or the response to one from b); the pings above do not.
+			TCPPenalty: map[[2]string]float64{{"a", "b"}: 15},
 		}
 		begin := time.Now()
 		tb = Start(t, cfg)
@@ -126,6 +135,18 @@ func TestTestbed(t *testing.T) {
 		for pair := range want { // 5 echo requests one way, 5 replies the other
 			if st := stats[pair]; st.Packets < 5 || st.LateSumUS < 0 || st.LastWindow == 0 {
 				t.Errorf("DelayStats %s→%s: %+v, want the pings' ≥ 5 packets held", pair[0], pair[1], st)
+			}
+		}
+
+		for _, pair := range [][2]string{{"a", "b"}, {"b", "a"}, {"a", "c"}} {
+			want := cfg.RTT[[2]string{"c", "a"}]
+			if pair[1] == "b" || pair[0] == "b" {
+				want = cfg.RTT[[2]string{"a", "b"}] + 15
+			}
+			got := tcpRoundTrip(t, tb, pair[0], pair[1])
+			t.Logf("TCP round trip %s→%s: min %.2f ms, want %v", pair[0], pair[1], got, want)
+			if math.Abs(got-want) > toleranceMs {
+				t.Errorf("TCP round trip %s→%s: min %.2f ms, want %v ± %v", pair[0], pair[1], got, want, toleranceMs)
 			}
 		}
 
@@ -204,6 +225,49 @@ func TestTestbed(t *testing.T) {
 		}
 	}
 	goleak.VerifyNone(t, ignore)
+}
+
+// tcpRoundTrip connects from node from to an echo server on node to and returns the smallest
+// of 5 one-byte round trips in ms (ping's minimum, for the same reason: see checkPings).
+func tcpRoundTrip(t *testing.T, tb *Testbed, from, to string) float64 {
+	t.Helper()
+	var lis net.Listener
+	if err := inNamespace(tb.netns[to], func() (err error) { lis, err = net.Listen("tcp", tb.NodeIP(to)+":0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { // ends when the client closes its end, or the listener is closed
+		c, err := lis.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = io.Copy(c, c)
+	})
+	var conn net.Conn
+	if err := inNamespace(tb.netns[from], func() (err error) {
+		conn, err = net.DialTimeout("tcp", lis.Addr().String(), 5*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	best := math.Inf(1)
+	buf := []byte{0}
+	for range 5 {
+		start := time.Now()
+		if _, err := conn.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(conn, buf); err != nil {
+			t.Fatal(err)
+		}
+		best = min(best, float64(time.Since(start))/float64(time.Millisecond))
+	}
+	return best
 }
 
 var pingTime = regexp.MustCompile(`time=([0-9.]+) ms`)

@@ -233,6 +233,16 @@ type Config struct {
 	PodInboundQuery    string
 	PodDownstreamQuery string
 	PodCPUQuery        string
+	// AttemptsQuery and AttemptSecondsQuery return, per caller pod (LabelNamespace, LabelPod),
+	// gRPC target (LabelGRPCTarget) and picked locality (LabelGRPCLocality), the call attempts
+	// it completed in the window and their summed duration in seconds (see Attempt): what a
+	// proxyless gRPC caller's requests to each latency band took. Unlike the other queries they
+	// are off unless AttemptsQuery is set (empty or DisableAttempts, "-": off; the latency
+	// correction of serve --policy closed-loop sets DefaultAttemptsQuery); an empty
+	// AttemptSecondsQuery is then DefaultAttemptSecondsQuery. A failing one leaves the round without attempts (Measurements.
+	// AttemptsRead false) and Status.AttemptsReason says why; nothing else fails with it.
+	AttemptsQuery       string
+	AttemptSecondsQuery string
 	// Hysteresis: a value is delivered when it moved, from the value last delivered, by more
 	// than the relative threshold (fraction of the old value) AND more than the absolute one
 	// (ms for latency and for a pod's mean inbound and downstream time per request, requests/s
@@ -360,6 +370,20 @@ func defaults(cfg *Config) error {
 		}
 		if strings.TrimSpace(*q.v) == "" {
 			return bad(q.field, "blank; leave it empty for the default or set %q to disable", DisableLoad)
+		}
+	}
+	switch {
+	case cfg.AttemptsQuery == "":
+		cfg.AttemptsQuery = DisableAttempts
+	case strings.TrimSpace(cfg.AttemptsQuery) == "":
+		return bad("AttemptsQuery", "blank; leave it empty (or set %q) for none", DisableAttempts)
+	}
+	if cfg.AttemptsQuery != DisableAttempts {
+		if cfg.AttemptSecondsQuery == "" {
+			cfg.AttemptSecondsQuery = DefaultAttemptSecondsQuery
+		}
+		if strings.TrimSpace(cfg.AttemptSecondsQuery) == "" || cfg.AttemptSecondsQuery == DisableAttempts {
+			return bad("AttemptSecondsQuery", "%q is not a query (the call-attempt queries are turned off by AttemptsQuery)", cfg.AttemptSecondsQuery)
 		}
 	}
 	if cfg.SourceLabel == "" {

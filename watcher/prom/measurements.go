@@ -58,6 +58,12 @@ type Measurements struct {
 	// kept at their last good values (PodLoad.Stale) and contested ones (PodLoad.Contested);
 	// empty with the pod-load queries off.
 	Load []PodLoad
+	// Attempts are the proxyless gRPC callers' call attempts of the window by target and
+	// locality (Config.AttemptsQuery), sorted by caller pod, target and locality; AttemptsRead
+	// says the call-attempt queries answered this round (false: off or failed, and Attempts
+	// says nothing, which is not the same as none). Not kept over from earlier rounds.
+	Attempts     []Attempt
+	AttemptsRead bool
 	// Window is the window the queries used.
 	Window time.Duration
 	// At is when the query round answered (Config.Clock).

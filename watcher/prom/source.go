@@ -47,6 +47,9 @@ type Status struct {
 	// LoadReason says why the pod-load queries failed in the last round (their failure does
 	// not fail the round); empty when they succeeded or are off.
 	LoadReason string
+	// AttemptsReason says why the call-attempt queries failed in the last round (their
+	// failure does not fail the round); empty when they succeeded or are off.
+	AttemptsReason string
 }
 
 // Source polls Prometheus for latency and call rates. Create it with NewSource, run it with Run;
@@ -59,7 +62,8 @@ type Status struct {
 //     series cap) fails only its signal: its last good values stay, stale, until StaleAfter, and
 //     the other signals are read and delivered as usual. The round succeeds (Status.OK) when
 //     the latency and calls queries answered; Status.Reason names the failing queries,
-//     Status.LoadReason the failing pod-load ones.
+//     Status.LoadReason the failing pod-load ones, Status.AttemptsReason the call-attempt ones
+//     (a round without them has Measurements.AttemptsRead false: no attempts are kept over).
 //   - Inputs no pod can forge. Under a scrape job with honor_labels (a pushgateway, Istio's and
 //     the community chart's kubernetes-pods jobs) whatever a pod exposes keeps its labels, job
 //     included. So a probe series counts only when it carries every label of its pair's target
@@ -267,6 +271,7 @@ func (s *Source) round(ctx context.Context) *Measurements {
 		callVec, callErr = s.query(ctx, queryCalls, s.expand(s.cfg.CallsQuery, window), time.Time{})
 	}
 	loadVecs, loadErrs := s.queryLoad(ctx, window)
+	attCount, attSecs, attOn, attErr := s.queryAttempts(ctx, window)
 	if ctx.Err() != nil {
 		return nil // shutting down: not a Prometheus failure
 	}
@@ -283,6 +288,7 @@ func (s *Source) round(ctx context.Context) *Measurements {
 	if !latOK && (!callsOK || s.cfg.CallsQuery == DisableCalls) && !loadOK {
 		s.fail(now, roundErr) // nothing read: nothing to deliver
 		s.loadFailed(errors.Join(loadErrs[:]...))
+		s.attemptsFailed(attErr)
 		return nil
 	}
 
@@ -290,6 +296,9 @@ func (s *Source) round(ctx context.Context) *Measurements {
 	for k := range s.reported { // the series of a failed query, not read this round, stay reported
 		if !latOK && (strings.HasPrefix(k, queryLatency+" ") || strings.HasPrefix(k, querySuccess+" ")) ||
 			!callsOK && strings.HasPrefix(k, queryCalls+" ") {
+			seen[k] = true
+		}
+		if attErr != nil && (strings.HasPrefix(k, queryAttempts+" ") || strings.HasPrefix(k, queryAttemptSeconds+" ")) {
 			seen[k] = true
 		}
 		for sig, name := range loadQueryNames {
@@ -365,6 +374,10 @@ func (s *Source) round(ctx context.Context) *Measurements {
 	}
 	sortCalls(m.Calls)
 	m.Load = s.loads()
+	if attOn && attErr == nil {
+		m.Attempts, m.AttemptsRead = s.parseAttempts(attCount, attSecs, seen), true
+	}
+	s.attemptsFailed(attErr)
 	s.stale.WithLabelValues(queryLatency).Set(float64(staleLat))
 	if s.cfg.CallsQuery != DisableCalls {
 		s.stale.WithLabelValues(queryCalls).Set(float64(staleCalls))

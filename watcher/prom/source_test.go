@@ -65,6 +65,8 @@ type fakeProm struct {
 	body       string                            // with status
 	resultType string                            // "" means vector
 	targets    []any                             // non-nil: /api/v1/targets answers these active targets
+	attempts   map[string][]series               // the call-attempt queries' answers, by query name
+	attemptErr bool                              // the call-attempt queries answered with HTTP 500
 	received   []url.Values
 }
 
@@ -118,6 +120,19 @@ func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		at = time.Unix(0, int64(math.Round(sec*1e9))).UTC()
 	}
+	if q := r.Form.Get("query"); strings.Contains(q, "grpc_client_attempt") {
+		if f.attemptErr {
+			w.WriteHeader(http.StatusInternalServerError)
+			fmt.Fprint(w, "call-attempt query exploded")
+			return
+		}
+		name := queryAttempts
+		if strings.Contains(q, "_sum") {
+			name = queryAttemptSeconds
+		}
+		writeVector(w, f.attempts[name])
+		return
+	}
 	if q := r.Form.Get("query"); strings.Contains(q, "by (namespace, pod") && (f.loadFail[loadQueryOf(q)] || f.failAt[at]) {
 		w.WriteHeader(http.StatusInternalServerError)
 		fmt.Fprint(w, "pod-load query exploded")
@@ -161,6 +176,18 @@ func (f *fakeProm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	if err := json.NewEncoder(w).Encode(map[string]any{"status": "success", "data": data}); err != nil {
+		panic(err)
+	}
+}
+
+// writeVector answers a query with src as an instant vector.
+func writeVector(w http.ResponseWriter, src []series) {
+	result := []any{}
+	for _, s := range src {
+		result = append(result, map[string]any{"metric": s.labels, "value": []any{1.7e9, s.value}})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if err := json.NewEncoder(w).Encode(map[string]any{"status": "success", "data": map[string]any{"resultType": "vector", "result": result}}); err != nil {
 		panic(err)
 	}
 }

@@ -17,6 +17,13 @@
 //
 // Each direction is held rtt_ms/2, plus normally distributed jitter with standard deviation
 // jitter_ms per direction (clamped at zero, never reordering). Pairs not listed pass undelayed.
+// A line
+//
+//	tcp <ipSrc> <ipDst> <extra_ms>
+//
+// holds the TCP packets from ipSrc to ipDst extra_ms more, in one direction only: a cost that
+// requests pay and ICMP does not see (an L7 penalty: a sidecar, a middlebox). Those packets
+// have a FIFO of their own, so the pair's ICMP never waits behind them.
 //
 // Signals: SIGHUP reloads the matrix file and logs "nqdelay: reloaded N directed pairs from
 // FILE", or "nqdelay: reload FILE: ERROR" keeping the previous matrix; SIGUSR1 logs per-pair
@@ -142,13 +149,22 @@ func run(queue uint16, matrixPath string, early time.Duration) error {
 	}
 }
 
-// pairKey is a directed pair of IPv4 addresses.
-type pairKey struct{ src, dst netip.Addr }
+// pairKey is a directed pair of IPv4 addresses; tcp marks the queue of its TCP packets held
+// longer (a matrix entry's key never has it).
+type pairKey struct {
+	src, dst netip.Addr
+	tcp      bool
+}
 
-func (k pairKey) String() string { return k.src.String() + "→" + k.dst.String() }
+func (k pairKey) String() string {
+	if k.tcp {
+		return k.src.String() + "→" + k.dst.String() + " (tcp)"
+	}
+	return k.src.String() + "→" + k.dst.String()
+}
 
-// delaySpec is the delay of one direction of a pair.
-type delaySpec struct{ oneWay, jitter time.Duration }
+// delaySpec is the delay of one direction of a pair; tcpExtra is added to its TCP packets.
+type delaySpec struct{ oneWay, jitter, tcpExtra time.Duration }
 
 // packet is a queued packet waiting for its verdict.
 type packet struct {
@@ -299,7 +315,7 @@ func (d *daemon) setMatrix(m map[pairKey]delaySpec) {
 func (d *daemon) lookup(k pairKey) delaySpec {
 	d.matrixMu.RLock()
 	defer d.matrixMu.RUnlock()
-	return d.matrix[k]
+	return d.matrix[pairKey{src: k.src, dst: k.dst}]
 }
 
 // pair returns the queue of k, starting its releasing goroutine on first use.
@@ -355,13 +371,17 @@ func (d *daemon) handle(payload []byte, id uint32, recv int64) {
 		d.accept(id)
 		return
 	}
-	k := pairKey{netip.AddrFrom4([4]byte(payload[12:16])), netip.AddrFrom4([4]byte(payload[16:20]))}
+	k := pairKey{src: netip.AddrFrom4([4]byte(payload[12:16])), dst: netip.AddrFrom4([4]byte(payload[16:20]))}
 	spec := d.lookup(k)
-	if spec.oneWay == 0 && spec.jitter == 0 {
+	k.tcp = spec.tcpExtra > 0 && payload[9] == unix.IPPROTO_TCP
+	if spec.oneWay == 0 && spec.jitter == 0 && !k.tcp {
 		d.accept(id)
 		return
 	}
 	delay := spec.oneWay
+	if k.tcp {
+		delay += spec.tcpExtra
+	}
 	if spec.jitter > 0 {
 		delay = max(0, delay+time.Duration(d.rng.NormFloat64()*float64(spec.jitter)))
 	}
@@ -459,21 +479,35 @@ func loadMatrix(path string) (map[pairKey]delaySpec, error) {
 	}
 	defer f.Close()
 	m := map[pairKey]delaySpec{}
+	extra := map[pairKey]time.Duration{}
 	sc := bufio.NewScanner(f)
 	for lineNo := 1; sc.Scan(); lineNo++ {
 		line, _, _ := strings.Cut(sc.Text(), "#")
 		if line = strings.TrimSpace(line); line == "" {
 			continue
 		}
+		if rest, ok := strings.CutPrefix(line, "tcp "); ok {
+			x, a, b, err := parseTCPLine(rest)
+			if err != nil {
+				return nil, fmt.Errorf("nqdelay: %s:%d: %q: %w", path, lineNo, line, err)
+			}
+			extra[pairKey{src: a, dst: b}] = x
+			continue
+		}
 		spec, a, b, err := parseLine(line)
 		if err != nil {
 			return nil, fmt.Errorf("nqdelay: %s:%d: %q: %w", path, lineNo, line, err)
 		}
-		m[pairKey{a, b}] = spec
-		m[pairKey{b, a}] = spec
+		m[pairKey{src: a, dst: b}] = spec
+		m[pairKey{src: b, dst: a}] = spec
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("nqdelay: %s: %w", path, err)
+	}
+	for k, x := range extra { // whatever the order of the lines
+		spec := m[k]
+		spec.tcpExtra = x
+		m[k] = spec
 	}
 	return m, nil
 }
@@ -507,6 +541,19 @@ func parseLine(line string) (spec delaySpec, a, b netip.Addr, err error) {
 		}
 	}
 	return spec, a, b, nil
+}
+
+// parseTCPLine parses a `tcp` line's fields after "tcp ": `ipSrc ipDst extra_ms`.
+func parseTCPLine(fields string) (extra time.Duration, a, b netip.Addr, err error) {
+	fs := strings.Fields(fields)
+	if len(fs) != 3 {
+		return 0, a, b, errors.New("want `tcp ipSrc ipDst extra_ms`")
+	}
+	spec, a, b, err := parseLine(strings.Join(fs, " ")) // the same fields as a pair's line
+	if err != nil {
+		return 0, a, b, err
+	}
+	return 2 * spec.oneWay, a, b, nil
 }
 
 // logStats logs, per directed pair, its target delay, packet count and release lateness.

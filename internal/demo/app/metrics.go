@@ -227,6 +227,10 @@ func (m *podMetrics) observe(reporter string, src, dst workload, code string, er
 	m.duration.WithLabelValues(values...).Observe(float64(d) / float64(time.Millisecond))
 }
 
+// Gatherer returns the pod's registry, for a /metrics that serves more than the pod's own
+// telemetry (Metrics serves it alone).
+func (p *Pod) Gatherer() prometheus.Gatherer { return p.metrics.reg }
+
 // Metrics returns the handler of the pod's /metrics: its telemetry in Prometheus' text format
 // (see the comment at the top of metrics.go). Safe for concurrent use.
 func (p *Pod) Metrics() http.Handler {
