@@ -61,12 +61,13 @@ type Harness struct {
 // Everything stops in t's cleanup.
 func NewHarness(t testing.TB, ctx context.Context, scenario string, log io.Writer) *Harness {
 	t.Helper()
-	return NewHarnessWith(t, ctx, scenario, log, "")
+	return NewHarnessWith(t, ctx, scenario, log, "", nil)
 }
 
 // NewHarnessWith is NewHarness with the nodes' CPU (their capacity and allocatable, a quantity;
-// "": kubeapi's default, 4 cores).
-func NewHarnessWith(t testing.TB, ctx context.Context, scenario string, log io.Writer, nodeCPU string) *Harness {
+// "": kubeapi's default, 4 cores) and a hidden L7 penalty (testbed.Config.TCPPenalty: ms that
+// TCP from the first node of a pair to the second pays, and ICMP does not; nil: none).
+func NewHarnessWith(t testing.TB, ctx context.Context, scenario string, log io.Writer, nodeCPU string, tcpPenalty map[[2]string]float64) *Harness {
 	t.Helper()
 	testbed.RequireRoot(t)
 	kubeapi.Require(t)
@@ -79,7 +80,7 @@ func NewHarnessWith(t testing.TB, ctx context.Context, scenario string, log io.W
 
 	pool := podAddresses(Nodes)
 	targets := filepath.Join(h.dir, "pod-targets.json")
-	h.tb = testbed.Start(t, testbed.Config{Nodes: Nodes, RTT: rtt, Aliases: pool,
+	h.tb = testbed.Start(t, testbed.Config{Nodes: Nodes, RTT: rtt, Aliases: pool, TCPPenalty: tcpPenalty,
 		ScrapeConfigs: podScrapeJob(targets, podScrapeInterval)})
 	h.tb.StartProbes(t)
 	h.promURL = h.promProxy()

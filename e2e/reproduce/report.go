@@ -3,6 +3,7 @@ package reproduce
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -422,6 +423,11 @@ func markdown(o *Outcome, j jsonReport, plots []string) string {
 		b.WriteString("\n## The closed loop against least-request and lata (issue 37)\n\n")
 		if len(o.Preset.Slow) > 0 {
 			fmt.Fprintf(&b, "Pods slower than their peers, unseen by Kubernetes and edgeflow: %s.\n\n", fmtSlow(o))
+		}
+		for _, pair := range slices.Sorted(maps.Keys(o.Preset.L7Penalty)) {
+			a, c, _ := strings.Cut(pair, ":")
+			fmt.Fprintf(&b, "A hidden L7 penalty: every TCP round trip between %s and %s pays %g ms beyond the RTT, unseen by ICMP, Kubernetes and edgeflow's probes.\n\n",
+				a, c, o.Preset.L7Penalty[pair])
 		}
 		b.WriteString(sec)
 	}

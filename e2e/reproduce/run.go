@@ -143,7 +143,7 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 		}
 	}
 	o := &Outcome{Preset: p, Workload: p.workload(), Started: time.Now(), Commit: commit(), Seed: p.seed()}
-	h := NewHarnessWith(t, ctx, p.Scenarios[0], log, p.NodeCPU)
+	h := NewHarnessWith(t, ctx, p.Scenarios[0], log, p.NodeCPU, p.tcpPenalty())
 	o.Netem = h.NetemAvailable()
 	pr := &progress{w: log, start: time.Now(), total: len(p.Apps) * len(p.Scenarios) * len(p.Rates) * p.Runs * len(p.Rows())}
 	if p.FindMax {

@@ -247,6 +247,11 @@ type Preset struct {
 	// unseen by Kubernetes and edgeflow (the pod's --slow): the closed loop's scenario (B). The
 	// scheduler's placement only: not with LARP rows, whose placement starts the pods anew.
 	Slow map[string]float64
+	// L7Penalty is a hidden L7 penalty: ms that every TCP round trip between the two nodes of
+	// a pair pays beyond its RTT, which ICMP (and so Kubernetes and edgeflow's probes) does not
+	// see (testbed.Config.TCPPenalty, from the first node to the second), by "NODE:NODE": the
+	// closed loop's scenario (C), found by its latency correction from grpc-go's attempt metric.
+	L7Penalty map[string]float64
 	// Smoke: the run is checked for what holds on any run of a working loop (smokeProblems,
 	// reportProblems: every row served, the report whole, the plans' network cost in the
 	// policies' order, the rebalancer settled), not for the paper's P99 claims (checkClaims).
@@ -341,6 +346,7 @@ var Presets = map[string]Preset{
 // the Neutral set),
 // REPRODUCE_SLOW (COMPONENT=FACTOR,…: one pod of each component named that much slower than its
 // peers, unseen: Preset.Slow),
+// REPRODUCE_L7_PENALTY (NODE:NODE=MS,…: a hidden L7 penalty between two nodes: Preset.L7Penalty),
 // REPRODUCE_NODE_SPEED (NODE=FACTOR,…: nodes slower or faster than the rest, unseen by
 // Kubernetes and edgeflow: HEART's heterogeneous cluster), REPRODUCE_FIND_MAX (0 or 1). The
 // report names the preset and says what ran.
@@ -484,11 +490,37 @@ func Override(p Preset, getenv func(string) string) (Preset, error) {
 		p.Workload = &w
 		p.Name += "+speed"
 	}
+	if v := getenv("REPRODUCE_L7_PENALTY"); v != "" {
+		p.L7Penalty = map[string]float64{}
+		for _, kv := range strings.Split(v, ",") {
+			pair, ms, ok := strings.Cut(kv, "=")
+			a, b, ok2 := strings.Cut(pair, ":")
+			x, err := strconv.ParseFloat(ms, 64)
+			if !ok || !ok2 || a == b || err != nil || !(x > 0) || math.IsInf(x, 0) || !slices.Contains(Nodes, a) || !slices.Contains(Nodes, b) {
+				return p, fmt.Errorf("REPRODUCE_L7_PENALTY: bad entry %q (want NODE:NODE=MS, two nodes of %v, MS > 0)", kv, Nodes)
+			}
+			p.L7Penalty[a+":"+b] = x
+		}
+		p.Name += "+l7"
+	}
 	if v := getenv("REPRODUCE_FIND_MAX"); v != "" {
 		p.FindMax = v == "1"
 		p.Name += "+findmax"
 	}
 	return p, nil
+}
+
+// tcpPenalty is p.L7Penalty as testbed.Config.TCPPenalty takes it (nil: none).
+func (p Preset) tcpPenalty() map[[2]string]float64 {
+	if len(p.L7Penalty) == 0 {
+		return nil
+	}
+	out := map[[2]string]float64{}
+	for pair, ms := range p.L7Penalty {
+		a, b, _ := strings.Cut(pair, ":")
+		out[[2]string{a, b}] = ms
+	}
+	return out
 }
 
 // appNames lists the apps' names.

@@ -14,7 +14,11 @@
 // --service-fixed is the part of the mean service time every request takes, the rest being
 // exponential (app.Shifted; 0: purely exponential). --slow multiplies every service time (a pod slower than its peers, unseen by edgeflow).
 // --metrics-addr serves the pod's /metrics (app.Pod.Metrics: Istio's request metrics, the busy
-// time as cAdvisor's CPU usage, the CPU request as kube-state-metrics has it). --node-cpu is the
+// time as cAdvisor's CPU usage, the CPU request as kube-state-metrics has it), and grpc-go's own
+// client metrics from its OpenTelemetry plugin (google.golang.org/grpc/stats/opentelemetry)
+// through OpenTelemetry's Prometheus exporter, with the optional label grpc.lb.locality on:
+// grpc_client_attempt_duration_seconds{grpc_target, grpc_lb_locality, …} is what the real xDS
+// balancer picked, timed by grpc-go — the closed loop's latency correction reads it. --node-cpu is the
 // Unix socket of its node's cores (app.ServeNodeCPU, run by the harness): a request then holds
 // one of them for its service time (divided by the node's speed), so the pods of a node contend
 // for it as in edgeflow demo (app.NodeCPU); without it each pod is bound by its own workers only.
@@ -39,8 +43,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/stats/opentelemetry"
 	_ "google.golang.org/grpc/xds" // the xds:/// resolver and its balancers
 
 	"github.com/edgeflow/edgeflow/internal/demo/app"
@@ -117,6 +126,11 @@ func run(ctx context.Context, o options) error {
 		defer cpu.Close()
 		cfg.NodeCPU = cpu
 	}
+	grpcMetrics, grpcReg, stopMetrics, err := grpcClientMetrics()
+	if err != nil {
+		return err
+	}
+	defer stopMetrics(context.Background())
 	for _, d := range o.downstream {
 		svc, rateText, hasRate := strings.Cut(d, "=")
 		rate := 1.0
@@ -126,7 +140,7 @@ func run(ctx context.Context, o options) error {
 				return fmt.Errorf("--call %s: bad rate: %v", d, err)
 			}
 		}
-		conn, err := grpc.NewClient("xds:///"+svc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient("xds:///"+svc, grpc.WithTransportCredentials(insecure.NewCredentials()), grpcMetrics)
 		if err != nil {
 			return fmt.Errorf("--call %s: %w", d, err)
 		}
@@ -142,12 +156,13 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	gatherers := prometheus.Gatherers{p.Gatherer(), grpcReg}
 	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return err
 	}
 	if o.metricsAddr != "" {
-		if err := serveMetrics(ctx, o.metricsAddr, p); err != nil {
+		if err := serveMetrics(ctx, o.metricsAddr, p, gatherers); err != nil {
 			lis.Close()
 			return err
 		}
@@ -156,14 +171,31 @@ func run(ctx context.Context, o options) error {
 	return p.Serve(ctx, lis)
 }
 
-// serveMetrics serves the pod's /metrics on addr until ctx is done.
-func serveMetrics(ctx context.Context, addr string, p *app.Pod) error {
+// grpcClientMetrics returns the dial option that makes grpc-go record its client metrics
+// (stats/opentelemetry's defaults, grpc.client.attempt.duration among them) with the optional
+// label grpc.lb.locality, into a Prometheus registry through OpenTelemetry's exporter, and that
+// registry; stop shuts the meter provider down.
+func grpcClientMetrics() (opt grpc.DialOption, reg *prometheus.Registry, stop func(context.Context) error, err error) {
+	reg = prometheus.NewRegistry()
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutTargetInfo(), otelprom.WithoutScopeInfo())
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("grpc metrics: %w", err)
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	opt = opentelemetry.DialOption(opentelemetry.Options{MetricsOptions: opentelemetry.MetricsOptions{
+		MeterProvider: mp, Metrics: opentelemetry.DefaultMetrics(), OptionalLabels: []string{"grpc.lb.locality"}}})
+	return opt, reg, mp.Shutdown, nil
+}
+
+// serveMetrics serves the pod's /metrics on addr until ctx is done: its own telemetry and
+// grpc-go's (gatherers).
+func serveMetrics(ctx context.Context, addr string, p *app.Pod, gatherers prometheus.Gatherers) error {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("--metrics-addr: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", p.Metrics())
+	mux.Handle("/metrics", promhttp.HandlerFor(gatherers, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/slowdown", func(w http.ResponseWriter, r *http.Request) { setSlowdown(w, r, p) })
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { // ends when ctx is done
