@@ -50,6 +50,20 @@ type latencyRound struct {
 // feed takes one snapshot against the Kubernetes state and the merged topology t (before
 // penalties), by latencyFeed's rules.
 func (f *latencyFeed) feed(ks *kube.State, meas *prom.Measurements, t *optimizer.Topology) latencyRound {
+	return f.take(ks, meas, t, true)
+}
+
+// feedHistory takes one window of Prometheus's history (prom.Source.LoadHistory) as feed does,
+// but never held: it was measured before this process planned, under a plan it does not know
+// (its own before a restart, another replica's), and the paths it measured are paths whatever
+// plan sent traffic on them. Fed oldest first, before the first live snapshot, on the first
+// topology's latencies.
+func (f *latencyFeed) feedHistory(ks *kube.State, meas *prom.Measurements, t *optimizer.Topology) latencyRound {
+	return f.take(ks, meas, t, false)
+}
+
+// take is feed, holding a window in which the plan in force changed when hold is set.
+func (f *latencyFeed) take(ks *kube.State, meas *prom.Measurements, t *optimizer.Topology, hold bool) latencyRound {
 	var r latencyRound
 	if meas == nil || !meas.AttemptsRead || !f.fedAt.IsZero() && meas.At.Sub(f.fedAt) < meas.Window ||
 		t.LatencyGranularity == optimizer.LatencyPerZone {
@@ -97,7 +111,7 @@ func (f *latencyFeed) feed(ks *kube.State, meas *prom.Measurements, t *optimizer
 	}
 	if f.plan != nil {
 		_, plan := f.plan()
-		r.held = plan != f.published
+		r.held = hold && plan != f.published
 		f.published = plan
 	}
 	if r.held {

@@ -120,3 +120,41 @@ func TestLiveLatencyCorrection(t *testing.T) {
 		t.Errorf("penalty in force after a held window %v, want %v", got, pwPenaltyMS)
 	}
 }
+
+// A serve that starts (each slice of the reproduction starts one; a restart, a failover) takes
+// the penalty from Prometheus's history at once: the windows of history are fed before the first
+// live one, never held, and not at all while no latency is measured (nothing to subtract).
+func TestLiveLatencyCorrectionFromHistory(t *testing.T) {
+	t.Parallel()
+	corr, err := estimate.NewLatencyCorrector(estimate.LatencyConfig{MinRequests: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := &optimizer.Allocation{}
+	plan := func() (*optimizer.Topology, *optimizer.Allocation) { changed = &optimizer.Allocation{}; return nil, changed } // a new plan every time
+	c, reg := newCluster(t, LiveConfig{Prom: fakePromSource(t, &fakeProm{}), Latency: corr, Plan: plan})
+	ks := state([]string{"n1", "n2"}, service("web", "web-1@n1", "web-2@n2"), service("api", "api-1@n1", "api-2@n2"))
+	start := time.Unix(1_800_000_000, 0)
+	var history []*prom.Measurements
+	for i := range 3 {
+		history = append(history, penaltyWindow(start.Add(time.Duration(i)*pwWindow)))
+	}
+	c.feedLatencyHistory(ks, history, penaltyTopology())
+	if n := len(c.latFeed.inForce()); n != 0 {
+		t.Errorf("%d penalties from history fed before any latency was measured, want none", n)
+	}
+	c.mu.Lock()
+	c.latency.usable = true
+	c.mu.Unlock()
+	c.feedLatencyHistory(ks, history, penaltyTopology())
+	if got := c.latFeed.inForce()[estimate.NodePair{From: "n1", To: "n2"}]; math.Abs(got-pwPenaltyMS) > 0.01 {
+		t.Errorf("penalty n1→n2 after 3 windows of history %v ms, want %v (history is never held)", got, pwPenaltyMS)
+	}
+	if got := metric(t, reg, "edgeflow_closed_loop_latency_penalty_seconds", "source_node", "n1", "target_node", "n2"); math.Abs(got*1000-pwPenaltyMS) > 0.01 {
+		t.Errorf("penalty metric n1→n2 = %v s, want %v ms", got, pwPenaltyMS)
+	}
+	top := c.correctLatency(ks, penaltyWindow(start.Add(2*pwWindow+time.Second)), penaltyTopology()) // inside the last window: not fed
+	if got := latencyOf(top, "n1", "n2"); math.Abs(got-(pwRTTMS+pwPenaltyMS)) > 0.01 {
+		t.Errorf("first live topology: n1→n2 %v ms, want %v", got, pwRTTMS+pwPenaltyMS)
+	}
+}

@@ -188,7 +188,10 @@ const (
 //     band's inbound time, less the same-node baseline, less the pair's latency in the merged
 //     topology); the topology delivered has each pair's latency plus its penalty in force
 //     (WithLatencyPenalty; per-node latency only). edgeflow_closed_loop_latency_penalty_seconds
-//     has the penalties in force; a change of the set is logged once.
+//     has the penalties in force; a change of the set is logged once. With CapacityHistoryWindows
+//     the windows of Prometheus's history (their call attempts and pod loads) are fed first,
+//     never held, on the first merged topology's latencies when they are measured: a serve that
+//     restarts holds the penalties at once instead of MinWindows windows later.
 type Live struct {
 	cfg LiveConfig
 	log *slog.Logger
@@ -382,6 +385,27 @@ func (c *Live) feedCapacity(ks *kube.State, meas *prom.Measurements) map[string]
 	return c.capacity.inForce(ks)
 }
 
+// recordPenalties sets edgeflow_closed_loop_latency_penalty_seconds from the penalties in force
+// (ms by pair), deleting the series of the pairs in before that have none now, and logs the set.
+func (c *Live) recordPenalties(before, after map[estimate.NodePair]float64, held bool) {
+	for p := range before {
+		if _, ok := after[p]; !ok {
+			c.penalty.DeleteLabelValues(p.From, p.To)
+		}
+	}
+	pairs := make([]estimate.NodePair, 0, len(after))
+	for p := range after {
+		pairs = append(pairs, p)
+	}
+	slices.SortFunc(pairs, func(a, b estimate.NodePair) int { return strings.Compare(a.String(), b.String()) })
+	text := make([]string, 0, len(pairs))
+	for _, p := range pairs {
+		c.penalty.WithLabelValues(p.From, p.To).Set(after[p] / 1000)
+		text = append(text, fmt.Sprintf("%s=%.2fms", p, after[p]))
+	}
+	c.log.Info("watcher: latency penalties in force changed (ms beyond the pairs' ICMP RTT)", "pairs", listed(text, maxListed), "held", held)
+}
+
 // correctLatency runs the latency feed on one pair of inputs and the topology merged from them,
 // records what it did (the penalty gauge, a log line when the set in force changed, the
 // corrector's complaints), and returns t with the penalties in force. Run's only.
@@ -396,24 +420,39 @@ func (c *Live) correctLatency(ks *kube.State, meas *prom.Measurements, t *optimi
 	}
 	after := c.latFeed.inForce()
 	if r.fed && !samePenalties(before, after) {
-		for p := range before {
-			if _, ok := after[p]; !ok {
-				c.penalty.DeleteLabelValues(p.From, p.To)
-			}
-		}
-		pairs := make([]string, 0, len(after))
-		for _, lp := range r.penalties {
-			if lp.PenaltyMS > 0 {
-				c.penalty.WithLabelValues(lp.Pair.From, lp.Pair.To).Set(lp.PenaltyMS / 1000)
-				pairs = append(pairs, fmt.Sprintf("%s=%.2fms", lp.Pair, lp.PenaltyMS))
-			}
-		}
-		c.log.Info("watcher: latency penalties in force changed (ms beyond the pairs' ICMP RTT)", "pairs", listed(pairs, maxListed), "held", r.held)
+		c.recordPenalties(before, after, r.held)
 	}
 	if len(after) == 0 {
 		return t
 	}
 	return WithLatencyPenalty(t, c.cfg.DefaultLatencyMS, after)
+}
+
+// feedLatencyHistory feeds the windows of Prometheus's history (oldest first) to the latency
+// feed before its first live snapshot (latencyFeed.feedHistory: not held), on the first
+// merged topology's latencies — only when they are measured (the degraded topology's every
+// pair equal is no ICMP to subtract) — and logs how many windows it fed and the penalties in
+// force after them. Run's only.
+func (c *Live) feedLatencyHistory(ks *kube.State, windows []*prom.Measurements, t *optimizer.Topology) {
+	if c.latFeed == nil || len(windows) == 0 {
+		return
+	}
+	if !c.LatencyUsable() {
+		c.log.Info("watcher: latency corrector not fed from Prometheus's history: no latency measured yet", "windows_read", len(windows))
+		return
+	}
+	fed := 0
+	for _, m := range windows {
+		if r := c.latFeed.feedHistory(ks, m, t); r.fed {
+			fed++
+			if r.err != nil {
+				c.log.Warn("watcher: the latency corrector left windows of Prometheus's history out", "at", m.At, "error", r.err)
+			}
+		}
+	}
+	c.recordPenalties(nil, c.latFeed.inForce(), false)
+	c.log.Info("watcher: latency corrector fed from Prometheus's history", "windows", fed, "windows_read", len(windows),
+		"pairs_with_penalty", len(c.latFeed.inForce()))
 }
 
 // feedHistory feeds Prometheus's history of pod load (windows, oldest first) to the capacity

@@ -121,7 +121,11 @@ func (c *Live) deliver(ctx context.Context, l Listener) {
 		if history.read {
 			c.feedHistory(ks, history.windows)
 		}
-		t := c.correctLatency(ks, meas, c.mergeWith(ks, meas, c.feedCapacity(ks, meas)))
+		merged := c.mergeWith(ks, meas, c.feedCapacity(ks, meas))
+		if history.read {
+			c.feedLatencyHistory(ks, history.windows, merged)
+		}
+		t := c.correctLatency(ks, meas, merged)
 		// Compiled once, here, with the consumers' options: the compile validates it, says
 		// whether anything changed, and is published for the Planners downstream.
 		cm, err := c.compiler.Compile(t)

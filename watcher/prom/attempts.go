@@ -70,11 +70,16 @@ type attemptKey struct{ namespace, pod, target, locality string }
 // queryAttempts runs the call-attempt queries unless they are off (on false); err joins their
 // failures: then the round says nothing about attempts, which is not the same as none.
 func (s *Source) queryAttempts(ctx context.Context, window time.Duration) (count, secs model.Vector, on bool, err error) {
+	return s.queryAttemptsAt(ctx, window, time.Time{})
+}
+
+// queryAttemptsAt is queryAttempts evaluated at at (zero: now), for the history.
+func (s *Source) queryAttemptsAt(ctx context.Context, window time.Duration, at time.Time) (count, secs model.Vector, on bool, err error) {
 	if s.cfg.AttemptsQuery == DisableAttempts {
 		return nil, nil, false, nil
 	}
-	count, cErr := s.query(ctx, queryAttempts, s.expand(s.cfg.AttemptsQuery, window), time.Time{})
-	secs, sErr := s.query(ctx, queryAttemptSeconds, s.expand(s.cfg.AttemptSecondsQuery, window), time.Time{})
+	count, cErr := s.query(ctx, queryAttempts, s.expand(s.cfg.AttemptsQuery, window), at)
+	secs, sErr := s.query(ctx, queryAttemptSeconds, s.expand(s.cfg.AttemptSecondsQuery, window), at)
 	return count, secs, true, errors.Join(cErr, sErr)
 }
 

@@ -15,8 +15,11 @@ import (
 // pod-load queries as instant queries evaluated at t0 − (windows−1)·w, …, t0 − w, t0, with w the
 // window the Source uses now and t0 now (Config.Clock). It returns one Measurements per window
 // that answered, oldest first, each holding only Load (PodLoad.Window w, none stale), Window
-// (w) and At (the window's evaluation time, its end). A capacity estimator that starts (a
-// restart, a failover) is fed them before the first live window, so that it starts warm.
+// (w) and At (the window's evaluation time, its end), and with the call-attempt queries on
+// (Config.AttemptsQuery) the window's Attempts (AttemptsRead; a window whose call-attempt
+// query failed has none and says so, and the reading goes on). A capacity estimator and a
+// latency corrector that start (a restart, a failover) are fed them before the first live
+// window, so that they start warm.
 //
 // The answers are read by the rules of the live rounds: a series without its pod labels or with
 // a bad value is ignored and counted (and logged once for the whole history); a pod contested in
@@ -70,6 +73,10 @@ func (s *Source) LoadHistory(ctx context.Context, windows int) ([]*Measurements,
 			vecs[sig] = vec
 		}
 		if m := s.historyWindow(vecs, w, at, seen); m != nil {
+			count, secs, on, err := s.queryAttemptsAt(ctx, w, at)
+			if on && err == nil {
+				m.Attempts, m.AttemptsRead = s.parseAttempts(count, secs, seen), true
+			}
 			out = append(out, m)
 		} else {
 			s.log.Debug("prom: no pod load in a window of history; left out", "at", at, "window", w)

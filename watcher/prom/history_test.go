@@ -221,3 +221,53 @@ func TestLoadHistoryMisuse(t *testing.T) {
 		t.Errorf("%d requests sent, want none", n)
 	}
 }
+
+// TestLoadHistoryAttempts: with the call-attempt queries on, each window of history has its
+// attempts (evaluated at the window's time); a failing call-attempt query leaves its window
+// without them, saying so, and the reading goes on.
+func TestLoadHistoryAttempts(t *testing.T) {
+	t.Parallel()
+	const w = 10 * time.Second
+	fp := loadProm(map[string][]series{queryPodRequests: {podSeries("shop/api-1", "100")}})
+	fp.loadAt = map[time.Time]map[string][]series{
+		t0:         {queryPodRequests: {podSeries("shop/api-1", "100")}},
+		t0.Add(-w): {queryPodRequests: {podSeries("shop/api-1", "90")}},
+	}
+	fp.attempts = map[string][]series{
+		queryAttempts:       {attemptSeries("shop/web-1", "xds:///api.shop", bandN1, "60")},
+		queryAttemptSeconds: {attemptSeries("shop/web-1", "xds:///api.shop", bandN1, "0.3")},
+	}
+	h := newHarness(t, Config{Window: w, AttemptsQuery: DefaultAttemptsQuery}, fp)
+	got, err := h.src.LoadHistory(context.Background(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Attempt{{Namespace: "shop", Pod: "web-1", Target: "xds:///api.shop", Locality: bandN1, Attempts: 60, Seconds: 0.3}}
+	if len(got) != 2 {
+		t.Fatalf("%d windows of history, want 2", len(got))
+	}
+	for _, m := range got {
+		if diff := cmp.Diff(want, m.Attempts, within1e9); diff != "" || !m.AttemptsRead {
+			t.Errorf("window at %v: attempts read %v (-want +got):\n%s", m.At, m.AttemptsRead, diff)
+		}
+	}
+	asked := 0
+	for _, r := range fp.requests() {
+		if r.Has("time") && strings.Contains(r.Get("query"), "grpc_client_attempt") {
+			asked++
+		}
+	}
+	if asked != 4 {
+		t.Errorf("%d call-attempt queries at past times, want 4 (2 windows × count and sum)", asked)
+	}
+
+	fp.set(func(f *fakeProm) { f.attemptErr = true })
+	h2 := newHarness(t, Config{Window: w, AttemptsQuery: DefaultAttemptsQuery}, fp)
+	got, err = h2.src.LoadHistory(context.Background(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].AttemptsRead || got[1].AttemptsRead || got[0].Attempts != nil || len(got[1].Load) != 1 {
+		t.Errorf("history with the call-attempt queries failing: %+v, want 2 windows of loads without attempts", got)
+	}
+}
