@@ -67,7 +67,7 @@ func newSourceMetrics(cfg Config) (m sourceMetrics, err error) {
 			Namespace: metricNamespace,
 			Subsystem: metricSubsystem,
 			Name:      "queries_total",
-			Help:      "Prometheus queries run, by query (latency, success, calls, pod_requests, pod_inbound, pod_downstream, pod_cpu) and result (ok, error).",
+			Help:      "Prometheus queries run, by query (latency, success, calls, pod_requests, pod_inbound, pod_downstream, pod_cpu, attempts, attempt_seconds) and result (ok, error).",
 		}, []string{labelQuery, labelResult}),
 		lastSuccess: f.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricNamespace,
