@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -380,22 +381,68 @@ func (tb *Testbed) SetRTT(a, b string, ms float64) error {
 		}
 		return fmt.Errorf("testbed: SetRTT %s–%s: %w", a, b, err)
 	}
+	if err := tb.reloadLocked(); err != nil {
+		return fmt.Errorf("testbed: SetRTT %s–%s: %w", a, b, err)
+	}
+	return nil
+}
+
+// SetTCPPenalty sets the extra delay of TCP packets from node a to node b (Config.TCPPenalty;
+// 0 removes it) as SetRTT sets an RTT: the matrix is rewritten, nqdelay reloads it, and packets
+// already held keep their delay.
+func (tb *Testbed) SetTCPPenalty(a, b string, ms float64) error {
+	index := map[string]int{}
+	for i, n := range tb.nodes {
+		index[n] = i
+	}
+	if _, err := orderedPair(index, a, b); err != nil {
+		return fmt.Errorf("testbed: SetTCPPenalty %s→%s: %w", a, b, err)
+	}
+	if ms < 0 || math.IsNaN(ms) || math.IsInf(ms, 0) {
+		return fmt.Errorf("testbed: SetTCPPenalty %s→%s: %v ms, want a finite number ≥ 0", a, b, ms)
+	}
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if tb.nqdelay == nil || tb.nqdelay.exited() {
+		return fmt.Errorf("testbed: SetTCPPenalty %s→%s: nqdelay is not running", a, b)
+	}
+	key := [2]string{a, b}
+	penalties := maps.Clone(tb.tcpPenalty)
+	if penalties == nil {
+		penalties = map[[2]string]float64{}
+	}
+	old := tb.tcpPenalty
+	penalties[key] = ms
+	tb.tcpPenalty = penalties
+	if err := tb.writeMatrix(); err != nil {
+		tb.tcpPenalty = old
+		return fmt.Errorf("testbed: SetTCPPenalty %s→%s: %w", a, b, err)
+	}
+	if err := tb.reloadLocked(); err != nil {
+		return fmt.Errorf("testbed: SetTCPPenalty %s→%s: %w", a, b, err)
+	}
+	return nil
+}
+
+// reloadLocked sends nqdelay SIGHUP and waits until it logged the reload of the matrix file.
+// tb.mu is held.
+func (tb *Testbed) reloadLocked() error {
 	offset := tb.nqdelay.logSize()
 	if err := tb.nqdelay.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-		return fmt.Errorf("testbed: SetRTT %s–%s: signal nqdelay: %w", a, b, err)
+		return fmt.Errorf("signal nqdelay: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), reloadTimeout)
 	defer cancel()
 	var line string
-	err = tb.nqdelay.waitLog(ctx, offset, func(l string) bool {
+	err := tb.nqdelay.waitLog(ctx, offset, func(l string) bool {
 		line = l
 		return strings.Contains(l, "nqdelay: reload")
 	})
 	if err != nil {
-		return fmt.Errorf("testbed: SetRTT %s–%s: waiting for nqdelay's reload: %w", a, b, err)
+		return fmt.Errorf("waiting for nqdelay's reload: %w", err)
 	}
 	if !strings.Contains(line, "nqdelay: reloaded") {
-		return fmt.Errorf("testbed: SetRTT %s–%s: %s", a, b, line)
+		return errors.New(line)
 	}
 	return nil
 }

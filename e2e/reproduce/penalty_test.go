@@ -1,0 +1,205 @@
+package reproduce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The hidden L7 penalties of TestClosedLoopFindsL7PenaltyOnTestbed: the issue's scenario (C),
+// +3 ms on one node pair; then one large enough that routing around it pays.
+const (
+	penaltyMS      = 3.0
+	largePenaltyMS = 12.0
+)
+
+// TestClosedLoopFindsL7PenaltyOnTestbed is scenario (C) of the closed loop as a user runs it:
+// the closed loop's application and load of TestClosedLoopOnTestbed on the flat testbed, the
+// callers' real grpc-go attempt metric by locality scraped by a real Prometheus, `edgeflow serve
+// --policy closed-loop` with its call-attempt queries at their defaults. Once serve has planned,
+// the remote node pair that carries the most planned traffic from front to back is given a
+// hidden 3 ms: TCP between the two nodes pays it, ICMP does not (testbed.SetTCPPenalty), and
+// nothing tells edgeflow. It checks, reading what serve exposes:
+//
+//	(C1) serve's penalty on that pair, in the direction the traffic goes, is found within
+//	     ±1 ms of 3 ms, and no pair the penalty does not touch holds one above 1 ms;
+//	(C2) with the penalty raised to 12 ms the plan moves traffic off the pair (its planned
+//	     req/s falls below what it was: it moves as the estimate climbs through its windows),
+//	     and the penalty in force settles within ±15 % of 12 ms
+//	     (the estimates of 3 ms in five runs were 2.3–3.5 ms: ±1 ms at 12 ms is tighter than
+//	     the estimate's own bias from the measured ICMP and the baseline).
+//
+// Why two steps: on the flat testbed a caller whose node has no callee pod pays the same 2 ms
+// to every other node, so routing around 3 ms means swapping with a caller that now sends
+// locally, for a saving of about 0.3 ms a request against a plan whose objective is mostly
+// queueing: less than the closed loop's damping (a push must gain 1 % of lata-q's objective),
+// so the plan rightly stays (the first run of this test: 2.32 ms found, no push). 12 ms makes
+// the detour worth it.
+func TestClosedLoopFindsL7PenaltyOnTestbed(t *testing.T) {
+	begin := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	h := NewHarness(t, ctx, "flat", t.Output())
+	h.Deploy(loopApp, Workload{Workers: 1, ServiceTime: loopService, Metrics: true})
+	s := h.Serve(loopApp, Policy{Name: "closed-loop", Allocation: "closed-loop", LB: "bands"}, loopRate,
+		"--prometheus-window", loopWindow.String(), "--log-level", "info")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("serve's log's tail:\n%s", s.tail())
+		}
+	})
+	nodeOf := h.podNodes()
+	t.Logf("set up in %v: pods by node %v", time.Since(begin).Round(time.Second), nodeOf)
+	load := h.startLoad(t, loopApp, loopRate)
+
+	// The pair: the remote (caller node, callee node) with the most planned front → back req/s
+	// once the plan is on measured capacities (estimates of every pod, as TestClosedLoopOnTestbed's (b)).
+	pods := append(h.podsOf("front"), h.podsOf("back")...)
+	var flows map[[2]string]float64
+	h.eventually(16*loopWindow, "every pod's capacity estimated", func() bool {
+		st, err := readLoop(s, h.podsOf("back"))
+		if err != nil || !st.estimated(pods) {
+			return false
+		}
+		flows, err = plannedFlows(s, nodeOf)
+		return err == nil
+	})
+	var pair [2]string
+	for p, rps := range flows {
+		if p[0] != p[1] && (pair == [2]string{} || rps > flows[pair] || rps == flows[pair] && p[0]+p[1] < pair[0]+pair[1]) {
+			pair = p
+		}
+	}
+	if flows[pair] <= 0 {
+		t.Fatalf("no remote front → back traffic in the plan to hide a penalty on: %v", flows)
+	}
+	before := flows[pair]
+	if err := h.tb.SetTCPPenalty(pair[0], pair[1], penaltyMS); err != nil {
+		t.Fatal(err)
+	}
+	hidden := time.Now()
+	t.Logf("planned flows before (req/s, caller node → callee node): %v; hid %g ms on TCP %s → %s (so on every request between them)",
+		flows, penaltyMS, pair[0], pair[1])
+
+	// (C1) Found within ±1 ms, and nowhere else. The reverse direction pays it too (the
+	// responses of its requests cross pair[0] → pair[1]), so it may be found there as well.
+	var penalties map[[2]string]float64
+	h.eventually(24*loopWindow, fmt.Sprintf("(C1) serve's penalty on %s → %s within ±1 ms of %g ms", pair[0], pair[1], penaltyMS), func() bool {
+		var err error
+		if penalties, err = servePenalties(s); err != nil {
+			return false
+		}
+		return math.Abs(penalties[pair]-penaltyMS) <= 1
+	})
+	found := time.Since(hidden)
+	for p, ms := range penalties {
+		if p != pair && p != [2]string{pair[1], pair[0]} && ms > 1 {
+			t.Errorf("(C1) a penalty of %.2f ms on %s → %s, which pays none", ms, p[0], p[1])
+		}
+	}
+	t.Logf("(C1) penalties in force %v ms, %v after the penalty was hidden (%.1f windows of %v)", penalties,
+		found.Round(time.Second), found.Seconds()/loopWindow.Seconds(), loopWindow)
+
+	if f, err := plannedFlows(s, nodeOf); err == nil {
+		t.Logf("(C1) planned flows with %g ms found (req/s): %v", penaltyMS, f)
+	}
+
+	// (C2) 12 ms: found, and traffic off the pair.
+	if err := h.tb.SetTCPPenalty(pair[0], pair[1], largePenaltyMS); err != nil {
+		t.Fatal(err)
+	}
+	raised, progress := time.Now(), time.Now()
+	h.eventually(24*loopWindow, fmt.Sprintf("(C2) the planned req/s on %s → %s below %.1f", pair[0], pair[1], before), func() bool {
+		f, err := plannedFlows(s, nodeOf)
+		if err != nil {
+			return false
+		}
+		flows = f
+		if time.Since(progress) >= loopWindow {
+			progress = time.Now()
+			p, _ := servePenalties(s)
+			t.Logf("(C2) %v after raising it: penalties in force %v ms; planned on the pair %.1f req/s", time.Since(raised).Round(time.Second), p, flows[pair])
+		}
+		return flows[pair] < before-1
+	})
+	moved := time.Since(raised)
+	p, _ := servePenalties(s)
+	t.Logf("(C2) planned flows after (req/s): %v; %s → %s %.1f → %.1f, %v after it was raised; penalties in force then %v ms",
+		flows, pair[0], pair[1], before, flows[pair], moved.Round(time.Second), p)
+	h.eventually(12*loopWindow, fmt.Sprintf("(C2) serve's penalty on %s → %s within ±15 %% of %g ms", pair[0], pair[1], largePenaltyMS), func() bool {
+		var err error
+		penalties, err = servePenalties(s)
+		return err == nil && math.Abs(penalties[pair]-largePenaltyMS) <= 0.15*largePenaltyMS
+	})
+	t.Logf("(C2) penalties in force %v ms, %v after it was raised", penalties, time.Since(raised).Round(time.Second))
+
+	sent, failed := load()
+	t.Logf("load: %d requests at %.0f req/s, %d failed; test %v", sent, loopRate, failed, time.Since(begin).Round(time.Second))
+	if float64(failed) > smokeErrorShare*float64(sent) {
+		t.Errorf("%d of %d requests failed, more than %.0f %%", failed, sent, 100*smokeErrorShare)
+	}
+}
+
+// podNodes returns the node of every pod of the namespace, by pod name.
+func (h *Harness) podNodes() map[string]string {
+	l, err := h.cs.CoreV1().Pods(ns).List(h.ctx, metav1.ListOptions{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, p := range l.Items {
+		out[p.Name] = p.Spec.NodeName
+	}
+	return out
+}
+
+// plannedFlows reads serve's plan in force and sums its req/s by (caller's node, callee's node).
+func plannedFlows(s *proc, nodeOf map[string]string) (map[[2]string]float64, error) {
+	snap, err := snapshot(s.ui)
+	if err != nil {
+		return nil, err
+	}
+	out := map[[2]string]float64{}
+	for _, e := range snap.Edges {
+		for _, r := range e.Routes {
+			from, to := nodeOf[strings.TrimSuffix(r.Caller, "."+ns)], nodeOf[strings.TrimSuffix(r.Callee, "."+ns)]
+			if from == "" || to == "" {
+				return nil, fmt.Errorf("route %s → %s: a pod of no known node", r.Caller, r.Callee)
+			}
+			out[[2]string{from, to}] += r.RPS
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no plan yet")
+	}
+	return out, nil
+}
+
+// servePenalties reads serve's edgeflow_closed_loop_latency_penalty_seconds, in ms by
+// (source node, target node).
+func servePenalties(s *proc) (map[[2]string]float64, error) {
+	m, err := metrics(s.metrics)
+	if err != nil {
+		return nil, err
+	}
+	out := map[[2]string]float64{}
+	for k, v := range m {
+		rest, ok := strings.CutPrefix(k, "edgeflow_closed_loop_latency_penalty_seconds{")
+		if !ok {
+			continue
+		}
+		labels := map[string]string{}
+		for _, kv := range strings.Split(strings.TrimSuffix(rest, "}"), ",") {
+			name, val, _ := strings.Cut(kv, "=")
+			labels[name] = strings.Trim(val, `"`)
+		}
+		out[[2]string{labels["source_node"], labels["target_node"]}] = 1000 * v
+	}
+	return out, nil
+}
