@@ -130,8 +130,7 @@ func TestLiveLatencyCorrectionFromHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	changed := &optimizer.Allocation{}
-	plan := func() (*optimizer.Topology, *optimizer.Allocation) { changed = &optimizer.Allocation{}; return nil, changed } // a new plan every time
+	plan := func() (*optimizer.Topology, *optimizer.Allocation) { return nil, &optimizer.Allocation{} } // a new plan every time
 	c, reg := newCluster(t, LiveConfig{Prom: fakePromSource(t, &fakeProm{}), Latency: corr, Plan: plan})
 	ks := state([]string{"n1", "n2"}, service("web", "web-1@n1", "web-2@n2"), service("api", "api-1@n1", "api-2@n2"))
 	start := time.Unix(1_800_000_000, 0)
