@@ -341,7 +341,7 @@ edgeflow_prometheus_deliveries_total 1
 # HELP edgeflow_prometheus_last_success_timestamp_seconds Unix time of the last query round that succeeded.
 # TYPE edgeflow_prometheus_last_success_timestamp_seconds gauge
 edgeflow_prometheus_last_success_timestamp_seconds %d
-# HELP edgeflow_prometheus_queries_total Prometheus queries run, by query (latency, success, calls, pod_requests, pod_inbound, pod_downstream, pod_cpu) and result (ok, error).
+# HELP edgeflow_prometheus_queries_total Prometheus queries run, by query (latency, success, calls, pod_requests, pod_inbound, pod_downstream, pod_cpu, attempts, attempt_seconds) and result (ok, error).
 # TYPE edgeflow_prometheus_queries_total counter
 edgeflow_prometheus_queries_total{query="calls",result="error"} 0
 edgeflow_prometheus_queries_total{query="calls",result="ok"} 1
