@@ -108,21 +108,18 @@ func TestL7PenaltyFromPrometheus(t *testing.T) {
 		}
 		return nil
 	})
+	// The pair's latency in the plan is its ICMP plus the penalty, so the probes' own error
+	// cancels: it must be what the path pays, 10 + 35 ms. The other pairs must hold no penalty
+	// over 1 ms (their latency is the probes', whose error — the delay's release lag, up to
+	// 1 ms on a busy machine — is not the correction's).
 	testkit.EventuallyNoError(t, 90*time.Second, "the penalty on edge-1 → edge-3 found within ±1 ms, and no other", func() error {
-		top := w.cl.Current()
 		var errs []error
-		for _, from := range edges {
-			for _, to := range edges {
-				if from == to {
-					continue
-				}
-				want := rttOf(from, to)
-				if from == "edge-1" && to == "edge-3" {
-					want += penaltyMS
-				}
-				if got := latency(top, from, to); !(math.Abs(got-want) <= 1) {
-					errs = append(errs, fmt.Errorf("%s → %s %.2f ms, want %.0f ± 1", from, to, got, want))
-				}
+		if got, want := latency(w.cl.Current(), "edge-1", "edge-3"), rttOf("edge-1", "edge-3")+penaltyMS; !(math.Abs(got-want) <= 1) {
+			errs = append(errs, fmt.Errorf("edge-1 → edge-3 %.2f ms in the plan, want %.0f ± 1", got, want))
+		}
+		for pair, ms := range penaltiesIn(t, w.reg) {
+			if pair != [2]string{"edge-1", "edge-3"} && ms > 1 {
+				errs = append(errs, fmt.Errorf("a penalty of %.2f ms on %s → %s, which pays none", ms, pair[0], pair[1]))
 			}
 		}
 		return errors.Join(errs...)
@@ -130,8 +127,13 @@ func TestL7PenaltyFromPrometheus(t *testing.T) {
 	top := w.cl.Current()
 	got := 1000 * gaugeLabelled(t, w.reg, "edgeflow_closed_loop_latency_penalty_seconds", map[string]string{"source_node": "edge-1", "target_node": "edge-3"})
 	t.Logf("edge-1 → edge-3: %.2f ms in the topology, penalty %.2f ms (truth %v beyond the 10 ms RTT)", latency(top, "edge-1", "edge-3"), got, penaltyMS)
-	if math.Abs(got-penaltyMS) > 1 {
-		t.Errorf("penalty metric edge-1 → edge-3 = %v, want %v ± 1", got, penaltyMS)
+	// The metric is what the plan added: the pair's latency less its ICMP (the reverse entry,
+	// which keeps its own). Against the exporter's 35 it is off by the probes' own error (the
+	// delay's release lag makes ICMP read 0.3–0.8 ms over the configured 10 ms on a busy
+	// machine, and the exporter's attempts pay the configured 10): the topology's total is the
+	// check on the truth, above.
+	if added := latency(top, "edge-1", "edge-3") - latency(top, "edge-3", "edge-1"); math.Abs(got-added) > 0.5 || math.Abs(got-penaltyMS) > 2 {
+		t.Errorf("penalty metric edge-1 → edge-3 = %.2f ms, want what the plan added (%.2f ± 0.5 ms) and %v ± 2 ms", got, added, penaltyMS)
 	}
 	testkit.EventuallyNoError(t, 30*time.Second, "web-1's traffic off edge-1 → edge-3", func() error {
 		f, err := share()
@@ -140,6 +142,33 @@ func TestL7PenaltyFromPrometheus(t *testing.T) {
 		}
 		return err
 	})
+}
+
+// penaltiesIn reads edgeflow_closed_loop_latency_penalty_seconds from reg, in ms by (source
+// node, target node).
+func penaltiesIn(t *testing.T, reg *prometheus.Registry) map[[2]string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	must(t, err)
+	out := map[[2]string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "edgeflow_closed_loop_latency_penalty_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var pair [2]string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "source_node":
+					pair[0] = l.GetValue()
+				case "target_node":
+					pair[1] = l.GetValue()
+				}
+			}
+			out[pair] = 1000 * m.GetGauge().GetValue()
+		}
+	}
+	return out
 }
 
 // gaugeLabelled is the value of the gauge name's series with these labels (NaN: none).
