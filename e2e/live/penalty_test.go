@@ -125,7 +125,7 @@ func TestL7PenaltyFromPrometheus(t *testing.T) {
 		return errors.Join(errs...)
 	})
 	top := w.cl.Current()
-	got := 1000 * gaugeLabelled(t, w.reg, "edgeflow_closed_loop_latency_penalty_seconds", map[string]string{"source_node": "edge-1", "target_node": "edge-3"})
+	got := penaltiesIn(t, w.reg)[[2]string{"edge-1", "edge-3"}]
 	t.Logf("edge-1 → edge-3: %.2f ms in the topology, penalty %.2f ms (truth %v beyond the 10 ms RTT)", latency(top, "edge-1", "edge-3"), got, penaltyMS)
 	// The metric is what the plan added: the pair's latency less its ICMP (the reverse entry,
 	// which keeps its own). Against the exporter's 35 it is off by the probes' own error (the
@@ -169,26 +169,4 @@ func penaltiesIn(t *testing.T, reg *prometheus.Registry) map[[2]string]float64 {
 		}
 	}
 	return out
-}
-
-// gaugeLabelled is the value of the gauge name's series with these labels (NaN: none).
-func gaugeLabelled(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	must(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
-					continue next
-				}
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return math.NaN()
 }

@@ -132,19 +132,6 @@ func (s *Source) sumAttempts(name string, vec model.Vector, seen map[string]bool
 // attemptsFailed records the call-attempt queries' failure in the last round, or that they
 // succeeded (nil): Status's AttemptsReason, and a log line once per failure streak and reason.
 func (s *Source) attemptsFailed(err error) {
-	reason := ""
-	if err != nil {
-		reason = strings.ReplaceAll(err.Error(), "\n", "; ")
-	}
-	s.mu.Lock()
-	prev := s.status.AttemptsReason
-	s.status.AttemptsReason = reason
-	s.mu.Unlock()
-	switch {
-	case reason == prev:
-	case reason != "":
-		s.log.Error("prom: call-attempt queries failed; the latency correction takes no window until they answer", "error", err)
-	default:
-		s.log.Info("prom: call-attempt queries succeed again", "url", s.url)
-	}
+	s.sideQueriesFailed(&s.status.AttemptsReason, err, "prom: call-attempt queries failed; the latency correction takes no window until they answer",
+		"prom: call-attempt queries succeed again")
 }

@@ -214,20 +214,28 @@ func (s *Source) loads() []PodLoad {
 // loadFailed records a round whose pod-load queries failed (err: each failed query's error) or
 // succeeded (nil): Status's LoadReason, and a log line once per failure streak and reason.
 func (s *Source) loadFailed(err error) {
-	reason := ""
+	s.sideQueriesFailed(&s.status.LoadReason, err, "prom: pod-load queries failed; the pods' last good loads stay in effect",
+		"prom: pod-load queries succeed again")
+}
+
+// sideQueriesFailed records, in *reason (a field of s.status), why queries that do not fail the
+// round failed in it (err), or that they succeeded (nil), and logs failed or recovered once per
+// change of the reason.
+func (s *Source) sideQueriesFailed(reason *string, err error, failed, recovered string) {
+	now := ""
 	if err != nil {
-		reason = strings.ReplaceAll(err.Error(), "\n", "; ")
+		now = strings.ReplaceAll(err.Error(), "\n", "; ")
 	}
 	s.mu.Lock()
-	prev := s.status.LoadReason
-	s.status.LoadReason = reason
+	prev := *reason
+	*reason = now
 	s.mu.Unlock()
 	switch {
-	case reason == prev:
-	case reason != "":
-		s.log.Error("prom: pod-load queries failed; the pods' last good loads stay in effect", "error", err)
+	case now == prev:
+	case now != "":
+		s.log.Error(failed, "error", err)
 	default:
-		s.log.Info("prom: pod-load queries succeed again", "url", s.url)
+		s.log.Info(recovered, "url", s.url)
 	}
 }
 
