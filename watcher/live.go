@@ -1,6 +1,7 @@
 package watcher
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -417,6 +418,16 @@ func (c *Live) correctLatency(ks *kube.State, meas *prom.Measurements, t *optimi
 	r := c.latFeed.feed(ks, meas, t)
 	if r.err != nil {
 		c.log.Warn("watcher: the latency corrector left windows out", "error", r.err)
+	}
+	if r.fed && c.log.Enabled(context.Background(), slog.LevelDebug) {
+		est := make([]string, 0, len(r.penalties))
+		for _, lp := range r.penalties {
+			if lp.Measured {
+				est = append(est, fmt.Sprintf("%s=%.2f±%.2fms/%dw/%.0f", lp.Pair, lp.EstimateMS, lp.StdErrMS, lp.Windows, lp.Attempts))
+			}
+		}
+		c.log.Debug("watcher: latency corrector round (pair=estimate±standard error/windows/attempts)", "held", r.held,
+			"measured", listed(est, 4*maxListed))
 	}
 	after := c.latFeed.inForce()
 	if r.fed && !samePenalties(before, after) {

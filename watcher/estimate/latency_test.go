@@ -174,8 +174,8 @@ func TestLatencyThinData(t *testing.T) {
 
 // TestLatencyDecay: once a found penalty's data thins (its pair's attempts under the floor),
 // the penalty in force halves every HalfLife rounds, never rises without a measurement, and
-// is 0 (pure ICMP) within
-// the rounds a halving from 3 ms to under HysteresisMS takes; the other pairs are untouched.
+// is 0 (pure ICMP) within the rounds a halving from 3 ms to under MinPenaltyMS takes; the other
+// pairs are untouched.
 func TestLatencyDecay(t *testing.T) {
 	w := newLatencyWorld(2)
 	ab := NodePair{"a", "b"}
@@ -221,8 +221,8 @@ func TestLatencyDecay(t *testing.T) {
 		}
 		prev = p.PenaltyMS
 	}
-	// Measured for Windows − MinWindows + 1 = 3 more rounds, then from ≤ 4 ms to under 0.5 ms
-	// takes at most 6 rounds at a half-life of 2.
+	// Measured for Windows − MinWindows + 1 = 3 more rounds, then from ≤ 4 ms to under 2 ms
+	// (MinPenaltyMS) takes at most 2 rounds at a half-life of 2: at most 9 is loose.
 	if rounds > 3+6 {
 		t.Errorf("a→b back to ICMP after %d thin rounds; want at most 9", rounds)
 	}
@@ -290,7 +290,7 @@ func TestLatencyInvalid(t *testing.T) {
 			t.Errorf("error %q does not name %q", err, want)
 		}
 	}
-	for _, cfg := range []LatencyConfig{{MinRequests: -1}, {MinWindows: 6}, {MaxPenaltyMS: math.Inf(1)}, {HysteresisMS: 60}, {HalfLife: -1}, {Confidence: 1}} {
+	for _, cfg := range []LatencyConfig{{MinRequests: -1}, {MinWindows: 6}, {MaxPenaltyMS: math.Inf(1)}, {HysteresisMS: 60}, {MinPenaltyMS: 60}, {MinPenaltyMS: -1}, {HalfLife: -1}, {Confidence: 1}} {
 		if _, err := NewLatencyCorrector(cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("config %+v: error %v; want ErrInvalidConfig", cfg, err)
 		}
@@ -414,5 +414,148 @@ func TestLatencyBaselinePerService(t *testing.T) {
 				t.Errorf("a→b %+v; want measured, estimate %v ms", ab, c.want)
 			}
 		})
+	}
+}
+
+// TestLatencyNoPenaltyFromNoise: four nodes, a callee band on each, every node calling every
+// node, no penalty anywhere, and every path's window paying noise its baseline does not cancel
+// (normal, 6 ms a window's mean: the netns testbed's estimates of pairs without a penalty
+// spread so, ±1–1.5 ms standard error over 5 windows). Over 20 seeds of 200 rounds each, the
+// share of rounds in which any of the 12 remote pairs enters a penalty is at most 2 × the
+// one-sided 2.5 % that the family-wise level allows (the rounds overlap in their windows, so a
+// run's entries are not independent: the bound is on the whole sample), and a penalty that
+// entered is gone within a few rounds: the share of rounds with any penalty in force stays
+// under 10 %. Measured: 1.6 % and 3.8 %; with the rule before (t at 95 % on each pair, and a
+// penalty kept until an estimate differed from it beyond the band) 9.7 % and 94 %.
+func TestLatencyNoPenaltyFromNoise(t *testing.T) {
+	nodes := []string{"a", "b", "c", "d"}
+	const (
+		inbound  = 30.0 // the testbed's callee pods: 11–22 ms
+		rtt      = 2.0
+		noiseMS  = 6.0
+		attempts = 300
+		rounds   = 200
+	)
+	icmp := func(p NodePair) (float64, bool) {
+		if p.From == p.To {
+			return 0, true
+		}
+		return rtt, true
+	}
+	var entries, inForce, total int
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		c := newCorrector(t, LatencyConfig{MinRequests: 100})
+		held := map[NodePair]bool{}
+		for range rounds {
+			var paths []PathWindow
+			var bands []BandWindow
+			for _, v := range nodes {
+				bands = append(bands, BandWindow{Service: "s", Node: v, Requests: 1000, InboundMS: 1000 * inbound})
+				for _, u := range nodes {
+					extra := 0.5 + rng.NormFloat64()*noiseMS
+					if u != v {
+						extra += rtt
+					}
+					paths = append(paths, PathWindow{Pair: NodePair{u, v}, Service: "s", Attempts: attempts,
+						AttemptMS: attempts * (inbound + extra)})
+				}
+			}
+			got, err := c.Observe(paths, bands, icmp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			total++
+			entered, any := false, false
+			for _, p := range got {
+				if p.PenaltyMS > 0 {
+					any = true
+					if !held[p.Pair] {
+						entered = true
+					}
+				}
+				held[p.Pair] = p.PenaltyMS > 0
+			}
+			if entered {
+				entries++
+			}
+			if any {
+				inForce++
+			}
+		}
+	}
+	t.Logf("rounds with a penalty entering: %d of %d (%.1f %%); with any in force: %d (%.1f %%)", entries, total,
+		100*float64(entries)/float64(total), inForce, 100*float64(inForce)/float64(total))
+	if share := float64(entries) / float64(total); share > 2*0.025 {
+		t.Errorf("a penalty entered from noise alone in %.1f %% of the rounds; want at most 5 %%", 100*share)
+	}
+	if share := float64(inForce) / float64(total); share > 0.10 {
+		t.Errorf("a penalty was in force, from noise alone, in %.1f %% of the rounds; want under 10 %%", 100*share)
+	}
+}
+
+// TestLatencyPenaltyRisingStaysInForce: a penalty found (3 ms on a→b) that grows (to 12 ms)
+// is never dropped while its windows mix the two (their spread is the step's): from the
+// round it entered on, a→b always holds a penalty, and it ends at 12 ± 1 ms.
+func TestLatencyPenaltyRisingStaysInForce(t *testing.T) {
+	for seed := range uint64(10) {
+		w := newLatencyWorld(seed)
+		ab := NodePair{"a", "b"}
+		w.penalty[ab] = 3
+		c := newCorrector(t, LatencyConfig{MinRequests: 50})
+		entered := false
+		var p LatencyPenalty
+		for r := 1; r <= 16; r++ {
+			if r == 7 {
+				w.penalty[ab] = 12
+			}
+			paths, bands := w.round(600, 200)
+			got, err := c.Observe(paths, bands, w.rtt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p = byPair(got)[ab]
+			if entered && p.PenaltyMS == 0 {
+				t.Fatalf("seed %d round %d: a→b dropped its penalty while it grew: %+v", seed, r, p)
+			}
+			entered = entered || p.PenaltyMS > 0
+		}
+		if math.Abs(p.PenaltyMS-12) > 1 {
+			t.Errorf("seed %d: a→b %+v at the end; want 12 ± 1 ms", seed, p)
+		}
+	}
+}
+
+// TestLatencyDetectionFloor: a steady, well-measured excess under MinPenaltyMS (1.5 ms, as the
+// netns testbed's remote calls paid beyond ICMP and the baseline with no penalty hidden) is
+// never applied; one over it (2.5 ms) is, within ±1 ms; MinPenaltyMS set lower (1 ms) applies
+// the 1.5 ms.
+func TestLatencyDetectionFloor(t *testing.T) {
+	for _, c := range []struct {
+		truth, floor float64
+		applied      bool
+	}{{1.5, 0, false}, {2.5, 0, true}, {1.5, 1, true}} {
+		w := newLatencyWorld(11)
+		ab := NodePair{"a", "b"}
+		w.penalty[ab] = c.truth
+		corr := newCorrector(t, LatencyConfig{MinRequests: 50, MinPenaltyMS: c.floor})
+		var p LatencyPenalty
+		for range 10 {
+			paths, bands := w.round(2000, 1000)
+			got, err := corr.Observe(paths, bands, w.rtt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p = byPair(got)[ab]
+			if !c.applied && p.PenaltyMS != 0 {
+				t.Fatalf("%v ms with the floor at %v: a→b holds %+v; want none", c.truth, c.floor, p)
+			}
+		}
+		if !p.Measured || math.Abs(p.EstimateMS-c.truth) > 0.5 {
+			t.Fatalf("%v ms: a→b %+v; want it measured within ±0.5 ms", c.truth, p)
+		}
+		if c.applied && math.Abs(p.PenaltyMS-c.truth) > 1 {
+			t.Errorf("%v ms with the floor at %v: a→b holds %v; want %v ± 1 ms", c.truth, c.floor, p.PenaltyMS, c.truth)
+		}
 	}
 }
