@@ -54,6 +54,11 @@ func deployment(c Component, w Workload, name string, replicas int, node string)
 	if w.ServiceFixed > 0 {
 		args = append(args, "--service-fixed", w.ServiceFixed.String())
 	}
+	resources := corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: cpu, corev1.ResourceMemory: resource.MustParse("128Mi")}}
+	if w.LimitCPU {
+		args = append(args, "--cpu-limit", strconv.FormatFloat(cpu.AsApproximateFloat64(), 'g', -1, 64))
+		resources.Limits = resources.Requests.DeepCopy()
+	}
 	for _, callee := range c.Calls {
 		args = append(args, "--call", callee+"."+ns)
 	}
@@ -78,9 +83,7 @@ func deployment(c Component, w Workload, name string, replicas int, node string)
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: maps.Clone(labels), Annotations: annotations},
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "edgeflow-reproduce-pod", Args: args, Env: env,
-					Ports: ports,
-					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-						corev1.ResourceCPU: cpu, corev1.ResourceMemory: resource.MustParse("128Mi")}}}}}}}}
+					Ports: ports, Resources: resources}}}}}}
 	d.Spec.Template.Spec.NodeName = node
 	return d
 }

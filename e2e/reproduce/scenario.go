@@ -10,12 +10,16 @@ package reproduce
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // Component is one service of an application: a Deployment of Replicas pods requesting CPU,
@@ -197,6 +201,11 @@ type Workload struct {
 	// cAdvisor's CPU usage, its CPU request) on POD_IP:15020 and is annotated for Prometheus's
 	// kubernetes-pods job (podScrapeJob), which then scrapes it every podScrapeInterval.
 	Metrics bool
+	// LimitCPU gives every pod a CPU limit equal to its request (limits.cpu, Kubernetes's
+	// Guaranteed class), enforced as the kernel's CFS quota per 100 ms period (pod
+	// --cpu-limit, app.Config.CPULimit): a pod runs at most its request's share of a core in
+	// any period, the rest of its work waiting, throttled, for the next.
+	LimitCPU bool
 	// NodeCores, when positive, is how many cores each node's pods share (app.NodeCPU, served
 	// to the pod processes by the harness: nodeCores): a request holds one of its pod's workers
 	// and one of its node's cores, so pods packed onto a node contend as on a real machine. 0:
@@ -343,7 +352,9 @@ var Presets = map[string]Preset{
 // comma-separated), REPRODUCE_RUNS, REPRODUCE_DURATION (measured time per slice), REPRODUCE_WARMUP (unmeasured load before it),
 // REPRODUCE_POLICIES (names),
 // REPRODUCE_REPLICAS (COMPONENT=N,…: another replica count for the named components; "neutral":
-// the Neutral set),
+// the Neutral set), REPRODUCE_CPU (COMPONENT=QUANTITY,…: another CPU request, and limit where
+// the workload limits CPU), REPRODUCE_WORKLOAD (service=D,fixed=D,workers=N,cores=N,limit=0|1:
+// the pods' work, for a calibration: parseWorkload),
 // REPRODUCE_SLOW (COMPONENT=FACTOR,…: one pod of each component named that much slower than its
 // peers, unseen: Preset.Slow),
 // REPRODUCE_L7_PENALTY (NODE:NODE=MS,…: a hidden L7 penalty between two nodes: Preset.L7Penalty),
@@ -440,24 +451,37 @@ func Override(p Preset, getenv func(string) string) (Preset, error) {
 				set[name] = n
 			}
 		}
-		used := map[string]bool{}
-		apps := make([]App, len(p.Apps))
-		for i, a := range p.Apps {
-			apps[i] = App{Name: a.Name, Components: slices.Clone(a.Components)}
-			for j, c := range apps[i].Components {
-				if n, ok := set[c.Name]; ok {
-					apps[i].Components[j].Replicas = n
-					used[c.Name] = true
-				}
-			}
-		}
-		for name := range set {
-			if !used[name] {
-				return p, fmt.Errorf("REPRODUCE_REPLICAS: no component %q in the apps %v", name, appNames(p.Apps))
-			}
+		apps, err := withComponents(p.Apps, set, func(c *Component, n int) { c.Replicas = n })
+		if err != nil {
+			return p, fmt.Errorf("REPRODUCE_REPLICAS: %w", err)
 		}
 		p.Apps = apps
 		p.Name += "+replicas"
+	}
+	if v := getenv("REPRODUCE_CPU"); v != "" {
+		set := map[string]string{}
+		for _, kv := range strings.Split(v, ",") {
+			name, q, ok := strings.Cut(kv, "=")
+			cpu, err := resource.ParseQuantity(q)
+			if !ok || err != nil || cpu.Sign() <= 0 {
+				return p, fmt.Errorf("REPRODUCE_CPU: bad entry %q (want COMPONENT=QUANTITY, a positive CPU quantity such as 300m)", kv)
+			}
+			set[name] = q
+		}
+		apps, err := withComponents(p.Apps, set, func(c *Component, q string) { c.CPU = q })
+		if err != nil {
+			return p, fmt.Errorf("REPRODUCE_CPU: %w", err)
+		}
+		p.Apps = apps
+		p.Name += "+cpu"
+	}
+	if v := getenv("REPRODUCE_WORKLOAD"); v != "" {
+		w, err := parseWorkload(p.workload(), v)
+		if err != nil {
+			return p, fmt.Errorf("REPRODUCE_WORKLOAD: %w", err)
+		}
+		p.Workload = &w
+		p.Name += "+workload"
 	}
 	if v := getenv("REPRODUCE_SLOW"); v != "" {
 		p.Slow = map[string]float64{}
@@ -508,6 +532,73 @@ func Override(p Preset, getenv func(string) string) (Preset, error) {
 		p.Name += "+findmax"
 	}
 	return p, nil
+}
+
+// withComponents returns a copy of apps with apply(component, value) done to every component
+// set names, or an error naming a component of set that no app has.
+func withComponents[T any](apps []App, set map[string]T, apply func(*Component, T)) ([]App, error) {
+	used := map[string]bool{}
+	out := make([]App, len(apps))
+	for i, a := range apps {
+		out[i] = App{Name: a.Name, Components: slices.Clone(a.Components)}
+		for j, c := range out[i].Components {
+			if v, ok := set[c.Name]; ok {
+				apply(&out[i].Components[j], v)
+				used[c.Name] = true
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(set)) {
+		if !used[name] {
+			return nil, fmt.Errorf("no component %q in the apps %v", name, appNames(apps))
+		}
+	}
+	return out, nil
+}
+
+// parseWorkload changes w by KEY=VALUE pairs, comma-separated: service (the mean service time,
+// a duration), fixed (its fixed part), workers, cores (NodeCores), limit (0 or 1: LimitCPU).
+func parseWorkload(w Workload, v string) (Workload, error) {
+	for _, kv := range strings.Split(v, ",") {
+		key, val, ok := strings.Cut(kv, "=")
+		var err error
+		switch key {
+		case "service", "fixed":
+			var d time.Duration
+			if d, err = time.ParseDuration(val); err == nil && d < 0 {
+				err = errors.New("negative")
+			}
+			if key == "service" {
+				w.ServiceTime = d
+			} else {
+				w.ServiceFixed = d
+			}
+		case "workers", "cores":
+			var n int
+			if n, err = strconv.Atoi(val); err == nil && (n < 0 || key == "workers" && n < 1) {
+				err = errors.New("out of range")
+			}
+			if key == "workers" {
+				w.Workers = n
+			} else {
+				w.NodeCores = n
+			}
+		case "limit":
+			if val != "0" && val != "1" {
+				err = errors.New("want 0 or 1")
+			}
+			w.LimitCPU = val == "1"
+		default:
+			ok = false
+		}
+		if !ok || err != nil {
+			return w, fmt.Errorf("bad entry %q (want service=D, fixed=D, workers=N, cores=N or limit=0|1)", kv)
+		}
+	}
+	if w.ServiceFixed > w.ServiceTime {
+		return w, fmt.Errorf("fixed %v is more than service %v", w.ServiceFixed, w.ServiceTime)
+	}
+	return w, nil
 }
 
 // tcpPenalty is p.L7Penalty as testbed.Config.TCPPenalty takes it (nil: none).

@@ -48,6 +48,50 @@ func TestOverrideReplicas(t *testing.T) {
 	}
 }
 
+// TestOverrideCPUAndWorkload: REPRODUCE_CPU sets the named components' CPU requests in a copy;
+// REPRODUCE_WORKLOAD changes the named fields of the preset's workload only; bad entries are
+// refused naming the variable and the entry.
+func TestOverrideCPUAndWorkload(t *testing.T) {
+	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
+	p, err := Override(Presets["paper"], env(map[string]string{"REPRODUCE_CPU": "productpage=300m,a=250m",
+		"REPRODUCE_WORKLOAD": "service=1.1ms,fixed=0.8ms,limit=1,cores=2"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := p.Apps[0].Components[0]; c.Name != "productpage" || c.CPU != "300m" || p.Apps[0].Components[1].CPU != "150m" {
+		t.Errorf("bookinfo's components after REPRODUCE_CPU: %+v", p.Apps[0].Components)
+	}
+	if c := p.Apps[1].Components[0]; c.Name != "a" || c.CPU != "250m" {
+		t.Errorf("dag's a after REPRODUCE_CPU: %+v", c)
+	}
+	if PaperApps[0].Components[0].CPU != "150m" {
+		t.Errorf("REPRODUCE_CPU changed the package's PaperApps: %+v", PaperApps[0].Components[0])
+	}
+	w := *p.Workload
+	if w.ServiceTime != 1100*time.Microsecond || w.ServiceFixed != 800*time.Microsecond || !w.LimitCPU || w.NodeCores != 2 ||
+		w.Workers != PaperWorkload.Workers {
+		t.Errorf("workload after REPRODUCE_WORKLOAD: %+v (the paper's %+v)", w, PaperWorkload)
+	}
+	if PaperWorkload.LimitCPU || PaperWorkload.NodeCores != 1 {
+		t.Errorf("REPRODUCE_WORKLOAD changed the package's PaperWorkload: %+v", PaperWorkload)
+	}
+	for _, c := range []struct{ key, value, want string }{
+		{"REPRODUCE_CPU", "productpage=0", `"productpage=0"`},
+		{"REPRODUCE_CPU", "productpage=lots", `"productpage=lots"`},
+		{"REPRODUCE_CPU", "nosuch=100m", `no component "nosuch"`},
+		{"REPRODUCE_WORKLOAD", "service=fast", `"service=fast"`},
+		{"REPRODUCE_WORKLOAD", "workers=0", `"workers=0"`},
+		{"REPRODUCE_WORKLOAD", "limit=yes", `"limit=yes"`},
+		{"REPRODUCE_WORKLOAD", "speed=2", `"speed=2"`},
+		{"REPRODUCE_WORKLOAD", "service=1ms,fixed=2ms", "fixed 2ms is more than service 1ms"},
+	} {
+		_, err := Override(Presets["paper"], env(map[string]string{c.key: c.value}))
+		if err == nil || !strings.Contains(err.Error(), c.key) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s=%s: error %v; want one naming the variable and %s", c.key, c.value, err, c.want)
+		}
+	}
+}
+
 // Every run of a setup gives every row at every rate one slice on its placement; the placements
 // alternate S L | L S (one switch a run, ABBA across run pairs); the order within a placement
 // is shuffled by the seed (recorded: the same seed gives the same order), and not the same in

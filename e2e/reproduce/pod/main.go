@@ -8,11 +8,13 @@
 // Usage:
 //
 //	pod --name NAME --node NODE --listen IP:PORT [--workers N] [--service-time D] [--service-fixed D] [--seed S]
-//	    [--slow FACTOR] [--workload W] [--namespace NS] [--cpu-request CORES]
+//	    [--slow FACTOR] [--workload W] [--namespace NS] [--cpu-request CORES] [--cpu-limit CORES]
 //	    [--metrics-addr HOST:PORT] [--node-cpu SOCKET] [--call SERVICE.NAMESPACE[=RATE]]…
 //
 // --service-fixed is the part of the mean service time every request takes, the rest being
-// exponential (app.Shifted; 0: purely exponential). --slow multiplies every service time (a pod slower than its peers, unseen by edgeflow).
+// exponential (app.Shifted; 0: purely exponential). --cpu-limit is the container's CPU limit,
+// enforced per 100 ms period as the kernel's CFS quota does (app.Config.CPULimit: work past a
+// period's budget waits, throttled, for the next). --slow multiplies every service time (a pod slower than its peers, unseen by edgeflow).
 // --metrics-addr serves the pod's /metrics (app.Pod.Metrics: Istio's request metrics, the busy
 // time as cAdvisor's CPU usage, the CPU request as kube-state-metrics has it), and grpc-go's own
 // client metrics from its OpenTelemetry plugin (google.golang.org/grpc/stats/opentelemetry)
@@ -68,7 +70,7 @@ type options struct {
 	workers                         int
 	service, serviceFixed           time.Duration
 	seed                            uint64
-	slow, cpuRequest                float64
+	slow, cpuRequest, cpuLimit      float64
 	downstream                      calls
 }
 
@@ -87,6 +89,7 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the service-time draws")
 	flag.Float64Var(&o.slow, "slow", 1, "multiply every service time by this factor (> 0; a slow pod)")
 	flag.Float64Var(&o.cpuRequest, "cpu-request", 0, "the pod's CPU request in cores, exported as kube-state-metrics does (0: none)")
+	flag.Float64Var(&o.cpuLimit, "cpu-limit", 0, "the pod's CPU limit in cores, enforced per 100 ms period as CFS quota (0: none)")
 	flag.Var(&o.downstream, "call", "SERVICE.NAMESPACE[=RATE]: a downstream call per request served (repeatable; in order)")
 	flag.Parse()
 	err := fmt.Errorf("no arguments, got %q", flag.Args())
@@ -117,7 +120,7 @@ func run(ctx context.Context, o options) error {
 		service = app.NewShifted(o.service, o.serviceFixed, o.seed)
 	}
 	cfg := app.Config{Name: o.name, Node: o.node, Workload: o.workload, Namespace: o.namespace, Workers: o.workers,
-		ServiceTime: service, Slowdown: o.slow, CPURequest: o.cpuRequest}
+		ServiceTime: service, Slowdown: o.slow, CPURequest: o.cpuRequest, CPULimit: o.cpuLimit}
 	if o.nodeCPU != "" {
 		cpu, err := app.DialNodeCPU(o.node, o.nodeCPU)
 		if err != nil {

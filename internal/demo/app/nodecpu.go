@@ -73,19 +73,35 @@ func (n *NodeCPU) scale(service time.Duration) time.Duration {
 // pods have workers, no request ever waits for a core (TestNodeCPUAmpleCoresChangeNothing).
 // O(workers + cores).
 func admit(q *workerQueue, n *NodeCPU, arrival time.Time, service time.Duration) (start, finish time.Time) {
-	if n == nil || (n.cores == nil && n.remote == nil) {
-		return q.admit(arrival, n.scale(service))
-	}
+	start, finish, _ = admitLimited(q, n, nil, arrival, service)
+	return start, finish
+}
+
+// admitLimited is admit for a pod whose CPU is limited by quota (nil: not limited): once the
+// request has its worker and core, it runs its scaled service time through the quota, and
+// holds its worker until it is done, throttled periods included. It also returns the CPU time
+// the request uses (its scaled service time, throttling excluded). The core stays held for the
+// service time from its start: a throttled request's core is not given to another pod in the
+// meantime (a limit binding on a node short of cores is not modelled).
+func admitLimited(q *workerQueue, n *NodeCPU, quota *cpuQuota, arrival time.Time, service time.Duration) (start, finish time.Time, cpu time.Duration) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	w := q.earliest()
-	if n.remote != nil {
+	switch {
+	case n == nil || (n.cores == nil && n.remote == nil):
+		start = later(arrival, q.free[w])
+		finish = start.Add(n.scale(service))
+	case n.remote != nil:
 		start, finish = n.remote.hold(later(arrival, q.free[w]), service)
-	} else {
+	default:
 		start, finish = n.hold(later(arrival, q.free[w]), service)
 	}
+	cpu = finish.Sub(start)
+	if quota != nil {
+		finish, _ = quota.run(start, cpu)
+	}
 	q.free[w] = finish
-	return start, finish
+	return start, finish, cpu
 }
 
 // hold schedules a request that may start at earliest (its pod's worker is free) with the given

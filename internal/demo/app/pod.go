@@ -94,6 +94,12 @@ type Config struct {
 	// CPURequest is the pod's CPU request in cores, exported as kube-state-metrics does; 0
 	// exports none.
 	CPURequest float64
+	// CPULimit is the pod's CPU limit in cores (limits.cpu), enforced per CPUPeriod as the
+	// kernel's CFS bandwidth control does (quota.go): in each period the pod's requests run at
+	// most CPULimit × CPUPeriod of service time, the rest waiting, throttled, for the next
+	// period. 0: no limit. CPUPeriod 0 means DefaultCPUPeriod.
+	CPULimit  float64
+	CPUPeriod time.Duration
 	// Workers is the number of requests the pod works on at once (≥ 1). Further requests wait,
 	// first come first served. A worker is held for the service time only, not while the pod
 	// waits for its downstream calls (as in an asynchronous server): the pod's capacity is
@@ -121,6 +127,7 @@ type Config struct {
 type Pod struct {
 	cfg      Config
 	queue    *workerQueue
+	quota    *cpuQuota // nil: no CPU limit
 	metrics  *podMetrics
 	busy     atomic.Int64  // simulated CPU time, ns
 	slowdown atomic.Uint64 // math.Float64bits of the slowdown in force (cfg.Slowdown at first)
@@ -152,6 +159,16 @@ func NewPod(cfg Config) (*Pod, error) {
 	if !(cfg.CPURequest >= 0) || math.IsInf(cfg.CPURequest, 0) {
 		return nil, fmt.Errorf("app: pod %s: bad CPU request %v", cfg.Name, cfg.CPURequest)
 	}
+	var quota *cpuQuota
+	if cfg.CPULimit != 0 {
+		if cfg.CPUPeriod == 0 {
+			cfg.CPUPeriod = DefaultCPUPeriod
+		}
+		var err error
+		if quota, err = newCPUQuota(cfg.CPULimit, cfg.CPUPeriod); err != nil {
+			return nil, fmt.Errorf("app: pod %s: %w", cfg.Name, err)
+		}
+	}
 	if cfg.Workload == "" {
 		cfg.Workload = cfg.Name
 	}
@@ -169,7 +186,7 @@ func NewPod(cfg Config) (*Pod, error) {
 			return nil, fmt.Errorf("app: pod %s: downstream %s: bad rate %v", cfg.Name, d.Service, d.Rate)
 		}
 	}
-	p := &Pod{cfg: cfg, queue: newWorkerQueue(cfg.Workers), received: map[string]uint64{}}
+	p := &Pod{cfg: cfg, queue: newWorkerQueue(cfg.Workers), quota: quota, received: map[string]uint64{}}
 	p.slowdown.Store(math.Float64bits(cfg.Slowdown))
 	p.metrics = newPodMetrics(p)
 	return p, nil
@@ -318,9 +335,9 @@ func (p *Pod) work(ctx context.Context, arrival time.Time) error {
 	if f := math.Float64frombits(p.slowdown.Load()); f != 1 {
 		service = time.Duration(float64(service) * f)
 	}
-	start, finish := admit(p.queue, p.cfg.NodeCPU, arrival, service)
+	start, finish, cpu := admitLimited(p.queue, p.cfg.NodeCPU, p.quota, arrival, service)
 	now := time.Now()
-	defer p.busy.Add(int64(finish.Sub(start)))
+	defer p.busy.Add(int64(cpu))
 	if start.After(now) {
 		n := p.waiting.Add(1)
 		for d := p.deepest.Load(); n > d && !p.deepest.CompareAndSwap(d, n); d = p.deepest.Load() {
