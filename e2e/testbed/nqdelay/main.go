@@ -3,9 +3,14 @@
 // libnetfilter_queue), reads the IPv4 source and destination of every queued packet, and
 // accepts the packet once the one-way delay configured for that directed pair has passed.
 // Each directed pair has its own FIFO (packets are never reordered, as netem without
-// reordering) and its own timerfd, which wakes at hrtimer precision (time.Sleep overshoots by
-// 0.2–0.7 ms on a busy machine). Run it at real-time priority (`chrt -f 20 nqdelay …`): without
-// it, releases are late by up to tens of milliseconds when the machine is loaded.
+// reordering). One thread does all the work in an epoll loop: it drains the queue's socket,
+// releases every packet whose time has come, sends their verdicts in one system call, and
+// sleeps on one timerfd armed for the earliest packet still held, which wakes at hrtimer
+// precision (time.Sleep overshoots by 0.2–0.7 ms on a busy machine). (A goroutine and a timerfd
+// per pair, a channel send and a verdict system call per packet, cost up to 1.4 of the 2 cores
+// at 200 req/s of cross-node calls: the testbed's saturation at high load.) Run it at real-time
+// priority (`chrt -f 20 nqdelay …`): without it, releases are late by up to tens of
+// milliseconds when the machine is loaded.
 //
 // Usage:
 //
@@ -41,6 +46,7 @@ package main
 
 import (
 	"bufio"
+	"container/heap"
 	"encoding/binary"
 	"errors"
 	"flag"
@@ -51,6 +57,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -83,9 +90,10 @@ const (
 	solNetlink       = 270
 	netlinkNoENOBUFS = 5
 
-	copyBytes   = 128   // bytes of each packet copied to userspace: the IPv4 header is enough
-	queueMaxLen = 65536 // packets the kernel holds for us before it drops
-	statsWindow = 4096  // release lateness samples kept per pair for percentiles
+	copyBytes   = 128     // bytes of each packet copied to userspace: the IPv4 header is enough
+	queueMaxLen = 65536   // packets the kernel holds for us before it drops
+	statsWindow = 4096    // release lateness samples kept per pair for percentiles
+	maxBatch    = 1 << 16 // bytes of verdicts sent at most in one system call (2,048 verdicts)
 )
 
 func main() {
@@ -122,7 +130,7 @@ func run(queue uint16, matrixPath string, early time.Duration) error {
 	}
 	log.Printf("nqdelay: queue %d bound, %d directed pairs configured, pid %d", queue, len(m), os.Getpid())
 	readErr := make(chan error, 1)
-	go func() { readErr <- d.readLoop() }()
+	go func() { readErr <- d.loop() }()
 	for {
 		select {
 		case err := <-readErr:
@@ -172,16 +180,46 @@ type packet struct {
 	due int64 // CLOCK_MONOTONIC nanoseconds
 }
 
-// pairQueue releases the packets of one directed pair in FIFO order.
+// pairQueue holds the packets of one directed pair in FIFO order until their due time.
 type pairQueue struct {
-	ch      chan packet
-	lastDue int64 // only touched by the reading goroutine
+	key     pairKey
+	fifo    []packet // held, oldest first; only the loop touches it
+	lastDue int64    // the due time of the last packet queued
+	at      int      // its index in the daemon's heap; -1 while it holds no packet
 
 	mu       sync.Mutex // guards the statistics below
 	n        int64
 	sumLate  float64   // µs
 	maxLate  float64   // µs
 	lateness []float64 // ring of the last statsWindow lateness samples, µs
+}
+
+// record adds one release's lateness (µs) to the statistics.
+func (p *pairQueue) record(late float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.lateness) < statsWindow {
+		p.lateness = append(p.lateness, late)
+	} else {
+		p.lateness[p.n%statsWindow] = late
+	}
+	p.n++
+	p.sumLate += late
+	p.maxLate = max(p.maxLate, late)
+}
+
+// heads is a min-heap of the pairs that hold packets, by their oldest packet's due time.
+type heads []*pairQueue
+
+func (h heads) Len() int           { return len(h) }
+func (h heads) Less(i, j int) bool { return h[i].fifo[0].due < h[j].fifo[0].due }
+func (h heads) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].at, h[j].at = i, j }
+func (h *heads) Push(x any)        { p := x.(*pairQueue); p.at = len(*h); *h = append(*h, p) }
+func (h *heads) Pop() any {
+	old := *h
+	p := old[len(old)-1]
+	*h, p.at = old[:len(old)-1], -1
+	return p
 }
 
 // daemon serves one NFQUEUE.
@@ -194,10 +232,15 @@ type daemon struct {
 	matrixMu sync.RWMutex
 	matrix   map[pairKey]delaySpec
 
-	pairsMu sync.Mutex
+	pairsMu sync.Mutex // guards the map; the queues' packets are the loop's alone
 	pairs   map[pairKey]*pairQueue
 
-	rng *rand.Rand // only used by the reading goroutine
+	// The loop's own state (and request's, before the loop starts).
+	rng      *rand.Rand
+	held     heads
+	verdicts []byte       // verdict messages not yet sent
+	released []*pairQueue // the pairs of the packets whose verdicts are in verdicts (nil: not delayed)
+	dues     []int64      // and their due times
 }
 
 func monoNow() int64 {
@@ -250,7 +293,9 @@ func (d *daemon) request(what string, attrs ...[]byte) error {
 		if err != nil {
 			return fmt.Errorf("nqdelay: %s queue %d: waiting for the acknowledgement: %w", what, d.queue, err)
 		}
-		if acked, err := d.dispatch(buf[:n], monoNow(), seq); acked {
+		acked, err := d.dispatch(buf[:n], monoNow(), seq)
+		d.flush() // packets that are not delayed; held ones wait for the loop
+		if acked {
 			if err != nil {
 				return fmt.Errorf("nqdelay: %s queue %d: %w", what, d.queue, err)
 			}
@@ -295,15 +340,37 @@ func (d *daemon) open() error {
 	return nil
 }
 
-// accept issues the NF_ACCEPT verdict for packet id. Safe for concurrent use.
-func (d *daemon) accept(id uint32) {
+// accept adds the NF_ACCEPT verdict for packet id to the batch flush sends; p and due, when p
+// is set, are the pair it was held for and its due time, for the lateness statistics.
+func (d *daemon) accept(id uint32, p *pairQueue, due int64) {
 	v := make([]byte, 8)
 	binary.BigEndian.PutUint32(v[0:], nfAccept)
 	binary.BigEndian.PutUint32(v[4:], id)
 	b, _ := d.nlMsg(nfqnlMsgVerdict, unix.NLM_F_REQUEST, nlAttr(nfqaVerdictHdr, v))
-	if err := d.send(b); err != nil {
-		log.Printf("nqdelay: verdict for packet %d: %v", id, err)
+	d.verdicts = append(d.verdicts, b...)
+	d.released = append(d.released, p)
+	d.dues = append(d.dues, due)
+	if len(d.verdicts) >= maxBatch {
+		d.flush()
 	}
+}
+
+// flush sends the verdicts batched so far in one system call (the kernel reads every netlink
+// message of a datagram) and records the lateness of the held packets among them.
+func (d *daemon) flush() {
+	if len(d.verdicts) == 0 {
+		return
+	}
+	if err := d.send(d.verdicts); err != nil {
+		log.Printf("nqdelay: %d verdicts: %v", len(d.released), err)
+	}
+	now := monoNow()
+	for i, p := range d.released {
+		if p != nil {
+			p.record(float64(now-d.dues[i]) / 1e3)
+		}
+	}
+	d.verdicts, d.released, d.dues = d.verdicts[:0], d.released[:0], d.dues[:0]
 }
 
 func (d *daemon) setMatrix(m map[pairKey]delaySpec) {
@@ -318,64 +385,45 @@ func (d *daemon) lookup(k pairKey) delaySpec {
 	return d.matrix[pairKey{src: k.src, dst: k.dst}]
 }
 
-// pair returns the queue of k, starting its releasing goroutine on first use.
+// pair returns the queue of k, creating it on first use.
 func (d *daemon) pair(k pairKey) *pairQueue {
 	d.pairsMu.Lock()
 	defer d.pairsMu.Unlock()
 	p := d.pairs[k]
 	if p == nil {
-		p = &pairQueue{ch: make(chan packet, queueMaxLen)}
+		p = &pairQueue{key: k, at: -1}
 		d.pairs[k] = p
-		go d.release(k, p)
 	}
 	return p
 }
 
-// release accepts the packets of one directed pair in FIFO order, each at its due time. It
-// runs until the process exits.
-func (d *daemon) release(k pairKey, p *pairQueue) {
-	tfd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
-	if err != nil {
-		log.Fatalf("nqdelay: timerfd for %v: %v", k, err)
-	}
-	timer := os.NewFile(uintptr(tfd), "timerfd "+k.String()) // reads go through the netpoller
-	buf := make([]byte, 8)
-	for pkt := range p.ch {
-		if monoNow() < pkt.due {
-			its := unix.ItimerSpec{Value: unix.NsecToTimespec(pkt.due)}
-			if err := unix.TimerfdSettime(tfd, unix.TFD_TIMER_ABSTIME, &its, nil); err != nil {
-				log.Fatalf("nqdelay: arm timerfd for %v: %v", k, err)
-			}
-			if _, err := timer.Read(buf); err != nil {
-				log.Fatalf("nqdelay: read timerfd for %v: %v", k, err)
-			}
-		}
-		d.accept(pkt.id)
-		late := float64(monoNow()-pkt.due) / 1e3
-		p.mu.Lock()
-		if len(p.lateness) < statsWindow {
-			p.lateness = append(p.lateness, late)
+// releaseDue accepts, pair by pair in FIFO order, every held packet due by now.
+func (d *daemon) releaseDue(now int64) {
+	for len(d.held) > 0 && d.held[0].fifo[0].due <= now {
+		p := d.held[0]
+		pkt := p.fifo[0]
+		p.fifo = p.fifo[1:]
+		d.accept(pkt.id, p, pkt.due)
+		if len(p.fifo) == 0 {
+			p.fifo = p.fifo[:0:0] // let the drained backing array go
+			heap.Pop(&d.held)
 		} else {
-			p.lateness[p.n%statsWindow] = late
+			heap.Fix(&d.held, 0)
 		}
-		p.n++
-		p.sumLate += late
-		p.maxLate = max(p.maxLate, late)
-		p.mu.Unlock()
 	}
 }
 
 // handle schedules one queued packet. Only the reading goroutine calls it.
 func (d *daemon) handle(payload []byte, id uint32, recv int64) {
 	if len(payload) < 20 || payload[0]>>4 != 4 {
-		d.accept(id)
+		d.accept(id, nil, 0)
 		return
 	}
 	k := pairKey{src: netip.AddrFrom4([4]byte(payload[12:16])), dst: netip.AddrFrom4([4]byte(payload[16:20]))}
 	spec := d.lookup(k)
 	k.tcp = spec.tcpExtra > 0 && payload[9] == unix.IPPROTO_TCP
 	if spec.oneWay == 0 && spec.jitter == 0 && !k.tcp {
-		d.accept(id)
+		d.accept(id, nil, 0)
 		return
 	}
 	delay := spec.oneWay
@@ -388,7 +436,10 @@ func (d *daemon) handle(payload []byte, id uint32, recv int64) {
 	p := d.pair(k)
 	due := max(recv+int64(delay)-int64(d.early), p.lastDue) // FIFO: never before the previous packet
 	p.lastDue = due
-	p.ch <- packet{id: id, due: due}
+	p.fifo = append(p.fifo, packet{id: id, due: due})
+	if p.at < 0 {
+		heap.Push(&d.held, p)
+	}
 }
 
 // dispatch handles the netlink messages in b: queued packets go to handle. It reports whether
@@ -453,21 +504,74 @@ func parsePacket(attrs []byte) (id uint32, payload []byte, ok bool) {
 	return id, payload, ok
 }
 
-// readLoop reads the queue until receiving fails.
-func (d *daemon) readLoop() error {
-	buf := make([]byte, 1<<20)
-	for {
-		n, _, err := unix.Recvfrom(d.fd, buf, 0)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err == unix.ENOBUFS:
-			log.Printf("nqdelay: queue %d: the kernel dropped packets (ENOBUFS)", d.queue)
-			continue
-		case err != nil:
-			return fmt.Errorf("nqdelay: read queue %d: %w", d.queue, err)
+// loop serves the queue on one locked thread until receiving fails: it waits in epoll for the
+// queue's socket or the timerfd, drains the socket (releasing what fell due every so many
+// packets), releases every packet due, sends the verdicts in one system call and arms the
+// timerfd for the earliest packet still held.
+func (d *daemon) loop() error {
+	runtime.LockOSThread()
+	tfd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("nqdelay: timerfd: %w", err)
+	}
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("nqdelay: epoll: %w", err)
+	}
+	for _, fd := range []int{d.fd, tfd} {
+		if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}); err != nil {
+			return fmt.Errorf("nqdelay: epoll add: %w", err)
 		}
-		d.dispatch(buf[:n], monoNow(), 0)
+	}
+	buf := make([]byte, 1<<20)
+	events := make([]unix.EpollEvent, 2)
+	tick := make([]byte, 8)
+	var armed int64 // the due time the timerfd is armed for; 0: disarmed
+	for {
+		n, err := unix.EpollWait(ep, events, -1)
+		if err != nil && err != unix.EINTR {
+			return fmt.Errorf("nqdelay: epoll wait: %w", err)
+		}
+		for _, ev := range events[:max(n, 0)] {
+			if int(ev.Fd) == tfd {
+				if _, err := unix.Read(tfd, tick); err == nil {
+					armed = 0 // it fired
+				}
+			}
+		}
+		for n := 0; ; n++ {
+			m, _, err := unix.Recvfrom(d.fd, buf, unix.MSG_DONTWAIT)
+			if err == unix.EAGAIN {
+				break
+			}
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.ENOBUFS:
+				log.Printf("nqdelay: queue %d: the kernel dropped packets (ENOBUFS)", d.queue)
+				continue
+			case err != nil:
+				return fmt.Errorf("nqdelay: read queue %d: %w", d.queue, err)
+			}
+			d.dispatch(buf[:m], monoNow(), 0)
+			if n%64 == 63 { // a steady stream must not hold back what fell due
+				d.releaseDue(monoNow())
+				d.flush()
+			}
+		}
+		d.releaseDue(monoNow())
+		d.flush()
+		next := int64(0)
+		if len(d.held) > 0 {
+			next = d.held[0].fifo[0].due
+		}
+		if next != armed {
+			its := unix.ItimerSpec{Value: unix.NsecToTimespec(next)} // 0 disarms
+			if err := unix.TimerfdSettime(tfd, unix.TFD_TIMER_ABSTIME, &its, nil); err != nil {
+				return fmt.Errorf("nqdelay: arm timerfd: %w", err)
+			}
+			armed = next
+		}
 	}
 }
 
