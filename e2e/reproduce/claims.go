@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 func avg(v []float64) float64 {
@@ -28,39 +30,11 @@ func (o *Outcome) netMS(app, sc, policy string, rate float64) float64 {
 func writeWhy(b *strings.Builder, o *Outcome) {
 	b.WriteString("\n## Where ours differ from the paper, and why\n\n")
 	mid := o.middle()
-	service := ms(o.Workload.ServiceTime)
-	capacity := float64(o.Workload.Workers) * 1000 / service
-
-	// How much of a request's latency is network time here: what doubling every RTT added to
-	// default-k8s's mean, against that mean.
-	var shares []string
-	for _, app := range []string{"bookinfo", "dag"} {
-		a := o.Find(Cell{App: app, Scenario: "A", Policy: "default-k8s", RPS: mid})
-		z := o.Find(Cell{App: app, Scenario: "B", Policy: "default-k8s", RPS: mid})
-		if a == nil || z == nil {
-			continue
-		}
-		sa, sz := o.stats(a), o.stats(z)
-		shares = append(shares, fmt.Sprintf("%s: mean %.0f → %.0f ms, P99 %.0f → %.0f ms", app, sa.Mean, sz.Mean, sa.P99, sz.P99))
+	if o.Workload.LimitCPU {
+		writeWhyLimited(b, o)
+	} else {
+		writeWhyQueueing(b, o, mid)
 	}
-	b.WriteString("- **Queueing, not the network, makes most of our tail.** Each pod has one worker and an exponential service " +
-		fmt.Sprintf("time of mean %.0f ms (a capacity of ~%.0f req/s): at a 40–60 %% share of it, a single hop's P99 is already ", service, capacity) +
-		"45–70 ms of queueing and service, against RTTs of 4–24 ms. The paper's pods answered in about a millisecond (Localization's " +
-		"mean at 100 req/s was 11 ms end to end), so there the network was most of a request's time and routing by latency moved the " +
-		"tail further. The same routes therefore save a smaller share of our P99: the claims that compare allocations (proposed and " +
-		"LATA against the baselines, OptTraffic against default) hold in direction with smaller changes, and doubling every RTT " +
-		"(A → B) raises default-k8s's latency by less than the paper's +33…44 % (mean) and +57…97 % (P99)")
-	if len(shares) > 0 {
-		fmt.Fprintf(b, " (at %g req/s, A → B: %s)", mid, strings.Join(shares, "; "))
-	}
-	b.WriteString(". Where A's figure is the higher one, the difference lies within the runs' spread.\n")
-
-	b.WriteString("- **Localization's collapse is as deep as the load is long.** With 3 caller pods and 2 callee pods, Localization " +
-		fmt.Sprintf("sends two callers' traffic to one callee pod: at 300 req/s that pod is offered 200 req/s, above its ~%.0f, so its ", capacity) +
-		fmt.Sprintf("queue grows by ~%.0f requests a second for as long as the load lasts. Our slices last %v of warm-up and %v measured; ",
-			200-capacity, o.Preset.Warmup, o.Preset.Duration) +
-		"the paper's wrk2 runs lasted minutes, so its queue (mean 4,890 ms) grew for much longer. The collapse is the same; its depth " +
-		"is the length of the run.\n")
 
 	b.WriteString("- **LATA alone is not always second.** On the scheduler's placement lata-only keeps every pod at its share, as " +
 		"OptTraffic does; the two differ only in where the traffic beyond the same-node pods goes (lata: the nearest pods; " +
@@ -153,4 +127,67 @@ func writeWhy(b *strings.Builder, o *Outcome) {
 	b.WriteString("- **Noise.** Single runs of one row vary by ±20 % and more (the progress log gives the load generator's largest " +
 		"lag per slice; on 2 shared cores a sleep can end tens of ms late); the \"runs\" column gives the paired runs' range, and a " +
 		"claim whose range spans zero is not decided by this run alone.\n")
+}
+
+// writeWhyQueueing is writeWhy's account of the queueing model (1 worker, exponential service,
+// no CPU limit: the full and queueing presets).
+func writeWhyQueueing(b *strings.Builder, o *Outcome, mid float64) {
+	service := ms(o.Workload.ServiceTime)
+	capacity := float64(o.Workload.Workers) * 1000 / service
+	// How much of a request's latency is network time here: what doubling every RTT added to
+	// default-k8s's mean, against that mean.
+	var shares []string
+	for _, app := range []string{"bookinfo", "dag"} {
+		a := o.Find(Cell{App: app, Scenario: "A", Policy: "default-k8s", RPS: mid})
+		z := o.Find(Cell{App: app, Scenario: "B", Policy: "default-k8s", RPS: mid})
+		if a == nil || z == nil {
+			continue
+		}
+		sa, sz := o.stats(a), o.stats(z)
+		shares = append(shares, fmt.Sprintf("%s: mean %.0f → %.0f ms, P99 %.0f → %.0f ms", app, sa.Mean, sz.Mean, sa.P99, sz.P99))
+	}
+	b.WriteString("- **Queueing, not the network, makes most of our tail.** Each pod has one worker and an exponential service " +
+		fmt.Sprintf("time of mean %.0f ms (a capacity of ~%.0f req/s): at a 40–60 %% share of it, a single hop's P99 is already ", service, capacity) +
+		"45–70 ms of queueing and service, against RTTs of 4–24 ms. The paper's pods answered in about a millisecond (Localization's " +
+		"mean at 100 req/s was 11 ms end to end), so there the network was most of a request's time and routing by latency moved the " +
+		"tail further. The same routes therefore save a smaller share of our P99: the claims that compare allocations (proposed and " +
+		"LATA against the baselines, OptTraffic against default) hold in direction with smaller changes, and doubling every RTT " +
+		"(A → B) raises default-k8s's latency by less than the paper's +33…44 % (mean) and +57…97 % (P99)")
+	if len(shares) > 0 {
+		fmt.Fprintf(b, " (at %g req/s, A → B: %s)", mid, strings.Join(shares, "; "))
+	}
+	b.WriteString(". Where A's figure is the higher one, the difference lies within the runs' spread.\n")
+
+	b.WriteString("- **Localization's collapse is as deep as the load is long.** With 3 caller pods and 2 callee pods, Localization " +
+		fmt.Sprintf("sends two callers' traffic to one callee pod: at 300 req/s that pod is offered 200 req/s, above its ~%.0f, so its ", capacity) +
+		fmt.Sprintf("queue grows by ~%.0f requests a second for as long as the load lasts. Our slices last %v of warm-up and %v measured; ",
+			200-capacity, o.Preset.Warmup, o.Preset.Duration) +
+		"the paper's wrk2 runs lasted minutes, so its queue (mean 4,890 ms) grew for much longer. The collapse is the same; its depth " +
+		"is the length of the run.\n")
+}
+
+// writeWhyLimited is writeWhy's account of the paper regime's model (Workload.LimitCPU: each
+// pod's CPU limited to its request as CFS quota), from the run's own workload and apps.
+func writeWhyLimited(b *strings.Builder, o *Outcome) {
+	w := o.Workload
+	var called []string
+	for _, a := range o.Preset.Apps {
+		for _, c := range a.Components[1:] {
+			q, err := resource.ParseQuantity(c.CPU)
+			if err != nil || w.ServiceTime <= 0 {
+				continue
+			}
+			called = append(called, fmt.Sprintf("%s's %s: ~%.0f req/s", a.Name, c.Name, q.AsApproximateFloat64()/w.ServiceTime.Seconds()))
+		}
+	}
+	fmt.Fprintf(b, "- **The pods' model is the paper regime's.** Each pod has %d workers and a service time of mean %.1f ms (%.1f ms of "+
+		"it fixed) on its node's cores, and its CPU is limited to its request as CFS quota per 100 ms period, so a pod serves at most "+
+		"its request over its service time (%s). Below its limit a hop pays its service time and gRPC's own (about 1 ms here); the "+
+		"limit binds only where a policy concentrates the load. The calibration against the paper's Localization row is in "+
+		"docs/benchmarks/paper-experiment.md.\n", w.Workers, ms(w.ServiceTime), ms(w.ServiceFixed), strings.Join(called, ", "))
+	fmt.Fprintf(b, "- **Localization's collapse is as deep as the load is long.** Localization keeps each entry pod's requests on its "+
+		"node: at 300 req/s the called pods on the entry nodes are offered about 100 req/s, over their limit, so their queues grow "+
+		"for as long as the load lasts. Our slices last %v of warm-up and %v measured; the paper's wrk2 runs lasted minutes, so its "+
+		"queue (mean 4,890 ms) grew for much longer. The collapse is the same; its depth is the length of the run.\n",
+		o.Preset.Warmup, o.Preset.Duration)
 }

@@ -232,3 +232,32 @@ func TestClosedLoopSection(t *testing.T) {
 		t.Errorf("a preset without closed-loop has a closed loop section:\n%s", sec)
 	}
 }
+
+// TestWhyNamesTheModel: the report's account of where ours differ from the paper describes the
+// model that ran — the paper regime's CPU limits, with each called service's ceiling from its
+// request and service time, for the paper preset; the queueing model's one worker and its
+// capacity for the queueing preset — and never the other's.
+func TestWhyNamesTheModel(t *testing.T) {
+	for _, c := range []struct {
+		preset    string
+		want, not []string
+	}{
+		{"paper", []string{"paper regime's", "CFS quota", "bookinfo's details: ~91 req/s", "dag's e: ~91 req/s"}, []string{"one worker", "3 caller pods and 2 callee pods"}},
+		{"queueing", []string{"Queueing, not the network", "one worker", "~167 req/s"}, []string{"CFS quota"}},
+	} {
+		p := Presets[c.preset]
+		o := &Outcome{Preset: p, Workload: p.workload()}
+		var b strings.Builder
+		writeWhy(&b, o)
+		for _, w := range c.want {
+			if !strings.Contains(b.String(), w) {
+				t.Errorf("%s: the account lacks %q:\n%s", c.preset, w, b.String())
+			}
+		}
+		for _, w := range c.not {
+			if strings.Contains(b.String(), w) {
+				t.Errorf("%s: the account says %q, of the other model:\n%s", c.preset, w, b.String())
+			}
+		}
+	}
+}

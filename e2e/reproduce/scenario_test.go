@@ -53,26 +53,26 @@ func TestOverrideReplicas(t *testing.T) {
 // refused naming the variable and the entry.
 func TestOverrideCPUAndWorkload(t *testing.T) {
 	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
-	p, err := Override(Presets["paper"], env(map[string]string{"REPRODUCE_CPU": "productpage=300m,a=250m",
-		"REPRODUCE_WORKLOAD": "service=1.1ms,fixed=0.8ms,limit=1,cores=2"}))
+	p, err := Override(Presets["paper"], env(map[string]string{"REPRODUCE_CPU": "productpage=500m,a=250m",
+		"REPRODUCE_WORKLOAD": "service=2ms,fixed=1ms,limit=0,cores=2"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := p.Apps[0].Components[0]; c.Name != "productpage" || c.CPU != "300m" || p.Apps[0].Components[1].CPU != "150m" {
+	if c := p.Apps[0].Components[0]; c.Name != "productpage" || c.CPU != "500m" || p.Apps[0].Components[1].CPU != "100m" {
 		t.Errorf("bookinfo's components after REPRODUCE_CPU: %+v", p.Apps[0].Components)
 	}
 	if c := p.Apps[1].Components[0]; c.Name != "a" || c.CPU != "250m" {
 		t.Errorf("dag's a after REPRODUCE_CPU: %+v", c)
 	}
-	if PaperApps[0].Components[0].CPU != "150m" {
+	if PaperApps[0].Components[0].CPU != "300m" {
 		t.Errorf("REPRODUCE_CPU changed the package's PaperApps: %+v", PaperApps[0].Components[0])
 	}
 	w := *p.Workload
-	if w.ServiceTime != 1100*time.Microsecond || w.ServiceFixed != 800*time.Microsecond || !w.LimitCPU || w.NodeCores != 2 ||
+	if w.ServiceTime != 2*time.Millisecond || w.ServiceFixed != time.Millisecond || w.LimitCPU || w.NodeCores != 2 ||
 		w.Workers != PaperWorkload.Workers {
 		t.Errorf("workload after REPRODUCE_WORKLOAD: %+v (the paper's %+v)", w, PaperWorkload)
 	}
-	if PaperWorkload.LimitCPU || PaperWorkload.NodeCores != 1 {
+	if !PaperWorkload.LimitCPU || PaperWorkload.NodeCores != 1 || PaperWorkload.ServiceTime != 1100*time.Microsecond {
 		t.Errorf("REPRODUCE_WORKLOAD changed the package's PaperWorkload: %+v", PaperWorkload)
 	}
 	for _, c := range []struct{ key, value, want string }{
