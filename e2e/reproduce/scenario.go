@@ -361,7 +361,7 @@ var Presets = map[string]Preset{
 // REPRODUCE_POLICIES (names),
 // REPRODUCE_REPLICAS (COMPONENT=N,…: another replica count for the named components; "neutral":
 // the Neutral set), REPRODUCE_CPU (COMPONENT=QUANTITY,…: another CPU request, and limit where
-// the workload limits CPU), REPRODUCE_WORKLOAD (service=D,fixed=D,workers=N,cores=N,limit=0|1:
+// the workload limits CPU), REPRODUCE_WORKLOAD (service=D,fixed=D,workers=N,cores=N,limit=0|1,metrics=0|1:
 // the pods' work, for a calibration: parseWorkload),
 // REPRODUCE_SLOW (COMPONENT=FACTOR,…: one pod of each component named that much slower than its
 // peers, unseen: Preset.Slow),
@@ -565,7 +565,8 @@ func withComponents[T any](apps []App, set map[string]T, apply func(*Component, 
 }
 
 // parseWorkload changes w by KEY=VALUE pairs, comma-separated: service (the mean service time,
-// a duration), fixed (its fixed part), workers, cores (NodeCores), limit (0 or 1: LimitCPU).
+// a duration), fixed (its fixed part), workers, cores (NodeCores), limit (0 or 1: LimitCPU),
+// metrics (0 or 1: Metrics, which the estimator rows need).
 func parseWorkload(w Workload, v string) (Workload, error) {
 	for _, kv := range strings.Split(v, ",") {
 		key, val, ok := strings.Cut(kv, "=")
@@ -591,16 +592,20 @@ func parseWorkload(w Workload, v string) (Workload, error) {
 			} else {
 				w.NodeCores = n
 			}
-		case "limit":
+		case "limit", "metrics":
 			if val != "0" && val != "1" {
 				err = errors.New("want 0 or 1")
 			}
-			w.LimitCPU = val == "1"
+			if key == "limit" {
+				w.LimitCPU = val == "1"
+			} else {
+				w.Metrics = val == "1"
+			}
 		default:
 			ok = false
 		}
 		if !ok || err != nil {
-			return w, fmt.Errorf("bad entry %q (want service=D, fixed=D, workers=N, cores=N or limit=0|1)", kv)
+			return w, fmt.Errorf("bad entry %q (want service=D, fixed=D, workers=N, cores=N, limit=0|1 or metrics=0|1)", kv)
 		}
 	}
 	if w.ServiceFixed > w.ServiceTime {

@@ -54,7 +54,7 @@ func TestOverrideReplicas(t *testing.T) {
 func TestOverrideCPUAndWorkload(t *testing.T) {
 	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
 	p, err := Override(Presets["paper"], env(map[string]string{"REPRODUCE_CPU": "productpage=500m,a=250m",
-		"REPRODUCE_WORKLOAD": "service=2ms,fixed=1ms,limit=0,cores=2"}))
+		"REPRODUCE_WORKLOAD": "service=2ms,fixed=1ms,limit=0,cores=2,metrics=1"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestOverrideCPUAndWorkload(t *testing.T) {
 		t.Errorf("REPRODUCE_CPU changed the package's PaperApps: %+v", PaperApps[0].Components[0])
 	}
 	w := *p.Workload
-	if w.ServiceTime != 2*time.Millisecond || w.ServiceFixed != time.Millisecond || w.LimitCPU || w.NodeCores != 2 ||
+	if w.ServiceTime != 2*time.Millisecond || w.ServiceFixed != time.Millisecond || w.LimitCPU || w.NodeCores != 2 || !w.Metrics ||
 		w.Workers != PaperWorkload.Workers {
 		t.Errorf("workload after REPRODUCE_WORKLOAD: %+v (the paper's %+v)", w, PaperWorkload)
 	}
