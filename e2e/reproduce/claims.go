@@ -160,10 +160,14 @@ func writeWhyQueueing(b *strings.Builder, o *Outcome, mid float64) {
 
 	b.WriteString("- **Localization's collapse is as deep as the load is long.** With 3 caller pods and 2 callee pods, Localization " +
 		fmt.Sprintf("sends two callers' traffic to one callee pod: at 300 req/s that pod is offered 200 req/s, above its ~%.0f, so its ", capacity) +
-		fmt.Sprintf("queue grows by ~%.0f requests a second for as long as the load lasts. Our slices last %v of warm-up and %v measured; ",
-			200-capacity, o.Preset.Warmup, o.Preset.Duration) +
-		"the paper's wrk2 runs lasted minutes, so its queue (mean 4,890 ms) grew for much longer. The collapse is the same; its depth " +
-		"is the length of the run.\n")
+		fmt.Sprintf("queue grows by ~%.0f requests a second for as long as the load lasts. ", 200-capacity) + collapseDepth(o))
+}
+
+// collapseDepth is the sentence both models' collapse bullet ends with: why ours is shallower
+// than the paper's.
+func collapseDepth(o *Outcome) string {
+	return fmt.Sprintf("Our slices last %v of warm-up and %v measured; the paper's wrk2 runs lasted minutes, so its queue (mean "+
+		"4,890 ms) grew for much longer. The collapse is the same; its depth is the length of the run.\n", o.Preset.Warmup, o.Preset.Duration)
 }
 
 // writeWhyLimited is writeWhy's account of the paper regime's model (Workload.LimitCPU: each
@@ -185,9 +189,7 @@ func writeWhyLimited(b *strings.Builder, o *Outcome) {
 		"its request over its service time (%s). Below its limit a hop pays its service time and gRPC's own (about 1 ms here); the "+
 		"limit binds only where a policy concentrates the load. The calibration against the paper's Localization row is in "+
 		"docs/benchmarks/paper-experiment.md.\n", w.Workers, ms(w.ServiceTime), ms(w.ServiceFixed), strings.Join(called, ", "))
-	fmt.Fprintf(b, "- **Localization's collapse is as deep as the load is long.** Localization keeps each entry pod's requests on its "+
-		"node: at 300 req/s the called pods on the entry nodes are offered about 100 req/s, over their limit, so their queues grow "+
-		"for as long as the load lasts. Our slices last %v of warm-up and %v measured; the paper's wrk2 runs lasted minutes, so its "+
-		"queue (mean 4,890 ms) grew for much longer. The collapse is the same; its depth is the length of the run.\n",
-		o.Preset.Warmup, o.Preset.Duration)
+	b.WriteString("- **Localization's collapse is as deep as the load is long.** Localization keeps each entry pod's requests on its " +
+		"node: at 300 req/s the called pods on the entry nodes are offered about 100 req/s, over their limit, so their queues grow " +
+		"for as long as the load lasts. " + collapseDepth(o))
 }

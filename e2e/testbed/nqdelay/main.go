@@ -342,12 +342,20 @@ func (d *daemon) open() error {
 
 // accept adds the NF_ACCEPT verdict for packet id to the batch flush sends; p and due, when p
 // is set, are the pair it was held for and its due time, for the lateness statistics.
+// The message is nlMsg's with one nlAttr, written in place: accept runs once per packet.
 func (d *daemon) accept(id uint32, p *pairQueue, due int64) {
-	v := make([]byte, 8)
-	binary.BigEndian.PutUint32(v[0:], nfAccept)
-	binary.BigEndian.PutUint32(v[4:], id)
-	b, _ := d.nlMsg(nfqnlMsgVerdict, unix.NLM_F_REQUEST, nlAttr(nfqaVerdictHdr, v))
-	d.verdicts = append(d.verdicts, b...)
+	const size = unix.NLMSG_HDRLEN + 4 + 4 + 8 // header, nfgenmsg, attribute header, verdict
+	b := d.verdicts
+	b = binary.LittleEndian.AppendUint32(b, size)
+	b = binary.LittleEndian.AppendUint16(b, nfnlSubsysQueue<<8|nfqnlMsgVerdict)
+	b = binary.LittleEndian.AppendUint16(b, unix.NLM_F_REQUEST)
+	b = binary.LittleEndian.AppendUint32(b, d.seq.Add(1))
+	b = binary.LittleEndian.AppendUint32(b, 0) // port id: the kernel's
+	b = append(b, unix.AF_UNSPEC, 0 /* NFNETLINK_V0 */, byte(d.queue>>8), byte(d.queue))
+	b = binary.LittleEndian.AppendUint16(b, 4+8)
+	b = binary.LittleEndian.AppendUint16(b, nfqaVerdictHdr)
+	b = binary.BigEndian.AppendUint32(b, nfAccept)
+	d.verdicts = binary.BigEndian.AppendUint32(b, id)
 	d.released = append(d.released, p)
 	d.dues = append(d.dues, due)
 	if len(d.verdicts) >= maxBatch {
