@@ -93,6 +93,9 @@ func TestLiveLatencyCorrection(t *testing.T) {
 	if got := metric(t, reg, "edgeflow_closed_loop_latency_penalty_seconds", "source_node", "n1", "target_node", "n2"); math.Abs(got*1000-pwPenaltyMS) > 0.01 {
 		t.Errorf("penalty metric n1→n2 = %v, want %v", got, pwPenaltyMS)
 	}
+	if got := metric(t, reg, "edgeflow_closed_loop_latency_excess_seconds", "source_node", "n1", "target_node", "n2"); math.Abs(got*1000-pwPenaltyMS) > 0.01 {
+		t.Errorf("excess metric n1→n2 = %v, want the estimate %v", got, pwPenaltyMS)
+	}
 
 	// Fed nothing: a round inside the window last fed, a round without attempts, a zone topology.
 	before := c.latFeed.fedAt

@@ -210,6 +210,10 @@ type Live struct {
 	capacityPods map[string]bool
 	// penalty is edgeflow_closed_loop_latency_penalty_seconds (Run's only).
 	penalty *prometheus.GaugeVec
+	// excess is edgeflow_closed_loop_latency_excess_seconds, set for the pairs in measured
+	// (Run's only).
+	excess   *prometheus.GaugeVec
+	measured map[estimate.NodePair]bool
 
 	changed  latest.Signal      // an input changed: deliver merges again
 	compiler optimizer.Compiler // Run's only
@@ -386,6 +390,24 @@ func (c *Live) feedCapacity(ks *kube.State, meas *prom.Measurements) map[string]
 	return c.capacity.inForce(ks)
 }
 
+// recordExcess sets edgeflow_closed_loop_latency_excess_seconds from a round's corrections: the
+// estimate of each pair measured in it; the series of a pair no longer measured is deleted.
+func (c *Live) recordExcess(round []estimate.LatencyPenalty) {
+	now := make(map[estimate.NodePair]bool, len(round))
+	for _, lp := range round {
+		if lp.Measured {
+			now[lp.Pair] = true
+			c.excess.WithLabelValues(lp.Pair.From, lp.Pair.To).Set(lp.EstimateMS / 1000)
+		}
+	}
+	for p := range c.measured {
+		if !now[p] {
+			c.excess.DeleteLabelValues(p.From, p.To)
+		}
+	}
+	c.measured = now
+}
+
 // recordPenalties sets edgeflow_closed_loop_latency_penalty_seconds from the penalties in force
 // (ms by pair), deleting the series of the pairs in before that have none now, and logs the set.
 func (c *Live) recordPenalties(before, after map[estimate.NodePair]float64, held bool) {
@@ -418,6 +440,9 @@ func (c *Live) correctLatency(ks *kube.State, meas *prom.Measurements, t *optimi
 	r := c.latFeed.feed(ks, meas, t)
 	if r.err != nil {
 		c.log.Warn("watcher: the latency corrector left windows out", "error", r.err)
+	}
+	if r.fed {
+		c.recordExcess(r.penalties)
 	}
 	if r.fed && c.log.Enabled(context.Background(), slog.LevelDebug) {
 		est := make([]string, 0, len(r.penalties))

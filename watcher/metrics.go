@@ -71,6 +71,9 @@ func (c *Live) newMetrics(reg prometheus.Registerer) (err error) {
 	c.penalty = a.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemLoop, Name: "latency_penalty_seconds",
 		Help: "Each node pair's latency penalty in force, in seconds (what the plan adds to its ICMP RTT: what its requests pay beyond it, from the callers' attempt times and the callees' inbound times; estimate.LatencyCorrector), by the calling and the called node. A pair without a penalty has no series."},
 		[]string{labelFrom, labelTo})
+	c.excess = a.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemLoop, Name: "latency_excess_seconds",
+		Help: "Each node pair's measured excess in the latency corrector's last round, in seconds: what its requests paid beyond its ICMP RTT and a same-node call's overhead, before the corrector's detection floor, confidence rules and hysteresis decide the penalty in force (estimate.LatencyCorrector). A pair not measured in the last round has no series."},
+		[]string{labelFrom, labelTo})
 	c.unmatched.WithLabelValues("node")
 	c.unmatched.WithLabelValues("pod")
 	return nil

@@ -28,10 +28,13 @@ const (
 // nothing tells edgeflow. It checks, reading what serve exposes:
 //
 //	(C1) serve's penalty on that pair, in the direction the traffic goes, is found within
-//	     ±1 ms of 3 ms, and no pair the penalty does not touch holds one above 1 ms;
+//	     ±1 ms of 3 ms over what the pair paid before (its excess beyond ICMP and the
+//	     baseline, edgeflow_closed_loop_latency_excess_seconds, read just before the penalty
+//	     is hidden: up to ~1.5 ms on this testbed, under the corrector's floor), and no pair
+//	     the penalty does not touch holds one above 1 ms;
 //	(C2) with the penalty raised to 12 ms the plan moves traffic off the pair (its planned
 //	     req/s falls below what it was: it moves as the estimate climbs through its windows),
-//	     and the penalty in force settles within ±15 % of 12 ms
+//	     and the penalty in force settles within ±15 % of 12 ms over what it paid before
 //	     (the estimates of 3 ms in five runs were 2.3–3.5 ms: ±1 ms at 12 ms is tighter than
 //	     the estimate's own bias from the measured ICMP and the baseline).
 //
@@ -80,22 +83,33 @@ func TestClosedLoopFindsL7PenaltyOnTestbed(t *testing.T) {
 		t.Fatalf("no remote front → back traffic in the plan to hide a penalty on: %v", flows)
 	}
 	before := flows[pair]
+	// What the pair pays already beyond its ICMP RTT and the baseline, which the penalty adds to:
+	// the corrector's estimate (edgeflow_closed_loop_latency_excess_seconds) before it is hidden.
+	// On this testbed a remote call's overhead is not a same-node call's (up to ~1.5 ms on a busy
+	// pair; docs/closed-loop-testbed.md), and a project CI run found 4.03 ms for the hidden 3.
+	var pre float64
+	h.eventually(8*loopWindow, fmt.Sprintf("the excess of %s → %s measured before the penalty", pair[0], pair[1]), func() bool {
+		ex, err := serveGauge(s, "edgeflow_closed_loop_latency_excess_seconds")
+		var ok bool
+		pre, ok = ex[pair]
+		return err == nil && ok
+	})
 	if err := h.tb.SetTCPPenalty(pair[0], pair[1], penaltyMS); err != nil {
 		t.Fatal(err)
 	}
 	hidden := time.Now()
-	t.Logf("planned flows before (req/s, caller node → callee node): %v; hid %g ms on TCP %s → %s (so on every request between them)",
-		flows, penaltyMS, pair[0], pair[1])
+	t.Logf("planned flows before (req/s, caller node → callee node): %v; the pair's excess before %.2f ms; hid %g ms on TCP %s → %s (so on every request between them)",
+		flows, pre, penaltyMS, pair[0], pair[1])
 
 	// (C1) Found within ±1 ms, and nowhere else. The reverse direction pays it too (the
 	// responses of its requests cross pair[0] → pair[1]), so it may be found there as well.
 	var penalties map[[2]string]float64
-	h.eventually(24*loopWindow, fmt.Sprintf("(C1) serve's penalty on %s → %s within ±1 ms of %g ms", pair[0], pair[1], penaltyMS), func() bool {
+	h.eventually(24*loopWindow, fmt.Sprintf("(C1) serve's penalty on %s → %s within ±1 ms of %g ms (+ %.2f ms before)", pair[0], pair[1], penaltyMS, pre), func() bool {
 		var err error
 		if penalties, err = servePenalties(s); err != nil {
 			return false
 		}
-		return math.Abs(penalties[pair]-penaltyMS) <= 1
+		return math.Abs(penalties[pair]-pre-penaltyMS) <= 1
 	})
 	found := time.Since(hidden)
 	for p, ms := range penalties {
@@ -132,10 +146,10 @@ func TestClosedLoopFindsL7PenaltyOnTestbed(t *testing.T) {
 	p, _ := servePenalties(s)
 	t.Logf("(C2) planned flows after (req/s): %v; %s → %s %.1f → %.1f, %v after it was raised; penalties in force then %v ms",
 		flows, pair[0], pair[1], before, flows[pair], moved.Round(time.Second), p)
-	h.eventually(12*loopWindow, fmt.Sprintf("(C2) serve's penalty on %s → %s within ±15 %% of %g ms", pair[0], pair[1], largePenaltyMS), func() bool {
+	h.eventually(12*loopWindow, fmt.Sprintf("(C2) serve's penalty on %s → %s within ±15 %% of %g ms (+ %.2f ms before)", pair[0], pair[1], largePenaltyMS, pre), func() bool {
 		var err error
 		penalties, err = servePenalties(s)
-		return err == nil && math.Abs(penalties[pair]-largePenaltyMS) <= 0.15*largePenaltyMS
+		return err == nil && math.Abs(penalties[pair]-pre-largePenaltyMS) <= 0.15*largePenaltyMS
 	})
 	t.Logf("(C2) penalties in force %v ms, %v after it was raised", penalties, time.Since(raised).Round(time.Second))
 
@@ -184,13 +198,18 @@ func plannedFlows(s *proc, nodeOf map[string]string) (map[[2]string]float64, err
 // servePenalties reads serve's edgeflow_closed_loop_latency_penalty_seconds, in ms by
 // (source node, target node).
 func servePenalties(s *proc) (map[[2]string]float64, error) {
+	return serveGauge(s, "edgeflow_closed_loop_latency_penalty_seconds")
+}
+
+// serveGauge reads one of serve's gauges by node pair (source_node, target_node), in ms.
+func serveGauge(s *proc, name string) (map[[2]string]float64, error) {
 	m, err := metrics(s.metrics)
 	if err != nil {
 		return nil, err
 	}
 	out := map[[2]string]float64{}
 	for k, v := range m {
-		rest, ok := strings.CutPrefix(k, "edgeflow_closed_loop_latency_penalty_seconds{")
+		rest, ok := strings.CutPrefix(k, name+"{")
 		if !ok {
 			continue
 		}

@@ -192,17 +192,24 @@ type LatencyPenalty struct {
 //     with 5 windows, 2.8 for one pair, 3.5 for 2, 4.9 for 6, 5.9 for 12). Every round tests
 //     every measured pair again, and a single-pair level let noise in: the netns testbed held
 //     a 4.3 ms penalty where none was hidden, from an estimate of 4.3 ± 1.5 ms over 2 pairs.
-//   - Exit. A penalty in force whose estimate is below it, with a confidence interval at
-//     Confidence (t · se, t on windows − 1 degrees of freedom: 4.3 for 3 windows, 2.8 for 5)
-//     that reaches 0 or below, is no longer supported by the data, and is dropped. (An
-//     estimate above the penalty in force is a penalty growing, whose windows' spread is the
-//     step's, not a sign of none: the testbed's 3 → 12 ms read 5.3 ± 2.2 ms on the way.)
-//     Entry and exit at two levels are a hysteresis of their own: a penalty that left does
-//     not come back until the data supports it at the family-wise level.
-//   - Hysteresis. Otherwise the penalty in force takes the target only when they differ by
-//     more than HysteresisMS and by more than t · se: a move within the noise is no move; a
-//     move to under MinPenaltyMS drops it. (A window's stall that its baseline does not
-//     cancel shows as spread, and widens the band.)
+//   - Exit. A round in which a penalty in force has an estimate below it, with a confidence
+//     interval at Confidence (t · se, t on windows − 1 degrees of freedom: 4.3 for 3 windows,
+//     2.8 for 5) that reaches 0 or below, does not support it; a penalty not supported in
+//     MinWindows consecutive measured rounds is dropped. (One round is not enough: every round
+//     tests it again, and a real 3 ms with windows 1.4 ms apart failed one round in 40, and
+//     then rarely came back, see the entry's level. An estimate above the penalty in force is
+//     a penalty growing, whose windows' spread is the step's, not a sign of none: the
+//     testbed's 3 → 12 ms read 5.3 ± 2.2 ms on the way.) Entry and exit at two levels are a
+//     hysteresis of their own: a penalty that left does not come back until the data supports
+//     it at the family-wise level.
+//   - Floor. A penalty in force whose estimate's whole interval is under MinPenaltyMS
+//     (estimate + t · se below it) is dropped: the data says it is under the floor.
+//   - Hysteresis. Otherwise the penalty in force takes the target, raised to MinPenaltyMS,
+//     only when they differ by more than HysteresisMS and by more than t · se: a move within
+//     the noise is no move. A noisy round whose estimate dips under the floor holds the
+//     penalty at the floor rather than dropping it (the floor and the exit rules drop it).
+//     (A window's stall that its baseline does not cancel shows as spread, and widens the
+//     band.)
 //   - Decay. A pair that is not measured (its windows thinned: a plan that moved its traffic
 //     away, a quiet hour) keeps its penalty decaying by half every HalfLife rounds, dropped
 //     when under HysteresisMS or MinPenaltyMS: with no data the plan returns to pure ICMP. (A plan that moved
@@ -227,6 +234,9 @@ type LatencyCorrector struct {
 type pairState struct {
 	windows []pairWindow // oldest first, from rounds within the last cfg.Windows
 	penalty float64      // in force
+	// unsupported counts the consecutive measured rounds in which the data did not support
+	// the penalty in force (the exit rule).
+	unsupported int
 }
 
 // pairWindow is one window of a pair: its attempts, and their residual less the window's
@@ -410,19 +420,25 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 			df := lp.Windows - 1
 			half := c.t[df] * lp.StdErrMS
 			target := min(max(lp.EstimateMS, 0), c.cfg.MaxPenaltyMS)
+			unsupported := st.penalty > 0 && lp.EstimateMS < st.penalty && lp.EstimateMS-half <= 0
+			if !unsupported {
+				st.unsupported = 0
+			}
 			switch {
 			case st.penalty == 0:
 				// Entry: beyond the hysteresis and the family-wise confidence half-width.
 				if target >= c.cfg.MinPenaltyMS && target > max(c.cfg.HysteresisMS, c.familyT(df, measured)*lp.StdErrMS) {
 					st.penalty = target
 				}
-			case lp.EstimateMS < st.penalty && lp.EstimateMS-half <= 0:
-				st.penalty = 0 // the data no longer supports any penalty
-			case math.Abs(target-st.penalty) > max(c.cfg.HysteresisMS, half):
-				st.penalty = target
-				if target < c.cfg.MinPenaltyMS {
-					st.penalty = 0
+			case unsupported:
+				st.unsupported++
+				if st.unsupported >= c.cfg.MinWindows {
+					st.penalty, st.unsupported = 0, 0 // the data no longer supports any penalty
 				}
+			case lp.EstimateMS+half < c.cfg.MinPenaltyMS:
+				st.penalty = 0 // the data puts the penalty under the floor
+			case math.Abs(max(target, c.cfg.MinPenaltyMS)-st.penalty) > max(c.cfg.HysteresisMS, half):
+				st.penalty = max(target, c.cfg.MinPenaltyMS)
 			}
 		case !idle:
 			c.decayPenalty(st)

@@ -559,3 +559,74 @@ func TestLatencyDetectionFloor(t *testing.T) {
 		}
 	}
 }
+
+// TestLatencyRealPenaltyKeptThroughNoise: a real 3 ms on a→b, among 12 pairs whose windows
+// scatter by 1 ms (the pair's windows, less their baseline, by 1.4 ms: a standard error of
+// 0.6 ms over 5 windows, more than the testbed's 0.2–0.4 ms for a pair this busy), stays in
+// force once found. Every round tests it again, and the rules before this test dropped it on
+// one unsupported round or one estimate under the floor, and rarely let it back (the entry is
+// family-wise): no penalty in 21.4 % of the rounds after it entered (20 seeds × 200 rounds).
+// Now 9.2 %.
+func TestLatencyRealPenaltyKeptThroughNoise(t *testing.T) {
+	nodes := []string{"a", "b", "c", "d"}
+	ab := NodePair{"a", "b"}
+	const (
+		inbound  = 30.0
+		rtt      = 2.0
+		penalty  = 3.0
+		noiseMS  = 1.0
+		attempts = 300
+		rounds   = 200
+	)
+	icmp := func(p NodePair) (float64, bool) {
+		if p.From == p.To {
+			return 0, true
+		}
+		return rtt, true
+	}
+	var after, missing, exits int
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		c := newCorrector(t, LatencyConfig{MinRequests: 100})
+		entered, held := false, false
+		for range rounds {
+			var paths []PathWindow
+			var bands []BandWindow
+			for _, v := range nodes {
+				bands = append(bands, BandWindow{Service: "s", Node: v, Requests: 1000, InboundMS: 1000 * inbound})
+				for _, u := range nodes {
+					extra := 0.5 + rng.NormFloat64()*noiseMS
+					if u != v {
+						extra += rtt
+					}
+					if (NodePair{u, v}) == ab {
+						extra += penalty
+					}
+					paths = append(paths, PathWindow{Pair: NodePair{u, v}, Service: "s", Attempts: attempts,
+						AttemptMS: attempts * (inbound + extra)})
+				}
+			}
+			got, err := c.Observe(paths, bands, icmp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := byPair(got)[ab]
+			entered = entered || p.PenaltyMS > 0
+			if entered {
+				after++
+				if p.PenaltyMS == 0 {
+					missing++
+					if held {
+						exits++
+					}
+				}
+			}
+			held = p.PenaltyMS > 0
+		}
+	}
+	share := float64(missing) / float64(after)
+	t.Logf("after it entered, a→b held no penalty in %d of %d rounds (%.1f %%); it left %d times", missing, after, 100*share, exits)
+	if share > 0.12 {
+		t.Errorf("a real %g ms penalty was out of force in %.1f %% of the rounds after it was found; want at most 12 %%", penalty, 100*share)
+	}
+}
