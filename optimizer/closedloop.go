@@ -149,7 +149,7 @@ func applyFractions(m *Model, p Policy, frac []map[string]map[string]float64, sk
 				obj.queue = math.Inf(1)
 				continue
 			}
-			obj.queue += queueCost(load[b][i], q.CapacityRPS)
+			obj.queue += m.Services[b].queueOf(q).cost(load[b][i])
 		}
 	}
 	if !math.IsInf(obj.queue, 1) {

@@ -74,9 +74,10 @@ type queueSegment struct {
 	width, slope float64 // rps, ms per rps
 }
 
-// queueSegments returns the linear pieces of 1000·ℓ/(μ−ℓ) from bg to cap·μ.
+// queueSegments returns the linear pieces of q's cost (1000·ℓ/(μ−ℓ) for M/M/1) from bg to cap·μ.
 // resolution is the number of pieces from 0 to μ (QueueResolution in Plan).
-func queueSegments(pod int, mu, bg, cap float64, resolution int) []queueSegment {
+func queueSegments(pod int, q podQueue, bg, cap float64, resolution int) []queueSegment {
+	mu := q.mu
 	res := float64(resolution)
 	hi := cap * mu
 	var out []queueSegment
@@ -84,7 +85,11 @@ func queueSegments(pod int, mu, bg, cap float64, resolution int) []queueSegment 
 	for k := math.Floor(bg/mu*res) + 1; ; k++ {
 		x1 := min(hi, k*mu/res)
 		if x1 > x0 {
-			out = append(out, queueSegment{pod: pod, width: x1 - x0, slope: 1000 * mu / ((mu - x0) * (mu - x1))})
+			slope := 1000 * mu / ((mu - x0) * (mu - x1)) // M/M/1's chord, in closed form
+			if q.slots > 0 {
+				slope = (q.cost(x1) - q.cost(x0)) / (x1 - x0)
+			}
+			out = append(out, queueSegment{pod: pod, width: x1 - x0, slope: slope})
 			x0 = x1
 		}
 		if x1 >= hi {
@@ -159,7 +164,7 @@ func (a *edgeAllocator) queued(m *Model, b int, edgeIdx []int, load [][]float64)
 		if bg[i] > cap*q.CapacityRPS*(1+1e-12) {
 			return queuedService{}, overCap{fmt.Sprintf("pod %q (service %q): its share of the ingress, %.6g rps, exceeds its utilisation cap %g × capacity %.6g rps", q.Name, svc.Name, bg[i], cap, q.CapacityRPS)}
 		}
-		segs = append(segs, queueSegments(i, q.CapacityRPS, bg[i], cap, m.queueResolution())...)
+		segs = append(segs, queueSegments(i, svc.queueOf(q), bg[i], cap, m.queueResolution())...)
 	}
 
 	var pieces []callerPiece
@@ -216,7 +221,7 @@ func (a *edgeAllocator) queued(m *Model, b int, edgeIdx []int, load [][]float64)
 	}
 	for i, q := range pods {
 		if q.Weight > 0 {
-			out.queueCost += queueCost(planned[i], q.CapacityRPS)
+			out.queueCost += svc.queueOf(q).cost(planned[i])
 		}
 	}
 	return out, nil
@@ -485,7 +490,7 @@ func lataUnlessBeaten(m *Model, alloc *Allocation, st *queueState, prev *previou
 				return alloc, nil // lata overloads a pod lata-q does not, or more than by capacity
 			}
 			if !saturated {
-				queue += queueCost(l, q.CapacityRPS)
+				queue += svc.queueOf(q).cost(l)
 			}
 		}
 	}

@@ -155,7 +155,7 @@ func podLoads(m *Model, a *Allocation) map[string]float64 {
 func linearQueue(p PodRef, bg, load float64, cap float64, res int) float64 {
 	var c float64
 	x := bg
-	for _, s := range queueSegments(0, p.CapacityRPS, bg, cap, res) {
+	for _, s := range queueSegments(0, podQueue{mu: p.CapacityRPS}, bg, cap, res) {
 		c += s.slope * math.Max(0, math.Min(s.width, load-x))
 		x += s.width
 	}
@@ -189,7 +189,7 @@ func queuedOptimum(t *testing.T, m *Model, b int, load map[string]float64) (opt,
 	for q, p := range svc.Pods {
 		if p.Weight > 0 {
 			pods = append(pods, q)
-			segs = append(segs, queueSegments(q, p.CapacityRPS, svc.Ingress*p.Weight/svc.TotalWeight(), m.UtilizationCap, m.queueResolution()))
+			segs = append(segs, queueSegments(q, podQueue{mu: p.CapacityRPS}, svc.Ingress*p.Weight/svc.TotalWeight(), m.UtilizationCap, m.queueResolution()))
 		}
 	}
 	nf := len(pieces) * len(pods)

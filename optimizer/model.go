@@ -136,7 +136,10 @@ type ServiceModel struct {
 	Ingress float64
 	CPU     int64
 	Mem     int64
-	Count   int // replicas to place (len(Pods) when placed)
+	// CPULimit is each pod's CPU limit in millicores (Service.CPULimit; 0: none): lata-q prices
+	// its pods' queueing by podQueue's quota model.
+	CPULimit int64
+	Count    int // replicas to place (len(Pods) when placed)
 }
 
 // TotalWeight is Σ w_p over the service's pods.
@@ -496,11 +499,15 @@ func checkPorts(s *Service, bad *problems) {
 }
 
 func compileService(s Service, nodes map[string]int, podNames map[string]string, opts Options, bad *problems) ServiceModel {
-	sm := ServiceModel{Name: s.Key(), CPU: s.CPU, Mem: s.Memory, Count: s.ReplicaCount()}
+	sm := ServiceModel{Name: s.Key(), CPU: s.CPU, Mem: s.Memory, CPULimit: s.CPULimit, Count: s.ReplicaCount()}
 	svcName := s.Name
 	s.Name = s.Key() // messages name the service as the topology refers to it
 	if s.CPU < 0 || s.Memory < 0 {
 		bad.add("service %q: negative cpu or memory request", s.Name)
+	}
+	if s.CPULimit < 0 {
+		bad.add("service %q: cpu_limit %d: must not be negative", s.Name, s.CPULimit)
+		sm.CPULimit = 0
 	}
 	svcCapacity := 0.0
 	if c := s.CapacityRPS; c != nil {

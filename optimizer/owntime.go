@@ -8,7 +8,8 @@ import "math"
 // each at load ℓ_q, where μ_q is the pod's service rate in t (its capacity_rps, else its
 // service's times its weight, as Compile reads them), ℓ_q its planned load — its share by
 // weight of the service's ingress (lata-q's background load) plus the requests/s a's routes
-// send it — and c = Servers(service): for c = 1, M/M/1's 1000/(μ_q − ℓ_q). It is what the
+// send it — and c = Servers(service): for c = 1, M/M/1's 1000/(μ_q − ℓ_q); a pod with a CPU
+// limit (Service.CPULimit) takes lata-q's quota model instead (podQueue). It is what the
 // closed loop's model-error breaker compares with the measured own time
 // (watcher/estimate.Breaker). lata-q plans every pod as one M/M/1 server of rate μ_q; a pod
 // that works each request on one of c cores takes c/μ_q per request, which the M/M/1 sojourn
@@ -54,6 +55,10 @@ func PredictedOwnTimeMS(t *Topology, a *Allocation) map[string]float64 {
 				break
 			}
 			load += l
+			if s.CPULimit > 0 {
+				sojourns += l * 1000 * newPodQueue(mu, s.CPULimit).sojourn(l) // lata-q's quota model
+				continue
+			}
 			sojourns += l * 1000 * MMcSojourn(l, mu/float64(c), c)
 		}
 		if ok && load > 0 && !math.IsInf(sojourns, 0) {

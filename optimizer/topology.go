@@ -77,8 +77,12 @@ type Service struct {
 	Ports     []Port `json:"ports,omitempty" yaml:"ports,omitempty"`
 	CPU       int64  `json:"cpu,omitempty" yaml:"cpu,omitempty"`
 	Memory    int64  `json:"memory,omitempty" yaml:"memory,omitempty"`
-	Pods      []Pod  `json:"pods,omitempty" yaml:"pods,omitempty"`
-	Replicas  int    `json:"replicas,omitempty" yaml:"replicas,omitempty"`
+	// CPULimit is each pod's CPU limit in millicores (its application containers' limits.cpu;
+	// 0: none). A limited pod is throttled by CFS quota past it: lata-q prices its queueing
+	// by the quota's model (podQueue), not as one M/M/1 server.
+	CPULimit int64 `json:"cpu_limit,omitempty" yaml:"cpu_limit,omitempty"`
+	Pods     []Pod `json:"pods,omitempty" yaml:"pods,omitempty"`
+	Replicas int   `json:"replicas,omitempty" yaml:"replicas,omitempty"`
 	// Selector is the label selector of the service's pods (a Kubernetes Service's
 	// spec.selector). The Istio DestinationRule mode selects a caller's sidecars with it; a
 	// topology file that gives none means {app: NAME}, Istio's and Bookinfo's convention.

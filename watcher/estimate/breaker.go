@@ -35,6 +35,14 @@ type BreakerConfig struct {
 	// changes nothing for it, as a missing one (the mean of a few requests' times says little).
 	// Default 0: every window counts.
 	MinRequests float64
+	// MinErrorMS is the least excess, measured over predicted, that makes a window bad,
+	// whatever the ratio: a bad window is slower than predicted by more than Threshold of the
+	// prediction and by more than MinErrorMS. A pod whose own time is about a millisecond (a
+	// CPU-limited pod's work below its quota, which lata-q's quota model predicts: the CPU a
+	// request takes) shows its server library's and its node's scheduling overhead as a large
+	// ratio, and the breaker is for a queueing model gone wrong, whose errors are queues.
+	// Default 1 ms.
+	MinErrorMS float64
 }
 
 func (c BreakerConfig) withDefaults() (BreakerConfig, error) {
@@ -47,6 +55,9 @@ func (c BreakerConfig) withDefaults() (BreakerConfig, error) {
 	if c.ResetAfter == 0 {
 		c.ResetAfter = 5
 	}
+	if c.MinErrorMS == 0 {
+		c.MinErrorMS = 1
+	}
 	switch {
 	case !(c.Threshold > 0) || math.IsInf(c.Threshold, 0):
 		return c, fmt.Errorf("%w: breaker Threshold %v: want a positive number", ErrInvalidConfig, c.Threshold)
@@ -56,6 +67,8 @@ func (c BreakerConfig) withDefaults() (BreakerConfig, error) {
 		return c, fmt.Errorf("%w: breaker ResetAfter %d: want at least 1", ErrInvalidConfig, c.ResetAfter)
 	case !(c.MinRequests >= 0) || math.IsInf(c.MinRequests, 0):
 		return c, fmt.Errorf("%w: breaker MinRequests %v: want a finite number ≥ 0", ErrInvalidConfig, c.MinRequests)
+	case !(c.MinErrorMS > 0) || math.IsInf(c.MinErrorMS, 0):
+		return c, fmt.Errorf("%w: breaker MinErrorMS %v: want a positive number", ErrInvalidConfig, c.MinErrorMS)
 	}
 	return c, nil
 }
@@ -160,7 +173,7 @@ func (b *Breaker) step(st *BreakerState, r ResponseTime) bool {
 	// more than is measured (M/M/1 at the lower confidence bound of μ, near the cap, over-
 	// predicts) plans conservatively; falling back to lata there would undo the capacities that
 	// keep slow pods from being overloaded.
-	if r.MeasuredMS > r.PredictedMS && st.RelativeError > b.cfg.Threshold {
+	if r.MeasuredMS-r.PredictedMS > b.cfg.MinErrorMS && st.RelativeError > b.cfg.Threshold {
 		st.BadWindows++
 		st.GoodWindows = 0
 		if !st.Tripped && st.BadWindows >= b.cfg.TripAfter {

@@ -76,8 +76,10 @@ func TestBreakerState(t *testing.T) {
 	}
 	for range 3 {
 		if _, err := b.Observe([]ResponseTime{
-			{Service: "b", PredictedMS: 8, MeasuredMS: 4},    // under by half: at the threshold, good
-			{Service: "a", PredictedMS: 8, MeasuredMS: 12.4}, // over by 0.55: bad
+			{Service: "b", PredictedMS: 8, MeasuredMS: 4},     // under by half: at the threshold, good
+			{Service: "a", PredictedMS: 8, MeasuredMS: 12.4},  // over by 0.55: bad
+			{Service: "c", PredictedMS: 1.1, MeasuredMS: 2},   // over by 0.82 but 0.9 ms: good (MinErrorMS)
+			{Service: "d", PredictedMS: 1.1, MeasuredMS: 2.2}, // over by 1 and 1.1 ms: bad
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -86,6 +88,9 @@ func TestBreakerState(t *testing.T) {
 		{Service: "a", Tripped: true, BadWindows: 3, RelativeError: 0.55, Reason: "measured response time 12.4 ms " +
 			"against 8 ms predicted (relative error 0.55 > 0.50) for 3 consecutive windows: falling back to lata"},
 		{Service: "b", GoodWindows: 3, RelativeError: 0.5},
+		{Service: "c", GoodWindows: 3, RelativeError: 0.9 / 1.1},
+		{Service: "d", Tripped: true, BadWindows: 3, RelativeError: 1, Reason: "measured response time 2.2 ms " +
+			"against 1.1 ms predicted (relative error 1.00 > 0.50) for 3 consecutive windows: falling back to lata"},
 	}
 	if d := cmp.Diff(want, b.States(), approx); d != "" {
 		t.Errorf("states (-want +got):\n%s", d)

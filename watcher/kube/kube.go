@@ -435,7 +435,10 @@ func (s *Source) service(svc *corev1.Service, known map[string]bool, skipped map
 		pod    optimizer.Pod
 		cpu    int64
 		appCPU int64 // cpu without the sidecar's
-		mem    int64
+		// appLimit is the application containers' CPU limits summed, millicores; -1 when one of
+		// them has none (the pod is not bound by a quota as a whole).
+		appLimit int64
+		mem      int64
 	}
 	var pods []podInfo
 	seen := map[string]bool{}
@@ -525,6 +528,12 @@ func (s *Source) service(svc *corev1.Service, known map[string]bool, skipped map
 					pi.cpu += c.Resources.Requests.Cpu().MilliValue()
 					if c.Name != SidecarContainer {
 						pi.appCPU += c.Resources.Requests.Cpu().MilliValue()
+						switch l := c.Resources.Limits.Cpu().MilliValue(); {
+						case l <= 0 || pi.appLimit < 0:
+							pi.appLimit = -1
+						default:
+							pi.appLimit += l
+						}
 					}
 					pi.mem += c.Resources.Requests.Memory().Value() >> 20
 				}
@@ -538,7 +547,14 @@ func (s *Source) service(svc *corev1.Service, known map[string]bool, skipped map
 	}
 	sort.Slice(pods, func(a, b int) bool { return pods[a].pod.Name < pods[b].pod.Name })
 	var sum, n int64
+	out.CPULimit = -1 // the least of the pods' limits; 0 when a pod has none
 	for _, p := range pods {
+		switch {
+		case p.appLimit <= 0:
+			out.CPULimit = 0
+		case out.CPULimit < 0 || out.CPULimit > 0 && p.appLimit < out.CPULimit:
+			out.CPULimit = p.appLimit
+		}
 		if p.cpu > 0 {
 			sum += p.cpu
 			n++

@@ -433,6 +433,40 @@ func TestStateFromCluster(t *testing.T) {
 			PodCPU:    []map[string]int64{{"default/a-1": 250, "default/a-2": 700}},
 		},
 	}, {
+		name: "CPU limit: the application containers' summed, the least of the pods; the sidecar's left out; 0 when a pod or container has none",
+		objs: func() []runtime.Object {
+			limited := func(svc, name, node string, limits ...string) *corev1.Pod {
+				p := deployed("default", svc, name, node)
+				p.Spec.Containers = nil
+				for i, l := range limits {
+					c := corev1.Container{Name: fmt.Sprintf("c%d", i)}
+					if l != "" {
+						c.Resources.Limits = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(l)}
+					}
+					p.Spec.Containers = append(p.Spec.Containers, c)
+				}
+				return p
+			}
+			injected := limited("a", "a-1", "n1", "300m", "")
+			injected.Spec.Containers[1].Name = SidecarContainer // no limit: not the application's
+			return []runtime.Object{
+				managed("default", "a"), injected, limited("a", "a-2", "n2", "200m", "50m"),
+				slice("default", "a", "a-x1", nil, endpoint("10.0.0.1", "a-1", "n1"), endpoint("10.0.0.2", "a-2", "n2")),
+				managed("default", "b"), limited("b", "b-1", "n1", "100m"), limited("b", "b-2", "n2", "100m", ""),
+				slice("default", "b", "b-x1", nil, endpoint("10.0.1.1", "b-1", "n1"), endpoint("10.0.1.2", "b-2", "n2")),
+			}
+		}(),
+		want: &State{
+			Nodes: wantNodes,
+			Services: []optimizer.Service{
+				{Name: "a", Namespace: "default", Ports: httpPort, CPULimit: 250, Pods: []optimizer.Pod{
+					{Name: "a-1", Node: "n1", IP: "10.0.0.1"}, {Name: "a-2", Node: "n2", IP: "10.0.0.2"}}},
+				{Name: "b", Namespace: "default", Ports: httpPort, Pods: []optimizer.Pod{ // b-2's second container has none
+					{Name: "b-1", Node: "n1", IP: "10.0.1.1"}, {Name: "b-2", Node: "n2", IP: "10.0.1.2"}}},
+			},
+			Workloads: map[Workload][]string{{"a", "default"}: {"a"}, {"b", "default"}: {"b"}},
+		},
+	}, {
 		name: "ports: a named targetPort resolves through the EndpointSlice",
 		objs: []runtime.Object{
 			managed("default", "a",
