@@ -39,6 +39,7 @@ type Harness struct {
 	dir     string
 	tb      *testbed.Testbed
 	cluster *kubeapi.Cluster
+	loads   uint64 // slices loaded so far (Load: each its own Poisson seed)
 	cs      kubernetes.Interface
 	rt      *processRuntime
 	efBin   string

@@ -17,7 +17,8 @@ import (
 	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
 )
 
-// Load sends the open-loop load (internal/demo/loadgen: request i due at i/rate, latency from
+// Load sends the open-loop load (internal/demo/loadgen: request i due at i/rate, or at Poisson
+// arrival times of that rate under Preset.Poisson; latency from
 // that intended send time, so no coordinated omission; every latency kept exactly) to the
 // application's entry pods, from the monitor namespace (a client outside the cluster, no added
 // delay), balanced round-robin over the ready entry pods as an ingress gateway does.
@@ -41,7 +42,9 @@ func (h *Harness) Load(a App, p Preset, rate float64) (*loadgen.Result, error) {
 	}
 	defer conn.Close()
 	conn.Connect()
-	return loadgen.Run(h.ctx, loadgen.Config{Rate: rate, Warmup: p.Warmup, Duration: p.Duration, Timeout: p.Timeout},
+	h.loads++ // each slice its own Poisson schedule, the same in a rerun of the whole preset
+	return loadgen.Run(h.ctx, loadgen.Config{Rate: rate, Warmup: p.Warmup, Duration: p.Duration, Timeout: p.Timeout,
+		Poisson: p.Poisson, Seed: p.Seed<<32 + h.loads},
 		func(ctx context.Context, _ int) error {
 			_, err := app.Call(ctx, conn, "", "")
 			return err

@@ -299,7 +299,7 @@ func (o *Outcome) jsonInputs() jsonReport {
 		ServiceTime: "exponential (simulated: the worker sleeps, it does not spin)", Workers: o.Workload.Workers,
 		MeanServiceMS: ms(o.Workload.ServiceTime),
 		Pods:          "each pod a process in its node's network namespace, on its own address, grpc-go xDS client (node id POD.NAMESPACE) to edgeflow serve",
-		Load: "open loop, constant rate, latency from the intended send time (no coordinated omission); every latency kept, " +
+		Load: arrivals(o.Preset) + ", latency from the intended send time (no coordinated omission); every latency kept, " +
 			"at 10 µs resolution; a request past its timeout is a sample ≥ the timeout",
 		Machine: "2 cores shared with other work; 4 emulated nodes",
 	}, Method: methodOf(o), Run: jsonRun{Preset: o.Preset.Name, Commit: o.Commit, RunsPerCell: o.Preset.Runs, MeasuredSeconds: o.Preset.Duration.Seconds(),
@@ -556,4 +556,12 @@ func writeHeadline(b *strings.Builder, o *Outcome) {
 		b.WriteString("\n")
 	}
 	b.WriteString("\nP99 over the runs' pooled samples (≥: among the timeouts); in brackets the lowest and highest P99 of a single run.\n")
+}
+
+// arrivals says how p sends its load.
+func arrivals(p Preset) string {
+	if p.Poisson {
+		return "open loop, Poisson arrivals at the rate (exponential gaps, seeded per slice)"
+	}
+	return "open loop, constant rate"
 }

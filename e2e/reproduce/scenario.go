@@ -265,6 +265,11 @@ type Preset struct {
 	// see (testbed.Config.TCPPenalty, from the first node to the second), by "NODE:NODE": the
 	// closed loop's scenario (C), found by its latency correction from grpc-go's attempt metric.
 	L7Penalty map[string]float64
+	// Poisson sends the load at Poisson arrival times instead of a constant rate (loadgen's
+	// Config.Poisson; REPRODUCE_ARRIVALS=poisson): many independent clients, as a cluster's
+	// users are. A constant rate split round-robin gives each pod a near-even stream, which a
+	// pod throttled by its CPU quota pays nothing for until its limit.
+	Poisson bool
 	// Smoke: the run is checked for what holds on any run of a working loop (smokeProblems,
 	// reportProblems: every row served, the report whole, the plans' network cost in the
 	// policies' order, the rebalancer settled), not for the paper's P99 claims (checkClaims).
@@ -367,7 +372,8 @@ var Presets = map[string]Preset{
 // peers, unseen: Preset.Slow),
 // REPRODUCE_L7_PENALTY (NODE:NODE=MS,…: a hidden L7 penalty between two nodes: Preset.L7Penalty),
 // REPRODUCE_NODE_SPEED (NODE=FACTOR,…: nodes slower or faster than the rest, unseen by
-// Kubernetes and edgeflow: HEART's heterogeneous cluster), REPRODUCE_FIND_MAX (0 or 1). The
+// Kubernetes and edgeflow: HEART's heterogeneous cluster), REPRODUCE_ARRIVALS (poisson or
+// constant: Preset.Poisson), REPRODUCE_FIND_MAX (0 or 1). The
 // report names the preset and says what ran.
 func Override(p Preset, getenv func(string) string) (Preset, error) {
 	if v := getenv("REPRODUCE_APPS"); v != "" {
@@ -534,6 +540,14 @@ func Override(p Preset, getenv func(string) string) (Preset, error) {
 			p.L7Penalty[a+":"+b] = x
 		}
 		p.Name += "+l7"
+	}
+	switch v := getenv("REPRODUCE_ARRIVALS"); v {
+	case "":
+	case "poisson", "constant":
+		p.Poisson = v == "poisson"
+		p.Name += "+" + v
+	default:
+		return p, fmt.Errorf("REPRODUCE_ARRIVALS: %q (want poisson or constant)", v)
 	}
 	if v := getenv("REPRODUCE_FIND_MAX"); v != "" {
 		p.FindMax = v == "1"

@@ -49,14 +49,18 @@ func TestOverrideReplicas(t *testing.T) {
 }
 
 // TestOverrideCPUAndWorkload: REPRODUCE_CPU sets the named components' CPU requests in a copy;
-// REPRODUCE_WORKLOAD changes the named fields of the preset's workload only; bad entries are
+// REPRODUCE_WORKLOAD changes the named fields of the preset's workload only; REPRODUCE_ARRIVALS
+// sends Poisson arrivals; bad entries are
 // refused naming the variable and the entry.
 func TestOverrideCPUAndWorkload(t *testing.T) {
 	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
 	p, err := Override(Presets["paper"], env(map[string]string{"REPRODUCE_CPU": "productpage=500m,a=250m",
-		"REPRODUCE_WORKLOAD": "service=2ms,fixed=1ms,limit=0,cores=2,metrics=1"}))
+		"REPRODUCE_WORKLOAD": "service=2ms,fixed=1ms,limit=0,cores=2,metrics=1", "REPRODUCE_ARRIVALS": "poisson"}))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !p.Poisson || Presets["paper"].Poisson || !strings.HasSuffix(p.Name, "+poisson") {
+		t.Errorf("REPRODUCE_ARRIVALS=poisson: Poisson %v (the package's paper preset %v), name %q", p.Poisson, Presets["paper"].Poisson, p.Name)
 	}
 	if c := p.Apps[0].Components[0]; c.Name != "productpage" || c.CPU != "500m" || p.Apps[0].Components[1].CPU != "100m" {
 		t.Errorf("bookinfo's components after REPRODUCE_CPU: %+v", p.Apps[0].Components)
@@ -83,6 +87,7 @@ func TestOverrideCPUAndWorkload(t *testing.T) {
 		{"REPRODUCE_WORKLOAD", "workers=0", `"workers=0"`},
 		{"REPRODUCE_WORKLOAD", "limit=yes", `"limit=yes"`},
 		{"REPRODUCE_WORKLOAD", "speed=2", `"speed=2"`},
+		{"REPRODUCE_ARRIVALS", "bursty", `"bursty"`},
 		{"REPRODUCE_WORKLOAD", "service=1ms,fixed=2ms", "fixed 2ms is more than service 1ms"},
 	} {
 		_, err := Override(Presets["paper"], env(map[string]string{c.key: c.value}))

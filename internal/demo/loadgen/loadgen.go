@@ -1,5 +1,6 @@
-// Package loadgen is an open-loop, constant-rate load generator in the manner of wrk2. Request i
-// is due at start + i/rate whether or not earlier requests have finished, and its latency is
+// Package loadgen is an open-loop load generator in the manner of wrk2. Request i is due at
+// start + i/rate (constant rate; or at Poisson arrival times of that rate, Config.Poisson)
+// whether or not earlier requests have finished, and its latency is
 // measured from that intended send time, not from when it was actually sent, so a server that
 // stalls cannot hide the stall by slowing the generator down (no coordinated omission).
 // Latencies are kept as exact samples; percentiles are nearest-rank over the sorted samples.
@@ -10,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"sort"
 	"sync"
 	"time"
@@ -31,22 +33,50 @@ type Config struct {
 	// Timeout bounds each request (from its intended send time); a request that times out
 	// counts as an error and in Result.Timeouts. 0 means none.
 	Timeout time.Duration
+	// Poisson sends at the arrival times of a Poisson process of rate Rate (independent
+	// exponential gaps, drawn from Seed) instead of every 1/Rate: the arrivals of many
+	// independent clients, which a constant rate is not. A pod throttled by a CPU quota or a
+	// single queue pays for the bursts a constant rate never sends.
+	Poisson bool
+	// Seed seeds the Poisson gaps: the same seed sends the same schedule.
+	Seed uint64
 }
 
-// Schedule is the constant-rate send schedule: request i is due at offset At(i) from the start.
+// Schedule is the send schedule: request i is due at offset At(i) from the start. The zero
+// Poisson is the constant rate; a Poisson schedule is drawn as it is read, so one Schedule is
+// for one goroutine.
 type Schedule struct {
 	// Rate is in requests per second.
 	Rate float64
+	// Poisson draws exponential gaps of mean 1/Rate from Seed (Config.Poisson).
+	Poisson bool
+	Seed    uint64
+
+	rng *rand.Rand
+	at  []time.Duration // Poisson: the offsets drawn so far
+	sum float64         // Poisson: the last offset drawn, in seconds (unrounded)
 }
 
 // At returns the intended send offset of request i: i/Rate seconds, exactly (no drift
-// accumulates however many requests are sent).
-func (s Schedule) At(i int) time.Duration {
-	return time.Duration(math.Round(float64(i) * float64(time.Second) / s.Rate))
+// accumulates however many requests are sent); under Poisson the sum of i+1 exponential gaps
+// (the first request is due after one gap, as a Poisson process's first arrival).
+func (s *Schedule) At(i int) time.Duration {
+	if !s.Poisson {
+		return time.Duration(math.Round(float64(i) * float64(time.Second) / s.Rate))
+	}
+	if s.rng == nil {
+		s.rng = rand.New(rand.NewPCG(s.Seed, 0x10ad))
+	}
+	for len(s.at) <= i {
+		s.sum += s.rng.ExpFloat64() / s.Rate
+		s.at = append(s.at, time.Duration(math.Round(s.sum*float64(time.Second))))
+	}
+	return s.at[i]
 }
 
-// Count returns the number of requests due in [0, d): ⌈d·Rate⌉ (up to rounding of At).
-func (s Schedule) Count(d time.Duration) int {
+// Count returns the number of requests due in [0, d): ⌈d·Rate⌉ (up to rounding of At) at a
+// constant rate; under Poisson, as many as the drawn arrivals before d.
+func (s *Schedule) Count(d time.Duration) int {
 	n := int(math.Ceil(d.Seconds() * s.Rate))
 	for n > 0 && s.At(n-1) >= d {
 		n--
@@ -99,7 +129,7 @@ func Run(ctx context.Context, cfg Config, do Request) (*Result, error) {
 	if cfg.Duration <= 0 || cfg.Warmup < 0 || cfg.Timeout < 0 {
 		return nil, fmt.Errorf("loadgen: bad durations (warmup %v, duration %v, timeout %v)", cfg.Warmup, cfg.Duration, cfg.Timeout)
 	}
-	sched := Schedule{Rate: cfg.Rate}
+	sched := &Schedule{Rate: cfg.Rate, Poisson: cfg.Poisson, Seed: cfg.Seed}
 	first := sched.Count(cfg.Warmup)
 	end := sched.Count(cfg.Warmup + cfg.Duration)
 

@@ -3,6 +3,7 @@ package loadgen
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,7 +25,7 @@ func TestScheduleAt(t *testing.T) {
 		{rate: 0.5, i: 3, want: 6 * time.Second},
 	}
 	for _, tc := range tests {
-		if got := (Schedule{Rate: tc.rate}).At(tc.i); got != tc.want {
+		if got := (&Schedule{Rate: tc.rate}).At(tc.i); got != tc.want {
 			t.Errorf("Schedule{%v}.At(%d) = %v, want %v", tc.rate, tc.i, got, tc.want)
 		}
 	}
@@ -45,7 +46,7 @@ func TestScheduleCount(t *testing.T) {
 		{rate: 300, d: 10 * time.Second, want: 3000},
 	}
 	for _, tc := range tests {
-		s := Schedule{Rate: tc.rate}
+		s := &Schedule{Rate: tc.rate}
 		got := s.Count(tc.d)
 		if got != tc.want {
 			t.Errorf("Schedule{%v}.Count(%v) = %d, want %d", tc.rate, tc.d, got, tc.want)
@@ -162,11 +163,11 @@ func TestRunOpenLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantAll := (Schedule{Rate: rate}).Count(cfg.Warmup + cfg.Duration)
+	wantAll := (&Schedule{Rate: rate}).Count(cfg.Warmup + cfg.Duration)
 	if got := int(calls.Load()); got != wantAll {
 		t.Errorf("sent %d requests, want %d", got, wantAll)
 	}
-	if want := (Schedule{Rate: rate}).Count(cfg.Duration); res.Sent != want || res.OK != want || res.Errors != 0 {
+	if want := (&Schedule{Rate: rate}).Count(cfg.Duration); res.Sent != want || res.OK != want || res.Errors != 0 {
 		t.Errorf("Sent/OK/Errors = %d/%d/%d, want %d/%d/0", res.Sent, res.OK, res.Errors, want, want)
 	}
 	if inFlightMax.Load() < 10 {
@@ -248,5 +249,46 @@ func TestMerge(t *testing.T) {
 	}
 	if want := NewSamples(ms(1, 3, 5)); len(got.Latency) != 3 || got.Latency[0] != want[0] || got.Latency[2] != want[2] {
 		t.Errorf("latencies %v, want %v (sorted)", got.Latency, want)
+	}
+}
+
+// TestPoissonSchedule: a Poisson schedule's gaps are exponential of mean 1/rate (mean within
+// 2 %, squared coefficient of variation within 5 % of 1, and P(gap > mean) near e⁻¹, over
+// 100,000 arrivals), the same seed draws the same schedule and another seed another, offsets
+// never decrease, and Count agrees with At as for the constant rate.
+func TestPoissonSchedule(t *testing.T) {
+	const rate, n = 200.0, 100_000
+	s := &Schedule{Rate: rate, Poisson: true, Seed: 3}
+	var sum, sumSq float64
+	over := 0
+	prev := time.Duration(0)
+	for i := range n {
+		at := s.At(i)
+		if at < prev {
+			t.Fatalf("At(%d) = %v before At(%d) = %v", i, at, i-1, prev)
+		}
+		gap := (at - prev).Seconds()
+		sum += gap
+		sumSq += gap * gap
+		if gap > 1/rate {
+			over++
+		}
+		prev = at
+	}
+	mean := sum / n
+	scv := (sumSq/n - mean*mean) / (mean * mean)
+	t.Logf("gaps: mean %.4g s (1/rate %.4g), squared CV %.3f, P(gap > 1/rate) %.3f (e⁻¹ %.3f)", mean, 1/rate, scv, float64(over)/n, math.Exp(-1))
+	if math.Abs(mean*rate-1) > 0.02 || math.Abs(scv-1) > 0.05 || math.Abs(float64(over)/n-math.Exp(-1)) > 0.01 {
+		t.Errorf("the gaps are not exponential of mean 1/rate")
+	}
+	same, other := &Schedule{Rate: rate, Poisson: true, Seed: 3}, &Schedule{Rate: rate, Poisson: true, Seed: 4}
+	if same.At(999) != s.At(999) || other.At(999) == s.At(999) {
+		t.Errorf("seed 3 twice: %v, %v; seed 4: %v: want the same schedule for the same seed only", s.At(999), same.At(999), other.At(999))
+	}
+	for _, d := range []time.Duration{0, time.Millisecond, time.Second, 7 * time.Second} {
+		c := s.Count(d)
+		if c > 0 && s.At(c-1) >= d || s.At(c) < d {
+			t.Errorf("Count(%v) = %d: At(%d) = %v, At(%d) = %v", d, c, c-1, s.At(max(c-1, 0)), c, s.At(c))
+		}
 	}
 }
