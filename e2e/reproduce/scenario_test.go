@@ -207,3 +207,21 @@ func TestClosedLoopRowsAndSlow(t *testing.T) {
 		t.Error("REPRODUCE_SLOW with the LARP rows accepted")
 	}
 }
+
+// TestSettleForEstimatorRows: a run with a row that plans on measured capacities settles a new
+// placement long enough for the estimator's first estimates (EstimatorSettle); one without
+// keeps the preset's settle time, and a preset without any settles none.
+func TestSettleForEstimatorRows(t *testing.T) {
+	p := Presets["paper"]
+	if got := settleFor(p); got != SettleTime {
+		t.Errorf("paper's seven rows: settle %v, want %v", got, SettleTime)
+	}
+	p.Policies = []string{"localization", "closed-loop"}
+	if got := settleFor(p); got != EstimatorSettle {
+		t.Errorf("with closed-loop: settle %v, want %v", got, EstimatorSettle)
+	}
+	p.Settle = -1
+	if got := settleFor(p); got != 0 {
+		t.Errorf("no settle asked, with closed-loop: %v, want none", got)
+	}
+}
