@@ -96,7 +96,7 @@ func TestRunPolicyFollowsThePlan(t *testing.T) {
 	for pod, st := range out.Pods {
 		fromOutside[strings.TrimRight(pod, "-0123456789")] += st.Received[""]
 	}
-	all := loadgen.Schedule{Rate: rate}.Count(sc.Load.Warmup + sc.Load.Duration)
+	all := (&loadgen.Schedule{Rate: rate}).Count(sc.Load.Warmup + sc.Load.Duration)
 	if fromOutside["productpage"] != uint64(all) {
 		t.Errorf("productpage received %d requests from outside, the load generator sent %d", fromOutside["productpage"], all)
 	}
@@ -291,8 +291,8 @@ func injected(t *testing.T, sc Scenario, out *Outcome, rate float64) (lo, hi tim
 		longest = max(longest, l.MS*scale)
 	}
 	maxPerRequest := longest * float64(len(sc.Cluster.Topology.Calls))
-	all := float64(loadgen.Schedule{Rate: rate}.Count(sc.Load.Warmup + sc.Load.Duration))
-	warm := float64(loadgen.Schedule{Rate: rate}.Count(sc.Load.Warmup))
+	all := float64((&loadgen.Schedule{Rate: rate}).Count(sc.Load.Warmup + sc.Load.Duration))
+	warm := float64((&loadgen.Schedule{Rate: rate}).Count(sc.Load.Warmup))
 	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
 	return ms(max(0, total-warm*maxPerRequest) / (all - warm)), ms(total / (all - warm))
 }
