@@ -2,9 +2,12 @@ package app
 
 import (
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgeflow/edgeflow/optimizer"
 )
 
 func newQuota(t *testing.T, limit float64, period time.Duration) *cpuQuota {
@@ -110,6 +113,61 @@ func TestPodRejectsBadCPULimit(t *testing.T) {
 		_, err := NewPod(Config{Name: "p", Workers: 1, CPULimit: c.limit, CPUPeriod: c.period})
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "pod p") {
 			t.Errorf("limit %v, period %v: error %v; want one naming pod p and %q", c.limit, c.period, err, c.want)
+		}
+	}
+}
+
+// TestQuotaModelBoundsTheQuota: lata-q's model of a CPU-limited pod (optimizer's podQueue: the
+// request's CPU s = limit/μ, then Erlang C's wait over c = ⌊μ·100 ms⌋ slots of μ/c) is at or
+// above the mean sojourn of this package's quota (cpuQuota, in virtual time: no sleeping) at
+// every load from 10 to 90 % of μ, for the paper preset's called pod (100m, 0.8 ms fixed + 0.3
+// ms exponential of work a request, 2 workers) under Poisson arrivals, 60,000 requests a load.
+// This is the simulation optimizer/quota.go cites.
+func TestQuotaModelBoundsTheQuota(t *testing.T) {
+	const (
+		limit   = 0.1
+		fixed   = 800 * time.Microsecond
+		mean    = 1100 * time.Microsecond
+		workers = 2
+		n       = 60_000
+	)
+	mu := limit / mean.Seconds()
+	for _, rho := range []float64{0.1, 0.2, 0.36, 0.5, 0.6, 0.74, 0.83, 0.9} {
+		q, err := newCPUQuota(limit, DefaultCPUPeriod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(1, uint64(rho*100)))
+		lambda := rho * mu
+		free := make([]time.Time, workers)
+		at := time.Unix(1_800_000_000, 0)
+		for i := range free {
+			free[i] = at
+		}
+		var sum time.Duration
+		for range n {
+			at = at.Add(time.Duration(rng.ExpFloat64() / lambda * float64(time.Second)))
+			work := fixed + time.Duration(rng.ExpFloat64()*float64(mean-fixed))
+			k := 0
+			for i := range free {
+				if free[i].Before(free[k]) {
+					k = i
+				}
+			}
+			start := at
+			if free[k].After(start) {
+				start = free[k]
+			}
+			done, _ := q.run(start, work)
+			free[k] = done
+			sum += done.Sub(at)
+		}
+		sim := (sum / n).Seconds() * 1000
+		model := 1000 * optimizer.QuotaSojourn(lambda, mu, 1000*limit)
+		mm1 := 1000 / (mu - lambda)
+		t.Logf("ρ %.2f: quota simulated %.2f ms, the model %.2f ms, M/M/1 %.2f ms", rho, sim, model, mm1)
+		if model < sim-0.02 {
+			t.Errorf("ρ %.2f: the model's %.2f ms is under the simulated quota's %.2f ms", rho, model, sim)
 		}
 	}
 }
