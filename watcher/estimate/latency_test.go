@@ -417,6 +417,45 @@ func TestLatencyBaselinePerService(t *testing.T) {
 	}
 }
 
+// The noisy world of TestLatencyNoPenaltyFromNoise and TestLatencyRealPenaltyKeptThroughNoise:
+// 4 nodes, one service, callee pods of 30 ms inbound time, 2 ms between nodes, 300 attempts a
+// pair a round whose mean scatters by noiseMS (one draw a pair, in node order), plus penaltyMS
+// on penalised (a pair; the zero pair: none).
+const (
+	noisyInbound  = 30.0 // the testbed's callee pods: 11–22 ms
+	noisyRTT      = 2.0
+	noisyAttempts = 300
+)
+
+var noisyNodes = []string{"a", "b", "c", "d"}
+
+func noisyICMP(p NodePair) (float64, bool) {
+	if p.From == p.To {
+		return 0, true
+	}
+	return noisyRTT, true
+}
+
+func noisyRound(rng *rand.Rand, noiseMS float64, penalised NodePair, penaltyMS float64) ([]PathWindow, []BandWindow) {
+	var paths []PathWindow
+	var bands []BandWindow
+	for _, v := range noisyNodes {
+		bands = append(bands, BandWindow{Service: "s", Node: v, Requests: 1000, InboundMS: 1000 * noisyInbound})
+		for _, u := range noisyNodes {
+			extra := 0.5 + rng.NormFloat64()*noiseMS
+			if u != v {
+				extra += noisyRTT
+			}
+			if (NodePair{u, v}) == penalised {
+				extra += penaltyMS
+			}
+			paths = append(paths, PathWindow{Pair: NodePair{u, v}, Service: "s", Attempts: noisyAttempts,
+				AttemptMS: noisyAttempts * (noisyInbound + extra)})
+		}
+	}
+	return paths, bands
+}
+
 // TestLatencyNoPenaltyFromNoise: four nodes, a callee band on each, every node calling every
 // node, no penalty anywhere, and every path's window paying noise its baseline does not cancel
 // (normal, 6 ms a window's mean: the netns testbed's estimates of pairs without a penalty
@@ -428,40 +467,18 @@ func TestLatencyBaselinePerService(t *testing.T) {
 // under 10 %. Measured: 1.6 % and 3.8 %; with the rule before (t at 95 % on each pair, and a
 // penalty kept until an estimate differed from it beyond the band) 9.7 % and 94 %.
 func TestLatencyNoPenaltyFromNoise(t *testing.T) {
-	nodes := []string{"a", "b", "c", "d"}
 	const (
-		inbound  = 30.0 // the testbed's callee pods: 11–22 ms
-		rtt      = 2.0
-		noiseMS  = 6.0
-		attempts = 300
-		rounds   = 200
+		noiseMS = 6.0
+		rounds  = 200
 	)
-	icmp := func(p NodePair) (float64, bool) {
-		if p.From == p.To {
-			return 0, true
-		}
-		return rtt, true
-	}
 	var entries, inForce, total int
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		c := newCorrector(t, LatencyConfig{MinRequests: 100})
 		held := map[NodePair]bool{}
 		for range rounds {
-			var paths []PathWindow
-			var bands []BandWindow
-			for _, v := range nodes {
-				bands = append(bands, BandWindow{Service: "s", Node: v, Requests: 1000, InboundMS: 1000 * inbound})
-				for _, u := range nodes {
-					extra := 0.5 + rng.NormFloat64()*noiseMS
-					if u != v {
-						extra += rtt
-					}
-					paths = append(paths, PathWindow{Pair: NodePair{u, v}, Service: "s", Attempts: attempts,
-						AttemptMS: attempts * (inbound + extra)})
-				}
-			}
-			got, err := c.Observe(paths, bands, icmp)
+			paths, bands := noisyRound(rng, noiseMS, NodePair{}, 0)
+			got, err := c.Observe(paths, bands, noisyICMP)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -568,45 +585,20 @@ func TestLatencyDetectionFloor(t *testing.T) {
 // family-wise): no penalty in 21.4 % of the rounds after it entered (20 seeds × 200 rounds).
 // Now 9.2 %.
 func TestLatencyRealPenaltyKeptThroughNoise(t *testing.T) {
-	nodes := []string{"a", "b", "c", "d"}
 	ab := NodePair{"a", "b"}
 	const (
-		inbound  = 30.0
-		rtt      = 2.0
-		penalty  = 3.0
-		noiseMS  = 1.0
-		attempts = 300
-		rounds   = 200
+		penalty = 3.0
+		noiseMS = 1.0
+		rounds  = 200
 	)
-	icmp := func(p NodePair) (float64, bool) {
-		if p.From == p.To {
-			return 0, true
-		}
-		return rtt, true
-	}
 	var after, missing, exits int
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 11))
 		c := newCorrector(t, LatencyConfig{MinRequests: 100})
 		entered, held := false, false
 		for range rounds {
-			var paths []PathWindow
-			var bands []BandWindow
-			for _, v := range nodes {
-				bands = append(bands, BandWindow{Service: "s", Node: v, Requests: 1000, InboundMS: 1000 * inbound})
-				for _, u := range nodes {
-					extra := 0.5 + rng.NormFloat64()*noiseMS
-					if u != v {
-						extra += rtt
-					}
-					if (NodePair{u, v}) == ab {
-						extra += penalty
-					}
-					paths = append(paths, PathWindow{Pair: NodePair{u, v}, Service: "s", Attempts: attempts,
-						AttemptMS: attempts * (inbound + extra)})
-				}
-			}
-			got, err := c.Observe(paths, bands, icmp)
+			paths, bands := noisyRound(rng, noiseMS, ab, penalty)
+			got, err := c.Observe(paths, bands, noisyICMP)
 			if err != nil {
 				t.Fatal(err)
 			}
