@@ -130,7 +130,7 @@ func sameStructure(a, b *Topology) (ok bool, podsChanged []int) {
 
 // sameServiceHead compares everything of a service but its pods.
 func sameServiceHead(a, b *Service) bool {
-	if a.Name != b.Name || a.Namespace != b.Namespace || a.CPU != b.CPU || a.CPULimit != b.CPULimit || a.Memory != b.Memory ||
+	if a.Name != b.Name || a.Namespace != b.Namespace || a.CPU != b.CPU || a.CPULimit != b.CPULimit || a.QueueScale != b.QueueScale || a.Memory != b.Memory ||
 		a.Replicas != b.Replicas || len(a.Ports) != len(b.Ports) || !sameFloat(a.CapacityRPS, b.CapacityRPS) {
 		return false
 	}

@@ -139,7 +139,10 @@ type ServiceModel struct {
 	// CPULimit is each pod's CPU limit in millicores (Service.CPULimit; 0: none): lata-q prices
 	// its pods' queueing by podQueue's quota model.
 	CPULimit int64
-	Count    int // replicas to place (len(Pods) when placed)
+	// QueueScale is the share of the quota model's wait lata-q prices (Service.QueueScale; 1
+	// when the service gives none).
+	QueueScale float64
+	Count      int // replicas to place (len(Pods) when placed)
 }
 
 // TotalWeight is Σ w_p over the service's pods.
@@ -499,7 +502,7 @@ func checkPorts(s *Service, bad *problems) {
 }
 
 func compileService(s Service, nodes map[string]int, podNames map[string]string, opts Options, bad *problems) ServiceModel {
-	sm := ServiceModel{Name: s.Key(), CPU: s.CPU, Mem: s.Memory, CPULimit: s.CPULimit, Count: s.ReplicaCount()}
+	sm := ServiceModel{Name: s.Key(), CPU: s.CPU, Mem: s.Memory, CPULimit: s.CPULimit, QueueScale: 1, Count: s.ReplicaCount()}
 	svcName := s.Name
 	s.Name = s.Key() // messages name the service as the topology refers to it
 	if s.CPU < 0 || s.Memory < 0 {
@@ -508,6 +511,13 @@ func compileService(s Service, nodes map[string]int, podNames map[string]string,
 	if s.CPULimit < 0 {
 		bad.add("service %q: cpu_limit %d: must not be negative", s.Name, s.CPULimit)
 		sm.CPULimit = 0
+	}
+	switch q := s.QueueScale; {
+	case q == 0:
+	case !(q > 0 && q <= 1):
+		bad.add("service %q: queue_scale %v: must be in (0, 1]", s.Name, q)
+	default:
+		sm.QueueScale = q
 	}
 	svcCapacity := 0.0
 	if c := s.CapacityRPS; c != nil {

@@ -56,7 +56,7 @@ func PredictedOwnTimeMS(t *Topology, a *Allocation) map[string]float64 {
 			}
 			load += l
 			if s.CPULimit > 0 {
-				sojourns += l * 1000 * newPodQueue(mu, s.CPULimit).sojourn(l) // lata-q's quota model
+				sojourns += l * 1000 * newPodQueue(mu, s.CPULimit, s.QueueScale).sojourn(l) // lata-q's quota model
 				continue
 			}
 			sojourns += l * 1000 * MMcSojourn(l, mu/float64(c), c)

@@ -33,24 +33,33 @@ const maxQuotaSlots = 1000
 // from 10 to 90 % of μ (0.36: 1.21 vs 1.13 ms; 0.60: 4.4 vs 1.7; 0.74: 14.3 vs 3.3; 0.90: 76 vs
 // 21), where M/M/1 says 17, 28, 42 and 110 ms: an upper bound with the quota's shape, 2.5–4.4×
 // too high between 60 and 90 % of μ.
+//
+// Being a bound, the wait is priced at a share of itself where the closed loop has measured less
+// (Service.QueueScale, the WaitScaler's Σ measured / Σ predicted wait, in (0, 1]): s + κ·wait.
+// κ scales the wait at every load alike, so the model keeps its shape (convex, the wall at μ)
+// and the plan its cap.
 type podQueue struct {
 	mu    float64 // the service rate, requests/s
 	slots int     // 0: M/M/1; else c, the requests a CFS period serves
 	cpu   float64 // s, the CPU seconds of a request (slots > 0)
+	scale float64 // κ, the share of the wait priced (slots > 0)
 }
 
 // queueOf is lata-q's model of pod p of s.
 func (s *ServiceModel) queueOf(p PodRef) podQueue {
-	return newPodQueue(p.CapacityRPS, s.CPULimit)
+	return newPodQueue(p.CapacityRPS, s.CPULimit, s.QueueScale)
 }
 
-// newPodQueue is the model of a pod of service rate mu (requests/s) and CPU limit limit
-// (millicores; 0: none).
-func newPodQueue(mu float64, limit int64) podQueue {
+// newPodQueue is the model of a pod of service rate mu (requests/s), CPU limit limit
+// (millicores; 0: none) and wait scale scale (in (0, 1]; otherwise 1).
+func newPodQueue(mu float64, limit int64, scale float64) podQueue {
 	if limit <= 0 || !(mu > 0) {
 		return podQueue{mu: mu}
 	}
-	return podQueue{mu: mu, slots: int(min(maxQuotaSlots, max(1, math.Floor(mu*CFSPeriod)))), cpu: float64(limit) / 1000 / mu}
+	if !(scale > 0 && scale <= 1) {
+		scale = 1
+	}
+	return podQueue{mu: mu, slots: int(min(maxQuotaSlots, max(1, math.Floor(mu*CFSPeriod)))), cpu: float64(limit) / 1000 / mu, scale: scale}
 }
 
 // sojourn is the mean time (seconds) a request spends in the pod at load l: +Inf at or past μ.
@@ -61,9 +70,13 @@ func (q podQueue) sojourn(l float64) float64 {
 	if q.slots == 0 {
 		return 1 / (q.mu - l)
 	}
+	return q.cpu + q.scale*q.wait(l)
+}
+
+// wait is the quota model's wait at load l below μ, unscaled: Erlang C's wait alone.
+func (q podQueue) wait(l float64) float64 {
 	c := float64(q.slots)
-	wait := MMcSojourn(l, q.mu/c, q.slots) - c/q.mu // Erlang C's wait alone
-	return q.cpu + max(wait, 0)
+	return max(MMcSojourn(l, q.mu/c, q.slots)-c/q.mu, 0)
 }
 
 // cost is the pod's term in lata-q's objective, 1000·ℓ·sojourn(ℓ) ms·req/s.
@@ -76,5 +89,19 @@ func (q podQueue) cost(l float64) float64 {
 
 // QuotaSojourn is the mean time in seconds a request spends in a pod of service rate mu
 // (requests/s) with a CPU limit of limit millicores at load l, as lata-q prices it (podQueue's
-// quota model; +Inf at or past mu). With limit 0 it is M/M/1's 1/(mu − l).
-func QuotaSojourn(l, mu float64, limit int64) float64 { return newPodQueue(mu, limit).sojourn(l) }
+// quota model, its whole wait; +Inf at or past mu). With limit 0 it is M/M/1's 1/(mu − l).
+func QuotaSojourn(l, mu float64, limit int64) float64 { return newPodQueue(mu, limit, 1).sojourn(l) }
+
+// QuotaWait is the quota model's wait in seconds (its sojourn less the CPU a request takes,
+// limit/mu) in a pod of service rate mu and CPU limit limit millicores (> 0) at load l: the
+// share of it lata-q prices is Service.QueueScale. +Inf at or past mu.
+func QuotaWait(l, mu float64, limit int64) float64 {
+	q := newPodQueue(mu, limit, 1)
+	if l >= mu {
+		return math.Inf(1)
+	}
+	if q.slots == 0 {
+		return q.sojourn(l) - 1/mu
+	}
+	return q.wait(l)
+}

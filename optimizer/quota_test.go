@@ -3,6 +3,7 @@ package optimizer
 import (
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -15,7 +16,7 @@ func TestQuotaQueueShape(t *testing.T) {
 	for _, limit := range []int64{50, 100, 300, 1000, 4000} {
 		for _, cpuMS := range []float64{0.2, 1.1, 5, 20} {
 			mu := float64(limit) / 1000 / (cpuMS / 1000)
-			q := newPodQueue(mu, limit)
+			q := newPodQueue(mu, limit, 1)
 			if got := q.sojourn(0); math.Abs(got-cpuMS/1000) > 1e-12 {
 				t.Errorf("limit %dm, %g ms a request: sojourn at no load %v s, want the CPU %v s", limit, cpuMS, got, cpuMS/1000)
 			}
@@ -112,5 +113,81 @@ func TestLATAQKeepsQuotaPodsLocal(t *testing.T) {
 		if share < 0.2 {
 			t.Errorf("300 req/s, limit %dm: %.1f %% across nodes; the local pods cannot take 100 req/s each", limit, 100*share)
 		}
+	}
+}
+
+// TestQueueScaleLowersTheWait: a service's queue_scale prices that share of the quota model's
+// wait (s + κ·wait, convex still), is rejected outside (0, 1], and moves lata-q's plan on the
+// paper preset's first hop toward the nodes' own pods as κ falls, never past the cap. At 200
+// req/s (67 req/s a local pod, 74 % of μ) the share across nodes is 24.1 % at κ = 1, 19.5 % at
+// 0.2 (about what the simulated quota waits under Poisson arrivals) and 3.2 % at 0.05; at 300
+// req/s the local pods' cap holds it at 25 %.
+func TestQueueScaleLowersTheWait(t *testing.T) {
+	mu := 0.1 / 0.0011
+	full, scaled := newPodQueue(mu, 100, 1), newPodQueue(mu, 100, 0.2)
+	for rho := 0.1; rho < 0.99; rho += 0.1 {
+		l := rho * mu
+		if got, want := scaled.sojourn(l)-scaled.cpu, 0.2*(full.sojourn(l)-full.cpu); math.Abs(got-want) > 1e-12 {
+			t.Errorf("ρ %.1f: scaled wait %v s, want 0.2 × %v", rho, got, full.sojourn(l)-full.cpu)
+		}
+	}
+	segs := queueSegments(0, scaled, 0, 0.99, QueueResolution)
+	for i := 1; i < len(segs); i++ {
+		if segs[i].slope < segs[i-1].slope*(1-1e-9) {
+			t.Fatalf("scaled model: slope falls from %v to %v at segment %d: not convex", segs[i-1].slope, segs[i].slope, i)
+		}
+	}
+	for _, bad := range []float64{-0.5, 1.5, math.NaN()} {
+		top := quotaBookinfo(100, 100)
+		top.Services[1].QueueScale = bad
+		if _, err := Compile(top, Options{}); err == nil || !strings.Contains(err.Error(), "queue_scale") {
+			t.Errorf("queue_scale %v: Compile said %v, want an error naming queue_scale", bad, err)
+		}
+	}
+	across := func(rate, scale float64) (float64, map[string]float64) {
+		t.Helper()
+		top := quotaBookinfo(rate, 100)
+		top.Services[1].QueueScale = scale
+		m, err := Compile(top, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := Plan(m, LATAQ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cross float64
+		load := map[string]float64{}
+		for _, r := range a.Calls[0].Routes {
+			if r.LatencyMS > 0 {
+				cross += r.RPS
+			}
+			load[r.Callee] += r.RPS
+		}
+		return cross / rate, load
+	}
+	for _, rate := range []float64{200, 300} {
+		last := 2.0
+		for _, scale := range []float64{1, 0.5, 0.2, 0.05} {
+			share, load := across(rate, scale)
+			t.Logf("%g req/s, queue_scale %g: %.1f %% across nodes, loads %v", rate, scale, 100*share, load)
+			if share > last+1e-9 {
+				t.Errorf("%g req/s, queue_scale %g: %.1f %% across, more than at a higher scale (%.1f %%)", rate, scale, 100*share, 100*last)
+			}
+			last = share
+			for pod, l := range load {
+				if l > DefaultUtilizationCap*mu*(1+1e-6) {
+					t.Errorf("%g req/s, queue_scale %g: %s at %.1f req/s, past the cap", rate, scale, pod, l)
+				}
+			}
+		}
+	}
+	// The scaler's floor is what a pod that measured no wait gets (a constant stream under its
+	// quota): the plan is then nearly Localization's.
+	if share, _ := across(200, 0.05); share > 0.05 {
+		t.Errorf("200 req/s, queue_scale 0.05 (the WaitScaler's floor): %.1f %% across; want at most 5 %%", 100*share)
+	}
+	if lo, _ := across(200, 0.2); lo >= func() float64 { hi, _ := across(200, 1); return hi }() {
+		t.Errorf("200 req/s: queue_scale 0.2 sends %.1f %% across, no fewer than the whole model", 100*lo)
 	}
 }

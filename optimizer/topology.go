@@ -81,8 +81,13 @@ type Service struct {
 	// 0: none). A limited pod is throttled by CFS quota past it: lata-q prices its queueing
 	// by the quota's model (podQueue), not as one M/M/1 server.
 	CPULimit int64 `json:"cpu_limit,omitempty" yaml:"cpu_limit,omitempty"`
-	Pods     []Pod `json:"pods,omitempty" yaml:"pods,omitempty"`
-	Replicas int   `json:"replicas,omitempty" yaml:"replicas,omitempty"`
+	// QueueScale, in (0, 1], is the share of the quota model's wait (the part past the CPU a
+	// request takes) lata-q prices a pod of this service at; 0 means 1, all of it. The closed
+	// loop sets it from the waits it measures (watcher/estimate.WaitScaler): the model is an
+	// upper bound. Only services with a CPULimit read it.
+	QueueScale float64 `json:"queue_scale,omitempty" yaml:"queue_scale,omitempty"`
+	Pods       []Pod   `json:"pods,omitempty" yaml:"pods,omitempty"`
+	Replicas   int     `json:"replicas,omitempty" yaml:"replicas,omitempty"`
 	// Selector is the label selector of the service's pods (a Kubernetes Service's
 	// spec.selector). The Istio DestinationRule mode selects a caller's sidecars with it; a
 	// topology file that gives none means {app: NAME}, Istio's and Bookinfo's convention.

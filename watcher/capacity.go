@@ -103,6 +103,8 @@ type capacityFeed struct {
 	capacity  map[string]float64                                  // in force (merge's), by NAMESPACE/POD: estimated as of the last window not held
 	published *optimizer.Allocation                               // the plan in force at the last window fed
 	tripped   []string                                            // the services the breaker tripped, sorted
+	waits     *estimate.WaitScaler                                // the quota model's wait scales, learned from every window fed
+	scale     map[string]float64                                  // in force (merge's), by service key: as of the last window not held
 }
 
 // capacityRound is what one feed did, for the caller to record.
@@ -121,6 +123,7 @@ type capacityRound struct {
 
 func newCapacityFeed(est *estimate.Estimator, breaker *estimate.Breaker, plan func() (*optimizer.Topology, *optimizer.Allocation)) *capacityFeed {
 	f := &capacityFeed{est: est, clock: time.Unix(0, 0), counters: map[string]estimate.Sample{}, estimated: map[string]float64{}, capacity: map[string]float64{}}
+	f.waits, _ = estimate.NewWaitScaler(estimate.WaitScaleConfig{}) // the defaults are valid
 	if breaker != nil && plan != nil {
 		f.breaker, f.plan = breaker, plan
 	}
@@ -154,7 +157,11 @@ func (f *capacityFeed) take(ks *kube.State, meas *prom.Measurements, judge bool)
 	}
 	service := map[string]string{} // NAMESPACE/POD → the key of the first service it backs
 	cores := map[string]float64{}  // NAMESPACE/POD → its CPU request in cores (absent: unknown)
+	limit := map[string]int64{}    // service key → its pods' CPU limit, millicores (CPU-limited services only)
 	for i, s := range ks.Services {
+		if s.CPULimit > 0 {
+			limit[s.Key()] = s.CPULimit
+		}
 		for _, p := range s.Pods {
 			key := s.Namespace + "/" + p.Name
 			if _, dup := service[key]; dup {
@@ -169,6 +176,7 @@ func (f *capacityFeed) take(ks *kube.State, meas *prom.Measurements, judge bool)
 		}
 	}
 	var samples []estimate.Sample
+	var fresh []prom.PodLoad
 	own := map[string]OwnTime{} // by service key: this window's
 	for _, l := range meas.Load {
 		key := l.Name()
@@ -188,6 +196,7 @@ func (f *capacityFeed) take(ks *kube.State, meas *prom.Measurements, judge bool)
 		c.CPUSeconds += l.CPUSeconds
 		f.counters[key] = c
 		samples = append(samples, c)
+		fresh = append(fresh, l)
 		o := own[svc]
 		o.Add(l.Requests, l.InboundMSSum, l.DownstreamMSSum)
 		own[svc] = o
@@ -206,13 +215,67 @@ func (f *capacityFeed) take(ks *kube.State, meas *prom.Measurements, judge bool)
 		}
 	}
 	f.estimated = CapacitiesInForce(caps, f.estimated)
+	scale, err := f.waits.Observe(QuotaWaits(fresh, service, limit, f.estimated))
+	if err != nil && r.err == nil {
+		r.err = err
+	}
 	if judge {
 		r.held = f.judge(own, &r)
 	}
 	if !r.held {
 		f.capacity = f.estimated
+		if err == nil {
+			f.scale = scale
+		}
 	}
 	return r
+}
+
+// QuotaWaits sums one window's waits per CPU-limited service (estimate.WaitWindow): for each
+// fresh pod load of a service with a limit (limit, millicores by service key; service maps
+// NAMESPACE/POD to its service key) and a capacity (requests/s by NAMESPACE/POD), the wait
+// measured, requests × max(0, own time − the CPU a request takes at that capacity, limit/μ),
+// against the one the quota model predicts at the load the pod carried, requests ×
+// optimizer.QuotaWait(requests/window, μ, limit). A pod at or past its capacity (no finite
+// prediction) is left out. Sorted by service.
+func QuotaWaits(loads []prom.PodLoad, service map[string]string, limit map[string]int64, capacity map[string]float64) []estimate.WaitWindow {
+	by := map[string]*estimate.WaitWindow{}
+	for _, l := range loads {
+		svc := service[l.Name()]
+		lim, mu := limit[svc], capacity[l.Name()]
+		if lim <= 0 || !(mu > 0) || !(l.Requests > 0) || !(l.Window > 0) {
+			continue
+		}
+		wait := optimizer.QuotaWait(l.Requests/l.Window.Seconds(), mu, lim)
+		if math.IsInf(wait, 0) || math.IsNaN(wait) {
+			continue
+		}
+		cpuMS := float64(lim) / mu // limit/1000 cores over μ, in ms
+		w := by[svc]
+		if w == nil {
+			w = &estimate.WaitWindow{Service: svc}
+			by[svc] = w
+		}
+		w.MeasuredMS += max(0, l.InboundMSSum-l.DownstreamMSSum-l.Requests*cpuMS)
+		w.PredictedMS += l.Requests * 1000 * wait
+		w.Requests += l.Requests
+	}
+	out := make([]estimate.WaitWindow, 0, len(by))
+	for _, w := range by {
+		out = append(out, *w)
+	}
+	slices.SortFunc(out, func(a, b estimate.WaitWindow) int { return strings.Compare(a.Service, b.Service) })
+	return out
+}
+
+// setQueueScale gives each CPU-limited service of t the wait scale in force (by service key;
+// estimate.WaitScaler), in place.
+func setQueueScale(t *optimizer.Topology, scale map[string]float64) {
+	for i := range t.Services {
+		if s := &t.Services[i]; s.CPULimit > 0 {
+			s.QueueScale = scale[s.Key()]
+		}
+	}
 }
 
 // OwnTime is one service's own time over one window: Σ (inbound − downstream) in ms over Σ

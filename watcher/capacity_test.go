@@ -545,3 +545,76 @@ func TestCapacitiesInForcePoolsAlikePods(t *testing.T) {
 		t.Errorf("within the hysteresis, in force %v, want 61 kept", got)
 	}
 }
+
+// TestQuotaWaits: one window's waits per CPU-limited service, by hand: a pod of capacity 100
+// req/s and a 100m limit takes 1 ms of CPU a request; at 60 req/s with 3 ms inbound and 0.5 ms
+// downstream a request it measured 1.5 ms of wait a request. A pod past its capacity, a pod of
+// a service without a limit and a pod of no service are left out.
+func TestQuotaWaits(t *testing.T) {
+	t.Parallel()
+	const window = 10 * time.Second
+	load := func(pod string, rps, inboundMS, downstreamMS float64) prom.PodLoad {
+		n := rps * window.Seconds()
+		return prom.PodLoad{Namespace: "default", Pod: pod, Window: window, Requests: n, InboundMSSum: n * inboundMS, DownstreamMSSum: n * downstreamMS}
+	}
+	got := QuotaWaits(
+		[]prom.PodLoad{load("api-1", 60, 3, 0.5), load("api-2", 120, 3, 0), load("web-1", 60, 3, 0), load("ghost", 60, 3, 0)},
+		map[string]string{"default/api-1": "api", "default/api-2": "api", "default/web-1": "web"},
+		map[string]int64{"api": 100},
+		map[string]float64{"default/api-1": 100, "default/api-2": 100, "default/web-1": 100, "default/ghost": 100})
+	want := []estimate.WaitWindow{{Service: "api", MeasuredMS: 600 * 1.5, PredictedMS: 600 * 1000 * optimizer.QuotaWait(60, 100, 100), Requests: 600}}
+	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(a)) })); diff != "" {
+		t.Errorf("QuotaWaits (-want +got):\n%s", diff)
+	}
+	if got[0].PredictedMS < 600*0.5 {
+		t.Errorf("the model predicts %.3g ms a request at 60 %% of μ; the example needs more than the scaler's floor (0.5)", got[0].PredictedMS/600)
+	}
+}
+
+// TestQueueScaleFromPodLoads: a CPU-limited service (100m, 1.1 ms of CPU a request: 91 req/s)
+// whose pods carry 60 req/s each and queue nothing (own time = CPU) gets the scaler's floor in
+// its topology's queue_scale and the metric, once the estimator has capacities; a service
+// without a limit gets none; when the pods then queue more than the model predicts, the scale
+// returns to 1.
+func TestQueueScaleFromPodLoads(t *testing.T) {
+	t.Parallel()
+	est, err := estimate.New(estimate.Config{MinRequests: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, reg := newCluster(t, LiveConfig{Prom: promStub, Estimator: est})
+	st := state([]string{"n1", "n2"}, service("api", "api-1@n1", "api-2@n2"), service("web", "web-1@n1"))
+	st.Services[0].CPULimit = 100
+	st.PodCPU = []map[string]int64{{"default/api-1": 100, "default/api-2": 100}, {"default/web-1": 100}}
+	const window = time.Minute
+	round := func(i int, waitMS float64) *prom.Measurements {
+		load := func(pod string) prom.PodLoad {
+			n := 60 * window.Seconds() * (1 + 0.005*float64(i%3-1))
+			return prom.PodLoad{Namespace: "default", Pod: pod, Window: window, Requests: n, InboundMSSum: n * (1.1 + waitMS), CPUSeconds: n * 0.0011}
+		}
+		return &prom.Measurements{At: t0.Add(time.Duration(i) * window), Window: window, Load: []prom.PodLoad{load("api-1"), load("api-2"), load("web-1")}}
+	}
+	var top *optimizer.Topology
+	for i := 0; i <= 4; i++ {
+		top = c.mergeFed(st, round(i, 0))
+	}
+	scale := map[string]float64{}
+	for _, s := range top.Services {
+		scale[s.Name] = s.QueueScale
+	}
+	if want := map[string]float64{"api": 0.05, "web": 0}; !maps.Equal(scale, want) {
+		t.Errorf("queue_scale by service %v, want %v (api: nothing queued, the floor; web: no limit)", scale, want)
+	}
+	if _, err := optimizer.Compile(top, optimizer.Options{}); err != nil {
+		t.Errorf("the topology with a queue scale does not compile: %v", err)
+	}
+	if v := metric(t, reg, "edgeflow_closed_loop_queue_scale", "service", "api"); v != 0.05 {
+		t.Errorf("edgeflow_closed_loop_queue_scale{service=api.default} = %v, want 0.05", v)
+	}
+	for i := 5; i <= 8; i++ {
+		top = c.mergeFed(st, round(i, 100))
+	}
+	if s := top.Services[0]; s.Name != "api" || s.QueueScale != 1 {
+		t.Errorf("%s: queue_scale %v after windows that queued 100 ms a request; want 1 (never above the model)", s.Name, s.QueueScale)
+	}
+}

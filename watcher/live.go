@@ -214,6 +214,8 @@ type Live struct {
 	// (Run's only).
 	excess   *prometheus.GaugeVec
 	measured map[estimate.NodePair]bool
+	// queueScale is edgeflow_closed_loop_queue_scale (Run's only).
+	queueScale *prometheus.GaugeVec
 
 	changed  latest.Signal      // an input changed: deliver merges again
 	compiler optimizer.Compiler // Run's only
@@ -359,6 +361,16 @@ func (c *Live) mergeWith(ks *kube.State, meas *prom.Measurements, capacity map[s
 	return t
 }
 
+// mergeFed feeds one pair of inputs to the capacity feed (feedCapacity) and merges them with the
+// capacities and the wait scales in force. Run's only.
+func (c *Live) mergeFed(ks *kube.State, meas *prom.Measurements) *optimizer.Topology {
+	t := c.mergeWith(ks, meas, c.feedCapacity(ks, meas))
+	if c.capacity != nil {
+		setQueueScale(t, c.capacity.scale)
+	}
+	return t
+}
+
 // feedCapacity runs the capacity feed on one pair of inputs, and counts and logs its pod loads
 // that name no pod of a managed service (edgeflow_watcher_unmatched_total{kind="pod"}, each
 // time one appears; not an error: meshes have more servers than edgeflow manages), and logs
@@ -377,6 +389,7 @@ func (c *Live) feedCapacity(ks *kube.State, meas *prom.Measurements) map[string]
 	}
 	if r.fed {
 		c.recordCapacities(r.caps)
+		c.recordQueueScale()
 	}
 	if r.judged {
 		c.recordBreaker(r)
@@ -510,6 +523,7 @@ func (c *Live) feedHistory(ks *kube.State, windows []*prom.Measurements) {
 	}
 	if caps != nil {
 		c.recordCapacities(caps)
+		c.recordQueueScale()
 	}
 	c.log.Info("watcher: capacity estimator fed from Prometheus's history", "windows", fed, "windows_read", len(windows),
 		"pods_with_capacity", len(c.capacity.capacity))
@@ -536,6 +550,15 @@ func (c *Live) recordCapacities(caps map[string]estimate.Capacity) {
 		}
 	}
 	c.capacityPods = now
+}
+
+// recordQueueScale sets edgeflow_closed_loop_queue_scale to the wait scales in force, and
+// deletes the series of the services that have none. Run's only.
+func (c *Live) recordQueueScale() {
+	c.queueScale.Reset()
+	for svc, v := range c.capacity.scale {
+		c.queueScale.WithLabelValues(svc).Set(v)
+	}
 }
 
 // recordBreaker logs each service that tripped or reset in a window, once, and its complaint

@@ -121,7 +121,7 @@ func (c *Live) deliver(ctx context.Context, l Listener) {
 		if history.read {
 			c.feedHistory(ks, history.windows)
 		}
-		merged := c.mergeWith(ks, meas, c.feedCapacity(ks, meas))
+		merged := c.mergeFed(ks, meas)
 		if history.read {
 			c.feedLatencyHistory(ks, history.windows, merged)
 		}
