@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"iter"
 	"net"
 	"net/http"
 	"os"
@@ -191,17 +192,7 @@ func publications(addr string) int {
 // edgeflow_closed_loop_pod_capacity_rps by pod, bound "estimate" and "lower".
 func podCapacities(m map[string]float64) (estimate, lower map[string]float64) {
 	estimate, lower = map[string]float64{}, map[string]float64{}
-	const prefix = "edgeflow_closed_loop_pod_capacity_rps{"
-	for k, v := range m {
-		rest, ok := strings.CutPrefix(k, prefix)
-		if !ok {
-			continue
-		}
-		labels := map[string]string{}
-		for _, kv := range strings.Split(strings.TrimSuffix(rest, "}"), ",") {
-			name, val, _ := strings.Cut(kv, "=")
-			labels[name], _ = strconv.Unquote(val)
-		}
+	for labels, v := range series(m, "edgeflow_closed_loop_pod_capacity_rps") {
 		switch labels["bound"] {
 		case "estimate":
 			estimate[labels["pod"]] = v
@@ -210,4 +201,35 @@ func podCapacities(m map[string]float64) (estimate, lower map[string]float64) {
 		}
 	}
 	return estimate, lower
+}
+
+// queueScales reads serve's wait scales in force from its metrics (as metrics returns them):
+// edgeflow_closed_loop_queue_scale by service.
+func queueScales(m map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for labels, v := range series(m, "edgeflow_closed_loop_queue_scale") {
+		out[labels["service"]] = v
+	}
+	return out
+}
+
+// series yields the labels and value of each series of the metric name in m (as metrics
+// returns them: `name{label="value",…}` keys).
+func series(m map[string]float64, name string) iter.Seq2[map[string]string, float64] {
+	return func(yield func(map[string]string, float64) bool) {
+		for k, v := range m {
+			rest, ok := strings.CutPrefix(k, name+"{")
+			if !ok {
+				continue
+			}
+			labels := map[string]string{}
+			for _, kv := range strings.Split(strings.TrimSuffix(rest, "}"), ",") {
+				label, val, _ := strings.Cut(kv, "=")
+				labels[label], _ = strconv.Unquote(val)
+			}
+			if !yield(labels, v) {
+				return
+			}
+		}
+	}
 }

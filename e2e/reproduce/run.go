@@ -187,6 +187,9 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 		if plan.Capacity != nil {
 			fmt.Fprintf(log, "  capacities estimated (req/s) for %d pods: %s\n", len(plan.Capacity), fmtCapacity(plan.Capacity))
 		}
+		if len(plan.QueueScale) > 0 {
+			fmt.Fprintf(log, "  quota wait scales in force: %s\n", fmtValues(plan.QueueScale, "%s %.2f"))
+		}
 		if perr != nil {
 			r.PlanCost = append(r.PlanCost, math.NaN())
 			fmt.Fprintf(log, "  plan: %v\n", perr)
@@ -363,6 +366,7 @@ func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) 
 		}
 		if pol.Extra {
 			plan.Capacity, _ = podCapacities(m)
+			plan.QueueScale = queueScales(m)
 		}
 	}
 	s.stop()
@@ -506,10 +510,13 @@ func commit() string {
 }
 
 // fmtCapacity lists capacities by pod, sorted by pod.
-func fmtCapacity(c map[string]float64) string {
+func fmtCapacity(c map[string]float64) string { return fmtValues(c, "%s %.0f") }
+
+// fmtValues lists m's values by key, sorted, each printed by format (a key and a value).
+func fmtValues(m map[string]float64, format string) string {
 	var parts []string
-	for _, pod := range slices.Sorted(maps.Keys(c)) {
-		parts = append(parts, fmt.Sprintf("%s %.0f", pod, c[pod]))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf(format, k, m[k]))
 	}
 	return strings.Join(parts, ", ")
 }

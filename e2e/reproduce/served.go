@@ -23,6 +23,9 @@ type Served struct {
 	// Capacity is the capacities (req/s by pod) serve's estimator had in force (podCapacities),
 	// read for the rows that measure them (Policy.Extra); nil otherwise.
 	Capacity map[string]float64
+	// QueueScale is the wait scales (by service) serve had in force (queueScales), read as
+	// Capacity is; nil otherwise.
+	QueueScale map[string]float64
 	// Publications is how many plans serve published while the slice's load ran (-1: unknown).
 	Publications int
 }
