@@ -353,6 +353,7 @@ func (o *Outcome) finish(pr *progress) {
 // serve had published (Served; or why it could not be read), and stops serve. A load that fails
 // ends the test.
 func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) (*loadgen.Result, Served, error, Health) {
+	p.Warmup = warmupFor(p, pol)
 	s := h.Serve(a, pol, rate, pol.Flags...)
 	before := publications(s.metrics)
 	probe := h.startHealth(p.Warmup + p.Duration)
@@ -374,6 +375,29 @@ func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) 
 		h.t.Fatalf("%s %s %s %g req/s: %v", a.Name, sc, pol.Name, rate, err)
 	}
 	return res, plan, perr, health
+}
+
+// EstimatorWarmup is the warm-up of a measured slice of a row that plans on measured pods (the
+// estimator's flags: lata-q, closed-loop and their controls) when the preset's is shorter. Such a
+// row's serve starts from Prometheus's history, which the slice before it made at another rate
+// and under another plan (the rows and rates take turns), and it must learn the pods at this
+// rate before its plan is the one it would serve there: capacities (the estimator's windows)
+// and the quota's wait scale (estimate.WaitScaler: 3 windows that count, each held while a push
+// lands), pushed a half-step at a time. Measured on the paper preset (Bookinfo A, 200 req/s,
+// 2 runs, 2026-12-06): after 3 s the scales in force were still those the previous slice's rate
+// left (0.13–1.00) and the plans spread 2.3–4.0 ms a request across nodes; after 20 s every
+// scale was at 0.05–0.08 and every plan 0.2 ms. A static plan's queues settle within a second
+// or two at these rates, so the other rows keep the preset's warm-up.
+const EstimatorWarmup = 20 * time.Second
+
+// warmupFor is the warm-up of a measured slice of pol under p: p's, or EstimatorWarmup for a row
+// on measured pods (not in the smoke preset, whose slices only prove the loop runs). A slice
+// without warm-up (settle's) keeps none.
+func warmupFor(p Preset, pol Policy) time.Duration {
+	if p.Warmup > 0 && !p.Smoke && slices.Equal(pol.Flags, estimatorFlags) {
+		return max(p.Warmup, EstimatorWarmup)
+	}
+	return p.Warmup
 }
 
 // SettleTime is the load a placement gets, unmeasured, before its first measured slice (unless

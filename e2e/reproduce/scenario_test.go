@@ -208,6 +208,31 @@ func TestClosedLoopRowsAndSlow(t *testing.T) {
 	}
 }
 
+// TestWarmupForEstimatorRows: a slice of a row on measured pods warms up EstimatorWarmup when
+// the preset's warm-up is shorter; other rows, the smoke preset and settle's slices (no warm-up)
+// keep theirs.
+func TestWarmupForEstimatorRows(t *testing.T) {
+	p := Presets["paper"]
+	closed := Policies[slices.IndexFunc(Policies, func(q Policy) bool { return q.Name == "closed-loop" })]
+	lata := Policies[slices.IndexFunc(Policies, func(q Policy) bool { return q.Name == "lata-only" })]
+	for _, tc := range []struct {
+		name string
+		p    Preset
+		pol  Policy
+		want time.Duration
+	}{
+		{"closed-loop", p, closed, EstimatorWarmup},
+		{"lata-only", p, lata, p.Warmup},
+		{"smoke", Presets["smoke"], closed, Presets["smoke"].Warmup},
+		{"settle", func() Preset { q := p; q.Warmup = 0; return q }(), closed, 0},
+		{"a longer warm-up stays", func() Preset { q := p; q.Warmup = time.Minute; return q }(), closed, time.Minute},
+	} {
+		if got := warmupFor(tc.p, tc.pol); got != tc.want {
+			t.Errorf("%s: warm-up %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
 // TestSettleForEstimatorRows: a run with a row that plans on measured capacities settles a new
 // placement long enough for the estimator's first estimates (EstimatorSettle); one without
 // keeps the preset's settle time, and a preset without any settles none.
