@@ -65,6 +65,30 @@ func quotaBookinfo(rate float64, limit int64) *Topology {
 	return top
 }
 
+// firstHopAcross plans top (quotaBookinfo's) by lata-q and returns the share of its one call
+// edge's requests that cross nodes and each callee's load, req/s.
+func firstHopAcross(t *testing.T, top *Topology) (float64, map[string]float64) {
+	t.Helper()
+	m, err := Compile(top, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := Plan(m, LATAQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cross, total float64
+	load := map[string]float64{}
+	for _, r := range a.Calls[0].Routes {
+		if r.LatencyMS > 0 {
+			cross += r.RPS
+		}
+		total += r.RPS
+		load[r.Callee] += r.RPS
+	}
+	return cross / total, load
+}
+
 // TestLATAQKeepsQuotaPodsLocal: lata-q on the paper preset's first hop. With the pods' CPU
 // limit it keeps every call on its node while the local pods' quota has room (100 req/s:
 // 33 a pod, 37 % of μ; Localization measured no throttling there), where M/M/1 at the same
@@ -73,23 +97,7 @@ func quotaBookinfo(rate float64, limit int64) *Topology {
 func TestLATAQKeepsQuotaPodsLocal(t *testing.T) {
 	remote := func(rate float64, limit int64) (float64, map[string]float64) {
 		t.Helper()
-		m, err := Compile(quotaBookinfo(rate, limit), Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, err := Plan(m, LATAQ)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var cross float64
-		load := map[string]float64{}
-		for _, r := range a.Calls[0].Routes {
-			if r.LatencyMS > 0 {
-				cross += r.RPS
-			}
-			load[r.Callee] += r.RPS
-		}
-		return cross / rate, load
+		return firstHopAcross(t, quotaBookinfo(rate, limit))
 	}
 	quota, _ := remote(100, 100)
 	mm1, _ := remote(100, 0)
@@ -148,23 +156,7 @@ func TestQueueScaleLowersTheWait(t *testing.T) {
 		t.Helper()
 		top := quotaBookinfo(rate, 100)
 		top.Services[1].QueueScale = scale
-		m, err := Compile(top, Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, err := Plan(m, LATAQ)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var cross float64
-		load := map[string]float64{}
-		for _, r := range a.Calls[0].Routes {
-			if r.LatencyMS > 0 {
-				cross += r.RPS
-			}
-			load[r.Callee] += r.RPS
-		}
-		return cross / rate, load
+		return firstHopAcross(t, top)
 	}
 	for _, rate := range []float64{200, 300} {
 		last := 2.0

@@ -208,16 +208,7 @@ func serveGauge(s *proc, name string) (map[[2]string]float64, error) {
 		return nil, err
 	}
 	out := map[[2]string]float64{}
-	for k, v := range m {
-		rest, ok := strings.CutPrefix(k, name+"{")
-		if !ok {
-			continue
-		}
-		labels := map[string]string{}
-		for _, kv := range strings.Split(strings.TrimSuffix(rest, "}"), ",") {
-			name, val, _ := strings.Cut(kv, "=")
-			labels[name] = strings.Trim(val, `"`)
-		}
+	for labels, v := range series(m, name) {
 		out[[2]string{labels["source_node"], labels["target_node"]}] = 1000 * v
 	}
 	return out, nil
