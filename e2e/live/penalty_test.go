@@ -127,13 +127,16 @@ func TestL7PenaltyFromPrometheus(t *testing.T) {
 	top := w.cl.Current()
 	got := penaltiesIn(t, w.reg)[[2]string{"edge-1", "edge-3"}]
 	t.Logf("edge-1 → edge-3: %.2f ms in the topology, penalty %.2f ms (truth %v beyond the 10 ms RTT)", latency(top, "edge-1", "edge-3"), got, penaltyMS)
-	// The metric is what the plan added: the pair's latency less its ICMP (the reverse entry,
-	// which keeps its own). Against the exporter's 35 it is off by the probes' own error (the
-	// delay's release lag makes ICMP read 0.3–0.8 ms over the configured 10 ms on a busy
-	// machine, and the exporter's attempts pay the configured 10): the topology's total is the
-	// check on the truth, above.
-	if added := latency(top, "edge-1", "edge-3") - latency(top, "edge-3", "edge-1"); math.Abs(got-added) > 0.5 || math.Abs(got-penaltyMS) > 2 {
-		t.Errorf("penalty metric edge-1 → edge-3 = %.2f ms, want what the plan added (%.2f ± 0.5 ms) and %v ± 2 ms", got, added, penaltyMS)
+	// The metric is what the plan added: the pair's latency less its ICMP, which the test does
+	// not see. The delay holds every packet at least its configured time, so ICMP reads at or
+	// over 10 ms and the penalty is at most the plan's latency less 10; the probe's own error
+	// (the delay's release lag on a busy machine: up to 2.1 ms over the configured RTT in a CI
+	// run here, which also showed that the two directions of a pair err apart, 1.04 and 2.10 ms)
+	// bounds it from below. Against the exporter's 35 it is off by that error too: the
+	// topology's total is the check on the truth, above.
+	if total := latency(top, "edge-1", "edge-3"); got > total-rttOf("edge-1", "edge-3")+0.01 || got < total-rttOf("edge-1", "edge-3")-2.5 || math.Abs(got-penaltyMS) > 2 {
+		t.Errorf("penalty metric edge-1 → edge-3 = %.2f ms, want what the plan added to an ICMP of 10–12.5 ms (%.2f–%.2f ms) and %v ± 2 ms",
+			got, total-rttOf("edge-1", "edge-3")-2.5, total-rttOf("edge-1", "edge-3"), penaltyMS)
 	}
 	testkit.EventuallyNoError(t, 30*time.Second, "web-1's traffic off edge-1 → edge-3", func() error {
 		f, err := share()
