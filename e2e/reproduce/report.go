@@ -412,7 +412,7 @@ func markdown(o *Outcome, j jsonReport, plots []string) string {
 	b.WriteString("- **Placement**: the default-placement rows run on the kube-scheduler's placement; then `edgeflow rebalance --dry-run=false` (with its placement webhook) moves pods on the cluster, and proposed and beyond run on the result.\n")
 	fmt.Fprintf(&b, "- **Load**: %s. Each run gives every policy %v of measured load after %v of warm-up, the policies taking turns within a run; `edgeflow serve` is restarted with the row's `--policy`/`--lb-policy` and measuring starts once every caller pod is connected with one xDS stream per service it calls (grpc-go keeps an xDS client per channel target).",
 		j.Testbed.Load, o.Preset.Duration, o.Preset.Warmup)
-	if w := warmupFor(o.Preset, Policy{Flags: estimatorFlags}); w != o.Preset.Warmup && slices.ContainsFunc(o.Preset.Rows(), func(q Policy) bool { return slices.Equal(q.Flags, estimatorFlags) }) {
+	if w := warmupFor(o.Preset, Policy{Flags: estimatorFlags}); w != o.Preset.Warmup && o.Preset.hasRowOnMeasuredPods() {
 		fmt.Fprintf(&b, " The rows that plan on measured pods (lata-q, closed-loop) get %v of warm-up instead, for the loop to learn the pods at the slice's rate (`EstimatorWarmup`).", w)
 	}
 	if settle := settleFor(o.Preset); settle > 0 {

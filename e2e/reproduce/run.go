@@ -390,11 +390,19 @@ func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) 
 // or two at these rates, so the other rows keep the preset's warm-up.
 const EstimatorWarmup = 20 * time.Second
 
+// onMeasuredPods says whether pol's serve plans on measured pods (the estimator's flags).
+func (pol Policy) onMeasuredPods() bool { return slices.Equal(pol.Flags, estimatorFlags) }
+
+// hasRowOnMeasuredPods says whether a row of p plans on measured pods.
+func (p Preset) hasRowOnMeasuredPods() bool {
+	return slices.ContainsFunc(p.Rows(), Policy.onMeasuredPods)
+}
+
 // warmupFor is the warm-up of a measured slice of pol under p: p's, or EstimatorWarmup for a row
 // on measured pods (not in the smoke preset, whose slices only prove the loop runs). A slice
 // without warm-up (settle's) keeps none.
 func warmupFor(p Preset, pol Policy) time.Duration {
-	if p.Warmup > 0 && !p.Smoke && slices.Equal(pol.Flags, estimatorFlags) {
+	if p.Warmup > 0 && !p.Smoke && pol.onMeasuredPods() {
 		return max(p.Warmup, EstimatorWarmup)
 	}
 	return p.Warmup
@@ -415,7 +423,7 @@ const EstimatorSettle = 40 * time.Second
 // settleFor is how long settle loads a new placement under p.
 func settleFor(p Preset) time.Duration {
 	d := p.settleTime()
-	if d > 0 && slices.ContainsFunc(p.Rows(), func(q Policy) bool { return slices.Equal(q.Flags, estimatorFlags) }) {
+	if d > 0 && p.hasRowOnMeasuredPods() {
 		d = max(d, EstimatorSettle)
 	}
 	return d

@@ -109,32 +109,31 @@ func NewWaitScaler(cfg WaitScaleConfig) (*WaitScaler, error) {
 // window has a window without data. It rejects the whole window, changing nothing, when an
 // entry is invalid (empty or repeated service; negative, NaN or infinite sums), naming it.
 func (w *WaitScaler) Observe(window []WaitWindow) (map[string]float64, error) {
-	seen := map[string]bool{}
+	seen := map[string]WaitWindow{}
 	for _, x := range window {
 		switch {
 		case x.Service == "":
 			return nil, fmt.Errorf("%w: wait window without a service", ErrInvalidSample)
-		case seen[x.Service]:
+		case seen[x.Service] != WaitWindow{}:
 			return nil, fmt.Errorf("%w: service %q given twice in one window", ErrInvalidSample, x.Service)
 		case badCount(x.MeasuredMS) || badCount(x.PredictedMS) || badCount(x.Requests):
 			return nil, fmt.Errorf("%w: service %q: wait sums %v / %v ms over %v requests: want finite numbers ≥ 0",
 				ErrInvalidSample, x.Service, x.MeasuredMS, x.PredictedMS, x.Requests)
 		}
-		seen[x.Service] = true
+		seen[x.Service] = x
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, x := range window {
-		if w.services[x.Service] == nil {
-			w.services[x.Service] = &waitState{}
+	for svc := range seen {
+		if w.services[svc] == nil {
+			w.services[svc] = &waitState{}
 		}
 	}
 	out := map[string]float64{}
 	for svc, st := range w.services {
-		i := slices.IndexFunc(window, func(x WaitWindow) bool { return x.Service == svc })
-		x := WaitWindow{Service: svc}
-		if i >= 0 {
-			x = window[i]
+		x, ok := seen[svc]
+		if !ok {
+			x = WaitWindow{Service: svc}
 		}
 		st.windows = append(st.windows, x)
 		if len(st.windows) > w.cfg.Windows {
