@@ -161,14 +161,26 @@ prebuild-smoke:
 ## e2e/reproduce): the full grid writes docs/reproduction.md, .json and the CDF PNGs; QUICK=1
 ## runs one app, scenario B, 200 req/s, 5 runs (report in bin/reproduction/); PRESET=NAME runs
 ## another preset (e2e/reproduce Presets: paper, closedloop, …; report in bin/reproduction-NAME/).
-## REPRODUCE_OUT and REPRODUCE_RAW, when set, say where the report and the raw outcome go
+## REPRODUCE_OUT and REPRODUCE_RAW, when set, say where the report and the raw outcome go.
+## SETUP=APP/SCENARIO runs one part of the preset's grid (report in bin/reproduction-PRESET-APP-
+## SCENARIO/, the raw outcome gzipped beside it: bin/reproduction-PRESET-APP-SCENARIO.gob.gz);
+## make reproduce-report REPRODUCE_RAW='PARTS' merges the parts into one report
 QUICK ?=
 PRESET ?= $(if $(QUICK),quick,full)
-REPRODUCE_DIR = $(or $(REPRODUCE_OUT),$(if $(filter full,$(PRESET)),$(CURDIR)/docs,$(if $(filter quick,$(PRESET)),$(CURDIR)/bin/reproduction,$(CURDIR)/bin/reproduction-$(PRESET))))
-REPRODUCE_GOB = $(or $(REPRODUCE_RAW),$(CURDIR)/bin/reproduction$(if $(filter full,$(PRESET)),,-$(PRESET)).gob)
+SETUP ?=
+SETUP_WORDS = $(subst /, ,$(SETUP))
+ifneq ($(SETUP),)
+ifneq ($(words $(SETUP_WORDS)),2)
+$(error SETUP=$(SETUP): want APP/SCENARIO, e.g. SETUP=bookinfo/A)
+endif
+endif
+SETUP_NAME = $(if $(SETUP),-$(word 1,$(SETUP_WORDS))-$(word 2,$(SETUP_WORDS)))
+REPRODUCE_DIR = $(or $(REPRODUCE_OUT),$(if $(and $(filter full,$(PRESET)),$(if $(SETUP),,1)),$(CURDIR)/docs,$(if $(filter quick,$(PRESET)),$(CURDIR)/bin/reproduction,$(CURDIR)/bin/reproduction-$(PRESET)$(SETUP_NAME))))
+REPRODUCE_GOB = $(or $(REPRODUCE_RAW),$(CURDIR)/bin/reproduction$(if $(filter full,$(PRESET)),,-$(PRESET))$(SETUP_NAME).gob$(if $(SETUP),.gz))
 reproduce: k8s
 	mkdir -p bin
 	cd e2e/reproduce && $(GO) test -c -o $(CURDIR)/bin/reproduce.test .
+	$(if $(SETUP),REPRODUCE_APPS=$(word 1,$(SETUP_WORDS)) REPRODUCE_SCENARIOS=$(word 2,$(SETUP_WORDS))) \
 	REPRODUCE_PRESET=$(PRESET) REPRODUCE_OUT='$(REPRODUCE_DIR)' REPRODUCE_RAW='$(REPRODUCE_GOB)' \
 	  bin/reproduce.test -test.run '^TestReproduce$$' -test.v -test.count=1 -test.timeout 0
 

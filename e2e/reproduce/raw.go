@@ -1,8 +1,11 @@
 package reproduce
 
 import (
+	"bufio"
+	"compress/gzip"
 	"encoding/gob"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -11,9 +14,10 @@ import (
 	"time"
 )
 
-// SaveOutcome writes everything a run measured, every latency included, to path (gob), so that
-// the report can be written again from it (RenderReport) without running the experiment again.
-// It writes a temporary file beside path and renames it, so path is never half-written.
+// SaveOutcome writes everything a run measured, every latency included, to path (gob, gzipped
+// when path ends in ".gz": the form a part of the grid is committed in, docs/reproduction-raw),
+// so that the report can be written again from it (RenderReport) without running the experiment
+// again. It writes a temporary file beside path and renames it, so path is never half-written.
 func SaveOutcome(o *Outcome, path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
@@ -23,9 +27,21 @@ func SaveOutcome(o *Outcome, path string) error {
 		return err
 	}
 	defer os.Remove(f.Name()) // after the rename, a no-op
-	if err := gob.NewEncoder(f).Encode(o); err != nil {
+	var w io.Writer = f
+	var z *gzip.Writer
+	if strings.HasSuffix(path, ".gz") {
+		z, _ = gzip.NewWriterLevel(f, gzip.BestCompression)
+		w = z
+	}
+	if err := gob.NewEncoder(w).Encode(o); err != nil {
 		f.Close()
 		return fmt.Errorf("save outcome: %w", err)
+	}
+	if z != nil {
+		if err := z.Close(); err != nil {
+			f.Close()
+			return fmt.Errorf("save outcome: %w", err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err
@@ -33,15 +49,26 @@ func SaveOutcome(o *Outcome, path string) error {
 	return os.Rename(f.Name(), path)
 }
 
-// LoadOutcome reads what SaveOutcome wrote.
+// LoadOutcome reads what SaveOutcome wrote, gzipped or not (it looks at the first bytes, not at
+// the name).
 func LoadOutcome(path string) (*Outcome, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	b := bufio.NewReader(f)
+	var r io.Reader = b
+	if magic, _ := b.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		z, err := gzip.NewReader(b)
+		if err != nil {
+			return nil, fmt.Errorf("%s: not a saved outcome: %w", path, err)
+		}
+		defer z.Close()
+		r = z
+	}
 	var o Outcome
-	if err := gob.NewDecoder(f).Decode(&o); err != nil {
+	if err := gob.NewDecoder(r).Decode(&o); err != nil {
 		return nil, fmt.Errorf("%s: not a saved outcome: %w", path, err)
 	}
 	return &o, nil

@@ -1,6 +1,7 @@
 package reproduce
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -74,13 +75,17 @@ func TestMergeOutcomes(t *testing.T) {
 		t.Errorf("a cell in two parts: %v, want an error naming both", err)
 	}
 
+	// One part gzipped (as committed under docs/reproduction-raw), two not: the glob takes both.
 	dir := t.TempDir()
-	for i, name := range []string{"bookinfo-A", "bookinfo-B", "dag-B"} {
-		if err := SaveOutcome(parts[i], filepath.Join(dir, name+".gob")); err != nil {
+	for i, name := range []string{"bookinfo-A.gob", "bookinfo-B.gob", "dag-B.gob.gz"} {
+		if err := SaveOutcome(parts[i], filepath.Join(dir, name)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	loaded, err := LoadOutcomes(filepath.Join(dir, "*.gob"))
+	if b, err := os.ReadFile(filepath.Join(dir, "dag-B.gob.gz")); err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("dag-B.gob.gz is not gzip (%v)", err)
+	}
+	loaded, err := LoadOutcomes(filepath.Join(dir, "*.gob*"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,9 +94,16 @@ var PaperApps = []App{
 // second. A hop costs about 1 ms (with gRPC's own) until a pod's limit binds; Localization,
 // which keeps each entry pod's requests on its node, loads the called pods on the 3 entry nodes
 // with 33 req/s at 100 req/s (never throttled: mean 11.6 ms, P99 25.8 ms measured, the paper's
-// 11 and 22 ± 30 %) and 100 req/s at 300 (past the limit: the queue grows, mean 2.7 s).
+// 11 and 22 ± 30 %) and 100 req/s at 300 (past the limit: the queue grows, mean 2.7 s). Every
+// pod exports a mesh's telemetry (Metrics), which the rows on measured pods plan on.
 var PaperWorkload = Workload{Workers: 2, ServiceTime: 1100 * time.Microsecond, ServiceFixed: 800 * time.Microsecond, NodeCores: 1,
-	LimitCPU: true}
+	LimitCPU: true, Metrics: true}
+
+// PaperRows are the paper preset's rows: the paper's seven, then the two that plan on what the
+// pods' telemetry measures (issue 39's rows beyond the paper): lata-q on the scheduler's
+// placement and closed-loop. The controls (lata-w10, closed-loop-rr) run only where named.
+var PaperRows = []string{"default-k8s", "least-request", "localization", "opttraffic", "lata-only", "proposed", "beyond",
+	"lata-q", "closed-loop"}
 
 // ClosedLoopApp is Bookinfo with the paper's replica ratios (3 caller pods, 2 callee pods) as
 // the closed loop's comparison runs it (preset "closedloop", issue 37): each pod requests the one
@@ -337,7 +344,9 @@ func (p Preset) Rows() []Policy {
 // the paper's grid with 5 runs per cell (the paper used 10), each slice 5 s measured after 1 s
 // of warm-up so that the grid's 420 slices fit in about 75 minutes here (the committed report's
 // run), are checked for the paper's P99 claims (make reproduce); paper is the paper's regime
-// (PaperApps, PaperWorkload: calibrated against the paper's Localization figures); queueing is
+// (PaperApps, PaperWorkload: calibrated against the paper's Localization figures; PaperRows: the
+// paper's seven rows and the two on measured pods; 10 runs of 10 s slices, the grid of record, run
+// in parts: make reproduce PRESET=paper SETUP=APP/SCENARIO); queueing is
 // full's model and grid under its own name (1 worker, 6 ms exponential, no CPU limits: the tail
 // is queueing, not the network), reported apart from paper's; closedloop is issue 37's comparison
 // (ClosedLoopApp, ClosedLoopWorkload: closed-loop against least-request, lata and lata-q, with
@@ -348,7 +357,7 @@ var Presets = map[string]Preset{
 		Runs: 1, Duration: 2 * time.Second, Warmup: time.Second, Timeout: 5 * time.Second, Settle: -1, Reruns: -1,
 		RebalancePeriod: 5 * time.Second, RebalanceWindow: 10 * time.Second},
 	"paper": {Name: "paper", Apps: PaperApps, Scenarios: []string{"A", "B"}, Rates: []float64{100, 200, 300},
-		Workload: &PaperWorkload, NodeCPU: "1", Runs: 10, Duration: 10 * time.Second, Warmup: 3 * time.Second, Timeout: 5 * time.Second},
+		Policies: PaperRows, Workload: &PaperWorkload, NodeCPU: "1", Runs: 10, Duration: 10 * time.Second, Warmup: 3 * time.Second, Timeout: 5 * time.Second},
 	"closedloop": {Name: "closedloop", Apps: []App{ClosedLoopApp}, Scenarios: []string{"A"}, Rates: []float64{50, 80, 100},
 		Policies: []string{"least-request", "lata-only", "lata-q", "closed-loop"}, Workload: &ClosedLoopWorkload, NodeCPU: "3",
 		Runs: 3, Duration: 20 * time.Second, Warmup: 3 * time.Second, Timeout: 5 * time.Second},

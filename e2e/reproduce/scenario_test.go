@@ -238,6 +238,7 @@ func TestWarmupForEstimatorRows(t *testing.T) {
 // keeps the preset's settle time, and a preset without any settles none.
 func TestSettleForEstimatorRows(t *testing.T) {
 	p := Presets["paper"]
+	p.Policies = nil // the paper's seven
 	if got := settleFor(p); got != SettleTime {
 		t.Errorf("paper's seven rows: settle %v, want %v", got, SettleTime)
 	}
