@@ -15,7 +15,7 @@ import (
 )
 
 // SaveOutcome writes everything a run measured, every latency included, to path (gob, gzipped
-// when path ends in ".gz": the form a part of the grid is committed in, docs/reproduction-raw),
+// when path ends in ".gz": the form a part of the grid is committed in, docs/reproduction-paper),
 // so that the report can be written again from it (RenderReport) without running the experiment
 // again. It writes a temporary file beside path and renames it, so path is never half-written.
 func SaveOutcome(o *Outcome, path string) error {

@@ -75,7 +75,7 @@ func TestMergeOutcomes(t *testing.T) {
 		t.Errorf("a cell in two parts: %v, want an error naming both", err)
 	}
 
-	// One part gzipped (as committed under docs/reproduction-raw), two not: the glob takes both.
+	// One part gzipped (as committed under docs/reproduction-paper), two not: the glob takes both.
 	dir := t.TempDir()
 	for i, name := range []string{"bookinfo-A.gob", "bookinfo-B.gob", "dag-B.gob.gz"} {
 		if err := SaveOutcome(parts[i], filepath.Join(dir, name)); err != nil {
