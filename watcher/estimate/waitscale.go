@@ -111,10 +111,11 @@ func NewWaitScaler(cfg WaitScaleConfig) (*WaitScaler, error) {
 func (w *WaitScaler) Observe(window []WaitWindow) (map[string]float64, error) {
 	seen := map[string]WaitWindow{}
 	for _, x := range window {
+		_, dup := seen[x.Service]
 		switch {
 		case x.Service == "":
 			return nil, fmt.Errorf("%w: wait window without a service", ErrInvalidSample)
-		case seen[x.Service] != WaitWindow{}:
+		case dup:
 			return nil, fmt.Errorf("%w: service %q given twice in one window", ErrInvalidSample, x.Service)
 		case badCount(x.MeasuredMS) || badCount(x.PredictedMS) || badCount(x.Requests):
 			return nil, fmt.Errorf("%w: service %q: wait sums %v / %v ms over %v requests: want finite numbers ≥ 0",
