@@ -261,3 +261,42 @@ func TestWhyNamesTheModel(t *testing.T) {
 		}
 	}
 }
+
+// TestFirstSection: on the synthetic grid proposed has the lowest latencies, so it is first in
+// every cell and below lata-only; with its latencies doubled in one cell it is neither, the
+// row of lowest P99 (beyond's) is named first, and a setup whose rebalancer made no move says
+// its placement is lata-only's.
+func TestFirstSection(t *testing.T) {
+	o := syntheticOutcome()
+	line := func(sec, prefix string) string {
+		for l := range strings.Lines(sec) {
+			if strings.HasPrefix(l, prefix) {
+				return l
+			}
+		}
+		t.Fatalf("no line %q in:\n%s", prefix, sec)
+		return ""
+	}
+	sec := firstSection(o)
+	if l := line(sec, "| bookinfo | A | 100 |"); !strings.Contains(l, "| proposed ") || !strings.Contains(l, "| first | **yes** |") ||
+		!strings.HasSuffix(strings.TrimSpace(l), "| 2 | **yes** |") {
+		t.Errorf("proposed lowest everywhere: %s", l)
+	}
+	for _, res := range o.Find(Cell{App: "bookinfo", Scenario: "A", Policy: "proposed", RPS: 200}).Results {
+		for i := range res.Latency {
+			res.Latency[i] *= 2
+		}
+	}
+	o.Setups[0].Moves = 0
+	sec = firstSection(o)
+	l := line(sec, "| bookinfo | A | 200 |")
+	if !strings.Contains(l, "| beyond ") || strings.Count(l, "| no |") != 2 || !strings.Contains(l, "(the same placement)") {
+		t.Errorf("proposed doubled at bookinfo/A/200, no move: %s", l)
+	}
+	if !strings.Contains(l, "× [") {
+		t.Errorf("no ratio with an interval: %s", l)
+	}
+	if got := strings.Count(sec, "\n| "); got != 2*2*3 {
+		t.Errorf("%d table rows, want one per cell (12):\n%s", got, sec)
+	}
+}
