@@ -88,10 +88,11 @@ func TestIstioWriterIsLeaderElected(t *testing.T) {
 			"--istio-mode", "destinationrule", "--namespaces", appNS, "--rebalance-lease-namespace", namespace)
 		r.cmd.Stdout, r.cmd.Stderr = f, f
 		r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := r.cmd.Start(); err != nil {
+		exited, err := testkit.StartChild(r.cmd) // Pdeathsig follows the forking thread: StartChild keeps it
+		if err != nil {
 			t.Fatal(err)
 		}
-		go func() { _ = r.cmd.Wait(); f.Close(); close(r.done) }()
+		go func() { <-exited; f.Close(); close(r.done) }()
 		t.Cleanup(func() {
 			_ = r.cmd.Process.Signal(syscall.SIGTERM)
 			select {

@@ -483,11 +483,12 @@ func runEdgeflow(t *testing.T, bin string, args []string, env []corev1.EnvVar, k
 		cmd.Env = append(cmd.Env, e.Name+"="+e.Value)
 	}
 	cmd.Env = append(cmd.Env, "KUBECONFIG="+kubeconfig)
-	if err := cmd.Start(); err != nil {
+	waited, err := testkit.StartChild(cmd) // Pdeathsig follows the forking thread: StartChild keeps it
+	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
+	go func() { <-waited; close(done) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {

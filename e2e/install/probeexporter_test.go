@@ -301,7 +301,7 @@ func TestProbeExporterUnprivileged(t *testing.T) {
 	if err == nil || !strings.Contains(out, fmt.Sprintf(`net.ipv4.ping_group_range is "1 0": it does not cover group %d`, gid)) || !strings.Contains(out, "latencyProbes.icmpSocket=raw") {
 		t.Errorf("the init check with the range \"1 0\": %v, %q; want a failure naming the range and the way out", err, out)
 	}
-	_, proc := startLoggedWith(t, dir, "blackbox", func(c *exec.Cmd) error { return ns.do(c.Start) }, append(asChart, append([]string{blackbox}, args...)...)...)
+	_, proc := startLoggedWith(t, dir, "blackbox", ns.start, append(asChart, append([]string{blackbox}, args...)...)...)
 	transport := &http.Transport{DialContext: ns.dial, DisableKeepAlives: true}
 	t.Cleanup(transport.CloseIdleConnections)
 	client := &http.Client{Timeout: 20 * time.Second, Transport: transport}
@@ -406,6 +406,18 @@ func (n *netns) do(f func() error) error {
 	errc := make(chan error, 1)
 	n.run <- func() { errc <- f() }
 	return <-errc
+}
+
+// start starts cmd inside the namespace, on its thread (which outlives the processes started
+// on it: the namespace's cleanup runs after theirs), and returns a channel that receives
+// cmd.Wait's error when the process has exited (startLoggedWith's start).
+func (n *netns) start(cmd *exec.Cmd) (<-chan error, error) {
+	if err := n.do(cmd.Start); err != nil {
+		return nil, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	return exited, nil
 }
 
 // dial connects from inside the namespace (the socket is made on its thread).

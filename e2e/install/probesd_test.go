@@ -208,14 +208,16 @@ func freePort(t *testing.T, host string) int {
 // printed when t failed.
 func startLogged(t *testing.T, dir, name string, argv ...string) string {
 	t.Helper()
-	logFile, _ := startLoggedWith(t, dir, name, (*exec.Cmd).Start, argv...)
+	logFile, _ := startLoggedWith(t, dir, name, testkit.StartChild, argv...)
 	return logFile
 }
 
-// startLoggedWith is startLogged with the process started by start (which may run cmd.Start
-// elsewhere, such as on a thread in another network namespace, which must then outlive the
-// process: Pdeathsig follows the thread that started it); it also returns the process.
-func startLoggedWith(t *testing.T, dir, name string, start func(*exec.Cmd) error, argv ...string) (string, *os.Process) {
+// startLoggedWith is startLogged with the process started by start, which returns a channel
+// that receives cmd.Wait's error when the process has exited (testkit.StartChild's contract).
+// start may run cmd.Start elsewhere, such as on a thread in another network namespace, which
+// must then outlive the process: Pdeathsig follows the thread that started it. It also
+// returns the process.
+func startLoggedWith(t *testing.T, dir, name string, start func(*exec.Cmd) (<-chan error, error), argv ...string) (string, *os.Process) {
 	t.Helper()
 	logFile := filepath.Join(dir, name+".log")
 	f, err := os.Create(logFile)
@@ -225,12 +227,13 @@ func startLoggedWith(t *testing.T, dir, name string, start func(*exec.Cmd) error
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := start(cmd); err != nil {
+	exited, err := start(cmd)
+	if err != nil {
 		f.Close()
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); f.Close(); close(done) }()
+	go func() { <-exited; f.Close(); close(done) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {

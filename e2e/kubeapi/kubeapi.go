@@ -409,13 +409,14 @@ func (c *Cluster) launch(p *process) error {
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	exited, err := testkit.StartChild(cmd) // Pdeathsig follows the forking thread: StartChild keeps it
+	if err != nil {
 		logFile.Close()
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
 	p.cmd, p.log, p.since, p.done = cmd, logPath, since, make(chan struct{})
 	done := p.done
-	go func() { _ = cmd.Wait(); logFile.Close(); close(done) }()
+	go func() { <-exited; logFile.Close(); close(done) }()
 	return nil
 }
 
