@@ -639,15 +639,10 @@ func firstSection(o *Outcome) string {
 		if c.HiOpen {
 			hi = "∞"
 		}
-		prefix := ""
-		switch {
-		case c.BaseAtLeast:
-			prefix = "≤ "
-		case c.XAtLeast:
-			prefix = "≥ "
-		}
-		return fmt.Sprintf("%s%.2f× [%.2f, %s]", prefix, 1+c.Point/100, 1+c.Lo/100, hi)
+		return fmt.Sprintf("%s%.2f× [%.2f, %s]", censored(c.BaseAtLeast, c.XAtLeast), 1+c.Point/100, 1+c.Lo/100, hi)
 	}
+	// within says whether c's point estimate is at most FirstTolerance above its base.
+	within := func(c change) bool { return c.Why == "" && !c.XAtLeast && c.Point <= 100*FirstTolerance }
 	var b strings.Builder
 	b.WriteString("| app | scenario | req/s | first (P99 ms) |")
 	for _, name := range ours {
@@ -684,7 +679,7 @@ func firstSection(o *Outcome) string {
 				return fmt.Sprintf("%s/%s/%g %s vs %s P99", st.App, st.Scenario, rate, x, base)
 			}
 			fmt.Fprintf(&b, "| %s | %s | %g | %s %s |", st.App, st.Scenario, rate, first.Policy, fmtMS(firstP99, o.stats(first).AtLeast["p99"], 1))
-			within := false
+			met := false
 			for _, name := range ours {
 				r := find(name)
 				switch {
@@ -692,14 +687,14 @@ func firstSection(o *Outcome) string {
 					b.WriteString(" not run |")
 				case r == first:
 					b.WriteString(" first |")
-					within = true
+					met = true
 				default:
 					c := o.compare(key(name, first.Policy), r, first, metricP99)
 					b.WriteString(" " + ratio(c) + " |")
-					within = within || c.Why == "" && !c.XAtLeast && c.Point <= 100*FirstTolerance
+					met = met || within(c)
 				}
 			}
-			b.WriteString(map[bool]string{true: " **yes** |", false: " no |"}[within])
+			b.WriteString(map[bool]string{true: " **yes** |", false: " no |"}[met])
 			if larp {
 				p, l := find("proposed"), find("lata-only")
 				if p == nil || l == nil {
@@ -707,7 +702,7 @@ func firstSection(o *Outcome) string {
 					continue
 				}
 				c := o.compare(key("proposed", "lata-only"), p, l, metricP99)
-				ok := c.Why == "" && !c.XAtLeast && c.Point <= 100*FirstTolerance
+				ok := within(c)
 				same := ""
 				if st.Moves == 0 {
 					same = " (the same placement)"

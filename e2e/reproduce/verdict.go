@@ -131,18 +131,23 @@ func fmtChange(c jsonCell) string {
 	if c.Why != "" {
 		return "– (" + c.Why + ")"
 	}
-	prefix := ""
-	switch {
-	case c.BaseAtLeast:
-		prefix = "≤ "
-	case c.XAtLeast:
-		prefix = "≥ "
-	}
 	hi := fmt.Sprintf("%+.1f", c.HiPct)
 	if c.HiOpen {
 		hi = "∞"
 	}
-	return fmt.Sprintf("%s%+.1f %% [%+.1f, %s]", prefix, c.PointPct, c.LoPct, hi)
+	return fmt.Sprintf("%s%+.1f %% [%+.1f, %s]", censored(c.BaseAtLeast, c.XAtLeast), c.PointPct, c.LoPct, hi)
+}
+
+// censored is the mark of a change whose base's figure (≤: the change is at most this) or x's
+// (≥) is a lower bound, "" when neither is.
+func censored(baseAtLeast, xAtLeast bool) string {
+	switch {
+	case baseAtLeast:
+		return "≤ "
+	case xAtLeast:
+		return "≥ "
+	}
+	return ""
 }
 
 // cellsOf lists the rates measured for app/scenario ("" = any), in order.
