@@ -13,6 +13,7 @@ import (
 
 	"github.com/edgeflow/edgeflow/internal/demo/loadgen"
 	webui "github.com/edgeflow/edgeflow/internal/ui"
+	"github.com/edgeflow/edgeflow/watcher/prom"
 )
 
 // TestWriteReport writes the report of a synthetic outcome (exponential latencies, a
@@ -179,11 +180,24 @@ func TestOnMeasuredLatency(t *testing.T) {
 		{"degraded plan", webui.Snapshot{Latency: pairs(1)}, "every node pair at 1 ms"},
 		{"latency degraded", webui.Snapshot{Latency: pairs(8, 16), Degraded: []webui.Degraded{{Input: "latency", Message: "2 node pairs unmeasured"}}}, "2 node pairs unmeasured"},
 		{"pairs missing", webui.Snapshot{Latency: pairs(8, 16)[:4]}, "4 node pairs' latency, want 6"},
+		{"one measured pair for all", webui.Snapshot{Latency: pairs(8.3)}, "every node pair at 8.3 ms"},
 	} {
-		got := onMeasuredLatency(&c.snap, nodes)
+		got := onMeasuredLatency(&c.snap, nodes, ScenarioA)
 		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
 			t.Errorf("%s: %q, want %q", c.name, got, c.want)
 		}
+	}
+	// On a flat testbed a publication at one measured latency is the measured plan; the
+	// degraded plan's latency still tells the degraded plan.
+	flatRTT, err := Scenario("flat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := onMeasuredLatency(&webui.Snapshot{Latency: pairs(2.76)}, nodes, flatRTT); got != "" {
+		t.Errorf("flat, every pair measured at 2.76 ms: %q, want measured", got)
+	}
+	if got := onMeasuredLatency(&webui.Snapshot{Latency: pairs(prom.EqualLatencyMS)}, nodes, flatRTT); !strings.Contains(got, "degraded plan") {
+		t.Errorf("flat, the degraded plan: %q, want it named", got)
 	}
 }
 

@@ -78,7 +78,7 @@ func (h *Harness) Serve(a App, p Policy, rate float64, flags ...string) *proc {
 			latency = err.Error()
 			return false
 		}
-		latency = onMeasuredLatency(snap, Nodes)
+		latency = onMeasuredLatency(snap, Nodes, h.rtt)
 		return latency == ""
 	})
 	return s
