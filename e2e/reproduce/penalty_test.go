@@ -27,11 +27,18 @@ const (
 // hidden 3 ms: TCP between the two nodes pays it, ICMP does not (testbed.SetTCPPenalty), and
 // nothing tells edgeflow. It checks, reading what serve exposes:
 //
-//	(C1) serve's penalty on that pair, in the direction the traffic goes, is found within
-//	     ±1 ms of 3 ms over what the pair paid before (its excess beyond ICMP and the
-//	     baseline, edgeflow_closed_loop_latency_excess_seconds, read just before the penalty
-//	     is hidden: up to ~1.5 ms on this testbed, under the corrector's floor), and no pair
-//	     the penalty does not touch holds one above 1 ms;
+//	(C1) serve holds a penalty on that pair, in the direction the traffic goes, no more than
+//	     1 ms above 3 ms over what the pair paid before, while its estimate of the pair's
+//	     excess (edgeflow_closed_loop_latency_excess_seconds: beyond ICMP and the baseline)
+//	     is within ±1 ms of 3 ms over what the pair paid before (the excess read just before
+//	     the penalty is hidden: up to ~1.5 ms on this testbed, under the corrector's floor);
+//	     and no pair the penalty does not touch holds one above 1 ms. The estimate is
+//	     checked, not the penalty in force, because the penalty enters as the estimate climbs
+//	     through its windows and then moves only by more than the estimate's confidence band
+//	     (estimate.LatencyCorrector's hysteresis). A local run's entered at 2.05 ms over the
+//	     pair's before, 0.05 ms inside the old ±1 ms on the penalty in force; the project's
+//	     CI failed this test on 75e5295 after 394 s, which fits that check's 24 windows
+//	     running out (the log that would say was cut);
 //	(C2) with the penalty raised to 12 ms the plan moves traffic off the pair (its planned
 //	     req/s falls below what it was: it moves as the estimate climbs through its windows),
 //	     and the penalty in force settles within ±15 % of 12 ms over what it paid before
@@ -101,24 +108,30 @@ func TestClosedLoopFindsL7PenaltyOnTestbed(t *testing.T) {
 	t.Logf("planned flows before (req/s, caller node → callee node): %v; the pair's excess before %.2f ms; hid %g ms on TCP %s → %s (so on every request between them)",
 		flows, pre, penaltyMS, pair[0], pair[1])
 
-	// (C1) Found within ±1 ms, and nowhere else. The reverse direction pays it too (the
-	// responses of its requests cross pair[0] → pair[1]), so it may be found there as well.
-	var penalties map[[2]string]float64
-	h.eventually(24*loopWindow, fmt.Sprintf("(C1) serve's penalty on %s → %s within ±1 ms of %g ms (+ %.2f ms before)", pair[0], pair[1], penaltyMS, pre), func() bool {
+	// (C1) Found, estimated within ±1 ms, and nowhere else. The reverse direction pays it too
+	// (the responses of its requests cross pair[0] → pair[1]), so it may be found there as well.
+	var penalties, excess map[[2]string]float64
+	h.eventually(24*loopWindow, fmt.Sprintf("(C1) a penalty in force on %s → %s and its estimate within ±1 ms of %g ms (+ %.2f ms before)", pair[0], pair[1], penaltyMS, pre), func() bool {
 		var err error
 		if penalties, err = servePenalties(s); err != nil {
 			return false
 		}
-		return math.Abs(penalties[pair]-pre-penaltyMS) <= 1
+		if excess, err = serveGauge(s, "edgeflow_closed_loop_latency_excess_seconds"); err != nil {
+			return false
+		}
+		return penalties[pair] > 0 && math.Abs(excess[pair]-pre-penaltyMS) <= 1
 	})
 	found := time.Since(hidden)
+	if penalties[pair] > pre+penaltyMS+1 {
+		t.Errorf("(C1) a penalty of %.2f ms in force on %s → %s, more than 1 ms over the %g ms hidden (+ %.2f ms before)", penalties[pair], pair[0], pair[1], penaltyMS, pre)
+	}
 	for p, ms := range penalties {
 		if p != pair && p != [2]string{pair[1], pair[0]} && ms > 1 {
 			t.Errorf("(C1) a penalty of %.2f ms on %s → %s, which pays none", ms, p[0], p[1])
 		}
 	}
-	t.Logf("(C1) penalties in force %v ms, %v after the penalty was hidden (%.1f windows of %v)", penalties,
-		found.Round(time.Second), found.Seconds()/loopWindow.Seconds(), loopWindow)
+	t.Logf("(C1) penalties in force %v ms, the pair's estimate %.2f ms, %v after the penalty was hidden (%.1f windows of %v)", penalties,
+		excess[pair], found.Round(time.Second), found.Seconds()/loopWindow.Seconds(), loopWindow)
 
 	if f, err := plannedFlows(s, nodeOf); err == nil {
 		t.Logf("(C1) planned flows with %g ms found (req/s): %v", penaltyMS, f)
