@@ -7,7 +7,9 @@
 // With -stream it copies the JSON from stdin to stdout unchanged and prints to stderr, as the
 // run goes, one line per package (as go test does) and the whole output of every failed test.
 // Without it, it reads the files and prints each suite's wall time, each package's, the 20
-// slowest tests, every skipped test, and the totals on the last line:
+// slowest tests, every skipped test, each failed test's last log lines (those go test prefixes
+// with a file and line: t.Log, t.Error, t.Fatal; a failure's cause is among them, where its
+// whole output may be cut from a CI log), and the totals on the last line:
 // "tests: N passed, N failed, N skipped" — followed, with -want, by a line naming any wanted
 // suite that wrote no results.
 package main
@@ -20,9 +22,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // event is one line of `go test -json` (cmd/test2json).
@@ -133,7 +137,19 @@ type suite struct {
 	packages    map[string]float64 // package → its test binary's run time
 	failedPkgs  []string
 	tests       []testResult // top-level and subtests, as they ended
+	// failedLogs holds each failed test's last log lines (logLine), "package test" → lines.
+	failedLogs map[string][]string
 }
+
+// logLine matches a line of a test's log as go test prints it: indented, then file:line: (the
+// first line of a t.Log, t.Error or t.Fatal message).
+var logLine = regexp.MustCompile(`^\s+[\w.-]+\.go:\d+: `)
+
+// Of a failed test's log lines, the report shows the last tailLines, each cut at tailWidth bytes.
+const (
+	tailLines = 10
+	tailWidth = 300
+)
 
 func readSuite(path string) (*suite, error) {
 	f, err := os.Open(path)
@@ -141,7 +157,8 @@ func readSuite(path string) (*suite, error) {
 		return nil, err
 	}
 	defer f.Close()
-	s := &suite{name: strings.TrimSuffix(filepath.Base(path), ".json"), packages: map[string]float64{}}
+	s := &suite{name: strings.TrimSuffix(filepath.Base(path), ".json"), packages: map[string]float64{}, failedLogs: map[string][]string{}}
+	logs := map[string][]string{} // "package test" → its last log lines, until it ends
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -157,8 +174,28 @@ func readSuite(path string) (*suite, error) {
 				s.last = e.Time
 			}
 		}
+		key := e.Package + " " + e.Test
 		switch e.Action {
+		case "output":
+			if e.Test != "" && logLine.MatchString(e.Output) {
+				l := strings.TrimSpace(e.Output)
+				if len(l) > tailWidth {
+					n := tailWidth
+					for n > 0 && !utf8.RuneStart(l[n]) {
+						n--
+					}
+					l = l[:n] + " …"
+				}
+				logs[key] = append(logs[key], l)
+				if len(logs[key]) > tailLines {
+					logs[key] = logs[key][1:]
+				}
+			}
 		case "pass", "fail", "skip":
+			if e.Action == "fail" && e.Test != "" {
+				s.failedLogs[key] = logs[key]
+			}
+			delete(logs, key)
 			if e.Test == "" {
 				s.packages[e.Package] = e.Elapsed
 				if e.Action == "fail" {
@@ -246,6 +283,19 @@ func report(w io.Writer, suites []*suite, slowest int) {
 	if len(skips) > 0 {
 		sort.Strings(skips)
 		fmt.Fprintf(w, "\nskipped in every suite (go test -v says why):\n  %s\n", strings.Join(skips, "\n  "))
+	}
+	for _, s := range suites {
+		keys := make([]string, 0, len(s.failedLogs))
+		for k := range s.failedLogs {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, "\n--- FAIL: %s [%s], its last log lines:\n", strings.TrimPrefix(k, "github.com/edgeflow/edgeflow/"), s.name)
+			for _, l := range s.failedLogs[k] {
+				fmt.Fprintf(w, "    %s\n", l)
+			}
+		}
 	}
 	for _, s := range suites {
 		for _, p := range s.failedPkgs {
