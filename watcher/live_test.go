@@ -1291,8 +1291,9 @@ func TestUnmatchedNamesBounded(t *testing.T) {
 	fp.set(func(f *fakeProm) { f.latency = forged })
 	rec := recorder{got: make(chan *optimizer.Topology, 16)}
 	runCluster(t, c, rec)
-	testkit.Eventually(t, 10*time.Second, "the unmatched names reported", func() bool {
-		return strings.Contains(checkNamed(c, "latency").Message, "ghost-000")
+	// The check's state is set before the log line is written (Live.record): wait for both.
+	testkit.Eventually(t, 10*time.Second, "the unmatched names reported and logged", func() bool {
+		return strings.Contains(checkNamed(c, "latency").Message, "ghost-000") && strings.Contains(logs.String(), "latency labels name no node")
 	})
 	msg := checkNamed(c, "latency").Message
 	if !strings.Contains(msg, "ghost-009 and 490 more") || strings.Contains(msg, "ghost-010") {
