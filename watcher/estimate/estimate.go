@@ -204,9 +204,12 @@ func (c Config) withDefaults() (Config, error) {
 //     independent clusters; normal errors assumed, so Student's t); Lower = cores / (x + t·se),
 //     t the quantile of Student's t at Config.Confidence on n−1 degrees of freedom, and the
 //     utilisation law's upper bound is cores / (x − t·se) (+Inf when x ≤ t·se).
-//   - Queueing bound. Over the same windows λ = Σr / Σ(window length), S = (Σ inbound −
-//     Σ downstream) / Σr; QueueingRPS is the capacity c·μ₁ of the M/M/c queue, c = ⌈cores⌉,
-//     whose mean sojourn time at λ is S (for c = 1, λ + 1/S). Smoother arrivals than Poisson
+//   - Queueing bound. For each of the same windows, λ = r / (window length) and S = (inbound −
+//     downstream) / r; the window's bound is the capacity c·μ₁ of the M/M/c queue, c = ⌈cores⌉,
+//     whose mean sojourn time at λ is S (for c = 1, λ + 1/S), and QueueingRPS is the largest
+//     of the windows' (none if a window has no own time): the inversion holds in steady state,
+//     and a window that drains a backlog, pooled with the others, would put the bound near
+//     the mean arrival rate (queueingBound). Smoother arrivals than Poisson
 //     wait less, so the inversion over-estimates (TestBias: up to +29 % for one server under
 //     constant-rate arrivals); the estimate is min(utilisation law, this). M/M/c rather than
 //     M/M/1 for a pod of several cores because λ + 1/S is no bound there: it under-estimates a
@@ -467,19 +470,44 @@ func (e *Estimator) measure(st *podState) (Capacity, bool) {
 		c.Upper = st.cores / (perReq - margin)
 	}
 	c.RPS = c.UtilizationRPS
-	lambda := req / seconds
-	if own := (inbound - downstream) / req / 1000; own > 0 && !math.IsInf(lambda, 0) {
-		if q := mmcCapacity(lambda, own, servers(st.cores)); q > 0 && !math.IsInf(q, 0) {
-			c.QueueingRPS = q
-			c.RPS = min(c.RPS, q)
-			c.Upper = min(c.Upper, q)
-		}
+	if q := queueingBound(st.windows, servers(st.cores)); q > 0 {
+		c.QueueingRPS = q
+		c.RPS = min(c.RPS, q)
+		c.Upper = min(c.Upper, q)
 	}
 	c.Lower = min(st.cores/(perReq+margin), c.RPS)
 	if math.IsInf(c.UtilizationRPS, 0) || !(c.Lower > 0) {
 		return Capacity{}, false // beyond float64's range (CPU per request ≈ 0, a variance overflowing)
 	}
 	return c, true
+}
+
+// queueingBound is the largest of the windows' own M/M/c inversions (c servers), each of its
+// window's arrival rate and own time per request; 0 (no bound) when a window has none (its own
+// time not positive, or a rate beyond float64's range). Each window apart, because the
+// inversion holds for a queue in steady state: a window in which the pod drains a backlog (an
+// overload that ended, the plan of another policy) has an own time of seconds, and pooled
+// with the others it sets the bound near the windows' mean arrival rate whatever the pod can
+// serve. (The grid of record's lata-q, planned two slices after Localization's collapse at
+// 300 req/s, had the collapsed pods at 48–65 req/s where the others had the utilisation
+// law's 91, the entry pods at 64–79 where the others had 272, and spread its plan over the
+// network: docs/reproduction-paper, bookinfo/B, run 6.) The largest, because a bound from
+// above is what the inversion is for: one window in steady state bounds the pod.
+func queueingBound(windows []window, c int) float64 {
+	bound := 0.0
+	for _, w := range windows {
+		lambda := w.requests / w.seconds
+		own := (w.inboundMS - w.downstreamMS) / w.requests / 1000
+		if !(own > 0) || math.IsInf(lambda, 0) || math.IsNaN(lambda) {
+			return 0
+		}
+		q := mmcCapacity(lambda, own, c)
+		if !(q > 0) || math.IsInf(q, 0) {
+			return 0
+		}
+		bound = max(bound, q)
+	}
+	return bound
 }
 
 // servers is the number of servers of the queueing bound for a pod of the given cores: ⌈cores⌉,

@@ -151,6 +151,38 @@ func TestLowerBound(t *testing.T) {
 	}
 }
 
+// TestQueueingBoundAfterBacklog: a window in which the pod drained a backlog does not set the
+// bound. A 100m pod of 1.1 ms a request (the utilisation law: 90.9 req/s) that served 91 req/s
+// with 2 s of own time (an overload ending), then 67 req/s with 3 ms: pooled, λ = 75 req/s and
+// S = 810 ms would bound it at 76.2 req/s; the steady windows bound it at 400 and the
+// utilisation law stands. Every window backlogged, the bound is the rate it served.
+func TestQueueingBoundAfterBacklog(t *testing.T) {
+	window := func(rps, ownMS float64) traffic {
+		return traffic{service: "a", cores: 0.1, delta: Sample{Requests: rps, CPUSeconds: rps * 0.0011, InboundMS: rps * ownMS}}
+	}
+	for _, tc := range []struct {
+		name           string
+		windows        []traffic
+		wantRPS, wantQ float64
+	}{
+		{"after a backlog", []traffic{window(91, 2000), window(67, 3), window(67, 3)}, 0.1 / 0.0011, 67 + 1000.0/3},
+		{"backlogged throughout", []traffic{window(91, 2000), window(91, 2000), window(91, 2000)}, 0.1 / 0.0011, 91.5},
+		{"slow throughout", []traffic{window(67, 50), window(67, 50), window(67, 50)}, 87, 87},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, Config{MinRequests: 1, Windows: 3, MinWindows: 3})
+			r.round(map[string]traffic{"a-0": tc.windows[0]}) // the base
+			var got Capacity
+			for _, w := range tc.windows {
+				got = r.round(map[string]traffic{"a-0": w})["a-0"]
+			}
+			if math.Abs(got.RPS-tc.wantRPS) > 1e-6*tc.wantRPS || math.Abs(got.QueueingRPS-tc.wantQ) > 1e-6*tc.wantQ {
+				t.Errorf("RPS %.3f, QueueingRPS %.3f; want %.3f, %.3f", got.RPS, got.QueueingRPS, tc.wantRPS, tc.wantQ)
+			}
+		})
+	}
+}
+
 // TestQueueingBound: the M/M/c inversion bounds the estimate from above; it never raises it.
 func TestQueueingBound(t *testing.T) {
 	// 1 ms of CPU per request on one core: the utilisation law says 1000 rps.
