@@ -1,6 +1,7 @@
 package watcher
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"sort"
@@ -231,15 +232,15 @@ func (f *capacityFeed) take(ks *kube.State, meas *prom.Measurements, judge bool)
 	return r
 }
 
-// QuotaWaits sums one window's waits per CPU-limited service (estimate.WaitWindow): for each
-// fresh pod load of a service with a limit (limit, millicores by service key; service maps
-// NAMESPACE/POD to its service key) and a capacity (requests/s by NAMESPACE/POD), the wait
-// measured, requests × max(0, own time − the CPU a request takes at that capacity, limit/μ),
-// against the one the quota model predicts at the load the pod carried, requests ×
+// QuotaWaits is one window's waits of the pods of CPU-limited services (estimate.WaitWindow, one
+// a pod): for each fresh pod load of a service with a limit (limit, millicores by service key;
+// service maps NAMESPACE/POD to its service key) and a capacity (requests/s by NAMESPACE/POD),
+// the wait measured, requests × max(0, own time − the CPU a request takes at that capacity,
+// limit/μ), against the one the quota model predicts at the load the pod carried, requests ×
 // optimizer.QuotaWait(requests/window, μ, limit). A pod at or past its capacity (no finite
-// prediction) is left out. Sorted by service.
+// prediction) is left out. Sorted by service, then pod.
 func QuotaWaits(loads []prom.PodLoad, service map[string]string, limit map[string]int64, capacity map[string]float64) []estimate.WaitWindow {
-	by := map[string]*estimate.WaitWindow{}
+	var out []estimate.WaitWindow
 	for _, l := range loads {
 		svc := service[l.Name()]
 		lim, mu := limit[svc], capacity[l.Name()]
@@ -251,20 +252,17 @@ func QuotaWaits(loads []prom.PodLoad, service map[string]string, limit map[strin
 			continue
 		}
 		cpuMS := float64(lim) / mu // limit/1000 cores over μ, in ms
-		w := by[svc]
-		if w == nil {
-			w = &estimate.WaitWindow{Service: svc}
-			by[svc] = w
-		}
-		w.MeasuredMS += max(0, l.InboundMSSum-l.DownstreamMSSum-l.Requests*cpuMS)
-		w.PredictedMS += l.Requests * 1000 * wait
-		w.Requests += l.Requests
+		out = append(out, estimate.WaitWindow{
+			Service:     svc,
+			Pod:         l.Name(),
+			MeasuredMS:  max(0, l.InboundMSSum-l.DownstreamMSSum-l.Requests*cpuMS),
+			PredictedMS: l.Requests * 1000 * wait,
+			Requests:    l.Requests,
+		})
 	}
-	out := make([]estimate.WaitWindow, 0, len(by))
-	for _, w := range by {
-		out = append(out, *w)
-	}
-	slices.SortFunc(out, func(a, b estimate.WaitWindow) int { return strings.Compare(a.Service, b.Service) })
+	slices.SortFunc(out, func(a, b estimate.WaitWindow) int {
+		return cmp.Or(strings.Compare(a.Service, b.Service), strings.Compare(a.Pod, b.Pod))
+	})
 	return out
 }
 

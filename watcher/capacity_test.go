@@ -546,10 +546,11 @@ func TestCapacitiesInForcePoolsAlikePods(t *testing.T) {
 	}
 }
 
-// TestQuotaWaits: one window's waits per CPU-limited service, by hand: a pod of capacity 100
-// req/s and a 100m limit takes 1 ms of CPU a request; at 60 req/s with 3 ms inbound and 0.5 ms
-// downstream a request it measured 1.5 ms of wait a request. A pod past its capacity, a pod of
-// a service without a limit and a pod of no service are left out.
+// TestQuotaWaits: one window's waits of the pods of CPU-limited services, by hand: a pod of
+// capacity 100 req/s and a 100m limit takes 1 ms of CPU a request; at 60 req/s with 3 ms inbound
+// and 0.5 ms downstream a request it measured 1.5 ms of wait a request, and at 30 req/s with 1.2
+// ms inbound 0.2 ms. A pod past its capacity, a pod of a service without a limit and a pod of no
+// service are left out.
 func TestQuotaWaits(t *testing.T) {
 	t.Parallel()
 	const window = 10 * time.Second
@@ -558,11 +559,14 @@ func TestQuotaWaits(t *testing.T) {
 		return prom.PodLoad{Namespace: "default", Pod: pod, Window: window, Requests: n, InboundMSSum: n * inboundMS, DownstreamMSSum: n * downstreamMS}
 	}
 	got := QuotaWaits(
-		[]prom.PodLoad{load("api-1", 60, 3, 0.5), load("api-2", 120, 3, 0), load("web-1", 60, 3, 0), load("ghost", 60, 3, 0)},
-		map[string]string{"default/api-1": "api", "default/api-2": "api", "default/web-1": "web"},
+		[]prom.PodLoad{load("api-3", 30, 1.2, 0), load("api-1", 60, 3, 0.5), load("api-2", 120, 3, 0), load("web-1", 60, 3, 0), load("ghost", 60, 3, 0)},
+		map[string]string{"default/api-1": "api", "default/api-2": "api", "default/api-3": "api", "default/web-1": "web"},
 		map[string]int64{"api": 100},
-		map[string]float64{"default/api-1": 100, "default/api-2": 100, "default/web-1": 100, "default/ghost": 100})
-	want := []estimate.WaitWindow{{Service: "api", MeasuredMS: 600 * 1.5, PredictedMS: 600 * 1000 * optimizer.QuotaWait(60, 100, 100), Requests: 600}}
+		map[string]float64{"default/api-1": 100, "default/api-2": 100, "default/api-3": 100, "default/web-1": 100, "default/ghost": 100})
+	want := []estimate.WaitWindow{
+		{Service: "api", Pod: "default/api-1", MeasuredMS: 600 * 1.5, PredictedMS: 600 * 1000 * optimizer.QuotaWait(60, 100, 100), Requests: 600},
+		{Service: "api", Pod: "default/api-3", MeasuredMS: 300 * 0.2, PredictedMS: 300 * 1000 * optimizer.QuotaWait(30, 100, 100), Requests: 300},
+	}
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(a)) })); diff != "" {
 		t.Errorf("QuotaWaits (-want +got):\n%s", diff)
 	}

@@ -75,7 +75,7 @@ func (c *Live) newMetrics(reg prometheus.Registerer) (err error) {
 		Help: "Each node pair's measured excess in the latency corrector's last round, in seconds: what its requests paid beyond its ICMP RTT and a same-node call's overhead, before the corrector's detection floor, confidence rules and hysteresis decide the penalty in force (estimate.LatencyCorrector). A pair not measured in the last round has no series."},
 		[]string{labelFrom, labelTo})
 	c.queueScale = a.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemLoop, Name: "queue_scale",
-		Help: "Each CPU-limited service's wait scale in force, in (0, 1]: the share of lata-q's quota model's wait its pods are priced at, the waits measured over those the model predicts at the loads the pods carried (estimate.WaitScaler). A service without one (its pods priced at the model's whole wait) has no series."},
+		Help: "Each CPU-limited service's wait scale in force, in (0, 1]: the share of lata-q's quota model's wait its pods are priced at, the slope of the waits measured against those the model predicts at the loads the pods carried, a load-free overhead apart (estimate.WaitScaler). A service without one (its pods priced at the model's whole wait) has no series."},
 		[]string{labelService})
 	c.unmatched.WithLabelValues("node")
 	c.unmatched.WithLabelValues("pod")
