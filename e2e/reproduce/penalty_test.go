@@ -41,9 +41,16 @@ const (
 //	     running out (the log that would say was cut);
 //	(C2) with the penalty raised to 12 ms the plan moves traffic off the pair (its planned
 //	     req/s falls below what it was: it moves as the estimate climbs through its windows),
-//	     and the penalty in force settles within ±15 % of 12 ms over what it paid before
-//	     (the estimates of 3 ms in five runs were 2.3–3.5 ms: ±1 ms at 12 ms is tighter than
-//	     the estimate's own bias from the measured ICMP and the baseline).
+//	     and from that move on the pair's estimate is within ±15 % of 12 ms over what it paid
+//	     before (the estimates of 3 ms in five runs were 2.3–3.5 ms: ±1 ms at 12 ms is tighter
+//	     than the estimate's own bias from the measured ICMP and the baseline). The estimate,
+//	     not the penalty in force, for (C1)'s reason, and because the move ends the pair's
+//	     measurement: a plan that leaves a pair under the sample floor (a run here: 9–15
+//	     req/s, 90–150 attempts a window against 200) stops its windows, the rounds after the
+//	     move still estimate it on its newest windows (all taken after the raise) and then the
+//	     penalty decays. The project's CI failed the old check on the penalty in force on
+//	     aa7e61f: it entered at 10.17 ms on the climb (+ 0.32 ms before; the band starts at
+//	     10.52), the hysteresis band held it there, and the pair's data then thinned.
 //
 // Why two steps: on the flat testbed a caller whose node has no callee pod pays the same 2 ms
 // to every other node, so routing around 3 ms means swapping with a caller that now sends
@@ -159,12 +166,30 @@ func TestClosedLoopFindsL7PenaltyOnTestbed(t *testing.T) {
 	p, _ := servePenalties(s)
 	t.Logf("(C2) planned flows after (req/s): %v; %s → %s %.1f → %.1f, %v after it was raised; penalties in force then %v ms",
 		flows, pair[0], pair[1], before, flows[pair], moved.Round(time.Second), p)
-	h.eventually(12*loopWindow, fmt.Sprintf("(C2) serve's penalty on %s → %s within ±15 %% of %g ms (+ %.2f ms before)", pair[0], pair[1], largePenaltyMS, pre), func() bool {
-		var err error
-		penalties, err = servePenalties(s)
-		return err == nil && math.Abs(penalties[pair]-pre-largePenaltyMS) <= 0.15*largePenaltyMS
+	// The estimate from the move on: the rounds that follow it still rest on the pair's newest
+	// windows (all taken after the raise), until the pair's thinned data leaves it unmeasured.
+	var seen []string // the pair's estimates read, each once, for the log
+	last := math.NaN()
+	h.eventually(12*loopWindow, fmt.Sprintf("(C2) serve's estimate of %s → %s within ±15 %% of %g ms (+ %.2f ms before)", pair[0], pair[1], largePenaltyMS, pre), func() bool {
+		ex, err := serveGauge(s, "edgeflow_closed_loop_latency_excess_seconds")
+		if err != nil {
+			return false
+		}
+		e, ok := ex[pair]
+		if !ok {
+			if !math.IsNaN(last) {
+				seen, last = append(seen, "unmeasured"), math.NaN()
+			}
+			return false
+		}
+		if e != last {
+			seen, last = append(seen, fmt.Sprintf("%.2f", e)), e
+		}
+		return math.Abs(e-pre-largePenaltyMS) <= 0.15*largePenaltyMS
 	})
-	t.Logf("(C2) penalties in force %v ms, %v after it was raised", penalties, time.Since(raised).Round(time.Second))
+	penalties, _ = servePenalties(s)
+	t.Logf("(C2) the pair's estimates read from the move on: %s ms; penalties in force %v ms, %v after it was raised", strings.Join(seen, ", "),
+		penalties, time.Since(raised).Round(time.Second))
 
 	sent, failed := load()
 	t.Logf("load: %d requests at %.0f req/s, %d failed; test %v", sent, loopRate, failed, time.Since(begin).Round(time.Second))
