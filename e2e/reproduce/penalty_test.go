@@ -170,6 +170,11 @@ func TestClosedLoopFindsL7PenaltyOnTestbed(t *testing.T) {
 	// windows (all taken after the raise), until the pair's thinned data leaves it unmeasured.
 	var seen []string // the pair's estimates read, each once, for the log
 	last := math.NaN()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("(C2) the pair's estimates read from the move on: %s ms", strings.Join(seen, ", "))
+		}
+	})
 	h.eventually(12*loopWindow, fmt.Sprintf("(C2) serve's estimate of %s → %s within ±15 %% of %g ms (+ %.2f ms before)", pair[0], pair[1], largePenaltyMS, pre), func() bool {
 		ex, err := serveGauge(s, "edgeflow_closed_loop_latency_excess_seconds")
 		if err != nil {
