@@ -225,6 +225,10 @@ func (pl *Planner) closedLoopStep(m *Model, r *PlanResult, damping float64) {
 			next = blended
 		}
 	}
+	// A step leaves a part of every band it leaves (1 − Step of it), so a plan that moves in
+	// steps keeps slivers across the network that no later step is worth pushing for; they go
+	// as lata-q's own do (foldThinBands).
+	next = foldThinBands(m, next)
 	_, after := applyFractions(m, ClosedLoop, fractionsOf(m, next), skip)
 	r.Allocation = next
 	r.Moved = moved(pl.last, next)

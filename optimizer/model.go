@@ -23,7 +23,16 @@ type Options struct {
 	// summed over a node's pods, over its cores) placement and rebalancing may give a node, in
 	// (0, 1]; 0 means no limit. Nodes of unknown cores are not limited.
 	MaxNodeUtilization float64
+	// MinBandShare (lata-q, closed-loop), when positive, is the least share of a caller pod's
+	// calls a latency band farther than its nearest may carry: a thinner one is folded into
+	// the caller's other bands where the pods' caps allow (see foldThinBands), in [0, 0.5);
+	// 0 folds nothing. The commands default to DefaultMinBandShare.
+	MinBandShare float64
 }
+
+// DefaultMinBandShare is the least share of a caller pod's calls the commands let lata-q and
+// closed-loop send to a band farther than the caller's nearest (Options.MinBandShare).
+const DefaultMinBandShare = 0.05
 
 // DefaultMaxNodeUtilization is the headroom limit the place and rebalance commands apply
 // unless told otherwise (Options.MaxNodeUtilization).
@@ -174,6 +183,8 @@ type Model struct {
 	// MaxNodeUtilization is the headroom limit of placement (Options.MaxNodeUtilization; 0:
 	// none).
 	MaxNodeUtilization float64
+	// MinBandShare is lata-q's least band share (Options.MinBandShare; 0: none).
+	MinBandShare float64
 
 	nodeIndex    map[string]int
 	serviceIndex map[string]int
@@ -267,6 +278,10 @@ func Compile(t *Topology, opts Options) (*Model, error) {
 	}
 	if !(m.UtilizationCap > 0 && m.UtilizationCap < 1) {
 		bad.add("utilization cap %v: must be in (0, 1)", opts.UtilizationCap)
+	}
+	m.MinBandShare = opts.MinBandShare
+	if !(m.MinBandShare >= 0 && m.MinBandShare < 0.5) {
+		bad.add("min band share %v: must be in [0, 0.5)", opts.MinBandShare)
 	}
 	m.MaxNodeUtilization = opts.MaxNodeUtilization
 	if !(m.MaxNodeUtilization >= 0 && m.MaxNodeUtilization <= 1) {

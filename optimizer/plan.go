@@ -108,6 +108,7 @@ func planFrom(m *Model, p Policy, prev *previousPlan) (*Allocation, *queueState,
 		a, st, solved, err := planQueued(m, prev)
 		if a != nil {
 			a.Policy = p
+			a = foldThinBands(m, a)
 		}
 		return a, st, solved, err
 	}

@@ -83,6 +83,7 @@ type demoFlags struct {
 	rounds         int
 	seed           uint64
 	utilizationCap float64
+	minBandShare   float64
 	nodeSpeed      []string // --node-speed NODE=FACTOR,…
 	slowPods       []string // --slow-pods POD=FACTOR,…
 	l7Penalty      []string // --l7-penalty FROM:TO=DURATION,…
@@ -248,6 +249,7 @@ func newDemoCommand() *cobra.Command {
 	fl.StringSliceVar(&f.policies, "policies", demo.RowNames(), "policies to run, in order (the optimizer's, and least-request)")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the pods' service-time draws")
 	fl.Float64Var(&f.utilizationCap, "utilization-cap", optimizer.DefaultUtilizationCap, "lata-q: the most of a pod's service rate it is loaded to, in (0, 1)")
+	fl.Float64Var(&f.minBandShare, "min-band-share", optimizer.DefaultMinBandShare, "lata-q, closed-loop: the least share of a caller pod's calls sent to a node farther than its nearest in use, in [0, 0.5) (0: none)")
 	fl.StringSliceVar(&f.nodeSpeed, "node-speed", nil, "NODE=FACTOR,…: a node's speed, hidden from edgeflow (0.5: its pods' service times double)")
 	fl.StringSliceVar(&f.slowPods, "slow-pods", nil, "POD=FACTOR,…: multiply a pod's service times, hidden from edgeflow (2: twice as slow)")
 	fl.BoolFunc("latency-correction", "closed-loop: correct the topology's latencies by the L7 penalties it measures (default true; false: plan on the topology's latencies, as the other rows)",
@@ -344,7 +346,10 @@ func (f demoFlags) input(stdin io.Reader, stderr io.Writer) (*demoInput, error) 
 	if !(f.utilizationCap > 0 && f.utilizationCap < 1) {
 		return nil, badInput("--utilization-cap must be in (0, 1), got %v", f.utilizationCap)
 	}
-	opts := optimizer.Options{UtilizationCap: f.utilizationCap}
+	if !(f.minBandShare >= 0 && f.minBandShare < 0.5) {
+		return nil, badInput("--min-band-share must be in [0, 0.5), got %v", f.minBandShare)
+	}
+	opts := optimizer.Options{UtilizationCap: f.utilizationCap, MinBandShare: f.minBandShare}
 	if _, err := optimizer.Compile(in.topology, opts); err != nil {
 		return nil, err
 	}

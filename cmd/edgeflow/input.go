@@ -22,6 +22,7 @@ type topologyFlags struct {
 	file           string
 	defaultLatency float64
 	utilizationCap float64
+	minBandShare   float64
 	clusterFlags
 }
 
@@ -30,6 +31,7 @@ func (f *topologyFlags) register(cmd *cobra.Command) {
 	latencyVar(cmd, &f.defaultLatency, "default-latency", 0, "latency of node pairs the file does not give, a duration (20ms) or a number of ms (default: a missing pair is an error)")
 	cmd.Flags().Lookup("default-latency").DefValue = "0" // not set: the usage text says what happens
 	cmd.Flags().Float64Var(&f.utilizationCap, "utilization-cap", optimizer.DefaultUtilizationCap, "lata-q: the most of a pod's service rate (capacity_rps) it is loaded to, in (0, 1)")
+	cmd.Flags().Float64Var(&f.minBandShare, "min-band-share", optimizer.DefaultMinBandShare, "lata-q, closed-loop: the least share of a caller pod's calls sent to a node farther than its nearest in use; a thinner share is folded into the caller's other nodes where the pods' caps allow, in [0, 0.5) (0: none)")
 	f.clusterFlags.register(cmd)
 }
 
@@ -51,7 +53,7 @@ func (f *topologyFlags) source(cmd *cobra.Command) error {
 }
 
 func (f *topologyFlags) options(cmd *cobra.Command) optimizer.Options {
-	opts := optimizer.Options{UtilizationCap: f.utilizationCap}
+	opts := optimizer.Options{UtilizationCap: f.utilizationCap, MinBandShare: f.minBandShare}
 	if cmd.Flags().Changed("default-latency") {
 		d := f.defaultLatency
 		opts.DefaultLatencyMS = &d

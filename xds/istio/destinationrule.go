@@ -97,7 +97,7 @@ func PlanLocalities(t *optimizer.Topology, policy optimizer.Policy, opts optimiz
 	if err != nil {
 		return nil, err
 	}
-	m, err := optimizer.Compile(grouped, optimizer.Options{UtilizationCap: opts.UtilizationCap})
+	m, err := optimizer.Compile(grouped, optimizer.Options{UtilizationCap: opts.UtilizationCap, MinBandShare: opts.MinBandShare})
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,150 @@
+package optimizer
+
+import (
+	"math"
+	"slices"
+)
+
+// Thin bands: lata-q minimises the mean (Σ rps × latency plus the queues' mean delay), and the
+// tail is what edgeflow is for. Where the plan sits near the point at which a caller is
+// indifferent between its nearest pods' queue and a farther node's round trip, the mean-optimal
+// plan sends a sliver of a caller's calls across the network: the mean cost is flat there, so
+// the sliver relieves the near queue by next to nothing, but every request it carries pays the
+// round trip, and once those are over 1 % of the requests the P99 is a round trip higher.
+// Measured on the testbed (bookinfo/B at 200 req/s, the paper preset, docs/benchmarks/
+// paper-experiment.md): plans that sent 1–3 req/s of a caller's 67 to another node had a P99
+// of 24–34 ms, the runs whose plans kept every call on its node 17–18 ms, Localization 17–21.
+//
+// foldThinBands takes such slivers back. A band is a caller pod's callee pods on one node; a
+// band farther than the caller's nearest band in use that carries under Model.MinBandShare of
+// the caller's calls is folded into the caller's other bands, pro rata. The fold applies to the
+// call edges into the services lata-q solved as queues (a service with a service rate, its load
+// under the utilisation cap, not pooled), and the folded allocation is kept only if it loads no
+// such pod over its cap (nor over its load before, where that was over the cap already) and
+// raises lata-q's objective (network + queueing, exact) by at most MinBandShare of it;
+// otherwise a is returned as it is. The loads downstream follow (a pod sends what it receives
+// times the edge's rate), by applyFractions. O(routes + pods).
+func foldThinBands(m *Model, a *Allocation) *Allocation {
+	share := m.MinBandShare
+	if !(share > 0) || a == nil || a.ServedAsLATA {
+		return a
+	}
+	foldable := make([]bool, len(m.Services))
+	any := false
+	for b := range m.Services {
+		svc := &m.Services[b]
+		foldable[b] = hasCapacity(svc) && svc.Load <= m.UtilizationCap*totalCapacity(svc) && !slices.Contains(a.Pooled, svc.Name)
+	}
+	frac := fractionsOf(m, a)
+	for k, e := range m.Calls {
+		if !foldable[e.To] || frac[k] == nil {
+			continue
+		}
+		node := map[string]int{}
+		for _, q := range m.Services[e.To].Pods {
+			node[q.Name] = q.Node
+		}
+		for _, c := range m.Services[e.From].Pods {
+			if row := frac[k][c.Name]; len(row) > 1 && foldRow(m, c.Node, row, node, share) {
+				any = true
+			}
+		}
+	}
+	if !any {
+		return a
+	}
+	skip := map[string]bool{} // the pods outside lata-q's objective (as in its QueueCost)
+	for b := range m.Services {
+		if !foldable[b] {
+			for _, q := range m.Services[b].Pods {
+				skip[q.Name] = true
+			}
+		}
+	}
+	_, before := applyFractions(m, a.Policy, fractionsOf(m, a), skip)
+	folded, after := applyFractions(m, a.Policy, frac, skip)
+	if len(after.overloaded) > 0 || math.IsInf(before.total(), 1) || after.total() > before.total()*(1+share) {
+		return a
+	}
+	loadBefore, loadAfter := serviceLoads(m, a), serviceLoads(m, folded)
+	for b := range m.Services {
+		if !foldable[b] {
+			continue
+		}
+		for i, q := range m.Services[b].Pods {
+			limit := max(m.UtilizationCap*q.CapacityRPS, loadBefore[b][i])
+			if q.CapacityRPS > 0 && loadAfter[b][i] > limit*(1+1e-9) {
+				return a
+			}
+		}
+	}
+	folded.Saturated, folded.Pooled = a.Saturated, a.Pooled
+	return folded
+}
+
+// foldRow folds the thin bands of one caller pod's row (callee pod → fraction; node gives each
+// callee's node) in place and reports whether it folded any: the bands farther than the
+// nearest band in use with under share of the row, their fractions spread over the rest pro rata.
+func foldRow(m *Model, from int, row map[string]float64, node map[string]int, share float64) bool {
+	band := map[int]float64{}
+	var total float64
+	for q, x := range row {
+		band[node[q]] += x
+		total += x
+	}
+	if !(total > 0) {
+		return false
+	}
+	nearest := math.Inf(1)
+	for v, x := range band {
+		if x > 0 {
+			nearest = min(nearest, m.Latency.At(from, v))
+		}
+	}
+	thin := map[int]bool{}
+	var kept float64
+	for v, x := range band {
+		if x < share*total && m.Latency.At(from, v) > nearest {
+			thin[v] = true
+		} else {
+			kept += x
+		}
+	}
+	if len(thin) == 0 || !(kept > 0) {
+		return false
+	}
+	for q := range row {
+		if thin[node[q]] {
+			delete(row, q)
+		} else {
+			row[q] *= total / kept
+		}
+	}
+	return true
+}
+
+// serviceLoads returns the load of every pod of m under a, per service (by index) and pod: its
+// share of the service's ingress by weight plus the routes into it.
+func serviceLoads(m *Model, a *Allocation) [][]float64 {
+	load := make([][]float64, len(m.Services))
+	index := map[string][2]int{}
+	for b := range m.Services {
+		svc := &m.Services[b]
+		load[b] = make([]float64, len(svc.Pods))
+		w := svc.TotalWeight()
+		for i, q := range svc.Pods {
+			index[q.Name] = [2]int{b, i}
+			if w > 0 {
+				load[b][i] = svc.Ingress * q.Weight / w
+			}
+		}
+	}
+	for _, c := range a.Calls {
+		for _, r := range c.Routes {
+			if at, ok := index[r.Callee]; ok {
+				load[at[0]][at[1]] += r.RPS
+			}
+		}
+	}
+	return load
+}
