@@ -1,6 +1,7 @@
 package reproduce
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -54,7 +55,11 @@ func (h *Harness) Rebalance(a App, rate float64, period, window, timeout time.Du
 		if r.exited() {
 			h.t.Fatalf("edgeflow rebalance exited:\n%s", r.tail())
 		}
-		time.Sleep(time.Second)
+		select {
+		case <-h.ctx.Done():
+			h.t.Fatalf("stopped while edgeflow rebalance ran (%g moves): %v", moves, context.Cause(h.ctx))
+		case <-time.After(time.Second):
+		}
 		m, err := metrics(metricsAddr)
 		if err != nil {
 			continue

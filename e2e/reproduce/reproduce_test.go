@@ -6,8 +6,10 @@ import (
 	"maps"
 	"math"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -65,6 +67,13 @@ func TestReproduce(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 24*time.Hour)
 	defer cancel()
+	// A first SIGINT or SIGTERM (Ctrl-C on make reproduce, a CI job cancelled) cancels ctx: the
+	// run stops at its next wait or slice (the load generator's under way returns at once) and
+	// t's cleanups stop every process it started and remove the testbed's namespaces, which a
+	// kill by the signal's default would leave behind. A second signal kills at once.
+	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+	context.AfterFunc(ctx, stopSignals)
 	out, raw := os.Getenv("REPRODUCE_OUT"), os.Getenv("REPRODUCE_RAW")
 	if out == "" && p.Smoke {
 		out = t.TempDir()

@@ -150,6 +150,9 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 		pr.total += len(p.Apps) * len(p.Scenarios) * p.Runs * len(p.Rows())
 	}
 	slice := func(a App, sc string, pol Policy, rate float64, run int, place string) {
+		if ctx.Err() != nil {
+			t.Fatalf("stopped before %s %s %s %g req/s (run %d): %v", a.Name, sc, pol.Name, rate, run, context.Cause(ctx))
+		}
 		begin := time.Now()
 		o.Order = append(o.Order, Slice{App: a.Name, Scenario: sc, Run: run, Placement: place, Policy: pol.Name, RPS: rate, Start: begin})
 		var res *loadgen.Result
