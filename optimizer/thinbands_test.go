@@ -65,10 +65,7 @@ func TestFoldThinBands(t *testing.T) {
 		{nodes: 3, services: 4, maxPods: 3, weights: true, fractional: true, extraCalls: 2},
 		{nodes: 5, services: 3, maxPods: 5},
 	}
-	instances := 400
-	if testing.Short() {
-		instances = 80
-	}
+	const instances = 400 // 0.4 s; fewer would not refuse a fold
 	var thin, folded, refused int
 	for seed := uint64(0); seed < uint64(instances); seed++ {
 		shape := shapes[seed%uint64(len(shapes))]
@@ -186,4 +183,44 @@ func TestFoldThinBandsSliver(t *testing.T) {
 		t.Fatalf("objective %v after the fold, %v before: want at least the optimum and within 1 %%", o.total(), o0.total())
 	}
 	t.Logf("a1 sent %.2f %% of its calls to n2; folded, the objective %.1f → %.1f ms·req/s", 100*remote, o0.total(), o.total())
+}
+
+// TestClosedLoopFoldsStepResidue: the closed loop steps Step of the way from the routes in
+// force to lata-q's plan, so after b1 slows down (a1 sends part of its calls to n2) and
+// recovers (lata-q keeps every call local again), each push leaves half of what remains across
+// the network, until damping holds it: without a least band share a residue stays in force.
+// With one of 5 % the residue is folded once it is thinner than that, and every call of a1 is
+// local again.
+func TestClosedLoopFoldsStepResidue(t *testing.T) {
+	settle := func(pl *Planner, top *Topology) *Allocation {
+		t.Helper()
+		for range 30 {
+			r, err := pl.Plan(top)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !r.Push {
+				return pl.last
+			}
+			pl.Pushed(r)
+		}
+		t.Fatal("still pushing after 30 recomputes of one topology")
+		return nil
+	}
+	residue := func(share float64) float64 {
+		pl := &Planner{Policy: ClosedLoop, Options: Options{MinBandShare: share}}
+		settle(pl, closedLoopPair(200, 200))
+		if f := fraction(settle(pl, closedLoopPair(80, 200)), "a1", "b2"); !(f > 0.1) {
+			t.Fatalf("share %g: b1 at 80 req/s: a1 → b2 %v in force; the test needs a move across", share, f)
+		}
+		return fraction(settle(pl, closedLoopPair(200, 200)), "a1", "b2")
+	}
+	if r := residue(0); !(r > 0) {
+		t.Fatalf("without a least band share: a1 → b2 %v in force once b1 recovered; the test needs a residue", r)
+	} else {
+		t.Logf("without a least band share a1 keeps %.2f %% of its calls on n2", 100*r)
+	}
+	if r := residue(0.05); r != 0 {
+		t.Fatalf("with a least band share of 5 %%: a1 → b2 %v in force once b1 recovered, want 0", r)
+	}
 }
