@@ -375,6 +375,9 @@ func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) 
 	}
 	s.stop()
 	if err != nil {
+		if h.ctx.Err() != nil {
+			err = context.Cause(h.ctx) // "terminated signal received", or the run's deadline
+		}
 		h.t.Fatalf("%s %s %s %g req/s: %v", a.Name, sc, pol.Name, rate, err)
 	}
 	return res, plan, perr, health
