@@ -1,8 +1,10 @@
 package optimizer
 
 import (
+	"fmt"
 	"math"
 	"slices"
+	"strings"
 )
 
 // Thin bands: lata-q minimises the mean (Σ rps × latency plus the queues' mean delay), and the
@@ -19,7 +21,7 @@ import (
 // band farther than the caller's nearest band in use that carries under Model.MinBandShare of
 // the caller's calls is folded into the caller's other bands, pro rata. The fold applies to the
 // call edges into the services lata-q solved as queues (a service with a service rate, its load
-// under the utilisation cap, not pooled), and the folded allocation is kept only if it loads no
+// under the utilisation cap, not saturated nor pooled), and the folded allocation is kept only if it loads no
 // such pod over its cap (nor over its load before, where that was over the cap already) and
 // raises lata-q's objective (network + queueing, exact) by at most MinBandShare of it;
 // otherwise a is returned as it is. The loads downstream follow (a pod sends what it receives
@@ -33,7 +35,8 @@ func foldThinBands(m *Model, a *Allocation) *Allocation {
 	any := false
 	for b := range m.Services {
 		svc := &m.Services[b]
-		foldable[b] = hasCapacity(svc) && svc.Load <= m.UtilizationCap*totalCapacity(svc) && !slices.Contains(a.Pooled, svc.Name)
+		saturated := slices.ContainsFunc(a.Saturated, func(why string) bool { return strings.Contains(why, fmt.Sprintf("service %q", svc.Name)) })
+		foldable[b] = hasCapacity(svc) && svc.Load <= m.UtilizationCap*totalCapacity(svc) && !saturated && !slices.Contains(a.Pooled, svc.Name)
 	}
 	frac := fractionsOf(m, a)
 	for k, e := range m.Calls {
