@@ -57,6 +57,7 @@ const PoolHysteresis = 0.1
 type planObjective struct {
 	network, queue float64
 	overloaded     []string
+	load           [][]float64 // every pod's load, per service (by index) and pod
 }
 
 func (o planObjective) total() float64 { return o.network + o.queue }
@@ -138,7 +139,7 @@ func applyFractions(m *Model, p Policy, frac []map[string]map[string]float64, sk
 			alloc.Cost += ca.Cost
 		}
 	}
-	obj := planObjective{network: alloc.Cost}
+	obj := planObjective{network: alloc.Cost, load: load}
 	for b := range m.Services {
 		for i, q := range m.Services[b].Pods {
 			if q.CapacityRPS <= 0 || skip[q.Name] {

@@ -2,6 +2,7 @@ package optimizer
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -32,15 +33,16 @@ func foldThinBands(m *Model, a *Allocation) *Allocation {
 		return a
 	}
 	foldable := make([]bool, len(m.Services))
-	any := false
 	for b := range m.Services {
 		svc := &m.Services[b]
 		saturated := slices.ContainsFunc(a.Saturated, func(why string) bool { return strings.Contains(why, fmt.Sprintf("service %q", svc.Name)) })
 		foldable[b] = hasCapacity(svc) && svc.Load <= m.UtilizationCap*totalCapacity(svc) && !saturated && !slices.Contains(a.Pooled, svc.Name)
 	}
-	frac := fractionsOf(m, a)
+	orig := fractionsOf(m, a)
+	frac := slices.Clone(orig) // the folded rows replace orig's in a copy of their edge's map
+	cloned := make([]bool, len(m.Calls))
 	for k, e := range m.Calls {
-		if !foldable[e.To] || frac[k] == nil {
+		if !foldable[e.To] || orig[k] == nil {
 			continue
 		}
 		node := map[string]int{}
@@ -48,12 +50,19 @@ func foldThinBands(m *Model, a *Allocation) *Allocation {
 			node[q.Name] = q.Node
 		}
 		for _, c := range m.Services[e.From].Pods {
-			if row := frac[k][c.Name]; len(row) > 1 && foldRow(m, c.Node, row, node, share) {
-				any = true
+			row := orig[k][c.Name]
+			if len(row) < 2 {
+				continue
+			}
+			if folded := foldRow(m, c.Node, row, node, share); folded != nil {
+				if !cloned[k] {
+					frac[k], cloned[k] = maps.Clone(orig[k]), true
+				}
+				frac[k][c.Name] = folded
 			}
 		}
 	}
-	if !any {
+	if !slices.Contains(cloned, true) {
 		return a
 	}
 	skip := map[string]bool{} // the pods outside lata-q's objective (as in its QueueCost)
@@ -64,19 +73,18 @@ func foldThinBands(m *Model, a *Allocation) *Allocation {
 			}
 		}
 	}
-	_, before := applyFractions(m, a.Policy, fractionsOf(m, a), skip)
+	_, before := applyFractions(m, a.Policy, orig, skip)
 	folded, after := applyFractions(m, a.Policy, frac, skip)
 	if len(after.overloaded) > 0 || math.IsInf(before.total(), 1) || after.total() > before.total()*(1+share) {
 		return a
 	}
-	loadBefore, loadAfter := serviceLoads(m, a), serviceLoads(m, folded)
 	for b := range m.Services {
 		if !foldable[b] {
 			continue
 		}
 		for i, q := range m.Services[b].Pods {
-			limit := max(m.UtilizationCap*q.CapacityRPS, loadBefore[b][i])
-			if q.CapacityRPS > 0 && loadAfter[b][i] > limit*(1+1e-9) {
+			limit := max(m.UtilizationCap*q.CapacityRPS, before.load[b][i])
+			if q.CapacityRPS > 0 && after.load[b][i] > limit*(1+1e-9) {
 				return a
 			}
 		}
@@ -85,10 +93,10 @@ func foldThinBands(m *Model, a *Allocation) *Allocation {
 	return folded
 }
 
-// foldRow folds the thin bands of one caller pod's row (callee pod → fraction; node gives each
-// callee's node) in place and reports whether it folded any: the bands farther than the
-// nearest band in use with under share of the row, their fractions spread over the rest pro rata.
-func foldRow(m *Model, from int, row map[string]float64, node map[string]int, share float64) bool {
+// foldRow returns one caller pod's row (callee pod → fraction; node gives each callee's node)
+// with its thin bands folded, or nil when it has none: the bands farther than the nearest band
+// in use with under share of the row, their fractions spread over the rest pro rata.
+func foldRow(m *Model, from int, row map[string]float64, node map[string]int, share float64) map[string]float64 {
 	band := map[int]float64{}
 	var total float64
 	for q, x := range row {
@@ -96,7 +104,7 @@ func foldRow(m *Model, from int, row map[string]float64, node map[string]int, sh
 		total += x
 	}
 	if !(total > 0) {
-		return false
+		return nil
 	}
 	nearest := math.Inf(1)
 	for v, x := range band {
@@ -114,40 +122,13 @@ func foldRow(m *Model, from int, row map[string]float64, node map[string]int, sh
 		}
 	}
 	if len(thin) == 0 || !(kept > 0) {
-		return false
+		return nil
 	}
-	for q := range row {
-		if thin[node[q]] {
-			delete(row, q)
-		} else {
-			row[q] *= total / kept
+	out := make(map[string]float64, len(row))
+	for q, x := range row {
+		if !thin[node[q]] {
+			out[q] = x * total / kept
 		}
 	}
-	return true
-}
-
-// serviceLoads returns the load of every pod of m under a, per service (by index) and pod: its
-// share of the service's ingress by weight plus the routes into it.
-func serviceLoads(m *Model, a *Allocation) [][]float64 {
-	load := make([][]float64, len(m.Services))
-	index := map[string][2]int{}
-	for b := range m.Services {
-		svc := &m.Services[b]
-		load[b] = make([]float64, len(svc.Pods))
-		w := svc.TotalWeight()
-		for i, q := range svc.Pods {
-			index[q.Name] = [2]int{b, i}
-			if w > 0 {
-				load[b][i] = svc.Ingress * q.Weight / w
-			}
-		}
-	}
-	for _, c := range a.Calls {
-		for _, r := range c.Routes {
-			if at, ok := index[r.Callee]; ok {
-				load[at[0]][at[1]] += r.RPS
-			}
-		}
-	}
-	return load
+	return out
 }
