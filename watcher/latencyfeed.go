@@ -44,7 +44,8 @@ type latencyRound struct {
 	fed       bool
 	held      bool
 	penalties []estimate.LatencyPenalty
-	err       error // the corrector's complaint about windows (the round still counted)
+	steps     []estimate.BandStep // the bands the round left out for a step in their inbound time
+	err       error               // the corrector's complaint about windows (the round still counted)
 }
 
 // feed takes one snapshot against the Kubernetes state and the merged topology t (before
@@ -130,6 +131,7 @@ func (f *latencyFeed) take(ks *kube.State, meas *prom.Measurements, t *optimizer
 	}
 	r.fed = true
 	r.penalties, r.err = f.corr.Observe(paths, bands, icmp)
+	r.steps = f.corr.Steps()
 	penalty := map[estimate.NodePair]float64{}
 	for _, lp := range r.penalties {
 		if lp.PenaltyMS > 0 {

@@ -464,8 +464,12 @@ func (c *Live) correctLatency(ks *kube.State, meas *prom.Measurements, t *optimi
 				est = append(est, fmt.Sprintf("%s=%.2f±%.2fms/%dw/%.0f", lp.Pair, lp.EstimateMS, lp.StdErrMS, lp.Windows, lp.Attempts))
 			}
 		}
+		steps := make([]string, len(r.steps))
+		for i, b := range r.steps {
+			steps[i] = b.String()
+		}
 		c.log.Debug("watcher: latency corrector round (pair=estimate±standard error/windows/attempts)", "held", r.held,
-			"measured", listed(est, 4*maxListed))
+			"measured", listed(est, 4*maxListed), "stepped", listed(steps, maxListed))
 	}
 	after := c.latFeed.inForce()
 	if r.fed && !samePenalties(before, after) {

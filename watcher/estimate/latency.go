@@ -72,6 +72,11 @@ type LatencyConfig struct {
 	// Confidence is the two-sided confidence level of the hysteresis band (see
 	// LatencyCorrector), in (0, 1). Default 0.95.
 	Confidence float64
+	// MaxInboundStep is the largest move of a callee band's mean inbound time per request from
+	// its previous window, as a fraction of the previous, with which the band's window is still
+	// used (a move under MinPenaltyMS always is). Default DefaultMaxInboundStep. See
+	// LatencyCorrector's "Steps".
+	MaxInboundStep float64
 	// HalfLife is the number of rounds over which a penalty without a measurement (its data
 	// thinned) halves, until it falls under HysteresisMS or MinPenaltyMS and is dropped.
 	// Default 5: the plan
@@ -88,6 +93,12 @@ const DefaultMaxPenaltyMS = 50
 // calls paid beyond ICMP without a penalty (≤ 1.5 ms), below the penalties worth routing
 // around that the issue sets (3 ms).
 const DefaultMinPenaltyMS = 2
+
+// DefaultMaxInboundStep is LatencyConfig.MaxInboundStep's default. On the netns testbed a pod
+// slowed 1.5× moved its band's inbound time +180–260 % (9.8 → 34.9 ms), and that window read
+// ±40 ms of excess on the paths into it; without a step, bands moved up to 46 % from one 10 s
+// window to the next (16 of 198 windows over 25 %).
+const DefaultMaxInboundStep = 0.5
 
 func (c LatencyConfig) withDefaults() (LatencyConfig, error) {
 	if c.MinRequests == 0 {
@@ -114,6 +125,9 @@ func (c LatencyConfig) withDefaults() (LatencyConfig, error) {
 	if c.Confidence == 0 {
 		c.Confidence = 0.95
 	}
+	if c.MaxInboundStep == 0 {
+		c.MaxInboundStep = DefaultMaxInboundStep
+	}
 	switch {
 	case !(c.MinRequests > 0) || math.IsInf(c.MinRequests, 0):
 		return c, fmt.Errorf("%w: latency MinRequests %v: want a positive number", ErrInvalidConfig, c.MinRequests)
@@ -129,6 +143,8 @@ func (c LatencyConfig) withDefaults() (LatencyConfig, error) {
 		return c, fmt.Errorf("%w: latency MinPenaltyMS %v: want a positive number below MaxPenaltyMS (%v)", ErrInvalidConfig, c.MinPenaltyMS, c.MaxPenaltyMS)
 	case !(c.Confidence > 0 && c.Confidence < 1):
 		return c, fmt.Errorf("%w: latency Confidence %v: want more than 0 and less than 1", ErrInvalidConfig, c.Confidence)
+	case !(c.MaxInboundStep > 0) || math.IsInf(c.MaxInboundStep, 0):
+		return c, fmt.Errorf("%w: latency MaxInboundStep %v: want a positive number", ErrInvalidConfig, c.MaxInboundStep)
 	case c.HalfLife < 1:
 		return c, fmt.Errorf("%w: latency HalfLife %d: want at least 1 round", ErrInvalidConfig, c.HalfLife)
 	}
@@ -164,6 +180,16 @@ type LatencyPenalty struct {
 //     are left out). What is left is the network, the client's and the sidecars' overhead,
 //     and any penalty. A pair's window is its services' residuals and attempts summed; a
 //     window under the sample floor (MinRequests attempts) contributes nothing.
+//   - Steps. A band whose mean inbound time per request moved from its previous window (the
+//     last one over the sample floor) by more than MaxInboundStep of it, and by more than
+//     MinPenaltyMS, is left out of the round: its paths, and its same-node paths as
+//     baselines. Prometheus scrapes every pod at its own offset in the scrape interval, so a
+//     caller's attempts and its callee's inbound time of one window cover times up to an
+//     interval apart, and a step in the inbound time (a pod slowed, a plan that moved load)
+//     shows as excess, of either sign, on every path into the band: ±40 ms in the window of a
+//     1.5× slowdown on the netns testbed, and through the pooled baselines below on pairs into
+//     other bands (a false 4.1 ms penalty there). The window after the step is compared with
+//     the step's own, and is left out too while the move goes on.
 //   - Baseline. The overhead that is no distance (the client library, the sidecars, the
 //     response's way back, and whatever slows the whole machine in that window) is what a
 //     same-node call pays, and it is not the same for every callee service (the demo measured
@@ -226,10 +252,34 @@ type LatencyCorrector struct {
 
 	tFamily map[[2]int]float64 // familyT's cache
 
-	mu    sync.Mutex
-	round int
-	pairs map[NodePair]*pairState
+	mu      sync.Mutex
+	round   int
+	pairs   map[NodePair]*pairState
+	inbound map[serviceNode]float64 // each band's mean inbound time per request, ms, in its last window over the floor
+	steps   []BandStep              // the bands the last round left out (Steps)
 }
+
+// BandStep is a band a round left out by the Steps rule: its mean inbound time per request in
+// the window before and in the round's, ms.
+type BandStep struct {
+	Service, Node string
+	FromMS, ToMS  float64
+}
+
+func (b BandStep) String() string {
+	return fmt.Sprintf("%s@%s %.1f→%.1fms", b.Service, b.Node, b.FromMS, b.ToMS)
+}
+
+// Steps returns the bands the last Observe left out by the Steps rule, sorted by service and
+// node.
+func (c *LatencyCorrector) Steps() []BandStep {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.steps)
+}
+
+// serviceNode names a callee band: a service's pods on one node.
+type serviceNode struct{ service, node string }
 
 type pairState struct {
 	windows []pairWindow // oldest first, from rounds within the last cfg.Windows
@@ -255,7 +305,7 @@ func NewLatencyCorrector(cfg LatencyConfig) (*LatencyCorrector, error) {
 	}
 	t := studentTTable((1+cfg.Confidence)/2, cfg.Windows)
 	return &LatencyCorrector{cfg: cfg, decay: math.Exp2(-1 / float64(cfg.HalfLife)), t: t, tFamily: map[[2]int]float64{},
-		pairs: map[NodePair]*pairState{}}, nil
+		pairs: map[NodePair]*pairState{}, inbound: map[serviceNode]float64{}}, nil
 }
 
 // Observe takes one round's windows and the ICMP RTT the plan knows per pair (ok false: none,
@@ -270,7 +320,7 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 	round := c.round + 1
 	var errs []error
 
-	type band struct{ service, node string }
+	type band = serviceNode
 	inbound := map[band][2]float64{} // requests, inbound ms
 	for _, b := range bands {
 		if b.Service == "" || b.Node == "" || badCount(b.Requests) || badCount(b.InboundMS) {
@@ -282,6 +332,24 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 		v := inbound[k]
 		inbound[k] = [2]float64{v[0] + b.Requests, v[1] + b.InboundMS}
 	}
+	// Steps: a band over the floor whose mean moved too far from its last window's is left out
+	// (as a band under the floor is); every band over the floor is the next window's previous.
+	c.steps = c.steps[:0]
+	for k, v := range inbound {
+		if v[0] < c.cfg.MinRequests {
+			continue
+		}
+		mean := v[1] / v[0]
+		prev, ok := c.inbound[k]
+		c.inbound[k] = mean
+		if ok && math.Abs(mean-prev) > max(c.cfg.MinPenaltyMS, c.cfg.MaxInboundStep*prev) {
+			delete(inbound, k)
+			c.steps = append(c.steps, BandStep{Service: k.service, Node: k.node, FromMS: prev, ToMS: mean})
+		}
+	}
+	slices.SortFunc(c.steps, func(a, b BandStep) int {
+		return cmp.Or(cmp.Compare(a.Service, b.Service), cmp.Compare(a.Node, b.Node))
+	})
 	type window struct{ attempts, residualMS float64 }
 	type path struct {
 		pair    NodePair

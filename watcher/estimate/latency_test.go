@@ -622,3 +622,82 @@ func TestLatencyRealPenaltyKeptThroughNoise(t *testing.T) {
 		t.Errorf("a real %g ms penalty was out of force in %.1f %% of the rounds after it was found; want at most 12 %%", penalty, 100*share)
 	}
 }
+
+// TestLatencyStepLeavesBandOut: the Steps rule. Callers on n1 and n4 call back's pod on their
+// own node; the caller on n3 has none and calls both, so its baseline is the same-node calls of
+// n1 and n4 pooled. Mid-window in round 6, n4's pod steps from 10 to 40 ms of inbound time (a
+// pod slowed), and its callers' attempt series lag its own by half a window (Prometheus
+// scrapes each pod at its own offset): in rounds 6 and 7 the attempts into n4 saw 15 ms less
+// than the band's window says. Without the rule that misalignment reaches n3 → n1, a pair
+// into a band that did not move, through the pooled baseline: 7.5 ms of false excess in each
+// of the two windows. With it, n4's band is left out of both rounds (named by Steps), and
+// n3 → n1's estimate stays exactly what it is without the step: 0.
+func TestLatencyStepLeavesBandOut(t *testing.T) {
+	const overhead, rtt = 1.0, 2.0
+	icmp := func(p NodePair) (float64, bool) {
+		if p.From == p.To {
+			return 0, true
+		}
+		return rtt, true
+	}
+	// n4's band's mean over the window of round r, and as its callers' lagging windows saw it.
+	stepped := func(r int) (band, seen float64) {
+		switch {
+		case r < 6:
+			return 10, 10
+		case r == 6:
+			return 25, 10
+		case r == 7:
+			return 40, 25
+		}
+		return 40, 40
+	}
+	round := func(r int) ([]PathWindow, []BandWindow) {
+		z, seen := stepped(r)
+		path := func(from, to string, n, inbound float64) PathWindow {
+			d := overhead
+			if from != to {
+				d += rtt
+			}
+			return PathWindow{Pair: NodePair{from, to}, Service: "back", Attempts: n, AttemptMS: n * (inbound + d)}
+		}
+		return []PathWindow{path("n1", "n1", 1000, 10), path("n4", "n4", 1000, seen), path("n3", "n1", 300, 10), path("n3", "n4", 300, seen)},
+			[]BandWindow{{Service: "back", Node: "n1", Requests: 1300, InboundMS: 1300 * 10}, {Service: "back", Node: "n4", Requests: 1300, InboundMS: 1300 * z}}
+	}
+	for _, c := range []struct {
+		name string
+		cfg  LatencyConfig
+		want map[int]float64 // n3 → n1's estimate by round, ms
+	}{
+		{"the rule", LatencyConfig{MinRequests: 50}, map[int]float64{5: 0, 6: 0, 7: 0, 8: 0, 12: 0}},
+		{"without it", LatencyConfig{MinRequests: 50, MaxInboundStep: 1e9}, map[int]float64{5: 0, 6: 1.5, 7: 3, 10: 3, 11: 1.5, 12: 0}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rule := c.cfg.MaxInboundStep == 0 // the default; 1e9: no step is this large
+			corr := newCorrector(t, c.cfg)
+			for r := 1; r <= 12; r++ {
+				paths, bands := round(r)
+				got, err := corr.Observe(paths, bands, icmp)
+				if err != nil {
+					t.Fatal(err)
+				}
+				steps := corr.Steps()
+				wantSteps := 0
+				if rule && (r == 6 || r == 7) {
+					wantSteps = 1
+				}
+				if len(steps) != wantSteps || wantSteps == 1 && (steps[0].Node != "n4" || steps[0].Service != "back") {
+					t.Errorf("round %d: steps %v; want %d (back on n4)", r, steps, wantSteps)
+				}
+				want, ok := c.want[r]
+				if !ok {
+					continue
+				}
+				p := byPair(got)[NodePair{"n3", "n1"}]
+				if !p.Measured || math.Abs(p.EstimateMS-want) > 1e-9 || p.PenaltyMS != 0 {
+					t.Errorf("round %d: n3→n1 %+v; want measured, estimate %v ms, no penalty", r, p, want)
+				}
+			}
+		})
+	}
+}
