@@ -101,19 +101,36 @@ func TestClosedLoopFindsL7PenaltyOnTestbed(t *testing.T) {
 	// the corrector's estimate (edgeflow_closed_loop_latency_excess_seconds) before it is hidden.
 	// On this testbed a remote call's overhead is not a same-node call's (up to ~1.5 ms on a busy
 	// pair; docs/closed-loop-testbed.md), and a project CI run found 4.03 ms for the hidden 3.
+	// The mean of preRounds readings a window apart: the first estimate rests on 3 windows
+	// (MinWindows), and the CI run of 952bf17 read −0.96 ms from it and then found the 3 ms as
+	// 3.61, more than 1 ms over 3 − 0.96.
+	const preRounds = 4
 	var pre float64
-	h.eventually(8*loopWindow, fmt.Sprintf("the excess of %s → %s measured before the penalty", pair[0], pair[1]), func() bool {
-		ex, err := serveGauge(s, "edgeflow_closed_loop_latency_excess_seconds")
-		var ok bool
-		pre, ok = ex[pair]
-		return err == nil && ok
-	})
+	var preRead []string
+	for i := range preRounds {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				t.Fatal(ctx.Err())
+			case <-time.After(loopWindow):
+			}
+		}
+		var ms float64
+		h.eventually(8*loopWindow, fmt.Sprintf("the excess of %s → %s measured before the penalty", pair[0], pair[1]), func() bool {
+			ex, err := serveGauge(s, "edgeflow_closed_loop_latency_excess_seconds")
+			var ok bool
+			ms, ok = ex[pair]
+			return err == nil && ok
+		})
+		pre += ms / preRounds
+		preRead = append(preRead, fmt.Sprintf("%.2f", ms))
+	}
 	if err := h.tb.SetTCPPenalty(pair[0], pair[1], penaltyMS); err != nil {
 		t.Fatal(err)
 	}
 	hidden := time.Now()
-	t.Logf("planned flows before (req/s, caller node → callee node): %v; the pair's excess before %.2f ms; hid %g ms on TCP %s → %s (so on every request between them)",
-		flows, pre, penaltyMS, pair[0], pair[1])
+	t.Logf("planned flows before (req/s, caller node → callee node): %v; the pair's excess before %.2f ms (the mean of %s, a window apart); hid %g ms on TCP %s → %s (so on every request between them)",
+		flows, pre, strings.Join(preRead, ", "), penaltyMS, pair[0], pair[1])
 
 	// (C1) Found, estimated within ±1 ms, and nowhere else. The reverse direction pays it too
 	// (the responses of its requests cross pair[0] → pair[1]), so it may be found there as well.
