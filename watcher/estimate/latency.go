@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -181,9 +182,9 @@ type LatencyPenalty struct {
 //     and any penalty. A pair's window is its services' residuals and attempts summed; a
 //     window under the sample floor (MinRequests attempts) contributes nothing.
 //   - Steps. A band whose mean inbound time per request moved from its previous window (the
-//     last one over the sample floor) by more than MaxInboundStep of it, and by more than
-//     MinPenaltyMS, is left out of the round: its paths, and its same-node paths as
-//     baselines. Prometheus scrapes every pod at its own offset in the scrape interval, so a
+//     last one over the sample floor, within the last Windows rounds) by more than
+//     MaxInboundStep of it, and by more than MinPenaltyMS, is left out of the round: its
+//     paths, and its same-node paths as baselines. Prometheus scrapes every pod at its own offset in the scrape interval, so a
 //     caller's attempts and its callee's inbound time of one window cover times up to an
 //     interval apart, and a step in the inbound time (a pod slowed, a plan that moved load)
 //     shows as excess, of either sign, on every path into the band: ±40 ms in the window of a
@@ -255,8 +256,8 @@ type LatencyCorrector struct {
 	mu      sync.Mutex
 	round   int
 	pairs   map[NodePair]*pairState
-	inbound map[serviceNode]float64 // each band's mean inbound time per request, ms, in its last window over the floor
-	steps   []BandStep              // the bands the last round left out (Steps)
+	inbound map[serviceNode]bandMean // each band's last window over the floor, within the last Windows rounds
+	steps   []BandStep               // the bands the last round left out (Steps)
 }
 
 // BandStep is a band a round left out by the Steps rule: its mean inbound time per request in
@@ -280,6 +281,12 @@ func (c *LatencyCorrector) Steps() []BandStep {
 
 // serviceNode names a callee band: a service's pods on one node.
 type serviceNode struct{ service, node string }
+
+// bandMean is a band's mean inbound time per request in a window, ms, and the window's round.
+type bandMean struct {
+	ms    float64
+	round int
+}
 
 type pairState struct {
 	windows []pairWindow // oldest first, from rounds within the last cfg.Windows
@@ -305,7 +312,7 @@ func NewLatencyCorrector(cfg LatencyConfig) (*LatencyCorrector, error) {
 	}
 	t := studentTTable((1+cfg.Confidence)/2, cfg.Windows)
 	return &LatencyCorrector{cfg: cfg, decay: math.Exp2(-1 / float64(cfg.HalfLife)), t: t, tFamily: map[[2]int]float64{},
-		pairs: map[NodePair]*pairState{}, inbound: map[serviceNode]float64{}}, nil
+		pairs: map[NodePair]*pairState{}, inbound: map[serviceNode]bandMean{}}, nil
 }
 
 // Observe takes one round's windows and the ICMP RTT the plan knows per pair (ok false: none,
@@ -341,10 +348,10 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 		}
 		mean := v[1] / v[0]
 		prev, ok := c.inbound[k]
-		c.inbound[k] = mean
-		if ok && math.Abs(mean-prev) > max(c.cfg.MinPenaltyMS, c.cfg.MaxInboundStep*prev) {
+		c.inbound[k] = bandMean{ms: mean, round: round}
+		if ok && math.Abs(mean-prev.ms) > max(c.cfg.MinPenaltyMS, c.cfg.MaxInboundStep*prev.ms) {
 			delete(inbound, k)
-			c.steps = append(c.steps, BandStep{Service: k.service, Node: k.node, FromMS: prev, ToMS: mean})
+			c.steps = append(c.steps, BandStep{Service: k.service, Node: k.node, FromMS: prev.ms, ToMS: mean})
 		}
 	}
 	slices.SortFunc(c.steps, func(a, b BandStep) int {
@@ -451,6 +458,7 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 			}
 			st.windows = slices.Delete(st.windows, 0, i)
 		}
+		maps.DeleteFunc(c.inbound, func(_ serviceNode, b bandMean) bool { return b.round <= oldest })
 	}
 
 	// Every pair's estimate first: how many are measured this round sets the family-wise

@@ -701,3 +701,39 @@ func TestLatencyStepLeavesBandOut(t *testing.T) {
 		})
 	}
 }
+
+// TestLatencyStepPreviousWithinWindows: a band's previous window is its last one over the floor
+// within the last Windows rounds. n2's band leaves for a while (its pod idle) while n1's calls go
+// on; back after 2 rounds at four times its mean it is a step, back after more than Windows
+// rounds it is a band measured afresh.
+func TestLatencyStepPreviousWithinWindows(t *testing.T) {
+	icmp := func(p NodePair) (float64, bool) { return 0, p.From == p.To }
+	round := func(n2 bool, n2MS float64) ([]PathWindow, []BandWindow) {
+		paths := []PathWindow{{Pair: NodePair{"n1", "n1"}, Service: "s", Attempts: 100, AttemptMS: 100 * 11}}
+		bands := []BandWindow{{Service: "s", Node: "n1", Requests: 100, InboundMS: 100 * 10}}
+		if n2 {
+			paths = append(paths, PathWindow{Pair: NodePair{"n2", "n2"}, Service: "s", Attempts: 100, AttemptMS: 100 * (n2MS + 1)})
+			bands = append(bands, BandWindow{Service: "s", Node: "n2", Requests: 100, InboundMS: 100 * n2MS})
+		}
+		return paths, bands
+	}
+	for _, c := range []struct {
+		away  int
+		steps int // Steps' length in the round n2 is back
+	}{{2, 1}, {5, 0}, {8, 0}} {
+		corr := newCorrector(t, LatencyConfig{MinRequests: 50}) // Windows 5
+		for r := range 3 + c.away + 1 {
+			n2, ms := r < 3, 10.0
+			if r == 3+c.away {
+				n2, ms = true, 40
+			}
+			paths, bands := round(n2, ms)
+			if _, err := corr.Observe(paths, bands, icmp); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := corr.Steps(); len(got) != c.steps {
+			t.Errorf("n2 back at 40 ms after %d rounds away (Windows 5): steps %v; want %d", c.away, got, c.steps)
+		}
+	}
+}
