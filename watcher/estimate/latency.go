@@ -327,15 +327,14 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 	round := c.round + 1
 	var errs []error
 
-	type band = serviceNode
-	inbound := map[band][2]float64{} // requests, inbound ms
+	inbound := map[serviceNode][2]float64{} // requests, inbound ms
 	for _, b := range bands {
 		if b.Service == "" || b.Node == "" || badCount(b.Requests) || badCount(b.InboundMS) {
 			errs = append(errs, fmt.Errorf("%w: band of service %q on node %q: requests %v, inbound %v ms", ErrInvalidSample,
 				b.Service, b.Node, b.Requests, b.InboundMS))
 			continue
 		}
-		k := band{b.Service, b.Node}
+		k := serviceNode{b.Service, b.Node}
 		v := inbound[k]
 		inbound[k] = [2]float64{v[0] + b.Requests, v[1] + b.InboundMS}
 	}
@@ -370,7 +369,7 @@ func (c *LatencyCorrector) Observe(paths []PathWindow, bands []BandWindow, icmp 
 				p.Attempts, p.AttemptMS))
 			continue
 		}
-		in := inbound[band{p.Service, p.Pair.To}]
+		in := inbound[serviceNode{p.Service, p.Pair.To}]
 		if in[0] < c.cfg.MinRequests || p.Attempts == 0 {
 			continue // the band's inbound time is not known this window
 		}
