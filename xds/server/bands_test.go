@@ -1,7 +1,9 @@
 package server
 
 import (
+	"context"
 	"fmt"
+	"maps"
 	"math"
 	"testing"
 	"time"
@@ -91,4 +93,74 @@ func TestEnvoyClientBands(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestPooledServicesMetric: edgeflow_xds_service_pooled has a series of 1 for each service the
+// closed-loop plan in force pools under LBBands, and none once it is banded again: echo is
+// pooled while it has no measured capacity (never measured: the planner pools it), banded
+// once its pods have capacities far above its load, and pooled again when its load exceeds
+// the utilisation cap of their capacity. Under round-robin delivery nothing is pooled.
+func TestPooledServicesMetric(t *testing.T) {
+	t.Parallel()
+	top := func(capacity float64) *optimizer.Topology {
+		var mu *float64 // 0: not measured
+		if capacity > 0 {
+			mu = &capacity
+		}
+		return &optimizer.Topology{
+			Nodes:   []optimizer.Node{{Name: "n1"}, {Name: "n2"}},
+			Latency: []optimizer.Latency{{From: "n1", To: "n2", MS: 2}},
+			Services: []optimizer.Service{
+				{Name: "client", Pods: []optimizer.Pod{{Name: "c-0", Node: "n1"}}},
+				{Name: "echo", Pods: []optimizer.Pod{
+					{Name: "e-1", Node: "n1", Address: "127.0.0.1:1", CapacityRPS: mu},
+					{Name: "e-2", Node: "n2", Address: "127.0.0.1:2", CapacityRPS: mu},
+				}},
+			},
+			Calls:   []optimizer.Call{{From: "client", To: "echo"}},
+			Ingress: []optimizer.Ingress{{Service: "client", RPS: 10}},
+		}
+	}
+	pooled := func(h *harness) map[string]float64 {
+		t.Helper()
+		out := map[string]float64{}
+		mfs, err := h.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "edgeflow_xds_service_pooled" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				out[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		lb   xds.LBPolicy
+		want []map[string]float64 // after each topology: unmeasured, capacity 100, capacity 5
+	}{
+		{"bands", xds.LBBands, []map[string]float64{{"echo": 1}, {}, {"echo": 1}}},
+		{"round-robin", xds.LBRoundRobin, []map[string]float64{{}, {}, {}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := startServer(t, Config{Policy: optimizer.ClosedLoop, LBPolicy: tc.lb, DebounceQuiet: -1})
+			for i, capacity := range []float64{0, 100, 5} {
+				h.srv.Update(top(capacity))
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				err := h.srv.WaitPublished(ctx, uint64(i+1))
+				cancel()
+				if err != nil {
+					t.Fatalf("capacity %g: %v", capacity, err)
+				}
+				a := h.srv.Allocation()
+				if got := pooled(h); !maps.Equal(got, tc.want[i]) {
+					t.Errorf("capacity %g: edgeflow_xds_service_pooled %v, want %v (the allocation pools %v)", capacity, got, tc.want[i], a.Pooled)
+				}
+			}
+		})
+	}
 }

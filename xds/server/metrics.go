@@ -20,6 +20,7 @@ const (
 	labelReason = "reason"
 	labelType   = "type"
 	labelTo     = "to"
+	labelSvc    = "service"
 )
 
 // metrics are the server's Prometheus metrics. Names follow Prometheus conventions:
@@ -41,6 +42,7 @@ type metrics struct {
 	translate     prometheus.Histogram
 	push          prometheus.Histogram
 	convergence   prometheus.Histogram
+	pooled        *prometheus.GaugeVec
 }
 
 // latencyBuckets span 100 µs … ~26 s.
@@ -152,6 +154,12 @@ func newMetrics(reg prometheus.Registerer) (m *metrics, err error) {
 			Help:      "From the first topology change of a batch until every client pushed by its publication answered (ACK or NACK); publications superseded before that are not observed.",
 			Buckets:   latencyBuckets,
 		}),
+		pooled: f.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metricNamespace,
+			Subsystem: metricSubsystem,
+			Name:      "service_pooled",
+			Help:      "1 for each callee service the plan in force pools (closed-loop delivered by bands: its load reached the utilisation cap of its measured capacity, or it is not measured yet, and its callers balance least-request over all its pods instead of the plan's bands); no series for the others.",
+		}, []string{labelSvc}),
 	}
 	for _, r := range []string{"connections", "streams", "streams_per_connection", "resource_names", "request_rate", "node_switch", "no_node", "identity"} {
 		m.refused.WithLabelValues(r)
