@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -210,6 +211,19 @@ func queueScales(m map[string]float64) map[string]float64 {
 	for labels, v := range series(m, "edgeflow_closed_loop_queue_scale") {
 		out[labels["service"]] = v
 	}
+	return out
+}
+
+// pooledServices reads the services serve's plan in force pools from its metrics (as metrics
+// returns them): edgeflow_xds_service_pooled by service, sorted.
+func pooledServices(m map[string]float64) []string {
+	out := []string{}
+	for labels, v := range series(m, "edgeflow_xds_service_pooled") {
+		if v == 1 {
+			out = append(out, labels["service"])
+		}
+	}
+	slices.Sort(out)
 	return out
 }
 

@@ -1,6 +1,7 @@
 package reproduce
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"hash/fnv"
@@ -193,6 +194,9 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 		if len(plan.QueueScale) > 0 {
 			fmt.Fprintf(log, "  quota wait scales in force: %s\n", fmtValues(plan.QueueScale, "%s %.2f"))
 		}
+		if plan.Pooled != nil {
+			fmt.Fprintf(log, "  pooled at the end (least-request over all their pods): %s\n", cmp.Or(strings.Join(plan.Pooled, ", "), "none"))
+		}
 		if perr != nil {
 			r.PlanCost = append(r.PlanCost, math.NaN())
 			fmt.Fprintf(log, "  plan: %v\n", perr)
@@ -372,6 +376,9 @@ func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) 
 			plan.Capacity, _ = podCapacities(m)
 			plan.QueueScale = queueScales(m)
 		}
+		if pol.LB == "bands" {
+			plan.Pooled = pooledServices(m)
+		}
 	}
 	s.stop()
 	if err != nil {
@@ -396,8 +403,11 @@ func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) 
 // or two at these rates, so the other rows keep the preset's warm-up.
 const EstimatorWarmup = 20 * time.Second
 
-// onMeasuredPods says whether pol's serve plans on measured pods (the estimator's flags).
-func (pol Policy) onMeasuredPods() bool { return slices.Equal(pol.Flags, estimatorFlags) }
+// onMeasuredPods says whether pol's serve plans on measured pods (its flags start with the
+// estimator's).
+func (pol Policy) onMeasuredPods() bool {
+	return len(pol.Flags) >= len(estimatorFlags) && slices.Equal(pol.Flags[:len(estimatorFlags)], estimatorFlags)
+}
 
 // hasRowOnMeasuredPods says whether a row of p plans on measured pods.
 func (p Preset) hasRowOnMeasuredPods() bool {

@@ -101,7 +101,7 @@ var PaperWorkload = Workload{Workers: 2, ServiceTime: 1100 * time.Microsecond, S
 
 // PaperRows are the paper preset's rows: the paper's seven, then the two that plan on what the
 // pods' telemetry measures (issue 39's rows beyond the paper): lata-q on the scheduler's
-// placement and closed-loop. The controls (lata-w10, closed-loop-rr) run only where named.
+// placement and closed-loop. The controls (lata-w10, closed-loop-rr, closed-loop-cap80) run only where named.
 var PaperRows = []string{"default-k8s", "least-request", "localization", "opttraffic", "lata-only", "proposed", "beyond",
 	"lata-q", "closed-loop"}
 
@@ -196,6 +196,10 @@ var Policies = []Policy{
 	// the estimator rows' serve settings, and closed-loop delivered by round-robin (no bands).
 	{Name: "lata-w10", Allocation: "lata", LB: "round-robin", Flags: estimatorFlags, Extra: true},
 	{Name: "closed-loop-rr", Allocation: "closed-loop", LB: "round-robin", Flags: estimatorFlags, Extra: true},
+	// closed-loop with lata-q's utilisation cap at 0.8 instead of 0.9: a service whose load
+	// reaches 0.8 of its measured capacity is pooled (least-request over all its pods) rather
+	// than banded. The control for the plan's tail near saturation (docs/closed-loop/README.md).
+	{Name: "closed-loop-cap80", Allocation: "closed-loop", LB: "bands", Flags: slices.Concat(estimatorFlags, []string{"--utilization-cap", "0.8"}), Extra: true},
 }
 
 // Workload is the pods' simulated work, as in `edgeflow demo`: one worker per pod and a 6 ms

@@ -208,13 +208,15 @@ func TestClosedLoopRowsAndSlow(t *testing.T) {
 	}
 }
 
-// TestWarmupForEstimatorRows: a slice of a row on measured pods warms up EstimatorWarmup when
+// TestWarmupForEstimatorRows: a slice of a row on measured pods (its flags start with the
+// estimator's) warms up EstimatorWarmup when
 // the preset's warm-up is shorter; other rows, the smoke preset and settle's slices (no warm-up)
 // keep theirs.
 func TestWarmupForEstimatorRows(t *testing.T) {
 	p := Presets["paper"]
 	closed := Policies[slices.IndexFunc(Policies, func(q Policy) bool { return q.Name == "closed-loop" })]
 	lata := Policies[slices.IndexFunc(Policies, func(q Policy) bool { return q.Name == "lata-only" })]
+	cap80 := Policies[slices.IndexFunc(Policies, func(q Policy) bool { return q.Name == "closed-loop-cap80" })]
 	for _, tc := range []struct {
 		name string
 		p    Preset
@@ -222,6 +224,7 @@ func TestWarmupForEstimatorRows(t *testing.T) {
 		want time.Duration
 	}{
 		{"closed-loop", p, closed, EstimatorWarmup},
+		{"closed-loop-cap80 (the estimator's flags and more)", p, cap80, EstimatorWarmup},
 		{"lata-only", p, lata, p.Warmup},
 		{"smoke", Presets["smoke"], closed, Presets["smoke"].Warmup},
 		{"settle", func() Preset { q := p; q.Warmup = 0; return q }(), closed, 0},

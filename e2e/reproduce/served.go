@@ -27,6 +27,9 @@ type Served struct {
 	// QueueScale is the wait scales (by service) serve had in force (queueScales), read as
 	// Capacity is; nil otherwise.
 	QueueScale map[string]float64
+	// Pooled is the services the plan in force pooled (least-request over all their pods:
+	// pooledServices), read for the rows delivered by bands; nil otherwise.
+	Pooled []string
 	// Publications is how many plans serve published while the slice's load ran (-1: unknown).
 	Publications int
 }
