@@ -101,7 +101,8 @@ var PaperWorkload = Workload{Workers: 2, ServiceTime: 1100 * time.Microsecond, S
 
 // PaperRows are the paper preset's rows: the paper's seven, then the two that plan on what the
 // pods' telemetry measures (issue 39's rows beyond the paper): lata-q on the scheduler's
-// placement and closed-loop. The controls (lata-w10, closed-loop-rr, closed-loop-cap80) run only where named.
+// placement and closed-loop. The controls (lata-w10, closed-loop-rr, closed-loop-cap80) run
+// only where named.
 var PaperRows = []string{"default-k8s", "least-request", "localization", "opttraffic", "lata-only", "proposed", "beyond",
 	"lata-q", "closed-loop"}
 
