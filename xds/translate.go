@@ -14,7 +14,9 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"sync"
 
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
@@ -224,6 +226,9 @@ type Translation struct {
 	// Skipped says, one line each, what Envoy and Istio nodes do not get and why: a servable
 	// service without ports, or a port that cannot be served. For the caller to log.
 	Skipped []string
+	// Pooled names the services delivered pooled, least-request over all their pods
+	// (optimizer.Allocation.Pooled under LBBands; none under the other policies), sorted.
+	Pooled []string
 
 	b     *builder
 	plans map[string][]callPlan // per caller pod
@@ -354,7 +359,8 @@ func TranslateWith(t *optimizer.Topology, a *optimizer.Allocation, cfg Translate
 	if err := b.buildEnvoyShared(); err != nil {
 		return nil, err
 	}
-	tr := &Translation{Encoding: enc, LBPolicy: b.lb, Pods: map[string]*NodeResources{}, Skipped: b.skipped, b: b, plans: plans}
+	tr := &Translation{Encoding: enc, LBPolicy: b.lb, Pods: map[string]*NodeResources{}, Skipped: b.skipped, b: b, plans: plans,
+		Pooled: slices.Sorted(maps.Keys(b.pooled))}
 	if tr.Default, err = b.node(nil); err != nil {
 		return nil, err
 	}

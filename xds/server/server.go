@@ -485,10 +485,8 @@ func (s *Server) publish() {
 	s.m.push.Observe(s.clock.Now().Sub(changeAt).Seconds())
 	s.m.publications.Inc()
 	s.m.pooled.Reset()
-	if s.cfg.LBPolicy == xds.LBBands { // only the bands' delivery pools (xds.TranslateWith)
-		for _, name := range alloc.Pooled {
-			s.m.pooled.WithLabelValues(name).Set(1)
-		}
+	for _, name := range tr.Pooled {
+		s.m.pooled.WithLabelValues(name).Set(1)
 	}
 	s.planner.Pushed(res)
 	s.allocation.Store(alloc)
