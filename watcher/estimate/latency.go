@@ -97,8 +97,8 @@ const DefaultMinPenaltyMS = 2
 
 // DefaultMaxInboundStep is LatencyConfig.MaxInboundStep's default. On the netns testbed a pod
 // slowed 1.5× moved its band's inbound time +180–260 % (9.8 → 34.9 ms), and that window read
-// up to about ±40 ms of excess on the paths into it; without a step, bands moved up to 46 % from one 10 s
-// window to the next (16 of 198 windows over 25 %).
+// up to about ±40 ms of excess on the paths into it; without a step, bands moved up to 46 %
+// from one 10 s window to the next (16 of 198 windows over 25 %).
 const DefaultMaxInboundStep = 0.5
 
 func (c LatencyConfig) withDefaults() (LatencyConfig, error) {
@@ -184,13 +184,14 @@ type LatencyPenalty struct {
 //   - Steps. A band whose mean inbound time per request moved from its previous window (the
 //     last one over the sample floor, within the last Windows rounds) by more than
 //     MaxInboundStep of it, and by more than MinPenaltyMS, is left out of the round: its
-//     paths, and its same-node paths as baselines. Prometheus scrapes every pod at its own offset in the scrape interval, so a
-//     caller's attempts and its callee's inbound time of one window cover times up to an
-//     interval apart, and a step in the inbound time (a pod slowed, a plan that moved load)
-//     shows as excess, of either sign, on every path into the band: up to about ±40 ms in the
-//     window of a 1.5× slowdown on the netns testbed, and through the pooled baselines below on
-//     pairs into other bands (the likely cause of a false 4.1 ms penalty there). The window after the step is compared with
-//     the step's own, and is left out too while the move goes on.
+//     paths, and its same-node paths as baselines. Prometheus scrapes every pod at its own
+//     offset in the scrape interval, so a caller's attempts and its callee's inbound time of
+//     one window cover times up to an interval apart, and a step in the inbound time (a pod
+//     slowed, a plan that moved load) shows as excess, of either sign, on every path into the
+//     band: up to about ±40 ms in the window of a 1.5× slowdown on the netns testbed, and
+//     through the pooled baselines below on pairs into other bands (the likely cause of a
+//     false 4.1 ms penalty there). The window after the step is compared with the step's own,
+//     and is left out too while the move goes on.
 //   - Baseline. The overhead that is no distance (the client library, the sidecars, the
 //     response's way back, and whatever slows the whole machine in that window) is what a
 //     same-node call pays, and it is not the same for every callee service (the demo measured
