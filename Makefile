@@ -162,6 +162,7 @@ prebuild-smoke:
 ## runs one app, scenario B, 200 req/s, 5 runs (report in bin/reproduction/); PRESET=NAME runs
 ## another preset (e2e/reproduce Presets: paper, closedloop, …; report in bin/reproduction-NAME/).
 ## REPRODUCE_OUT and REPRODUCE_RAW, when set, say where the report and the raw outcome go.
+## REPRODUCE_SERVE_LOG=FILE keeps serve's log of every measured slice, at debug level, in FILE.
 ## SETUP=APP/SCENARIO runs one part of the preset's grid (report in bin/reproduction-PRESET-APP-
 ## SCENARIO/, the raw outcome gzipped beside it: bin/reproduction-PRESET-APP-SCENARIO.gob.gz);
 ## make reproduce-report REPRODUCE_RAW='PARTS' merges the parts into one report

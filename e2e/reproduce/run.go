@@ -9,6 +9,7 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -361,7 +362,11 @@ func (o *Outcome) finish(pr *progress) {
 // ends the test.
 func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) (*loadgen.Result, Served, error, Health) {
 	p.Warmup = warmupFor(p, pol)
-	s := h.Serve(a, pol, rate, pol.Flags...)
+	flags, keep := pol.Flags, os.Getenv(ServeLogEnv)
+	if keep != "" {
+		flags = append(slices.Clip(flags), "--log-level", "debug")
+	}
+	s := h.Serve(a, pol, rate, flags...)
 	before := publications(s.metrics)
 	probe := h.startHealth(p.Warmup + p.Duration)
 	res, err := h.Load(a, p, rate)
@@ -381,6 +386,11 @@ func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) 
 		}
 	}
 	s.stop()
+	if keep != "" {
+		if werr := appendFile(keep, fmt.Sprintf("### %s %s %s %g req/s\n%s", a.Name, sc, pol.Name, rate, s.text())); werr != nil {
+			h.t.Fatalf("%s: %v", ServeLogEnv, werr)
+		}
+	}
 	if err != nil {
 		if h.ctx.Err() != nil {
 			err = context.Cause(h.ctx) // "terminated signal received", or the run's deadline
@@ -388,6 +398,26 @@ func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) 
 		h.t.Fatalf("%s %s %s %g req/s: %v", a.Name, sc, pol.Name, rate, err)
 	}
 	return res, plan, perr, health
+}
+
+// ServeLogEnv names the environment variable that, set to a file's path, runs serve at
+// --log-level debug in every measured slice and appends each slice's log to that file, headed
+// by the slice (make reproduce: what the latency corrector, the estimator and the breaker did,
+// which the report's one-line summaries do not say). Unset, serve logs at warn, into the run's
+// temporary folder only.
+const ServeLogEnv = "REPRODUCE_SERVE_LOG"
+
+// appendFile appends text to the file at path, creating it.
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(text); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // EstimatorWarmup is the warm-up of a measured slice of a row that plans on measured pods (the
