@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeflow/edgeflow/internal/testkit"
 	"github.com/edgeflow/edgeflow/optimizer"
@@ -162,5 +164,70 @@ func TestPooledServicesMetric(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSetPooledNeverEmpty: setPooled moves edgeflow_xds_service_pooled from one set of
+// services to the next, deleting only the series of services that left it, so a scrape
+// during a publication never reads a service that stays pooled as missing. A reader gathers
+// while the set moves between {a} and {a, b} a few thousand times: every gather must hold a's
+// series (a Reset followed by the Sets, as before, left instants without it), and the last set
+// must be exactly the series left.
+func TestSetPooledNeverEmpty(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m, err := newMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := func() map[string]float64 {
+		out := map[string]float64{}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Error(err)
+			return out
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "edgeflow_xds_service_pooled" {
+				for _, s := range mf.GetMetric() {
+					out[s.GetLabel()[0].GetValue()] = s.GetGauge().GetValue()
+				}
+			}
+		}
+		return out
+	}
+	m.setPooled([]string{"a"})
+	ctx, cancel := context.WithCancel(context.Background())
+	var gathers atomic.Int64
+	done := make(chan int)
+	go func() {
+		missing := 0
+		for ctx.Err() == nil {
+			if series()["a"] != 1 {
+				missing++
+			}
+			gathers.Add(1)
+		}
+		done <- missing
+	}()
+	sets := 0
+	for ; gathers.Load() < 2000; sets++ { // the writer runs as long as the reader reads
+		if sets%2 == 0 {
+			m.setPooled([]string{"a", "b"})
+		} else {
+			m.setPooled([]string{"a"})
+		}
+	}
+	cancel()
+	if missing := <-done; missing > 0 {
+		t.Errorf("%d of %d gathers during %d sets read no series for a, which stayed pooled throughout", missing, gathers.Load(), sets)
+	}
+	m.setPooled([]string{"c"})
+	if got, want := series(), map[string]float64{"c": 1}; !maps.Equal(got, want) {
+		t.Errorf("after setPooled([c]): %v, want %v", got, want)
+	}
+	m.setPooled(nil)
+	if got := series(); len(got) != 0 {
+		t.Errorf("after setPooled(nil): %v, want no series", got)
 	}
 }

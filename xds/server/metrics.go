@@ -1,6 +1,9 @@
 package server
 
 import (
+	"slices"
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
@@ -43,6 +46,27 @@ type metrics struct {
 	push          prometheus.Histogram
 	convergence   prometheus.Histogram
 	pooled        *prometheus.GaugeVec
+
+	pooledMu    sync.Mutex
+	pooledNames []string // the services pooled holds a series for (setPooled)
+}
+
+// setPooled makes edgeflow_xds_service_pooled hold a series of 1 for each of names and none for
+// any other service: it deletes only the series of services no longer named, so that a scrape
+// during a publication reads the set before or the set after, never an empty one (as a Reset
+// followed by the Sets would show it for an instant).
+func (m *metrics) setPooled(names []string) {
+	m.pooledMu.Lock()
+	defer m.pooledMu.Unlock()
+	for _, name := range names {
+		m.pooled.WithLabelValues(name).Set(1)
+	}
+	for _, name := range m.pooledNames {
+		if !slices.Contains(names, name) {
+			m.pooled.DeleteLabelValues(name)
+		}
+	}
+	m.pooledNames = slices.Clone(names)
 }
 
 // latencyBuckets span 100 µs … ~26 s.

@@ -484,10 +484,7 @@ func (s *Server) publish() {
 	}
 	s.m.push.Observe(s.clock.Now().Sub(changeAt).Seconds())
 	s.m.publications.Inc()
-	s.m.pooled.Reset()
-	for _, name := range tr.Pooled {
-		s.m.pooled.WithLabelValues(name).Set(1)
-	}
+	s.m.setPooled(tr.Pooled)
 	s.planner.Pushed(res)
 	s.allocation.Store(alloc)
 	s.lastPub.Store(pub)
