@@ -363,7 +363,7 @@ func (o *Outcome) finish(pr *progress) {
 func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) (*loadgen.Result, Served, error, Health) {
 	p.Warmup = warmupFor(p, pol)
 	flags, keep := pol.Flags, os.Getenv(ServeLogEnv)
-	if keep != "" {
+	if keep != "" { // after Serve's own --log-level warn: the last one given wins
 		flags = append(slices.Clip(flags), "--log-level", "debug")
 	}
 	s := h.Serve(a, pol, rate, flags...)
