@@ -314,6 +314,12 @@ func TestBreakerFallsBackToLATA(t *testing.T) {
 	if bs := breaker.State("big"); !bs.Tripped || bs.BadWindows != 4 {
 		t.Errorf("after windows 7 and 8 (a new plan): big %+v, want tripped with 4 bad windows (8 not judged)", bs)
 	}
+	// edgeflow_closed_loop_windows_total: windows 0–8 fed live, of which 0 (the plan in force
+	// changed from none) and 8 (a new plan) held.
+	if held, taken := metric(t, reg, "edgeflow_closed_loop_windows_total", "held", "true"),
+		metric(t, reg, "edgeflow_closed_loop_windows_total", "held", "false"); held != 2 || taken != 7 {
+		t.Errorf("windows_total: held %v, not held %v; want 2 and 7", held, taken)
+	}
 	if n := strings.Count(logs.String(), "serving it as lata"); n != 1 {
 		t.Errorf("the trip was logged %d times, want once:\n%s", n, logs.String())
 	}

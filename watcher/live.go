@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -184,6 +185,7 @@ const (
 //     tripped, and the closed-loop check names the tripped services (readiness does not fail:
 //     the plan still serves them, as lata). A window in which the plan in force changed is the
 //     hold-down: the capacities in force stay until a window measured under one plan.
+//     edgeflow_closed_loop_windows_total{held} counts the live windows fed, held or not.
 //   - Latency correction (with Latency): each window of call attempts and pod loads is fed to
 //     the corrector by latencyFeed's rules (a caller's attempts to a band's node, less the
 //     band's inbound time, less the same-node baseline, less the pair's latency in the merged
@@ -216,6 +218,8 @@ type Live struct {
 	measured map[estimate.NodePair]bool
 	// queueScale is edgeflow_closed_loop_queue_scale (Run's only).
 	queueScale *prometheus.GaugeVec
+	// windows is edgeflow_closed_loop_windows_total, by held (Run's only).
+	windows *prometheus.CounterVec
 
 	changed  latest.Signal      // an input changed: deliver merges again
 	compiler optimizer.Compiler // Run's only
@@ -388,6 +392,7 @@ func (c *Live) feedCapacity(ks *kube.State, meas *prom.Measurements) map[string]
 		c.log.Warn("watcher: the capacity estimator left samples out", "error", r.err)
 	}
 	if r.fed {
+		c.windows.WithLabelValues(strconv.FormatBool(r.held)).Inc()
 		c.recordCapacities(r.caps)
 		c.recordQueueScale()
 	}

@@ -24,6 +24,7 @@ const (
 	labelNamespace = "namespace"
 	labelPod       = "pod"
 	labelBound     = "bound"
+	labelHeld      = "held"
 	labelFrom      = "source_node" // the probes' label convention (prom.DefaultSourceLabel)
 	labelTo        = "target_node"
 )
@@ -77,6 +78,11 @@ func (c *Live) newMetrics(reg prometheus.Registerer) (err error) {
 	c.queueScale = a.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Subsystem: subsystemLoop, Name: "queue_scale",
 		Help: "Each CPU-limited service's wait scale in force, in (0, 1]: the share of lata-q's quota model's wait its pods are priced at, the slope of the waits measured against those the model predicts at the loads the pods carried, a load-free overhead apart (estimate.WaitScaler). A service without one (its pods priced at the model's whole wait) has no series."},
 		[]string{labelService})
+	c.windows = a.NewCounterVec(prometheus.CounterOpts{Namespace: metricNamespace, Subsystem: subsystemLoop, Name: "windows_total",
+		Help: "Live windows of pod load the capacity estimator took (Prometheus's history read at start not counted), by held: true for a window in which the plan in force changed (the hold-down: the capacities and wait scales in force stay), false for one whose estimates went in force."},
+		[]string{labelHeld})
+	c.windows.WithLabelValues("false")
+	c.windows.WithLabelValues("true")
 	c.unmatched.WithLabelValues("node")
 	c.unmatched.WithLabelValues("pod")
 	return nil
