@@ -23,6 +23,19 @@ import (
 // application's entry pods, from the monitor namespace (a client outside the cluster, no added
 // delay), balanced round-robin over the ready entry pods as an ingress gateway does.
 func (h *Harness) Load(a App, p Preset, rate float64) (*loadgen.Result, error) {
+	return h.load(h.ctx, a, loadgen.Config{Rate: rate, Warmup: p.Warmup, Duration: p.Duration, Timeout: p.Timeout,
+		Poisson: p.Poisson, Seed: p.Seed<<32 + h.nextLoad()})
+}
+
+// nextLoad counts a load: each its own Poisson schedule, the same in a rerun of the whole
+// preset.
+func (h *Harness) nextLoad() uint64 {
+	h.loads++
+	return h.loads
+}
+
+// load sends cfg's load as Load does, until ctx ends.
+func (h *Harness) load(ctx context.Context, a App, cfg loadgen.Config) (*loadgen.Result, error) {
 	eps := h.endpoints(a.Entry())
 	if len(eps) == 0 {
 		return nil, fmt.Errorf("no ready pod of %s", a.Entry())
@@ -42,13 +55,10 @@ func (h *Harness) Load(a App, p Preset, rate float64) (*loadgen.Result, error) {
 	}
 	defer conn.Close()
 	conn.Connect()
-	h.loads++ // each slice its own Poisson schedule, the same in a rerun of the whole preset
-	return loadgen.Run(h.ctx, loadgen.Config{Rate: rate, Warmup: p.Warmup, Duration: p.Duration, Timeout: p.Timeout,
-		Poisson: p.Poisson, Seed: p.Seed<<32 + h.loads},
-		func(ctx context.Context, _ int) error {
-			_, err := app.Call(ctx, conn, "", "")
-			return err
-		})
+	return loadgen.Run(ctx, cfg, func(ctx context.Context, _ int) error {
+		_, err := app.Call(ctx, conn, "", "")
+		return err
+	})
 }
 
 var pingTime = regexp.MustCompile(`time=([0-9.]+) ms`)

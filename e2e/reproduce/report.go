@@ -414,7 +414,8 @@ func markdown(o *Outcome, j jsonReport, plots []string) string {
 	fmt.Fprintf(&b, "- **Load**: %s. Each run gives every policy %v of measured load after %v of warm-up, the policies taking turns within a run; `edgeflow serve` is restarted with the row's `--policy`/`--lb-policy` and measuring starts once every caller pod is connected with one xDS stream per service it calls (grpc-go keeps an xDS client per channel target).",
 		j.Testbed.Load, o.Preset.Duration, o.Preset.Warmup)
 	if w := warmupFor(o.Preset, Policy{Flags: estimatorFlags}); w != o.Preset.Warmup && o.Preset.hasRowOnMeasuredPods() {
-		fmt.Fprintf(&b, " The rows that plan on measured pods (lata-q, closed-loop) get %v of warm-up instead, for the loop to learn the pods at the slice's rate (`EstimatorWarmup`).", w)
+		fmt.Fprintf(&b, " The rows that plan on measured pods (lata-q, closed-loop) warm up for the loop to learn the pods at the slice's rate: at least %v, then until serve has put in force a window taken when %d or more windows of the slice's own load had replaced Prometheus's history (the wait scale's memory) and has then published nothing for %v, at most %v (`settler`)%s.",
+			w, SettleWindows, SettleQuiet, MaxEstimatorWarmup, describeWarmups(o))
 	}
 	if settle := settleFor(o.Preset); settle > 0 {
 		fmt.Fprintf(&b, " A new placement (after the deployment, after the rebalancer) first gets %v of load that is not measured, while its pods' channels connect.", settle)
@@ -717,4 +718,32 @@ func firstSection(o *Outcome) string {
 		"that proposed stay within 2 % of lata-only. Where the rebalancer made no move, proposed and lata-only route on the same " +
 		"placement with the same policy, and their ratio measures the runs' noise.\n")
 	return b.String()
+}
+
+// describeWarmups says how long the warm-ups of the rows on measured pods lasted and how many
+// did not settle (", …"), or "" when the outcome has none recorded.
+func describeWarmups(o *Outcome) string {
+	measured := map[string]bool{}
+	for _, q := range o.Preset.Rows() {
+		measured[q.Name] = q.onMeasuredPods()
+	}
+	var took []float64
+	unsettled := 0
+	for _, r := range o.Cells {
+		if !measured[r.Policy] {
+			continue
+		}
+		for i, w := range r.WarmupSeconds {
+			took = append(took, w)
+			if i < len(r.Settled) && !r.Settled[i] {
+				unsettled++
+			}
+		}
+	}
+	if len(took) == 0 {
+		return ""
+	}
+	slices.Sort(took)
+	return fmt.Sprintf(": in this run %.1f–%.1f s (median %.1f s) over %d slices, %d of them measured unsettled at the bound",
+		took[0], took[len(took)-1], took[len(took)/2], len(took), unsettled)
 }

@@ -53,6 +53,11 @@ type Runs struct {
 	// (warm-up and measured time; edgeflow_xds_publications_total's increase), -1 where its
 	// metrics could not be read.
 	Publications []int `json:",omitempty"`
+	// WarmupSeconds is, per run, the warm-up its slice got before measuring (Served.Warmup), and
+	// Settled whether it ended by the settle rule (Served.Settled); outcomes saved before they
+	// were recorded have none.
+	WarmupSeconds []float64 `json:",omitempty"`
+	Settled       []bool    `json:",omitempty"`
 }
 
 // Setup is what one application × scenario ran on: the measured RTTs, and the placement by
@@ -188,6 +193,13 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 		r.PlannedRTT = append(r.PlannedRTT, plan.PlannedRTT)
 		r.Capacity = append(r.Capacity, plan.Capacity)
 		r.Publications = append(r.Publications, plan.Publications)
+		r.WarmupSeconds = append(r.WarmupSeconds, plan.Warmup.Seconds())
+		r.Settled = append(r.Settled, plan.Settled)
+		if !plan.Settled {
+			fmt.Fprintf(log, "  warm-up: %.1fs, the loop not settled (measured anyway at %v)\n", plan.Warmup.Seconds(), MaxEstimatorWarmup)
+		} else if plan.Warmup != p.Warmup {
+			fmt.Fprintf(log, "  warm-up: %.1fs, the loop settled\n", plan.Warmup.Seconds())
+		}
 		fmt.Fprintf(log, "  publications during the load: %d\n", plan.Publications)
 		if plan.Capacity != nil {
 			fmt.Fprintf(log, "  capacities estimated (req/s) for %d pods: %s\n", len(plan.Capacity), fmtCapacity(plan.Capacity))
@@ -361,18 +373,26 @@ func (o *Outcome) finish(pr *progress) {
 // serve had published (Served; or why it could not be read), and stops serve. A load that fails
 // ends the test.
 func loadOnce(h *Harness, a App, sc string, pol Policy, p Preset, rate float64) (*loadgen.Result, Served, error, Health) {
-	p.Warmup = warmupFor(p, pol)
 	flags, keep := pol.Flags, os.Getenv(ServeLogEnv)
 	if keep != "" { // after Serve's own --log-level warn: the last one given wins
 		flags = append(slices.Clip(flags), "--log-level", "debug")
 	}
 	s := h.Serve(a, pol, rate, flags...)
+	warmup, settled := p.Warmup, true
+	if least := warmupFor(p, pol); least > p.Warmup { // a row on measured pods: until its loop settles
+		took, ok, err := h.warmUntilSettled(a, p, rate, s, least-p.Warmup, MaxEstimatorWarmup-p.Warmup)
+		if err != nil {
+			s.stop()
+			h.t.Fatalf("%s %s %s %g req/s: warm-up: %v", a.Name, sc, pol.Name, rate, err)
+		}
+		warmup, settled = took+p.Warmup, ok
+	}
 	before := publications(s.metrics)
 	probe := h.startHealth(p.Warmup + p.Duration)
 	res, err := h.Load(a, p, rate)
 	health := probe.end(res)
 	plan, perr := planned(s.ui, h.rtt)
-	plan.Publications = -1
+	plan.Publications, plan.Warmup, plan.Settled = -1, warmup, settled
 	if m, err := metrics(s.metrics); err == nil {
 		if before >= 0 {
 			plan.Publications = int(m["edgeflow_xds_publications_total"]) - before
@@ -420,8 +440,10 @@ func appendFile(path, text string) error {
 	return f.Close()
 }
 
-// EstimatorWarmup is the warm-up of a measured slice of a row that plans on measured pods (the
-// estimator's flags: lata-q, closed-loop and their controls) when the preset's is shorter. Such a
+// EstimatorWarmup is the least warm-up of a measured slice of a row that plans on measured pods
+// (the estimator's flags: lata-q, closed-loop and their controls) when the preset's is shorter;
+// beyond it the warm-up lasts until the row's loop settles (settler), at most
+// MaxEstimatorWarmup. Such a
 // row's serve starts from Prometheus's history, which the slice before it made at another rate
 // and under another plan (the rows and rates take turns), and it must learn the pods at this
 // rate before its plan is the one it would serve there: capacities (the estimator's windows)
@@ -444,9 +466,9 @@ func (p Preset) hasRowOnMeasuredPods() bool {
 	return slices.ContainsFunc(p.Rows(), Policy.onMeasuredPods)
 }
 
-// warmupFor is the warm-up of a measured slice of pol under p: p's, or EstimatorWarmup for a row
-// on measured pods (not in the smoke preset, whose slices only prove the loop runs). A slice
-// without warm-up (settle's) keeps none.
+// warmupFor is the least warm-up of a measured slice of pol under p: p's, or EstimatorWarmup for
+// a row on measured pods (not in the smoke preset, whose slices only prove the loop runs), which
+// warms up until its loop settles (loadOnce). A slice without warm-up (settle's) keeps none.
 func warmupFor(p Preset, pol Policy) time.Duration {
 	if p.Warmup > 0 && !p.Smoke && pol.onMeasuredPods() {
 		return max(p.Warmup, EstimatorWarmup)

@@ -3,6 +3,7 @@ package reproduce
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 
 	webui "github.com/edgeflow/edgeflow/internal/ui"
 	"github.com/edgeflow/edgeflow/watcher/prom"
@@ -30,8 +31,14 @@ type Served struct {
 	// Pooled is the services the plan in force pooled (least-request over all their pods:
 	// pooledServices), read for the rows delivered by bands; nil otherwise.
 	Pooled []string
-	// Publications is how many plans serve published while the slice's load ran (-1: unknown).
+	// Publications is how many plans serve published while the slice's measured load ran, its
+	// warm-up included (-1: unknown); a row on measured pods' settling before it is not counted.
 	Publications int
+	// Warmup is the warm-up the slice got before measuring: the preset's, and for a row on
+	// measured pods its settling before it (settler); Settled says the settle rule ended it
+	// (true for the other rows), false that MaxEstimatorWarmup did.
+	Warmup  time.Duration
+	Settled bool
 }
 
 // costAt prices traffic (req/s per ordered node pair) at rtt (ms per ordered node pair):
