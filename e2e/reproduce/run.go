@@ -49,8 +49,9 @@ type Runs struct {
 	// Capacity is, per run, the capacities (req/s by pod) serve's estimator had in force when
 	// the slice ended, for the rows that measure them (lata-q, closed-loop); nil for the others.
 	Capacity []map[string]float64
-	// Publications is, per run, how many plans serve published while the slice's load ran
-	// (warm-up and measured time; edgeflow_xds_publications_total's increase), -1 where its
+	// Publications is, per run, how many plans serve published while the slice's measured load
+	// ran, its warm-up included (edgeflow_xds_publications_total's increase; a row on measured
+	// pods' settling before it is not counted since 727e935, and was before), -1 where its
 	// metrics could not be read.
 	Publications []int `json:",omitempty"`
 	// WarmupSeconds is, per run, the warm-up its slice got before measuring (Served.Warmup), and
