@@ -58,11 +58,13 @@ type metrics struct {
 func (m *metrics) setPooled(names []string) {
 	m.pooledMu.Lock()
 	defer m.pooledMu.Unlock()
+	now := make(map[string]bool, len(names))
 	for _, name := range names {
+		now[name] = true
 		m.pooled.WithLabelValues(name).Set(1)
 	}
 	for _, name := range m.pooledNames {
-		if !slices.Contains(names, name) {
+		if !now[name] {
 			m.pooled.DeleteLabelValues(name)
 		}
 	}
