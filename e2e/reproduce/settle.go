@@ -106,11 +106,10 @@ func (h *Harness) warmUntilSettled(a App, p Preset, rate float64, s *proc, least
 		if over, settled = st.observe(time.Since(start), m["edgeflow_xds_publications_total"],
 			m[`edgeflow_closed_loop_windows_total{held="true"}`], m[`edgeflow_closed_loop_windows_total{held="false"}`]); over {
 			stop()
-			err := <-done
+			<-done // the canceled load's error: nothing of it is measured
 			if h.ctx.Err() != nil {
 				return time.Since(start), false, context.Cause(h.ctx)
 			}
-			_ = err // the canceled load's: nothing of it is measured
 			return time.Since(start), settled, nil
 		}
 	}
