@@ -31,11 +31,11 @@ func outcomeOf(j jsonReport) (*Outcome, error) {
 	}
 	o := &Outcome{Preset: j.Run.Config, Workload: j.Run.Workload, Netem: j.Testbed.NetemInKernel, Started: j.Run.Started, Ended: j.Run.Ended,
 		Commit: j.Run.Commit, Slices: j.Run.Slices, SliceTime: time.Duration(j.Run.SliceNS), RebalanceSeconds: j.Run.RebalanceSeconds,
-		Order: j.Run.Order, Seed: j.Run.Seed}
+		Order: j.Run.Order, Seed: j.Run.Seed, Parts: j.Run.Parts, HarnessDiff: j.Run.HarnessDiff}
 	for _, s := range j.Setups {
 		o.Setups = append(o.Setups, &Setup{App: s.App, Scenario: s.Scenario, RTT: j.Testbed.RTTAccuracy[s.App+"/"+s.Scenario],
 			Before: s.Before, After: s.After, Moves: s.Moves, Settled: s.Settled, CostBefore: s.CostBefore, CostAfter: s.CostAfter,
-			Pending: s.Pending, MaxRate: s.MaxRate})
+			Pending: s.Pending, MaxRate: s.MaxRate, PlacedIn: s.PlacedIn})
 	}
 	for _, r := range j.Results {
 		c := &Runs{Cell: Cell{App: r.App, Scenario: r.Scenario, Policy: r.Policy, RPS: r.RPS}}

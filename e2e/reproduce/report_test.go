@@ -314,3 +314,27 @@ func TestFirstSection(t *testing.T) {
 		t.Errorf("%d table rows, want one per cell (12):\n%s", got, sec)
 	}
 }
+
+// barVerdict: met is "**yes**"; a miss whose interval reaches 1.02 is within the noise, one
+// whose interval lies above it, or whose row is censored or has no figure, is "no".
+func TestBarVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		met  bool
+		cs   []change
+		want string
+	}{
+		{"met", true, []change{{Point: 30, Lo: 10, Hi: 50}}, "**yes**"},
+		{"interval reaches 1.02", false, []change{{Point: 5, Lo: -14, Hi: 24}}, "no, within the noise"},
+		{"interval ends at 1.02", false, []change{{Point: 5, Lo: 2, Hi: 24}}, "no, within the noise"},
+		{"interval above", false, []change{{Point: 60, Lo: 9, Hi: 115}}, "no"},
+		{"one of two reaches", false, []change{{Point: 60, Lo: 9, Hi: 115}, {Point: 4, Lo: -1, Hi: 9}}, "no, within the noise"},
+		{"censored row", false, []change{{Point: 5, Lo: -14, HiOpen: true, XAtLeast: true}}, "no"},
+		{"no figure", false, []change{{Why: "no runs"}}, "no"},
+		{"nothing to compare", false, nil, "no"},
+	} {
+		if got := barVerdict(tc.met, tc.cs...); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

@@ -65,6 +65,15 @@ func TestReproduce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var placed *Outcome
+	if path := os.Getenv(PlacementsEnv); path != "" {
+		if placed, err = LoadOutcomes(path); err != nil {
+			t.Fatalf("%s: %v", PlacementsEnv, err)
+		}
+		if err := CheckPlacements(placed, p); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 24*time.Hour)
 	defer cancel()
 	// A first SIGINT or SIGTERM (Ctrl-C on make reproduce, a CI job cancelled) cancels ctx: the
@@ -92,7 +101,7 @@ func TestReproduce(t *testing.T) {
 		}
 		t.Logf("report written to %s (%d cells)", out, len(o.Cells))
 	}
-	o := Run(t, ctx, p, os.Stderr, write)
+	o := Run(t, ctx, p, os.Stderr, write, placed)
 	write(o)
 	check(t, o, out)
 }

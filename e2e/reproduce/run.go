@@ -75,6 +75,10 @@ type Setup struct {
 	Pending               []string // pods not placed once the rebalancer settled
 	MaxRate               float64  // the highest rate at which default-k8s kept P99 < 1 s (FindMax), else 0
 	Slowed                []string // the pods Preset.Slow slowed, unseen by Kubernetes and edgeflow
+	// PlacedIn is "" where this run placed the pods (the scheduler, then the rebalancer), else
+	// the run whose placements it pinned and whose rebalancer's record it copied
+	// (REPRODUCE_PLACEMENTS: a later part of a setup run in parts by rate).
+	PlacedIn string
 }
 
 // Outcome is everything one invocation measured.
@@ -94,6 +98,11 @@ type Outcome struct {
 	Seed             uint64
 	SliceTime        time.Duration // mean wall time of one slice (serve start + load + stop)
 	RebalanceSeconds []float64
+	// Parts is every invocation merged into this outcome (MergeOutcomes), nil for one run; then
+	// Commit lists the parts' commits, and HarnessDiff is the harness's files that differ
+	// between them (the product does not: SameProduct).
+	Parts       []Part
+	HarnessDiff []string
 }
 
 // Find returns the cell's runs, or nil.
@@ -143,8 +152,11 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 // Run runs the preset on a fresh harness and returns what it measured; progress goes to log.
 // Scenarios are the outer loop (the first one listed runs first for every app). checkpoint, if
-// set, is called with the outcome so far after each application × scenario.
-func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint func(*Outcome)) *Outcome {
+// set, is called with the outcome so far after each application × scenario. placed, if set, is
+// an earlier part of the same setups (REPRODUCE_PLACEMENTS; CheckPlacements has passed): each
+// setup then runs on its placements, pinned, and the rebalancer does not run (its record is
+// copied), so that a setup can be run in parts by rate that merge (MergeOutcomes).
+func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint func(*Outcome), placed *Outcome) *Outcome {
 	for _, q := range p.Rows() {
 		if q.Extra && !p.workload().Metrics {
 			t.Fatalf("row %s plans on the pods' telemetry: the preset's workload must export it (Workload.Metrics)", q.Name)
@@ -243,6 +255,12 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 			slices.Sort(st.Slowed)
 			st.Before = h.Placement(a)
 			fmt.Fprintf(log, "%s %s: placed by kube-scheduler: %s\n", a.Name, sc, fmtPlacement(st.Before))
+			from := placed.setup(a.Name, sc)
+			if from != nil {
+				st.Before, st.PlacedIn = from.Before, placed.describeRun()
+				h.Pin(a, o.Workload, st.Before)
+				fmt.Fprintf(log, "%s %s: pinned to the scheduler's placement of %s: %s\n", a.Name, sc, st.PlacedIn, fmtPlacement(st.Before))
+			}
 			settle(h, a, p, sc, Policies[0], log)
 			rates := slices.Clone(p.Rates)
 			if p.FindMax {
@@ -255,21 +273,27 @@ func Run(t testing.TB, ctx context.Context, p Preset, log io.Writer, checkpoint 
 			}
 			placements := []string{PlacementScheduler}
 			if slices.ContainsFunc(p.Rows(), func(q Policy) bool { return q.LARP }) {
-				larp := p.Rows()[slices.IndexFunc(p.Rows(), func(q Policy) bool { return q.LARP })]
-				begin := time.Now()
-				// The mission's loop: serve runs while the rebalancer moves pods, so the callers'
-				// xDS clients stay connected (without a server for the rebalancer's minutes, their
-				// reconnect backoff grows toward grpc's 120 s cap, past the next serve's wait).
-				s := h.Serve(a, larp, rates[len(p.Rates)/2])
-				rb := h.Rebalance(a, rates[len(p.Rates)/2], p.rebalancePeriod(), p.rebalanceWindow(), 180*time.Second)
-				s.stop()
-				st.Moves, st.Settled, st.CostBefore, st.CostAfter = rb.Moves, rb.Settled, rb.CostBefore, rb.CostNow
-				o.RebalanceSeconds = append(o.RebalanceSeconds, time.Since(begin).Seconds())
-				st.After = h.Placement(a)
-				st.Pending = h.Pending()
-				fmt.Fprintf(log, "%s %s: edgeflow rebalance made %d moves in %.0fs (predicted LATA cost %.0f → %.0f ms·req/s); placement now %s; pending: %v\n",
-					a.Name, sc, st.Moves, time.Since(begin).Seconds(), st.CostBefore, st.CostAfter, fmtPlacement(st.After), st.Pending)
 				placements = append(placements, PlacementLARP)
+				if from != nil {
+					st.After, st.Moves, st.Settled, st.CostBefore, st.CostAfter, st.Pending = from.After, from.Moves, from.Settled, from.CostBefore, from.CostAfter, from.Pending
+					fmt.Fprintf(log, "%s %s: LARP's placement of %s (edgeflow rebalance made %d moves there, predicted LATA cost %.0f → %.0f ms·req/s): %s\n",
+						a.Name, sc, st.PlacedIn, st.Moves, st.CostBefore, st.CostAfter, fmtPlacement(st.After))
+				} else {
+					larp := p.Rows()[slices.IndexFunc(p.Rows(), func(q Policy) bool { return q.LARP })]
+					begin := time.Now()
+					// The mission's loop: serve runs while the rebalancer moves pods, so the callers'
+					// xDS clients stay connected (without a server for the rebalancer's minutes, their
+					// reconnect backoff grows toward grpc's 120 s cap, past the next serve's wait).
+					s := h.Serve(a, larp, rates[len(p.Rates)/2])
+					rb := h.Rebalance(a, rates[len(p.Rates)/2], p.rebalancePeriod(), p.rebalanceWindow(), 180*time.Second)
+					s.stop()
+					st.Moves, st.Settled, st.CostBefore, st.CostAfter = rb.Moves, rb.Settled, rb.CostBefore, rb.CostNow
+					o.RebalanceSeconds = append(o.RebalanceSeconds, time.Since(begin).Seconds())
+					st.After = h.Placement(a)
+					st.Pending = h.Pending()
+					fmt.Fprintf(log, "%s %s: edgeflow rebalance made %d moves in %.0fs (predicted LATA cost %.0f → %.0f ms·req/s); placement now %s; pending: %v\n",
+						a.Name, sc, st.Moves, time.Since(begin).Seconds(), st.CostBefore, st.CostAfter, fmtPlacement(st.After), st.Pending)
+				}
 			}
 			interleave(h, o, a, sc, st, rates, placements, slice)
 			h.Undeploy(a)

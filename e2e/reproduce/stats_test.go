@@ -375,6 +375,31 @@ func TestRecompute(t *testing.T) {
 		return out
 	}, "claims[0].cells[0].change_pct")
 
+	t.Run("merged from parts", func(t *testing.T) {
+		// A report merged from parts of two commits, one setup's placements taken from another
+		// run: the parts, the harness's files and the setup's origin come back from the JSON.
+		o := syntheticOutcome()
+		t0 := o.Started
+		o.Commit, o.HarnessDiff = "abc, def", []string{"e2e/reproduce/run.go"}
+		o.Parts = []Part{{Name: "x/paper-bookinfo-A.gob.gz", Commit: "abc", Setups: []string{"bookinfo/A"}, Rates: []float64{100, 200, 300}, Started: t0, Ended: t0.Add(time.Hour), Slices: 63},
+			{Name: "x/paper-dag-B-300.gob.gz", Commit: "def", Setups: []string{"dag/B"}, Rates: []float64{300}, Started: t0.Add(26 * time.Hour), Ended: t0.Add(27 * time.Hour), Slices: 21}}
+		o.Setups[len(o.Setups)-1].PlacedIn = "the run of 2026-12-08 10:00 UTC on def"
+		d := t.TempDir()
+		if err := WriteReport(o, d); err != nil {
+			t.Fatal(err)
+		}
+		if err := Recompute(filepath.Join(d, "reproduction.json"), filepath.Join(d, "reproduction.md")); err != nil {
+			t.Fatalf("a merged report as written: %v", err)
+		}
+		b, _ := os.ReadFile(filepath.Join(d, "reproduction.md"))
+		for _, want := range []string{"of commits `abc`, `def` on", "- **Parts**: the grid ran in 2 parts", "`paper-dag-B-300.gob.gz` (dag/B at 300 req/s; commit `def`",
+			"the harness's files that differ: `e2e/reproduce/run.go`", "are those of the run of 2026-12-08 10:00 UTC on def (pinned"} {
+			if !strings.Contains(string(b), want) {
+				t.Errorf("reproduction.md lacks %q", want)
+			}
+		}
+	})
+
 	old := filepath.Join(t.TempDir(), "old.json")
 	os.WriteFile(old, []byte(`{"testbed": {}, "results": [{"app": "dag", "p99_ms": 4946.32}]}`), 0o644)
 	if err := Recompute(old, md); !errors.Is(err, ErrNoRunValues) {
