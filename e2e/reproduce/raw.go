@@ -246,7 +246,11 @@ func sameProductIn(dir, a, b string) ([]string, error) {
 	}
 	out, err := exec.Command("git", "-C", dir, "diff", "--name-only", a, b).Output()
 	if err != nil {
-		return nil, fmt.Errorf("git diff %s %s: %w", a, b, err)
+		var stderr []byte
+		if e, ok := err.(*exec.ExitError); ok {
+			stderr = e.Stderr
+		}
+		return nil, fmt.Errorf("git diff %s %s: %w: %s", a, b, err, strings.TrimSpace(string(stderr)))
 	}
 	var harness []string
 	for _, f := range strings.Fields(string(out)) {
