@@ -321,15 +321,9 @@ func (o *Outcome) describeRun() string {
 // where p has LARP rows, and of the same workload and preset but for the rates (the pods' count
 // and CPU decide where they fit).
 func CheckPlacements(placed *Outcome, p Preset) error {
-	q := placed.Preset
-	pp := p
-	q.Apps, pp.Apps, q.Scenarios, pp.Scenarios, q.Rates, pp.Rates = nil, nil, nil, nil, nil, nil
-	q.Name, pp.Name = baseName(q.Name), baseName(pp.Name)
-	switch {
-	case !reflect.DeepEqual(placed.Workload, p.workload()):
-		return fmt.Errorf("%s: the run of %s had workload %+v, this one %+v", PlacementsEnv, placed.Started.UTC().Format(time.DateTime), placed.Workload, p.workload())
-	case !reflect.DeepEqual(q, pp):
-		return fmt.Errorf("%s: the run of %s had preset %+v, this one %+v (only the rates may differ)", PlacementsEnv, placed.Started.UTC().Format(time.DateTime), q, pp)
+	run := "the run of " + placed.Started.UTC().Format(time.DateTime)
+	if d := sameExperiment(placed, &Outcome{Preset: p, Workload: p.workload(), Netem: placed.Netem}); d != "" {
+		return fmt.Errorf("%s: %s is another experiment: %s (only the rates may differ)", PlacementsEnv, run, d)
 	}
 	larp := slices.ContainsFunc(p.Rows(), func(q Policy) bool { return q.LARP })
 	for _, sc := range p.Scenarios {
@@ -337,11 +331,11 @@ func CheckPlacements(placed *Outcome, p Preset) error {
 			st := placed.setup(a.Name, sc)
 			switch {
 			case st == nil:
-				return fmt.Errorf("%s: %s/%s is not in the run of %s", PlacementsEnv, a.Name, sc, placed.Started.UTC().Format(time.DateTime))
+				return fmt.Errorf("%s: %s/%s is not in %s", PlacementsEnv, a.Name, sc, run)
 			case st.PlacedIn != "":
-				return fmt.Errorf("%s: the run of %s took %s/%s's placements from %s: give that one", PlacementsEnv, placed.Started.UTC().Format(time.DateTime), a.Name, sc, st.PlacedIn)
+				return fmt.Errorf("%s: %s took %s/%s's placements from %s: give that one", PlacementsEnv, run, a.Name, sc, st.PlacedIn)
 			case len(st.Before) == 0 || larp && len(st.After) == 0:
-				return fmt.Errorf("%s: the run of %s has no placement of %s/%s for every row", PlacementsEnv, placed.Started.UTC().Format(time.DateTime), a.Name, sc)
+				return fmt.Errorf("%s: %s has no placement of %s/%s for every row", PlacementsEnv, run, a.Name, sc)
 			}
 		}
 	}
